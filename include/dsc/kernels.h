@@ -1,0 +1,188 @@
+/* dsc/kernels.h — the compute operations shared by training and inference.
+ *
+ * One function per operation over dsc_tensors. Each public function checks
+ * dtypes and shapes once (errors name the operation and the argument), then
+ * calls the backend chosen by the tensors' device through dsc_kernel_ops;
+ * backends see raw pointers and extents only. All tensors of one call must
+ * live on the same device. Kernels never allocate: scratch space, when an
+ * operation needs it, is passed in by the caller.
+ *
+ * Conventions (llm.c's): activations are f32, row-major; a parameter gradient
+ * ACCUMULATES (+=) into its buffer, so gradient accumulation over micro-batches
+ * needs no extra pass; an input gradient is OVERWRITTEN unless the function
+ * says otherwise. Linear weights are stored (out_features, in_features), as
+ * PyTorch stores them, so fixtures and checkpoints map one to one.
+ *
+ * Dimension letters: N rows (B*T tokens), C channels, OC output channels,
+ * B batch, T sequence, NH query heads, NKV key/value heads, HS head size,
+ * V vocabulary, BT batch count of a batched GEMM. */
+#ifndef DSC_KERNELS_H
+#define DSC_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/status.h"
+#include "dsc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Threads used by CPU kernels: DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores. */
+void dsc_kernels_set_num_threads(int n);
+int dsc_kernels_get_num_threads(void);
+
+/* ---- matrix products ------------------------------------------------------
+ * out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows).
+ * 2-D: a (M, K) or (K, M) when trans_a; b (K, N) or (N, K) when trans_b; out (M, N).
+ * 3-D: the same per leading batch index (BT, ., .) — a batched GEMM; bias (N) or NULL.
+ * beta = 1 accumulates into out. */
+dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b, const dsc_tensor *bias,
+                           bool trans_a, bool trans_b, float alpha, float beta);
+
+/* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC). */
+dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
+                                     const dsc_tensor *bias);
+/* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x, dbias (OC) += sum_rows dy (NULL to skip). */
+dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
+                                      const dsc_tensor *x, const dsc_tensor *w);
+
+/* ---- normalisation --------------------------------------------------------
+ * x, out (N, C); weight, bias (C); mean, rstd (N) saved for backward. */
+dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
+                                        const dsc_tensor *weight, const dsc_tensor *bias, float eps);
+dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
+                                         const dsc_tensor *dout, const dsc_tensor *x, const dsc_tensor *weight,
+                                         const dsc_tensor *mean, const dsc_tensor *rstd);
+/* RMSNorm: out = x * rstd * weight; rstd (N) saved. */
+dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const dsc_tensor *x,
+                                      const dsc_tensor *weight, float eps);
+dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweight, const dsc_tensor *dout,
+                                       const dsc_tensor *x, const dsc_tensor *weight, const dsc_tensor *rstd);
+
+/* ---- activations (elementwise, any shape) ----------------------------------
+ * GELU is the tanh approximation (GPT-2's). SwiGLU: out = silu(gate) * up. */
+dsc_status dsc_kernel_gelu_forward(dsc_tensor *out, const dsc_tensor *x);
+dsc_status dsc_kernel_gelu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
+dsc_status dsc_kernel_silu_forward(dsc_tensor *out, const dsc_tensor *x);
+dsc_status dsc_kernel_silu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
+dsc_status dsc_kernel_swiglu_forward(dsc_tensor *out, const dsc_tensor *gate, const dsc_tensor *up);
+dsc_status dsc_kernel_swiglu_backward(dsc_tensor *dgate, dsc_tensor *dup, const dsc_tensor *dout,
+                                      const dsc_tensor *gate, const dsc_tensor *up);
+
+/* Row softmax over the last dimension: x, out (N, C); out may alias x. */
+dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
+
+/* ---- attention --------------------------------------------------------------
+ * Causal self-attention with online softmax over key blocks, so no more than a
+ * block of the (T, T) score matrix ever exists. Grouped-query: NH % NKV == 0,
+ * query head h reads key/value head h / (NH / NKV).
+ * q, out (B, T, NH, HS); k, v (B, T, NKV, HS); lse (B, NH, T) log-sum-exp of
+ * each query row, saved for backward. Scale is 1/sqrt(HS). */
+dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
+                                        const dsc_tensor *v);
+/* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS) are overwritten. */
+dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_tensor *dv, const dsc_tensor *dout,
+                                         const dsc_tensor *q, const dsc_tensor *k, const dsc_tensor *v,
+                                         const dsc_tensor *out, const dsc_tensor *lse);
+
+/* ---- rotary position embedding ----------------------------------------------
+ * x, out (B, T, NH, HS) with HS even; positions (T) i32; rotate-half pairing
+ * (i, i + HS/2) as Llama / Hugging Face do; freq_i = theta^(-2i/HS).
+ * `inverse` rotates by the negative angle, which is RoPE's backward.
+ * out may alias x. */
+dsc_status dsc_kernel_rope(dsc_tensor *out, const dsc_tensor *x, const dsc_tensor *positions, float theta,
+                           bool inverse);
+
+/* ---- embeddings ---------------------------------------------------------------
+ * tokens (B, T) i32; wte (V, C); wpe (Tmax, C) or NULL; out (B, T, C).
+ * Token ids outside [0, V) are an error naming the first bad id. */
+dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
+                                        const dsc_tensor *wpe);
+/* dwte (V, C) and dwpe (Tmax, C) (NULL to skip) accumulate by scatter-add. */
+dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
+                                         const dsc_tensor *tokens);
+
+/* ---- fused softmax + cross-entropy ------------------------------------------------
+ * logits (N, V); targets (N) i32, a target < 0 is ignored (loss 0, no gradient);
+ * losses (N) per-row loss.
+ * Backward: dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss; dlogits
+ * may alias logits (saves a (N, V) buffer). */
+dsc_status dsc_kernel_cross_entropy_forward(dsc_tensor *losses, const dsc_tensor *logits,
+                                            const dsc_tensor *targets);
+dsc_status dsc_kernel_cross_entropy_backward(dsc_tensor *dlogits, const dsc_tensor *logits,
+                                             const dsc_tensor *targets, float dloss);
+
+/* ---- optimizer updates (flat f32 vectors of equal length) ------------------------
+ * AdamW with bias correction at `step` (1-based); decoupled weight decay. */
+dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq,
+                            float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+/* SGD with momentum (PyTorch semantics: buf = momentum*buf + grad (+wd*param);
+ * first step buf = grad); momentum 0 is plain SGD. */
+dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *momentum_buf, float lr,
+                          float momentum, float weight_decay, int64_t step);
+
+/* ---- reductions and elementwise helpers (f32, any shape) --------------------------- */
+/* Sum of squares in double precision (the global gradient norm is sqrt of the sum over tensors). */
+dsc_status dsc_kernel_sum_squares(double *out, const dsc_tensor *x);
+dsc_status dsc_kernel_sum(double *out, const dsc_tensor *x);
+dsc_status dsc_kernel_scale(dsc_tensor *x, float s);                            /* x *= s */
+dsc_status dsc_kernel_axpy(dsc_tensor *y, float a, const dsc_tensor *x);       /* y += a*x */
+dsc_status dsc_kernel_add(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b); /* out = a + b */
+dsc_status dsc_kernel_zero(dsc_tensor *x);
+/* True when every element is finite. */
+dsc_status dsc_kernel_all_finite(bool *out, const dsc_tensor *x);
+
+/* The backend operation table (raw pointers and extents, validated already). */
+struct dsc_kernel_ops {
+    dsc_status (*gemm)(float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
+                       int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta);
+    dsc_status (*linear_backward_bias)(float *dbias, const float *dy, int64_t n, int64_t oc);
+    dsc_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *x, const float *w,
+                                    const float *b, int64_t n, int64_t c, float eps);
+    dsc_status (*layernorm_backward)(float *dx, float *dw, float *db, const float *dout, const float *x,
+                                     const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
+    dsc_status (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
+                                  float eps);
+    dsc_status (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                   const float *rstd, int64_t n, int64_t c);
+    dsc_status (*gelu_forward)(float *out, const float *x, int64_t n);
+    dsc_status (*gelu_backward)(float *dx, const float *dout, const float *x, int64_t n);
+    dsc_status (*silu_forward)(float *out, const float *x, int64_t n);
+    dsc_status (*silu_backward)(float *dx, const float *dout, const float *x, int64_t n);
+    dsc_status (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    dsc_status (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                  int64_t n);
+    dsc_status (*softmax)(float *out, const float *x, int64_t n, int64_t c);
+    dsc_status (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                    int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+    dsc_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *out, const float *lse, int64_t b,
+                                     int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+    dsc_status (*rope)(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
+                       float theta, bool inverse);
+    dsc_status (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                    int64_t n, int64_t t, int64_t v, int64_t c);
+    dsc_status (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
+                                     int64_t t, int64_t v, int64_t c);
+    dsc_status (*cross_entropy_forward)(float *losses, const float *logits, const int32_t *targets, int64_t n,
+                                        int64_t v);
+    dsc_status (*cross_entropy_backward)(float *dlogits, const float *logits, const int32_t *targets, int64_t n,
+                                         int64_t v, float dloss);
+    dsc_status (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, int64_t step);
+    dsc_status (*sgd)(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
+                      int64_t step);
+    dsc_status (*sum_squares)(double *out, const float *x, int64_t n);
+    dsc_status (*sum)(double *out, const float *x, int64_t n);
+    dsc_status (*scale)(float *x, float s, int64_t n);
+    dsc_status (*axpy)(float *y, float a, const float *x, int64_t n);
+    dsc_status (*add)(float *out, const float *a, const float *b, int64_t n);
+    dsc_status (*all_finite)(bool *out, const float *x, int64_t n);
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,65 @@
+/* dsc/memory.h — allocation with per-category accounting.
+ *
+ * Every byte dsc allocates for tensors goes through dsc_mem_alloc with a
+ * category, so memory claims (ZeRO's formulas, KV-cache budgets) are proven
+ * from counters rather than estimated. Counters are per process (= per rank)
+ * and track current and peak bytes per category and in total. Callers pass
+ * the size and category back on free, as ggml-style explicit ownership. */
+#ifndef DSC_MEMORY_H
+#define DSC_MEMORY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsc_mem_category {
+    DSC_MEM_PARAMS = 0,
+    DSC_MEM_GRADS,
+    DSC_MEM_OPTIM,       /* optimizer state (Adam moments, master copies) */
+    DSC_MEM_ACTIVATIONS,
+    DSC_MEM_KV_CACHE,
+    DSC_MEM_COMM,        /* communication / bucket buffers */
+    DSC_MEM_OTHER,
+    DSC_MEM_CATEGORY_COUNT
+} dsc_mem_category;
+
+typedef enum dsc_device_type { DSC_DEVICE_CPU = 0, DSC_DEVICE_CUDA = 1 } dsc_device_type;
+
+typedef struct dsc_device {
+    dsc_device_type type;
+    int index; /* cuda:N; 0 for cpu */
+} dsc_device;
+
+#define DSC_CPU ((dsc_device){DSC_DEVICE_CPU, 0})
+
+typedef struct dsc_mem_stats {
+    int64_t current[DSC_MEM_CATEGORY_COUNT];
+    int64_t peak[DSC_MEM_CATEGORY_COUNT];
+    int64_t total_current;
+    int64_t total_peak;
+} dsc_mem_stats;
+
+/* Alignment of every allocation (bytes); fits AVX-512 and CUDA's 256-byte rule. */
+#define DSC_MEM_ALIGN 256
+
+/* Zero-filled allocation of `bytes` on `device`, counted under `category`. */
+dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, dsc_device device);
+void dsc_mem_free(void *ptr, size_t bytes, dsc_mem_category category, dsc_device device);
+
+/* For memory obtained elsewhere (e.g. a library's buffers) that should still be counted. */
+void dsc_mem_account(dsc_mem_category category, int64_t delta_bytes);
+
+void dsc_mem_get_stats(dsc_mem_stats *out);
+void dsc_mem_reset_peaks(void);
+const char *dsc_mem_category_name(dsc_mem_category category);
+const char *dsc_device_name(dsc_device device, char *buf, size_t len); /* "cpu", "cuda:1" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

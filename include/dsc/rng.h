@@ -1,0 +1,39 @@
+/* dsc/rng.h — reproducible random streams, one per (seed, rank, purpose).
+ *
+ * xoshiro256** seeded through splitmix64, so streams for different ranks and
+ * purposes are independent and a run is reproducible from its seed alone.
+ * The state is a plain struct so checkpoints can save and restore it. */
+#ifndef DSC_RNG_H
+#define DSC_RNG_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsc_rng_purpose {
+    DSC_RNG_INIT = 0, /* parameter initialisation (same on every rank) */
+    DSC_RNG_DATA,     /* data order */
+    DSC_RNG_DROPOUT,
+    DSC_RNG_GATE,     /* MoE gate noise and random token selection */
+    DSC_RNG_SAMPLE    /* decoding */
+} dsc_rng_purpose;
+
+typedef struct dsc_rng {
+    uint64_t s[4];
+} dsc_rng;
+
+void dsc_rng_init(dsc_rng *rng, uint64_t seed, int rank, dsc_rng_purpose purpose);
+uint64_t dsc_rng_u64(dsc_rng *rng);
+/* Uniform in [0, 1). */
+double dsc_rng_uniform(dsc_rng *rng);
+/* Uniform integer in [0, n); n > 0. */
+uint64_t dsc_rng_below(dsc_rng *rng, uint64_t n);
+/* Standard normal (Box-Muller). */
+double dsc_rng_normal(dsc_rng *rng);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

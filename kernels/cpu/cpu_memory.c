@@ -1,0 +1,44 @@
+/* Host memory for the CPU backend: aligned, zero-filled, and copies that are
+ * plain memcpy. The kernel table is defined with the kernels. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_backend.h"
+
+static dsc_status cpu_alloc(void **ptr, size_t bytes, int index) {
+    (void)index;
+    size_t rounded = (bytes + DSC_MEM_ALIGN - 1) / DSC_MEM_ALIGN * DSC_MEM_ALIGN;
+    *ptr = aligned_alloc(DSC_MEM_ALIGN, rounded);
+    if (!*ptr) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes failed", bytes);
+    memset(*ptr, 0, rounded);
+    return NULL;
+}
+
+static void cpu_free(void *ptr, int index) {
+    (void)index;
+    free(ptr);
+}
+
+static dsc_status cpu_copy(void *dst, const void *src, size_t bytes, int index) {
+    (void)index;
+    memmove(dst, src, bytes);
+    return NULL;
+}
+
+static dsc_status cpu_synchronize(int index) {
+    (void)index;
+    return NULL;
+}
+
+extern const struct dsc_kernel_ops dsc_cpu_kernel_ops;
+
+const dsc_backend dsc_cpu_backend = {
+    .name = "cpu",
+    .mem_alloc = cpu_alloc,
+    .mem_free = cpu_free,
+    .memcpy_to_host = cpu_copy,
+    .memcpy_from_host = cpu_copy,
+    .memcpy_device = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .kernels = &dsc_cpu_kernel_ops,
+};

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: the unit tests under the address/undefined sanitizers,
+# then every test (unit and multi-rank) of the normal build. Ends with ctest's summary.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+"$root/scripts/deps.sh"
+
+echo "== sanitizer build (address, undefined): unit tests"
+DSC_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DDSC_SANITIZE=ON -DDSC_CUDA=OFF
+(cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+   ctest -L unit --output-on-failure -j"$(nproc)")
+
+echo "== normal build (CUDA backend compiled when nvcc exists): all tests"
+"$root/scripts/build.sh"
+cd "$root/build" && ctest --output-on-failure -j"$(nproc)"
