@@ -1,0 +1,112 @@
+/* Paged attention on the CPU: causal grouped-query attention of a ragged
+ * batch over the blocked KV cache.
+ *
+ * Each token's new key/value is first written into its sequence's cache slot
+ * (found through the block table), then every (token, query head) pair walks
+ * its sequence's cached positions 0..pos with an online softmax, so prompt
+ * chunks and decode tokens of many sequences share one call and no score
+ * matrix exists. It does not apply rotary embeddings (the caller rotates q and
+ * k first) and keeps f32 caches only. */
+#include <math.h>
+#include <string.h>
+
+#include "dsc/kv_cache.h"
+
+static dsc_status check_f32_cpu(const dsc_tensor *t, const char *what) {
+    DSC_CHECK(t->dtype == DSC_DTYPE_F32 && t->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+              "paged attention: %s must be f32 on cpu, got %s", what, dsc_dtype_name(t->dtype));
+    return NULL;
+}
+
+static dsc_status check_args(const dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k, const dsc_tensor *v,
+                             const dsc_ragged_batch *b, const dsc_tensor *cache) {
+    DSC_TRY(check_f32_cpu(out, "out"));
+    DSC_TRY(check_f32_cpu(q, "q"));
+    DSC_TRY(check_f32_cpu(k, "k"));
+    DSC_TRY(check_f32_cpu(v, "v"));
+    DSC_TRY(check_f32_cpu(cache, "layer_cache"));
+    DSC_CHECK(cache->ndim == 5 && cache->shape[1] == 2, DSC_ERR_INVALID,
+              "paged attention: layer_cache must be (NB, 2, BS, NKV, HS)");
+    int64_t ntok = b->n_tokens, nkv = cache->shape[3], hs = cache->shape[4];
+    DSC_CHECK(q->ndim == 3, DSC_ERR_INVALID, "paged attention: q must be (Ntok, NH, HS)");
+    int64_t nh = q->shape[1];
+    DSC_TRY(dsc_tensor_expect(q, "paged attention q", DSC_DTYPE_F32, 3, (int64_t[]){ntok, nh, hs}));
+    DSC_TRY(dsc_tensor_expect(out, "paged attention out", DSC_DTYPE_F32, 3, (int64_t[]){ntok, nh, hs}));
+    DSC_TRY(dsc_tensor_expect(k, "paged attention k", DSC_DTYPE_F32, 3, (int64_t[]){ntok, nkv, hs}));
+    DSC_TRY(dsc_tensor_expect(v, "paged attention v", DSC_DTYPE_F32, 3, (int64_t[]){ntok, nkv, hs}));
+    DSC_CHECK(nh % nkv == 0, DSC_ERR_INVALID, "paged attention: NH %lld is not a multiple of NKV %lld",
+              (long long)nh, (long long)nkv);
+    int64_t nb = cache->shape[0], bs = cache->shape[2];
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const dsc_ragged_seq *s = &b->seqs[i];
+        DSC_CHECK((int64_t)s->num_blocks * bs >= s->n_cached + s->n_new, DSC_ERR_INVALID,
+                  "paged attention: sequence %llu has %d blocks of %lld for %lld tokens", (unsigned long long)s->uid,
+                  s->num_blocks, (long long)bs, (long long)(s->n_cached + s->n_new));
+        for (int32_t j = 0; j < s->num_blocks; j++)
+            DSC_CHECK(s->block_table[j] >= 0 && s->block_table[j] < nb, DSC_ERR_INVALID,
+                      "paged attention: sequence %llu block %d is id %d, outside [0, %lld)",
+                      (unsigned long long)s->uid, j, s->block_table[j], (long long)nb);
+    }
+    return NULL;
+}
+
+/* The K (kv = 0) or V (kv = 1) row of (token position pos, kv head g) of a sequence. */
+static inline float *cache_row(float *cache, const int32_t *table, int64_t pos, int kv, int64_t g, int64_t bs,
+                               int64_t nkv, int64_t hs) {
+    int64_t block = table[pos / bs];
+    return cache + (((block * 2 + kv) * bs + pos % bs) * nkv + g) * hs;
+}
+
+dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
+                                       const dsc_tensor *v, const dsc_ragged_batch *b, dsc_tensor *layer_cache) {
+    DSC_TRY(check_args(out, q, k, v, b, layer_cache));
+    const int64_t ntok = b->n_tokens, nh = q->shape[1], nkv = layer_cache->shape[3], hs = layer_cache->shape[4];
+    const int64_t bs = layer_cache->shape[2], group = nh / nkv;
+    float *cache = layer_cache->data;               /* (NB, 2, BS, NKV, HS) */
+    const float *qd = q->data;                      /* (Ntok, NH, HS) */
+    const float *kd = k->data, *vd = v->data;       /* (Ntok, NKV, HS) */
+    float *od = out->data;                          /* (Ntok, NH, HS) */
+    const float scale = 1.0f / sqrtf((float)hs);
+
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < ntok; t++) {
+        const int32_t *table = b->seqs[b->token_seq[t]].block_table;
+        for (int64_t g = 0; g < nkv; g++) {
+            memcpy(cache_row(cache, table, b->positions[t], 0, g, bs, nkv, hs), kd + (t * nkv + g) * hs,
+                   sizeof(float) * (size_t)hs);
+            memcpy(cache_row(cache, table, b->positions[t], 1, g, bs, nkv, hs), vd + (t * nkv + g) * hs,
+                   sizeof(float) * (size_t)hs);
+        }
+    }
+
+    /* All writes land before any read: a token attends to keys written by
+     * earlier tokens of its own chunk. */
+#pragma omp parallel for collapse(2) schedule(dynamic, 8)
+    for (int64_t t = 0; t < ntok; t++) {
+        for (int64_t h = 0; h < nh; h++) {
+            const int32_t *table = b->seqs[b->token_seq[t]].block_table;
+            const float *qr = qd + (t * nh + h) * hs;
+            float *acc = od + (t * nh + h) * hs; /* unnormalised output, rescaled as the max moves */
+            memset(acc, 0, sizeof(float) * (size_t)hs);
+            float m = -INFINITY, l = 0.0f;
+            for (int64_t p = 0; p <= b->positions[t]; p++) {
+                const float *kr = cache_row(cache, table, p, 0, h / group, bs, nkv, hs);
+                const float *vr = cache_row(cache, table, p, 1, h / group, bs, nkv, hs);
+                float s = 0.0f;
+                for (int64_t i = 0; i < hs; i++) s += qr[i] * kr[i];
+                s *= scale;
+                if (s > m) {
+                    float c = expf(m - s);
+                    l *= c;
+                    for (int64_t i = 0; i < hs; i++) acc[i] *= c;
+                    m = s;
+                }
+                float w = expf(s - m);
+                l += w;
+                for (int64_t i = 0; i < hs; i++) acc[i] += w * vr[i];
+            }
+            for (int64_t i = 0; i < hs; i++) acc[i] /= l;
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,112 @@
+/* Token sampling from one row of logits: repetition penalty, greedy,
+ * temperature, top-k, top-p, and a seeded draw.
+ *
+ * Works in a caller-provided candidate array, so decoding allocates nothing
+ * per token. It samples one row; batching over sequences and keeping each
+ * sequence's history is the engine's job. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "dsc/sampling.h"
+
+dsc_sampling_params dsc_sampling_params_greedy(void) {
+    return (dsc_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f};
+}
+
+static dsc_status check_params(const dsc_sampling_params *p, int32_t V) {
+    DSC_CHECK(V > 0, DSC_ERR_INVALID, "sampling: vocabulary size must be > 0, got %d", V);
+    DSC_CHECK(isfinite(p->temperature) && p->temperature >= 0.0f, DSC_ERR_INVALID,
+              "sampling: temperature must be finite and >= 0, got %g", (double)p->temperature);
+    DSC_CHECK(p->top_k >= 0, DSC_ERR_INVALID, "sampling: top_k must be >= 0, got %d", p->top_k);
+    DSC_CHECK(p->top_p > 0.0f && p->top_p <= 1.0f, DSC_ERR_INVALID, "sampling: top_p must be in (0, 1], got %g",
+              (double)p->top_p);
+    DSC_CHECK(isfinite(p->repetition_penalty) && p->repetition_penalty > 0.0f, DSC_ERR_INVALID,
+              "sampling: repetition_penalty must be > 0, got %g", (double)p->repetition_penalty);
+    return NULL;
+}
+
+/* Penalises each distinct history token once (HF gathers and scatters, so a
+ * token seen twice is still penalised once): a visited candidate's id is
+ * negated while the loop runs, then restored. */
+static dsc_status apply_repetition_penalty(dsc_sample_candidate *c, int32_t V, float penalty,
+                                           const int32_t *history, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        DSC_CHECK(history[i] >= 0 && history[i] < V, DSC_ERR_INVALID,
+                  "sampling: history token %lld is id %d, outside [0, %d)", (long long)i, history[i], V);
+    if (penalty == 1.0f) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        dsc_sample_candidate *x = &c[history[i]];
+        if (x->id < 0) continue;
+        x->logit = x->logit > 0.0f ? x->logit / penalty : x->logit * penalty;
+        x->id = -1 - x->id;
+    }
+    for (int64_t i = 0; i < n; i++) c[history[i]].id = history[i];
+    return NULL;
+}
+
+/* Descending logit, ties to the lower id, NaN last. */
+static int by_logit_desc(const void *pa, const void *pb) {
+    const dsc_sample_candidate *a = pa, *b = pb;
+    if (a->logit > b->logit || (isnan(b->logit) && !isnan(a->logit))) return -1;
+    if (a->logit < b->logit || (isnan(a->logit) && !isnan(b->logit))) return 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Index of the largest logit (lowest index among equals); -1 if none is > -inf. */
+static int32_t argmax(const dsc_sample_candidate *c, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (c[i].logit > -INFINITY && (best < 0 || c[i].logit > c[best].logit)) best = i;
+    return best;
+}
+
+/* Draws from exp(logit - max) over c[0, n), overwriting logits with weights. */
+static int32_t draw(dsc_sample_candidate *c, int32_t n, float max, dsc_rng *rng) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        c[i].logit = isnan(c[i].logit) ? 0.0f : expf(c[i].logit - max);
+        sum += c[i].logit;
+    }
+    double target = dsc_rng_uniform(rng) * sum, cum = 0.0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].logit <= 0.0f) continue;
+        cum += c[i].logit;
+        last = i;
+        if (cum > target) return c[i].id;
+    }
+    return c[last].id; /* rounding left target at the very top */
+}
+
+dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *p,
+                      const int32_t *history, int64_t n_history, dsc_sample_candidate *c, dsc_rng *rng) {
+    DSC_TRY(check_params(p, V));
+    for (int32_t i = 0; i < V; i++) c[i] = (dsc_sample_candidate){logits[i], i};
+    DSC_TRY(apply_repetition_penalty(c, V, p->repetition_penalty, history, n_history));
+    int32_t best = argmax(c, V);
+    DSC_CHECK(best >= 0, DSC_ERR_NUMERIC, "sampling: no finite logit among %d", V);
+    if (p->temperature == 0.0f) {
+        *token_out = best;
+        return NULL;
+    }
+    float max = c[best].logit / p->temperature;
+    for (int32_t i = 0; i < V; i++) c[i].logit /= p->temperature;
+    int32_t n = V;
+    if ((p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f) {
+        qsort(c, (size_t)V, sizeof *c, by_logit_desc);
+        if (p->top_k > 0 && p->top_k < V) {
+            /* HF keeps every token tied with the k-th logit. */
+            n = p->top_k;
+            while (n < V && c[n].logit == c[p->top_k - 1].logit) n++;
+        }
+        if (p->top_p < 1.0f) {
+            double sum = 0.0, cum = 0.0;
+            for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logit - max);
+            int32_t keep = 0;
+            while (keep < n && cum < (double)p->top_p * sum) cum += exp((double)c[keep++].logit - max);
+            n = keep > 0 ? keep : 1;
+        }
+    }
+    *token_out = draw(c, n, max, rng);
+    return NULL;
+}
