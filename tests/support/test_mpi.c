@@ -7,7 +7,9 @@
 #include "test_mpi.h"
 
 int dsc_test_run_mpi(const char *name, const struct CMUnitTest *tests, size_t count) {
-    MPI_Init(NULL, NULL);
+    int initialized;
+    MPI_Initialized(&initialized);
+    if (!initialized) MPI_Init(NULL, NULL);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

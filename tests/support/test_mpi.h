@@ -12,7 +12,7 @@
 
 #include "dsc/status.h"
 
-/* Initialises MPI, sets the dsc rank, runs the group on every rank, and
+/* Initialises MPI (unless the test already did), sets the dsc rank, runs the group on every rank, and
  * aborts the job if any rank failed so that no rank waits forever in a
  * collective. Returns the process exit code. */
 int dsc_test_run_mpi(const char *name, const struct CMUnitTest *tests, size_t count);

@@ -1,0 +1,102 @@
+/* dsc/model.h — a model is an ordered list of layer specs.
+ *
+ * A spec names a layer type and its block index; a registry maps type names
+ * to factories. The runtime registers the dense types ("embedding", "block",
+ * "lm_head"); moe/ registers "moe_block"; apps call the registration
+ * functions they need. The pipeline cuts the spec list into stages and builds
+ * only its stage's layers, so each rank allocates only what it runs. */
+#ifndef DSC_MODEL_H
+#define DSC_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/nn.h"
+#include "dsc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dsc_model_arch {
+    DSC_ARCH_GPT = 0, /* LayerNorm, learned positions, GELU MLP, MHA (GPT-2) */
+    DSC_ARCH_LLAMA,   /* RMSNorm, RoPE, GQA, SwiGLU MLP */
+    DSC_ARCH_GPT_MOE, /* GPT with every moe.layer_freq-th MLP replaced by MoE */
+    DSC_ARCH_MIXTRAL  /* Llama with MoE SwiGLU experts */
+} dsc_model_arch;
+
+typedef struct dsc_model_config {
+    dsc_model_arch arch;
+    int n_layer;
+    int d_model;    /* C */
+    int n_head;     /* NH */
+    int n_kv_head;  /* NKV; == n_head for multi-head attention */
+    int d_ff;       /* hidden width of the MLP (per expert for MoE) */
+    int vocab_size; /* V */
+    int seq_len;    /* T (maximum context) */
+    bool tie_embeddings;
+    bool activation_checkpointing;
+    bool qkv_bias;
+    float rope_theta;
+    float norm_eps;
+    float init_std;
+    /* MoE (used by arch GPT_MOE / MIXTRAL) */
+    int moe_num_experts;
+    int moe_layer_freq; /* every n-th block is MoE, counting from block n-1 as DeepSpeed's examples */
+} dsc_model_config;
+
+/* Defaults for an architecture (GPT-2 small-ish shapes scaled down). */
+void dsc_model_config_defaults(dsc_model_config *mc, dsc_model_arch arch);
+/* Checks the shape relations (C % NH, NH % NKV, HS even for RoPE, ...). */
+dsc_status dsc_model_config_validate(const dsc_model_config *mc);
+const char *dsc_model_arch_name(dsc_model_arch arch);
+dsc_status dsc_model_arch_from_name(const char *name, dsc_model_arch *out);
+
+#define DSC_LAYER_TYPE_MAX 32
+
+typedef struct dsc_layer_spec {
+    char type[DSC_LAYER_TYPE_MAX]; /* "embedding", "block", "moe_block", "lm_head" */
+    int block;                     /* block index for blocks, -1 otherwise */
+} dsc_layer_spec;
+
+/* The ordered spec list of a model: embedding, n_layer blocks, lm_head. */
+dsc_status dsc_model_specs(const dsc_model_config *mc, dsc_layer_spec **specs, int *count);
+
+/* Everything a factory needs to build one layer on this rank. */
+typedef struct dsc_build_ctx {
+    const dsc_model_config *model;
+    dsc_param_store *params;
+    dsc_device device;
+    const void *extra; /* subsystem-specific (e.g. moe/'s layer options and groups) */
+} dsc_build_ctx;
+
+typedef dsc_status (*dsc_layer_factory)(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+
+dsc_status dsc_layer_register(const char *type, dsc_layer_factory factory);
+dsc_status dsc_layer_build(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+/* Registers "embedding", "block" and "lm_head". Idempotent. */
+dsc_status dsc_nn_register_dense_layers(void);
+
+/* The pre-norm transformer block of spec->block, x + attn(norm1(x)) then
+ * x + ffn(norm2(x)), with `ffn` as its feed-forward part: a layer mapping
+ * (B, T, C) to (B, T, C) whose ownership passes to the block (destroyed with
+ * it, also on error), or NULL for the config's dense MLP (GELU or SwiGLU).
+ * moe/ builds "moe_block" this way. The block keeps ffn's input unchanged
+ * until the slot's backward, so an ffn may keep a view of `in` instead of a
+ * copy. With activation checkpointing the block runs ffn on slot 0 only
+ * (reserved with one slot) and calls its forward a second time, for the same
+ * micro-batch, inside backward. */
+dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
+                            dsc_layer **out);
+
+/* Logits (b, t, V) of the lm_head's last forward on `slot`, as a view. A
+ * forward with ctx->targets == NULL computes logits only (no loss; *out is
+ * the logits view), which is what generation needs. The view is gone once
+ * the slot's backward ran (the gradient overwrites it) or another slot's
+ * forward reused the buffer; asking then is an error. */
+dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

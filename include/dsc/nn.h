@@ -1,0 +1,149 @@
+/* dsc/nn.h — parameters and layers: the plug-in point between the runtime
+ * and everything that computes (dense blocks here, MoE blocks in moe/, the
+ * pipeline executor in pipe/, sharded optimizers in zero/).
+ *
+ * Parameters live in a parameter store: each has a global name and global
+ * shape (what checkpoints record), and after dsc_params_finalize its value
+ * and gradient are views into ONE flat f32 buffer per group (dense, expert),
+ * as llm.c carves named views out of one allocation. Flat buffers make
+ * bucketed all-reduce and ZeRO partitioning a matter of offsets.
+ *
+ * A layer is a vtable (reserve, forward, backward, destroy) plus the list of
+ * parameters it uses. Activations are saved per in-flight micro-batch slot
+ * (the pipeline's buffer id), so one layer can hold several micro-batches at
+ * once. Layers read parameter tensors through their dsc_param at every call
+ * (never cache data pointers): ZeRO-3 swaps them in and out around a call. */
+#ifndef DSC_NN_H
+#define DSC_NN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/rng.h"
+#include "dsc/status.h"
+#include "dsc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSC_PARAM_NAME_MAX 128
+
+typedef enum dsc_param_flag {
+    DSC_PARAM_EXPERT = 1u << 0,   /* reduced over the expert-data-parallel group */
+    DSC_PARAM_NO_DECAY = 1u << 1, /* excluded from weight decay (norms, biases) */
+    DSC_PARAM_TIED = 1u << 2      /* held by several pipeline stages; grads summed across them */
+} dsc_param_flag;
+
+typedef enum dsc_param_group {
+    DSC_PARAM_GROUP_DENSE = 0,
+    DSC_PARAM_GROUP_EXPERT = 1,
+    DSC_PARAM_GROUP_COUNT
+} dsc_param_group;
+
+typedef enum dsc_param_init {
+    DSC_INIT_NORMAL = 0, /* N(0, std^2) from a stream seeded by (seed, global name) */
+    DSC_INIT_ZEROS,
+    DSC_INIT_ONES
+} dsc_param_init;
+
+typedef struct dsc_param {
+    char name[DSC_PARAM_NAME_MAX]; /* global name, e.g. "layers.7.attn.qkv.weight" */
+    dsc_tensor value;              /* f32, this rank's copy (a view into the flat buffer) */
+    dsc_tensor grad;               /* f32, same shape; accumulates over micro-batches */
+    uint32_t flags;                /* dsc_param_flag bits */
+    dsc_param_group group;
+    int64_t offset;                /* element offset of value/grad inside the group's flat buffer */
+    dsc_param_init init;
+    float init_std;
+} dsc_param;
+
+typedef struct dsc_param_store dsc_param_store;
+
+dsc_status dsc_params_create(dsc_param_store **out, dsc_device device, uint64_t seed);
+void dsc_params_destroy(dsc_param_store *store);
+
+/* Declares a parameter. Declaring an existing name with the same shape returns
+ * the same parameter (that is how tied weights are shared inside one stage);
+ * a different shape is an error naming the parameter. Views are valid only
+ * after dsc_params_finalize. */
+dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim, const int64_t *shape,
+                              uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
+/* Allocates the flat buffers (params and grads categories), points every
+ * parameter at its slice, and initialises values. Initial values depend only
+ * on (seed, name), never on the parallel layout. */
+dsc_status dsc_params_finalize(dsc_param_store *store);
+
+int dsc_params_count(const dsc_param_store *store);
+dsc_param *dsc_params_at(dsc_param_store *store, int index); /* declaration order */
+dsc_param *dsc_params_find(dsc_param_store *store, const char *name);
+/* Flat views of one group's values and grads (numel 0 when the group is empty).
+ * Each parameter starts at a multiple of 64 elements (256 bytes, aligned for
+ * vector loads on every backend); the gaps are zero in values and grads and
+ * stay zero under any elementwise optimizer, so the flat buffers can be
+ * reduced and partitioned as a whole. */
+void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *values, dsc_tensor *grads);
+int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
+int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
+dsc_status dsc_params_zero_grads(dsc_param_store *store);
+
+/* ---- layers -------------------------------------------------------------------------- */
+
+/* What a layer call needs besides its input: the micro-batch's labels, the
+ * scale of its loss in the step objective, and where to report losses. */
+typedef struct dsc_micro_ctx {
+    const dsc_tensor *tokens;  /* (B, T) i32 inputs of this micro-batch (first stage) */
+    const dsc_tensor *targets; /* (B, T) i32 labels, -1 = ignore (stage with the loss layer) */
+    float loss_scale;          /* d(step objective) / d(this micro-batch's mean loss), e.g. 1/M */
+    bool training;
+    double loss;               /* out: mean cross-entropy of the micro-batch (loss layer) */
+    double aux_loss;           /* out: auxiliary losses already multiplied by their coefficients */
+    dsc_rng *rng;              /* per-rank stream for stochastic layers (gate noise), may be NULL */
+} dsc_micro_ctx;
+
+typedef struct dsc_layer dsc_layer;
+
+typedef struct dsc_layer_ops {
+    const char *type;
+    /* Allocates activation storage for `slots` micro-batches of (B, T) tokens. */
+    dsc_status (*reserve)(dsc_layer *self, int slots, int64_t B, int64_t T);
+    /* Runs micro-batch `slot`; *out becomes a view of the layer's output buffer
+     * for that slot, valid until the slot's next forward. The embedding layer
+     * reads ctx->tokens and ignores `in`; the loss layer writes its per-token
+     * losses to *out and ctx->loss. The caller may reuse `in` once forward
+     * returns: a layer copies what its backward needs. */
+    dsc_status (*forward)(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
+    /* Accumulates parameter gradients and sets *din (a view, empty for the
+     * first layer). The loss layer ignores dout and uses ctx->loss_scale.
+     * *din is a per-slot buffer: it stays valid until the slot's next backward,
+     * so a pipeline stage can still send it after later backwards ran. */
+    dsc_status (*backward)(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din, dsc_micro_ctx *ctx);
+    void (*destroy)(dsc_layer *self);
+} dsc_layer_ops;
+
+/* Implementations embed this as their first member. */
+struct dsc_layer {
+    const dsc_layer_ops *ops;
+    char name[64];          /* "layers.3", "embed", "head" */
+    dsc_param **params;     /* the parameters this layer reads (owned array) */
+    int n_params;
+    int64_t activation_bytes_per_token; /* for partition summaries and memory estimates */
+    /* Set by dsc_layer_reserve: slot count and the largest micro-batch (B, T) a
+     * forward accepts; a forward may run a smaller (b <= B, t <= T) batch. */
+    int slots;
+    int64_t max_B, max_T;
+};
+
+dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
+dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
+dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                              dsc_micro_ctx *ctx);
+void dsc_layer_destroy(dsc_layer *layer);
+/* Records the parameters a layer reads (copied array). */
+dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n);
+int64_t dsc_layer_param_numel(const dsc_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
