@@ -1,0 +1,21 @@
+/* Turns per-rank outcomes of a collective step into one shared outcome, so a
+ * failure on one rank (a full disk, a missing file) stops all ranks with the
+ * same reason instead of leaving the others waiting in the next collective. */
+#include "runtime/checkpoint/agree.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+dsc_status dsc_agree(MPI_Comm comm, dsc_status local) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    int mine = local ? rank : INT_MAX, first = INT_MAX;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == INT_MAX) return NULL;
+    char message[2048] = "";
+    if (rank == first) snprintf(message, sizeof message, "%s", dsc_status_message(local));
+    MPI_Bcast(message, sizeof message, MPI_CHAR, first, comm);
+    if (local) return local; /* a failing rank keeps its own, more specific message */
+    /* The message already starts with "rank N: " from the failing rank. */
+    return dsc_error(DSC_ERR_PEER, "stopping because %s", message);
+}

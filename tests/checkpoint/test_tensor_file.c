@@ -1,0 +1,162 @@
+/* The parallel tensor file: ranks own arbitrary flat ranges of N-d tensors
+ * (ZeRO-style slices that cut rows in the middle), write them, and the result
+ * read back whole — by dsc and by the HDF5 C API alone — equals the tensor.
+ * Also: create never overwrites, describe/expect/list, attributes, errors. */
+#include <hdf5.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsc/tensor_file.h"
+#include "test_mpi.h"
+
+static int rank, size;
+static char path[512];
+
+static float value_at(int64_t i) { return (float)i * 0.5f - 3.0f; }
+
+/* Rank r owns [r*n/size, (r+1)*n/size): boundaries fall mid-row for most sizes. */
+static void my_range(int64_t n, int64_t *begin, int64_t *count) {
+    *begin = n * rank / size;
+    *count = n * (rank + 1) / size - *begin;
+}
+
+static void write_file(void) {
+    if (rank == 0) unlink(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_create(MPI_COMM_WORLD, path, &f));
+    /* Each rank declares only some tensors; the union is created. */
+    dsc_tfile_entry entries[2] = {
+        {.path = "model/layers.0.w", .dtype = DSC_DTYPE_F32, .ndim = 3, .shape = {3, 5, 7}},
+        {.path = "model/only_rank0", .dtype = DSC_DTYPE_I32, .ndim = 1, .shape = {4}},
+    };
+    assert_ok(dsc_tfile_define_all(f, entries, rank == 0 ? 2 : 1));
+    int64_t n = 3 * 5 * 7, begin, count;
+    my_range(n, &begin, &count);
+    float *mine = malloc((size_t)(count ? count : 1) * sizeof *mine);
+    for (int64_t i = 0; i < count; i++) mine[i] = value_at(begin + i);
+    assert_ok(dsc_tfile_write_range(f, "model/layers.0.w", begin, count, mine));
+    free(mine);
+    if (rank == 0) {
+        int32_t ids[4] = {1, 2, 3, 4};
+        assert_ok(dsc_tfile_write_range(f, "model/only_rank0", 0, 4, ids));
+    }
+    assert_ok(dsc_tfile_set_attr_int(f, "global_step", 42));
+    assert_ok(dsc_tfile_set_attr_string(f, "config", "{\"seed\": 1}"));
+    assert_ok(dsc_tfile_close(f));
+}
+
+static void test_write_read_ranges(void **state) {
+    (void)state;
+    write_file();
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
+    int64_t shape[] = {3, 5, 7};
+    assert_ok(dsc_tfile_expect(f, "model/layers.0.w", DSC_DTYPE_F32, 3, shape));
+    int64_t wrong[] = {3, 5, 8};
+    assert_err(dsc_tfile_expect(f, "model/layers.0.w", DSC_DTYPE_F32, 3, wrong), DSC_ERR_CORRUPT,
+               "tensor model/layers.0.w has shape (3, 5, 7) f32, expected (3, 5, 8) f32");
+    assert_err(dsc_tfile_expect(f, "model/nope", DSC_DTYPE_F32, 3, shape), DSC_ERR_CORRUPT,
+               "tensor model/nope is missing");
+    float all[105];
+    assert_ok(dsc_tfile_read_range(f, "model/layers.0.w", 0, 105, all));
+    for (int i = 0; i < 105; i++) assert_true(all[i] == value_at(i));
+    /* An odd range crossing two row boundaries of both inner dimensions. */
+    float part[40];
+    assert_ok(dsc_tfile_read_range(f, "model/layers.0.w", 33, 40, part));
+    for (int i = 0; i < 40; i++) assert_true(part[i] == value_at(33 + i));
+    assert_err(dsc_tfile_read_range(f, "model/layers.0.w", 100, 6, part), DSC_ERR_INVALID,
+               "range [100, 106) outside tensor");
+    int64_t step;
+    assert_ok(dsc_tfile_get_attr_int(f, "global_step", &step));
+    assert_int_equal(step, 42);
+    char *cfg;
+    assert_ok(dsc_tfile_get_attr_string(f, "config", &cfg));
+    assert_string_equal(cfg, "{\"seed\": 1}");
+    free(cfg);
+    assert_err(dsc_tfile_get_attr_int(f, "nope", &step), DSC_ERR_CORRUPT, "attribute nope is missing");
+    assert_ok(dsc_tfile_close(f));
+}
+
+static dsc_status count_entry(const dsc_tfile_entry *e, void *user) {
+    (void)e;
+    (*(int *)user)++;
+    return NULL;
+}
+
+static void test_list_and_plain_hdf5(void **state) {
+    (void)state;
+    write_file();
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
+    int n = 0;
+    assert_ok(dsc_tfile_list(f, "model", count_entry, &n));
+    assert_int_equal(n, 2);
+    assert_ok(dsc_tfile_close(f));
+    if (rank == 0) {
+        /* Serial HDF5 alone, no dsc: the dataset has the global shape and values. */
+        hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+        assert_true(file >= 0);
+        hid_t d = H5Dopen2(file, "model/layers.0.w", H5P_DEFAULT);
+        hid_t space = H5Dget_space(d);
+        hsize_t dims[3];
+        assert_int_equal(H5Sget_simple_extent_dims(space, dims, NULL), 3);
+        assert_int_equal(dims[0], 3);
+        assert_int_equal(dims[2], 7);
+        float all[105];
+        assert_true(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all) >= 0);
+        for (int i = 0; i < 105; i++) assert_true(all[i] == value_at(i));
+        H5Sclose(space);
+        H5Dclose(d);
+        H5Fclose(file);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void test_never_overwrites_and_bad_files(void **state) {
+    (void)state;
+    write_file();
+    dsc_tfile *f;
+    assert_err(dsc_tfile_create(MPI_COMM_WORLD, path, &f), DSC_ERR_IO, "cannot create the file");
+    assert_err(dsc_tfile_open(MPI_COMM_WORLD, "/nonexistent/x.h5", &f), DSC_ERR_IO, "no such file");
+    char junk[600];
+    snprintf(junk, sizeof junk, "%s.junk", path);
+    if (rank == 0) {
+        FILE *j = fopen(junk, "wb");
+        fputs("this is not hdf5", j);
+        fclose(j);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    assert_err(dsc_tfile_open(MPI_COMM_WORLD, junk, &f), DSC_ERR_CORRUPT, "not an HDF5 file");
+    /* Conflicting descriptions of one tensor are refused on every rank. */
+    if (rank == 0) unlink(junk);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (size > 1) {
+        assert_ok(dsc_tfile_create(MPI_COMM_WORLD, junk, &f));
+        dsc_tfile_entry e = {.path = "model/x", .dtype = DSC_DTYPE_F32, .ndim = 1, .shape = {rank == 0 ? 4 : 5}};
+        dsc_status s = dsc_tfile_define_all(f, &e, 1);
+        assert_non_null(s);
+        assert_non_null(strstr(dsc_status_message(s), "described differently by ranks 0 and 1"));
+        dsc_status_free(s);
+        assert_ok(dsc_tfile_close(f));
+        if (rank == 0) unlink(junk);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+int main(void) {
+    MPI_Init(NULL, NULL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* One path per rank count, shared by the ranks of this job. */
+    snprintf(path, sizeof path, "%s/test_tensor_file_np%d.h5", DSC_BINARY_DIR, size);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_write_read_ranges),
+        cmocka_unit_test(test_list_and_plain_hdf5),
+        cmocka_unit_test(test_never_overwrites_and_bad_files),
+    };
+    return DSC_RUN_MPI_TESTS(tests);
+}
