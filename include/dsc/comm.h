@@ -1,0 +1,149 @@
+/* dsc/comm.h — communicators and the collective operations on tensors.
+ *
+ * A dsc_comm is an opaque, named group of ranks ("world", "data-parallel",
+ * "pipe", ...) with one backend chosen at creation: MPI for CPU tensors,
+ * NCCL for CUDA tensors (when dsc is built with CUDA). Every operation is
+ * bounded by the communicator's timeout: a peer that never arrives yields
+ * DSC_ERR_TIMEOUT naming the operation, the communicator and (for
+ * point-to-point) the peer, instead of a hang. Every operation also counts the
+ * bytes this rank sent and received, by operation type (see docs/comm.md for
+ * the exact counting rule).
+ *
+ * Not here: which ranks form which group (dsc/topology.h), and anything about
+ * what the tensors mean. */
+#ifndef DSC_COMM_H
+#define DSC_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/status.h"
+#include "dsc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsc_comm dsc_comm;
+typedef struct dsc_comm_request dsc_comm_request;
+
+typedef enum dsc_reduce_op {
+    DSC_REDUCE_OP_SUM = 0,
+    DSC_REDUCE_OP_AVG, /* sum / size; integers truncate toward zero */
+    DSC_REDUCE_OP_MAX,
+    DSC_REDUCE_OP_COUNT
+} dsc_reduce_op;
+
+/* Operation types, the index of the byte counters. */
+typedef enum dsc_comm_op {
+    DSC_COMM_OP_ALLREDUCE = 0,
+    DSC_COMM_OP_REDUCE_SCATTER,
+    DSC_COMM_OP_ALLGATHER,
+    DSC_COMM_OP_ALLTOALL,
+    DSC_COMM_OP_ALLTOALLV,
+    DSC_COMM_OP_BROADCAST,
+    DSC_COMM_OP_SEND,
+    DSC_COMM_OP_RECV,
+    DSC_COMM_OP_BARRIER,
+    DSC_COMM_OP_COUNT
+} dsc_comm_op;
+
+typedef struct dsc_comm_stats {
+    int64_t calls[DSC_COMM_OP_COUNT];
+    int64_t bytes_sent[DSC_COMM_OP_COUNT];
+    int64_t bytes_recv[DSC_COMM_OP_COUNT];
+} dsc_comm_stats;
+
+typedef struct dsc_comm_options {
+    double timeout_s;  /* deadline of every operation; <= 0 means the default, 300 s */
+    dsc_device device; /* where the tensors live: cpu -> MPI backend, cuda -> NCCL backend */
+} dsc_comm_options;
+
+#define DSC_COMM_DEFAULT_TIMEOUT_S 300.0
+
+/* ---- creation ---------------------------------------------------------------
+ * The world communicator: initialises MPI (MPI_THREAD_FUNNELED) unless it is
+ * already initialised, makes MPI return errors instead of aborting, and sets
+ * the rank that prefixes dsc error messages. `opts` may be NULL (cpu, 300 s). */
+dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
+
+/* A sub-communicator of `parent`, collective over every rank of the parent.
+ * Each rank passes the parent ranks of the group it joins (including itself);
+ * the group's communicator orders its ranks as listed. The members first agree
+ * on their lists: a rank whose list is invalid or disagrees with its members'
+ * lists makes every rank return an error. The child inherits the parent's
+ * options. */
+dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name,
+                               dsc_comm **out);
+
+void dsc_comm_free(dsc_comm *c);
+
+/* Finalises MPI if dsc_comm_world initialised it; call after freeing every communicator. */
+dsc_status dsc_comm_finalize(void);
+
+int dsc_comm_rank(const dsc_comm *c);
+int dsc_comm_size(const dsc_comm *c);
+const char *dsc_comm_name(const dsc_comm *c);
+const char *dsc_comm_backend_name(const dsc_comm *c); /* "mpi" or "nccl" */
+/* The world rank of this communicator's rank `rank`. */
+int dsc_comm_world_rank(const dsc_comm *c, int rank);
+
+double dsc_comm_timeout(const dsc_comm *c);
+dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s);
+
+void dsc_comm_get_stats(const dsc_comm *c, dsc_comm_stats *out);
+void dsc_comm_reset_stats(dsc_comm *c);
+const char *dsc_comm_op_name(dsc_comm_op op);     /* "all-reduce", ... */
+const char *dsc_reduce_op_name(dsc_reduce_op op); /* "sum", "avg", "max" */
+
+/* ---- collectives (blocking, bounded by the timeout) --------------------------
+ * All ranks of the communicator call the same operation with tensors of the
+ * same dtype; counts are in elements. Shapes only matter through their element
+ * counts. */
+
+/* In place: every rank ends with the elementwise reduction of all ranks' `t`. */
+dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
+
+/* `send` holds size pieces back to back; piece i has counts[i] elements (NULL:
+ * numel(send)/size each). Rank i receives the reduction of every rank's piece i
+ * into `recv`, which has counts[i] elements. */
+dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                   const int64_t *counts, dsc_reduce_op op);
+
+/* Rank i contributes `send` (counts[i] elements; NULL: all equal); every rank
+ * receives all pieces back to back in rank order in `recv`. */
+dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+
+/* `send` and `recv` hold size equal pieces; piece j of `send` goes to rank j
+ * and arrives as piece i (this rank) of rank j's `recv`. */
+dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv);
+
+/* As all-to-all with per-peer counts: send_counts[j] elements go to rank j,
+ * recv_counts[j] elements arrive from rank j; pieces are back to back in rank
+ * order and may be empty. A count that disagrees with the peer's is an error. */
+dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
+                              const int64_t *recv_counts);
+
+/* Root's `t` is copied into every rank's `t`. */
+dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root);
+
+dsc_status dsc_comm_barrier(dsc_comm *c);
+
+/* ---- point to point ------------------------------------------------------------
+ * Non-blocking: the tensor must stay alive and untouched until the request
+ * completes. wait/test free the request once it has completed and set *req to
+ * NULL. The deadline of a request starts when it is posted. `peer` is a rank
+ * of this communicator. A received message larger than `t` is an error. */
+dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
+dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
+dsc_status dsc_comm_wait(dsc_comm_request **req);
+dsc_status dsc_comm_test(dsc_comm_request **req, bool *done);
+
+/* Blocking forms: post and wait. */
+dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);
+dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

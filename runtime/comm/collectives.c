@@ -1,0 +1,279 @@
+/* collectives.c — the public operations: argument checks, the deadline, byte
+ * counting and dispatch to the communicator's backend; non-blocking requests.
+ *
+ * Counting rule (docs/comm.md): bytes are the operation's logical volume for
+ * this rank, independent of the algorithm the backend picks. all-reduce counts
+ * as reduce-scatter + all-gather of the even split (piece i has n/P elements,
+ * plus one for i < n%P); reduce-scatter sends every piece but its own and
+ * receives P-1 contributions to its own; all-gather the reverse; all-to-all(v)
+ * counts the pieces exchanged with other ranks; broadcast counts (P-1)*n sent
+ * at the root and n received elsewhere; send/recv count the message.
+ * Not here: how the bytes move (backends). */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/comm/comm_internal.h"
+
+enum { TAG_MAX = 32767 }; /* the smallest MPI_TAG_UB the MPI standard allows */
+
+static dsc_status check_tensor(const dsc_comm *c, dsc_comm_op op, const char *arg, const dsc_tensor *t) {
+    const char *what = dsc_comm_op_name(op);
+    DSC_CHECK(t != NULL, DSC_ERR_INVALID, "%s on communicator \"%s\": %s tensor is NULL", what, c->name, arg);
+    DSC_CHECK((unsigned)t->dtype < DSC_DTYPE_COUNT, DSC_ERR_INVALID, "%s on communicator \"%s\": %s has dtype %d",
+              what, c->name, arg, (int)t->dtype);
+    DSC_CHECK(t->data != NULL || dsc_tensor_numel(t) == 0, DSC_ERR_INVALID,
+              "%s on communicator \"%s\": %s has no data", what, c->name, arg);
+    if (t->device.type != c->opts.device.type || t->device.index != c->opts.device.index) {
+        char want[32], got[32];
+        return dsc_error(DSC_ERR_INVALID, "%s on communicator \"%s\": %s is on %s but the communicator serves %s",
+                         what, c->name, arg, dsc_device_name(t->device, got, sizeof got),
+                         dsc_device_name(c->opts.device, want, sizeof want));
+    }
+    return NULL;
+}
+
+static dsc_status check_pair(const dsc_comm *c, dsc_comm_op op, const dsc_tensor *send, const dsc_tensor *recv) {
+    DSC_TRY(check_tensor(c, op, "send", send));
+    DSC_TRY(check_tensor(c, op, "recv", recv));
+    DSC_CHECK(send->dtype == recv->dtype, DSC_ERR_INVALID, "%s on communicator \"%s\": send is %s but recv is %s",
+              dsc_comm_op_name(op), c->name, dsc_dtype_name(send->dtype), dsc_dtype_name(recv->dtype));
+    return NULL;
+}
+
+static dsc_status check_reduce_op(const dsc_comm *c, dsc_comm_op op, dsc_reduce_op rop) {
+    DSC_CHECK((unsigned)rop < DSC_REDUCE_OP_COUNT, DSC_ERR_INVALID, "%s on communicator \"%s\": unknown reduce op %d",
+              dsc_comm_op_name(op), c->name, (int)rop);
+    return NULL;
+}
+
+/* counts (P, non-negative, summing to `total`) or NULL for an even split of total. */
+static dsc_status check_counts(const dsc_comm *c, dsc_comm_op op, const char *arg, const int64_t *counts,
+                               int64_t total) {
+    const char *what = dsc_comm_op_name(op);
+    if (!counts) {
+        DSC_CHECK(total % c->size == 0, DSC_ERR_INVALID,
+                  "%s on communicator \"%s\": %lld elements do not split evenly over %d ranks", what, c->name,
+                  (long long)total, c->size);
+        return NULL;
+    }
+    int64_t sum = 0;
+    for (int i = 0; i < c->size; i++) {
+        DSC_CHECK(counts[i] >= 0, DSC_ERR_INVALID, "%s on communicator \"%s\": %s[%d] = %lld is negative", what,
+                  c->name, arg, i, (long long)counts[i]);
+        sum += counts[i];
+    }
+    DSC_CHECK(sum == total, DSC_ERR_INVALID, "%s on communicator \"%s\": %s sum to %lld but the tensor has %lld",
+              what, c->name, arg, (long long)sum, (long long)total);
+    return NULL;
+}
+
+static int64_t piece(const dsc_comm *c, const int64_t *counts, int64_t total, int rank) {
+    return counts ? counts[rank] : total / c->size + (rank < total % c->size);
+}
+
+static dsc_status begin(dsc_comm *c, dsc_comm_op op) {
+    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", dsc_comm_op_name(op),
+              c->name, c->broken);
+    c->deadline = dsc_comm_now() + c->opts.timeout_s;
+    return NULL;
+}
+
+static void count(dsc_comm *c, dsc_comm_op op, int64_t sent_bytes, int64_t recv_bytes) {
+    c->stats.calls[op]++;
+    c->stats.bytes_sent[op] += sent_bytes;
+    c->stats.bytes_recv[op] += recv_bytes;
+}
+
+/* A collective that failed after posting messages leaves the ranks out of step: refuse later collectives. */
+static dsc_status finish(dsc_comm *c, dsc_comm_op op, dsc_status s, int64_t sent_bytes, int64_t recv_bytes) {
+    if (!s) {
+        count(c, op, sent_bytes, recv_bytes);
+        return NULL;
+    }
+    if (dsc_status_code(s) == DSC_ERR_TIMEOUT || dsc_status_code(s) == DSC_ERR_COMM)
+        snprintf(c->broken, sizeof c->broken, "an earlier %s failed (%s)", dsc_comm_op_name(op),
+                 dsc_code_name(dsc_status_code(s)));
+    return s;
+}
+
+dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+    const dsc_comm_op kind = DSC_COMM_OP_ALLREDUCE;
+    DSC_TRY(check_tensor(c, kind, "buffer", t));
+    DSC_TRY(check_reduce_op(c, kind, op));
+    DSC_TRY(begin(c, kind));
+    int64_t n = dsc_tensor_numel(t), mine = piece(c, NULL, n, c->rank);
+    int64_t bytes = (n - mine + (int64_t)(c->size - 1) * mine) * (int64_t)dsc_dtype_size(t->dtype);
+    return finish(c, kind, c->backend->allreduce(c, t, op), bytes, bytes);
+}
+
+dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                   dsc_reduce_op op) {
+    const dsc_comm_op kind = DSC_COMM_OP_REDUCE_SCATTER;
+    DSC_TRY(check_pair(c, kind, send, recv));
+    DSC_TRY(check_reduce_op(c, kind, op));
+    int64_t n = dsc_tensor_numel(send);
+    DSC_TRY(check_counts(c, kind, "counts", counts, n));
+    int64_t mine = piece(c, counts, n, c->rank);
+    DSC_CHECK(dsc_tensor_numel(recv) == mine, DSC_ERR_INVALID,
+              "reduce-scatter on communicator \"%s\": recv has %lld elements but this rank's piece has %lld", c->name,
+              (long long)dsc_tensor_numel(recv), (long long)mine);
+    DSC_TRY(begin(c, kind));
+    int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
+    return finish(c, kind, c->backend->reduce_scatter(c, send, recv, counts, op), (n - mine) * esize,
+                  (int64_t)(c->size - 1) * mine * esize);
+}
+
+dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
+    const dsc_comm_op kind = DSC_COMM_OP_ALLGATHER;
+    DSC_TRY(check_pair(c, kind, send, recv));
+    int64_t n = dsc_tensor_numel(recv);
+    DSC_TRY(check_counts(c, kind, "counts", counts, n));
+    int64_t mine = piece(c, counts, n, c->rank);
+    DSC_CHECK(dsc_tensor_numel(send) == mine, DSC_ERR_INVALID,
+              "all-gather on communicator \"%s\": send has %lld elements but this rank's piece has %lld", c->name,
+              (long long)dsc_tensor_numel(send), (long long)mine);
+    DSC_TRY(begin(c, kind));
+    int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
+    return finish(c, kind, c->backend->allgather(c, send, recv, counts), (int64_t)(c->size - 1) * mine * esize,
+                  (n - mine) * esize);
+}
+
+static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *send, const int64_t *send_counts,
+                            dsc_tensor *recv, const int64_t *recv_counts) {
+    DSC_TRY(check_counts(c, kind, "send counts", send_counts, dsc_tensor_numel(send)));
+    DSC_TRY(check_counts(c, kind, "recv counts", recv_counts, dsc_tensor_numel(recv)));
+    DSC_TRY(begin(c, kind));
+    int64_t sent = 0, received = 0, esize = (int64_t)dsc_dtype_size(send->dtype);
+    for (int j = 0; j < c->size; j++) {
+        if (j == c->rank) continue;
+        sent += send_counts[j] * esize;
+        received += recv_counts[j] * esize;
+    }
+    return finish(c, kind, c->backend->alltoallv(c, send, send_counts, recv, recv_counts), sent, received);
+}
+
+dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv) {
+    const dsc_comm_op kind = DSC_COMM_OP_ALLTOALL;
+    DSC_TRY(check_pair(c, kind, send, recv));
+    int64_t n = dsc_tensor_numel(send);
+    DSC_CHECK(n % c->size == 0 && dsc_tensor_numel(recv) == n, DSC_ERR_INVALID,
+              "all-to-all on communicator \"%s\": send (%lld elements) and recv (%lld) must be equal and split "
+              "evenly over %d ranks",
+              c->name, (long long)n, (long long)dsc_tensor_numel(recv), c->size);
+    int64_t *even = c->even_counts;
+    for (int j = 0; j < c->size; j++) even[j] = n / c->size;
+    return alltoallv(c, kind, send, even, recv, even);
+}
+
+dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
+                              const int64_t *recv_counts) {
+    const dsc_comm_op kind = DSC_COMM_OP_ALLTOALLV;
+    DSC_TRY(check_pair(c, kind, send, recv));
+    DSC_CHECK(send_counts && recv_counts, DSC_ERR_INVALID, "all-to-all-v on communicator \"%s\": counts are NULL",
+              c->name);
+    return alltoallv(c, kind, send, send_counts, recv, recv_counts);
+}
+
+dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
+    const dsc_comm_op kind = DSC_COMM_OP_BROADCAST;
+    DSC_TRY(check_tensor(c, kind, "buffer", t));
+    DSC_CHECK(root >= 0 && root < c->size, DSC_ERR_INVALID, "broadcast on communicator \"%s\": root %d not in [0, %d)",
+              c->name, root, c->size);
+    DSC_TRY(begin(c, kind));
+    int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
+    bool is_root = root == c->rank;
+    return finish(c, kind, c->backend->broadcast(c, t, root), is_root ? (int64_t)(c->size - 1) * bytes : 0,
+                  is_root ? 0 : bytes);
+}
+
+dsc_status dsc_comm_barrier(dsc_comm *c) {
+    const dsc_comm_op kind = DSC_COMM_OP_BARRIER;
+    DSC_TRY(begin(c, kind));
+    MPI_Request req;
+    dsc_status s = dsc_comm_mpi_check(MPI_Ibarrier(c->mpi, &req), "MPI_Ibarrier", c);
+    if (!s) s = dsc_comm_mpi_wait(c, "barrier", -1, &req, 1, MPI_STATUSES_IGNORE);
+    return finish(c, kind, s, 0, 0);
+}
+
+/* ---- point to point ------------------------------------------------------------ */
+
+static dsc_status post(dsc_comm *c, dsc_comm_op kind, dsc_tensor *t, int peer, int tag, dsc_comm_request **out) {
+    *out = NULL;
+    const char *what = dsc_comm_op_name(kind);
+    DSC_TRY(check_tensor(c, kind, "buffer", t));
+    DSC_CHECK(peer >= 0 && peer < c->size, DSC_ERR_INVALID, "%s on communicator \"%s\": peer %d not in [0, %d)", what,
+              c->name, peer, c->size);
+    DSC_CHECK(tag >= 0 && tag <= TAG_MAX, DSC_ERR_INVALID, "%s on communicator \"%s\": tag %d not in [0, %d]", what,
+              c->name, tag, TAG_MAX);
+    dsc_comm_request *req;
+    DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
+    *req = (dsc_comm_request){.comm = c, .op = kind, .peer = peer, .dtype = t->dtype, .bytes = dsc_tensor_nbytes(t),
+                              .mpi = MPI_REQUEST_NULL};
+    req->deadline = dsc_comm_now() + c->opts.timeout_s;
+    dsc_status s = kind == DSC_COMM_OP_SEND ? c->backend->isend(c, t, peer, tag, req)
+                                            : c->backend->irecv(c, t, peer, tag, req);
+    if (s) {
+        dsc_mem_free(req, sizeof *req, DSC_MEM_COMM, DSC_CPU);
+        return dsc_error_wrap(s, "%s with peer %d", what, peer);
+    }
+    *out = req;
+    return NULL;
+}
+
+dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request **req) {
+    /* The backend only reads a send buffer; the cast serves the shared post path. */
+    return post(c, DSC_COMM_OP_SEND, (dsc_tensor *)t, peer, tag, req);
+}
+
+dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req) {
+    return post(c, DSC_COMM_OP_RECV, t, peer, tag, req);
+}
+
+/* Ends a request: counts it when it completed, gives it up otherwise, frees it. */
+static dsc_status retire(dsc_comm_request **reqp, dsc_status s, bool done) {
+    dsc_comm_request *req = *reqp;
+    if (!s && !done) return NULL;
+    if (s && !done) req->comm->backend->abandon(req);
+    if (!s) {
+        bool sent = req->op == DSC_COMM_OP_SEND;
+        count(req->comm, req->op, sent ? (int64_t)req->bytes : 0, sent ? 0 : (int64_t)req->bytes);
+    }
+    dsc_mem_free(req, sizeof *req, DSC_MEM_COMM, DSC_CPU);
+    *reqp = NULL;
+    return s;
+}
+
+static dsc_status test_request(void *arg, bool *done) { return ((dsc_comm_request *)arg)->comm->backend->test(arg, done); }
+
+dsc_status dsc_comm_wait(dsc_comm_request **reqp) {
+    dsc_comm_request *req = *reqp;
+    if (!req) return NULL;
+    dsc_status s = dsc_comm_poll(req->comm, dsc_comm_op_name(req->op), req->peer, req->deadline, test_request, req);
+    return retire(reqp, s, s == NULL);
+}
+
+dsc_status dsc_comm_test(dsc_comm_request **reqp, bool *done) {
+    *done = true;
+    dsc_comm_request *req = *reqp;
+    if (!req) return NULL;
+    bool finished = false;
+    dsc_status s = req->comm->backend->test(req, &finished);
+    if (!s && !finished && dsc_comm_now() > req->deadline)
+        s = dsc_error(DSC_ERR_TIMEOUT, "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s",
+                      dsc_comm_op_name(req->op), req->peer, req->comm->world_ranks[req->peer], req->comm->name,
+                      req->comm->opts.timeout_s);
+    *done = finished || s;
+    return retire(reqp, s, finished);
+}
+
+dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_comm_isend(c, t, peer, tag, &req));
+    return dsc_comm_wait(&req);
+}
+
+dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_comm_irecv(c, t, peer, tag, &req));
+    return dsc_comm_wait(&req);
+}

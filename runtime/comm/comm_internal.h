@@ -1,0 +1,94 @@
+/* comm_internal.h — what the communicator front end (comm.c) shares with its
+ * backends (mpi_backend.c, nccl_backend.c): the communicator's fields, the
+ * backend table, requests, and the deadline-bounded polling every blocking
+ * wait goes through.
+ *
+ * Every communicator owns an MPI communicator even under NCCL: it carries
+ * group creation, agreement and barriers, and is how NCCL's unique id travels. */
+#ifndef DSC_COMM_INTERNAL_H
+#define DSC_COMM_INTERNAL_H
+
+#include <mpi.h>
+#include <stdbool.h>
+
+#include "dsc/comm.h"
+
+typedef struct dsc_comm_backend dsc_comm_backend;
+
+struct dsc_comm {
+    char name[64];
+    int rank, size;
+    MPI_Comm mpi;
+    int *world_ranks;     /* (size) world rank of each member */
+    int64_t *even_counts; /* (size) scratch: all-to-all's equal pieces */
+    dsc_comm_options opts;
+    const dsc_comm_backend *backend;
+    void *impl;       /* backend state */
+    double deadline;  /* of the blocking operation in progress (dsc_comm_now clock) */
+    char broken[160]; /* non-empty after a collective timed out: later calls refuse */
+    dsc_comm_stats stats;
+};
+
+struct dsc_comm_request {
+    dsc_comm *comm;
+    dsc_comm_op op; /* DSC_COMM_OP_SEND or DSC_COMM_OP_RECV */
+    int peer;
+    double deadline;
+    dsc_dtype dtype;
+    size_t bytes;    /* size of the tensor */
+    MPI_Request mpi; /* MPI backend */
+    void *impl;      /* other backends */
+};
+
+/* A backend implements the data-moving operations; the front end validates
+ * arguments, sets the deadline, counts bytes and names errors. Counts are in
+ * elements and already checked against the tensors. all-to-all is all-to-all-v
+ * with equal counts. */
+struct dsc_comm_backend {
+    const char *name;
+    dsc_status (*init)(dsc_comm *c); /* after c->mpi, rank and size are set */
+    void (*fini)(dsc_comm *c);
+    dsc_status (*allreduce)(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
+    dsc_status (*reduce_scatter)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                 dsc_reduce_op op);
+    dsc_status (*allgather)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+    dsc_status (*alltoallv)(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
+                            const int64_t *recv_counts);
+    dsc_status (*broadcast)(dsc_comm *c, dsc_tensor *t, int root);
+    dsc_status (*isend)(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request *req);
+    dsc_status (*irecv)(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request *req);
+    /* Sets *done; a completed request is checked (e.g. message size) here. */
+    dsc_status (*test)(dsc_comm_request *req, bool *done);
+    /* Gives up on a request that timed out (cancel what can be cancelled). */
+    void (*abandon)(dsc_comm_request *req);
+};
+
+extern const dsc_comm_backend dsc_comm_mpi_backend;
+#ifdef DSC_HAVE_CUDA
+extern const dsc_comm_backend dsc_comm_nccl_backend;
+#endif
+
+/* Seconds on a monotonic clock. */
+double dsc_comm_now(void);
+
+/* Calls test(arg, &done) until done, sleeping with a short backoff between
+ * calls so that oversubscribed ranks leave the CPU to their peers. Past
+ * `deadline` it returns DSC_ERR_TIMEOUT naming `what` (e.g. "all-reduce"),
+ * the communicator and, when peer >= 0, the peer. */
+typedef dsc_status (*dsc_comm_test_fn)(void *arg, bool *done);
+dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
+                         void *arg);
+
+/* Waits for MPI requests until c->deadline (see dsc_comm_poll). `statuses`
+ * may be MPI_STATUSES_IGNORE; an error in one status names its source rank. */
+dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,
+                             MPI_Status *statuses);
+
+/* NULL when rc is MPI_SUCCESS, otherwise DSC_ERR_COMM naming the call, MPI's
+ * message and the communicator. */
+dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c);
+
+/* The MPI datatype of a dsc dtype (bf16 and f16 travel as 16-bit integers). */
+MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype);
+
+#endif

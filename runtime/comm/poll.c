@@ -1,0 +1,96 @@
+/* poll.c — deadline-bounded waiting and MPI error translation for the
+ * communicator backends.
+ *
+ * Every blocking operation in dsc ends in dsc_comm_poll: test, and if not
+ * done, sleep briefly (a short spin first, then 50 -> 200 us backoff) until the
+ * deadline. Sleeping rather than spinning matters when ranks outnumber cores:
+ * a spinning rank would steal the CPU its peer needs to make progress.
+ * Not here: what is being waited for (the backends post the operations). */
+#include <stdio.h>
+#include <time.h>
+
+#include "runtime/comm/comm_internal.h"
+
+enum { SPIN_TESTS = 32 };
+static const long SLEEP_MIN_NS = 50 * 1000, SLEEP_MAX_NS = 200 * 1000;
+
+double dsc_comm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static dsc_status timeout_error(const dsc_comm *c, const char *what, int peer) {
+    if (peer >= 0)
+        return dsc_error(DSC_ERR_TIMEOUT,
+                         "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s", what, peer,
+                         c->world_ranks[peer], c->name, c->opts.timeout_s);
+    return dsc_error(DSC_ERR_TIMEOUT, "%s on communicator \"%s\" (%d ranks) timed out after %g s", what, c->name,
+                     c->size, c->opts.timeout_s);
+}
+
+dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
+                         void *arg) {
+    long sleep_ns = SLEEP_MIN_NS;
+    for (int tries = 0;; tries++) {
+        bool done = false;
+        DSC_TRY(test(arg, &done));
+        if (done) return NULL;
+        if (dsc_comm_now() > deadline) return timeout_error(c, what, peer);
+        if (tries < SPIN_TESTS) continue;
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        sleep_ns = sleep_ns * 2 > SLEEP_MAX_NS ? SLEEP_MAX_NS : sleep_ns * 2;
+    }
+}
+
+typedef struct mpi_wait {
+    const dsc_comm *comm;
+    const char *what;
+    MPI_Request *reqs;
+    int n;
+    MPI_Status *statuses;
+} mpi_wait;
+
+static dsc_status test_mpi(void *arg, bool *done) {
+    mpi_wait *w = arg;
+    int flag = 0;
+    int rc = MPI_Testall(w->n, w->reqs, &flag, w->statuses);
+    if (rc == MPI_ERR_IN_STATUS && w->statuses != MPI_STATUSES_IGNORE) {
+        for (int i = 0; i < w->n; i++) {
+            MPI_Status *st = &w->statuses[i];
+            if (st->MPI_ERROR == MPI_SUCCESS || st->MPI_ERROR == MPI_ERR_PENDING) continue;
+            return dsc_error_wrap(dsc_comm_mpi_check(st->MPI_ERROR, "MPI_Testall", w->comm), "%s, message from peer %d",
+                                  w->what, st->MPI_SOURCE);
+        }
+    }
+    DSC_TRY(dsc_error_wrap(dsc_comm_mpi_check(rc, "MPI_Testall", w->comm), "%s", w->what));
+    *done = flag != 0;
+    return NULL;
+}
+
+dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,
+                             MPI_Status *statuses) {
+    mpi_wait w = {c, what, reqs, n, statuses};
+    return dsc_comm_poll(c, what, peer, c->deadline, test_mpi, &w);
+}
+
+dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c) {
+    if (rc == MPI_SUCCESS) return NULL;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", rc);
+    return dsc_error(DSC_ERR_COMM, "%s failed on communicator \"%s\": %s", call, c ? c->name : "(none)", msg);
+}
+
+MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype) {
+    switch (dtype) {
+    case DSC_DTYPE_F32: return MPI_FLOAT;
+    case DSC_DTYPE_BF16:
+    case DSC_DTYPE_F16: return MPI_UINT16_T;
+    case DSC_DTYPE_I32: return MPI_INT32_T;
+    case DSC_DTYPE_I64: return MPI_INT64_T;
+    case DSC_DTYPE_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
