@@ -1,0 +1,197 @@
+/* The config schema: every key dsc accepts, with its type, default, range and
+ * meaning, as one table. Validation, defaults, suggestions, the JSON written
+ * into checkpoints and the reference table in docs/config.md all come from
+ * here, so adding a key is one line plus a field in dsc_config. This file does
+ * not parse or check anything itself. */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "runtime/config/config_impl.h"
+
+#define FIELD(f) offsetof(dsc_config, f), sizeof(((dsc_config *)0)->f)
+#define SECTION(path, doc) {path, DSC_CONFIG_KIND_OBJECT, 0, 0, NULL, 0, 0, NULL, 0, doc}
+#define BOOL(path, f, def, flags, doc) {path, DSC_CONFIG_KIND_BOOL, FIELD(f), def, 0, 0, NULL, flags, doc}
+#define INT(path, f, def, lo, hi, flags, doc) {path, DSC_CONFIG_KIND_INT, FIELD(f), def, lo, hi, NULL, flags, doc}
+#define FLOAT(path, f, def, lo, hi, flags, doc)                                                    \
+    {path, DSC_CONFIG_KIND_FLOAT, FIELD(f), def, lo, hi, NULL, flags, doc}
+#define FLOATS(path, f, def, lo, hi, flags, doc)                                                   \
+    {path, DSC_CONFIG_KIND_FLOATS, FIELD(f), def, lo, hi, NULL, flags, doc}
+#define STRING(path, f, def, doc) {path, DSC_CONFIG_KIND_STRING, FIELD(f), def, 0, 0, NULL, 0, doc}
+#define ENUM(path, f, def, choices, flags, doc)                                                    \
+    {path, DSC_CONFIG_KIND_ENUM, FIELD(f), def, 0, 0, choices, flags, doc}
+
+#define INF INFINITY
+#define NUL DSC_CONFIG_NULLABLE
+#define GT DSC_CONFIG_MIN_EXCLUSIVE
+#define LT DSC_CONFIG_MAX_EXCLUSIVE
+#define I32 2147483647.0
+#define I53 9007199254740992.0 /* largest integer a JSON double holds exactly */
+
+/* Enum names; the index is the C enum value. Matching is case-insensitive so
+ * DeepSpeed's spelling ("AdamW") is accepted. */
+static const char *const archs[] = {"gpt", "llama", "gpt-moe", "mixtral", NULL};
+static const char *const optimizers[] = {"adamw", "sgd", NULL};
+static const char *const lr_schedules[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
+static const char *const warmup_types[] = {"log", "linear", NULL};
+static const char *const pipe_schedules[] = {"1f1b", "gpipe", "interleaved", NULL};
+static const char *const noisy_gates[] = {"null", "Jitter", "RSample", NULL};
+static const char *const drop_policies[] = {"probs", "position", NULL};
+static const char *const backends[] = {"auto", "mpi", "nccl", NULL};
+
+static const dsc_config_key schema[] = {
+    INT("train_batch_size", train_batch_size, "null", 1, I53, NUL,
+        "Global batch (sequences per optimizer step) = micro * accumulation * data-parallel size."),
+    INT("train_micro_batch_size_per_gpu", train_micro_batch_size_per_gpu, "null", 1, I53, NUL,
+        "Sequences per forward/backward on one data-parallel rank."),
+    INT("gradient_accumulation_steps", gradient_accumulation_steps, "null", 1, I53, NUL,
+        "Micro-batches per optimizer step (the pipeline's micro-batch count)."),
+    INT("steps_per_print", steps_per_print, "10", 1, I53, 0, "Log loss and throughput every this many steps."),
+    INT("seed", seed, "1234", 0, I53, 0, "Seed of every random stream (per rank and purpose)."),
+    BOOL("wall_clock_breakdown", wall_clock_breakdown, "false", 0,
+         "Log forward / backward / communication / optimizer times per step."),
+    FLOAT("gradient_clipping", gradient_clipping, "0", 0, INF, 0,
+          "Clip the global gradient norm to this value; 0 disables clipping."),
+
+    SECTION("model", "The transformer."),
+    ENUM("model.arch", model.arch, "\"gpt\"", archs, 0,
+         "gpt (LayerNorm, GELU, learned positions), llama (RMSNorm, SwiGLU, RoPE, GQA), gpt-moe, mixtral."),
+    INT("model.n_layer", model.n_layer, "12", 1, I32, 0, "Transformer blocks."),
+    INT("model.d_model", model.d_model, "768", 1, I32, 0, "Hidden size C."),
+    INT("model.n_head", model.n_head, "12", 1, I32, 0, "Attention heads; must divide d_model."),
+    INT("model.n_kv_head", model.n_kv_head, "null", 1, I32, NUL,
+        "Key/value heads (grouped-query attention); null: n_head. Must divide n_head."),
+    INT("model.d_ff", model.d_ff, "null", 1, I32, NUL, "MLP hidden size; null: 4 * d_model."),
+    INT("model.vocab_size", model.vocab_size, "50257", 1, I32, 0, "Vocabulary size V."),
+    INT("model.seq_len", model.seq_len, "1024", 1, I32, 0, "Sequence length T (and maximum positions)."),
+    BOOL("model.tie_embeddings", model.tie_embeddings, "null", NUL,
+         "Share the token embedding with the output head; null: true for gpt/gpt-moe, false for llama/mixtral."),
+    BOOL("model.activation_checkpointing", model.activation_checkpointing, "false", 0,
+         "Keep only block inputs in forward and recompute activations in backward."),
+    FLOAT("model.rope_theta", model.rope_theta, "10000", 0, INF, GT, "RoPE base (llama, mixtral)."),
+    FLOAT("model.norm_eps", model.norm_eps, "1e-05", 0, INF, GT, "Epsilon of LayerNorm / RMSNorm."),
+    BOOL("model.qkv_bias", model.qkv_bias, "null", NUL,
+         "Bias on the q/k/v projections; null: true for gpt/gpt-moe, false for llama/mixtral."),
+
+    SECTION("optimizer", "DeepSpeed's optimizer section."),
+    ENUM("optimizer.type", optimizer.type, "\"adamw\"", optimizers, 0,
+         "adamw (decoupled weight decay) or sgd (with momentum); case-insensitive."),
+    SECTION("optimizer.params", "Hyper-parameters of the optimizer."),
+    FLOAT("optimizer.params.lr", optimizer.params.lr, "0.001", 0, INF, 0,
+          "Learning rate (the peak for the warmup schedulers)."),
+    FLOATS("optimizer.params.betas", optimizer.params.betas, "[0.9, 0.999]", 0, 1, LT, "Adam's beta1, beta2."),
+    FLOAT("optimizer.params.eps", optimizer.params.eps, "1e-08", 0, INF, GT, "Adam's epsilon."),
+    FLOAT("optimizer.params.weight_decay", optimizer.params.weight_decay, "0.01", 0, INF, 0,
+          "Decoupled weight decay (adamw) or L2 penalty (sgd)."),
+    FLOAT("optimizer.params.momentum", optimizer.params.momentum, "0", 0, 1, LT, "SGD momentum."),
+
+    SECTION("scheduler", "DeepSpeed's learning-rate scheduler section."),
+    ENUM("scheduler.type", scheduler.type, "\"constant\"", lr_schedules, 0,
+         "constant, WarmupLR, WarmupDecayLR or WarmupCosineLR (DeepSpeed's semantics)."),
+    SECTION("scheduler.params", "Parameters of the scheduler; each type reads the ones it needs."),
+    INT("scheduler.params.warmup_num_steps", scheduler.params.warmup_num_steps, "1000", 0, I53, 0,
+        "Steps of warmup."),
+    INT("scheduler.params.total_num_steps", scheduler.params.total_num_steps, "null", 1, I53, NUL,
+        "Step where WarmupDecayLR reaches 0 and WarmupCosineLR its minimum; null: train.steps."),
+    FLOAT("scheduler.params.warmup_min_lr", scheduler.params.warmup_min_lr, "0", 0, INF, 0,
+          "Start of warmup (WarmupLR, WarmupDecayLR)."),
+    FLOAT("scheduler.params.warmup_max_lr", scheduler.params.warmup_max_lr, "0.001", 0, INF, 0,
+          "End of warmup (WarmupLR, WarmupDecayLR)."),
+    ENUM("scheduler.params.warmup_type", scheduler.params.warmup_type, "\"log\"", warmup_types, 0,
+         "Warmup curve: log or linear (WarmupLR, WarmupDecayLR)."),
+    FLOAT("scheduler.params.warmup_min_ratio", scheduler.params.warmup_min_ratio, "0", 0, 1, 0,
+          "Warmup starts at this fraction of lr (WarmupCosineLR)."),
+    FLOAT("scheduler.params.cos_min_ratio", scheduler.params.cos_min_ratio, "0.0001", 0, 1, 0,
+          "Cosine ends at this fraction of lr (WarmupCosineLR)."),
+
+    SECTION("zero_optimization", "ZeRO sharding (DeepSpeed's keys; sizes in elements)."),
+    INT("zero_optimization.stage", zero_optimization.stage, "0", 0, 3, DSC_CONFIG_LISTED,
+        "0 off, 1 optimizer state, 2 + gradients, 3 + parameters sharded over data-parallel ranks."),
+    INT("zero_optimization.reduce_bucket_size", zero_optimization.reduce_bucket_size, "500000000", 1, I53, 0,
+        "Gradient elements per reduction bucket."),
+    INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1,
+        I53, 0, "Parameter elements per all-gather bucket."),
+    BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, "null", NUL,
+         "Overlap gradient reduction with backward; null: true for stage 3, else false."),
+    BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, "true", 0,
+         "Copy gradients into a contiguous bucket as they are produced."),
+    INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size,
+        "50000000", 0, I53, 0, "Stage 3: parameter elements fetched ahead of use."),
+    INT("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters,
+        "1000000000", 0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
+    INT("zero_optimization.stage3_param_persistence_threshold",
+        zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
+        "Stage 3: parameters with fewer elements stay unpartitioned."),
+
+    SECTION("pipeline", "Pipeline parallelism."),
+    INT("pipeline.stages", pipeline.stages, "1", 1, I32, 0, "Pipeline stages P; 1 disables pipelining."),
+    STRING("pipeline.partition_method", pipeline.partition_method, "\"parameters\"",
+           "How layers are split over stages: uniform, parameters, or type:REGEX (balance matching layers)."),
+    ENUM("pipeline.schedule", pipeline.schedule, "\"1f1b\"", pipe_schedules, 0,
+         "Instruction schedule: 1f1b, gpipe or interleaved (needs virtual_stages >= 2)."),
+    INT("pipeline.virtual_stages", pipeline.virtual_stages, "1", 1, I32, 0,
+        "Model chunks per rank for the interleaved schedule."),
+    INT("pipeline.activation_checkpoint_interval", pipeline.activation_checkpoint_interval, "0", 0, I32, 0,
+        "Checkpoint every this many layers within a stage; 0 disables."),
+    FLOAT("pipeline.p2p_timeout_s", pipeline.p2p_timeout_s, "300", 0, INF, GT,
+          "Seconds a stage waits for a peer's activation or gradient before failing."),
+
+    SECTION("moe", "Mixture of experts (DeepSpeed's MoE layer arguments)."),
+    INT("moe.num_experts", moe.num_experts, "0", 0, I32, 0, "Experts E per MoE layer; 0 for dense models."),
+    INT("moe.ep_size", moe.ep_size, "1", 1, I32, 0, "Expert-parallel group size; must divide num_experts."),
+    INT("moe.k", moe.k, "1", 1, I32, 0, "Experts per token (top-k)."),
+    FLOAT("moe.capacity_factor", moe.capacity_factor, "1", 0, INF, GT, "Expert capacity factor in training."),
+    FLOAT("moe.eval_capacity_factor", moe.eval_capacity_factor, "1", 0, INF, GT,
+          "Expert capacity factor in evaluation."),
+    INT("moe.min_capacity", moe.min_capacity, "4", 0, I32, 0, "Smallest expert capacity."),
+    BOOL("moe.drop_tokens", moe.drop_tokens, "true", 0, "Drop tokens over capacity; false: unlimited capacity."),
+    ENUM("moe.noisy_gate_policy", moe.noisy_gate_policy, "null", noisy_gates, NUL,
+         "Gate noise in training: null, Jitter (input noise) or RSample (Gumbel, top-1 only)."),
+    BOOL("moe.use_rts", moe.use_rts, "true", 0, "Random token selection when dropping (top-1)."),
+    BOOL("moe.use_residual", moe.use_residual, "false", 0, "Residual MoE: a dense MLP mixed with the experts."),
+    FLOAT("moe.aux_loss_coef", moe.aux_loss_coef, "0.01", 0, INF, 0, "Weight of the load-balancing loss."),
+    FLOAT("moe.z_loss_coef", moe.z_loss_coef, "0", 0, INF, 0, "Weight of the router z-loss."),
+    INT("moe.layer_freq", moe.layer_freq, "1", 1, I32, 0, "Every layer_freq-th block has a MoE MLP."),
+    BOOL("moe.top2_2nd_expert_sampling", moe.top2_2nd_expert_sampling, "true", 0,
+         "Top-2: sample the second expert with Gumbel noise."),
+    ENUM("moe.drop_policy", moe.drop_policy, "\"probs\"", drop_policies, 0,
+         "Which tokens an expert keeps when over capacity: highest probs or earliest position."),
+
+    SECTION("checkpoint", "Saving and restoring (HDF5)."),
+    STRING("checkpoint.save_dir", checkpoint.save_dir, "\"\"", "Directory for checkpoints; \"\" disables saving."),
+    INT("checkpoint.save_interval", checkpoint.save_interval, "0", 0, I53, 0,
+        "Save every this many steps; 0 saves only at the end."),
+    INT("checkpoint.keep_last", checkpoint.keep_last, "0", 0, I32, 0,
+        "Keep only the newest this many checkpoints; 0 keeps all."),
+    STRING("checkpoint.tag", checkpoint.tag, "\"\"", "Checkpoint name; \"\" means global_step<N>."),
+
+    SECTION("comm", "Communication."),
+    FLOAT("comm.timeout_s", comm.timeout_s, "300", 0, INF, GT,
+          "Seconds a collective may wait before the job is declared hung."),
+    ENUM("comm.backend", comm.backend, "\"auto\"", backends, 0, "auto (NCCL on GPUs, else MPI), mpi or nccl."),
+
+    SECTION("data", "Training data."),
+    STRING("data.path", data.path, "\"\"", "Token file or directory."),
+    FLOAT("data.val_fraction", data.val_fraction, "0", 0, 1, LT, "Fraction of the data held out for evaluation."),
+
+    SECTION("train", "The training loop."),
+    INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),
+    INT("train.eval_interval", train.eval_interval, "0", 0, I53, 0, "Evaluate every this many steps; 0 never."),
+    INT("train.eval_iters", train.eval_iters, "10", 1, I32, 0, "Batches per evaluation."),
+};
+
+const dsc_config_key *dsc_config_schema(size_t *count) {
+    *count = sizeof schema / sizeof schema[0];
+    return schema;
+}
+
+const dsc_config_key *dsc_config_schema_find(const char *path) {
+    for (size_t i = 0; i < sizeof schema / sizeof schema[0]; i++)
+        if (strcmp(schema[i].path, path) == 0) return &schema[i];
+    return NULL;
+}
+
+size_t dsc_config_parent_len(const char *path) {
+    const char *dot = strrchr(path, '.');
+    return dot ? (size_t)(dot - path) : 0;
+}
