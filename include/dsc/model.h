@@ -59,7 +59,8 @@ typedef struct dsc_layer_spec {
     int block;                     /* block index for blocks, -1 otherwise */
 } dsc_layer_spec;
 
-/* The ordered spec list of a model: embedding, n_layer blocks, lm_head. */
+/* The ordered spec list of a model: embedding, n_layer blocks ("moe_block" for
+ * every moe_layer_freq-th block of MoE archs), lm_head. Release with free(). */
 dsc_status dsc_model_specs(const dsc_model_config *mc, dsc_layer_spec **specs, int *count);
 
 /* Everything a factory needs to build one layer on this rank. */

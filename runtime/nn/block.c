@@ -1,0 +1,188 @@
+/* The pre-norm transformer block: x + attn(norm1(x)), then + ffn(norm2(.)),
+ * with optional activation checkpointing.
+ *
+ * Without checkpointing every slot keeps its intermediates. With it, a slot
+ * keeps only its input; the components and the ffn are reserved with one
+ * slot, and backward first re-runs the forward into that slot. The kernels
+ * are deterministic, so the recomputed activations, and hence the gradients,
+ * are bitwise those of the plain path. The block does not know what its ffn
+ * is (dense MLP here, MoE in moe/). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dsc/kernels.h"
+#include "runtime/nn/nn_internal.h"
+
+typedef struct block_layer {
+    dsc_layer base;
+    nn_norm norm1, norm2;
+    nn_attention attn;
+    dsc_layer *ffn;
+    bool checkpoint;
+    int64_t C;
+    dsc_device device;
+    int nslots, inner_slots; /* allocated: per-slot buffers, and component slots (1 when checkpointing) */
+    dsc_tensor *x;           /* [slots] (B, T, C) copy of the input */
+    dsc_tensor *out;         /* [slots] (B, T, C) */
+    dsc_tensor *din;         /* [slots] (B, T, C) */
+    int64_t (*bt)[2];        /* [slots] (b, t) of the slot's micro-batch; b = 0 when no forward is pending */
+    dsc_tensor *h1;          /* [inner] (B, T, C) norm1(x) */
+    dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) */
+    dsc_tensor *h2;          /* [inner] (B, T, C) norm2(resid) */
+    dsc_tensor *scratch;     /* [2] (B, T, C): attention output (forward) or dh (backward); dresid */
+} block_layer;
+
+static void release(block_layer *k) {
+    nn_buffers_free(&k->x, k->nslots);
+    nn_buffers_free(&k->out, k->nslots);
+    nn_buffers_free(&k->din, k->nslots);
+    free(k->bt);
+    k->bt = NULL;
+    nn_buffers_free(&k->h1, k->inner_slots);
+    nn_buffers_free(&k->resid, k->inner_slots);
+    nn_buffers_free(&k->h2, k->inner_slots);
+    nn_buffers_free(&k->scratch, 2);
+    nn_norm_free(&k->norm1);
+    nn_norm_free(&k->norm2);
+    nn_attention_free(&k->attn);
+    k->nslots = k->inner_slots = 0;
+}
+
+static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
+    block_layer *k = (block_layer *)self;
+    release(k);
+    const int inner = k->checkpoint ? 1 : slots;
+    const int64_t shape[3] = {B, T, k->C};
+    k->nslots = slots;
+    k->inner_slots = inner;
+    k->bt = calloc((size_t)slots, sizeof *k->bt);
+    dsc_status s = k->bt ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
+    if (!s) s = nn_buffers_alloc(&k->x, slots, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->out, slots, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->din, slots, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->h1, inner, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->resid, inner, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->h2, inner, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
+    if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
+    if (!s) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
+    if (!s) s = nn_norm_reserve(&k->norm2, inner, B, T, k->device);
+    if (!s) s = dsc_layer_reserve(k->ffn, inner, B, T);
+    if (s) release(k);
+    return s;
+}
+
+/* The block's forward on component slot `cs` from input x into out. */
+static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_tensor *out, dsc_micro_ctx *ctx) {
+    dsc_tensor h1 = nn_view(&k->h1[cs], 3, x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
+    dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_view(&k->scratch[0], 3, x->shape);
+    DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
+    DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
+    DSC_TRY(dsc_kernel_add(&resid, x, &a));
+    DSC_TRY(nn_norm_forward(&k->norm2, cs, &resid, &h2));
+    dsc_tensor m;
+    DSC_TRY(dsc_layer_forward(k->ffn, cs, &h2, &m, ctx));
+    return dsc_kernel_add(out, &resid, &m);
+}
+
+static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                                dsc_micro_ctx *ctx) {
+    block_layer *k = (block_layer *)self;
+    DSC_TRY(nn_check_input(self, in, k->C));
+    dsc_tensor x = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
+    DSC_TRY(dsc_tensor_copy(&x, in));
+    DSC_TRY(run_forward(k, k->checkpoint ? 0 : slot, &x, &o, ctx));
+    k->bt[slot][0] = in->shape[0];
+    k->bt[slot][1] = in->shape[1];
+    *out = o;
+    return NULL;
+}
+
+static dsc_status block_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                                 dsc_micro_ctx *ctx) {
+    block_layer *k = (block_layer *)self;
+    DSC_CHECK(k->bt[slot][0] > 0, DSC_ERR_INVALID, "backward without a pending forward");
+    const int64_t shape[3] = {k->bt[slot][0], k->bt[slot][1], k->C};
+    DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, shape));
+    const int cs = k->checkpoint ? 0 : slot;
+    dsc_tensor x = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
+    dsc_tensor h1 = nn_view(&k->h1[cs], 3, shape), resid = nn_view(&k->resid[cs], 3, shape);
+    dsc_tensor dh = nn_view(&k->scratch[0], 3, shape), dresid = nn_view(&k->scratch[1], 3, shape);
+    if (k->checkpoint) DSC_TRY(run_forward(k, cs, &x, &dh, ctx)); /* dh is free until the attention backward */
+    dsc_tensor dm;
+    DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
+    DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));
+    DSC_TRY(dsc_kernel_add(&dresid, &dresid, dout));
+    DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
+    DSC_TRY(nn_norm_backward(&k->norm1, cs, &x, &dh, &dx));
+    DSC_TRY(dsc_kernel_add(&dx, &dx, &dresid));
+    k->bt[slot][0] = 0;
+    *din = dx;
+    return NULL;
+}
+
+static void block_destroy(dsc_layer *self) {
+    block_layer *k = (block_layer *)self;
+    release(k);
+    dsc_layer_destroy(k->ffn);
+    free(k);
+}
+
+static const dsc_layer_ops block_ops = {.type = "block",
+                                        .reserve = block_reserve,
+                                        .forward = block_forward,
+                                        .backward = block_backward,
+                                        .destroy = block_destroy};
+
+static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_store *store) {
+    nn_param_list list = {.n = 0};
+    char prefix[sizeof k->base.name + 8];
+    snprintf(prefix, sizeof prefix, "%s.norm1", k->base.name);
+    DSC_TRY(nn_norm_init(&k->norm1, &list, store, prefix, mc));
+    snprintf(prefix, sizeof prefix, "%s.attn", k->base.name);
+    DSC_TRY(nn_attention_init(&k->attn, &list, store, prefix, mc));
+    snprintf(prefix, sizeof prefix, "%s.norm2", k->base.name);
+    DSC_TRY(nn_norm_init(&k->norm2, &list, store, prefix, mc));
+    DSC_CHECK(list.n + k->ffn->n_params <= NN_MAX_LAYER_PARAMS, DSC_ERR_INVALID,
+              "feed-forward layer %s has %d parameters; a block holds at most %d in all", k->ffn->name,
+              k->ffn->n_params, NN_MAX_LAYER_PARAMS);
+    for (int i = 0; i < k->ffn->n_params; i++) list.items[list.n++] = k->ffn->params[i];
+    return dsc_layer_set_params(&k->base, list.items, list.n);
+}
+
+dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
+                            dsc_layer **out) {
+    *out = NULL;
+    const dsc_model_config *mc = ctx->model;
+    dsc_status s = NULL;
+    if (spec->block < 0 || spec->block >= mc->n_layer)
+        s = dsc_error(DSC_ERR_INVALID, "block index %d outside [0, %d) (model.n_layer)", spec->block, mc->n_layer);
+    if (!s && !ffn) s = nn_mlp_create(mc, ctx->params, ctx->device, spec->block, &ffn);
+    block_layer *k = s ? NULL : calloc(1, sizeof *k);
+    if (!s && !k) s = dsc_error(DSC_ERR_NOMEM, "block %d", spec->block);
+    if (s) {
+        dsc_layer_destroy(ffn);
+        return s;
+    }
+    k->base.ops = &block_ops;
+    snprintf(k->base.name, sizeof k->base.name, "layers.%d", spec->block);
+    k->ffn = ffn;
+    k->checkpoint = mc->activation_checkpointing;
+    k->C = mc->d_model;
+    k->device = ctx->device;
+    s = declare(k, mc, ctx->params);
+    if (s) {
+        dsc_layer_destroy(&k->base);
+        return s;
+    }
+    /* Per slot: the input copy, output and input gradient, plus (without
+     * checkpointing) h1, resid, h2 and what the components and ffn save. */
+    int64_t per_token = 3 * k->C;
+    if (!k->checkpoint)
+        per_token += 3 * k->C + nn_norm_saved_floats_per_token(&k->norm1) +
+                     nn_norm_saved_floats_per_token(&k->norm2) + nn_attention_saved_floats_per_token(&k->attn);
+    k->base.activation_bytes_per_token =
+        per_token * (int64_t)sizeof(float) + (k->checkpoint ? 0 : ffn->activation_bytes_per_token);
+    *out = &k->base;
+    return NULL;
+}

@@ -1,0 +1,91 @@
+/* Helpers the dense layers share: declaring parameters under a prefix,
+ * per-slot activation buffers and views into them, linear layers on
+ * dsc_params, and the input check every layer runs.
+ *
+ * No layer logic lives here; each helper is used by at least two layers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "runtime/nn/nn_internal.h"
+
+dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
+                      int ndim, const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std,
+                      dsc_param **out) {
+    char name[DSC_PARAM_NAME_MAX];
+    int len = snprintf(name, sizeof name, "%s.%s", prefix, leaf);
+    DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID, "parameter name %s.%s is longer than %d",
+              prefix, leaf, DSC_PARAM_NAME_MAX - 1);
+    DSC_ASSERT(list->n < NN_MAX_LAYER_PARAMS);
+    DSC_TRY(dsc_params_declare(store, name, ndim, shape, flags, init, init_std, out));
+    list->items[list->n++] = *out;
+    return NULL;
+}
+
+dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device) {
+    *bufs = calloc((size_t)count, sizeof **bufs);
+    DSC_CHECK(*bufs, DSC_ERR_NOMEM, "activation buffer table of %d entries", count);
+    for (int i = 0; i < count; i++) {
+        dsc_status s = dsc_tensor_alloc(&(*bufs)[i], DSC_DTYPE_F32, ndim, shape, device, DSC_MEM_ACTIVATIONS);
+        if (s) {
+            nn_buffers_free(bufs, i);
+            return s;
+        }
+    }
+    return NULL;
+}
+
+void nn_buffers_free(dsc_tensor **bufs, int count) {
+    if (!*bufs) return;
+    for (int i = 0; i < count; i++) dsc_tensor_free(&(*bufs)[i]);
+    free(*bufs);
+    *bufs = NULL;
+}
+
+dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape) {
+    dsc_tensor v = dsc_tensor_view(buf->data, buf->dtype, ndim, shape, buf->device);
+    DSC_ASSERT(dsc_tensor_numel(&v) <= dsc_tensor_numel(buf));
+    return v;
+}
+
+dsc_tensor nn_rows(const dsc_tensor *t) { return nn_matrix(t, t->ndim ? t->shape[t->ndim - 1] : 1); }
+
+dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols) {
+    const int64_t n = dsc_tensor_numel(t);
+    DSC_ASSERT(cols > 0 && n % cols == 0);
+    return dsc_tensor_view(t->data, t->dtype, 2, (int64_t[]){n / cols, cols}, t->device);
+}
+
+/* Linear operands as matrices: rows of in_features (C) and out_features (OC) from w (OC, C). */
+dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias) {
+    const int64_t OC = w->value.shape[0], C = w->value.shape[1];
+    dsc_tensor y2 = nn_matrix(y, OC), x2 = nn_matrix(x, C);
+    return dsc_kernel_linear_forward(&y2, &x2, &w->value, bias ? &bias->value : NULL);
+}
+
+dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
+                              const dsc_tensor *dy, const dsc_tensor *x) {
+    const int64_t OC = w->value.shape[0], C = w->value.shape[1];
+    dsc_tensor dx2 = nn_matrix(dx, C), dy2 = nn_matrix(dy, OC), x2 = nn_matrix(x, C);
+    dsc_tensor *dw = &w->grad, *db = bias ? &bias->grad : NULL;
+    if (!accumulate) return dsc_kernel_linear_backward(&dx2, dw, db, &dy2, &x2, &w->value);
+    DSC_TRY(dsc_kernel_linear_backward(NULL, dw, db, &dy2, &x2, &w->value));
+    /* dx += dy (N, OC) @ w (OC, C) */
+    return dsc_kernel_gemm(&dx2, &dy2, &w->value, NULL, false, false, 1.0f, 1.0f);
+}
+
+dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C) {
+    DSC_CHECK(in, DSC_ERR_INVALID, "no input tensor");
+    DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, C}));
+    DSC_CHECK(in->shape[0] >= 1 && in->shape[0] <= layer->max_B && in->shape[1] >= 1 &&
+                  in->shape[1] <= layer->max_T,
+              DSC_ERR_INVALID, "input (%lld, %lld, %lld) exceeds the reserved micro-batch (%lld, %lld)",
+              (long long)in->shape[0], (long long)in->shape[1], (long long)C, (long long)layer->max_B,
+              (long long)layer->max_T);
+    return NULL;
+}
+
+bool nn_arch_is_llama(const dsc_model_config *mc) {
+    return mc->arch == DSC_ARCH_LLAMA || mc->arch == DSC_ARCH_MIXTRAL;
+}

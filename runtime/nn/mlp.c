@@ -1,0 +1,159 @@
+/* The dense feed-forward layer of a block: GELU MLP (fc, proj) for GPT or
+ * SwiGLU (gate, up, down) for Llama.
+ *
+ * It is a layer, not a component, because the block runs its feed-forward
+ * part through the layer API (moe/ plugs in a MoE layer instead). It lives
+ * only inside a block, which keeps the input unchanged until the slot's
+ * backward and consumes the output and input gradient at once; so the layer
+ * keeps a view of its input instead of a copy, and one output buffer and one
+ * input-gradient buffer serve all slots. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dsc/kernels.h"
+#include "runtime/nn/nn_internal.h"
+
+typedef struct mlp_layer {
+    dsc_layer base;
+    bool gated;          /* SwiGLU */
+    dsc_param *w_in;     /* (F, C): fc or gate */
+    dsc_param *b_in;     /* (F): fc bias, NULL for SwiGLU */
+    dsc_param *w_up;     /* (F, C): SwiGLU up, NULL for GELU */
+    dsc_param *w_out;    /* (C, F): proj or down */
+    dsc_param *b_out;    /* (C): proj bias, NULL for SwiGLU */
+    int64_t C, F;
+    dsc_device device;
+    int nslots;          /* slots currently allocated */
+    dsc_tensor *in;      /* [slots] views of the input the block keeps */
+    dsc_tensor *pre;     /* [slots] (B, T, F): fc output, or gate for SwiGLU */
+    dsc_tensor *up;      /* [slots] (B, T, F): SwiGLU only */
+    dsc_tensor *act;     /* [slots] (B, T, F): gelu(pre) or silu(gate) * up */
+    dsc_tensor *shared;  /* [2] (B, T, C): output, input gradient */
+    dsc_tensor *scratch; /* [3] (B, T, F): dact, dpre, dup */
+} mlp_layer;
+
+static void release(mlp_layer *m) {
+    int slots = m->nslots;
+    m->nslots = 0;
+    free(m->in);
+    m->in = NULL;
+    nn_buffers_free(&m->pre, slots);
+    nn_buffers_free(&m->up, slots);
+    nn_buffers_free(&m->act, slots);
+    nn_buffers_free(&m->shared, 2);
+    nn_buffers_free(&m->scratch, 3);
+}
+
+static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
+    mlp_layer *m = (mlp_layer *)self;
+    release(m);
+    m->nslots = slots; /* release() on failure frees what was allocated so far */
+    const int64_t f_shape[3] = {B, T, m->F}, c_shape[3] = {B, T, m->C};
+    m->in = calloc((size_t)slots, sizeof *m->in);
+    dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
+    if (!s) s = nn_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
+    if (!s && m->gated) s = nn_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
+    if (!s) s = nn_buffers_alloc(&m->act, slots, 3, f_shape, m->device);
+    if (!s) s = nn_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
+    if (!s) s = nn_buffers_alloc(&m->scratch, m->gated ? 3 : 2, 3, f_shape, m->device);
+    if (s) release(m);
+    return s;
+}
+
+static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                              dsc_micro_ctx *ctx) {
+    (void)ctx;
+    mlp_layer *m = (mlp_layer *)self;
+    DSC_TRY(nn_check_input(self, in, m->C));
+    const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
+    m->in[slot] = *in;
+    dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
+    *out = nn_view(&m->shared[0], 3, in->shape);
+    DSC_TRY(nn_linear_forward(&pre, in, m->w_in, m->b_in));
+    if (m->gated) {
+        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
+        DSC_TRY(nn_linear_forward(&up, in, m->w_up, NULL));
+        DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
+    } else {
+        DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
+    }
+    return nn_linear_forward(out, &act, m->w_out, m->b_out);
+}
+
+static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                               dsc_micro_ctx *ctx) {
+    (void)ctx;
+    mlp_layer *m = (mlp_layer *)self;
+    const dsc_tensor *in = &m->in[slot];
+    DSC_CHECK(in->data, DSC_ERR_INVALID, "backward without a forward");
+    DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, in->shape));
+    const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
+    dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
+    dsc_tensor dact = nn_view(&m->scratch[0], 3, f_shape), dpre = nn_view(&m->scratch[1], 3, f_shape);
+    *din = nn_view(&m->shared[1], 3, in->shape);
+    DSC_TRY(nn_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
+    if (m->gated) {
+        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_view(&m->scratch[2], 3, f_shape);
+        DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
+        DSC_TRY(nn_linear_backward(din, false, m->w_in, NULL, &dpre, in));
+        DSC_TRY(nn_linear_backward(din, true, m->w_up, NULL, &dup, in));
+    } else {
+        DSC_TRY(dsc_kernel_gelu_backward(&dpre, &dact, &pre));
+        DSC_TRY(nn_linear_backward(din, false, m->w_in, m->b_in, &dpre, in));
+    }
+    m->in[slot] = (dsc_tensor){0};
+    return NULL;
+}
+
+static void mlp_destroy(dsc_layer *self) {
+    release((mlp_layer *)self);
+    free(self);
+}
+
+static const dsc_layer_ops mlp_ops = {
+    .type = "mlp", .reserve = mlp_reserve, .forward = mlp_forward, .backward = mlp_backward, .destroy = mlp_destroy};
+
+static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *store,
+                          const dsc_model_config *mc) {
+    const char *prefix = m->base.name;
+    const int64_t C = m->C, F = m->F;
+    const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
+    const uint32_t nd = DSC_PARAM_NO_DECAY;
+    if (m->gated) {
+        DSC_TRY(nn_declare(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std,
+                           &m->w_in));
+        DSC_TRY(nn_declare(list, store, prefix, "up.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std,
+                           &m->w_up));
+        return nn_declare(list, store, prefix, "down.weight", 2, (int64_t[]){C, F}, 0, DSC_INIT_NORMAL, std_out,
+                          &m->w_out);
+    }
+    DSC_TRY(nn_declare(list, store, prefix, "fc.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std, &m->w_in));
+    DSC_TRY(nn_declare(list, store, prefix, "fc.bias", 1, (int64_t[]){F}, nd, DSC_INIT_ZEROS, 0, &m->b_in));
+    DSC_TRY(nn_declare(list, store, prefix, "proj.weight", 2, (int64_t[]){C, F}, 0, DSC_INIT_NORMAL, std_out,
+                       &m->w_out));
+    return nn_declare(list, store, prefix, "proj.bias", 1, (int64_t[]){C}, nd, DSC_INIT_ZEROS, 0, &m->b_out);
+}
+
+dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc_device device, int block,
+                         dsc_layer **out) {
+    *out = NULL;
+    mlp_layer *m = calloc(1, sizeof *m);
+    DSC_CHECK(m, DSC_ERR_NOMEM, "MLP layer of block %d", block);
+    m->base.ops = &mlp_ops;
+    snprintf(m->base.name, sizeof m->base.name, "layers.%d.mlp", block);
+    m->gated = nn_arch_is_llama(mc);
+    m->C = mc->d_model;
+    m->F = mc->d_ff;
+    m->device = device;
+    m->base.activation_bytes_per_token = (int64_t)sizeof(float) * (m->gated ? 3 : 2) * m->F;
+    nn_param_list list = {.n = 0};
+    dsc_status s = declare(m, &list, store, mc);
+    if (!s) s = dsc_layer_set_params(&m->base, list.items, list.n);
+    if (s) {
+        dsc_layer_destroy(&m->base);
+        return s;
+    }
+    *out = &m->base;
+    return NULL;
+}

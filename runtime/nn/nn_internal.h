@@ -1,0 +1,118 @@
+/* runtime/nn private: the pieces the dense layers are assembled from.
+ *
+ * Norm and attention are components, not layers: they own per-slot saved
+ * activations and shared backward scratch, but their backward is handed the
+ * component's input again by the owning layer (the block keeps it), so no
+ * activation is stored twice. The dense MLP is a full layer because the
+ * block treats its feed-forward part as a pluggable layer (moe/ swaps in its
+ * own). Nothing here is visible outside runtime/nn.
+ *
+ * Dimension letters: B, T reserved batch and sequence; b, t the running
+ * micro-batch (b <= B, t <= T); N = b*t rows; C channels; NH, NKV heads;
+ * HS head size; KV = NKV*HS; F MLP width; V vocabulary. */
+#ifndef DSC_RUNTIME_NN_INTERNAL_H
+#define DSC_RUNTIME_NN_INTERNAL_H
+
+#include "dsc/model.h"
+#include "dsc/nn.h"
+
+/* Enough for a block: 2 norms (2 each), q/k/v/o (2 each) and a 3-matrix MLP. */
+#define NN_MAX_LAYER_PARAMS 48
+
+/* ---- shared helpers (layer.c) --------------------------------------------------------- */
+
+/* The parameters a layer is collecting while it declares them. */
+typedef struct nn_param_list {
+    dsc_param *items[NN_MAX_LAYER_PARAMS];
+    int n;
+} nn_param_list;
+
+/* Declares a parameter named "<prefix>.<leaf>" and appends it to `list`. */
+dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
+                      int ndim, const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std,
+                      dsc_param **out);
+
+/* `count` f32 activation buffers of one shape (released with nn_buffers_free). */
+dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
+void nn_buffers_free(dsc_tensor **bufs, int count);
+/* The leading elements of `buf` seen with another (smaller or equal) shape. */
+dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape);
+/* `t` as a matrix (numel / cols, cols); nn_rows keeps the last dimension as cols. */
+dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols);
+dsc_tensor nn_rows(const dsc_tensor *t);
+
+/* y (N, OC) = x (N, C) @ w^T + bias with w (OC, C); bias may be NULL. Tensors of any
+ * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
+dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
+/* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
+ * when `accumulate` (how one input feeding several linears sums its gradient). */
+dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
+                              const dsc_tensor *dy, const dsc_tensor *x);
+
+/* Checks that `in` is (b, t, C) f32 with b <= max_B, t <= max_T. */
+dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C);
+
+/* True for the Llama family (RMSNorm, RoPE, SwiGLU, no linear biases). */
+bool nn_arch_is_llama(const dsc_model_config *mc);
+
+/* ---- norm component (norm.c): LayerNorm (GPT) or RMSNorm (Llama) ------------------------ */
+
+typedef struct nn_norm {
+    dsc_param *weight; /* (C) */
+    dsc_param *bias;   /* (C), NULL for RMSNorm */
+    float eps;
+    int64_t C;
+    int slots;
+    dsc_tensor *mean; /* [slots] (B*T), LayerNorm only */
+    dsc_tensor *rstd; /* [slots] (B*T) */
+} nn_norm;
+
+dsc_status nn_norm_init(nn_norm *n, nn_param_list *list, dsc_param_store *store, const char *prefix,
+                        const dsc_model_config *mc);
+dsc_status nn_norm_reserve(nn_norm *n, int slots, int64_t B, int64_t T, dsc_device device);
+/* x, out (b, t, C). */
+dsc_status nn_norm_forward(nn_norm *n, int slot, const dsc_tensor *x, dsc_tensor *out);
+/* dx (b, t, C) overwritten; x is the same input the slot's forward saw. */
+dsc_status nn_norm_backward(nn_norm *n, int slot, const dsc_tensor *x, const dsc_tensor *dout, dsc_tensor *dx);
+void nn_norm_free(nn_norm *n);
+int64_t nn_norm_saved_floats_per_token(const nn_norm *n);
+
+/* ---- causal self-attention component (attention.c) ------------------------------------- */
+
+typedef struct nn_attention {
+    dsc_param *wq, *wk, *wv, *wo; /* (C, C), (KV, C), (KV, C), (C, C) */
+    dsc_param *bq, *bk, *bv, *bo; /* NULL when the config has no such bias */
+    int64_t C, NH, NKV, HS;
+    bool rope;
+    float rope_theta;
+    int slots;
+    dsc_tensor *q, *k, *v; /* [slots] (B, T, NH, HS), (B, T, NKV, HS) x2; after RoPE */
+    dsc_tensor *att;       /* [slots] (B, T, NH, HS) attention output before the o projection */
+    dsc_tensor *lse;       /* [slots] (B, NH, T) */
+    dsc_tensor *scratch;   /* [4] backward scratch shared by slots: datt, dq (B, T, C); dk, dv (B, T, KV) */
+    dsc_tensor positions;  /* (T) i32: 0..T-1, RoPE only */
+} nn_attention;
+
+dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_store *store, const char *prefix,
+                             const dsc_model_config *mc);
+dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T, dsc_device device);
+/* x, y (b, t, C). */
+dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, dsc_tensor *y);
+/* dx (b, t, C) overwritten; x is the input the slot's forward saw. */
+dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x, const dsc_tensor *dy,
+                                 dsc_tensor *dx);
+void nn_attention_free(nn_attention *a);
+int64_t nn_attention_saved_floats_per_token(const nn_attention *a);
+
+/* ---- dense MLP layer (mlp.c): GELU fc/proj (GPT) or SwiGLU gate/up/down (Llama) -------- */
+
+/* Builds the MLP of block `block` (parameters "layers.<block>.mlp.*"). */
+dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc_device device, int block,
+                         dsc_layer **out);
+
+/* ---- layer factories registered by models.c ------------------------------------------ */
+
+dsc_status nn_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+
+#endif
