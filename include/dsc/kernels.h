@@ -41,15 +41,19 @@ int dsc_kernels_get_num_threads(void);
 dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b, const dsc_tensor *bias,
                            bool trans_a, bool trans_b, float alpha, float beta);
 
-/* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC). */
+/* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC).
+ * x and y may also be (..., C) and (..., OC) with equal leading dimensions. */
 dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                      const dsc_tensor *bias);
-/* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x, dbias (OC) += sum_rows dy (NULL to skip). */
+/* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
+ * dbias (OC) += sum_rows dy (NULL to skip). */
 dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
                                       const dsc_tensor *x, const dsc_tensor *w);
 
 /* ---- normalisation --------------------------------------------------------
- * x, out (N, C); weight, bias (C); mean, rstd (N) saved for backward. */
+ * x, out (N, C) (or (..., C), N = numel / C); weight (C); bias (C) or NULL;
+ * mean, rstd (N) saved for backward (may be NULL in forward when no backward
+ * follows). In backward dx is overwritten; dweight, dbias accumulate (NULL to skip). */
 dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
                                         const dsc_tensor *weight, const dsc_tensor *bias, float eps);
 dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
@@ -180,6 +184,8 @@ struct dsc_kernel_ops {
     dsc_status (*axpy)(float *y, float a, const float *x, int64_t n);
     dsc_status (*add)(float *out, const float *a, const float *b, int64_t n);
     dsc_status (*all_finite)(bool *out, const float *x, int64_t n);
+    /* Sets x to +0.0 whatever it held (scale by 0 would keep NaN). */
+    dsc_status (*zero)(float *x, int64_t n);
 };
 
 #ifdef __cplusplus

@@ -1,5 +1,35 @@
 /* The CPU backend's kernel table: each entry points at the operation's CPU
  * implementation in this folder. */
-#include "dsc/kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
-const struct dsc_kernel_ops dsc_cpu_kernel_ops = {0};
+const struct dsc_kernel_ops dsc_cpu_kernel_ops = {
+    .gemm = dsc_cpu_gemm,
+    .linear_backward_bias = dsc_cpu_linear_backward_bias,
+    .layernorm_forward = dsc_cpu_layernorm_forward,
+    .layernorm_backward = dsc_cpu_layernorm_backward,
+    .rmsnorm_forward = dsc_cpu_rmsnorm_forward,
+    .rmsnorm_backward = dsc_cpu_rmsnorm_backward,
+    .gelu_forward = dsc_cpu_gelu_forward,
+    .gelu_backward = dsc_cpu_gelu_backward,
+    .silu_forward = dsc_cpu_silu_forward,
+    .silu_backward = dsc_cpu_silu_backward,
+    .swiglu_forward = dsc_cpu_swiglu_forward,
+    .swiglu_backward = dsc_cpu_swiglu_backward,
+    .softmax = dsc_cpu_softmax,
+    .attention_forward = dsc_cpu_attention_forward,
+    .attention_backward = dsc_cpu_attention_backward,
+    .rope = dsc_cpu_rope,
+    .embedding_forward = dsc_cpu_embedding_forward,
+    .embedding_backward = dsc_cpu_embedding_backward,
+    .cross_entropy_forward = dsc_cpu_cross_entropy_forward,
+    .cross_entropy_backward = dsc_cpu_cross_entropy_backward,
+    .adamw = dsc_cpu_adamw,
+    .sgd = dsc_cpu_sgd,
+    .sum_squares = dsc_cpu_sum_squares,
+    .sum = dsc_cpu_sum,
+    .scale = dsc_cpu_scale,
+    .axpy = dsc_cpu_axpy,
+    .add = dsc_cpu_add,
+    .all_finite = dsc_cpu_all_finite,
+    .zero = dsc_cpu_zero,
+};

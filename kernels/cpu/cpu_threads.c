@@ -1,0 +1,36 @@
+/* How many threads the CPU kernels use. Read once from the environment
+ * (DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores) and handed to both
+ * OpenMP (per parallel region, via num_threads) and OpenBLAS, so the two
+ * never oversubscribe each other. Not a thread pool: OpenMP owns that. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+static _Atomic int num_threads; /* 0 until first use */
+
+/* A positive integer at the start of `value` (OMP_NUM_THREADS may be a list "4,2"), else 0. */
+static int parse_threads(const char *value) {
+    if (!value) return 0;
+    char *end;
+    long n = strtol(value, &end, 10);
+    return end != value && n > 0 && n < 4096 ? (int)n : 0;
+}
+
+void dsc_kernels_set_num_threads(int n) {
+    if (n < 1) n = 1;
+    atomic_store(&num_threads, n);
+    openblas_set_num_threads(n);
+}
+
+int dsc_kernels_get_num_threads(void) {
+    int n = atomic_load(&num_threads);
+    if (n > 0) return n;
+    n = parse_threads(getenv("DSC_NUM_THREADS"));
+    if (!n) n = parse_threads(getenv("OMP_NUM_THREADS"));
+    if (!n) n = omp_get_num_procs();
+    dsc_kernels_set_num_threads(n);
+    return n;
+}
