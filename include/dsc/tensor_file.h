@@ -8,9 +8,12 @@
  * contiguous piece of any tensor can be owned by any rank.
  *
  * HDF5 requires structural calls (creating datasets, attributes) to be
- * collective with identical arguments; dsc_tfile_define_all gathers every
- * rank's tensor list and creates the union, so callers only describe what
- * they own. Data transfers are independent (only owners call them).
+ * collective with identical arguments; dsc_tfile_write_all gathers every
+ * rank's pieces, creates the union of tensors, and lets the lowest rank that
+ * holds a given range write it (replicas write once). Each written range is
+ * a "segment" with a CRC32, listed in the dataset's "dsc_segments" attribute
+ * ((n, 3) int64: begin, count, crc32), so flipped bytes are detected on read
+ * whatever layout reads them back. Reads are independent calls.
  * This layer knows nothing of models, optimizers or directories. */
 #ifndef DSC_TENSOR_FILE_H
 #define DSC_TENSOR_FILE_H
@@ -41,13 +44,24 @@ dsc_status dsc_tfile_open(MPI_Comm comm, const char *filename, dsc_tfile **out);
 /* Collective. Flushes (create mode), closes and frees; safe on NULL. */
 dsc_status dsc_tfile_close(dsc_tfile *f);
 
-/* Collective: creates the union over ranks of `entries` (same path on two
- * ranks must have the same dtype and shape, else an error naming both ranks). */
-dsc_status dsc_tfile_define_all(dsc_tfile *f, const dsc_tfile_entry *entries, int count);
+/* The part of a tensor one rank holds: elements [begin, begin + count) of
+ * the row-major flattening of the global tensor. */
+typedef struct dsc_tfile_piece {
+    dsc_tfile_entry tensor;
+    int64_t begin;
+    int64_t count;
+    const void *data; /* count elements of tensor.dtype */
+} dsc_tfile_piece;
 
-/* Independent: writes/reads elements [begin, begin + count) of the row-major
- * flattening of dataset `path`; data has `count` elements of the dataset's dtype. */
-dsc_status dsc_tfile_write_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, const void *data);
+/* Collective: defines the union of every rank's tensors (one path described
+ * differently by two ranks is an error naming both) and writes every
+ * distinct range once, with its checksum. Call once per file. */
+dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int count);
+
+/* Independent: reads elements [begin, begin + count) of `path` into data,
+ * verifying the checksum of every written segment the range touches; a
+ * mismatch or a range no segment covers is DSC_ERR_CORRUPT naming file,
+ * tensor and elements. */
 dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, void *data);
 
 /* Looks a dataset up: DSC_ERR_CORRUPT naming file and path when missing. */

@@ -8,15 +8,22 @@
 #include "dsc/tensor_file.h"
 
 #include <hdf5.h>
+#include <zlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/checkpoint/agree.h"
 
+typedef struct segment {
+    int64_t begin, count, crc;
+} segment;
+
 typedef struct dataset {
     dsc_tfile_entry entry;
     hid_t id;
+    segment *segments; /* sorted by begin; NULL when written by another tool */
+    int n_segments;
 } dataset;
 
 struct dsc_tfile {
@@ -82,12 +89,37 @@ static dataset *find_set(const dsc_tfile *f, const char *path) {
     return bsearch(&key, f->sets, (size_t)f->n_sets, sizeof *f->sets, compare_sets);
 }
 
-static dsc_status push_set(dsc_tfile *f, const dsc_tfile_entry *e, hid_t id) {
+static dsc_status push_set(dsc_tfile *f, const dsc_tfile_entry *e, hid_t id, segment *segments, int n_segments) {
     dataset *grown = realloc(f->sets, (size_t)(f->n_sets + 1) * sizeof *grown);
     if (!grown) return dsc_error(DSC_ERR_NOMEM, "%s: dataset table", f->name);
     f->sets = grown;
-    f->sets[f->n_sets++] = (dataset){*e, id};
+    f->sets[f->n_sets++] = (dataset){*e, id, segments, n_segments};
     return NULL;
+}
+
+/* Reads the "dsc_segments" attribute ((n, 3) int64) when present. */
+static dsc_status read_segments(dsc_tfile *f, hid_t id, const char *path, segment **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (H5Aexists(id, "dsc_segments") <= 0) return NULL;
+    hid_t attr = H5Aopen(id, "dsc_segments", H5P_DEFAULT);
+    hid_t space = H5Aget_space(attr);
+    hsize_t dims[2] = {0, 0};
+    int rank = H5Sget_simple_extent_dims(space, dims, NULL);
+    H5Sclose(space);
+    dsc_status s = NULL;
+    if (rank != 2 || dims[1] != 3) {
+        s = dsc_error(DSC_ERR_CORRUPT, "%s: tensor %s has a malformed dsc_segments attribute", f->name, path);
+    } else {
+        *out = malloc((size_t)(dims[0] ? dims[0] : 1) * sizeof **out);
+        if (!*out) s = dsc_error(DSC_ERR_NOMEM, "%s: segments of %s", f->name, path);
+        else if (H5Aread(attr, H5T_NATIVE_INT64, *out) < 0)
+            s = h5_error(DSC_ERR_CORRUPT, "reading the dsc_segments attribute", f);
+        else
+            *n = (int)dims[0];
+    }
+    H5Aclose(attr);
+    return s;
 }
 
 static dsc_status read_entry(dsc_tfile *f, hid_t id, const char *path, dsc_tfile_entry *e) {
@@ -142,9 +174,13 @@ static herr_t visit_object(hid_t root, const char *path, const H5O_info_t *info,
         return -1;
     }
     dsc_tfile_entry e;
+    segment *segments = NULL;
+    int n_segments = 0;
     v->status = read_entry(v->f, id, path, &e);
-    if (!v->status) v->status = push_set(v->f, &e, id);
+    if (!v->status) v->status = read_segments(v->f, id, path, &segments, &n_segments);
+    if (!v->status) v->status = push_set(v->f, &e, id, segments, n_segments);
     if (v->status) {
+        free(segments);
         H5Dclose(id);
         return -1;
     }
@@ -168,9 +204,17 @@ static hid_t mpio_access(MPI_Comm comm) {
     return fapl;
 }
 
+static void close_sets(dsc_tfile *f) {
+    for (int i = 0; i < f->n_sets; i++) {
+        H5Dclose(f->sets[i].id);
+        free(f->sets[i].segments);
+    }
+    f->n_sets = 0;
+}
+
 static void free_file(dsc_tfile *f) {
     if (!f) return;
-    for (int i = 0; i < f->n_sets; i++) H5Dclose(f->sets[i].id);
+    close_sets(f);
     if (f->file >= 0) H5Fclose(f->file);
     free(f->sets);
     free(f);
@@ -231,8 +275,7 @@ dsc_status dsc_tfile_close(dsc_tfile *f) {
     unsigned intent = 0;
     if (H5Fget_intent(f->file, &intent) >= 0 && (intent & H5F_ACC_RDWR) && H5Fflush(f->file, H5F_SCOPE_GLOBAL) < 0)
         s = h5_error(DSC_ERR_IO, "flush failed", f);
-    for (int i = 0; i < f->n_sets; i++) H5Dclose(f->sets[i].id);
-    f->n_sets = 0;
+    close_sets(f);
     if (H5Fclose(f->file) < 0 && !s) s = h5_error(DSC_ERR_IO, "close failed", f);
     f->file = H5I_INVALID_HID;
     MPI_Comm comm = f->comm;
@@ -242,7 +285,7 @@ dsc_status dsc_tfile_close(dsc_tfile *f) {
 
 const char *dsc_tfile_name(const dsc_tfile *f) { return f->name; }
 
-/* ---- defining datasets ------------------------------------------------------------------ */
+/* ---- writing ---------------------------------------------------------------------------- */
 
 static bool same_layout(const dsc_tfile_entry *a, const dsc_tfile_entry *b) {
     if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
@@ -251,20 +294,43 @@ static bool same_layout(const dsc_tfile_entry *a, const dsc_tfile_entry *b) {
     return true;
 }
 
-static dsc_status set_dtype_attr(dsc_tfile *f, hid_t id, dsc_dtype dtype) {
-    const char *name = dsc_dtype_name(dtype);
-    hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, strlen(name) + 1);
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(id, "dsc_dtype", t, space, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t rc = attr < 0 ? -1 : H5Awrite(attr, t, name);
-    if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
-    H5Tclose(t);
-    return rc < 0 ? h5_error(DSC_ERR_IO, "writing a dtype attribute", f) : NULL;
+static int64_t entry_numel(const dsc_tfile_entry *e) {
+    int64_t n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    return n;
 }
 
-static dsc_status create_set(dsc_tfile *f, const dsc_tfile_entry *e) {
+static dsc_status write_scalar_attr(dsc_tfile *f, hid_t obj, const char *name, hid_t type, const void *value) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t rc = attr < 0 ? -1 : H5Awrite(attr, type, value);
+    if (attr >= 0) H5Aclose(attr);
+    H5Sclose(space);
+    if (rc >= 0) return NULL;
+    char what[160];
+    snprintf(what, sizeof what, "writing attribute %s", name);
+    return h5_error(DSC_ERR_IO, what, f);
+}
+
+static dsc_status set_string_attr(dsc_tfile *f, hid_t obj, const char *name, const char *value) {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(value) + 1);
+    dsc_status s = write_scalar_attr(f, obj, name, t, value);
+    H5Tclose(t);
+    return s;
+}
+
+static dsc_status set_segments_attr(dsc_tfile *f, hid_t id, const segment *segments, int n) {
+    hsize_t dims[2] = {(hsize_t)n, 3};
+    hid_t space = H5Screate_simple(2, dims, NULL);
+    hid_t attr = H5Acreate2(id, "dsc_segments", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t rc = attr < 0 ? -1 : H5Awrite(attr, H5T_NATIVE_INT64, segments);
+    if (attr >= 0) H5Aclose(attr);
+    H5Sclose(space);
+    return rc < 0 ? h5_error(DSC_ERR_IO, "writing the dsc_segments attribute", f) : NULL;
+}
+
+static dsc_status create_set(dsc_tfile *f, const dsc_tfile_entry *e, segment *segments, int n_segments) {
     hsize_t dims[DSC_MAX_DIMS];
     for (int i = 0; i < e->ndim; i++) dims[i] = (hsize_t)e->shape[i];
     hid_t space = H5Screate_simple(e->ndim, dims, NULL);
@@ -274,89 +340,98 @@ static dsc_status create_set(dsc_tfile *f, const dsc_tfile_entry *e) {
     H5Pclose(lcpl);
     H5Sclose(space);
     if (id < 0) {
+        free(segments);
         char what[300];
         snprintf(what, sizeof what, "creating dataset %s", e->path);
         return h5_error(DSC_ERR_IO, what, f);
     }
-    dsc_status s = set_dtype_attr(f, id, e->dtype);
-    if (!s) s = push_set(f, e, id);
-    if (s) H5Dclose(id);
+    dsc_status s = set_string_attr(f, id, "dsc_dtype", dsc_dtype_name(e->dtype));
+    if (!s) s = set_segments_attr(f, id, segments, n_segments);
+    if (!s) s = push_set(f, e, id, segments, n_segments);
+    if (s) {
+        free(segments);
+        H5Dclose(id);
+    }
     return s;
 }
 
-/* Gathers every rank's entries (as raw bytes) to every rank. */
-static dsc_status gather_entries(dsc_tfile *f, const dsc_tfile_entry *entries, int count, dsc_tfile_entry **all,
-                                 int *total, int **owner) {
-    int size;
-    MPI_Comm_size(f->comm, &size);
-    int *counts = malloc((size_t)size * sizeof *counts);
-    int *byte_counts = malloc((size_t)size * sizeof *byte_counts);
-    int *displs = malloc((size_t)size * sizeof *displs);
-    DSC_CHECK(counts && byte_counts && displs, DSC_ERR_NOMEM, "%s: entry gather", f->name);
-    MPI_Allgather(&count, 1, MPI_INT, counts, 1, MPI_INT, f->comm);
-    *total = 0;
-    for (int r = 0; r < size; r++) {
-        byte_counts[r] = counts[r] * (int)sizeof(dsc_tfile_entry);
-        displs[r] = *total * (int)sizeof(dsc_tfile_entry);
-        *total += counts[r];
-    }
-    *all = malloc((size_t)(*total ? *total : 1) * sizeof **all);
-    *owner = malloc((size_t)(*total ? *total : 1) * sizeof **owner);
-    DSC_CHECK(*all && *owner, DSC_ERR_NOMEM, "%s: entry gather", f->name);
-    MPI_Allgatherv(entries, count * (int)sizeof(dsc_tfile_entry), MPI_BYTE, *all, byte_counts, displs, MPI_BYTE,
-                   f->comm);
-    for (int r = 0, i = 0; r < size; r++)
-        for (int j = 0; j < counts[r]; j++) (*owner)[i++] = r;
-    free(counts);
-    free(byte_counts);
-    free(displs);
-    return NULL;
-}
-
-typedef struct owned_entry {
-    const dsc_tfile_entry *entry;
+/* What every rank learns of every piece. */
+typedef struct piece_meta {
+    dsc_tfile_entry tensor;
+    int64_t begin, count, crc;
     int owner;
-} owned_entry;
+    int local_index;
+} piece_meta;
 
-static int compare_owned(const void *a, const void *b) {
-    return strcmp(((const owned_entry *)a)->entry->path, ((const owned_entry *)b)->entry->path);
+static int compare_meta(const void *a, const void *b) {
+    const piece_meta *x = a, *y = b;
+    int c = strcmp(x->tensor.path, y->tensor.path);
+    if (c) return c;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->count != y->count) return x->count < y->count ? -1 : 1;
+    return x->owner - y->owner;
 }
 
-/* Creates each distinct path once, in name order, so every rank issues the
- * same sequence of collective HDF5 calls. */
-static dsc_status create_union(dsc_tfile *f, const dsc_tfile_entry *all, const int *owner, int total) {
-    owned_entry *sorted = malloc((size_t)(total ? total : 1) * sizeof *sorted);
-    DSC_CHECK(sorted, DSC_ERR_NOMEM, "%s: entry sort", f->name);
-    for (int i = 0; i < total; i++) sorted[i] = (owned_entry){&all[i], owner[i]};
-    qsort(sorted, (size_t)total, sizeof *sorted, compare_owned);
-    dsc_status s = NULL;
-    for (int i = 0; !s && i < total; i++) {
-        const owned_entry *cur = &sorted[i];
-        if (i > 0 && strcmp(sorted[i - 1].entry->path, cur->entry->path) == 0) {
-            if (!same_layout(sorted[i - 1].entry, cur->entry))
-                s = dsc_error(DSC_ERR_INVALID, "%s: tensor %s is described differently by ranks %d and %d",
-                              f->name, cur->entry->path, sorted[i - 1].owner, cur->owner);
-            continue;
-        }
-        if (find_set(f, cur->entry->path)) continue; /* defined by an earlier call */
-        s = create_set(f, cur->entry);
-        if (!s) qsort(f->sets, (size_t)f->n_sets, sizeof *f->sets, compare_sets);
+static dsc_status gather_meta(dsc_tfile *f, const dsc_tfile_piece *pieces, int count, piece_meta **all, int *total) {
+    int rank, size;
+    MPI_Comm_rank(f->comm, &rank);
+    MPI_Comm_size(f->comm, &size);
+    piece_meta *mine = malloc((size_t)(count ? count : 1) * sizeof *mine);
+    int *bytes = malloc((size_t)size * sizeof *bytes), *displs = malloc((size_t)size * sizeof *displs);
+    dsc_status s = mine && bytes && displs ? NULL : dsc_error(DSC_ERR_NOMEM, "%s: piece gather", f->name);
+    for (int i = 0; !s && i < count; i++) {
+        const dsc_tfile_piece *p = &pieces[i];
+        size_t nbytes = (size_t)p->count * dsc_dtype_size(p->tensor.dtype);
+        mine[i] = (piece_meta){p->tensor, p->begin, p->count,
+                               (int64_t)crc32(0L, (const Bytef *)p->data, (uInt)nbytes), rank, i};
+        if (p->begin < 0 || p->count < 0 || p->begin + p->count > entry_numel(&p->tensor))
+            s = dsc_error(DSC_ERR_INVALID, "%s: range [%lld, %lld) outside tensor %s", f->name,
+                          (long long)p->begin, (long long)(p->begin + p->count), p->tensor.path);
     }
-    free(sorted);
+    int my_bytes = count * (int)sizeof(piece_meta);
+    MPI_Allgather(&my_bytes, 1, MPI_INT, bytes, 1, MPI_INT, f->comm);
+    int sum = 0;
+    for (int r = 0; r < size; r++) displs[r] = sum, sum += bytes[r];
+    *total = sum / (int)sizeof(piece_meta);
+    *all = malloc((size_t)(sum ? sum : 1));
+    if (!*all && !s) s = dsc_error(DSC_ERR_NOMEM, "%s: piece gather", f->name);
+    if (*all) MPI_Allgatherv(mine, my_bytes, MPI_BYTE, *all, bytes, displs, MPI_BYTE, f->comm);
+    free(mine);
+    free(bytes);
+    free(displs);
     return s;
 }
 
-dsc_status dsc_tfile_define_all(dsc_tfile *f, const dsc_tfile_entry *entries, int count) {
-    dsc_tfile_entry *all = NULL;
-    int *owner = NULL, total = 0;
-    dsc_status s = gather_entries(f, entries, count, &all, &total, &owner);
-    if (!s) s = create_union(f, all, owner, total);
-    free(all);
-    free(owner);
-    return dsc_agree(f->comm, s);
+/* Defines each tensor once, in name order (identical on every rank), with the
+ * segments written by the first holder of each distinct range; marks in
+ * `writes` the local pieces this rank writes. */
+static dsc_status define_union(dsc_tfile *f, piece_meta *all, int total, int rank, bool *writes) {
+    qsort(all, (size_t)total, sizeof *all, compare_meta);
+    dsc_status s = NULL;
+    for (int i = 0; !s && i < total;) {
+        int end = i;
+        while (end < total && strcmp(all[end].tensor.path, all[i].tensor.path) == 0) end++;
+        segment *segments = malloc((size_t)(end - i) * sizeof *segments);
+        int n = 0;
+        if (!segments) s = dsc_error(DSC_ERR_NOMEM, "%s: segments", f->name);
+        for (int j = i; !s && j < end; j++) {
+            if (!same_layout(&all[i].tensor, &all[j].tensor)) {
+                s = dsc_error(DSC_ERR_INVALID, "%s: tensor %s is described differently by ranks %d and %d",
+                              f->name, all[j].tensor.path, all[i].owner, all[j].owner);
+                break;
+            }
+            bool repeat = j > i && all[j].begin == all[j - 1].begin && all[j].count == all[j - 1].count;
+            if (repeat || all[j].count == 0) continue;
+            segments[n++] = (segment){all[j].begin, all[j].count, all[j].crc};
+            if (all[j].owner == rank) writes[all[j].local_index] = true;
+        }
+        if (s) free(segments);
+        else s = create_set(f, &all[i].tensor, segments, n);
+        i = end;
+    }
+    if (!s) qsort(f->sets, (size_t)f->n_sets, sizeof *f->sets, compare_sets);
+    return s;
 }
-
-/* ---- flat ranges as hyperslabs ------------------------------------------------------------- */
 
 /* Selects elements [begin, end) of the row-major flattening of the trailing
  * dimensions from `dim` on, under the fixed leading coordinates `prefix`:
@@ -389,14 +464,7 @@ static herr_t select_range(hid_t space, int ndim, const hsize_t *dims, int dim, 
     return select_range(space, ndim, dims, dim, prefix, whole_end, end, first);
 }
 
-static dsc_status transfer(dsc_tfile *f, const char *path, int64_t begin, int64_t count, void *data, bool write) {
-    dataset *d = find_set(f, path);
-    DSC_CHECK(d, DSC_ERR_CORRUPT, "%s: tensor %s is missing", f->name, path);
-    int64_t numel = 1;
-    for (int i = 0; i < d->entry.ndim; i++) numel *= d->entry.shape[i];
-    DSC_CHECK(begin >= 0 && count >= 0 && begin + count <= numel, DSC_ERR_INVALID,
-              "%s: range [%lld, %lld) outside tensor %s of %lld elements", f->name, (long long)begin,
-              (long long)(begin + count), path, (long long)numel);
+static dsc_status transfer(dsc_tfile *f, const dataset *d, int64_t begin, int64_t count, void *data, bool write) {
     if (count == 0) return NULL;
     hid_t fspace = H5Dget_space(d->id);
     hsize_t dims[DSC_MAX_DIMS], prefix[DSC_MAX_DIMS] = {0};
@@ -416,18 +484,77 @@ static dsc_status transfer(dsc_tfile *f, const char *path, int64_t begin, int64_
     H5Sclose(fspace);
     if (rc < 0) {
         char what[320];
-        snprintf(what, sizeof what, "%s tensor %s", write ? "writing" : "reading", path);
+        snprintf(what, sizeof what, "%s tensor %s", write ? "writing" : "reading", d->entry.path);
         return h5_error(write ? DSC_ERR_IO : DSC_ERR_CORRUPT, what, f);
     }
     return NULL;
 }
 
-dsc_status dsc_tfile_write_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, const void *data) {
-    return transfer(f, path, begin, count, (void *)data, true);
+dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int count) {
+    int rank;
+    MPI_Comm_rank(f->comm, &rank);
+    piece_meta *all = NULL;
+    int total = 0;
+    bool *writes = calloc((size_t)(count ? count : 1), sizeof *writes);
+    dsc_status s = writes ? NULL : dsc_error(DSC_ERR_NOMEM, "%s: write plan", f->name);
+    dsc_status gathered = gather_meta(f, pieces, count, &all, &total);
+    if (!s) s = gathered;
+    else dsc_status_free(gathered);
+    /* Every rank must agree before the collective dataset creation starts. */
+    s = dsc_agree(f->comm, s);
+    if (!s) s = dsc_agree(f->comm, define_union(f, all, total, rank, writes));
+    for (int i = 0; !s && i < count; i++) {
+        if (!writes[i]) continue;
+        s = transfer(f, find_set(f, pieces[i].tensor.path), pieces[i].begin, pieces[i].count,
+                     (void *)pieces[i].data, true);
+    }
+    free(all);
+    free(writes);
+    return dsc_agree(f->comm, s);
+}
+
+/* ---- reading ---------------------------------------------------------------------------- */
+
+/* Reads [begin, end) through the segments that cover it, checking each
+ * segment's CRC; segments partly outside the range are read whole. */
+static dsc_status read_verified(dsc_tfile *f, const dataset *d, int64_t begin, int64_t count, void *data) {
+    int64_t end = begin + count, covered = begin;
+    size_t esize = dsc_dtype_size(d->entry.dtype);
+    for (int i = 0; i < d->n_segments && covered < end; i++) {
+        const segment *g = &d->segments[i];
+        if (g->begin + g->count <= covered) continue;
+        if (g->begin > covered) break;
+        char *buf = malloc((size_t)g->count * esize);
+        DSC_CHECK(buf, DSC_ERR_NOMEM, "%s: reading tensor %s", f->name, d->entry.path);
+        dsc_status s = transfer(f, d, g->begin, g->count, buf, false);
+        if (!s && (int64_t)crc32(0L, (const Bytef *)buf, (uInt)((size_t)g->count * esize)) != g->crc)
+            s = dsc_error(DSC_ERR_CORRUPT, "%s: tensor %s: checksum mismatch in elements [%lld, %lld) (file corrupted)",
+                          f->name, d->entry.path, (long long)g->begin, (long long)(g->begin + g->count));
+        if (!s) {
+            int64_t piece_end = g->begin + g->count < end ? g->begin + g->count : end;
+            memcpy((char *)data + (size_t)(covered - begin) * esize, buf + (size_t)(covered - g->begin) * esize,
+                   (size_t)(piece_end - covered) * esize);
+            covered = piece_end;
+        }
+        free(buf);
+        DSC_TRY(s);
+    }
+    DSC_CHECK(covered == end, DSC_ERR_CORRUPT, "%s: tensor %s: elements [%lld, %lld) were never written",
+              f->name, d->entry.path, (long long)covered, (long long)end);
+    return NULL;
 }
 
 dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, void *data) {
-    return transfer(f, path, begin, count, data, false);
+    const dataset *d = find_set(f, path);
+    DSC_CHECK(d, DSC_ERR_CORRUPT, "%s: tensor %s is missing", f->name, path);
+    int64_t numel = entry_numel(&d->entry);
+    DSC_CHECK(begin >= 0 && count >= 0 && begin + count <= numel, DSC_ERR_INVALID,
+              "%s: range [%lld, %lld) outside tensor %s of %lld elements", f->name, (long long)begin,
+              (long long)(begin + count), path, (long long)numel);
+    if (count == 0) return NULL;
+    /* Files written by other tools carry no segments: read unverified. */
+    if (!d->segments) return transfer(f, d, begin, count, data, false);
+    return read_verified(f, d, begin, count, data);
 }
 
 /* ---- lookup -------------------------------------------------------------------------------- */
@@ -471,31 +598,12 @@ dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix, dsc_status (*fn)(con
 
 /* ---- attributes ------------------------------------------------------------------------------- */
 
-static dsc_status write_attr(dsc_tfile *f, const char *name, hid_t type, const void *value) {
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(f->file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t rc = attr < 0 ? -1 : H5Awrite(attr, type, value);
-    if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
-    dsc_status s = NULL;
-    if (rc < 0) {
-        char what[160];
-        snprintf(what, sizeof what, "writing attribute %s", name);
-        s = h5_error(DSC_ERR_IO, what, f);
-    }
-    return dsc_agree(f->comm, s);
-}
-
 dsc_status dsc_tfile_set_attr_int(dsc_tfile *f, const char *name, int64_t value) {
-    return write_attr(f, name, H5T_NATIVE_INT64, &value);
+    return dsc_agree(f->comm, write_scalar_attr(f, f->file, name, H5T_NATIVE_INT64, &value));
 }
 
 dsc_status dsc_tfile_set_attr_string(dsc_tfile *f, const char *name, const char *value) {
-    hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, strlen(value) + 1);
-    dsc_status s = write_attr(f, name, t, value);
-    H5Tclose(t);
-    return s;
+    return dsc_agree(f->comm, set_string_attr(f, f->file, name, value));
 }
 
 static dsc_status open_attr(dsc_tfile *f, const char *name, hid_t *attr) {

@@ -28,22 +28,20 @@ static void write_file(void) {
     MPI_Barrier(MPI_COMM_WORLD);
     dsc_tfile *f;
     assert_ok(dsc_tfile_create(MPI_COMM_WORLD, path, &f));
-    /* Each rank declares only some tensors; the union is created. */
-    dsc_tfile_entry entries[2] = {
-        {.path = "model/layers.0.w", .dtype = DSC_DTYPE_F32, .ndim = 3, .shape = {3, 5, 7}},
-        {.path = "model/only_rank0", .dtype = DSC_DTYPE_I32, .ndim = 1, .shape = {4}},
-    };
-    assert_ok(dsc_tfile_define_all(f, entries, rank == 0 ? 2 : 1));
+    /* Each rank holds a slice of w and a full replica of b; only rank 0 has ids. */
     int64_t n = 3 * 5 * 7, begin, count;
     my_range(n, &begin, &count);
     float *mine = malloc((size_t)(count ? count : 1) * sizeof *mine);
     for (int64_t i = 0; i < count; i++) mine[i] = value_at(begin + i);
-    assert_ok(dsc_tfile_write_range(f, "model/layers.0.w", begin, count, mine));
+    int32_t ids[4] = {1, 2, 3, 4};
+    float replica[6] = {1, 2, 3, 4, 5, 6};
+    dsc_tfile_piece pieces[3] = {
+        {{.path = "model/layers.0.w", .dtype = DSC_DTYPE_F32, .ndim = 3, .shape = {3, 5, 7}}, begin, count, mine},
+        {{.path = "model/b", .dtype = DSC_DTYPE_F32, .ndim = 2, .shape = {2, 3}}, 0, 6, replica},
+        {{.path = "model/only_rank0", .dtype = DSC_DTYPE_I32, .ndim = 1, .shape = {4}}, 0, 4, ids},
+    };
+    assert_ok(dsc_tfile_write_all(f, pieces, rank == 0 ? 3 : 2));
     free(mine);
-    if (rank == 0) {
-        int32_t ids[4] = {1, 2, 3, 4};
-        assert_ok(dsc_tfile_write_range(f, "model/only_rank0", 0, 4, ids));
-    }
     assert_ok(dsc_tfile_set_attr_int(f, "global_step", 42));
     assert_ok(dsc_tfile_set_attr_string(f, "config", "{\"seed\": 1}"));
     assert_ok(dsc_tfile_close(f));
@@ -94,7 +92,7 @@ static void test_list_and_plain_hdf5(void **state) {
     assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
     int n = 0;
     assert_ok(dsc_tfile_list(f, "model", count_entry, &n));
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 3);
     assert_ok(dsc_tfile_close(f));
     if (rank == 0) {
         /* Serial HDF5 alone, no dsc: the dataset has the global shape and values. */
@@ -136,8 +134,10 @@ static void test_never_overwrites_and_bad_files(void **state) {
     MPI_Barrier(MPI_COMM_WORLD);
     if (size > 1) {
         assert_ok(dsc_tfile_create(MPI_COMM_WORLD, junk, &f));
-        dsc_tfile_entry e = {.path = "model/x", .dtype = DSC_DTYPE_F32, .ndim = 1, .shape = {rank == 0 ? 4 : 5}};
-        dsc_status s = dsc_tfile_define_all(f, &e, 1);
+        float x[5] = {0};
+        dsc_tfile_piece p = {{.path = "model/x", .dtype = DSC_DTYPE_F32, .ndim = 1, .shape = {rank == 0 ? 4 : 5}},
+                             0, 4, x};
+        dsc_status s = dsc_tfile_write_all(f, &p, 1);
         assert_non_null(s);
         assert_non_null(strstr(dsc_status_message(s), "described differently by ranks 0 and 1"));
         dsc_status_free(s);
@@ -145,6 +145,49 @@ static void test_never_overwrites_and_bad_files(void **state) {
         if (rank == 0) unlink(junk);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* Finds the byte offset of a float pattern in the file by scanning it. */
+static long find_bytes(const char *file, const void *needle, size_t len) {
+    FILE *in = fopen(file, "rb");
+    fseek(in, 0, SEEK_END);
+    long size = ftell(in);
+    char *buf = malloc((size_t)size);
+    fseek(in, 0, SEEK_SET);
+    size_t got = fread(buf, 1, (size_t)size, in);
+    fclose(in);
+    long at = -1;
+    for (long i = 0; at < 0 && i + (long)len <= (long)got; i++)
+        if (memcmp(buf + i, needle, len) == 0) at = i;
+    free(buf);
+    return at;
+}
+
+static void test_flipped_bytes_are_detected(void **state) {
+    (void)state;
+    write_file();
+    if (rank == 0) {
+        float needle[3] = {value_at(40), value_at(41), value_at(42)};
+        long at = find_bytes(path, needle, sizeof needle);
+        assert_true(at > 0);
+        FILE *io = fopen(path, "r+b");
+        fseek(io, at + 5, SEEK_SET);
+        int c = fgetc(io);
+        fseek(io, at + 5, SEEK_SET);
+        fputc(c ^ 0x10, io);
+        fclose(io);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
+    float all[105];
+    assert_err(dsc_tfile_read_range(f, "model/layers.0.w", 0, 105, all), DSC_ERR_CORRUPT,
+               "tensor model/layers.0.w: checksum mismatch");
+    /* A range away from the damaged segment still reads when segments are small. */
+    float b[6];
+    assert_ok(dsc_tfile_read_range(f, "model/b", 0, 6, b));
+    assert_true(b[5] == 6.0f);
+    assert_ok(dsc_tfile_close(f));
 }
 
 int main(void) {
@@ -157,6 +200,7 @@ int main(void) {
         cmocka_unit_test(test_write_read_ranges),
         cmocka_unit_test(test_list_and_plain_hdf5),
         cmocka_unit_test(test_never_overwrites_and_bad_files),
+        cmocka_unit_test(test_flipped_bytes_are_detected),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
