@@ -1,0 +1,197 @@
+/* dsc/engine.h — the training loop and the batch-runner plug-in point.
+ *
+ * The engine owns the loop over steps: it hands each global batch's data to
+ * a batch runner, then finishes the batch with the optimizer, in this order
+ * (docs/training.md, "One step"):
+ *   1. runner->train_batch(data of step s, M micro-batches)  forward/backward,
+ *      layer hooks, grads_ready; a pipeline runner also sends/receives and
+ *      reduces tied gradients here
+ *   2. the loss is averaged over the ranks that computed it (dp, and the
+ *      pipeline's stages when a pipe group is given); a NaN / Inf loss stops
+ *      every rank with DSC_ERR_NUMERIC naming the step
+ *   3. optimizer reduce_grads, then optimizer step at the scheduled LR
+ *   4. metrics (log every steps_per_print, JSONL line, progress bar),
+ *      evaluation every train.eval_interval steps, then the on_step_end hook
+ *      (where checkpointing plugs in).
+ * The runner never calls reduce_grads or step; the engine calls each once per
+ * batch. Steps are numbered from 1 in logs, metrics and errors; the data and
+ * LR of step n are those of index n - 1.
+ *
+ * Not here: building models or optimizers (the app wires them), saving state
+ * (the checkpoint subsystem, through on_step_end and dsc_engine_set_step). */
+#ifndef DSC_ENGINE_H
+#define DSC_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dsc/comm.h"
+#include "dsc/config.h"
+#include "dsc/data.h"
+#include "dsc/nn.h"
+#include "dsc/optimizer.h"
+#include "dsc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- learning-rate schedule ------------------------------------------------------
+ * DeepSpeed's schedulers (constant, WarmupLR, WarmupDecayLR, WarmupCosineLR)
+ * evaluated at 0-based `iteration` (DeepSpeed's last_batch_iteration); the
+ * engine uses iteration n - 1 for step n. `base_lr` is optimizer.params.lr
+ * (constant and WarmupCosineLR scale it; the Warmup{,Decay}LR schedules use
+ * warmup_min_lr / warmup_max_lr instead). */
+double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
+
+/* ---- the data a runner consumes ----------------------------------------------------- */
+
+/* An iterator over the micro-batches of one global batch on this rank. */
+typedef struct dsc_batch_source dsc_batch_source;
+struct dsc_batch_source {
+    /* Fills the next micro-batch: tokens and targets (B, T) i32. Called once
+     * per micro-batch, in micro-batch order, by whichever stage needs data. */
+    dsc_status (*next)(dsc_batch_source *src, dsc_tensor *tokens, dsc_tensor *targets);
+    int micro_batches; /* M: how many micro-batches the batch has */
+    int consumed;      /* how many `next` has filled so far */
+};
+
+/* A source over the loader's split at (step index, M): micro-batch m is
+ * dsc_data_loader_fill(loader, split, step, m). */
+typedef struct dsc_loader_source {
+    dsc_batch_source base;
+    dsc_data_loader *loader;
+    dsc_data_split split;
+    int64_t step;
+} dsc_loader_source;
+
+void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split, int64_t step,
+                            int micro_batches);
+
+/* ---- batch runners ------------------------------------------------------------------- */
+
+typedef struct dsc_batch_result {
+    bool has_loss;   /* this rank computed the loss (it holds the loss layer) */
+    double loss;     /* mean loss over this rank's micro-batches (when has_loss) */
+    double aux_loss; /* mean auxiliary loss (MoE), already weighted */
+    int64_t tokens;  /* tokens this rank fed to the model in this batch (first stage; 0 elsewhere) */
+} dsc_batch_result;
+
+typedef struct dsc_batch_runner dsc_batch_runner;
+
+typedef struct dsc_batch_runner_ops {
+    const char *name; /* "default", "pipeline" */
+    /* Forward and backward over the source's micro-batches, accumulating
+     * gradients with loss_scale 1/M; calls the optimizer's layer hooks and,
+     * during the last micro-batch's backward, grads_ready for each layer. */
+    dsc_status (*train_batch)(dsc_batch_runner *r, dsc_batch_source *data, dsc_batch_result *res);
+    /* Forward only (ctx.training = false) over the source's micro-batches. */
+    dsc_status (*eval_batch)(dsc_batch_runner *r, dsc_batch_source *data, dsc_batch_result *res);
+    void (*destroy)(dsc_batch_runner *r);
+} dsc_batch_runner_ops;
+
+/* Implementations embed this as their first member. */
+struct dsc_batch_runner {
+    const dsc_batch_runner_ops *ops;
+};
+
+/* The default runner: every layer of the model on this rank, one activation
+ * slot, micro-batches of (B, T) run one after the other (gradient
+ * accumulation). Reserves the layers' activations for (B, T). `rng` (may be
+ * NULL) is handed to stochastic layers. The layer array is copied; the
+ * layers stay the caller's. */
+dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc_optimizer *opt, int64_t B,
+                                     int64_t T, dsc_rng *rng, dsc_batch_runner **out);
+void dsc_batch_runner_destroy(dsc_batch_runner *r);
+
+/* ---- the engine ------------------------------------------------------------------------ */
+
+/* What one step reports (metrics line, log line, hooks). */
+typedef struct dsc_step_metrics {
+    int64_t step;         /* 1-based */
+    double loss;          /* mean over micro-batches and data-parallel ranks */
+    double aux_loss;
+    double lr;
+    double grad_norm;
+    double tokens_per_s;  /* global tokens of this step / its wall time */
+    double elapsed_s;     /* since dsc_engine_train started */
+    int64_t epoch;        /* of the train split, at this step's data */
+} dsc_step_metrics;
+
+typedef struct dsc_engine dsc_engine;
+
+/* Called after every step (after evaluation, when one ran); an error stops
+ * training and is returned by dsc_engine_train. */
+typedef dsc_status (*dsc_engine_hook)(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
+
+typedef struct dsc_engine_options {
+    const dsc_config *cfg;   /* train.steps, steps_per_print, scheduler, optimizer.params.lr, eval_* */
+    dsc_batch_runner *runner;
+    dsc_optimizer *optimizer;
+    dsc_data_loader *data;   /* this rank's loader (layout M, B, T, dp rank/size) */
+    int micro_batches;       /* M per rank */
+    int64_t global_tokens_per_step; /* train_batch_size * seq_len, for tokens/s */
+    dsc_comm *dp;            /* loss averaging; NULL: one rank */
+    dsc_comm *pipe;          /* stages of one model replica; NULL: one stage */
+    bool log;                /* this rank prints (usually world rank 0) */
+    const char *metrics_path; /* JSON lines written when `log`; NULL: none */
+    bool progress;           /* draw a progress bar on stdout when it is a terminal and `log` */
+    dsc_engine_hook on_step_end;
+    void *hook_ctx;
+} dsc_engine_options;
+
+dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out);
+void dsc_engine_destroy(dsc_engine *e);
+
+/* Runs steps until train.steps have been taken in total. */
+dsc_status dsc_engine_train(dsc_engine *e);
+/* Mean loss over train.eval_iters batches of the val split (every rank gets it). */
+dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss);
+/* Runs one step; `m` (may be NULL) receives its metrics. */
+dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m);
+
+/* Steps taken so far; setting it (on restore) moves the data position and
+ * the LR schedule, which depend on nothing else. */
+int64_t dsc_engine_steps_done(const dsc_engine *e);
+void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps);
+
+/* Reads a metrics JSONL file and writes an SVG of train loss (and val loss
+ * when present) against step. */
+dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
+
+/* ---- a data-parallel trainer built from a config ------------------------------------------
+ * The wiring dsc-train, the benchmarks and the tests share: parameter store,
+ * the model's layers (dsc_model_specs + dsc_layer_build), the plain optimizer,
+ * the default runner, the data loader and the engine, for a job whose only
+ * parallelism is data parallelism over `dp`. Pipelines, ZeRO and MoE wire
+ * their own pieces into dsc_engine_create; asking this builder for them is
+ * DSC_ERR_UNSUPPORTED naming the key. */
+typedef struct dsc_trainer dsc_trainer;
+
+typedef struct dsc_trainer_options {
+    const dsc_config *cfg;    /* batch sizes resolved for dp's size */
+    dsc_comm *dp;             /* NULL: one rank */
+    bool log;                 /* this rank prints the step lines */
+    const char *metrics_path; /* see dsc_engine_options */
+    bool progress;
+} dsc_trainer_options;
+
+dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
+void dsc_trainer_destroy(dsc_trainer *t);
+dsc_engine *dsc_trainer_engine(dsc_trainer *t);
+dsc_param_store *dsc_trainer_params(dsc_trainer *t);
+dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
+int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
+
+/* Continues `prompt` (n_prompt >= 1 ids) by n_new tokens, recomputing the
+ * whole (cropped to seq_len) context for every token: greedy when
+ * temperature <= 0, else sampling from softmax(logits / temperature) with a
+ * stream seeded by `seed`. out receives n_prompt + n_new ids. */
+dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                                uint64_t seed, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

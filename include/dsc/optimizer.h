@@ -1,0 +1,155 @@
+/* dsc/optimizer.h — the optimizer plug-in point: reduce gradients, step,
+ * expose state for checkpoints.
+ *
+ * An optimizer is an ops table plus its state. The runtime's plain
+ * data-parallel optimizer (runtime/optim) keeps full replicas of parameters,
+ * gradients and state and all-reduces gradients in buckets; zero/ provides
+ * sharded ones behind the same table. Callers use the dsc_optimizer_* wrappers,
+ * which skip the optional hooks an implementation leaves NULL.
+ *
+ * Who calls what (one rule for every runner): the batch runner calls the
+ * layer hooks (before_layer / after_layer around every layer call,
+ * grads_ready once per layer during the last micro-batch's backward); after
+ * runner->train_batch returns, the ENGINE calls reduce_grads and then step,
+ * exactly once per global batch. A pipeline executor therefore treats its
+ * ReduceGrads / OptimizerStep instructions as the end of the batch and leaves
+ * them to the engine; ReduceTiedGrads stays the pipeline's job.
+ *
+ * Not here: the learning-rate schedule (dsc/engine.h) and which ranks form
+ * the groups (dsc/topology.h). */
+#ifndef DSC_OPTIMIZER_H
+#define DSC_OPTIMIZER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/comm.h"
+#include "dsc/config.h"
+#include "dsc/nn.h"
+#include "dsc/status.h"
+#include "dsc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hyper-parameters of the update, independent of how state is laid out. */
+typedef struct dsc_optim_hparams {
+    dsc_optimizer_type type; /* AdamW or SGD */
+    float beta1, beta2, eps; /* AdamW */
+    float momentum;          /* SGD */
+    float weight_decay;      /* not applied to DSC_PARAM_NO_DECAY parameters */
+    double clip_norm;        /* global gradient-norm clipping; 0 disables */
+} dsc_optim_hparams;
+
+/* The config's optimizer section and gradient_clipping as hparams. */
+void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
+
+/* What one step did. */
+typedef struct dsc_optim_stats {
+    double grad_norm; /* global L2 norm of the (reduced) gradients before clipping */
+    double clip_coef; /* factor the gradients were scaled by (1 when not clipped) */
+    int64_t step;     /* optimizer steps taken so far, this one included */
+} dsc_optim_stats;
+
+/* One state tensor, for checkpoints. `local` is a view of live state: a
+ * checkpoint reads it to save and writes it to restore. For per-parameter
+ * state, `param` is the parameter and `offset` the element offset of `local`
+ * inside the parameter's flattened global value (0 and the full size for
+ * replicated state; a shard for ZeRO). Scalars (name "step") have param NULL
+ * and an i64 tensor of one element. */
+typedef struct dsc_optim_state {
+    char name[DSC_PARAM_NAME_MAX + 32]; /* "exp_avg/<param>", "exp_avg_sq/<param>", "momentum_buffer/<param>", "step" */
+    const dsc_param *param;
+    int64_t offset;
+    dsc_tensor local;
+} dsc_optim_state;
+
+typedef struct dsc_optimizer dsc_optimizer;
+
+typedef struct dsc_optimizer_ops {
+    const char *name; /* "plain", "zero1", ... */
+    /* Optional (NULL when not needed): around each layer call of forward
+     * (backward = false) and backward (backward = true). ZeRO-3 gathers the
+     * layer's parameters before and releases them after. */
+    dsc_status (*before_layer)(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+    dsc_status (*after_layer)(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+    /* Optional: the layer's gradients for the whole batch are final (called
+     * during the last micro-batch's backward, in backward order). A parameter
+     * shared by several layers is final after its last layer reports. */
+    dsc_status (*grads_ready)(dsc_optimizer *opt, dsc_layer *layer);
+    /* Averages gradients over the data-parallel group (dense parameters) and
+     * the expert-data-parallel group (DSC_PARAM_EXPERT), finishing whatever
+     * grads_ready started. */
+    dsc_status (*reduce_grads)(dsc_optimizer *opt);
+    /* Global gradient norm (over every parameter of the model, each tied
+     * parameter once), clipping, the update at learning rate `lr`, zeroing the
+     * gradients, and the step count. A NaN / Inf norm is DSC_ERR_NUMERIC
+     * naming the step, and no parameter changes. */
+    dsc_status (*step)(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
+    int (*state_count)(const dsc_optimizer *opt);
+    void (*state_at)(dsc_optimizer *opt, int index, dsc_optim_state *out);
+    void (*destroy)(dsc_optimizer *opt);
+} dsc_optimizer_ops;
+
+/* Implementations embed this as their first member. */
+struct dsc_optimizer {
+    const dsc_optimizer_ops *ops;
+};
+
+/* The groups and parameters an optimizer works over. */
+typedef struct dsc_optimizer_options {
+    dsc_param_store *params;
+    dsc_layer *const *layers; /* this rank's layers, forward order (for grads_ready bookkeeping) */
+    int n_layers;
+    dsc_comm *dp;        /* data-parallel group of dense parameters; NULL: no reduction */
+    dsc_comm *expert_dp; /* expert-data-parallel group of expert parameters; NULL: no reduction */
+    dsc_comm *ep;        /* expert-parallel group (holds other experts); the norm sums over it; may be NULL */
+    dsc_comm *pipe;      /* ranks holding other parts of the model (pipeline stages); the norm sums over it;
+                            may be NULL */
+    /* Whether a parameter contributes to this rank's part of the global norm;
+     * NULL counts every parameter. The pipeline passes one that counts each
+     * tied parameter on one stage only. */
+    bool (*counts_in_norm)(const dsc_param *param, void *ctx);
+    void *counts_in_norm_ctx;
+    dsc_optim_hparams hparams;
+    int64_t reduce_bucket_size; /* gradient elements per all-reduce; <= 0: one bucket per group */
+} dsc_optimizer_options;
+
+/* The plain data-parallel optimizer: replicated state, bucketed all-reduce
+ * (a bucket is reduced as soon as grads_ready has seen all of its
+ * parameters), averaging by the group size. */
+dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
+
+/* ---- wrappers (skip NULL hooks) ---------------------------------------------- */
+dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
+dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
+dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
+int dsc_optimizer_state_count(const dsc_optimizer *opt);
+void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
+void dsc_optimizer_destroy(dsc_optimizer *opt);
+
+/* ---- pieces shared by optimizer implementations --------------------------------- */
+
+/* The update of one contiguous piece of a parameter: value, grad and the
+ * state tensors (exp_avg and exp_avg_sq for AdamW; momentum_buffer in state0
+ * for SGD, state1 unused) have equal element counts. `decay` selects weight
+ * decay; `step` is 1-based. */
+dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *grad,
+                            dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step);
+
+/* Clipping coefficient for a global norm: clip / (norm + 1e-6) when clipping is
+ * on and norm exceeds clip, else 1 (PyTorch's clip_grad_norm_). */
+double dsc_optim_clip_coef(double norm, double clip);
+
+/* Completes a global norm from this rank's sums of squares: sums `expert_sq`
+ * over `ep`, adds `dense_sq`, sums over `pipe` (either comm may be NULL), and
+ * returns the square root. Every rank of the groups gets the same value. */
+dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

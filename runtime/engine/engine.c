@@ -1,0 +1,220 @@
+/* The training engine: the one loop over steps. Each step hands the batch's
+ * data to the runner, averages the loss over the ranks that computed it,
+ * stops cleanly on a non-finite loss, has the optimizer reduce and step at the
+ * scheduled learning rate, then reports (log line, metrics JSONL, progress
+ * bar), evaluates on the val split when due, and calls the step-end hook.
+ *
+ * Not here: what a step computes (runners), how gradients are reduced
+ * (optimizers), checkpoint files (the checkpoint subsystem via on_step_end). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fileno */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dsc/engine.h"
+
+struct dsc_engine {
+    dsc_engine_options o;
+    int64_t steps_done;
+    double t_start;   /* when dsc_engine_train started (monotonic seconds) */
+    FILE *metrics;    /* JSON lines, or NULL */
+    bool bar;         /* the progress bar is on */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
+    *out = NULL;
+    DSC_CHECK(opts->cfg && opts->runner && opts->optimizer && opts->data, DSC_ERR_INVALID,
+              "engine: config, runner, optimizer and data loader are all required");
+    DSC_CHECK(opts->micro_batches >= 1, DSC_ERR_INVALID, "engine: micro_batches %d < 1", opts->micro_batches);
+    dsc_engine *e = calloc(1, sizeof *e);
+    DSC_CHECK(e, DSC_ERR_NOMEM, "engine: out of memory");
+    e->o = *opts;
+    e->bar = opts->progress && opts->log && isatty(STDOUT_FILENO);
+    *out = e;
+    return NULL;
+}
+
+void dsc_engine_destroy(dsc_engine *e) {
+    if (!e) return;
+    if (e->metrics) fclose(e->metrics);
+    free(e);
+}
+
+int64_t dsc_engine_steps_done(const dsc_engine *e) { return e->steps_done; }
+void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps) { e->steps_done = steps; }
+
+/* Mean of the loss over every rank that computed one: sums (loss, aux, count)
+ * over the data-parallel group and then over the pipeline's stages. */
+static dsc_status average_loss(dsc_engine *e, const dsc_batch_result *r, double *loss, double *aux) {
+    float v[3] = {r->has_loss ? (float)r->loss : 0.0f, r->has_loss ? (float)r->aux_loss : 0.0f,
+                  r->has_loss ? 1.0f : 0.0f};
+    bool reduced = false;
+    dsc_comm *groups[2] = {e->o.dp, e->o.pipe};
+    for (int g = 0; g < 2; g++) {
+        if (!groups[g] || dsc_comm_size(groups[g]) == 1) continue;
+        int64_t three = 3;
+        dsc_tensor t = dsc_tensor_view(v, DSC_DTYPE_F32, 1, &three, DSC_CPU);
+        DSC_TRY(dsc_comm_allreduce(groups[g], &t, DSC_REDUCE_OP_SUM));
+        reduced = true;
+    }
+    if (!reduced) { /* one rank: keep the double precision of the runner's sum */
+        DSC_CHECK(r->has_loss, DSC_ERR_INTERNAL, "engine: the only rank computed no loss");
+        *loss = r->loss;
+        *aux = r->aux_loss;
+        return NULL;
+    }
+    DSC_CHECK(v[2] > 0, DSC_ERR_INTERNAL, "engine: no rank of the group computed the loss");
+    *loss = v[0] / v[2];
+    *aux = v[1] / v[2];
+    return NULL;
+}
+
+dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
+    const dsc_config *cfg = e->o.cfg;
+    int64_t index = e->steps_done, n = index + 1;
+    double t0 = now_s();
+    double lr = dsc_lr_schedule_at(&cfg->scheduler, cfg->optimizer.params.lr, index);
+
+    dsc_loader_source src;
+    dsc_loader_source_init(&src, e->o.data, DSC_DATA_SPLIT_TRAIN, index, e->o.micro_batches);
+    dsc_batch_result res;
+    dsc_status s = e->o.runner->ops->train_batch(e->o.runner, &src.base, &res);
+    if (s) return dsc_error_wrap(s, "step %lld", (long long)n);
+    double loss, aux;
+    DSC_TRY(average_loss(e, &res, &loss, &aux));
+    DSC_CHECK(isfinite(loss) && isfinite(aux), DSC_ERR_NUMERIC,
+              "step %lld: the loss is %g (aux %g); stopping before the optimizer step, parameters are those "
+              "after step %lld (lower optimizer.params.lr or set gradient_clipping)",
+              (long long)n, loss, aux, (long long)index);
+    s = dsc_optimizer_reduce_grads(e->o.optimizer);
+    if (s) return dsc_error_wrap(s, "step %lld: reducing gradients", (long long)n);
+    dsc_optim_stats st;
+    DSC_TRY(dsc_optimizer_step(e->o.optimizer, lr, &st));
+    e->steps_done = n;
+
+    double t1 = now_s();
+    if (m) {
+        *m = (dsc_step_metrics){
+            .step = n,
+            .loss = loss,
+            .aux_loss = aux,
+            .lr = lr,
+            .grad_norm = st.grad_norm,
+            .tokens_per_s = t1 > t0 ? (double)e->o.global_tokens_per_step / (t1 - t0) : 0.0,
+            .elapsed_s = e->t_start > 0 ? t1 - e->t_start : t1 - t0,
+            .epoch = dsc_data_loader_epoch(e->o.data, index),
+        };
+    }
+    return NULL;
+}
+
+dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss) {
+    int iters = e->o.cfg->train.eval_iters;
+    double sum = 0;
+    for (int i = 0; i < iters; i++) {
+        dsc_loader_source src;
+        dsc_loader_source_init(&src, e->o.data, DSC_DATA_SPLIT_VAL, i, e->o.micro_batches);
+        dsc_batch_result res;
+        dsc_status s = e->o.runner->ops->eval_batch(e->o.runner, &src.base, &res);
+        if (s) return dsc_error_wrap(s, "evaluation batch %d of %d", i + 1, iters);
+        double loss, aux;
+        DSC_TRY(average_loss(e, &res, &loss, &aux));
+        sum += loss;
+    }
+    *val_loss = sum / iters;
+    return NULL;
+}
+
+/* ---- reporting --------------------------------------------------------------------- */
+
+static void clear_bar(dsc_engine *e) {
+    if (!e->bar) return;
+    fputs("\r\033[K", stdout);
+}
+
+static void draw_bar(dsc_engine *e, const dsc_step_metrics *m) {
+    if (!e->bar) return;
+    int64_t total = e->o.cfg->train.steps;
+    enum { WIDTH = 30 };
+    int filled = (int)(WIDTH * m->step / (total > 0 ? total : 1));
+    char bar[WIDTH + 1];
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '=' : ' ';
+    bar[WIDTH] = '\0';
+    double eta = m->step > 0 ? m->elapsed_s / (double)m->step * (double)(total - m->step) : 0.0;
+    printf("\r[%s] %lld/%lld loss %.4f %.0f tok/s eta %.0fs", bar, (long long)m->step, (long long)total, m->loss,
+           m->tokens_per_s, eta);
+    fflush(stdout);
+}
+
+static void log_step(dsc_engine *e, const dsc_step_metrics *m) {
+    clear_bar(e);
+    printf("step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.1fs\n", (long long)m->step,
+           (long long)e->o.cfg->train.steps, m->loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s);
+    fflush(stdout);
+}
+
+static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
+    if (!e->metrics) return;
+    fprintf(e->metrics,
+            "{\"step\": %lld, \"loss\": %.9g, \"aux_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"tokens_per_s\": %.6g, \"elapsed_s\": %.6g, \"epoch\": %lld}\n",
+            (long long)m->step, m->loss, m->aux_loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s,
+            (long long)m->epoch);
+    fflush(e->metrics);
+}
+
+static dsc_status maybe_evaluate(dsc_engine *e, const dsc_step_metrics *m) {
+    int64_t interval = e->o.cfg->train.eval_interval;
+    bool last = m->step == e->o.cfg->train.steps;
+    if (interval <= 0 || (m->step % interval != 0 && !last)) return NULL;
+    double val;
+    DSC_TRY(dsc_engine_evaluate(e, &val));
+    if (!e->o.log) return NULL;
+    clear_bar(e);
+    printf("step %5lld/%lld | val loss %.4f\n", (long long)m->step, (long long)e->o.cfg->train.steps, val);
+    fflush(stdout);
+    if (e->metrics) {
+        fprintf(e->metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)m->step, val);
+        fflush(e->metrics);
+    }
+    return NULL;
+}
+
+dsc_status dsc_engine_train(dsc_engine *e) {
+    const dsc_config *cfg = e->o.cfg;
+    if (e->o.log && e->o.metrics_path && !e->metrics) {
+        /* A resumed run appends to the curve it continues. */
+        e->metrics = fopen(e->o.metrics_path, e->steps_done > 0 ? "a" : "w");
+        DSC_CHECK(e->metrics, DSC_ERR_IO, "metrics file %s: cannot open for writing", e->o.metrics_path);
+    }
+    e->t_start = now_s();
+    while (e->steps_done < cfg->train.steps) {
+        dsc_step_metrics m;
+        dsc_status s = dsc_engine_step(e, &m);
+        if (s) {
+            clear_bar(e);
+            return s;
+        }
+        if (e->o.log) {
+            write_metrics(e, &m);
+            if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps) log_step(e, &m);
+            draw_bar(e, &m);
+        }
+        DSC_TRY(maybe_evaluate(e, &m));
+        if (e->o.on_step_end) {
+            s = e->o.on_step_end(e, &m, e->o.hook_ctx);
+            if (s) return dsc_error_wrap(s, "after step %lld", (long long)m.step);
+        }
+    }
+    clear_bar(e);
+    if (e->bar) fflush(stdout);
+    return NULL;
+}

@@ -1,0 +1,201 @@
+/* A data-parallel trainer built from a config: the wiring of parameter
+ * store, model layers, plain optimizer, default runner, data loader and engine
+ * that dsc-train, bench_train and the engine tests share, plus the
+ * full-recompute text generation dsc-train prints at the end.
+ *
+ * Not here: pipelines, ZeRO or MoE (their folders wire their own runner or
+ * optimizer into dsc_engine_create), or fast generation (inference/). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/engine.h"
+#include "dsc/model.h"
+
+struct dsc_trainer {
+    dsc_model_config mc;
+    dsc_param_store *params;
+    dsc_layer **layers; /* [n_layers] forward order */
+    int n_layers;
+    dsc_data_loader *data;
+    dsc_optimizer *opt;
+    dsc_batch_runner *runner;
+    dsc_engine *engine;
+    dsc_rng layer_rng;   /* for stochastic layers */
+    dsc_tensor context;  /* (1, T) i32 generation context */
+};
+
+static dsc_status check_supported(const dsc_config *cfg) {
+    const char *src = cfg->source ? cfg->source : "config";
+    DSC_CHECK(cfg->pipeline.stages == 1, DSC_ERR_UNSUPPORTED,
+              "%s: \"pipeline.stages\" = %d needs the pipeline runner (pipe/); the data-parallel trainer runs 1 stage",
+              src, cfg->pipeline.stages);
+    DSC_CHECK(cfg->zero_optimization.stage == 0, DSC_ERR_UNSUPPORTED,
+              "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (zero/); the data-parallel trainer "
+              "uses the plain one", src, cfg->zero_optimization.stage);
+    DSC_CHECK(cfg->moe.num_experts == 0, DSC_ERR_UNSUPPORTED,
+              "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/); the data-parallel trainer builds dense models",
+              src, cfg->moe.num_experts);
+    DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG,
+              "%s: \"data.path\" is empty; set it to a token file (make one with dsc-prepare TEXT OUT)", src);
+    DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0, DSC_ERR_CONFIG,
+              "%s: batch sizes are not resolved (call dsc_config_resolve_batch first)", src);
+    return NULL;
+}
+
+static dsc_status model_config_from(const dsc_config *cfg, dsc_model_config *mc) {
+    const dsc_config_model *m = &cfg->model;
+    dsc_model_config_defaults(mc, m->arch);
+    mc->n_layer = m->n_layer;
+    mc->d_model = m->d_model;
+    mc->n_head = m->n_head;
+    mc->n_kv_head = m->n_kv_head;
+    mc->d_ff = m->d_ff;
+    mc->vocab_size = m->vocab_size;
+    mc->seq_len = m->seq_len;
+    mc->tie_embeddings = m->tie_embeddings;
+    mc->activation_checkpointing = m->activation_checkpointing;
+    mc->qkv_bias = m->qkv_bias;
+    mc->rope_theta = (float)m->rope_theta;
+    mc->norm_eps = (float)m->norm_eps;
+    mc->moe_num_experts = cfg->moe.num_experts;
+    mc->moe_layer_freq = cfg->moe.layer_freq;
+    return dsc_model_config_validate(mc);
+}
+
+static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
+    DSC_TRY(dsc_params_create(&t->params, DSC_CPU, seed));
+    DSC_TRY(dsc_nn_register_dense_layers());
+    dsc_layer_spec *specs;
+    int count;
+    DSC_TRY(dsc_model_specs(&t->mc, &specs, &count));
+    t->layers = calloc((size_t)count, sizeof *t->layers);
+    dsc_status s = t->layers ? NULL : dsc_error(DSC_ERR_NOMEM, "trainer: %d layers", count);
+    dsc_build_ctx ctx = {&t->mc, t->params, DSC_CPU, NULL};
+    for (int i = 0; i < count && !s; i++) {
+        s = dsc_layer_build(&specs[i], &ctx, &t->layers[i]);
+        if (!s) t->n_layers++;
+    }
+    free(specs);
+    DSC_TRY(s);
+    return dsc_params_finalize(t->params);
+}
+
+static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
+    const dsc_config *cfg = o->cfg;
+    DSC_TRY(check_supported(cfg));
+    DSC_TRY(model_config_from(cfg, &t->mc));
+    int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
+    int M = (int)cfg->gradient_accumulation_steps;
+    int64_t B = cfg->train_micro_batch_size_per_gpu, T = t->mc.seq_len;
+    /* The data first: a missing or bad file should not wait for model setup. */
+    dsc_data_loader_options dl = {cfg->data.path, cfg->data.val_fraction, t->mc.vocab_size, B, T, M,
+                                  dp_rank,        dp_size,               cfg->seed};
+    DSC_TRY(dsc_data_loader_open(&dl, &t->data));
+    DSC_TRY(build_layers(t, cfg->seed));
+
+    dsc_optimizer_options oo = {
+        .params = t->params,
+        .layers = t->layers,
+        .n_layers = t->n_layers,
+        .dp = o->dp,
+        .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
+    };
+    dsc_optim_hparams_from_config(cfg, &oo.hparams);
+    DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
+    dsc_rng_init(&t->layer_rng, cfg->seed, dp_rank, DSC_RNG_GATE);
+    DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
+    DSC_TRY(dsc_tensor_alloc(&t->context, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU, DSC_MEM_ACTIVATIONS));
+
+    dsc_engine_options eo = {
+        .cfg = cfg,
+        .runner = t->runner,
+        .optimizer = t->opt,
+        .data = t->data,
+        .micro_batches = M,
+        .global_tokens_per_step = cfg->train_batch_size * T,
+        .dp = o->dp,
+        .log = o->log,
+        .metrics_path = o->metrics_path,
+        .progress = o->progress,
+    };
+    return dsc_engine_create(&eo, &t->engine);
+}
+
+dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out) {
+    *out = NULL;
+    dsc_trainer *t = calloc(1, sizeof *t);
+    DSC_CHECK(t, DSC_ERR_NOMEM, "trainer: out of memory");
+    dsc_status s = setup(t, opts);
+    if (s) {
+        dsc_trainer_destroy(t);
+        return s;
+    }
+    *out = t;
+    return NULL;
+}
+
+void dsc_trainer_destroy(dsc_trainer *t) {
+    if (!t) return;
+    dsc_engine_destroy(t->engine);
+    dsc_batch_runner_destroy(t->runner);
+    dsc_optimizer_destroy(t->opt);
+    for (int i = 0; i < t->n_layers; i++) dsc_layer_destroy(t->layers[i]);
+    free(t->layers);
+    dsc_params_destroy(t->params);
+    dsc_data_loader_close(t->data);
+    dsc_tensor_free(&t->context);
+    free(t);
+}
+
+dsc_engine *dsc_trainer_engine(dsc_trainer *t) { return t->engine; }
+dsc_param_store *dsc_trainer_params(dsc_trainer *t) { return t->params; }
+dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t) { return t->opt; }
+
+int64_t dsc_trainer_param_count(const dsc_trainer *t) {
+    int64_t n = 0;
+    for (int i = 0; i < dsc_params_count(t->params); i++) n += dsc_param_numel(dsc_params_at(t->params, i));
+    return n;
+}
+
+/* The next token from the last row of logits (V). */
+static int32_t pick(const float *logits, int64_t V, float temperature, dsc_rng *rng) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0) return (int32_t)best;
+    double total = 0;
+    for (int64_t v = 0; v < V; v++) total += exp((double)(logits[v] - logits[best]) / temperature);
+    double u = dsc_rng_uniform(rng) * total;
+    for (int64_t v = 0; v < V; v++) {
+        u -= exp((double)(logits[v] - logits[best]) / temperature);
+        if (u <= 0) return (int32_t)v;
+    }
+    return (int32_t)best;
+}
+
+dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                                uint64_t seed, int32_t *out) {
+    DSC_CHECK(n_prompt >= 1 && n_new >= 0, DSC_ERR_INVALID, "generate: needs a prompt of >= 1 tokens (got %d)",
+              n_prompt);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    dsc_rng rng;
+    dsc_rng_init(&rng, seed, 0, DSC_RNG_SAMPLE);
+    const int64_t T = t->mc.seq_len, V = t->mc.vocab_size;
+    for (int i = n_prompt; i < n_prompt + n_new; i++) {
+        int64_t len = i < T ? i : T; /* the newest seq_len tokens */
+        memcpy(t->context.data, out + (i - len), (size_t)len * sizeof *out);
+        dsc_tensor tokens = dsc_tensor_view(t->context.data, DSC_DTYPE_I32, 2, (int64_t[]){1, len}, DSC_CPU);
+        dsc_micro_ctx ctx = {.tokens = &tokens, .loss_scale = 1.0f, .training = false, .rng = &t->layer_rng};
+        dsc_tensor x = {0}, y = {0};
+        for (int l = 0; l < t->n_layers; l++) {
+            DSC_TRY(dsc_optimizer_before_layer(t->opt, t->layers[l], false));
+            DSC_TRY(dsc_layer_forward(t->layers[l], 0, &x, &y, &ctx));
+            DSC_TRY(dsc_optimizer_after_layer(t->opt, t->layers[l], false));
+            x = y;
+        }
+        DSC_CHECK(y.ndim == 3 && y.shape[2] == V, DSC_ERR_INTERNAL, "generate: the last layer gave no (1, t, V) logits");
+        out[i] = pick((const float *)y.data + (len - 1) * V, V, temperature, &rng);
+    }
+    return NULL;
+}

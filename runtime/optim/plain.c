@@ -1,0 +1,265 @@
+/* The plain data-parallel optimizer: every rank holds full parameters,
+ * gradients and optimizer state; gradients are averaged over the
+ * data-parallel group (dense) or the expert-data-parallel group (experts) in
+ * buckets of contiguous elements of the flat gradient buffers.
+ *
+ * A bucket is reduced as soon as every parameter overlapping it has reported
+ * its gradient final through grads_ready (a parameter used by several layers,
+ * such as a tied embedding, after the last of them), so reduction starts
+ * during backward; reduce_grads reduces whatever is left. The order is the
+ * same on every rank because every rank runs the same layers in the same
+ * order. With blocking collectives this interleaves rather than overlaps; a
+ * non-blocking all-reduce in dsc/comm.h would make it overlap without
+ * changing this file's bookkeeping.
+ *
+ * Not here: sharding (zero/), learning-rate schedules (engine), and tied
+ * gradients across pipeline stages (pipe/). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "dsc/log.h"
+#include "dsc/optimizer.h"
+
+typedef struct bucket {
+    dsc_param_group group;
+    int64_t begin, end; /* element range of the group's flat gradient buffer */
+    int params;         /* parameters overlapping the range */
+    int pending;        /* of those, not yet final in this batch */
+} bucket;
+
+typedef struct plain_optimizer {
+    dsc_optimizer base;
+    dsc_optimizer_options o;
+    int n_params;
+    dsc_tensor state[2][DSC_PARAM_GROUP_COUNT]; /* exp_avg, exp_avg_sq (or momentum_buffer, unused): flat like grads */
+    int n_state_kinds;                          /* 2 for AdamW, 1 for SGD */
+    int64_t step;
+    bucket *buckets;
+    int n_buckets;
+    int *uses;      /* [n_params] layers reading each parameter */
+    int *uses_left; /* [n_params] of those, not yet reported in this batch */
+    int *first_bucket, *last_bucket; /* [n_params] bucket index range overlapping each parameter */
+} plain_optimizer;
+
+static plain_optimizer *self_of(dsc_optimizer *opt) { return (plain_optimizer *)opt; }
+
+static dsc_comm *group_comm(const plain_optimizer *p, dsc_param_group g) {
+    return g == DSC_PARAM_GROUP_EXPERT ? p->o.expert_dp : p->o.dp;
+}
+
+static int param_index(plain_optimizer *p, const dsc_param *param) {
+    for (int i = 0; i < p->n_params; i++)
+        if (dsc_params_at(p->o.params, i) == param) return i;
+    return -1;
+}
+
+static dsc_status reduce_bucket(plain_optimizer *p, bucket *b) {
+    b->pending = -1; /* reduced */
+    dsc_comm *c = group_comm(p, b->group);
+    if (!c || dsc_comm_size(c) == 1) return NULL;
+    dsc_tensor values, grads;
+    dsc_params_flat(p->o.params, b->group, &values, &grads);
+    int64_t n = b->end - b->begin;
+    dsc_tensor piece = dsc_tensor_view((float *)grads.data + b->begin, DSC_DTYPE_F32, 1, &n, grads.device);
+    dsc_status s = dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
+    if (s) return dsc_error_wrap(s, "averaging gradients [%lld, %lld) of the %s group", (long long)b->begin,
+                                 (long long)b->end, b->group == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+    return NULL;
+}
+
+static void reset_batch(plain_optimizer *p) {
+    memcpy(p->uses_left, p->uses, (size_t)p->n_params * sizeof *p->uses);
+    for (int i = 0; i < p->n_buckets; i++) p->buckets[i].pending = p->buckets[i].params;
+}
+
+static dsc_status plain_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
+    plain_optimizer *p = self_of(opt);
+    for (int j = 0; j < layer->n_params; j++) {
+        int i = param_index(p, layer->params[j]);
+        if (i < 0 || --p->uses_left[i] != 0) continue;
+        for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++)
+            if (--p->buckets[k].pending == 0) DSC_TRY(reduce_bucket(p, &p->buckets[k]));
+    }
+    return NULL;
+}
+
+static dsc_status plain_reduce_grads(dsc_optimizer *opt) {
+    plain_optimizer *p = self_of(opt);
+    for (int k = 0; k < p->n_buckets; k++)
+        if (p->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(p, &p->buckets[k]));
+    reset_batch(p);
+    return NULL;
+}
+
+/* The view of one parameter's slice of a flat state buffer. */
+static dsc_tensor state_view(const dsc_tensor *flat, const dsc_param *param) {
+    return dsc_tensor_view((float *)flat->data + param->offset, DSC_DTYPE_F32, param->value.ndim,
+                           param->value.shape, flat->device);
+}
+
+static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
+    plain_optimizer *p = self_of(opt);
+    double sq[DSC_PARAM_GROUP_COUNT] = {0, 0};
+    for (int i = 0; i < p->n_params; i++) {
+        dsc_param *param = dsc_params_at(p->o.params, i);
+        if (p->o.counts_in_norm && !p->o.counts_in_norm(param, p->o.counts_in_norm_ctx)) continue;
+        double s;
+        DSC_TRY(dsc_kernel_sum_squares(&s, &param->grad));
+        sq[param->group] += s;
+    }
+    double norm;
+    DSC_TRY(dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], p->o.ep, p->o.pipe, &norm));
+    DSC_CHECK(isfinite(norm), DSC_ERR_NUMERIC,
+              "step %lld: the global gradient norm is %g; stopping with the parameters of step %lld",
+              (long long)(p->step + 1), norm, (long long)p->step);
+
+    double coef = dsc_optim_clip_coef(norm, p->o.hparams.clip_norm);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT && coef < 1.0; g++) {
+        dsc_tensor values, grads;
+        dsc_params_flat(p->o.params, (dsc_param_group)g, &values, &grads);
+        if (dsc_tensor_numel(&grads) > 0) DSC_TRY(dsc_kernel_scale(&grads, (float)coef));
+    }
+    p->step++;
+    for (int i = 0; i < p->n_params; i++) {
+        dsc_param *param = dsc_params_at(p->o.params, i);
+        dsc_tensor s0 = state_view(&p->state[0][param->group], param);
+        dsc_tensor s1 = p->n_state_kinds > 1 ? state_view(&p->state[1][param->group], param) : s0;
+        dsc_status s = dsc_optim_update(&p->o.hparams, &param->value, &param->grad, &s0, &s1, (float)lr,
+                                        !(param->flags & DSC_PARAM_NO_DECAY), p->step);
+        if (s) return dsc_error_wrap(s, "step %lld: updating %s", (long long)p->step, param->name);
+    }
+    DSC_TRY(dsc_params_zero_grads(p->o.params));
+    *stats = (dsc_optim_stats){norm, coef, p->step};
+    return NULL;
+}
+
+static int plain_state_count(const dsc_optimizer *opt) {
+    const plain_optimizer *p = (const plain_optimizer *)opt;
+    return p->n_state_kinds * p->n_params + 1;
+}
+
+static void plain_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
+    plain_optimizer *p = self_of(opt);
+    memset(out, 0, sizeof *out);
+    if (index == p->n_state_kinds * p->n_params) {
+        int64_t one = 1;
+        snprintf(out->name, sizeof out->name, "step");
+        out->local = dsc_tensor_view(&p->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
+        return;
+    }
+    int kind = index / p->n_params;
+    dsc_param *param = dsc_params_at(p->o.params, index % p->n_params);
+    const char *kind_name = p->n_state_kinds == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";
+    snprintf(out->name, sizeof out->name, "%s/%s", kind_name, param->name);
+    out->param = param;
+    out->offset = 0;
+    out->local = state_view(&p->state[kind][param->group], param);
+}
+
+static void plain_destroy(dsc_optimizer *opt) {
+    plain_optimizer *p = self_of(opt);
+    for (int k = 0; k < 2; k++)
+        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) dsc_tensor_free(&p->state[k][g]);
+    free(p->buckets);
+    free(p->uses);
+    free(p->uses_left);
+    free(p->first_bucket);
+    free(p->last_bucket);
+    free(p);
+}
+
+static const dsc_optimizer_ops plain_ops = {
+    .name = "plain",
+    .before_layer = NULL,
+    .after_layer = NULL,
+    .grads_ready = plain_grads_ready,
+    .reduce_grads = plain_reduce_grads,
+    .step = plain_step,
+    .state_count = plain_state_count,
+    .state_at = plain_state_at,
+    .destroy = plain_destroy,
+};
+
+/* Cuts each group's flat buffer into buckets of at most `size` elements and
+ * records which buckets every parameter overlaps. */
+static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
+    int64_t numel[DSC_PARAM_GROUP_COUNT];
+    int count = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        numel[g] = dsc_params_numel(p->o.params, (dsc_param_group)g);
+        int64_t per = size > 0 ? size : (numel[g] > 0 ? numel[g] : 1);
+        count += (int)((numel[g] + per - 1) / per);
+    }
+    p->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *p->buckets);
+    DSC_CHECK(p->buckets, DSC_ERR_NOMEM, "plain optimizer: %d buckets", count);
+    int first_of_group[DSC_PARAM_GROUP_COUNT];
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        first_of_group[g] = p->n_buckets;
+        int64_t per = size > 0 ? size : (numel[g] > 0 ? numel[g] : 1);
+        for (int64_t b = 0; b < numel[g]; b += per)
+            p->buckets[p->n_buckets++] =
+                (bucket){(dsc_param_group)g, b, b + per < numel[g] ? b + per : numel[g], 0, 0};
+    }
+    for (int i = 0; i < p->n_params; i++) {
+        const dsc_param *param = dsc_params_at(p->o.params, i);
+        int64_t per = size > 0 ? size : (numel[param->group] > 0 ? numel[param->group] : 1);
+        int64_t n = dsc_param_numel(param);
+        p->first_bucket[i] = first_of_group[param->group] + (int)(param->offset / per);
+        p->last_bucket[i] = first_of_group[param->group] + (int)((param->offset + (n > 0 ? n - 1 : 0)) / per);
+        if (n == 0) p->last_bucket[i] = p->first_bucket[i] - 1;
+        for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++) p->buckets[k].params++;
+    }
+    return NULL;
+}
+
+static dsc_status setup(plain_optimizer *p) {
+    p->n_params = dsc_params_count(p->o.params);
+    size_t n = (size_t)(p->n_params > 0 ? p->n_params : 1);
+    p->uses = calloc(n, sizeof *p->uses);
+    p->uses_left = calloc(n, sizeof *p->uses_left);
+    p->first_bucket = calloc(n, sizeof *p->first_bucket);
+    p->last_bucket = calloc(n, sizeof *p->last_bucket);
+    DSC_CHECK(p->uses && p->uses_left && p->first_bucket && p->last_bucket, DSC_ERR_NOMEM,
+              "plain optimizer: bookkeeping for %d parameters", p->n_params);
+    for (int l = 0; l < p->o.n_layers; l++) {
+        const dsc_layer *layer = p->o.layers[l];
+        for (int j = 0; j < layer->n_params; j++) {
+            int i = param_index(p, layer->params[j]);
+            DSC_CHECK(i >= 0, DSC_ERR_INVALID, "plain optimizer: layer %s reads %s, which is not in the parameter store",
+                      layer->name, layer->params[j]->name);
+            p->uses[i]++;
+        }
+    }
+    DSC_TRY(make_buckets(p, p->o.reduce_bucket_size));
+    p->n_state_kinds = p->o.hparams.type == DSC_OPTIMIZER_TYPE_SGD ? 1 : 2;
+    for (int k = 0; k < p->n_state_kinds; k++) {
+        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+            dsc_tensor values, grads;
+            dsc_params_flat(p->o.params, (dsc_param_group)g, &values, &grads);
+            int64_t len = dsc_tensor_numel(&values);
+            DSC_TRY(dsc_tensor_alloc(&p->state[k][g], DSC_DTYPE_F32, 1, &len, values.device, DSC_MEM_OPTIM));
+        }
+    }
+    reset_batch(p);
+    return NULL;
+}
+
+dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out) {
+    *out = NULL;
+    DSC_CHECK(opts->params, DSC_ERR_INVALID, "plain optimizer: no parameter store");
+    plain_optimizer *p = calloc(1, sizeof *p);
+    DSC_CHECK(p, DSC_ERR_NOMEM, "plain optimizer: out of memory");
+    p->base.ops = &plain_ops;
+    p->o = *opts;
+    dsc_status s = setup(p);
+    if (s) {
+        plain_destroy(&p->base);
+        return s;
+    }
+    DSC_LOG_DEBUG("plain optimizer: %d parameters, %d buckets", p->n_params, p->n_buckets);
+    *out = &p->base;
+    return NULL;
+}
