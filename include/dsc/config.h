@@ -20,18 +20,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dsc/model.h"
 #include "dsc/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum dsc_model_arch {
-    DSC_MODEL_ARCH_GPT = 0,  /* GPT-2: LayerNorm, GELU MLP, learned positions */
-    DSC_MODEL_ARCH_LLAMA,    /* RMSNorm, SwiGLU MLP, RoPE, grouped-query attention */
-    DSC_MODEL_ARCH_GPT_MOE,  /* GPT with MoE MLPs every moe.layer_freq layers */
-    DSC_MODEL_ARCH_MIXTRAL   /* Llama with MoE MLPs */
-} dsc_model_arch;
+/* The architecture enum is dsc/model.h's (one type, so a file may include
+ * both headers); these are the config's spellings of its values. */
+#define DSC_MODEL_ARCH_GPT DSC_ARCH_GPT         /* GPT-2: LayerNorm, GELU MLP, learned positions */
+#define DSC_MODEL_ARCH_LLAMA DSC_ARCH_LLAMA     /* RMSNorm, SwiGLU MLP, RoPE, grouped-query attention */
+#define DSC_MODEL_ARCH_GPT_MOE DSC_ARCH_GPT_MOE /* GPT with MoE MLPs every moe.layer_freq layers */
+#define DSC_MODEL_ARCH_MIXTRAL DSC_ARCH_MIXTRAL /* Llama with MoE MLPs */
 
 typedef enum dsc_optimizer_type { DSC_OPTIMIZER_TYPE_ADAMW = 0, DSC_OPTIMIZER_TYPE_SGD } dsc_optimizer_type;
 
