@@ -33,6 +33,9 @@ typedef struct mlp_layer {
     dsc_tensor *scratch; /* [3] (B, T, F): dact, dpre, dup */
 } mlp_layer;
 
+/* dact and dpre, plus dup for SwiGLU */
+static int scratch_count(const mlp_layer *m) { return m->gated ? 3 : 2; }
+
 static void release(mlp_layer *m) {
     int slots = m->nslots;
     m->nslots = 0;
@@ -42,7 +45,7 @@ static void release(mlp_layer *m) {
     nn_buffers_free(&m->up, slots);
     nn_buffers_free(&m->act, slots);
     nn_buffers_free(&m->shared, 2);
-    nn_buffers_free(&m->scratch, 3);
+    nn_buffers_free(&m->scratch, scratch_count(m));
 }
 
 static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
@@ -56,7 +59,7 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     if (!s && m->gated) s = nn_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
     if (!s) s = nn_buffers_alloc(&m->act, slots, 3, f_shape, m->device);
     if (!s) s = nn_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
-    if (!s) s = nn_buffers_alloc(&m->scratch, m->gated ? 3 : 2, 3, f_shape, m->device);
+    if (!s) s = nn_buffers_alloc(&m->scratch, scratch_count(m), 3, f_shape, m->device);
     if (s) release(m);
     return s;
 }
