@@ -205,6 +205,7 @@ static dsc_status post(dsc_comm *c, dsc_comm_op kind, dsc_tensor *t, int peer, i
               c->name, peer, c->size);
     DSC_CHECK(tag >= 0 && tag <= TAG_MAX, DSC_ERR_INVALID, "%s on communicator \"%s\": tag %d not in [0, %d]", what,
               c->name, tag, TAG_MAX);
+    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", what, c->name, c->broken);
     dsc_comm_request *req;
     DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
     *req = (dsc_comm_request){.comm = c, .op = kind, .peer = peer, .dtype = t->dtype, .bytes = dsc_tensor_nbytes(t),

@@ -1,17 +1,20 @@
 /* poll.c — deadline-bounded waiting and MPI error translation for the
  * communicator backends.
  *
- * Every blocking operation in dsc ends in dsc_comm_poll: test, and if not
- * done, sleep briefly (a short spin first, then 50 -> 200 us backoff) until the
- * deadline. Sleeping rather than spinning matters when ranks outnumber cores:
- * a spinning rank would steal the CPU its peer needs to make progress.
+ * Every blocking operation in dsc ends in dsc_comm_poll: test until done or
+ * past the deadline. For the first SPIN_S seconds it tests back to back
+ * (small messages complete here, at MPI's latency; MPI's own blocking calls
+ * spin forever); after that it sleeps between tests with a 50 -> 200 us
+ * backoff.
+ * Sleeping rather than spinning matters when ranks outnumber cores: a
+ * spinning rank would steal the CPU its peer needs to make progress.
  * Not here: what is being waited for (the backends post the operations). */
 #include <stdio.h>
 #include <time.h>
 
 #include "runtime/comm/comm_internal.h"
 
-enum { SPIN_TESTS = 32 };
+static const double SPIN_S = 100e-6;
 static const long SLEEP_MIN_NS = 50 * 1000, SLEEP_MAX_NS = 200 * 1000;
 
 double dsc_comm_now(void) {
@@ -32,12 +35,14 @@ static dsc_status timeout_error(const dsc_comm *c, const char *what, int peer) {
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg) {
     long sleep_ns = SLEEP_MIN_NS;
-    for (int tries = 0;; tries++) {
+    double spin_until = dsc_comm_now() + SPIN_S;
+    for (;;) {
         bool done = false;
         DSC_TRY(test(arg, &done));
         if (done) return NULL;
-        if (dsc_comm_now() > deadline) return timeout_error(c, what, peer);
-        if (tries < SPIN_TESTS) continue;
+        double now = dsc_comm_now();
+        if (now > deadline) return timeout_error(c, what, peer);
+        if (now < spin_until) continue;
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
         sleep_ns = sleep_ns * 2 > SLEEP_MAX_NS ? SLEEP_MAX_NS : sleep_ns * 2;

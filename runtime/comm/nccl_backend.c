@@ -1,0 +1,281 @@
+/* nccl_backend.c — the NCCL implementation of the communicator backend
+ * table, for tensors in CUDA memory; compiled only when dsc is built with
+ * CUDA (DSC_HAVE_CUDA).
+ *
+ * NCCL communicators are created non-blocking (ncclConfig_t.blocking = 0) so
+ * that nothing here can wait without a deadline: every call is settled by
+ * polling ncclCommGetAsyncError, and every operation ends by recording an
+ * event on the communicator's stream and polling it through dsc_comm_poll. On
+ * a timeout the NCCL communicator is aborted (NCCL cannot cancel a single
+ * operation) and the dsc communicator refuses further work. The unique id
+ * travels over the communicator's MPI twin. Uneven reduce-scatter and
+ * all-gather are grouped ncclReduce / ncclBroadcast calls, one per piece.
+ * Not here: argument checks, deadlines and byte counting (collectives.c). */
+#ifdef DSC_HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+
+#include "runtime/comm/comm_internal.h"
+
+typedef struct nccl_state {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    cudaEvent_t done; /* recorded after each collective */
+} nccl_state;
+
+static dsc_status nccl_check(ncclResult_t r, const char *call, const dsc_comm *c) {
+    if (r == ncclSuccess || r == ncclInProgress) return NULL;
+    return dsc_error(DSC_ERR_COMM, "%s failed on communicator \"%s\": %s", call, c->name, ncclGetErrorString(r));
+}
+
+static dsc_status cuda_check(cudaError_t e, const char *call, const dsc_comm *c) {
+    if (e == cudaSuccess) return NULL;
+    return dsc_error(DSC_ERR_BACKEND, "%s failed on communicator \"%s\": %s", call, c->name, cudaGetErrorString(e));
+}
+
+static ncclDataType_t nccl_type(dsc_dtype dtype) {
+    static const ncclDataType_t types[DSC_DTYPE_COUNT] = {ncclFloat32, ncclBfloat16, ncclFloat16,
+                                                          ncclInt32,   ncclInt64,    ncclUint8};
+    return types[dtype];
+}
+
+static ncclRedOp_t nccl_op(dsc_reduce_op op) {
+    return op == DSC_REDUCE_OP_MAX ? ncclMax : op == DSC_REDUCE_OP_AVG ? ncclAvg : ncclSum;
+}
+
+/* ---- waiting ---------------------------------------------------------------- */
+
+static dsc_status test_settled(void *arg, bool *done) {
+    dsc_comm *c = arg;
+    nccl_state *st = c->impl;
+    ncclResult_t state = ncclSuccess;
+    DSC_TRY(nccl_check(ncclCommGetAsyncError(st->comm, &state), "ncclCommGetAsyncError", c));
+    DSC_TRY(nccl_check(state, "NCCL operation", c));
+    *done = state != ncclInProgress;
+    return NULL;
+}
+
+typedef struct event_wait {
+    dsc_comm *comm;
+    cudaEvent_t event;
+} event_wait;
+
+static dsc_status test_event(void *arg, bool *done) {
+    event_wait *w = arg;
+    bool settled = false;
+    DSC_TRY(test_settled(w->comm, &settled)); /* an asynchronous NCCL failure ends the wait */
+    cudaError_t e = cudaEventQuery(w->event);
+    *done = e == cudaSuccess;
+    return e == cudaErrorNotReady ? NULL : cuda_check(e, "cudaEventQuery", w->comm);
+}
+
+/* A failed or timed-out operation leaves NCCL state we cannot cancel: abort. */
+static dsc_status give_up(dsc_comm *c, dsc_status s) {
+    nccl_state *st = c->impl;
+    ncclCommAbort(st->comm);
+    st->comm = NULL;
+    snprintf(c->broken, sizeof c->broken, "its NCCL communicator was aborted after: %.100s", dsc_status_message(s));
+    return s;
+}
+
+/* Waits until the calls just issued are enqueued, then until the stream passes them. */
+static dsc_status finish_on_stream(dsc_comm *c, const char *what, int peer, ncclResult_t issued, const char *call) {
+    nccl_state *st = c->impl;
+    dsc_status s = nccl_check(issued, call, c);
+    if (!s) s = dsc_comm_poll(c, what, peer, c->deadline, test_settled, c);
+    if (!s) s = cuda_check(cudaEventRecord(st->done, st->stream), "cudaEventRecord", c);
+    event_wait w = {c, st->done};
+    if (!s) s = dsc_comm_poll(c, what, peer, c->deadline, test_event, &w);
+    return s ? give_up(c, s) : NULL;
+}
+
+/* ---- lifecycle --------------------------------------------------------------- */
+
+static dsc_status nccl_init(dsc_comm *c) {
+    nccl_state *st;
+    DSC_TRY(dsc_mem_alloc((void **)&st, sizeof *st, DSC_MEM_COMM, DSC_CPU));
+    c->impl = st;
+    DSC_TRY(cuda_check(cudaSetDevice(c->opts.device.index), "cudaSetDevice", c));
+    DSC_TRY(cuda_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate", c));
+    DSC_TRY(cuda_check(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), "cudaEventCreate", c));
+    ncclUniqueId id;
+    if (c->rank == 0) DSC_TRY(nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", c));
+    MPI_Request req;
+    DSC_TRY(dsc_comm_mpi_check(MPI_Ibcast(&id, sizeof id, MPI_BYTE, 0, c->mpi, &req), "MPI_Ibcast", c));
+    DSC_TRY(dsc_comm_mpi_wait(c, "broadcasting the NCCL unique id", -1, &req, 1, MPI_STATUSES_IGNORE));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    DSC_TRY(nccl_check(ncclCommInitRankConfig(&st->comm, c->size, id, c->rank, &config), "ncclCommInitRankConfig",
+                       c));
+    dsc_status s = dsc_comm_poll(c, "creating the NCCL communicator", -1, c->deadline, test_settled, c);
+    return s ? give_up(c, s) : NULL;
+}
+
+static void nccl_fini(dsc_comm *c) {
+    nccl_state *st = c->impl;
+    if (st->comm) ncclCommDestroy(st->comm);
+    if (st->done) cudaEventDestroy(st->done);
+    if (st->stream) cudaStreamDestroy(st->stream);
+    dsc_mem_free(st, sizeof *st, DSC_MEM_COMM, DSC_CPU);
+    c->impl = NULL;
+}
+
+/* ---- collectives ---------------------------------------------------------------- */
+
+static dsc_status nccl_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+    nccl_state *st = c->impl;
+    ncclResult_t r = ncclAllReduce(t->data, t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), nccl_op(op),
+                                   st->comm, st->stream);
+    return finish_on_stream(c, "all-reduce", -1, r, "ncclAllReduce");
+}
+
+static bool even(const dsc_comm *c, const int64_t *counts) {
+    for (int i = 1; counts && i < c->size; i++)
+        if (counts[i] != counts[0]) return false;
+    return true;
+}
+
+static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                      dsc_reduce_op op) {
+    nccl_state *st = c->impl;
+    ncclDataType_t type = nccl_type(send->dtype);
+    if (even(c, counts))
+        return finish_on_stream(c, "reduce-scatter", -1,
+                                ncclReduceScatter(send->data, recv->data, (size_t)dsc_tensor_numel(recv), type,
+                                                  nccl_op(op), st->comm, st->stream),
+                                "ncclReduceScatter");
+    size_t esize = dsc_dtype_size(send->dtype), offset = 0;
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < c->size && (r == ncclSuccess || r == ncclInProgress); i++) {
+        r = ncclReduce((const char *)send->data + offset * esize, recv->data, (size_t)counts[i], type, nccl_op(op), i,
+                       st->comm, st->stream);
+        offset += (size_t)counts[i];
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return finish_on_stream(c, "reduce-scatter", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
+                            "ncclReduce (grouped)");
+}
+
+static dsc_status nccl_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
+    nccl_state *st = c->impl;
+    ncclDataType_t type = nccl_type(send->dtype);
+    if (even(c, counts))
+        return finish_on_stream(c, "all-gather", -1,
+                                ncclAllGather(send->data, recv->data, (size_t)dsc_tensor_numel(send), type, st->comm,
+                                              st->stream),
+                                "ncclAllGather");
+    size_t esize = dsc_dtype_size(send->dtype), offset = 0;
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < c->size && (r == ncclSuccess || r == ncclInProgress); i++) {
+        r = ncclBroadcast(send->data, (char *)recv->data + offset * esize, (size_t)counts[i], type, i, st->comm,
+                          st->stream);
+        offset += (size_t)counts[i];
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return finish_on_stream(c, "all-gather", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
+                            "ncclBroadcast (grouped)");
+}
+
+static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
+                                 const int64_t *recv_counts) {
+    nccl_state *st = c->impl;
+    ncclDataType_t type = nccl_type(send->dtype);
+    size_t esize = dsc_dtype_size(send->dtype), send_off = 0, recv_off = 0;
+    const char *out = send->data;
+    char *in = recv->data;
+    DSC_CHECK(send_counts[c->rank] == recv_counts[c->rank], DSC_ERR_INVALID,
+              "all-to-all on communicator \"%s\": %lld elements sent to self but %lld expected", c->name,
+              (long long)send_counts[c->rank], (long long)recv_counts[c->rank]);
+    ncclResult_t r = ncclGroupStart();
+    cudaError_t copied = cudaSuccess;
+    for (int j = 0; j < c->size && (r == ncclSuccess || r == ncclInProgress); j++) {
+        if (j == c->rank)
+            copied = cudaMemcpyAsync(in + recv_off * esize, out + send_off * esize, (size_t)send_counts[j] * esize,
+                                     cudaMemcpyDeviceToDevice, st->stream);
+        else if (send_counts[j] > 0 || recv_counts[j] > 0) {
+            r = ncclSend(out + send_off * esize, (size_t)send_counts[j], type, j, st->comm, st->stream);
+            if (r == ncclSuccess || r == ncclInProgress)
+                r = ncclRecv(in + recv_off * esize, (size_t)recv_counts[j], type, j, st->comm, st->stream);
+        }
+        send_off += (size_t)send_counts[j];
+        recv_off += (size_t)recv_counts[j];
+    }
+    ncclResult_t end = ncclGroupEnd();
+    DSC_TRY(cuda_check(copied, "cudaMemcpyAsync", c));
+    return finish_on_stream(c, "all-to-all", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
+                            "ncclSend/ncclRecv (grouped)");
+}
+
+static dsc_status nccl_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
+    nccl_state *st = c->impl;
+    return finish_on_stream(c, "broadcast", -1,
+                            ncclBroadcast(t->data, t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), root,
+                                          st->comm, st->stream),
+                            "ncclBroadcast");
+}
+
+/* ---- point to point: each request carries its own event ------------------------- */
+
+static dsc_status post_p2p(dsc_comm *c, dsc_comm_request *req, ncclResult_t issued, const char *call) {
+    nccl_state *st = c->impl;
+    c->deadline = req->deadline;
+    DSC_TRY(nccl_check(issued, call, c));
+    dsc_status s = dsc_comm_poll(c, call, req->peer, c->deadline, test_settled, c);
+    if (s) return give_up(c, s);
+    cudaEvent_t event;
+    DSC_TRY(cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", c));
+    req->impl = event;
+    return cuda_check(cudaEventRecord(event, st->stream), "cudaEventRecord", c);
+}
+
+static dsc_status nccl_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
+    nccl_state *st = c->impl;
+    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "send on communicator \"%s\": NCCL has no tags (tag %d)", c->name, tag);
+    return post_p2p(c, req,
+                    ncclSend(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
+                    "ncclSend");
+}
+
+static dsc_status nccl_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
+    nccl_state *st = c->impl;
+    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "recv on communicator \"%s\": NCCL has no tags (tag %d)", c->name, tag);
+    return post_p2p(c, req,
+                    ncclRecv(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
+                    "ncclRecv");
+}
+
+static dsc_status nccl_test(dsc_comm_request *req, bool *done) {
+    event_wait w = {req->comm, (cudaEvent_t)req->impl};
+    DSC_TRY(test_event(&w, done));
+    if (*done) {
+        cudaEventDestroy(w.event);
+        req->impl = NULL;
+    }
+    return NULL;
+}
+
+static void nccl_abandon(dsc_comm_request *req) {
+    if (req->impl) cudaEventDestroy((cudaEvent_t)req->impl);
+    req->impl = NULL;
+    nccl_state *st = req->comm->impl;
+    if (st->comm) dsc_status_free(give_up(req->comm, dsc_error(DSC_ERR_TIMEOUT, "a point-to-point request")));
+}
+
+const dsc_comm_backend dsc_comm_nccl_backend = {
+    .name = "nccl",
+    .init = nccl_init,
+    .fini = nccl_fini,
+    .allreduce = nccl_allreduce,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allgather = nccl_allgather,
+    .alltoallv = nccl_alltoallv,
+    .broadcast = nccl_broadcast,
+    .isend = nccl_isend,
+    .irecv = nccl_irecv,
+    .test = nccl_test,
+    .abandon = nccl_abandon,
+};
+
+#endif
