@@ -39,9 +39,9 @@ typedef enum dsc_optimizer_type { DSC_OPTIMIZER_TYPE_ADAMW = 0, DSC_OPTIMIZER_TY
 /* DeepSpeed's scheduler names; "constant" keeps optimizer.params.lr. */
 typedef enum dsc_lr_schedule {
     DSC_LR_SCHEDULE_CONSTANT = 0,
-    DSC_LR_SCHEDULE_WARMUP_LR,        /* warmup_min_lr -> warmup_max_lr, then constant */
-    DSC_LR_SCHEDULE_WARMUP_DECAY_LR,  /* ... then linear decay to 0 at total_num_steps */
-    DSC_LR_SCHEDULE_WARMUP_COSINE_LR  /* ratio warmup to lr, cosine to cos_min_ratio * lr */
+    DSC_LR_SCHEDULE_WARMUP_LR,       /* warmup_min_lr -> warmup_max_lr, then constant */
+    DSC_LR_SCHEDULE_WARMUP_DECAY_LR, /* ... then linear decay to 0 at total_num_steps */
+    DSC_LR_SCHEDULE_WARMUP_COSINE_LR /* ratio warmup to lr, cosine to cos_min_ratio * lr */
 } dsc_lr_schedule;
 
 typedef enum dsc_warmup_type { DSC_WARMUP_TYPE_LOG = 0, DSC_WARMUP_TYPE_LINEAR } dsc_warmup_type;
@@ -58,7 +58,10 @@ typedef enum dsc_moe_noisy_gate {
     DSC_MOE_NOISY_GATE_RSAMPLE
 } dsc_moe_noisy_gate;
 
-typedef enum dsc_moe_drop_policy { DSC_MOE_DROP_POLICY_PROBS = 0, DSC_MOE_DROP_POLICY_POSITION } dsc_moe_drop_policy;
+typedef enum dsc_moe_drop_policy {
+    DSC_MOE_DROP_POLICY_PROBS = 0,
+    DSC_MOE_DROP_POLICY_POSITION
+} dsc_moe_drop_policy;
 
 typedef enum dsc_comm_backend_kind {
     DSC_COMM_BACKEND_KIND_AUTO = 0, /* NCCL when built with CUDA and on GPUs, else MPI */
@@ -71,15 +74,15 @@ typedef struct dsc_config_model {
     int n_layer;
     int d_model;
     int n_head;
-    int n_kv_head;         /* resolved: n_head when 0 in the file */
-    int d_ff;              /* resolved: 4 * d_model when 0 in the file */
+    int n_kv_head; /* resolved: n_head when 0 in the file */
+    int d_ff;      /* resolved: 4 * d_model when 0 in the file */
     int vocab_size;
     int seq_len;
     bool tie_embeddings;
     bool activation_checkpointing;
     double rope_theta;
     double norm_eps;
-    bool qkv_bias;         /* resolved: true for gpt/gpt-moe, false for llama/mixtral when null */
+    bool qkv_bias; /* resolved: true for gpt/gpt-moe, false for llama/mixtral when null */
 } dsc_config_model;
 
 typedef struct dsc_config_optimizer {
@@ -145,10 +148,10 @@ typedef struct dsc_config_moe {
 } dsc_config_moe;
 
 typedef struct dsc_config_checkpoint {
-    char *save_dir;    /* "" disables saving */
+    char *save_dir; /* "" disables saving */
     int64_t save_interval;
-    int keep_last;     /* 0 keeps every checkpoint */
-    char *tag;         /* "" means "global_step<N>" */
+    int keep_last; /* 0 keeps every checkpoint */
+    char *tag;     /* "" means "global_step<N>" */
 } dsc_config_checkpoint;
 
 typedef struct dsc_config_comm {
@@ -191,8 +194,8 @@ typedef struct dsc_config {
     uint64_t seed;
     bool wall_clock_breakdown;
 
-    char *source;                       /* file name used in messages */
-    struct dsc_config_source *json;     /* the JSON as given plus overrides (private) */
+    char *source;                   /* file name used in messages */
+    struct dsc_config_source *json; /* the JSON as given plus overrides (private) */
 } dsc_config;
 
 /* Loads `path` and applies `overrides` ("a.b.c=value", in order). On error

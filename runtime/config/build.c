@@ -20,13 +20,24 @@ static void format_number(double v, char *out, size_t len) {
 }
 
 void dsc_config_describe_kind(const dsc_config_key *key, char *out, size_t len) {
-    const char *null_too = (key->flags & DSC_CONFIG_NULLABLE) && key->kind != DSC_CONFIG_KIND_ENUM ? " or null" : "";
+    const char *null_too =
+        (key->flags & DSC_CONFIG_NULLABLE) && key->kind != DSC_CONFIG_KIND_ENUM ? " or null" : "";
     switch (key->kind) {
-    case DSC_CONFIG_KIND_OBJECT: snprintf(out, len, "an object"); return;
-    case DSC_CONFIG_KIND_BOOL: snprintf(out, len, *null_too ? "true, false or null" : "true or false"); return;
-    case DSC_CONFIG_KIND_INT: snprintf(out, len, "an integer%s", null_too); return;
-    case DSC_CONFIG_KIND_FLOAT: snprintf(out, len, "a number%s", null_too); return;
-    case DSC_CONFIG_KIND_STRING: snprintf(out, len, "a string%s", null_too); return;
+    case DSC_CONFIG_KIND_OBJECT:
+        snprintf(out, len, "an object");
+        return;
+    case DSC_CONFIG_KIND_BOOL:
+        snprintf(out, len, *null_too ? "true, false or null" : "true or false");
+        return;
+    case DSC_CONFIG_KIND_INT:
+        snprintf(out, len, "an integer%s", null_too);
+        return;
+    case DSC_CONFIG_KIND_FLOAT:
+        snprintf(out, len, "a number%s", null_too);
+        return;
+    case DSC_CONFIG_KIND_STRING:
+        snprintf(out, len, "a string%s", null_too);
+        return;
     case DSC_CONFIG_KIND_FLOATS:
         snprintf(out, len, "an array of %zu numbers%s", key->size / sizeof(double), null_too);
         return;
@@ -143,7 +154,8 @@ static dsc_status set_value(const char *source, const dsc_config_key *key, const
     char *field = (char *)cfg + key->offset;
     if (cJSON_IsNull(value) && (key->flags & DSC_CONFIG_NULLABLE)) return NULL; /* zero = auto */
     switch (key->kind) {
-    case DSC_CONFIG_KIND_OBJECT: return NULL;
+    case DSC_CONFIG_KIND_OBJECT:
+        return NULL;
     case DSC_CONFIG_KIND_BOOL:
         if (!cJSON_IsBool(value)) return type_error(source, key, value);
         *(bool *)field = cJSON_IsTrue(value);
@@ -183,7 +195,8 @@ static dsc_status set_value(const char *source, const dsc_config_key *key, const
         *(char **)field = copy;
         return NULL;
     }
-    case DSC_CONFIG_KIND_ENUM: return set_enum(source, key, value, (int *)field);
+    case DSC_CONFIG_KIND_ENUM:
+        return set_enum(source, key, value, (int *)field);
     }
     return NULL;
 }
@@ -220,7 +233,8 @@ static dsc_status set_all(const cJSON *root, const char *source, dsc_config *cfg
             continue;
         }
         cJSON *def = cJSON_Parse(keys[i].def);
-        DSC_CHECK(def, DSC_ERR_INTERNAL, "default of config key \"%s\" is not JSON: %s", keys[i].path, keys[i].def);
+        DSC_CHECK(def, DSC_ERR_INTERNAL, "default of config key \"%s\" is not JSON: %s", keys[i].path,
+                  keys[i].def);
         dsc_status st = set_value(source, &keys[i], def, cfg);
         cJSON_Delete(def);
         DSC_TRY(st);

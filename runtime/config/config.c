@@ -32,7 +32,8 @@ static dsc_status parse_json(const char *text, const char *source, cJSON **root)
         int line, col;
         line_col(text, end, &line, &col);
         if (!*end)
-            return dsc_error(DSC_ERR_CONFIG, "%s:%d:%d: malformed JSON: unexpected end of input", source, line, col);
+            return dsc_error(DSC_ERR_CONFIG, "%s:%d:%d: malformed JSON: unexpected end of input", source, line,
+                             col);
         /* cJSON stops just past the offending character, so show what leads up to it. */
         const char *from = end - (col - 1 > 24 ? 24 : col - 1);
         int after = (int)strcspn(end, "\n");

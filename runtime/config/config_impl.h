@@ -24,17 +24,17 @@ enum {
     DSC_CONFIG_NULLABLE = 1u << 0,      /* null is allowed: "auto", resolved by the rules */
     DSC_CONFIG_MIN_EXCLUSIVE = 1u << 1, /* value must be > min, not >= */
     DSC_CONFIG_MAX_EXCLUSIVE = 1u << 2,
-    DSC_CONFIG_LISTED = 1u << 3         /* small integer range reported as "one of 0, 1, 2" */
+    DSC_CONFIG_LISTED = 1u << 3 /* small integer range reported as "one of 0, 1, 2" */
 };
 
 typedef struct dsc_config_key {
-    const char *path;            /* "optimizer.params.lr" */
+    const char *path; /* "optimizer.params.lr" */
     dsc_config_kind kind;
-    size_t offset;               /* of the field in dsc_config */
-    size_t size;                 /* of the field */
-    const char *def;             /* default as JSON text; NULL for sections */
-    double min, max;             /* inclusive unless flagged; +-INFINITY when open */
-    const char *const *choices;  /* enum names, NULL-terminated; index = C enum value */
+    size_t offset;              /* of the field in dsc_config */
+    size_t size;                /* of the field */
+    const char *def;            /* default as JSON text; NULL for sections */
+    double min, max;            /* inclusive unless flagged; +-INFINITY when open */
+    const char *const *choices; /* enum names, NULL-terminated; index = C enum value */
     unsigned flags;
     const char *doc;
 } dsc_config_key;

@@ -13,18 +13,22 @@
 static cJSON *emit_value(const dsc_config_key *key, const dsc_config *cfg) {
     const char *field = (const char *)cfg + key->offset;
     switch (key->kind) {
-    case DSC_CONFIG_KIND_OBJECT: return cJSON_CreateObject();
-    case DSC_CONFIG_KIND_BOOL: return cJSON_CreateBool(*(const bool *)field);
+    case DSC_CONFIG_KIND_OBJECT:
+        return cJSON_CreateObject();
+    case DSC_CONFIG_KIND_BOOL:
+        return cJSON_CreateBool(*(const bool *)field);
     case DSC_CONFIG_KIND_INT: {
         double v = key->size == sizeof(int64_t) ? (double)*(const int64_t *)field : (double)*(const int *)field;
         /* Only the batch sizes can still be unset (0) after the rules ran. */
         if (v == 0 && (key->flags & DSC_CONFIG_NULLABLE)) return cJSON_CreateNull();
         return cJSON_CreateNumber(v);
     }
-    case DSC_CONFIG_KIND_FLOAT: return cJSON_CreateNumber(*(const double *)field);
+    case DSC_CONFIG_KIND_FLOAT:
+        return cJSON_CreateNumber(*(const double *)field);
     case DSC_CONFIG_KIND_FLOATS:
         return cJSON_CreateDoubleArray((const double *)field, (int)(key->size / sizeof(double)));
-    case DSC_CONFIG_KIND_STRING: return cJSON_CreateString(*(char *const *)field);
+    case DSC_CONFIG_KIND_STRING:
+        return cJSON_CreateString(*(char *const *)field);
     case DSC_CONFIG_KIND_ENUM: {
         int v = *(const int *)field;
         if (v == 0 && (key->flags & DSC_CONFIG_NULLABLE)) return cJSON_CreateNull();
@@ -61,7 +65,8 @@ dsc_status dsc_config_to_json(const dsc_config *cfg, char **json) {
 }
 
 /* Appends printf-style text to a growing buffer. */
-static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static int append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -93,7 +98,8 @@ static void describe_range(const dsc_config_key *key, char *out, size_t len) {
         return;
     }
     int has_max = key->max < 2147483647.0;
-    int min_open = (key->flags & DSC_CONFIG_MIN_EXCLUSIVE) != 0, max_open = (key->flags & DSC_CONFIG_MAX_EXCLUSIVE) != 0;
+    int min_open = (key->flags & DSC_CONFIG_MIN_EXCLUSIVE) != 0,
+        max_open = (key->flags & DSC_CONFIG_MAX_EXCLUSIVE) != 0;
     if (has_max)
         snprintf(out, len, "%s%g, %g%s", min_open ? "(" : "[", key->min, key->max, max_open ? ")" : "]");
     else if (isfinite(key->min))
@@ -112,8 +118,8 @@ dsc_status dsc_config_reference_markdown(char **markdown) {
         if (keys[i].kind == DSC_CONFIG_KIND_OBJECT)
             ok = append(&buf, &len, &cap, "| **`%s`** | section | | | %s |\n", keys[i].path, keys[i].doc);
         else
-            ok = append(&buf, &len, &cap, "| `%s` | %s | %s | `%s` | %s |\n", keys[i].path, kind, range, keys[i].def,
-                        keys[i].doc);
+            ok = append(&buf, &len, &cap, "| `%s` | %s | %s | `%s` | %s |\n", keys[i].path, kind, range,
+                        keys[i].def, keys[i].doc);
     }
     if (!ok) {
         free(buf);

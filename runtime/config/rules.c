@@ -15,17 +15,23 @@ static int is_auto(const cJSON *root, const char *path) {
     return !v || cJSON_IsNull(v);
 }
 
-static const char *choice(const char *path, int value) { return dsc_config_schema_find(path)->choices[value]; }
+static const char *choice(const char *path, int value) {
+    return dsc_config_schema_find(path)->choices[value];
+}
 
-static int arch_has_moe(dsc_model_arch a) { return a == DSC_MODEL_ARCH_GPT_MOE || a == DSC_MODEL_ARCH_MIXTRAL; }
-static int arch_is_gpt(dsc_model_arch a) { return a == DSC_MODEL_ARCH_GPT || a == DSC_MODEL_ARCH_GPT_MOE; }
+static int arch_has_moe(dsc_model_arch a) {
+    return a == DSC_MODEL_ARCH_GPT_MOE || a == DSC_MODEL_ARCH_MIXTRAL;
+}
+static int arch_is_gpt(dsc_model_arch a) {
+    return a == DSC_MODEL_ARCH_GPT || a == DSC_MODEL_ARCH_GPT_MOE;
+}
 
 static dsc_status resolve_auto(const cJSON *root, const char *src, dsc_config *c) {
     dsc_config_model *m = &c->model;
     if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
     if (m->d_ff == 0) {
-        DSC_CHECK(m->d_model <= INT_MAX / 4, DSC_ERR_CONFIG, "%s: \"model.d_ff\" = 4 * \"model.d_model\" %d overflows",
-                  src, m->d_model);
+        DSC_CHECK(m->d_model <= INT_MAX / 4, DSC_ERR_CONFIG,
+                  "%s: \"model.d_ff\" = 4 * \"model.d_model\" %d overflows", src, m->d_model);
         m->d_ff = 4 * m->d_model;
     }
     if (is_auto(root, "model.tie_embeddings")) m->tie_embeddings = arch_is_gpt(m->arch);
@@ -42,9 +48,10 @@ static dsc_status check_model(const char *src, const dsc_config_model *m) {
     DSC_CHECK(m->n_head % m->n_kv_head == 0, DSC_ERR_CONFIG,
               "%s: \"model.n_head\" %d is not divisible by \"model.n_kv_head\" %d", src, m->n_head, m->n_kv_head);
     int head_size = m->d_model / m->n_head;
-    DSC_CHECK(arch_is_gpt(m->arch) || head_size % 2 == 0, DSC_ERR_CONFIG,
-              "%s: head size \"model.d_model\" %d / \"model.n_head\" %d = %d must be even for RoPE (model.arch \"%s\")",
-              src, m->d_model, m->n_head, head_size, choice("model.arch", (int)m->arch));
+    DSC_CHECK(
+        arch_is_gpt(m->arch) || head_size % 2 == 0, DSC_ERR_CONFIG,
+        "%s: head size \"model.d_model\" %d / \"model.n_head\" %d = %d must be even for RoPE (model.arch \"%s\")",
+        src, m->d_model, m->n_head, head_size, choice("model.arch", (int)m->arch));
     return NULL;
 }
 
@@ -63,7 +70,8 @@ static dsc_status check_moe(const char *src, const dsc_config *c) {
     DSC_CHECK(e->k <= e->num_experts, DSC_ERR_CONFIG, "%s: \"moe.k\" %d exceeds \"moe.num_experts\" %d", src, e->k,
               e->num_experts);
     DSC_CHECK(e->num_experts % e->ep_size == 0, DSC_ERR_CONFIG,
-              "%s: \"moe.num_experts\" %d is not divisible by \"moe.ep_size\" %d", src, e->num_experts, e->ep_size);
+              "%s: \"moe.num_experts\" %d is not divisible by \"moe.ep_size\" %d", src, e->num_experts,
+              e->ep_size);
     DSC_CHECK(e->noisy_gate_policy != DSC_MOE_NOISY_GATE_RSAMPLE || e->k == 1, DSC_ERR_CONFIG,
               "%s: \"moe.noisy_gate_policy\" \"RSample\" works only with \"moe.k\" 1, got %d", src, e->k);
     DSC_CHECK(e->layer_freq <= c->model.n_layer, DSC_ERR_CONFIG,
@@ -74,9 +82,10 @@ static dsc_status check_moe(const char *src, const dsc_config *c) {
 
 static dsc_status check_partition_method(const char *src, const char *method) {
     if (strcmp(method, "uniform") == 0 || strcmp(method, "parameters") == 0) return NULL;
-    DSC_CHECK(strncmp(method, "type:", 5) == 0 && method[5], DSC_ERR_CONFIG,
-              "%s: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or \"type:REGEX\", got \"%s\"", src,
-              method);
+    DSC_CHECK(
+        strncmp(method, "type:", 5) == 0 && method[5], DSC_ERR_CONFIG,
+        "%s: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or \"type:REGEX\", got \"%s\"", src,
+        method);
     regex_t re;
     int rc = regcomp(&re, method + 5, REG_EXTENDED | REG_ICASE | REG_NOSUB);
     if (rc == 0) {
@@ -85,8 +94,9 @@ static dsc_status check_partition_method(const char *src, const char *method) {
     }
     char why[128];
     regerror(rc, &re, why, sizeof why);
-    return dsc_error(DSC_ERR_CONFIG, "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s",
-                     src, method + 5, why);
+    return dsc_error(DSC_ERR_CONFIG,
+                     "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s", src,
+                     method + 5, why);
 }
 
 static dsc_status check_pipeline(const char *src, const dsc_config_pipeline *p) {
@@ -103,9 +113,10 @@ static dsc_status check_pipeline(const char *src, const dsc_config_pipeline *p) 
 static dsc_status check_scheduler(const char *src, const dsc_config_scheduler *s) {
     const char *name = choice("scheduler.type", (int)s->type);
     int decays = s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR || s->type == DSC_LR_SCHEDULE_WARMUP_COSINE_LR;
-    DSC_CHECK(!decays || s->params.warmup_num_steps <= s->params.total_num_steps, DSC_ERR_CONFIG,
-              "%s: \"scheduler.params.warmup_num_steps\" %lld exceeds \"scheduler.params.total_num_steps\" %lld (%s)",
-              src, (long long)s->params.warmup_num_steps, (long long)s->params.total_num_steps, name);
+    DSC_CHECK(
+        !decays || s->params.warmup_num_steps <= s->params.total_num_steps, DSC_ERR_CONFIG,
+        "%s: \"scheduler.params.warmup_num_steps\" %lld exceeds \"scheduler.params.total_num_steps\" %lld (%s)",
+        src, (long long)s->params.warmup_num_steps, (long long)s->params.total_num_steps, name);
     int warms_lr = s->type == DSC_LR_SCHEDULE_WARMUP_LR || s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR;
     DSC_CHECK(!warms_lr || s->params.warmup_min_lr <= s->params.warmup_max_lr, DSC_ERR_CONFIG,
               "%s: \"scheduler.params.warmup_min_lr\" %g exceeds \"scheduler.params.warmup_max_lr\" %g (%s)", src,
@@ -118,8 +129,8 @@ static dsc_status check_loop(const char *src, const dsc_config *c) {
               "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
               (long long)c->checkpoint.save_interval);
     DSC_CHECK(c->train.eval_interval == 0 || c->data.val_fraction > 0, DSC_ERR_CONFIG,
-              "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)", src,
-              (long long)c->train.eval_interval);
+              "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)",
+              src, (long long)c->train.eval_interval);
     return NULL;
 }
 
@@ -137,9 +148,10 @@ dsc_status dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config
 static dsc_status not_divisible(const char *src, const char *what, long long total, const char *by, long long by_v,
                                 int dp) {
     if (by)
-        return dsc_error(DSC_ERR_CONFIG, "%s: %s %lld is not divisible by %s %lld * data-parallel size %d = %lld", src,
-                         what, total, by, by_v, dp, by_v * dp);
-    return dsc_error(DSC_ERR_CONFIG, "%s: %s %lld is not divisible by data-parallel size %d", src, what, total, dp);
+        return dsc_error(DSC_ERR_CONFIG, "%s: %s %lld is not divisible by %s %lld * data-parallel size %d = %lld",
+                         src, what, total, by, by_v, dp, by_v * dp);
+    return dsc_error(DSC_ERR_CONFIG, "%s: %s %lld is not divisible by data-parallel size %d", src, what, total,
+                     dp);
 }
 
 dsc_status dsc_config_resolve_batch(dsc_config *cfg, int dp_size) {
@@ -158,8 +170,9 @@ dsc_status dsc_config_resolve_batch(dsc_config *cfg, int dp_size) {
     if (!gas) gas = 1;
     if (!mb) {
         if (tb % (gas * dp))
-            return gas_given ? not_divisible(src, "train_batch_size", tb, "gradient_accumulation_steps", gas, dp_size)
-                             : not_divisible(src, "train_batch_size", tb, NULL, 0, dp_size);
+            return gas_given
+                       ? not_divisible(src, "train_batch_size", tb, "gradient_accumulation_steps", gas, dp_size)
+                       : not_divisible(src, "train_batch_size", tb, NULL, 0, dp_size);
         mb = tb / (gas * dp);
     }
     int64_t product;
@@ -169,10 +182,11 @@ dsc_status dsc_config_resolve_batch(dsc_config *cfg, int dp_size) {
               "overflows",
               src, (long long)mb, (long long)gas, dp_size);
     if (!tb) tb = product;
-    DSC_CHECK(tb == product, DSC_ERR_CONFIG,
-              "%s: train_batch_size %lld != train_micro_batch_size_per_gpu %lld * gradient_accumulation_steps %lld * "
-              "data-parallel size %d = %lld",
-              src, (long long)tb, (long long)mb, (long long)gas, dp_size, (long long)product);
+    DSC_CHECK(
+        tb == product, DSC_ERR_CONFIG,
+        "%s: train_batch_size %lld != train_micro_batch_size_per_gpu %lld * gradient_accumulation_steps %lld * "
+        "data-parallel size %d = %lld",
+        src, (long long)tb, (long long)mb, (long long)gas, dp_size, (long long)product);
     cfg->train_batch_size = tb;
     cfg->train_micro_batch_size_per_gpu = mb;
     cfg->gradient_accumulation_steps = gas;

@@ -10,16 +10,20 @@
 #include "runtime/config/config_impl.h"
 
 #define FIELD(f) offsetof(dsc_config, f), sizeof(((dsc_config *)0)->f)
-#define SECTION(path, doc) {path, DSC_CONFIG_KIND_OBJECT, 0, 0, NULL, 0, 0, NULL, 0, doc}
-#define BOOL(path, f, def, flags, doc) {path, DSC_CONFIG_KIND_BOOL, FIELD(f), def, 0, 0, NULL, flags, doc}
-#define INT(path, f, def, lo, hi, flags, doc) {path, DSC_CONFIG_KIND_INT, FIELD(f), def, lo, hi, NULL, flags, doc}
-#define FLOAT(path, f, def, lo, hi, flags, doc)                                                    \
-    {path, DSC_CONFIG_KIND_FLOAT, FIELD(f), def, lo, hi, NULL, flags, doc}
-#define FLOATS(path, f, def, lo, hi, flags, doc)                                                   \
-    {path, DSC_CONFIG_KIND_FLOATS, FIELD(f), def, lo, hi, NULL, flags, doc}
-#define STRING(path, f, def, doc) {path, DSC_CONFIG_KIND_STRING, FIELD(f), def, 0, 0, NULL, 0, doc}
-#define ENUM(path, f, def, choices, flags, doc)                                                    \
-    {path, DSC_CONFIG_KIND_ENUM, FIELD(f), def, 0, 0, choices, flags, doc}
+#define SECTION(path, doc)                                                                                        \
+    { path, DSC_CONFIG_KIND_OBJECT, 0, 0, NULL, 0, 0, NULL, 0, doc }
+#define BOOL(path, f, def, flags, doc)                                                                            \
+    { path, DSC_CONFIG_KIND_BOOL, FIELD(f), def, 0, 0, NULL, flags, doc }
+#define INT(path, f, def, lo, hi, flags, doc)                                                                     \
+    { path, DSC_CONFIG_KIND_INT, FIELD(f), def, lo, hi, NULL, flags, doc }
+#define FLOAT(path, f, def, lo, hi, flags, doc)                                                                   \
+    { path, DSC_CONFIG_KIND_FLOAT, FIELD(f), def, lo, hi, NULL, flags, doc }
+#define FLOATS(path, f, def, lo, hi, flags, doc)                                                                  \
+    { path, DSC_CONFIG_KIND_FLOATS, FIELD(f), def, lo, hi, NULL, flags, doc }
+#define STRING(path, f, def, doc)                                                                                 \
+    { path, DSC_CONFIG_KIND_STRING, FIELD(f), def, 0, 0, NULL, 0, doc }
+#define ENUM(path, f, def, choices, flags, doc)                                                                   \
+    { path, DSC_CONFIG_KIND_ENUM, FIELD(f), def, 0, 0, choices, flags, doc }
 
 #define INF INFINITY
 #define NUL DSC_CONFIG_NULLABLE
@@ -109,16 +113,16 @@ static const dsc_config_key schema[] = {
         "0 off, 1 optimizer state, 2 + gradients, 3 + parameters sharded over data-parallel ranks."),
     INT("zero_optimization.reduce_bucket_size", zero_optimization.reduce_bucket_size, "500000000", 1, I53, 0,
         "Gradient elements per reduction bucket."),
-    INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1,
-        I53, 0, "Parameter elements per all-gather bucket."),
+    INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1, I53, 0,
+        "Parameter elements per all-gather bucket."),
     BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, "null", NUL,
          "Overlap gradient reduction with backward; null: true for stage 3, else false."),
     BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, "true", 0,
          "Copy gradients into a contiguous bucket as they are produced."),
-    INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size,
-        "50000000", 0, I53, 0, "Stage 3: parameter elements fetched ahead of use."),
-    INT("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters,
-        "1000000000", 0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
+    INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size, "50000000",
+        0, I53, 0, "Stage 3: parameter elements fetched ahead of use."),
+    INT("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters, "1000000000",
+        0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
     INT("zero_optimization.stage3_param_persistence_threshold",
         zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
         "Stage 3: parameters with fewer elements stay unpartitioned."),

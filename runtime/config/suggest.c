@@ -14,8 +14,10 @@ static size_t edit_distance(const char *a, size_t n, const char *b, size_t m) {
     enum { MAXLEN = 64 };
     if (n >= MAXLEN || m >= MAXLEN) return (size_t)-1;
     size_t d[MAXLEN][MAXLEN];
-    for (size_t i = 0; i <= n; i++) d[i][0] = i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = j;
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = j;
     for (size_t i = 1; i <= n; i++) {
         for (size_t j = 1; j <= m; j++) {
             int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
@@ -31,7 +33,9 @@ static size_t edit_distance(const char *a, size_t n, const char *b, size_t m) {
 }
 
 /* How many edits still count as a typo of a name this long. */
-static size_t typo_budget(size_t len) { return len < 5 ? 1 : len < 9 ? 2 : 3; }
+static size_t typo_budget(size_t len) {
+    return len < 5 ? 1 : len < 9 ? 2 : 3;
+}
 
 static const char *last_part(const char *path) {
     const char *dot = strrchr(path, '.');
@@ -66,8 +70,8 @@ void dsc_config_suggest(const char *parent, const char *name, char *hint, size_t
         snprintf(hint, len, " (did you mean \"%s\"?)", best);
         return;
     }
-    size_t used = (size_t)snprintf(hint, len, " (known keys%s%s%s:", *parent ? " in \"" : "", parent,
-                                   *parent ? "\"" : "");
+    size_t used =
+        (size_t)snprintf(hint, len, " (known keys%s%s%s:", *parent ? " in \"" : "", parent, *parent ? "\"" : "");
     const char *sep = " ";
     for (size_t i = 0; i < count && used < len; i++) {
         if (!is_child(keys[i].path, parent)) continue;

@@ -19,8 +19,8 @@ static void test_defaults_and_auto_values(void **state) {
     assert_ok(dsc_config_parse_string("{}", "config.json", NULL, 0, &c));
     assert_int_equal(c.model.arch, DSC_MODEL_ARCH_GPT);
     assert_int_equal(c.model.n_layer, 12);
-    assert_int_equal(c.model.n_kv_head, 12);  /* null: n_head */
-    assert_int_equal(c.model.d_ff, 4 * 768);  /* null: 4 * d_model */
+    assert_int_equal(c.model.n_kv_head, 12); /* null: n_head */
+    assert_int_equal(c.model.d_ff, 4 * 768); /* null: 4 * d_model */
     assert_true(c.model.qkv_bias && c.model.tie_embeddings);
     assert_int_equal(c.optimizer.type, DSC_OPTIMIZER_TYPE_ADAMW);
     assert_true(c.optimizer.params.betas[0] == 0.9 && c.optimizer.params.betas[1] == 0.999);
@@ -48,7 +48,8 @@ static const char *deepspeed_style =
     "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4, \"betas\": [0.9, 0.95], \"eps\": 1e-8,\n"
     "                                                \"weight_decay\": 0.1}},\n"
     "  \"scheduler\": {\"type\": \"WarmupCosineLR\",\n"
-    "                \"params\": {\"warmup_num_steps\": 100, \"total_num_steps\": 5000, \"cos_min_ratio\": 0.1}},\n"
+    "                \"params\": {\"warmup_num_steps\": 100, \"total_num_steps\": 5000, \"cos_min_ratio\": "
+    "0.1}},\n"
     "  \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": 5e8, \"stage3_prefetch_bucket_size\": 5e7},\n"
     "  \"model\": {\"arch\": \"mixtral\", \"n_layer\": 4, \"d_model\": 256, \"n_head\": 8, \"n_kv_head\": 2,\n"
     "            \"seq_len\": 128, \"vocab_size\": 1000},\n"
@@ -87,8 +88,9 @@ static void test_deepspeed_style_file(void **state) {
 
 static void test_overrides(void **state) {
     (void)state;
-    const char *sets[] = {"model.arch=llama", "optimizer.params.betas=[0.8,0.9]", "pipeline.stages=4",
-                          "checkpoint.tag=\"007\"", "moe.noisy_gate_policy=null", "data.path=/data/tokens.bin"};
+    const char *sets[] = {"model.arch=llama",           "optimizer.params.betas=[0.8,0.9]",
+                          "pipeline.stages=4",          "checkpoint.tag=\"007\"",
+                          "moe.noisy_gate_policy=null", "data.path=/data/tokens.bin"};
     dsc_config c;
     assert_ok(dsc_config_parse_string("{\"model\": {\"n_layer\": 8}}", "config.json", sets, 6, &c));
     assert_int_equal(c.model.arch, DSC_MODEL_ARCH_LLAMA);
@@ -107,8 +109,9 @@ static void test_overrides(void **state) {
     assert_int_equal(c.pipeline.stages, 4); /* earlier overrides persist */
 
     /* A failing override leaves the config as it was. */
-    assert_err(dsc_config_apply_override(&c, "model.n_head=7"), DSC_ERR_CONFIG,
-               "config.json: --set \"model.n_head=7\": \"model.d_model\" 768 is not divisible by \"model.n_head\" 7");
+    assert_err(
+        dsc_config_apply_override(&c, "model.n_head=7"), DSC_ERR_CONFIG,
+        "config.json: --set \"model.n_head=7\": \"model.d_model\" 768 is not divisible by \"model.n_head\" 7");
     assert_int_equal(c.model.n_head, 12);
     assert_err(dsc_config_apply_override(&c, "zero_optimization={\"stag\": 3}"), DSC_ERR_CONFIG,
                "unknown key \"zero_optimization.stag\" (did you mean \"zero_optimization.stage\"?)");
@@ -126,19 +129,21 @@ typedef struct batch_case {
 static void test_batch_rule(void **state) {
     (void)state;
     static const batch_case cases[] = {
-        {32, 4, 0, 2, 32, 4, 4, NULL},  /* batch and micro: accumulation derived */
-        {32, 0, 2, 4, 32, 4, 2, NULL},  /* batch and accumulation: micro derived */
-        {0, 4, 2, 2, 16, 4, 2, NULL},   /* micro and accumulation: batch derived */
-        {12, 0, 0, 3, 12, 4, 1, NULL},  /* batch only: accumulation 1 */
-        {0, 3, 0, 5, 15, 3, 1, NULL},   /* micro only */
-        {16, 4, 2, 2, 16, 4, 2, NULL},  /* all three, consistent */
+        {32, 4, 0, 2, 32, 4, 4, NULL}, /* batch and micro: accumulation derived */
+        {32, 0, 2, 4, 32, 4, 2, NULL}, /* batch and accumulation: micro derived */
+        {0, 4, 2, 2, 16, 4, 2, NULL},  /* micro and accumulation: batch derived */
+        {12, 0, 0, 3, 12, 4, 1, NULL}, /* batch only: accumulation 1 */
+        {0, 3, 0, 5, 15, 3, 1, NULL},  /* micro only */
+        {16, 4, 2, 2, 16, 4, 2, NULL}, /* all three, consistent */
         {32, 4, 2, 2, 0, 0, 0,
          "config.json: train_batch_size 32 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2 * "
          "data-parallel size 2 = 16"},
         {30, 4, 0, 2, 0, 0, 0,
-         "config.json: train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4 * data-parallel size 2 = 8"},
+         "config.json: train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4 * data-parallel "
+         "size 2 = 8"},
         {30, 0, 4, 2, 0, 0, 0,
-         "config.json: train_batch_size 30 is not divisible by gradient_accumulation_steps 4 * data-parallel size 2 = 8"},
+         "config.json: train_batch_size 30 is not divisible by gradient_accumulation_steps 4 * data-parallel size "
+         "2 = 8"},
         {6, 0, 0, 4, 0, 0, 0, "config.json: train_batch_size 6 is not divisible by data-parallel size 4"},
         {0, 0, 8, 2, 0, 0, 0,
          "config.json: either \"train_batch_size\" or \"train_micro_batch_size_per_gpu\" must be given"},
@@ -147,7 +152,9 @@ static void test_batch_rule(void **state) {
         const batch_case *k = &cases[i];
         char json[256];
         size_t used = (size_t)snprintf(json, sizeof json, "{\"seed\": 1");
-        if (k->tb) used += (size_t)snprintf(json + used, sizeof json - used, ", \"train_batch_size\": %lld", (long long)k->tb);
+        if (k->tb)
+            used += (size_t)snprintf(json + used, sizeof json - used, ", \"train_batch_size\": %lld",
+                                     (long long)k->tb);
         if (k->mb)
             used += (size_t)snprintf(json + used, sizeof json - used, ", \"train_micro_batch_size_per_gpu\": %lld",
                                      (long long)k->mb);
@@ -228,7 +235,9 @@ static void test_reference_table_in_docs(void **state) {
     assert_ok(dsc_config_reference_markdown(&table));
     int same = (size_t)(end - begin) == strlen(table) && strncmp(begin, table, strlen(table)) == 0;
     free(table);
-    if (!same) fail_msg("docs/config.md's key table differs from the schema; regenerate it: test_config --print-reference");
+    if (!same)
+        fail_msg(
+            "docs/config.md's key table differs from the schema; regenerate it: test_config --print-reference");
 }
 
 /* ---- bad configurations, one test each ---------------------------------- */
@@ -249,7 +258,8 @@ static const bad_case bad_cases[] = {
      "config.json: unknown key \"optimizer.lr\" (did you mean \"optimizer.params.lr\"?)"},
     {"unknown key without a near match", "{\"model\": {\"flux_capacitor\": 1}}", NULL,
      "config.json: unknown key \"model.flux_capacitor\" (known keys in \"model\": arch, n_layer, d_model, n_head, "
-     "n_kv_head, d_ff, vocab_size, seq_len, tie_embeddings, activation_checkpointing, rope_theta, norm_eps, qkv_bias)"},
+     "n_kv_head, d_ff, vocab_size, seq_len, tie_embeddings, activation_checkpointing, rope_theta, norm_eps, "
+     "qkv_bias)"},
     {"string for an integer", "{\"pipeline\": {\"stages\": \"two\"}}", NULL,
      "config.json: \"pipeline.stages\" must be an integer, got string \"two\""},
     {"fraction for an integer", "{\"model\": {\"n_layer\": 2.5}}", NULL,
@@ -282,8 +292,9 @@ static const bad_case bad_cases[] = {
     {"odd head size with RoPE", "{\"model\": {\"arch\": \"llama\", \"d_model\": 36, \"n_head\": 12}}", NULL,
      "config.json: head size \"model.d_model\" 36 / \"model.n_head\" 12 = 3 must be even for RoPE (model.arch "
      "\"llama\")"},
-    {"top-k above the expert count", "{\"model\": {\"arch\": \"gpt-moe\"}, \"moe\": {\"num_experts\": 2, \"k\": 3}}",
-     NULL, "config.json: \"moe.k\" 3 exceeds \"moe.num_experts\" 2"},
+    {"top-k above the expert count",
+     "{\"model\": {\"arch\": \"gpt-moe\"}, \"moe\": {\"num_experts\": 2, \"k\": 3}}", NULL,
+     "config.json: \"moe.k\" 3 exceeds \"moe.num_experts\" 2"},
     {"experts not divisible by ep_size",
      "{\"model\": {\"arch\": \"gpt-moe\"}, \"moe\": {\"num_experts\": 6, \"ep_size\": 4}}", NULL,
      "config.json: \"moe.num_experts\" 6 is not divisible by \"moe.ep_size\" 4"},
@@ -297,18 +308,20 @@ static const bad_case bad_cases[] = {
      "\"RSample\"}}",
      NULL, "config.json: \"moe.noisy_gate_policy\" \"RSample\" works only with \"moe.k\" 1, got 2"},
     {"MoE layer frequency beyond the depth",
-     "{\"model\": {\"arch\": \"gpt-moe\", \"n_layer\": 2}, \"moe\": {\"num_experts\": 4, \"layer_freq\": 3}}", NULL,
-     "config.json: \"moe.layer_freq\" 3 exceeds \"model.n_layer\" 2, so no layer would have experts"},
+     "{\"model\": {\"arch\": \"gpt-moe\", \"n_layer\": 2}, \"moe\": {\"num_experts\": 4, \"layer_freq\": 3}}",
+     NULL, "config.json: \"moe.layer_freq\" 3 exceeds \"model.n_layer\" 2, so no layer would have experts"},
     {"interleaved without virtual stages", "{\"pipeline\": {\"stages\": 2, \"schedule\": \"interleaved\"}}", NULL,
      "config.json: \"pipeline.schedule\" \"interleaved\" needs \"pipeline.virtual_stages\" >= 2, got 1"},
     {"virtual stages without interleaving", "{\"pipeline\": {\"virtual_stages\": 2}}", NULL,
      "config.json: \"pipeline.virtual_stages\" 2 needs \"pipeline.schedule\" \"interleaved\", got \"1f1b\""},
     {"unknown partition method", "{\"pipeline\": {\"partition_method\": \"best\"}}", NULL,
-     "config.json: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or \"type:REGEX\", got \"best\""},
+     "config.json: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or \"type:REGEX\", got "
+     "\"best\""},
     {"invalid partition regex", "{\"pipeline\": {\"partition_method\": \"type:(block\"}}", NULL,
      "config.json: \"pipeline.partition_method\" has an invalid regular expression \"(block\": "},
     {"warmup longer than the schedule",
-     "{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 2000, \"total_num_steps\": "
+     "{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 2000, "
+     "\"total_num_steps\": "
      "1000}}}",
      NULL,
      "config.json: \"scheduler.params.warmup_num_steps\" 2000 exceeds \"scheduler.params.total_num_steps\" 1000 "
@@ -353,12 +366,16 @@ int main(int argc, char **argv) {
     }
     enum { N_FIXED = 7, N_BAD = sizeof bad_cases / sizeof bad_cases[0] };
     struct CMUnitTest tests[N_FIXED + N_BAD] = {
-        cmocka_unit_test(test_defaults_and_auto_values), cmocka_unit_test(test_deepspeed_style_file),
-        cmocka_unit_test(test_overrides),                cmocka_unit_test(test_batch_rule),
-        cmocka_unit_test(test_json_round_trip),          cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_defaults_and_auto_values),
+        cmocka_unit_test(test_deepspeed_style_file),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_batch_rule),
+        cmocka_unit_test(test_json_round_trip),
+        cmocka_unit_test(test_load_file),
         cmocka_unit_test(test_reference_table_in_docs),
     };
     for (size_t i = 0; i < N_BAD; i++)
-        tests[N_FIXED + i] = (struct CMUnitTest){bad_cases[i].name, test_bad_config, NULL, NULL, (void *)&bad_cases[i]};
+        tests[N_FIXED + i] =
+            (struct CMUnitTest){bad_cases[i].name, test_bad_config, NULL, NULL, (void *)&bad_cases[i]};
     return _cmocka_run_group_tests("test_config", tests, N_FIXED + N_BAD, NULL, NULL);
 }
