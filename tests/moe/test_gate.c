@@ -521,6 +521,25 @@ static void test_invalid_arguments(void **state) {
     dsc_tensor_free(&logits);
 }
 
+/* An empty batch (a rank with no tokens still runs its MoE layer): configured
+ * capacity, zero counts, l_aux and z-loss 0 (DeepSpeed's means would be NaN). */
+static void test_empty_batch(void **state) {
+    (void)state;
+    dsc_tensor logits, d_logits;
+    assert_ok(dsc_tensor_alloc(&logits, DSC_DTYPE_F32, 2, (const int64_t[]){0, 4}, DSC_CPU, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&d_logits, DSC_DTYPE_F32, 2, (const int64_t[]){0, 4}, DSC_CPU, DSC_MEM_OTHER));
+    dsc_moe_gate_config cfg = plain(2, 1.0, 4);
+    dsc_moe_gate_result res;
+    run_gate(&cfg, &logits, true, &res);
+    assert_int_equal(res.capacity, 4);
+    for (int e = 0; e < 4; e++) assert_int_equal(res.exp_counts[e], 0);
+    assert_true(res.l_aux == 0 && res.z_loss == 0 && res.loss == 0);
+    assert_ok(dsc_moe_gate_backward(&cfg, &logits, &res, NULL, 1.0, &d_logits));
+    dsc_moe_gate_result_free(&res);
+    dsc_tensor_free(&logits);
+    dsc_tensor_free(&d_logits);
+}
+
 /* The result is counted as activations and a smaller batch reuses it. */
 static void test_result_memory_and_reuse(void **state) {
     (void)state;
@@ -561,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_gumbel_sampling),
         cmocka_unit_test(test_jitter_noise),
         cmocka_unit_test(test_invalid_arguments),
+        cmocka_unit_test(test_empty_batch),
         cmocka_unit_test(test_result_memory_and_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
