@@ -8,11 +8,13 @@ that share a step are ordered by a fixed priority.
 
     pipe_schedule_ref.py train|infer|dp M P S     print one stage's stream
     pipe_schedule_ref.py golden DIR               write the goldens dsc's tests compare against
+    pipe_schedule_ref.py compare APP              compare APP (dsc-schedule) on every case M <= 12, P <= 8
 
 Output: one line per step, "step <t>:" then " Name(buf=<b>)" per buffer
 instruction and " Name()" per batch-end instruction (the dsc-schedule format).
 """
 import os
+import subprocess
 import sys
 
 # Within one training step: the forward side communicates (SendGrad, then
@@ -92,7 +94,25 @@ GOLDEN_CASES = [("train", 4, 2, 0), ("train", 4, 3, 1), ("train", 1, 1, 0), ("tr
                 ("infer", 4, 3, 2), ("infer", 1, 1, 0), ("dp", 3, 1, 0)]
 
 
+def compare(app):
+    cases = differ = 0
+    for kind in ("train", "infer", "dp"):
+        for M in range(1, 13):
+            for P in range(1, 9) if kind != "dp" else (1,):
+                for s in range(P):
+                    want = render(*KINDS[kind](M, P, s))
+                    got = subprocess.run([app, kind, str(M), str(P), str(s)], capture_output=True, text=True).stdout
+                    cases += 1
+                    if got != want:
+                        differ += 1
+                        print("differs: %s %d %d %d" % (kind, M, P, s))
+    print("%d cases, %d differ" % (cases, differ))
+    return 1 if differ else 0
+
+
 def main(argv):
+    if len(argv) == 3 and argv[1] == "compare":
+        return compare(argv[2])
     if len(argv) == 3 and argv[1] == "golden":
         for kind, M, P, s in GOLDEN_CASES:
             path = os.path.join(argv[2], "%s_%d_%d_%d.txt" % (kind, M, P, s))
