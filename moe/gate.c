@@ -196,6 +196,15 @@ static void finish(const dsc_moe_gate_config *cfg, double lse_sq_sum, dsc_moe_ga
     res->loss = cfg->aux_loss_coef * res->l_aux + cfg->z_loss_coef * res->z_loss;
 }
 
+/* Names the first token whose logits have no finite logsumexp (NaN, +Inf, or all -Inf). */
+static dsc_status nonfinite_error(const dsc_tensor *logits) {
+    const int64_t S = logits->shape[0], E = logits->shape[1];
+    int64_t s = 0;
+    for (double max, sum; s < S; s++)
+        if (!isfinite(dsc_moe_gate_row_stats((const float *)logits->data + s * E, E, &max, &sum))) break;
+    return dsc_error(DSC_ERR_NUMERIC, "moe gate: router logits of token %lld are not finite", (long long)s);
+}
+
 dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits, bool training,
                                 dsc_rng *rng, const dsc_moe_gate_capacity_hook *hook, dsc_moe_gate_result *res) {
     DSC_TRY(check_forward_args(cfg, logits, res));
@@ -213,6 +222,7 @@ dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor
     res->num_tokens = S;
     double lse_sq_sum;
     dsc_moe_gate_select(cfg, logits->data, rsample || sample2 ? rng : NULL, res, &lse_sq_sum);
+    if (!isfinite(lse_sq_sum)) return nonfinite_error(logits);
 
     for (int64_t e = 0; e < E; e++) res->exp_counts[e] = res->ce_counts[e] = 0;
     for (int64_t i = 0; i < S * K; i++) {

@@ -512,6 +512,11 @@ static void test_invalid_arguments(void **state) {
     assert_err(dsc_moe_gate_forward(&cfg, &wide, true, NULL, NULL, &res), DSC_ERR_INVALID,
                "result sized for up to 4 tokens, E=3, k=2 cannot hold S=3, E=4, k=2");
 
+    ((float *)logits.data)[4] = NAN;
+    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_NUMERIC,
+               "router logits of token 1 are not finite");
+    ((float *)logits.data)[4] = 0.0f;
+
     dsc_tensor d_logits = logits_constant(4, 2, 0.0f);
     assert_err(dsc_moe_gate_backward(&cfg, &logits, &res, NULL, 1.0, &d_logits), DSC_ERR_INVALID,
                "moe gate d_logits (S, E)");
