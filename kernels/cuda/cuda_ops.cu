@@ -1,5 +1,35 @@
 /* The CUDA backend's kernel table: each entry points at the operation's CUDA
  * implementation in this folder. */
-#include "dsc/kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
-extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {};
+extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {
+    .gemm = dsc_cuda_gemm,
+    .linear_backward_bias = dsc_cuda_linear_backward_bias,
+    .layernorm_forward = dsc_cuda_layernorm_forward,
+    .layernorm_backward = dsc_cuda_layernorm_backward,
+    .rmsnorm_forward = dsc_cuda_rmsnorm_forward,
+    .rmsnorm_backward = dsc_cuda_rmsnorm_backward,
+    .gelu_forward = dsc_cuda_gelu_forward,
+    .gelu_backward = dsc_cuda_gelu_backward,
+    .silu_forward = dsc_cuda_silu_forward,
+    .silu_backward = dsc_cuda_silu_backward,
+    .swiglu_forward = dsc_cuda_swiglu_forward,
+    .swiglu_backward = dsc_cuda_swiglu_backward,
+    .softmax = dsc_cuda_softmax,
+    .attention_forward = dsc_cuda_attention_forward,
+    .attention_backward = dsc_cuda_attention_backward,
+    .rope = dsc_cuda_rope,
+    .embedding_forward = dsc_cuda_embedding_forward,
+    .embedding_backward = dsc_cuda_embedding_backward,
+    .cross_entropy_forward = dsc_cuda_cross_entropy_forward,
+    .cross_entropy_backward = dsc_cuda_cross_entropy_backward,
+    .adamw = dsc_cuda_adamw,
+    .sgd = dsc_cuda_sgd,
+    .sum_squares = dsc_cuda_sum_squares,
+    .sum = dsc_cuda_sum,
+    .scale = dsc_cuda_scale,
+    .axpy = dsc_cuda_axpy,
+    .add = dsc_cuda_add,
+    .all_finite = dsc_cuda_all_finite,
+    .zero = dsc_cuda_zero,
+};

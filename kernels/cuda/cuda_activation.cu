@@ -1,0 +1,92 @@
+/* Elementwise activations (GELU tanh form, SiLU, SwiGLU) and the row softmax
+ * on CUDA: grid-stride loops for the former, one warp per row for softmax. */
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_CUBIC 0.044715f
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_grad(float x) {
+    float s = sigmoidf(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+
+__global__ void gelu_forward_kernel(float *out, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float xi = x[i];
+        out[i] = 0.5f * xi * (1.0f + tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
+    }
+}
+
+__global__ void gelu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float xi = x[i];
+        float th = tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xi * xi);
+        dx[i] = grad * dout[i];
+    }
+}
+
+__global__ void silu_forward_kernel(float *out, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = x[i] * sigmoidf(x[i]);
+}
+
+__global__ void silu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) dx[i] = dout[i] * silu_grad(x[i]);
+}
+
+__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf(gate[i]) * up[i];
+}
+
+__global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+                                       const float *up, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float g = gate[i], d = dout[i];
+        dup[i] = d * g * sigmoidf(g);
+        dgate[i] = d * up[i] * silu_grad(g);
+    }
+}
+
+__global__ void softmax_kernel(float *out, const float *x, int64_t n, int64_t c) {
+    int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const float *xr = x + row * c; /* may alias out */
+    float mx = -INFINITY, sum = 0;
+    for (int64_t i = lane; i < c; i += 32) mx = fmaxf(mx, xr[i]);
+    mx = warp_max(mx);
+    for (int64_t i = lane; i < c; i += 32) sum += expf(xr[i] - mx);
+    float inv = 1.0f / warp_sum(sum);
+    for (int64_t i = lane; i < c; i += 32) out[row * c + i] = expf(xr[i] - mx) * inv;
+}
+
+dsc_status dsc_cuda_gelu_forward(float *out, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(gelu_forward_kernel, out, n, out, x, n);
+}
+dsc_status dsc_cuda_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(gelu_backward_kernel, dx, n, dx, dout, x, n);
+}
+dsc_status dsc_cuda_silu_forward(float *out, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(silu_forward_kernel, out, n, out, x, n);
+}
+dsc_status dsc_cuda_silu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(silu_backward_kernel, dx, n, dx, dout, x, n);
+}
+dsc_status dsc_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+    LAUNCH_ELEMENTWISE(swiglu_forward_kernel, out, n, out, gate, up, n);
+}
+dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                    int64_t n) {
+    LAUNCH_ELEMENTWISE(swiglu_backward_kernel, dgate, n, dgate, dup, dout, gate, up, n);
+}
+
+dsc_status dsc_cuda_softmax(float *out, const float *x, int64_t n, int64_t c) {
+    if (n == 0 || c == 0) return NULL;
+    int device;
+    DSC_TRY(dsc_cuda_enter(out, &device));
+    softmax_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK>>>(out, x, n, c);
+    CUDA_LAUNCHED(softmax_kernel);
+    return NULL;
+}
