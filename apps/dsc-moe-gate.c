@@ -21,10 +21,9 @@
 
 #include "dsc/moe_gate.h"
 
-static const char *usage =
-    "usage: dsc-moe-gate --k K --capacity-factor F --min-capacity C [--eval]\n"
-    "                    [--eval-capacity-factor F] [--no-drop-tokens]\n"
-    "                    [--drop-policy probs|position] LOGITS.json\n";
+static const char *usage = "usage: dsc-moe-gate --k K --capacity-factor F --min-capacity C [--eval]\n"
+                           "                    [--eval-capacity-factor F] [--no-drop-tokens]\n"
+                           "                    [--drop-policy probs|position] LOGITS.json\n";
 
 typedef struct options {
     dsc_moe_gate_config cfg;
@@ -36,7 +35,8 @@ static dsc_status parse_double(const char *flag, const char *text, double *out) 
     char *end;
     errno = 0;
     *out = strtod(text, &end);
-    DSC_CHECK(errno == 0 && end != text && *end == '\0', DSC_ERR_INVALID, "%s: \"%s\" is not a number", flag, text);
+    DSC_CHECK(errno == 0 && end != text && *end == '\0', DSC_ERR_INVALID, "%s: \"%s\" is not a number", flag,
+              text);
     return NULL;
 }
 

@@ -151,7 +151,8 @@ static dsc_status pick_capacity(const dsc_moe_gate_config *cfg, bool training,
         return NULL;
     }
     int64_t local = 0;
-    for (int64_t e = 0; e < E; e++) local = res->exp_counts[e] > local ? res->exp_counts[e] : local;
+    for (int64_t e = 0; e < E; e++)
+        local = res->exp_counts[e] > local ? res->exp_counts[e] : local;
     int64_t agreed = local;
     if (hook && hook->agree) {
         DSC_TRY(dsc_error_wrap(hook->agree(hook->user, &agreed), "moe gate: agreeing the no-drop capacity"));
@@ -168,13 +169,15 @@ static dsc_status pick_capacity(const dsc_moe_gate_config *cfg, bool training,
 static void finish(const dsc_moe_gate_config *cfg, double lse_sq_sum, dsc_moe_gate_result *res) {
     const int64_t S = res->num_tokens, E = res->num_experts;
     const int K = cfg->k;
-    for (int64_t e = 0; e < E; e++) res->kept_counts[e] = 0;
+    for (int64_t e = 0; e < E; e++)
+        res->kept_counts[e] = 0;
     res->dropped_tokens = 0;
     for (int64_t s = 0; s < S; s++) {
         const int32_t *slot = res->slot + s * K;
         const double *prob = res->route_prob + s * K;
         double kept_sum = 0;
-        for (int r = 0; r < K; r++) kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
+        for (int r = 0; r < K; r++)
+            kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
         double denom = K == 1 ? 1.0 : fmax(kept_sum, DSC_MOE_GATE_DENOM_EPS);
         bool any = false;
         for (int r = 0; r < K; r++) {
@@ -217,14 +220,17 @@ dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor
     const bool rts = training && K == 1 && cfg->use_rts && cfg->drop_tokens;
     DSC_CHECK(rng || !(rsample || sample2 || rts), DSC_ERR_INVALID,
               "moe gate: %s is enabled for training but no RNG stream (DSC_RNG_GATE) was given",
-              rsample ? "noisy_gate_policy RSample" : sample2 ? "top2_2nd_expert_sampling" : "use_rts");
+              rsample   ? "noisy_gate_policy RSample"
+              : sample2 ? "top2_2nd_expert_sampling"
+                        : "use_rts");
 
     res->num_tokens = S;
     double lse_sq_sum;
     dsc_moe_gate_select(cfg, logits->data, rsample || sample2 ? rng : NULL, res, &lse_sq_sum);
     if (!isfinite(lse_sq_sum)) return nonfinite_error(logits);
 
-    for (int64_t e = 0; e < E; e++) res->exp_counts[e] = res->ce_counts[e] = 0;
+    for (int64_t e = 0; e < E; e++)
+        res->exp_counts[e] = res->ce_counts[e] = 0;
     for (int64_t i = 0; i < S * K; i++) {
         res->exp_counts[res->expert[i]]++;
         if (!dsc_moe_gate_first_choice_aux(K) || i % K == 0) res->ce_counts[res->expert[i]]++;
@@ -242,6 +248,7 @@ dsc_status dsc_moe_gate_jitter(dsc_rng *rng, dsc_tensor *noise) {
     /* Switch Transformer's multiplicative jitter, as DeepSpeed: U[1-eps, 1+eps]. */
     const double eps = 1e-2;
     float *out = noise->data;
-    for (int64_t i = 0; i < dsc_tensor_numel(noise); i++) out[i] = (float)(1.0 - eps + 2.0 * eps * dsc_rng_uniform(rng));
+    for (int64_t i = 0; i < dsc_tensor_numel(noise); i++)
+        out[i] = (float)(1.0 - eps + 2.0 * eps * dsc_rng_uniform(rng));
     return NULL;
 }

@@ -26,10 +26,11 @@ static dsc_status check_backward_args(const dsc_moe_gate_config *cfg, const dsc_
     if (d_weight) {
         DSC_TRY(dsc_tensor_expect(d_weight, "moe gate d_weight (S, K)", DSC_DTYPE_F32, 2,
                                   (const int64_t[]){S, cfg->k}));
-        DSC_CHECK(d_weight->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED, "moe gate: d_weight must be on the CPU");
+        DSC_CHECK(d_weight->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+                  "moe gate: d_weight must be on the CPU");
     }
-    DSC_CHECK(logits->device.type == DSC_DEVICE_CPU && d_logits->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
-              "moe gate: logits and d_logits must be on the CPU");
+    DSC_CHECK(logits->device.type == DSC_DEVICE_CPU && d_logits->device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED, "moe gate: logits and d_logits must be on the CPU");
     DSC_CHECK(isfinite(d_loss), DSC_ERR_INVALID, "moe gate backward: d_loss must be finite, got %g", d_loss);
     return NULL;
 }
@@ -60,16 +61,19 @@ dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tenso
          * D = max(sum of kept p, eps) gives dp_r = (dw_r - sum_j dw_j w_j) / D
          * while D is not clamped, dp_r = dw_r / eps when it is; top-1 has D = 1. */
         double kept_sum = 0, dw_dot_w = 0;
-        for (int r = 0; r < K; r++) kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
+        for (int r = 0; r < K; r++)
+            kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
         const bool normalised = K > 1;
         const bool clamped = normalised && kept_sum < DSC_MOE_GATE_DENOM_EPS;
         const double denom = !normalised ? 1.0 : clamped ? DSC_MOE_GATE_DENOM_EPS : kept_sum;
         if (normalised && !clamped && dws)
-            for (int r = 0; r < K; r++) dw_dot_w += slot[r] >= 0 ? dws[r] * prob[r] / denom : 0.0;
+            for (int r = 0; r < K; r++)
+                dw_dot_w += slot[r] >= 0 ? dws[r] * prob[r] / denom : 0.0;
         double p_dot_dp = 0; /* sum_e p_e * dp_e */
         for (int r = 0; r < K; r++)
             if (slot[r] >= 0 && dws) p_dot_dp += prob[r] * (dws[r] - dw_dot_w) / denom;
-        for (int64_t e = 0; e < E; e++) p_dot_dp += dsc_moe_gate_prob(z, e, max, sum) * aux * res->ce_counts[e];
+        for (int64_t e = 0; e < E; e++)
+            p_dot_dp += dsc_moe_gate_prob(z, e, max, sum) * aux * res->ce_counts[e];
 
         /* Softmax backward dz_e = p_e * (dp_e - sum_j p_j dp_j), plus the z-loss term. */
         for (int64_t e = 0; e < E; e++) {

@@ -21,9 +21,11 @@
  * probabilities. Returns logsumexp(z). */
 static inline double dsc_moe_gate_row_stats(const float *z, int64_t num_experts, double *max, double *sum) {
     double m = z[0];
-    for (int64_t e = 1; e < num_experts; e++) m = z[e] > m ? z[e] : m;
+    for (int64_t e = 1; e < num_experts; e++)
+        m = z[e] > m ? z[e] : m;
     double s = 0;
-    for (int64_t e = 0; e < num_experts; e++) s += exp((double)z[e] - m);
+    for (int64_t e = 0; e < num_experts; e++)
+        s += exp((double)z[e] - m);
     *max = m;
     *sum = s;
     return m + log(s);
@@ -35,7 +37,9 @@ static inline double dsc_moe_gate_prob(const float *z, int64_t e, double max, do
 
 /* Whether a variant balances on first choices only (DeepSpeed's top1gating
  * and top2gating) or on all k choices (topkgating). */
-static inline bool dsc_moe_gate_first_choice_aux(int k) { return k <= 2; }
+static inline bool dsc_moe_gate_first_choice_aux(int k) {
+    return k <= 2;
+}
 
 /* Multiplier of sum_e me[e] * ce[e] in l_aux: E for top-1/top-2, E/k for top-k. */
 static inline double dsc_moe_gate_aux_scale(int k, int64_t num_experts) {

@@ -30,7 +30,8 @@ static int32_t best_by_prob(const float *z, int64_t num_experts, double max, dou
     double best_p = 0;
     for (int64_t e = 0; e < num_experts; e++) {
         bool is_taken = false;
-        for (int r = 0; r < ntaken; r++) is_taken |= taken[r] == e;
+        for (int r = 0; r < ntaken; r++)
+            is_taken |= taken[r] == e;
         if (is_taken) continue;
         double p = dsc_moe_gate_prob(z, e, max, sum);
         if (best < 0 || p > best_p) {
@@ -62,7 +63,8 @@ void dsc_moe_gate_select(const dsc_moe_gate_config *cfg, const float *logits, ds
                          dsc_moe_gate_result *res, double *lse_sq_sum) {
     const int64_t S = res->num_tokens, E = res->num_experts;
     const int K = cfg->k;
-    for (int64_t e = 0; e < E; e++) res->mean_prob[e] = 0;
+    for (int64_t e = 0; e < E; e++)
+        res->mean_prob[e] = 0;
     double lse_sq = 0;
     for (int64_t s = 0; s < S; s++) {
         const float *z = logits + s * E; // (E)
@@ -71,16 +73,19 @@ void dsc_moe_gate_select(const dsc_moe_gate_config *cfg, const float *logits, ds
         double max, sum;
         double lse = dsc_moe_gate_row_stats(z, E, &max, &sum);
         lse_sq += lse * lse;
-        for (int64_t e = 0; e < E; e++) res->mean_prob[e] += dsc_moe_gate_prob(z, e, max, sum);
+        for (int64_t e = 0; e < E; e++)
+            res->mean_prob[e] += dsc_moe_gate_prob(z, e, max, sum);
         if (K == 1 && rng) {
             expert[0] = best_by_logit(z, E, -1, rng);
         } else if (K == 2) {
             expert[0] = best_by_prob(z, E, max, sum, NULL, 0);
             expert[1] = best_by_logit(z, E, expert[0], rng);
         } else {
-            for (int r = 0; r < K; r++) expert[r] = best_by_prob(z, E, max, sum, expert, r);
+            for (int r = 0; r < K; r++)
+                expert[r] = best_by_prob(z, E, max, sum, expert, r);
         }
-        for (int r = 0; r < K; r++) prob[r] = dsc_moe_gate_prob(z, expert[r], max, sum);
+        for (int r = 0; r < K; r++)
+            prob[r] = dsc_moe_gate_prob(z, expert[r], max, sum);
     }
     *lse_sq_sum = lse_sq;
 }
@@ -92,7 +97,8 @@ void dsc_moe_gate_select(const dsc_moe_gate_config *cfg, const float *logits, ds
 static void drop_by_position(dsc_moe_gate_result *res, int64_t capacity, bool route_major) {
     const int64_t S = res->num_tokens, E = res->num_experts;
     const int K = res->k;
-    for (int64_t e = 0; e < E; e++) res->cursor[e] = 0;
+    for (int64_t e = 0; e < E; e++)
+        res->cursor[e] = 0;
     for (int64_t outer = 0; outer < (route_major ? K : S); outer++) {
         for (int64_t inner = 0; inner < (route_major ? S : K); inner++) {
             int64_t i = route_major ? inner * K + outer : outer * K + inner;
@@ -123,7 +129,8 @@ static void drop_by_priority(dsc_moe_gate_result *res, int64_t capacity, dsc_rng
     const int K = res->k;
     dsc_moe_gate_candidate *cand = res->candidates; // (S*K) bucketed by expert, token order inside a bucket
     res->cursor[0] = 0;
-    for (int64_t e = 0; e < E; e++) res->cursor[e + 1] = res->cursor[e] + res->exp_counts[e];
+    for (int64_t e = 0; e < E; e++)
+        res->cursor[e + 1] = res->cursor[e] + res->exp_counts[e];
     for (int64_t i = 0; i < S * K; i++) {
         dsc_moe_gate_candidate *c = &cand[res->cursor[res->expert[i]]++];
         c->token = (int32_t)(i / K);
@@ -138,17 +145,21 @@ static void drop_by_priority(dsc_moe_gate_result *res, int64_t capacity, dsc_rng
         if (n > capacity) {
             qsort(bucket, (size_t)n, sizeof *bucket, by_priority);
             qsort(bucket, (size_t)capacity, sizeof *bucket, by_token);
-            for (int64_t j = capacity; j < n; j++) res->slot[bucket[j].route] = -1;
+            for (int64_t j = capacity; j < n; j++)
+                res->slot[bucket[j].route] = -1;
             kept = capacity;
         }
-        for (int64_t j = 0; j < kept; j++) res->slot[bucket[j].route] = (int32_t)j;
+        for (int64_t j = 0; j < kept; j++)
+            res->slot[bucket[j].route] = (int32_t)j;
     }
 }
 
 void dsc_moe_gate_drop(const dsc_moe_gate_config *cfg, int64_t capacity, dsc_rng *rts, dsc_moe_gate_result *res) {
     if (cfg->k == 1) {
-        if (rts) drop_by_priority(res, capacity, rts);
-        else drop_by_position(res, capacity, false);
+        if (rts)
+            drop_by_priority(res, capacity, rts);
+        else
+            drop_by_position(res, capacity, false);
     } else if (cfg->k == 2) {
         drop_by_position(res, capacity, true);
     } else if (cfg->drop_policy == DSC_MOE_DROP_POLICY_PROBS) {

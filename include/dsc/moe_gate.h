@@ -39,22 +39,22 @@ typedef enum dsc_moe_drop_policy {
 
 typedef enum dsc_moe_noisy_gate {
     DSC_MOE_NOISY_GATE_NONE = 0,
-    DSC_MOE_NOISY_GATE_JITTER,  /* multiply the gate input by U[0.99, 1.01] (the layer applies it) */
-    DSC_MOE_NOISY_GATE_RSAMPLE  /* top-1 only: expert = argmax(logits + Gumbel noise) */
+    DSC_MOE_NOISY_GATE_JITTER, /* multiply the gate input by U[0.99, 1.01] (the layer applies it) */
+    DSC_MOE_NOISY_GATE_RSAMPLE /* top-1 only: expert = argmax(logits + Gumbel noise) */
 } dsc_moe_noisy_gate;
 
 typedef struct dsc_moe_gate_config {
-    int k;                        /* routes per token, 1 <= k <= E */
-    double capacity_factor;       /* training mode */
-    double eval_capacity_factor;  /* eval mode */
-    int64_t min_capacity;         /* lower bound of the configured capacity (drop mode) */
-    bool drop_tokens;             /* false: capacity = largest expert load, nothing dropped */
-    dsc_moe_drop_policy drop_policy;     /* k >= 3 only */
+    int k;                                /* routes per token, 1 <= k <= E */
+    double capacity_factor;               /* training mode */
+    double eval_capacity_factor;          /* eval mode */
+    int64_t min_capacity;                 /* lower bound of the configured capacity (drop mode) */
+    bool drop_tokens;                     /* false: capacity = largest expert load, nothing dropped */
+    dsc_moe_drop_policy drop_policy;      /* k >= 3 only */
     dsc_moe_noisy_gate noisy_gate_policy; /* training only */
-    bool use_rts;                 /* top-1, training: random token selection at a full expert */
-    bool top2_2nd_expert_sampling; /* top-2, training: Gumbel-sample the second expert */
-    double aux_loss_coef;         /* weight of l_aux in the gate loss */
-    double z_loss_coef;           /* weight of the router z-loss (0 = off) */
+    bool use_rts;                         /* top-1, training: random token selection at a full expert */
+    bool top2_2nd_expert_sampling;        /* top-2, training: Gumbel-sample the second expert */
+    double aux_loss_coef;                 /* weight of l_aux in the gate loss */
+    double z_loss_coef;                   /* weight of the router z-loss (0 = off) */
 } dsc_moe_gate_config;
 
 /* DeepSpeed's MoE defaults: k=1, capacity factors 1.0, min_capacity 4,
@@ -93,10 +93,10 @@ typedef struct dsc_moe_gate_result {
     double loss;             /* aux_loss_coef * l_aux + z_loss_coef * z_loss */
     /* Private to the gate: sizes and workspace. */
     int64_t max_tokens;
-    int64_t *ce_counts;      /* (E) the counts l_aux uses (first choices for k <= 2) */
-    int64_t *cursor;         /* (E+1) bucket offsets and running positions */
-    double *route_prob;      /* (S, K) gate probability of each route */
-    void *candidates;        /* (S*K) sort workspace of the priority drop rule */
+    int64_t *ce_counts; /* (E) the counts l_aux uses (first choices for k <= 2) */
+    int64_t *cursor;    /* (E+1) bucket offsets and running positions */
+    double *route_prob; /* (S, K) gate probability of each route */
+    void *candidates;   /* (S*K) sort workspace of the priority drop rule */
     size_t bytes;
 } dsc_moe_gate_result;
 

@@ -20,14 +20,16 @@
 static dsc_tensor logits_from_probs(int64_t S, int64_t E, const double *p) {
     dsc_tensor t;
     assert_ok(dsc_tensor_alloc(&t, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_OTHER));
-    for (int64_t i = 0; i < S * E; i++) ((float *)t.data)[i] = (float)log(p[i]);
+    for (int64_t i = 0; i < S * E; i++)
+        ((float *)t.data)[i] = (float)log(p[i]);
     return t;
 }
 
 static dsc_tensor logits_constant(int64_t S, int64_t E, float value) {
     dsc_tensor t;
     assert_ok(dsc_tensor_alloc(&t, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_OTHER));
-    for (int64_t i = 0; i < S * E; i++) ((float *)t.data)[i] = value;
+    for (int64_t i = 0; i < S * E; i++)
+        ((float *)t.data)[i] = value;
     return t;
 }
 
@@ -49,7 +51,8 @@ static void run_gate(const dsc_moe_gate_config *cfg, const dsc_tensor *logits, b
 }
 
 /* Compares every route (S*K of them) with the expected expert, slot and weight. */
-static void expect_routes(const dsc_moe_gate_result *res, const int *expert, const int *slot, const double *weight) {
+static void expect_routes(const dsc_moe_gate_result *res, const int *expert, const int *slot,
+                          const double *weight) {
     for (int64_t i = 0; i < res->num_tokens * res->k; i++) {
         if (res->expert[i] != expert[i] || res->slot[i] != slot[i] || fabs(res->weight[i] - weight[i]) > 1e-6)
             fail_msg("route %lld/%lld: got (%d, %d, %.7f), expected (%d, %d, %.7f)", (long long)(i / res->k),
@@ -59,7 +62,8 @@ static void expect_routes(const dsc_moe_gate_result *res, const int *expert, con
 }
 
 static void expect_counts(const int64_t *got, const int64_t *want, int64_t n) {
-    for (int64_t i = 0; i < n; i++) assert_int_equal(got[i], want[i]);
+    for (int64_t i = 0; i < n; i++)
+        assert_int_equal(got[i], want[i]);
 }
 
 /* Top-1, S=6, E=3, capacity ceil(6/3 * 1.0) = 2. Expert 0 is chosen by
@@ -67,12 +71,12 @@ static void expect_counts(const int64_t *got, const int64_t *want, int64_t n) {
  * weights are the raw probabilities. me = (2.65, 1.75, 1.60)/6, ce = (3, 2,
  * 1)/6, l_aux = 3 * (2.65*3 + 1.75*2 + 1.6)/36 = 1.0875. */
 static const double top1_probs[] = {
-    0.5, 0.25, 0.25, /* -> 0 */
-    0.25, 0.5, 0.25, /* -> 1 */
-    0.6, 0.2, 0.2,   /* -> 0 */
-    0.7, 0.1, 0.2,   /* -> 0, dropped */
-    0.2, 0.2, 0.6,   /* -> 2 */
-    0.4, 0.5, 0.1,   /* -> 1 */
+    0.5,  0.25, 0.25, /* -> 0 */
+    0.25, 0.5,  0.25, /* -> 1 */
+    0.6,  0.2,  0.2,  /* -> 0 */
+    0.7,  0.1,  0.2,  /* -> 0, dropped */
+    0.2,  0.2,  0.6,  /* -> 2 */
+    0.4,  0.5,  0.1,  /* -> 1 */
 };
 
 static void test_top1_drops_tokens_at_full_expert(void **state) {
@@ -402,7 +406,8 @@ static void test_random_token_selection(void **state) {
     }
     assert_true(late_kept > 0);
     assert_ok(dsc_moe_gate_forward(&cfg, &logits, false, NULL, NULL, &a));
-    for (int s = 0; s < 64; s++) assert_int_equal(a.slot[s], s < 32 ? s : -1);
+    for (int s = 0; s < 64; s++)
+        assert_int_equal(a.slot[s], s < 32 ? s : -1);
     dsc_moe_gate_result_free(&a);
     dsc_moe_gate_result_free(&b);
     dsc_tensor_free(&logits);
@@ -420,7 +425,8 @@ static void test_gumbel_sampling(void **state) {
     dsc_moe_gate_result res;
 
     double *p = malloc(sizeof(double) * S * 3);
-    for (int s = 0; s < S; s++) p[2 * s] = 0.25, p[2 * s + 1] = 0.75;
+    for (int s = 0; s < S; s++)
+        p[2 * s] = 0.25, p[2 * s + 1] = 0.75;
     dsc_tensor logits = logits_from_probs(S, 2, p);
     dsc_moe_gate_config cfg = plain(1, 1.0, 0);
     cfg.drop_tokens = false;
@@ -430,13 +436,15 @@ static void test_gumbel_sampling(void **state) {
     double freq = (double)res.exp_counts[1] / S;
     printf("  RSample frequency of expert 1: %.4f (softmax 0.75)\n", freq);
     assert_true(fabs(freq - 0.75) < 0.03);
-    for (int s = 0; s < S; s++) assert_true(fabs(res.weight[s] - (res.expert[s] ? 0.75 : 0.25)) < 1e-6);
+    for (int s = 0; s < S; s++)
+        assert_true(fabs(res.weight[s] - (res.expert[s] ? 0.75 : 0.25)) < 1e-6);
     assert_ok(dsc_moe_gate_forward(&cfg, &logits, false, NULL, NULL, &res)); /* eval: plain argmax */
     assert_int_equal(res.exp_counts[1], S);
     dsc_moe_gate_result_free(&res);
     dsc_tensor_free(&logits);
 
-    for (int s = 0; s < S; s++) p[3 * s] = 0.5, p[3 * s + 1] = 0.3, p[3 * s + 2] = 0.2;
+    for (int s = 0; s < S; s++)
+        p[3 * s] = 0.5, p[3 * s + 1] = 0.3, p[3 * s + 2] = 0.2;
     logits = logits_from_probs(S, 3, p);
     cfg = plain(2, 1.0, 0);
     cfg.drop_tokens = false;
@@ -482,7 +490,8 @@ static void test_invalid_arguments(void **state) {
     assert_ok(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res));
 
     cfg.k = 0;
-    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID, "k must be >= 1, got 0");
+    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID,
+               "k must be >= 1, got 0");
     cfg.k = 4;
     assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID,
                "k=4 exceeds the number of experts E=3");
@@ -491,9 +500,11 @@ static void test_invalid_arguments(void **state) {
                "capacity_factor must be a finite number > 0, got 0");
     cfg = plain(2, 1.0, 0);
     cfg.eval_capacity_factor = -1;
-    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID, "eval_capacity_factor");
+    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID,
+               "eval_capacity_factor");
     cfg = plain(2, 1.0, -1);
-    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID, "min_capacity must be >= 0");
+    assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID,
+               "min_capacity must be >= 0");
     cfg = plain(2, 1.0, 0);
     cfg.noisy_gate_policy = DSC_MOE_NOISY_GATE_RSAMPLE;
     assert_err(dsc_moe_gate_forward(&cfg, &logits, true, NULL, NULL, &res), DSC_ERR_INVALID,
@@ -505,9 +516,11 @@ static void test_invalid_arguments(void **state) {
     cfg = plain(2, 1.0, 0);
 
     dsc_tensor flat = dsc_tensor_view(logits.data, DSC_DTYPE_F32, 1, (const int64_t[]){12}, DSC_CPU);
-    assert_err(dsc_moe_gate_forward(&cfg, &flat, true, NULL, NULL, &res), DSC_ERR_INVALID, "moe gate logits (S, E)");
+    assert_err(dsc_moe_gate_forward(&cfg, &flat, true, NULL, NULL, &res), DSC_ERR_INVALID,
+               "moe gate logits (S, E)");
     dsc_tensor ints = dsc_tensor_view(logits.data, DSC_DTYPE_I32, 2, (const int64_t[]){4, 3}, DSC_CPU);
-    assert_err(dsc_moe_gate_forward(&cfg, &ints, true, NULL, NULL, &res), DSC_ERR_INVALID, "moe gate logits (S, E)");
+    assert_err(dsc_moe_gate_forward(&cfg, &ints, true, NULL, NULL, &res), DSC_ERR_INVALID,
+               "moe gate logits (S, E)");
     dsc_tensor wide = dsc_tensor_view(logits.data, DSC_DTYPE_F32, 2, (const int64_t[]){3, 4}, DSC_CPU);
     assert_err(dsc_moe_gate_forward(&cfg, &wide, true, NULL, NULL, &res), DSC_ERR_INVALID,
                "result sized for up to 4 tokens, E=3, k=2 cannot hold S=3, E=4, k=2");
@@ -537,7 +550,8 @@ static void test_empty_batch(void **state) {
     dsc_moe_gate_result res;
     run_gate(&cfg, &logits, true, &res);
     assert_int_equal(res.capacity, 4);
-    for (int e = 0; e < 4; e++) assert_int_equal(res.exp_counts[e], 0);
+    for (int e = 0; e < 4; e++)
+        assert_int_equal(res.exp_counts[e], 0);
     assert_true(res.l_aux == 0 && res.z_loss == 0 && res.loss == 0);
     assert_ok(dsc_moe_gate_backward(&cfg, &logits, &res, NULL, 1.0, &d_logits));
     dsc_moe_gate_result_free(&res);

@@ -43,7 +43,8 @@ static const cJSON *key(const cJSON *obj, const char *name) {
 
 static void expect_counts(const cJSON *a, const int64_t *want, int64_t n) {
     assert_int_equal(cJSON_GetArraySize(a), n);
-    for (int64_t i = 0; i < n; i++) assert_int_equal((int64_t)cJSON_GetArrayItem(a, (int)i)->valuedouble, want[i]);
+    for (int64_t i = 0; i < n; i++)
+        assert_int_equal((int64_t)cJSON_GetArrayItem(a, (int)i)->valuedouble, want[i]);
 }
 
 static void check_app_on(const char *path) {
@@ -100,7 +101,8 @@ static void test_app_matches_fixtures(void **state) {
     int n;
     char **paths = gate_fixture_paths(&n);
     assert_true(n > 0);
-    for (int i = 0; i < n; i++) check_app_on(paths[i]);
+    for (int i = 0; i < n; i++)
+        check_app_on(paths[i]);
     gate_fixture_free_paths(paths, n);
 }
 
@@ -111,8 +113,8 @@ static void test_app_reports_bad_input(void **state) {
     assert_int_equal(rc, 1);
     assert_non_null(strstr(out, "/nonexistent/logits.json: cannot open"));
     free(out);
-    out = run_command(GATE_APP " --k 5 --capacity-factor 1 --min-capacity 0 " GATE_FIXTURE_DIR "/top2_s32_e4_cf1.json",
-                      &rc);
+    out = run_command(
+        GATE_APP " --k 5 --capacity-factor 1 --min-capacity 0 " GATE_FIXTURE_DIR "/top2_s32_e4_cf1.json", &rc);
     assert_int_equal(rc, 1);
     assert_non_null(strstr(out, "k=5 exceeds the number of experts E=4"));
     free(out);

@@ -41,16 +41,19 @@ static double objective(const dsc_moe_gate_config *cfg, const dsc_moe_gate_resul
     double total = 0, lse_sq = 0;
     for (int64_t s = 0; s < S; s++) {
         double max = z[s * E];
-        for (int64_t e = 1; e < E; e++) max = fmax(max, z[s * E + e]);
+        for (int64_t e = 1; e < E; e++)
+            max = fmax(max, z[s * E + e]);
         double sum = 0;
-        for (int64_t e = 0; e < E; e++) sum += exp(z[s * E + e] - max);
+        for (int64_t e = 0; e < E; e++)
+            sum += exp(z[s * E + e] - max);
         for (int64_t e = 0; e < E; e++) {
             p[e] = exp(z[s * E + e] - max) / sum;
             me[e] += p[e] / S;
         }
         lse_sq += pow(max + log(sum), 2);
         double kept = 0;
-        for (int r = 0; r < K; r++) kept += res->slot[s * K + r] >= 0 ? p[res->expert[s * K + r]] : 0;
+        for (int r = 0; r < K; r++)
+            kept += res->slot[s * K + r] >= 0 ? p[res->expert[s * K + r]] : 0;
         for (int r = 0; r < K; r++) {
             const int64_t i = s * K + r;
             if (res->slot[i] < 0) continue;
@@ -62,7 +65,8 @@ static double objective(const dsc_moe_gate_config *cfg, const dsc_moe_gate_resul
             if (K > 2 || r == 0) ce[res->expert[s * K + r]] += 1.0 / S;
     }
     double balance = 0;
-    for (int64_t e = 0; e < E; e++) balance += me[e] * ce[e];
+    for (int64_t e = 0; e < E; e++)
+        balance += me[e] * ce[e];
     double l_aux = (K <= 2 ? (double)E : (double)E / K) * balance;
     total += d_loss * (cfg->aux_loss_coef * l_aux + cfg->z_loss_coef * lse_sq / S);
     free(me);
@@ -89,13 +93,15 @@ static double check_gradient(const char *name, const dsc_moe_gate_config *cfg, d
     assert_ok(dsc_tensor_alloc(&d_weight, DSC_DTYPE_F32, 2, (const int64_t[]){S, K}, DSC_CPU, DSC_MEM_GRADS));
     assert_ok(dsc_tensor_alloc(&d_logits, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_GRADS));
     float *dw = d_weight.data;
-    for (int64_t i = 0; i < S * K; i++) dw[i] = (float)dsc_rng_normal(rng);
+    for (int64_t i = 0; i < S * K; i++)
+        dw[i] = (float)dsc_rng_normal(rng);
     const double d_loss = 1.5;
     assert_ok(dsc_moe_gate_backward(cfg, logits, &res, &d_weight, d_loss, &d_logits));
 
     float *z32 = logits->data;
     double *z = malloc(sizeof(double) * (size_t)(S * E));
-    for (int64_t i = 0; i < S * E; i++) z[i] = z32[i];
+    for (int64_t i = 0; i < S * E; i++)
+        z[i] = z32[i];
     double worst = 0, largest = 0;
     for (int64_t i = 0; i < S * E; i++) {
         for (int sign = -1; sign <= 1; sign += 2) {
@@ -104,7 +110,8 @@ static double check_gradient(const char *name, const dsc_moe_gate_config *cfg, d
             assert_ok(dsc_moe_gate_forward(cfg, logits, true, NULL, NULL, &moved));
             z32[i] = keep;
             if (!same_routing(&res, &moved))
-                fail_msg("%s: moving logit %lld by %g changes the routing", name, (long long)i, sign * (double)DELTA);
+                fail_msg("%s: moving logit %lld by %g changes the routing", name, (long long)i,
+                         sign * (double)DELTA);
         }
         z[i] += FD_STEP;
         double up = objective(cfg, &res, z, dw, d_loss);
@@ -116,7 +123,8 @@ static double check_gradient(const char *name, const dsc_moe_gate_config *cfg, d
         largest = fmax(largest, fabs(fd));
     }
     int64_t dropped = 0;
-    for (int64_t e = 0; e < E; e++) dropped += res.dropped_counts[e];
+    for (int64_t e = 0; e < E; e++)
+        dropped += res.dropped_counts[e];
     printf("  %-26s capacity %3lld, %3lld routes dropped: max |grad| %.3f, max abs err %.2e\n", name,
            (long long)res.capacity, (long long)dropped, largest, worst);
     free(z);
@@ -143,7 +151,8 @@ static void test_backward_matches_finite_differences(void **state) {
         dsc_rng rng;
         dsc_rng_init(&rng, fc->seed, 0, DSC_RNG_GATE);
         dsc_tensor logits;
-        assert_ok(dsc_tensor_alloc(&logits, DSC_DTYPE_F32, 2, (const int64_t[]){fc->S, fc->E}, DSC_CPU, DSC_MEM_OTHER));
+        assert_ok(
+            dsc_tensor_alloc(&logits, DSC_DTYPE_F32, 2, (const int64_t[]){fc->S, fc->E}, DSC_CPU, DSC_MEM_OTHER));
         /* A per-expert bias makes some experts popular, so routes get dropped. */
         for (int64_t i = 0; i < fc->S * fc->E; i++)
             ((float *)logits.data)[i] = (float)(1.5 * dsc_rng_normal(&rng) + 0.5 * (double)(i % fc->E));
@@ -190,7 +199,8 @@ static void test_backward_loss_only_scales(void **state) {
     assert_ok(dsc_tensor_alloc(&logits, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_OTHER));
     assert_ok(dsc_tensor_alloc(&g1, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_GRADS));
     assert_ok(dsc_tensor_alloc(&g2, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_GRADS));
-    for (int64_t i = 0; i < S * E; i++) ((float *)logits.data)[i] = (float)sin((double)i);
+    for (int64_t i = 0; i < S * E; i++)
+        ((float *)logits.data)[i] = (float)sin((double)i);
     dsc_moe_gate_config cfg = dsc_moe_gate_config_default();
     cfg.k = 2;
     cfg.top2_2nd_expert_sampling = false;

@@ -16,13 +16,15 @@ char **gate_fixture_paths(int *count) {
     *count = 0;
     if (glob(GATE_FIXTURE_DIR "/*.json", 0, NULL, &g) != 0) return NULL;
     char **paths = calloc(g.gl_pathc, sizeof *paths);
-    for (size_t i = 0; paths && i < g.gl_pathc; i++) paths[(*count)++] = strdup(g.gl_pathv[i]);
+    for (size_t i = 0; paths && i < g.gl_pathc; i++)
+        paths[(*count)++] = strdup(g.gl_pathv[i]);
     globfree(&g);
     return paths;
 }
 
 void gate_fixture_free_paths(char **paths, int count) {
-    for (int i = 0; i < count; i++) free(paths[i]);
+    for (int i = 0; i < count; i++)
+        free(paths[i]);
     free(paths);
 }
 
@@ -42,7 +44,9 @@ static char *slurp(const char *path) {
     return text;
 }
 
-static const cJSON *item(const cJSON *obj, const char *key) { return cJSON_GetObjectItemCaseSensitive(obj, key); }
+static const cJSON *item(const cJSON *obj, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(obj, key);
+}
 
 /* Reads a rows x cols matrix of numbers into doubles. */
 static dsc_status matrix(const cJSON *m, const char *what, int64_t rows, int64_t cols, double *out) {
@@ -52,7 +56,8 @@ static dsc_status matrix(const cJSON *m, const char *what, int64_t rows, int64_t
         const cJSON *row = cJSON_GetArrayItem(m, (int)r);
         DSC_CHECK(cJSON_IsArray(row) && cJSON_GetArraySize(row) == cols, DSC_ERR_CORRUPT,
                   "fixture %s: row %lld is not %lld long", what, (long long)r, (long long)cols);
-        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = cJSON_GetArrayItem(row, (int)c)->valuedouble;
+        for (int64_t c = 0; c < cols; c++)
+            out[r * cols + c] = cJSON_GetArrayItem(row, (int)c)->valuedouble;
     }
     return NULL;
 }
@@ -60,7 +65,8 @@ static dsc_status matrix(const cJSON *m, const char *what, int64_t rows, int64_t
 static dsc_status counts(const cJSON *a, const char *what, int64_t n, int64_t *out) {
     DSC_CHECK(cJSON_IsArray(a) && cJSON_GetArraySize(a) == n, DSC_ERR_CORRUPT, "fixture %s: expected %lld counts",
               what, (long long)n);
-    for (int64_t i = 0; i < n; i++) out[i] = (int64_t)cJSON_GetArrayItem(a, (int)i)->valuedouble;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (int64_t)cJSON_GetArrayItem(a, (int)i)->valuedouble;
     return NULL;
 }
 
@@ -79,7 +85,7 @@ static dsc_status parse(const cJSON *root, gate_fixture *fx) {
     fx->cfg.min_capacity = (int64_t)item(cfg, "min_capacity")->valuedouble;
     fx->cfg.drop_tokens = cJSON_IsTrue(item(cfg, "drop_tokens"));
     fx->cfg.drop_policy = !strcmp(item(cfg, "drop_policy")->valuestring, "probs") ? DSC_MOE_DROP_POLICY_PROBS
-                                                                                 : DSC_MOE_DROP_POLICY_POSITION;
+                                                                                  : DSC_MOE_DROP_POLICY_POSITION;
     fx->cfg.aux_loss_coef = item(cfg, "aux_loss_coef")->valuedouble;
     fx->cfg.z_loss_coef = item(cfg, "z_loss_coef")->valuedouble;
     fx->training = cJSON_IsTrue(item(cfg, "training"));
@@ -97,12 +103,17 @@ static dsc_status parse(const cJSON *root, gate_fixture *fx) {
     DSC_CHECK(tmp && fx->expert && fx->slot && fx->weight && fx->exp_counts && fx->kept_counts && fx->d_logits,
               DSC_ERR_NOMEM, "fixture: out of memory");
     dsc_status st = NULL;
-    DSC_TRY_GOTO(st, dsc_tensor_alloc(&fx->logits, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_OTHER), out);
-    DSC_TRY_GOTO(st, dsc_tensor_alloc(&fx->d_weight, DSC_DTYPE_F32, 2, (const int64_t[]){S, K}, DSC_CPU, DSC_MEM_OTHER), out);
+    DSC_TRY_GOTO(
+        st, dsc_tensor_alloc(&fx->logits, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_OTHER), out);
+    DSC_TRY_GOTO(
+        st, dsc_tensor_alloc(&fx->d_weight, DSC_DTYPE_F32, 2, (const int64_t[]){S, K}, DSC_CPU, DSC_MEM_OTHER),
+        out);
     DSC_TRY_GOTO(st, matrix(logits, "logits", S, E, tmp), out);
-    for (int64_t i = 0; i < S * E; i++) ((float *)fx->logits.data)[i] = (float)tmp[i];
+    for (int64_t i = 0; i < S * E; i++)
+        ((float *)fx->logits.data)[i] = (float)tmp[i];
     DSC_TRY_GOTO(st, matrix(item(bwd, "d_weight"), "d_weight", S, K, tmp), out);
-    for (int64_t i = 0; i < S * K; i++) ((float *)fx->d_weight.data)[i] = (float)tmp[i];
+    for (int64_t i = 0; i < S * K; i++)
+        ((float *)fx->d_weight.data)[i] = (float)tmp[i];
     DSC_TRY_GOTO(st, matrix(item(bwd, "d_logits"), "d_logits", S, E, fx->d_logits), out);
     const cJSON *routes = item(exp, "routes");
     for (int64_t s = 0; s < S; s++) {
@@ -110,7 +121,8 @@ static dsc_status parse(const cJSON *root, gate_fixture *fx) {
         for (int r = 0; r < K; r++) {
             const cJSON *route = cJSON_GetArrayItem(token, r);
             if (cJSON_GetArraySize(route) != 3) {
-                st = dsc_error(DSC_ERR_CORRUPT, "fixture: route %lld/%d is not [expert, slot, weight]", (long long)s, r);
+                st = dsc_error(DSC_ERR_CORRUPT, "fixture: route %lld/%d is not [expert, slot, weight]",
+                               (long long)s, r);
                 goto out;
             }
             fx->expert[s * K + r] = (int32_t)cJSON_GetArrayItem(route, 0)->valuedouble;

@@ -17,16 +17,16 @@ typedef struct gate_fixture {
     bool training;
     int64_t S, E;
     int k;
-    dsc_tensor logits;       /* (S, E) f32 */
+    dsc_tensor logits; /* (S, E) f32 */
     int64_t capacity;
-    int32_t *expert;         /* (S, K) */
-    int32_t *slot;           /* (S, K) -1 when dropped */
-    double *weight;          /* (S, K) */
-    int64_t *exp_counts;     /* (E) */
-    int64_t *kept_counts;    /* (E) */
+    int32_t *expert;      /* (S, K) */
+    int32_t *slot;        /* (S, K) -1 when dropped */
+    double *weight;       /* (S, K) */
+    int64_t *exp_counts;  /* (E) */
+    int64_t *kept_counts; /* (E) */
     double l_aux, z_loss;
-    dsc_tensor d_weight;     /* (S, K) f32 */
-    double *d_logits;        /* (S, E) autograd gradient */
+    dsc_tensor d_weight; /* (S, K) f32 */
+    double *d_logits;    /* (S, E) autograd gradient */
 } gate_fixture;
 
 /* Paths of every fixture, sorted; *count set. Free with gate_fixture_free_paths. */

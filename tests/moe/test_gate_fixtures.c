@@ -39,7 +39,8 @@ static void check_fixture(const char *path, double *worst_weight, double *worst_
     assert_ok(dsc_tensor_alloc(&d_logits, DSC_DTYPE_F32, 2, (const int64_t[]){S, E}, DSC_CPU, DSC_MEM_GRADS));
     assert_ok(dsc_moe_gate_backward(&fx.cfg, &fx.logits, &res, &fx.d_weight, 1.0, &d_logits));
     double grad_err = 0;
-    for (int64_t i = 0; i < S * E; i++) grad_err = fmax(grad_err, fabs(((float *)d_logits.data)[i] - fx.d_logits[i]));
+    for (int64_t i = 0; i < S * E; i++)
+        grad_err = fmax(grad_err, fabs(((float *)d_logits.data)[i] - fx.d_logits[i]));
     printf("  %-28s capacity %3lld  weight err %.1e  l_aux err %.1e  d_logits err %.1e\n", fx.name,
            (long long)res.capacity, weight_err, fabs(res.l_aux - fx.l_aux), grad_err);
     assert_true(grad_err < 1e-6);
@@ -56,7 +57,8 @@ static void test_gate_matches_fixtures(void **state) {
     char **paths = gate_fixture_paths(&n);
     assert_true(n >= 12); /* every variant of moe_gate_ref.py's CASES */
     double worst_weight = 0, worst_grad = 0;
-    for (int i = 0; i < n; i++) check_fixture(paths[i], &worst_weight, &worst_grad);
+    for (int i = 0; i < n; i++)
+        check_fixture(paths[i], &worst_weight, &worst_grad);
     printf("  %d fixtures: worst weight err %.2e, worst d_logits err %.2e\n", n, worst_weight, worst_grad);
     gate_fixture_free_paths(paths, n);
 }
