@@ -1,8 +1,9 @@
 /* Reading a job's output for the failed rank and the reason. Two sources:
  * Open MPI's own reports (mpirun names the first process that exited with a
  * non-zero status, died of a signal, called MPI_Abort or skipped
- * MPI_Finalize), and the note a dsc program prints when it fails,
- *     dsc: rank 3 failed: <message>
+ * MPI_Finalize), and what a dsc program prints when it fails,
+ *     dsc: rank 3 failed: <message>      (the failure note)
+ *     dsc-train: rank 3: <message>       (an app's error line)
  * which carries the reason. Pure text processing: no processes, no I/O.
  * Matching uses substrings so that --tag-output prefixes do not hide a line. */
 #include <stdio.h>
@@ -26,16 +27,26 @@ static bool report(dsc_launch_failure *f, dsc_launch_failure_kind kind, int rank
     return true;
 }
 
+/* A rank's own word on why it failed: the note "dsc: rank 3 failed: <why>",
+ * or a dsc program's error line "dsc-train: rank 3: <why>" (its name, then a
+ * dsc_status message, which starts with the rank). Either may follow a
+ * --tag-output prefix, which ends in ':'. */
 static bool scan_note(dsc_launch_failure *f, const char *line) {
-    const char *p = strstr(line, "dsc: rank ");
-    int rank, offset = 0;
-    if (!p || sscanf(p, "dsc: rank %d failed: %n", &rank, &offset) != 1 || offset == 0) return false;
-    if (f->n_notes < DSC_LAUNCH_MAX_NOTES) {
-        f->note[f->n_notes].rank = rank;
-        snprintf(f->note[f->n_notes].reason, sizeof f->note[0].reason, "%s", p + offset);
-        f->n_notes++;
+    for (const char *p = strstr(line, "dsc"); p; p = strstr(p + 1, "dsc")) {
+        int rank, offset = 0;
+        if (p != line && p[-1] != ':') continue;
+        if (sscanf(p, "dsc: rank %d failed: %n", &rank, &offset) != 1 || offset == 0) {
+            offset = 0;
+            if (sscanf(p, "dsc-%*[a-z0-9_-]: rank %d: %n", &rank, &offset) != 1 || offset == 0) continue;
+        }
+        if (f->n_notes < DSC_LAUNCH_MAX_NOTES) {
+            f->note[f->n_notes].rank = rank;
+            snprintf(f->note[f->n_notes].reason, sizeof f->note[0].reason, "%s", p + offset);
+            f->n_notes++;
+        }
+        return true;
     }
-    return true;
+    return false;
 }
 
 bool dsc_launch_failure_scan(dsc_launch_failure *f, const char *line) {

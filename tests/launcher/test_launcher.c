@@ -245,7 +245,20 @@ static void test_failure_reports(void **state) {
     const char *note_only[] = {"step 10 loss 3.2",
                                "dsc: rank 3 failed: config.json: \"moe.k\" must be >= 1, got 0", NULL};
     expect_verdict(note_only, "rank 3 failed: config.json: \"moe.k\" must be >= 1, got 0");
-    const char *clean[] = {"rank 0 of 4", "Exit code: 3 is what the program printed", "dsc: rank 2 is fine", NULL};
+    const char *app_error[] = {"dsc-train: rank 2: comm: all-reduce on world: peer 0 did not answer within 30 s",
+                               "MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD",
+                               "with errorcode 1.", NULL};
+    expect_verdict(app_error,
+                   "rank 2 called MPI_Abort with error code 1: comm: all-reduce on world: peer 0 did not answer "
+                   "within 30 s");
+    const char *tagged[] = {"[1,3]<stderr>:dsc-train: rank 3: data.bin: No such file or directory", NULL};
+    expect_verdict(tagged, "rank 3 failed: data.bin: No such file or directory");
+    const char *clean[] = {"rank 0 of 4",
+                           "Exit code: 3 is what the program printed",
+                           "dsc: rank 2 is fine",
+                           "dsc-train: sample: rank 0: the prompt is empty",
+                           "libdsc-x: rank 1: not a dsc program's line",
+                           NULL};
     expect_verdict(clean, "");
 }
 
