@@ -13,9 +13,15 @@ dsc_status dsc_agree(MPI_Comm comm, dsc_status local) {
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
     if (first == INT_MAX) return NULL;
     char message[2048] = "";
-    if (rank == first) snprintf(message, sizeof message, "%s", dsc_status_message(local));
+    int code = 0;
+    if (rank == first) {
+        snprintf(message, sizeof message, "%s", dsc_status_message(local));
+        code = (int)dsc_status_code(local);
+    }
     MPI_Bcast(message, sizeof message, MPI_CHAR, first, comm);
+    MPI_Bcast(&code, 1, MPI_INT, first, comm);
     if (local) return local; /* a failing rank keeps its own, more specific message */
-    /* The message already starts with "rank N: " from the failing rank. */
-    return dsc_error(DSC_ERR_PEER, "stopping because %s", message);
+    /* The same reason on every rank (its message starts with "rank N: "), so
+     * callers can act on the code wherever they run. */
+    return dsc_error((dsc_code)code, "stopping because %s", message);
 }

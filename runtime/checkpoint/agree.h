@@ -1,5 +1,6 @@
 /* Agreement on failure after a collective step: if any rank of `comm` failed,
- * every rank returns an error carrying the first failing rank's message. */
+ * every rank returns an error carrying the first failing rank's code and
+ * message. */
 #ifndef DSC_RUNTIME_CHECKPOINT_AGREE_H
 #define DSC_RUNTIME_CHECKPOINT_AGREE_H
 

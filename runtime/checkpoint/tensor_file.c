@@ -252,7 +252,7 @@ dsc_status dsc_tfile_open(MPI_Comm comm, const char *filename, dsc_tfile **out) 
         hid_t fapl = mpio_access(comm);
         f->file = H5Fopen(filename, H5F_ACC_RDONLY, fapl);
         H5Pclose(fapl);
-        if (f->file < 0) s = h5_error(DSC_ERR_CORRUPT, "cannot open as HDF5", f);
+        if (f->file < 0) s = h5_error(DSC_ERR_CORRUPT, "not an HDF5 file or truncated: cannot open it", f);
     }
     if (!s) {
         visit_ctx v = {f, NULL};

@@ -1,0 +1,262 @@
+/* Saving and restoring a job's state (see dsc/checkpoint.h): turns the
+ * parameter store, the optimizer's state list and the RNG streams into
+ * pieces of global tensors for the tensor file, and back. */
+#include "dsc/checkpoint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/tensor_file.h"
+#include "runtime/checkpoint/agree.h"
+#include "runtime/checkpoint/ckpt_dir.h"
+
+#ifndef DSC_VERSION
+#define DSC_VERSION "unknown"
+#endif
+
+/* One tensor range this rank holds: where it lives in the file and in memory. */
+typedef struct holding {
+    dsc_tfile_piece piece;
+    void *live; /* the live memory the range is saved from / restored into */
+} holding;
+
+typedef struct holdings {
+    holding *items;
+    int count, cap;
+} holdings;
+
+static dsc_status add_holding(holdings *h, const char *path, dsc_dtype dtype, int ndim, const int64_t *shape,
+                              int64_t begin, int64_t count, void *live) {
+    if (h->count == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 64;
+        holding *grown = realloc(h->items, (size_t)h->cap * sizeof *grown);
+        DSC_CHECK(grown, DSC_ERR_NOMEM, "checkpoint: tensor list");
+        h->items = grown;
+    }
+    holding *it = &h->items[h->count++];
+    memset(it, 0, sizeof *it);
+    DSC_CHECK(strlen(path) < sizeof it->piece.tensor.path, DSC_ERR_INVALID, "checkpoint: tensor name too long: %s",
+              path);
+    snprintf(it->piece.tensor.path, sizeof it->piece.tensor.path, "%s", path);
+    it->piece.tensor.dtype = dtype;
+    it->piece.tensor.ndim = ndim;
+    memcpy(it->piece.tensor.shape, shape, (size_t)ndim * sizeof *shape);
+    it->piece.begin = begin;
+    it->piece.count = count;
+    it->piece.data = live;
+    it->live = live;
+    return NULL;
+}
+
+static dsc_status check_host(const dsc_tensor *t, const char *what) {
+    DSC_CHECK(t->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+              "checkpoint: %s lives on a GPU; checkpoints of device tensors go through a host copy that dsc does "
+              "not make yet", what);
+    return NULL;
+}
+
+/* Everything this rank holds, in a fixed order (params, optimizer, rng). */
+static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope scope, holdings *h) {
+    char path[DSC_PARAM_NAME_MAX + 64];
+    for (int i = 0; i < dsc_params_count(st->params); i++) {
+        dsc_param *p = dsc_params_at(st->params, i);
+        DSC_TRY(check_host(&p->value, p->name));
+        snprintf(path, sizeof path, "model/%s", p->name);
+        DSC_TRY(add_holding(h, path, DSC_DTYPE_F32, p->value.ndim, p->value.shape, 0, dsc_tensor_numel(&p->value),
+                            p->value.data));
+    }
+    if (scope == DSC_CHECKPOINT_MODEL_ONLY) return NULL;
+    for (int i = 0; st->optimizer && i < dsc_optimizer_state_count(st->optimizer); i++) {
+        dsc_optim_state s;
+        dsc_optimizer_state_at(st->optimizer, i, &s);
+        DSC_TRY(check_host(&s.local, s.name));
+        snprintf(path, sizeof path, "optimizer/%s", s.name);
+        int64_t n = dsc_tensor_numel(&s.local);
+        if (s.param)
+            DSC_TRY(add_holding(h, path, s.local.dtype, s.param->value.ndim, s.param->value.shape, s.offset, n,
+                                s.local.data));
+        else
+            DSC_TRY(add_holding(h, path, s.local.dtype, 1, &n, 0, n, s.local.data));
+    }
+    int rank, size;
+    MPI_Comm_rank(st->comm, &rank);
+    MPI_Comm_size(st->comm, &size);
+    if (st->n_rngs > 0) {
+        int64_t words = (int64_t)st->n_rngs * 4, shape[2] = {size, words};
+        DSC_TRY(add_holding(h, "rng/states", DSC_DTYPE_I64, 2, shape, rank * words, words, st->rngs));
+    }
+    return NULL;
+}
+
+dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len) {
+    char resolved[256];
+    if (!tag || strcmp(tag, "latest") == 0)
+        DSC_TRY(dsc_ckpt_read_latest(save_dir, resolved, sizeof resolved));
+    else
+        snprintf(resolved, sizeof resolved, "%s", tag);
+    snprintf(path, len, "%s/%s/%s", save_dir, resolved, DSC_CKPT_FILE);
+    return NULL;
+}
+
+/* ---- save --------------------------------------------------------------------------- */
+
+static dsc_status write_attrs(dsc_tfile *f, const dsc_checkpoint_state *st) {
+    int size;
+    MPI_Comm_size(st->comm, &size);
+    DSC_TRY(dsc_tfile_set_attr_int(f, "format_version", DSC_CHECKPOINT_FORMAT_VERSION));
+    DSC_TRY(dsc_tfile_set_attr_string(f, "dsc_version", DSC_VERSION));
+    DSC_TRY(dsc_tfile_set_attr_int(f, "global_step", st->global_step));
+    DSC_TRY(dsc_tfile_set_attr_int(f, "world_size", size));
+    DSC_TRY(dsc_tfile_set_attr_int(f, "rng_streams", st->n_rngs));
+    DSC_TRY(dsc_tfile_set_attr_string(f, "config", st->config_json ? st->config_json : "{}"));
+    DSC_TRY(dsc_tfile_set_attr_string(f, "layout", st->layout_json ? st->layout_json : "{}"));
+    DSC_TRY(dsc_tfile_set_attr_string(f, "model_signature", st->model_signature ? st->model_signature : "{}"));
+    DSC_TRY(dsc_tfile_set_attr_string(f, "engine_state", st->engine_json ? st->engine_json : "{}"));
+    return NULL;
+}
+
+static dsc_status write_file(const dsc_checkpoint_state *st, const char *filename) {
+    holdings h = {0};
+    dsc_status s = dsc_agree(st->comm, collect(st, DSC_CHECKPOINT_FULL, &h));
+    dsc_tfile *f = NULL;
+    if (!s) s = dsc_tfile_create(st->comm, filename, &f);
+    if (!s) {
+        dsc_tfile_piece *pieces = malloc((size_t)(h.count ? h.count : 1) * sizeof *pieces);
+        s = dsc_agree(st->comm, pieces ? NULL : dsc_error(DSC_ERR_NOMEM, "checkpoint: piece list"));
+        for (int i = 0; !s && i < h.count; i++) pieces[i] = h.items[i].piece;
+        if (!s) s = dsc_tfile_write_all(f, pieces, h.count);
+        if (!s) s = write_attrs(f, st);
+        free(pieces);
+        dsc_status closed = dsc_tfile_close(f);
+        if (!s) s = closed;
+        else dsc_status_free(closed);
+    }
+    free(h.items);
+    return s;
+}
+
+dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_dir, const char *tag,
+                               int keep_last) {
+    int rank;
+    MPI_Comm_rank(st->comm, &rank);
+    DSC_TRY(dsc_agree(st->comm, rank == 0 ? dsc_ckpt_dir_begin(save_dir, tag) : NULL));
+    char partial[1024], filename[1100];
+    dsc_ckpt_partial_dir(save_dir, tag, partial, sizeof partial);
+    snprintf(filename, sizeof filename, "%s/%s", partial, DSC_CKPT_FILE);
+    dsc_status s = write_file(st, filename);
+    if (!s) s = dsc_agree(st->comm, rank == 0 ? dsc_ckpt_dir_publish(save_dir, tag) : NULL);
+    if (s) {
+        if (rank == 0) dsc_ckpt_dir_abandon(save_dir, tag);
+        return dsc_error_wrap(s, "saving checkpoint %s/%s", save_dir, tag);
+    }
+    return dsc_agree(st->comm, rank == 0 ? dsc_ckpt_prune(save_dir, keep_last) : NULL);
+}
+
+/* ---- load --------------------------------------------------------------------------- */
+
+static dsc_status check_compatible(dsc_tfile *f, const dsc_checkpoint_state *st) {
+    int64_t version;
+    DSC_TRY(dsc_tfile_get_attr_int(f, "format_version", &version));
+    DSC_CHECK(version <= DSC_CHECKPOINT_FORMAT_VERSION, DSC_ERR_UNSUPPORTED,
+              "%s: checkpoint format version %lld is newer than this dsc supports (%d); upgrade dsc",
+              dsc_tfile_name(f), (long long)version, DSC_CHECKPOINT_FORMAT_VERSION);
+    DSC_CHECK(version >= 1, DSC_ERR_CORRUPT, "%s: invalid checkpoint format version %lld", dsc_tfile_name(f),
+              (long long)version);
+    char *signature;
+    DSC_TRY(dsc_tfile_get_attr_string(f, "model_signature", &signature));
+    const char *want = st->model_signature ? st->model_signature : "{}";
+    dsc_status s = NULL;
+    if (strcmp(signature, want) != 0)
+        s = dsc_error(DSC_ERR_CORRUPT, "%s: checkpoint holds a different model: saved %s, this job builds %s",
+                      dsc_tfile_name(f), signature, want);
+    free(signature);
+    return s;
+}
+
+/* Reads every holding into one staging buffer after checking shapes. */
+static dsc_status stage(dsc_tfile *f, const holdings *h, char **staging) {
+    size_t total = 0;
+    for (int i = 0; i < h->count; i++) {
+        const dsc_tfile_entry *t = &h->items[i].piece.tensor;
+        DSC_TRY(dsc_tfile_expect(f, t->path, t->dtype, t->ndim, t->shape));
+        total += (size_t)h->items[i].piece.count * dsc_dtype_size(t->dtype);
+    }
+    *staging = malloc(total ? total : 1);
+    DSC_CHECK(*staging, DSC_ERR_NOMEM, "checkpoint: staging %zu bytes", total);
+    size_t at = 0;
+    for (int i = 0; i < h->count; i++) {
+        const dsc_tfile_piece *p = &h->items[i].piece;
+        DSC_TRY(dsc_tfile_read_range(f, p->tensor.path, p->begin, p->count, *staging + at));
+        at += (size_t)p->count * dsc_dtype_size(p->tensor.dtype);
+    }
+    return NULL;
+}
+
+static void commit(const holdings *h, const char *staging) {
+    size_t at = 0;
+    for (int i = 0; i < h->count; i++) {
+        size_t bytes = (size_t)h->items[i].piece.count * dsc_dtype_size(h->items[i].piece.tensor.dtype);
+        memcpy(h->items[i].live, staging + at, bytes);
+        at += bytes;
+    }
+}
+
+/* RNG streams are per rank: they are restored only into the same world size
+ * and stream count; otherwise the job keeps its freshly seeded streams. */
+static dsc_status rng_matches(dsc_tfile *f, const dsc_checkpoint_state *st, bool *matches) {
+    int size;
+    MPI_Comm_size(st->comm, &size);
+    int64_t world, streams;
+    DSC_TRY(dsc_tfile_get_attr_int(f, "world_size", &world));
+    DSC_TRY(dsc_tfile_get_attr_int(f, "rng_streams", &streams));
+    *matches = world == size && streams == st->n_rngs && st->n_rngs > 0;
+    return NULL;
+}
+
+static dsc_status load_from(dsc_tfile *f, dsc_checkpoint_state *st, dsc_checkpoint_scope scope, char **engine_json) {
+    DSC_TRY(dsc_agree(st->comm, check_compatible(f, st)));
+    bool with_rng = false;
+    if (scope == DSC_CHECKPOINT_FULL) DSC_TRY(dsc_agree(st->comm, rng_matches(f, st, &with_rng)));
+    dsc_checkpoint_state view = *st;
+    if (!with_rng) view.n_rngs = 0;
+    holdings h = {0};
+    char *staging = NULL;
+    dsc_status s = collect(&view, scope, &h);
+    if (!s) s = stage(f, &h, &staging);
+    int64_t step = 0;
+    char *engine = NULL;
+    if (!s && scope == DSC_CHECKPOINT_FULL) s = dsc_tfile_get_attr_int(f, "global_step", &step);
+    if (!s && scope == DSC_CHECKPOINT_FULL && engine_json) s = dsc_tfile_get_attr_string(f, "engine_state", &engine);
+    s = dsc_agree(st->comm, s);
+    if (!s) {
+        commit(&h, staging);
+        if (scope == DSC_CHECKPOINT_FULL) st->global_step = step;
+        if (engine_json) *engine_json = engine;
+        engine = NULL;
+    }
+    free(engine);
+    free(staging);
+    free(h.items);
+    return s;
+}
+
+dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
+                               dsc_checkpoint_scope scope, char **engine_json) {
+    if (engine_json) *engine_json = NULL;
+    int rank;
+    MPI_Comm_rank(st->comm, &rank);
+    char filename[1400] = "";
+    dsc_status s = rank == 0 ? dsc_checkpoint_path(save_dir, tag, filename, sizeof filename) : NULL;
+    DSC_TRY(dsc_agree(st->comm, s));
+    MPI_Bcast(filename, sizeof filename, MPI_CHAR, 0, st->comm);
+    dsc_tfile *f;
+    DSC_TRY(dsc_tfile_open(st->comm, filename, &f));
+    s = load_from(f, st, scope, engine_json);
+    dsc_status closed = dsc_tfile_close(f);
+    if (s) {
+        dsc_status_free(closed);
+        return s;
+    }
+    return closed;
+}
