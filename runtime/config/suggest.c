@@ -2,9 +2,11 @@
  * distance, else a key with the same (or nearly the same) name elsewhere in
  * the schema ("lr" -> "optimizer.params.lr"), else the list of keys allowed
  * at that place. Only produces text; the caller decides it is an error. */
+#define _POSIX_C_SOURCE 200809L /* strncasecmp */
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "runtime/config/config_impl.h"
 
@@ -56,7 +58,11 @@ void dsc_config_suggest(const char *parent, const char *name, char *hint, size_t
     for (size_t i = 0; i < count; i++) {
         if (!is_child(keys[i].path, parent)) continue;
         const char *sib = last_part(keys[i].path);
-        size_t d = edit_distance(name, nlen, sib, strlen(sib));
+        size_t slen = strlen(sib), d = edit_distance(name, nlen, sib, slen);
+        /* A shortened or extended sibling ("train_micro_batch_size") is a
+         * likely meaning too, though many edits away. */
+        size_t shorter = nlen < slen ? nlen : slen;
+        if (d > budget && shorter >= 5 && strncasecmp(name, sib, shorter) == 0) d = budget;
         if (d < best_d) best = keys[i].path, best_d = d;
     }
     if (!best) {

@@ -252,6 +252,8 @@ typedef struct bad_case {
 static const bad_case bad_cases[] = {
     {"unknown top-level key", "{\"train_batch_sizes\": 8}", NULL,
      "config.json: unknown key \"train_batch_sizes\" (did you mean \"train_batch_size\"?)"},
+    {"shortened key", "{\"train_micro_batch_size\": 8}", NULL,
+     "config.json: unknown key \"train_micro_batch_size\" (did you mean \"train_micro_batch_size_per_gpu\"?)"},
     {"unknown nested key", "{\"optimizer\": {\"parms\": {\"lr\": 0.1}}}", NULL,
      "config.json: unknown key \"optimizer.parms\" (did you mean \"optimizer.params\"?)"},
     {"key in the wrong section", "{\"optimizer\": {\"lr\": 0.1}}", NULL,
