@@ -18,17 +18,17 @@ void test_tiny_config(dsc_model_config *mc, dsc_model_arch arch) {
     mc->init_std = 0.2f;
 }
 
-dsc_status test_model_build(test_model *m, const dsc_model_config *mc, uint64_t seed, int slots, int64_t B,
-                            int64_t T) {
+dsc_status test_model_build(test_model *m, const dsc_model_config *mc, dsc_device device, uint64_t seed, int slots,
+                            int64_t B, int64_t T) {
     memset(m, 0, sizeof *m);
     m->mc = *mc;
     DSC_TRY(dsc_nn_register_dense_layers());
     dsc_layer_spec *specs;
     int count;
     DSC_TRY(dsc_model_specs(&m->mc, &specs, &count));
-    dsc_status s = dsc_params_create(&m->store, DSC_CPU, seed);
+    dsc_status s = dsc_params_create(&m->store, device, seed);
     m->layers = calloc((size_t)count, sizeof *m->layers);
-    dsc_build_ctx ctx = {.model = &m->mc, .params = m->store, .device = DSC_CPU};
+    dsc_build_ctx ctx = {.model = &m->mc, .params = m->store, .device = device};
     for (int i = 0; i < count && !s; i++) {
         s = dsc_layer_build(&specs[i], &ctx, &m->layers[i]);
         if (!s) m->n++;

@@ -14,10 +14,10 @@ typedef struct test_model {
     int n;
 } test_model;
 
-/* Builds every layer of `mc` from its specs, finalises the store (seeded with
- * `seed`) and reserves `slots` slots of (B, T). */
-dsc_status test_model_build(test_model *m, const dsc_model_config *mc, uint64_t seed, int slots, int64_t B,
-                            int64_t T);
+/* Builds every layer of `mc` from its specs on `device`, finalises the store
+ * (seeded with `seed`) and reserves `slots` slots of (B, T). */
+dsc_status test_model_build(test_model *m, const dsc_model_config *mc, dsc_device device, uint64_t seed, int slots,
+                            int64_t B, int64_t T);
 void test_model_free(test_model *m);
 /* Forward of one micro-batch through all layers; *loss from the head. */
 dsc_status test_model_forward(test_model *m, int slot, const dsc_tensor *tokens, const dsc_tensor *targets,

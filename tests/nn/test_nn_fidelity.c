@@ -6,11 +6,14 @@
  *
  * The AdamW step here is the test's own (dsc_kernel_adamw per parameter,
  * weight decay on 2-D parameters, clipping by dsc_kernel_sum_squares over
- * the flat gradients); the real optimizer lives in the runtime's engine. */
+ * the flat gradients); the real optimizer lives in the runtime's engine.
+ * The same fixtures run on cuda:0 when a GPU is present (skipped otherwise). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "dsc/backend.h"
 #include "dsc/kernels.h"
 #include "nn_test_util.h"
 #include "test_mpi.h"
@@ -46,13 +49,23 @@ static const fixture_array *expect_array(const fixture *f, const char *prefix, c
     return a;
 }
 
+/* A host copy of a (possibly device) f32 tensor; free() it. */
+static float *to_host(const dsc_tensor *t) {
+    float *host = malloc(dsc_tensor_nbytes(t) ? dsc_tensor_nbytes(t) : 1);
+    dsc_tensor view = dsc_tensor_view(host, DSC_DTYPE_F32, t->ndim, t->shape, DSC_CPU);
+    assert_ok(dsc_tensor_copy(&view, t));
+    return host;
+}
+
 static void load_params(test_model *m, const fixture *f) {
     int in_fixture = 0;
     for (int i = 0; i < f->n_arrays; i++) in_fixture += strncmp(f->arrays[i].name, "param/", 6) == 0;
     assert_int_equal(in_fixture, dsc_params_count(m->store)); /* same parameter set, both ways */
     for (int i = 0; i < dsc_params_count(m->store); i++) {
         dsc_param *p = dsc_params_at(m->store, i);
-        memcpy(p->value.data, expect_array(f, "param/", p)->data, (size_t)dsc_param_numel(p) * sizeof(float));
+        dsc_tensor src = dsc_tensor_view(expect_array(f, "param/", p)->data, DSC_DTYPE_F32, p->value.ndim,
+                                         p->value.shape, DSC_CPU);
+        assert_ok(dsc_tensor_copy(&p->value, &src));
     }
 }
 
@@ -75,7 +88,7 @@ static double compare_params(test_model *m, const fixture *f, const char *prefix
         const fixture_array *g = fixture_get(f, gname);
         double gmax = 0;
         for (int64_t j = 0; j < g->numel; j++) gmax = fmax(gmax, fabs(((float *)g->data)[j]));
-        const float *mine = grads ? p->grad.data : p->value.data;
+        float *mine = to_host(grads ? &p->grad : &p->value);
         snprintf(what, sizeof what, "%s%s", prefix, p->name);
         if (gmax < 1e-12 * grad_scale) {
             /* Identically zero in exact arithmetic (the key bias: softmax is
@@ -84,15 +97,18 @@ static double compare_params(test_model *m, const fixture *f, const char *prefix
              * the gradient is checked: noise far below the gradient scale. */
             if (!grads) {
                 printf("  %-40s skipped: its exact gradient is 0 (softmax shift invariance)\n", what);
+                free(mine);
                 continue;
             }
             double a = 0;
             for (int64_t j = 0; j < g->numel; j++) a = fmax(a, fabs(mine[j]));
             printf("  %-40s exact gradient 0: max |dsc| %.3e = %.3e of the gradient scale\n", what, a, a / grad_scale);
             *zero_abs = fmax(*zero_abs, a / grad_scale);
+            free(mine);
             continue;
         }
         worst = fmax(worst, dsc_test_max_rel_err(mine, ref->data, ref->numel, FLOOR, what));
+        free(mine);
     }
     return worst;
 }
@@ -109,17 +125,18 @@ static void adamw_step(test_model *m, dsc_tensor *exp_avg, dsc_tensor *exp_avg_s
         dsc_param *p = dsc_params_at(m->store, i);
         const float wd = (p->flags & DSC_PARAM_NO_DECAY) ? 0.0f : (float)fixture_meta(f, "weight_decay");
         dsc_tensor mv = dsc_tensor_view((float *)exp_avg->data + p->offset, DSC_DTYPE_F32, p->value.ndim,
-                                        p->value.shape, DSC_CPU);
+                                        p->value.shape, exp_avg->device);
         dsc_tensor vv = dsc_tensor_view((float *)exp_avg_sq->data + p->offset, DSC_DTYPE_F32, p->value.ndim,
-                                        p->value.shape, DSC_CPU);
+                                        p->value.shape, exp_avg->device);
         assert_ok(dsc_kernel_adamw(&p->value, &p->grad, &mv, &vv, (float)fixture_meta(f, "lr"),
                                    (float)fixture_meta(f, "beta1"), (float)fixture_meta(f, "beta2"),
                                    (float)fixture_meta(f, "eps"), wd, step));
     }
 }
 
-static void run_case(const char *name) {
-    printf("fixture %s\n", name);
+static void run_case(const char *name, dsc_device device) {
+    char dev[16];
+    printf("fixture %s on %s\n", name, dsc_device_name(device, dev, sizeof dev));
     fixture f;
     fixture_load(&f, name);
     dsc_model_config mc;
@@ -129,7 +146,7 @@ static void run_case(const char *name) {
     assert_non_null(tgt);
     const int64_t B = tok->shape[0], T = tok->shape[1];
     test_model m;
-    assert_ok(test_model_build(&m, &mc, 1, 1, B, T));
+    assert_ok(test_model_build(&m, &mc, device, 1, 1, B, T));
     load_params(&m, &f);
     dsc_tensor tokens = dsc_tensor_view(tok->data, DSC_DTYPE_I32, 2, tok->shape, DSC_CPU);
     dsc_tensor targets = dsc_tensor_view(tgt->data, DSC_DTYPE_I32, 2, tgt->shape, DSC_CPU);
@@ -140,7 +157,9 @@ static void run_case(const char *name) {
     assert_ok(dsc_head_logits(m.layers[m.n - 1], 0, &logits));
     const fixture_array *ref_logits = fixture_get(&f, "logits");
     assert_int_equal(dsc_tensor_numel(&logits), ref_logits->numel);
-    double worst = dsc_test_max_rel_err(logits.data, ref_logits->data, ref_logits->numel, FLOOR, "logits");
+    float *host_logits = to_host(&logits);
+    double worst = dsc_test_max_rel_err(host_logits, ref_logits->data, ref_logits->numel, FLOOR, "logits");
+    free(host_logits);
     float loss_f = (float)loss;
     worst = fmax(worst, dsc_test_max_rel_err(&loss_f, fixture_get(&f, "loss")->data, 1, FLOOR, "loss"));
 
@@ -151,8 +170,8 @@ static void run_case(const char *name) {
 
     dsc_tensor exp_avg, exp_avg_sq;
     const int64_t flat[1] = {dsc_params_numel(m.store, DSC_PARAM_GROUP_DENSE)};
-    assert_ok(dsc_tensor_alloc(&exp_avg, DSC_DTYPE_F32, 1, flat, DSC_CPU, DSC_MEM_OPTIM));
-    assert_ok(dsc_tensor_alloc(&exp_avg_sq, DSC_DTYPE_F32, 1, flat, DSC_CPU, DSC_MEM_OPTIM));
+    assert_ok(dsc_tensor_alloc(&exp_avg, DSC_DTYPE_F32, 1, flat, device, DSC_MEM_OPTIM));
+    assert_ok(dsc_tensor_alloc(&exp_avg_sq, DSC_DTYPE_F32, 1, flat, device, DSC_MEM_OPTIM));
     const int steps = (int)fixture_meta(&f, "steps");
     for (int step = 1; step <= steps; step++) {
         if (step > 1) {
@@ -165,7 +184,7 @@ static void run_case(const char *name) {
     char prefix[32];
     snprintf(prefix, sizeof prefix, "step%d/", steps);
     worst = fmax(worst, compare_params(&m, &f, prefix, false, &zero_abs));
-    printf("fixture %s: worst relative error %.3e (tolerance %.0e)\n", name, worst, TOL);
+    printf("fixture %s on %s: worst relative error %.3e (tolerance %.0e)\n", name, dev, worst, TOL);
     assert_true(worst <= TOL);
     dsc_tensor_free(&exp_avg);
     dsc_tensor_free(&exp_avg_sq);
@@ -175,17 +194,29 @@ static void run_case(const char *name) {
 
 static void test_gpt_tied(void **state) {
     (void)state;
-    run_case("gpt_tied");
+    run_case("gpt_tied", DSC_CPU);
 }
 
 static void test_gpt_untied(void **state) {
     (void)state;
-    run_case("gpt_untied");
+    run_case("gpt_untied", DSC_CPU);
 }
 
 static void test_llama(void **state) {
     (void)state;
-    run_case("llama");
+    run_case("llama", DSC_CPU);
+}
+
+static void test_all_on_cuda(void **state) {
+    (void)state;
+    if (dsc_cuda_device_count() == 0) {
+        printf("no CUDA device: skipped\n");
+        skip();
+    }
+    const dsc_device gpu = {DSC_DEVICE_CUDA, 0};
+    run_case("gpt_tied", gpu);
+    run_case("gpt_untied", gpu);
+    run_case("llama", gpu);
 }
 
 int main(void) {
@@ -193,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_gpt_tied),
         cmocka_unit_test(test_gpt_untied),
         cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_all_on_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,9 +49,9 @@ static void checkpointing_case(dsc_model_arch arch) {
     dsc_model_config mc;
     test_tiny_config(&mc, arch);
     test_model plain, ckpt;
-    assert_ok(test_model_build(&plain, &mc, 3, 2, B, T));
+    assert_ok(test_model_build(&plain, &mc, DSC_CPU, 3, 2, B, T));
     mc.activation_checkpointing = true;
-    assert_ok(test_model_build(&ckpt, &mc, 3, 2, B, T));
+    assert_ok(test_model_build(&ckpt, &mc, DSC_CPU, 3, 2, B, T));
     batch b0, b1;
     make_batch(&b0, mc.vocab_size, 1);
     make_batch(&b1, mc.vocab_size, 2);
@@ -95,8 +95,8 @@ static void slots_case(dsc_model_arch arch, bool checkpointing) {
     test_tiny_config(&mc, arch);
     mc.activation_checkpointing = checkpointing;
     test_model seq, inflight;
-    assert_ok(test_model_build(&seq, &mc, 9, 1, B, T));
-    assert_ok(test_model_build(&inflight, &mc, 9, 2, B, T));
+    assert_ok(test_model_build(&seq, &mc, DSC_CPU, 9, 1, B, T));
+    assert_ok(test_model_build(&inflight, &mc, DSC_CPU, 9, 2, B, T));
     batch b0, b1;
     make_batch(&b0, mc.vocab_size, 3);
     make_batch(&b1, mc.vocab_size, 4);
@@ -143,7 +143,7 @@ static void test_logits_only_forward(void **state) {
     dsc_model_config mc;
     test_tiny_config(&mc, DSC_ARCH_LLAMA);
     test_model m;
-    assert_ok(test_model_build(&m, &mc, 1, 1, B, T));
+    assert_ok(test_model_build(&m, &mc, DSC_CPU, 1, 1, B, T));
     batch b;
     make_batch(&b, mc.vocab_size, 5);
     double with_targets;
@@ -176,7 +176,7 @@ static void test_bad_input(void **state) {
     dsc_model_config mc;
     test_tiny_config(&mc, DSC_ARCH_GPT);
     test_model m;
-    assert_ok(test_model_build(&m, &mc, 1, 2, B, T));
+    assert_ok(test_model_build(&m, &mc, DSC_CPU, 1, 2, B, T));
     batch b;
     make_batch(&b, mc.vocab_size, 6);
     dsc_micro_ctx ctx = {.tokens = &b.tok, .targets = &b.tgt, .loss_scale = 1.0f};
