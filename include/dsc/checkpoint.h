@@ -67,6 +67,11 @@ dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_
 dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
                                dsc_checkpoint_scope scope, char **engine_json);
 
+/* Complete checkpoints in save_dir, oldest step first (free() the array),
+ * and the tag `latest` names; for tools. */
+dsc_status dsc_checkpoint_list(const char *save_dir, char (**tags)[128], int *count);
+dsc_status dsc_checkpoint_latest(const char *save_dir, char *tag, size_t len);
+
 /* The path of a checkpoint's file ("latest" resolved), for tools. */
 dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len);
 

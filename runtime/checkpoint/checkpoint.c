@@ -89,6 +89,14 @@ static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope s
     return NULL;
 }
 
+dsc_status dsc_checkpoint_list(const char *save_dir, char (**tags)[128], int *count) {
+    return dsc_ckpt_list_tags(save_dir, tags, count);
+}
+
+dsc_status dsc_checkpoint_latest(const char *save_dir, char *tag, size_t len) {
+    return dsc_ckpt_read_latest(save_dir, tag, len);
+}
+
 dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len) {
     char resolved[256];
     if (!tag || strcmp(tag, "latest") == 0)

@@ -1,0 +1,302 @@
+/* dsc-ckpt — inspect, compare and export dsc checkpoints.
+ *
+ *   dsc-ckpt ls SAVE_DIR                 tags, steps, layouts, sizes
+ *   dsc-ckpt show CKPT                   tensors, shapes, dtypes, L2 norms
+ *   dsc-ckpt diff CKPT_A CKPT_B          per-tensor max |a - b|
+ *   dsc-ckpt export CKPT --model-only OUT.h5
+ *
+ * CKPT is a checkpoint directory (SAVE_DIR/TAG), a save directory (its
+ * `latest` is followed) or a state.h5 file. Runs as one process. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dsc/checkpoint.h"
+#include "dsc/tensor_file.h"
+
+#define CKPT_FILE "state.h5"
+
+static void usage(void) {
+    fprintf(stderr, "usage: dsc-ckpt ls SAVE_DIR\n"
+                    "       dsc-ckpt show CKPT\n"
+                    "       dsc-ckpt diff CKPT_A CKPT_B\n"
+                    "       dsc-ckpt export CKPT --model-only OUT.h5\n"
+                    "CKPT: SAVE_DIR/TAG, SAVE_DIR (follows latest) or a state.h5 file\n");
+}
+
+static bool is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static dsc_status resolve(const char *arg, char *file, size_t len) {
+    if (is_file(arg)) {
+        snprintf(file, len, "%s", arg);
+        return NULL;
+    }
+    snprintf(file, len, "%s/%s", arg, CKPT_FILE);
+    if (is_file(file)) return NULL;
+    return dsc_checkpoint_path(arg, "latest", file, len);
+}
+
+static dsc_status open_ckpt(const char *arg, dsc_tfile **f) {
+    char file[1400];
+    DSC_TRY(resolve(arg, file, sizeof file));
+    return dsc_tfile_open(MPI_COMM_SELF, file, f);
+}
+
+static int64_t numel(const dsc_tfile_entry *e) {
+    int64_t n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    return n;
+}
+
+static void shape_text(const dsc_tfile_entry *e, char *buf, size_t len) {
+    size_t used = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < e->ndim && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, i ? ", %lld" : "%lld", (long long)e->shape[i]);
+    if (used < len) snprintf(buf + used, len - used, ")");
+}
+
+/* Reads a whole tensor as doubles (any stored dtype). */
+static dsc_status read_doubles(dsc_tfile *f, const dsc_tfile_entry *e, double **out) {
+    int64_t n = numel(e);
+    char *raw = malloc((size_t)(n ? n : 1) * dsc_dtype_size(e->dtype));
+    *out = malloc((size_t)(n ? n : 1) * sizeof **out);
+    dsc_status s = raw && *out ? dsc_tfile_read_range(f, e->path, 0, n, raw)
+                               : dsc_error(DSC_ERR_NOMEM, "reading %s", e->path);
+    for (int64_t i = 0; !s && i < n; i++) {
+        switch (e->dtype) {
+        case DSC_DTYPE_F32: (*out)[i] = ((float *)raw)[i]; break;
+        case DSC_DTYPE_BF16: (*out)[i] = dsc_bf16_to_f32(((uint16_t *)raw)[i]); break;
+        case DSC_DTYPE_F16: (*out)[i] = dsc_f16_to_f32(((uint16_t *)raw)[i]); break;
+        case DSC_DTYPE_I32: (*out)[i] = ((int32_t *)raw)[i]; break;
+        case DSC_DTYPE_I64: (*out)[i] = (double)((int64_t *)raw)[i]; break;
+        default: (*out)[i] = ((uint8_t *)raw)[i]; break;
+        }
+    }
+    free(raw);
+    return s;
+}
+
+/* ---- ls -------------------------------------------------------------------------------- */
+
+static dsc_status cmd_ls(const char *save_dir) {
+    char latest[128] = "";
+    dsc_status_free(dsc_checkpoint_latest(save_dir, latest, sizeof latest));
+    char(*tags)[128];
+    int n;
+    DSC_TRY(dsc_checkpoint_list(save_dir, &tags, &n));
+    printf("%-24s %10s %12s  %s\n", "tag", "step", "bytes", "layout");
+    for (int i = 0; i < n; i++) {
+        char file[1400];
+        snprintf(file, sizeof file, "%s/%s/%s", save_dir, tags[i], CKPT_FILE);
+        struct stat st;
+        dsc_tfile *f;
+        dsc_status s = stat(file, &st) == 0 ? dsc_tfile_open(MPI_COMM_SELF, file, &f)
+                                            : dsc_error(DSC_ERR_IO, "%s vanished", file);
+        if (s) {
+            printf("%-24s  unreadable: %s\n", tags[i], dsc_status_message(s));
+            dsc_status_free(s);
+            continue;
+        }
+        int64_t step = -1;
+        char *layout = NULL;
+        dsc_status_free(dsc_tfile_get_attr_int(f, "global_step", &step));
+        dsc_status_free(dsc_tfile_get_attr_string(f, "layout", &layout));
+        printf("%-24s %10lld %12lld  %s%s\n", tags[i], (long long)step, (long long)st.st_size,
+               layout ? layout : "?", strcmp(tags[i], latest) == 0 ? "  <- latest" : "");
+        free(layout);
+        dsc_status_free(dsc_tfile_close(f));
+    }
+    free(tags);
+    return NULL;
+}
+
+/* ---- show ------------------------------------------------------------------------------ */
+
+static dsc_status show_entry(const dsc_tfile_entry *e, void *user) {
+    double *v;
+    DSC_TRY(read_doubles(user, e, &v));
+    double sq = 0;
+    for (int64_t i = 0; i < numel(e); i++) sq += v[i] * v[i];
+    free(v);
+    char shape[96];
+    shape_text(e, shape, sizeof shape);
+    printf("  %-56s %-20s %-5s norm %.6g\n", e->path, shape, dsc_dtype_name(e->dtype), sqrt(sq));
+    return NULL;
+}
+
+static dsc_status list_all(dsc_tfile *f, dsc_status (*fn)(const dsc_tfile_entry *, void *), void *user) {
+    static const char *groups[] = {"model", "optimizer", "optimizer/exp_avg", "optimizer/exp_avg_sq",
+                                   "optimizer/momentum_buffer", "rng"};
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) DSC_TRY(dsc_tfile_list(f, groups[g], fn, user));
+    return NULL;
+}
+
+static dsc_status cmd_show(const char *arg) {
+    dsc_tfile *f;
+    DSC_TRY(open_ckpt(arg, &f));
+    int64_t step = -1, version = -1;
+    char *layout = NULL, *signature = NULL;
+    dsc_status_free(dsc_tfile_get_attr_int(f, "global_step", &step));
+    dsc_status_free(dsc_tfile_get_attr_int(f, "format_version", &version));
+    dsc_status_free(dsc_tfile_get_attr_string(f, "layout", &layout));
+    dsc_status_free(dsc_tfile_get_attr_string(f, "model_signature", &signature));
+    printf("%s\n  format %lld, step %lld\n  layout %s\n  model %s\n", dsc_tfile_name(f), (long long)version,
+           (long long)step, layout ? layout : "?", signature ? signature : "?");
+    free(layout);
+    free(signature);
+    dsc_status s = list_all(f, show_entry, f);
+    dsc_status closed = dsc_tfile_close(f);
+    if (s) dsc_status_free(closed);
+    return s ? s : closed;
+}
+
+/* ---- diff ------------------------------------------------------------------------------ */
+
+typedef struct diff_ctx {
+    dsc_tfile *a, *b;
+    double worst;
+} diff_ctx;
+
+static dsc_status diff_entry(const dsc_tfile_entry *e, void *user) {
+    diff_ctx *d = user;
+    dsc_tfile_entry other;
+    dsc_status s = dsc_tfile_describe(d->b, e->path, &other);
+    if (s) {
+        printf("  %-56s only in %s\n", e->path, dsc_tfile_name(d->a));
+        dsc_status_free(s);
+        return NULL;
+    }
+    if (numel(&other) != numel(e)) {
+        printf("  %-56s shapes differ\n", e->path);
+        d->worst = INFINITY;
+        return NULL;
+    }
+    double *va, *vb;
+    DSC_TRY(read_doubles(d->a, e, &va));
+    s = read_doubles(d->b, &other, &vb);
+    double max = 0;
+    for (int64_t i = 0; !s && i < numel(e); i++) {
+        double x = fabs(va[i] - vb[i]);
+        if (!(x <= max)) max = x;
+    }
+    free(va);
+    free(vb);
+    DSC_TRY(s);
+    if (!(max <= d->worst)) d->worst = max;
+    printf("  %-56s max |a-b| %.3e\n", e->path, max);
+    return NULL;
+}
+
+static dsc_status cmd_diff(const char *a, const char *b, double *worst) {
+    diff_ctx d = {0};
+    DSC_TRY(open_ckpt(a, &d.a));
+    dsc_status s = open_ckpt(b, &d.b);
+    if (!s) {
+        s = list_all(d.a, diff_entry, &d);
+        dsc_status_free(dsc_tfile_close(d.b));
+    }
+    dsc_status_free(dsc_tfile_close(d.a));
+    if (!s) printf("worst max |a-b| %.3e\n", d.worst);
+    *worst = d.worst;
+    return s;
+}
+
+/* ---- export ---------------------------------------------------------------------------- */
+
+typedef struct export_ctx {
+    dsc_tfile *in;
+    dsc_tfile_piece *pieces;
+    int count, cap;
+    dsc_status status;
+} export_ctx;
+
+static dsc_status collect_entry(const dsc_tfile_entry *e, void *user) {
+    export_ctx *x = user;
+    if (x->count == x->cap) {
+        x->cap = x->cap ? 2 * x->cap : 64;
+        dsc_tfile_piece *grown = realloc(x->pieces, (size_t)x->cap * sizeof *grown);
+        DSC_CHECK(grown, DSC_ERR_NOMEM, "export: piece list");
+        x->pieces = grown;
+    }
+    void *data = malloc((size_t)(numel(e) ? numel(e) : 1) * dsc_dtype_size(e->dtype));
+    DSC_CHECK(data, DSC_ERR_NOMEM, "export: %s", e->path);
+    x->pieces[x->count++] = (dsc_tfile_piece){*e, 0, numel(e), data};
+    return dsc_tfile_read_range(x->in, e->path, 0, numel(e), data);
+}
+
+static dsc_status copy_attrs(dsc_tfile *in, dsc_tfile *out) {
+    static const char *ints[] = {"format_version", "global_step"};
+    static const char *strings[] = {"dsc_version", "config", "layout", "model_signature"};
+    for (size_t i = 0; i < 2; i++) {
+        int64_t v;
+        DSC_TRY(dsc_tfile_get_attr_int(in, ints[i], &v));
+        DSC_TRY(dsc_tfile_set_attr_int(out, ints[i], v));
+    }
+    for (size_t i = 0; i < 4; i++) {
+        char *v;
+        DSC_TRY(dsc_tfile_get_attr_string(in, strings[i], &v));
+        dsc_status s = dsc_tfile_set_attr_string(out, strings[i], v);
+        free(v);
+        DSC_TRY(s);
+    }
+    /* A model-only file restores no optimizer, RNG or engine state. */
+    DSC_TRY(dsc_tfile_set_attr_int(out, "world_size", 0));
+    DSC_TRY(dsc_tfile_set_attr_int(out, "rng_streams", 0));
+    return dsc_tfile_set_attr_string(out, "engine_state", "{}");
+}
+
+static dsc_status cmd_export(const char *arg, const char *out_path) {
+    export_ctx x = {0};
+    DSC_TRY(open_ckpt(arg, &x.in));
+    dsc_status s = dsc_tfile_list(x.in, "model", collect_entry, &x);
+    dsc_tfile *out = NULL;
+    if (!s) s = dsc_tfile_create(MPI_COMM_SELF, out_path, &out);
+    if (!s) {
+        s = dsc_tfile_write_all(out, x.pieces, x.count);
+        if (!s) s = copy_attrs(x.in, out);
+        dsc_status closed = dsc_tfile_close(out);
+        if (!s) s = closed;
+        else dsc_status_free(closed);
+    }
+    if (!s) printf("exported %d tensors to %s\n", x.count, out_path);
+    for (int i = 0; i < x.count; i++) free((void *)x.pieces[i].data);
+    free(x.pieces);
+    dsc_status_free(dsc_tfile_close(x.in));
+    return s;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        usage();
+        return 2;
+    }
+    MPI_Init(&argc, &argv);
+    dsc_status s = NULL;
+    int rc = 0;
+    double worst = 0;
+    if (strcmp(argv[1], "ls") == 0 && argc == 3) {
+        s = cmd_ls(argv[2]);
+    } else if (strcmp(argv[1], "show") == 0 && argc == 3) {
+        s = cmd_show(argv[2]);
+    } else if (strcmp(argv[1], "diff") == 0 && argc == 4) {
+        s = cmd_diff(argv[2], argv[3], &worst);
+    } else if (strcmp(argv[1], "export") == 0 && argc == 5 && strcmp(argv[3], "--model-only") == 0) {
+        s = cmd_export(argv[2], argv[4]);
+    } else {
+        usage();
+        rc = 2;
+    }
+    if (s) {
+        fprintf(stderr, "dsc-ckpt: %s\n", dsc_status_message(s));
+        dsc_status_free(s);
+        rc = 1;
+    }
+    MPI_Finalize();
+    return rc;
+}
