@@ -45,18 +45,21 @@ static dsc_status check_args(dsc_schedule_kind kind, int micro_batches, int stag
     DSC_CHECK(stages >= 1, DSC_ERR_INVALID, "%s schedule: stages must be >= 1, got %d", name, stages);
     DSC_CHECK(stage_id >= 0 && stage_id < stages, DSC_ERR_INVALID,
               "%s schedule: stage_id %d is out of range for %d stages", name, stage_id, stages);
+    /* Steps, slots and instruction counts are ints; keep them far from overflow. */
+    DSC_CHECK((long long)micro_batches + stages <= 100000000LL, DSC_ERR_INVALID,
+              "%s schedule: M + P = %lld is too large", name, (long long)micro_batches + stages);
     if (kind != DSC_SCHEDULE_INTERLEAVED) {
         DSC_CHECK(chunks == 1, DSC_ERR_INVALID, "%s schedule: chunks must be 1, got %d (only interleaved uses v)",
                   name, chunks);
-        return NULL;
+    } else {
+        DSC_CHECK(chunks >= 2, DSC_ERR_INVALID, "interleaved schedule: chunks v must be >= 2, got %d", chunks);
+        DSC_CHECK(stages >= 2, DSC_ERR_INVALID, "interleaved schedule: stages must be >= 2, got %d", stages);
+        DSC_CHECK(micro_batches % stages == 0, DSC_ERR_INVALID,
+                  "interleaved schedule: micro_batches %d must be a multiple of stages %d", micro_batches, stages);
     }
-    DSC_CHECK(chunks >= 2, DSC_ERR_INVALID, "interleaved schedule: chunks v must be >= 2, got %d", chunks);
-    DSC_CHECK(stages >= 2, DSC_ERR_INVALID, "interleaved schedule: stages must be >= 2, got %d", stages);
-    DSC_CHECK(micro_batches % stages == 0, DSC_ERR_INVALID,
-              "interleaved schedule: micro_batches %d must be a multiple of stages %d", micro_batches, stages);
-    /* Timeline slots are ints; keep every count far from overflow. */
-    DSC_CHECK((long long)micro_batches * stages * chunks <= 50000000LL, DSC_ERR_INVALID,
-              "interleaved schedule: M*P*v = %lld is too large", (long long)micro_batches * stages * chunks);
+    if (kind == DSC_SCHEDULE_GPIPE || kind == DSC_SCHEDULE_INTERLEAVED)
+        DSC_CHECK((long long)micro_batches * stages * chunks <= 50000000LL, DSC_ERR_INVALID,
+                  "%s schedule: M*P*v = %lld is too large", name, (long long)micro_batches * stages * chunks);
     return NULL;
 }
 
@@ -64,8 +67,6 @@ dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int st
                                dsc_schedule **out) {
     *out = NULL;
     DSC_TRY(check_args(kind, micro_batches, stages, stage_id, chunks));
-    DSC_CHECK((long long)micro_batches + stages <= 100000000LL, DSC_ERR_INVALID,
-              "%s schedule: M + P = %lld is too large", kind_names[kind], (long long)micro_batches + stages);
     dsc_schedule *s;
     DSC_TRY(dsc_mem_alloc((void **)&s, sizeof *s, DSC_MEM_OTHER, DSC_CPU));
     s->kind = kind;
@@ -127,7 +128,10 @@ int dsc_schedule_num_steps(const dsc_schedule *s) { return s->num_steps; }
 int dsc_schedule_num_buffers(const dsc_schedule *s) { return s->num_buffers; }
 
 const dsc_instr *dsc_schedule_step(const dsc_schedule *s, int t, int *count) {
-    DSC_ASSERT(t >= 0 && t < s->num_steps);
+    if (t < 0 || t >= s->num_steps) {
+        *count = 0;
+        return NULL;
+    }
     *count = s->step_start[t + 1] - s->step_start[t];
     return s->instrs + s->step_start[t];
 }

@@ -16,9 +16,25 @@ static double shortest_segment(const dsc_pipe_sim_result *r) {
     return shortest;
 }
 
-static char segment_char(const dsc_pipe_sim_segment *g) {
-    const char *letters = g->chunk % 2 ? "fb" : "FB";
-    return letters[g->backward];
+static const char segment_chars[4] = {'F', 'B', 'f', 'b'};
+
+static int segment_category(const dsc_pipe_sim_segment *g) { return (g->chunk % 2) * 2 + g->backward; }
+
+/* The character of column [lo, hi): the activity that fills most of it, or
+ * '.' when the stage is idle for at least half of it. Averaging over the
+ * column (instead of sampling one instant) keeps scaled-down rows honest.
+ * `k` is the first segment that may still overlap; it only moves forward. */
+static char column_char(const dsc_pipe_sim_stage *st, int *k, double lo, double hi) {
+    double busy[4] = {0};
+    while (*k < st->num_segments && st->segments[*k].end <= lo) (*k)++;
+    for (int q = *k; q < st->num_segments && st->segments[q].start < hi; q++) {
+        const dsc_pipe_sim_segment *g = &st->segments[q];
+        busy[segment_category(g)] += fmin(g->end, hi) - fmax(g->start, lo);
+    }
+    int best = 0;
+    for (int c = 1; c < 4; c++)
+        if (busy[c] > busy[best]) best = c;
+    return busy[0] + busy[1] + busy[2] + busy[3] >= 0.5 * (hi - lo) ? segment_chars[best] : '.';
 }
 
 dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *r, int max_width, FILE *out) {
@@ -38,12 +54,7 @@ dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *r, int max_wid
         const dsc_pipe_sim_stage *st = &r->stages[i];
         fprintf(out, "stage %3d |", i);
         int k = 0;
-        for (int col = 0; col < cols; col++) {
-            const double mid = (col + 0.5) * dt;
-            while (k < st->num_segments && st->segments[k].end <= mid) k++;
-            const int inside = k < st->num_segments && st->segments[k].start <= mid;
-            fputc(inside ? segment_char(&st->segments[k]) : '.', out);
-        }
+        for (int col = 0; col < cols; col++) fputc(column_char(st, &k, col * dt, (col + 1) * dt), out);
         fputs("|\n", out);
     }
     DSC_CHECK(!ferror(out), DSC_ERR_IO, "writing the timeline: output error");

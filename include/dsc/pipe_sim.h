@@ -76,7 +76,8 @@ dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int micro_batches, i
 int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks);
 
 /* One row per stage, at most max_width columns: 'F'/'B' forward/backward
- * ('f'/'b' on odd model chunks), '.' idle; time is scaled down to fit. */
+ * ('f'/'b' on odd model chunks), '.' idle; time is scaled down to fit, and
+ * each column shows what fills most of it ('.' when idle half or more). */
 dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *result, int max_width, FILE *out);
 /* The same timeline as an SVG drawing written to `path`. */
 dsc_status dsc_pipe_sim_write_svg(const dsc_pipe_sim_result *result, const char *title, const char *path);

@@ -77,7 +77,7 @@ int dsc_schedule_chunks(const dsc_schedule *sched);
 
 /* Number of steps; the same on every stage of one pipeline. */
 int dsc_schedule_num_steps(const dsc_schedule *sched);
-/* The instructions of step `t` (0 <= t < num_steps) and their count. */
+/* The instructions of step `t` and their count; NULL and 0 when t is not in [0, num_steps). */
 const dsc_instr *dsc_schedule_step(const dsc_schedule *sched, int t, int *count);
 /* Buffer slots the executor must provide (DeepSpeed's num_pipe_buffers). */
 int dsc_schedule_num_buffers(const dsc_schedule *sched);

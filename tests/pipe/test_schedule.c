@@ -44,7 +44,15 @@ static void test_invalid_arguments(void **state) {
     assert_err(dsc_schedule_create(DSC_SCHEDULE_INTERLEAVED, 4, 1, 0, 2, &s), DSC_ERR_INVALID,
                "stages must be >= 2, got 1");
     assert_err(dsc_schedule_create((dsc_schedule_kind)42, 4, 1, 0, 1, &s), DSC_ERR_INVALID, "kind 42");
+    assert_err(dsc_schedule_create(DSC_SCHEDULE_GPIPE, 100000, 1000, 0, 1, &s), DSC_ERR_INVALID,
+               "M*P*v = 100000000 is too large");
     assert_null(s);
+    s = make(DSC_SCHEDULE_DATA_PARALLEL, 2, 1, 0, 1);
+    int n = 7;
+    assert_null(dsc_schedule_step(s, 2, &n));
+    assert_int_equal(n, 0);
+    assert_null(dsc_schedule_step(s, -1, &n));
+    dsc_schedule_destroy(s);
 }
 
 static void test_names(void **state) {
