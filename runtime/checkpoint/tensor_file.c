@@ -515,8 +515,17 @@ dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int 
 
 /* ---- reading ---------------------------------------------------------------------------- */
 
+static dsc_status check_crc(dsc_tfile *f, const dataset *d, const segment *g, const void *buf) {
+    size_t bytes = (size_t)g->count * dsc_dtype_size(d->entry.dtype);
+    DSC_CHECK((int64_t)crc32(0L, (const Bytef *)buf, (uInt)bytes) == g->crc, DSC_ERR_CORRUPT,
+              "%s: tensor %s: checksum mismatch in elements [%lld, %lld) (file corrupted)", f->name, d->entry.path,
+              (long long)g->begin, (long long)(g->begin + g->count));
+    return NULL;
+}
+
 /* Reads [begin, end) through the segments that cover it, checking each
- * segment's CRC; segments partly outside the range are read whole. */
+ * segment's CRC. A segment inside the range is read in place; one that
+ * sticks out is read whole into a temporary buffer. */
 static dsc_status read_verified(dsc_tfile *f, const dataset *d, int64_t begin, int64_t count, void *data) {
     int64_t end = begin + count, covered = begin;
     size_t esize = dsc_dtype_size(d->entry.dtype);
@@ -524,16 +533,20 @@ static dsc_status read_verified(dsc_tfile *f, const dataset *d, int64_t begin, i
         const segment *g = &d->segments[i];
         if (g->begin + g->count <= covered) continue;
         if (g->begin > covered) break;
+        char *dst = (char *)data + (size_t)(covered - begin) * esize;
+        if (g->begin == covered && g->begin + g->count <= end) {
+            DSC_TRY(transfer(f, d, g->begin, g->count, dst, false));
+            DSC_TRY(check_crc(f, d, g, dst));
+            covered += g->count;
+            continue;
+        }
         char *buf = malloc((size_t)g->count * esize);
         DSC_CHECK(buf, DSC_ERR_NOMEM, "%s: reading tensor %s", f->name, d->entry.path);
         dsc_status s = transfer(f, d, g->begin, g->count, buf, false);
-        if (!s && (int64_t)crc32(0L, (const Bytef *)buf, (uInt)((size_t)g->count * esize)) != g->crc)
-            s = dsc_error(DSC_ERR_CORRUPT, "%s: tensor %s: checksum mismatch in elements [%lld, %lld) (file corrupted)",
-                          f->name, d->entry.path, (long long)g->begin, (long long)(g->begin + g->count));
+        if (!s) s = check_crc(f, d, g, buf);
         if (!s) {
             int64_t piece_end = g->begin + g->count < end ? g->begin + g->count : end;
-            memcpy((char *)data + (size_t)(covered - begin) * esize, buf + (size_t)(covered - g->begin) * esize,
-                   (size_t)(piece_end - covered) * esize);
+            memcpy(dst, buf + (size_t)(covered - g->begin) * esize, (size_t)(piece_end - covered) * esize);
             covered = piece_end;
         }
         free(buf);
