@@ -54,7 +54,8 @@ void nn_attention_free(nn_attention *a) {
 static dsc_status reserve_positions(nn_attention *a, int64_t T, dsc_device device) {
     int32_t *host = malloc((size_t)T * sizeof *host);
     DSC_CHECK(host, DSC_ERR_NOMEM, "RoPE positions for %lld tokens", (long long)T);
-    for (int64_t i = 0; i < T; i++) host[i] = (int32_t)i;
+    for (int64_t i = 0; i < T; i++)
+        host[i] = (int32_t)i;
     dsc_tensor src = dsc_tensor_view(host, DSC_DTYPE_I32, 1, (int64_t[]){T}, DSC_CPU);
     dsc_status s = dsc_tensor_alloc(&a->positions, DSC_DTYPE_I32, 1, (int64_t[]){T}, device, DSC_MEM_ACTIVATIONS);
     if (!s) s = dsc_tensor_copy(&a->positions, &src);

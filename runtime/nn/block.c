@@ -89,6 +89,7 @@ static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in,
                                 dsc_micro_ctx *ctx) {
     block_layer *k = (block_layer *)self;
     DSC_TRY(nn_check_input(self, in, k->C));
+    k->bt[slot][0] = 0; /* a failed forward leaves no pending backward */
     dsc_tensor x = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
     DSC_TRY(dsc_tensor_copy(&x, in));
     DSC_TRY(run_forward(k, k->checkpoint ? 0 : slot, &x, &o, ctx));
@@ -146,7 +147,8 @@ static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_
     DSC_CHECK(list.n + k->ffn->n_params <= NN_MAX_LAYER_PARAMS, DSC_ERR_INVALID,
               "feed-forward layer %s has %d parameters; a block holds at most %d in all", k->ffn->name,
               k->ffn->n_params, NN_MAX_LAYER_PARAMS);
-    for (int i = 0; i < k->ffn->n_params; i++) list.items[list.n++] = k->ffn->params[i];
+    for (int i = 0; i < k->ffn->n_params; i++)
+        list.items[list.n++] = k->ffn->params[i];
     return dsc_layer_set_params(&k->base, list.items, list.n);
 }
 

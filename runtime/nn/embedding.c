@@ -24,7 +24,8 @@ typedef struct embedding_layer {
 } embedding_layer;
 
 static void release(embedding_layer *e) {
-    for (int i = 0; e->tokens && i < e->nslots; i++) dsc_tensor_free(&e->tokens[i]);
+    for (int i = 0; e->tokens && i < e->nslots; i++)
+        dsc_tensor_free(&e->tokens[i]);
     free(e->tokens);
     e->tokens = NULL;
     nn_buffers_free(&e->out, e->nslots);
@@ -53,6 +54,7 @@ static dsc_status embedding_forward(dsc_layer *self, int slot, const dsc_tensor 
                                     dsc_micro_ctx *ctx) {
     (void)in;
     embedding_layer *e = (embedding_layer *)self;
+    e->bt[slot][0] = 0; /* a failed forward leaves no pending backward */
     DSC_CHECK(ctx && ctx->tokens, DSC_ERR_INVALID, "no token ids (ctx->tokens)");
     const dsc_tensor *ids = ctx->tokens;
     DSC_TRY(dsc_tensor_expect(ids, "token ids", DSC_DTYPE_I32, 2, (int64_t[]){-1, -1}));

@@ -27,21 +27,22 @@ typedef struct head_layer {
     int64_t C, V;
     dsc_device device;
     int nslots;
-    head_slot *state;         /* [slots] */
-    dsc_tensor *x;            /* [slots] (B, T, C) copy of the input */
-    dsc_tensor *normed;       /* [slots] (B, T, C) */
-    dsc_tensor *din;          /* [slots] (B, T, C) */
-    dsc_tensor *losses;       /* [slots] (B, T) per-token loss */
-    dsc_tensor *targets;      /* [slots] (B, T) i32 */
-    dsc_tensor logits;        /* (B, T, V) shared; holds logits_slot's logits, or its gradient after backward */
-    int logits_slot;          /* -1 when the buffer holds no slot's logits */
-    int64_t logits_bt[2];     /* (b, t) of those logits */
-    dsc_tensor host_targets;  /* (B, T) i32 on the CPU, for validation and counting */
-    dsc_tensor dnormed;       /* (B, T, C) backward scratch */
+    head_slot *state;        /* [slots] */
+    dsc_tensor *x;           /* [slots] (B, T, C) copy of the input */
+    dsc_tensor *normed;      /* [slots] (B, T, C) */
+    dsc_tensor *din;         /* [slots] (B, T, C) */
+    dsc_tensor *losses;      /* [slots] (B, T) per-token loss */
+    dsc_tensor *targets;     /* [slots] (B, T) i32 */
+    dsc_tensor logits;       /* (B, T, V) shared; holds logits_slot's logits, or its gradient after backward */
+    int logits_slot;         /* -1 when the buffer holds no slot's logits */
+    int64_t logits_bt[2];    /* (b, t) of those logits */
+    dsc_tensor host_targets; /* (B, T) i32 on the CPU, for validation and counting */
+    dsc_tensor dnormed;      /* (B, T, C) backward scratch */
 } head_layer;
 
 static void free_table(dsc_tensor **t, int n) {
-    for (int i = 0; *t && i < n; i++) dsc_tensor_free(&(*t)[i]);
+    for (int i = 0; *t && i < n; i++)
+        dsc_tensor_free(&(*t)[i]);
     free(*t);
     *t = NULL;
 }
@@ -187,11 +188,12 @@ dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits) {
     DSC_CHECK(head && head->ops == &head_ops, DSC_ERR_INVALID, "layer %s is not an lm_head",
               head ? head->name : "(null)");
     head_layer *h = (head_layer *)head;
-    DSC_CHECK(slot >= 0 && slot < h->nslots, DSC_ERR_INVALID, "layer %s: slot %d outside [0, %d)", head->name, slot,
-              h->nslots);
-    DSC_CHECK(h->logits_slot == slot, DSC_ERR_INVALID,
-              "layer %s: the logits of slot %d are gone (backward ran or another slot's forward reused the buffer)",
-              head->name, slot);
+    DSC_CHECK(slot >= 0 && slot < h->nslots, DSC_ERR_INVALID, "layer %s: slot %d outside [0, %d)", head->name,
+              slot, h->nslots);
+    DSC_CHECK(
+        h->logits_slot == slot, DSC_ERR_INVALID,
+        "layer %s: the logits of slot %d are gone (backward ran or another slot's forward reused the buffer)",
+        head->name, slot);
     *logits = nn_view(&h->logits, 3, (int64_t[]){h->logits_bt[0], h->logits_bt[1], h->V});
     return NULL;
 }
@@ -222,7 +224,8 @@ dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, 
         return s;
     }
     h->base.activation_bytes_per_token =
-        (int64_t)sizeof(float) * (3 * h->C + nn_norm_saved_floats_per_token(&h->norm) + 1) + (int64_t)sizeof(int32_t);
+        (int64_t)sizeof(float) * (3 * h->C + nn_norm_saved_floats_per_token(&h->norm) + 1) +
+        (int64_t)sizeof(int32_t);
     *out = &h->base;
     return NULL;
 }

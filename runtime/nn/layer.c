@@ -11,8 +11,8 @@
 
 dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T) {
     DSC_CHECK(slots >= 1 && B >= 1 && T >= 1, DSC_ERR_INVALID,
-              "layer %s: reserve needs slots, B and T >= 1 (got %d, %lld, %lld)", layer->name, slots,
-              (long long)B, (long long)T);
+              "layer %s: reserve needs slots, B and T >= 1 (got %d, %lld, %lld)", layer->name, slots, (long long)B,
+              (long long)T);
     dsc_status s = layer->ops->reserve(layer, slots, B, T);
     if (s) {
         layer->slots = 0; /* a failed reserve leaves no usable slot */
@@ -33,7 +33,8 @@ static dsc_status check_slot(const dsc_layer *layer, int slot, const char *what)
     return NULL;
 }
 
-dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx) {
+dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out,
+                             dsc_micro_ctx *ctx) {
     DSC_TRY(check_slot(layer, slot, "forward"));
     dsc_status s = layer->ops->forward(layer, slot, in, out, ctx);
     if (s) return dsc_error_wrap(s, "layer %s (%s) forward slot %d", layer->name, layer->ops->type, slot);
@@ -71,7 +72,8 @@ dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n) {
 
 int64_t dsc_layer_param_numel(const dsc_layer *layer) {
     int64_t n = 0;
-    for (int i = 0; i < layer->n_params; i++) n += dsc_param_numel(layer->params[i]);
+    for (int i = 0; i < layer->n_params; i++)
+        n += dsc_param_numel(layer->params[i]);
     return n;
 }
 

@@ -5,14 +5,12 @@
  * No layer logic lives here; each helper is used by at least two layers. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "dsc/kernels.h"
 #include "runtime/nn/nn_internal.h"
 
-dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
-                      int ndim, const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std,
-                      dsc_param **out) {
+dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
+                      const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std, dsc_param **out) {
     char name[DSC_PARAM_NAME_MAX];
     int len = snprintf(name, sizeof name, "%s.%s", prefix, leaf);
     DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID, "parameter name %s.%s is longer than %d",
@@ -38,7 +36,8 @@ dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_
 
 void nn_buffers_free(dsc_tensor **bufs, int count) {
     if (!*bufs) return;
-    for (int i = 0; i < count; i++) dsc_tensor_free(&(*bufs)[i]);
+    for (int i = 0; i < count; i++)
+        dsc_tensor_free(&(*bufs)[i]);
     free(*bufs);
     *bufs = NULL;
 }
@@ -49,7 +48,9 @@ dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape) {
     return v;
 }
 
-dsc_tensor nn_rows(const dsc_tensor *t) { return nn_matrix(t, t->ndim ? t->shape[t->ndim - 1] : 1); }
+dsc_tensor nn_rows(const dsc_tensor *t) {
+    return nn_matrix(t, t->ndim ? t->shape[t->ndim - 1] : 1);
+}
 
 dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols) {
     const int64_t n = dsc_tensor_numel(t);
@@ -64,8 +65,8 @@ dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param
     return dsc_kernel_linear_forward(&y2, &x2, &w->value, bias ? &bias->value : NULL);
 }
 
-dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
-                              const dsc_tensor *dy, const dsc_tensor *x) {
+dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
+                              const dsc_tensor *x) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor dx2 = nn_matrix(dx, C), dy2 = nn_matrix(dy, OC), x2 = nn_matrix(x, C);
     dsc_tensor *dw = &w->grad, *db = bias ? &bias->grad : NULL;

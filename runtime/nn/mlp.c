@@ -16,12 +16,12 @@
 
 typedef struct mlp_layer {
     dsc_layer base;
-    bool gated;          /* SwiGLU */
-    dsc_param *w_in;     /* (F, C): fc or gate */
-    dsc_param *b_in;     /* (F): fc bias, NULL for SwiGLU */
-    dsc_param *w_up;     /* (F, C): SwiGLU up, NULL for GELU */
-    dsc_param *w_out;    /* (C, F): proj or down */
-    dsc_param *b_out;    /* (C): proj bias, NULL for SwiGLU */
+    bool gated;       /* SwiGLU */
+    dsc_param *w_in;  /* (F, C): fc or gate */
+    dsc_param *b_in;  /* (F): fc bias, NULL for SwiGLU */
+    dsc_param *w_up;  /* (F, C): SwiGLU up, NULL for GELU */
+    dsc_param *w_out; /* (C, F): proj or down */
+    dsc_param *b_out; /* (C): proj bias, NULL for SwiGLU */
     int64_t C, F;
     dsc_device device;
     int nslots;          /* slots currently allocated */
@@ -34,7 +34,9 @@ typedef struct mlp_layer {
 } mlp_layer;
 
 /* dact and dpre, plus dup for SwiGLU */
-static int scratch_count(const mlp_layer *m) { return m->gated ? 3 : 2; }
+static int scratch_count(const mlp_layer *m) {
+    return m->gated ? 3 : 2;
+}
 
 static void release(mlp_layer *m) {
     int slots = m->nslots;
@@ -114,11 +116,13 @@ static void mlp_destroy(dsc_layer *self) {
     free(self);
 }
 
-static const dsc_layer_ops mlp_ops = {
-    .type = "mlp", .reserve = mlp_reserve, .forward = mlp_forward, .backward = mlp_backward, .destroy = mlp_destroy};
+static const dsc_layer_ops mlp_ops = {.type = "mlp",
+                                      .reserve = mlp_reserve,
+                                      .forward = mlp_forward,
+                                      .backward = mlp_backward,
+                                      .destroy = mlp_destroy};
 
-static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *store,
-                          const dsc_model_config *mc) {
+static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *store, const dsc_model_config *mc) {
     const char *prefix = m->base.name;
     const int64_t C = m->C, F = m->F;
     const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
@@ -126,8 +130,8 @@ static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *st
     if (m->gated) {
         DSC_TRY(nn_declare(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std,
                            &m->w_in));
-        DSC_TRY(nn_declare(list, store, prefix, "up.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std,
-                           &m->w_up));
+        DSC_TRY(
+            nn_declare(list, store, prefix, "up.weight", 2, (int64_t[]){F, C}, 0, DSC_INIT_NORMAL, std, &m->w_up));
         return nn_declare(list, store, prefix, "down.weight", 2, (int64_t[]){C, F}, 0, DSC_INIT_NORMAL, std_out,
                           &m->w_out);
     }

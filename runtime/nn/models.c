@@ -22,7 +22,8 @@ dsc_status dsc_model_arch_from_name(const char *name, dsc_model_arch *out) {
             *out = (dsc_model_arch)i;
             return NULL;
         }
-    return dsc_error(DSC_ERR_CONFIG, "model.arch: unknown architecture \"%s\" (expected gpt, llama, gpt_moe or mixtral)",
+    return dsc_error(DSC_ERR_CONFIG,
+                     "model.arch: unknown architecture \"%s\" (expected gpt, llama, gpt_moe or mixtral)",
                      name ? name : "");
 }
 
@@ -65,8 +66,8 @@ dsc_status dsc_model_config_validate(const dsc_model_config *mc) {
     DSC_CHECK(mc->init_std >= 0.0f, DSC_ERR_CONFIG, "model.init_std must be >= 0 (got %g)", (double)mc->init_std);
     if (nn_arch_is_llama(mc)) {
         const int hs = mc->d_model / mc->n_head;
-        DSC_CHECK(hs % 2 == 0, DSC_ERR_CONFIG,
-                  "model.d_model / model.n_head = %d: RoPE needs an even head size", hs);
+        DSC_CHECK(hs % 2 == 0, DSC_ERR_CONFIG, "model.d_model / model.n_head = %d: RoPE needs an even head size",
+                  hs);
         DSC_CHECK(mc->rope_theta > 0.0f, DSC_ERR_CONFIG, "model.rope_theta must be > 0 (got %g)",
                   (double)mc->rope_theta);
     }

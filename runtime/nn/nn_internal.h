@@ -28,9 +28,8 @@ typedef struct nn_param_list {
 } nn_param_list;
 
 /* Declares a parameter named "<prefix>.<leaf>" and appends it to `list`. */
-dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
-                      int ndim, const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std,
-                      dsc_param **out);
+dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
+                      const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
 
 /* `count` f32 activation buffers of one shape (released with nn_buffers_free). */
 dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
@@ -46,8 +45,8 @@ dsc_tensor nn_rows(const dsc_tensor *t);
 dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
-dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
-                              const dsc_tensor *dy, const dsc_tensor *x);
+dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
+                              const dsc_tensor *x);
 
 /* Checks that `in` is (b, t, C) f32 with b <= max_B, t <= max_T. */
 dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C);

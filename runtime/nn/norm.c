@@ -10,11 +10,11 @@ dsc_status nn_norm_init(nn_norm *n, nn_param_list *list, dsc_param_store *store,
                         const dsc_model_config *mc) {
     *n = (nn_norm){.eps = mc->norm_eps, .C = mc->d_model};
     const int64_t shape[1] = {mc->d_model};
-    DSC_TRY(nn_declare(list, store, prefix, "weight", 1, shape, DSC_PARAM_NO_DECAY, DSC_INIT_ONES, 0.0f,
-                       &n->weight));
+    DSC_TRY(
+        nn_declare(list, store, prefix, "weight", 1, shape, DSC_PARAM_NO_DECAY, DSC_INIT_ONES, 0.0f, &n->weight));
     if (!nn_arch_is_llama(mc))
-        DSC_TRY(nn_declare(list, store, prefix, "bias", 1, shape, DSC_PARAM_NO_DECAY, DSC_INIT_ZEROS, 0.0f,
-                           &n->bias));
+        DSC_TRY(
+            nn_declare(list, store, prefix, "bias", 1, shape, DSC_PARAM_NO_DECAY, DSC_INIT_ZEROS, 0.0f, &n->bias));
     return NULL;
 }
 
@@ -37,7 +37,9 @@ dsc_status nn_norm_reserve(nn_norm *n, int slots, int64_t B, int64_t T, dsc_devi
     return NULL;
 }
 
-int64_t nn_norm_saved_floats_per_token(const nn_norm *n) { return n->bias ? 2 : 1; }
+int64_t nn_norm_saved_floats_per_token(const nn_norm *n) {
+    return n->bias ? 2 : 1;
+}
 
 dsc_status nn_norm_forward(nn_norm *n, int slot, const dsc_tensor *x, dsc_tensor *out) {
     dsc_tensor x2 = nn_rows(x), out2 = nn_rows(out);
@@ -52,7 +54,8 @@ dsc_status nn_norm_backward(nn_norm *n, int slot, const dsc_tensor *x, const dsc
     dsc_tensor x2 = nn_rows(x), dout2 = nn_rows(dout), dx2 = nn_rows(dx);
     const int64_t rows[1] = {x2.shape[0]};
     dsc_tensor rstd = nn_view(&n->rstd[slot], 1, rows);
-    if (!n->bias) return dsc_kernel_rmsnorm_backward(&dx2, &n->weight->grad, &dout2, &x2, &n->weight->value, &rstd);
+    if (!n->bias)
+        return dsc_kernel_rmsnorm_backward(&dx2, &n->weight->grad, &dout2, &x2, &n->weight->value, &rstd);
     dsc_tensor mean = nn_view(&n->mean[slot], 1, rows);
     return dsc_kernel_layernorm_backward(&dx2, &n->weight->grad, &n->bias->grad, &dout2, &x2, &n->weight->value,
                                          &mean, &rstd);

@@ -39,14 +39,16 @@ void dsc_params_destroy(dsc_param_store *store) {
         dsc_tensor_free(&store->values[g]);
         dsc_tensor_free(&store->grads[g]);
     }
-    for (int i = 0; i < store->count; i++) free(store->params[i]);
+    for (int i = 0; i < store->count; i++)
+        free(store->params[i]);
     free(store->params);
     free(store);
 }
 
 int64_t dsc_param_numel(const dsc_param *param) {
     int64_t n = 1;
-    for (int i = 0; i < param->value.ndim; i++) n *= param->value.shape[i];
+    for (int i = 0; i < param->value.ndim; i++)
+        n *= param->value.shape[i];
     return n;
 }
 
@@ -61,7 +63,8 @@ dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim
                               uint32_t flags, dsc_param_init init, float init_std, dsc_param **out) {
     *out = NULL;
     DSC_CHECK(name && name[0] && strlen(name) < DSC_PARAM_NAME_MAX, DSC_ERR_INVALID,
-              "parameter name \"%s\" is empty or longer than %d characters", name ? name : "", DSC_PARAM_NAME_MAX - 1);
+              "parameter name \"%s\" is empty or longer than %d characters", name ? name : "",
+              DSC_PARAM_NAME_MAX - 1);
     DSC_CHECK(ndim >= 1 && ndim <= DSC_MAX_DIMS, DSC_ERR_INVALID, "parameter %s: rank %d outside [1, %d]", name,
               ndim, DSC_MAX_DIMS);
     for (int i = 0; i < ndim; i++)
@@ -109,24 +112,29 @@ dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim
 /* FNV-1a: a stable hash of the name, mixed into the seed of its stream. */
 static uint64_t name_hash(const char *name) {
     uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001b3ULL;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 0x100000001b3ULL;
     return h;
 }
 
 static dsc_status init_values(const dsc_param_store *store, dsc_param *p, float *host) {
     int64_t n = dsc_param_numel(p);
     switch (p->init) {
-    case DSC_INIT_ZEROS: return NULL; /* the flat buffer is allocated zero-filled */
+    case DSC_INIT_ZEROS:
+        return NULL; /* the flat buffer is allocated zero-filled */
     case DSC_INIT_ONES:
-        for (int64_t i = 0; i < n; i++) host[i] = 1.0f;
+        for (int64_t i = 0; i < n; i++)
+            host[i] = 1.0f;
         break;
     case DSC_INIT_NORMAL: {
         dsc_rng rng;
         dsc_rng_init(&rng, store->seed ^ name_hash(p->name), 0, DSC_RNG_INIT);
-        for (int64_t i = 0; i < n; i++) host[i] = (float)(p->init_std * dsc_rng_normal(&rng));
+        for (int64_t i = 0; i < n; i++)
+            host[i] = (float)(p->init_std * dsc_rng_normal(&rng));
         break;
     }
-    default: return dsc_error(DSC_ERR_INVALID, "parameter %s: unknown init %d", p->name, (int)p->init);
+    default:
+        return dsc_error(DSC_ERR_INVALID, "parameter %s: unknown init %d", p->name, (int)p->init);
     }
     dsc_tensor src = dsc_tensor_view(host, DSC_DTYPE_F32, p->value.ndim, p->value.shape, DSC_CPU);
     return dsc_tensor_copy(&p->value, &src);
@@ -162,7 +170,9 @@ dsc_status dsc_params_finalize(dsc_param_store *store) {
     return s;
 }
 
-int dsc_params_count(const dsc_param_store *store) { return store->count; }
+int dsc_params_count(const dsc_param_store *store) {
+    return store->count;
+}
 
 dsc_param *dsc_params_at(dsc_param_store *store, int index) {
     return index >= 0 && index < store->count ? store->params[index] : NULL;

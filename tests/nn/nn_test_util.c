@@ -35,13 +35,15 @@ dsc_status test_model_build(test_model *m, const dsc_model_config *mc, dsc_devic
     }
     free(specs);
     if (!s) s = dsc_params_finalize(m->store);
-    for (int i = 0; i < m->n && !s; i++) s = dsc_layer_reserve(m->layers[i], slots, B, T);
+    for (int i = 0; i < m->n && !s; i++)
+        s = dsc_layer_reserve(m->layers[i], slots, B, T);
     if (s) test_model_free(m);
     return s;
 }
 
 void test_model_free(test_model *m) {
-    for (int i = 0; i < m->n; i++) dsc_layer_destroy(m->layers[i]);
+    for (int i = 0; i < m->n; i++)
+        dsc_layer_destroy(m->layers[i]);
     free(m->layers);
     dsc_params_destroy(m->store);
     memset(m, 0, sizeof *m);
@@ -94,7 +96,8 @@ void fixture_load(fixture *f, const char *name) {
     snprintf(path, sizeof path, "%s/tests/nn/fixtures/%s.idx", DSC_SOURCE_DIR, name);
     char *idx = read_file(path, &idx_size);
     int lines = 0;
-    for (char *c = idx; *c; c++) lines += *c == '\n';
+    for (char *c = idx; *c; c++)
+        lines += *c == '\n';
     f->arrays = calloc((size_t)lines, sizeof *f->arrays);
     for (char *line = strtok(idx, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "meta ", 5) == 0) {
@@ -115,7 +118,8 @@ void fixture_load(fixture *f, const char *name) {
             a->shape[i] = d[i];
             a->numel *= d[i];
         }
-        if ((size_t)offset + (size_t)a->numel * 4 > blob_size) fail_msg("array %s runs past %s.bin", a->name, name);
+        if ((size_t)offset + (size_t)a->numel * 4 > blob_size)
+            fail_msg("array %s runs past %s.bin", a->name, name);
         a->data = (char *)f->blob + offset;
         f->n_arrays++;
     }
@@ -141,4 +145,6 @@ const char *fixture_meta_str(const fixture *f, const char *key) {
     return NULL;
 }
 
-double fixture_meta(const fixture *f, const char *key) { return atof(fixture_meta_str(f, key)); }
+double fixture_meta(const fixture *f, const char *key) {
+    return atof(fixture_meta_str(f, key));
+}

@@ -45,7 +45,8 @@ static const fixture_array *expect_array(const fixture *f, const char *prefix, c
     if (!a) fail_msg("fixture has no %s", name);
     assert_int_equal(a->numel, dsc_param_numel(p));
     assert_int_equal(a->ndim, p->value.ndim);
-    for (int i = 0; i < a->ndim; i++) assert_int_equal(a->shape[i], p->value.shape[i]);
+    for (int i = 0; i < a->ndim; i++)
+        assert_int_equal(a->shape[i], p->value.shape[i]);
     return a;
 }
 
@@ -59,7 +60,8 @@ static float *to_host(const dsc_tensor *t) {
 
 static void load_params(test_model *m, const fixture *f) {
     int in_fixture = 0;
-    for (int i = 0; i < f->n_arrays; i++) in_fixture += strncmp(f->arrays[i].name, "param/", 6) == 0;
+    for (int i = 0; i < f->n_arrays; i++)
+        in_fixture += strncmp(f->arrays[i].name, "param/", 6) == 0;
     assert_int_equal(in_fixture, dsc_params_count(m->store)); /* same parameter set, both ways */
     for (int i = 0; i < dsc_params_count(m->store); i++) {
         dsc_param *p = dsc_params_at(m->store, i);
@@ -78,7 +80,8 @@ static double compare_params(test_model *m, const fixture *f, const char *prefix
         dsc_param *p = dsc_params_at(m->store, i);
         snprintf(gname, sizeof gname, "grad/%s", p->name);
         const fixture_array *g = fixture_get(f, gname);
-        for (int64_t j = 0; j < g->numel; j++) grad_scale = fmax(grad_scale, fabs(((float *)g->data)[j]));
+        for (int64_t j = 0; j < g->numel; j++)
+            grad_scale = fmax(grad_scale, fabs(((float *)g->data)[j]));
     }
     for (int i = 0; i < dsc_params_count(m->store); i++) {
         dsc_param *p = dsc_params_at(m->store, i);
@@ -87,7 +90,8 @@ static double compare_params(test_model *m, const fixture *f, const char *prefix
         snprintf(gname, sizeof gname, "grad/%s", p->name);
         const fixture_array *g = fixture_get(f, gname);
         double gmax = 0;
-        for (int64_t j = 0; j < g->numel; j++) gmax = fmax(gmax, fabs(((float *)g->data)[j]));
+        for (int64_t j = 0; j < g->numel; j++)
+            gmax = fmax(gmax, fabs(((float *)g->data)[j]));
         float *mine = to_host(grads ? &p->grad : &p->value);
         snprintf(what, sizeof what, "%s%s", prefix, p->name);
         if (gmax < 1e-12 * grad_scale) {
@@ -101,8 +105,10 @@ static double compare_params(test_model *m, const fixture *f, const char *prefix
                 continue;
             }
             double a = 0;
-            for (int64_t j = 0; j < g->numel; j++) a = fmax(a, fabs(mine[j]));
-            printf("  %-40s exact gradient 0: max |dsc| %.3e = %.3e of the gradient scale\n", what, a, a / grad_scale);
+            for (int64_t j = 0; j < g->numel; j++)
+                a = fmax(a, fabs(mine[j]));
+            printf("  %-40s exact gradient 0: max |dsc| %.3e = %.3e of the gradient scale\n", what, a,
+                   a / grad_scale);
             *zero_abs = fmax(*zero_abs, a / grad_scale);
             free(mine);
             continue;

@@ -38,7 +38,8 @@ typedef struct gc_layer {
 } gc_layer;
 
 static void fill_normal(float *p, int64_t n, dsc_rng *rng, float mean, float std) {
-    for (int64_t i = 0; i < n; i++) p[i] = mean + std * (float)dsc_rng_normal(rng);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = mean + std * (float)dsc_rng_normal(rng);
 }
 
 static void setup(gc_layer *L, const dsc_model_config *mc, const char *type, int block) {
@@ -92,7 +93,8 @@ static double objective(gc_layer *L) {
     if (L->is_head) return ctx.loss;
     double j = 0;
     const float *o = out.data, *g = L->g.data;
-    for (int64_t i = 0; i < dsc_tensor_numel(&L->g); i++) j += (double)o[i] * g[i];
+    for (int64_t i = 0; i < dsc_tensor_numel(&L->g); i++)
+        j += (double)o[i] * g[i];
     return j;
 }
 

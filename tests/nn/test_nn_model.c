@@ -32,7 +32,9 @@ static void make_batch(batch *b, int vocab, uint64_t seed) {
     b->tgt = dsc_tensor_view(b->targets, DSC_DTYPE_I32, 2, (int64_t[]){B, T}, DSC_CPU);
 }
 
-static void flat_grads(test_model *m, dsc_tensor *g) { dsc_params_flat(m->store, DSC_PARAM_GROUP_DENSE, NULL, g); }
+static void flat_grads(test_model *m, dsc_tensor *g) {
+    dsc_params_flat(m->store, DSC_PARAM_GROUP_DENSE, NULL, g);
+}
 
 static void assert_same_grads(test_model *a, test_model *b) {
     dsc_tensor ga, gb;
@@ -165,8 +167,7 @@ static void test_logits_only_forward(void **state) {
     assert_int_equal(cur.shape[2], mc.vocab_size);
     assert_memory_equal(cur.data, copy, dsc_tensor_nbytes(&ref));
     dsc_tensor din;
-    assert_err(dsc_layer_backward(m.layers[m.n - 1], 0, &cur, &din, &ctx), DSC_ERR_INVALID,
-               "logits only");
+    assert_err(dsc_layer_backward(m.layers[m.n - 1], 0, &cur, &din, &ctx), DSC_ERR_INVALID, "logits only");
     free(copy);
     test_model_free(&m);
 }

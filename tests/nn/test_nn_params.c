@@ -18,7 +18,8 @@ static void test_declare_find_and_flat_layout(void **state) {
     assert_ok(dsc_params_declare(s, "a.bias", 1, (int64_t[]){3}, DSC_PARAM_NO_DECAY, DSC_INIT_ONES, 0, &b));
     assert_ok(dsc_params_declare(s, "x.expert", 1, (int64_t[]){70}, DSC_PARAM_EXPERT, DSC_INIT_ZEROS, 0, &e));
     /* Declaring a name again returns the same parameter (ties), merging flags. */
-    assert_ok(dsc_params_declare(s, "a.weight", 2, (int64_t[]){3, 5}, DSC_PARAM_TIED, DSC_INIT_NORMAL, 1.0f, &again));
+    assert_ok(
+        dsc_params_declare(s, "a.weight", 2, (int64_t[]){3, 5}, DSC_PARAM_TIED, DSC_INIT_NORMAL, 1.0f, &again));
     assert_ptr_equal(again, w);
     assert_true(w->flags & DSC_PARAM_TIED);
     assert_err(dsc_params_declare(s, "a.weight", 2, (int64_t[]){5, 3}, 0, DSC_INIT_NORMAL, 1.0f, &again),
@@ -48,8 +49,10 @@ static void test_declare_find_and_flat_layout(void **state) {
     dsc_params_flat(s, DSC_PARAM_GROUP_DENSE, &values, &grads);
     assert_ptr_equal((float *)values.data + 64, b->value.data);
     assert_ptr_equal((float *)grads.data + 64, b->grad.data);
-    for (int i = 0; i < 3; i++) assert_true(((float *)b->value.data)[i] == 1.0f);
-    for (int i = 15; i < 64; i++) assert_true(((float *)values.data)[i] == 0.0f); /* gaps are zero */
+    for (int i = 0; i < 3; i++)
+        assert_true(((float *)b->value.data)[i] == 1.0f);
+    for (int i = 15; i < 64; i++)
+        assert_true(((float *)values.data)[i] == 0.0f); /* gaps are zero */
     ((float *)w->grad.data)[2] = 3.0f;
     assert_ok(dsc_params_zero_grads(s));
     assert_true(((float *)w->grad.data)[2] == 0.0f);
@@ -96,7 +99,8 @@ static void test_config_validation(void **state) {
         assert_int_equal(back, arch);
     }
     dsc_model_arch out;
-    assert_err(dsc_model_arch_from_name("bert", &out), DSC_ERR_CONFIG, "model.arch: unknown architecture \"bert\"");
+    assert_err(dsc_model_arch_from_name("bert", &out), DSC_ERR_CONFIG,
+               "model.arch: unknown architecture \"bert\"");
     dsc_model_config_defaults(&mc, DSC_ARCH_GPT);
     mc.n_head = 5;
     assert_err(dsc_model_config_validate(&mc), DSC_ERR_CONFIG, "model.n_head (5) must be >= 1 and divide");
@@ -143,11 +147,12 @@ static void test_specs_and_registry(void **state) {
     dsc_layer_spec blk = {.type = "block", .block = 1};
     assert_ok(dsc_layer_build(&blk, &ctx, &layer));
     assert_string_equal(layer->name, "layers.1");
-    const char *names[] = {"layers.1.norm1.weight", "layers.1.attn.q.weight", "layers.1.attn.k.weight",
-                           "layers.1.attn.v.weight", "layers.1.attn.o.weight", "layers.1.norm2.weight",
+    const char *names[] = {"layers.1.norm1.weight",    "layers.1.attn.q.weight", "layers.1.attn.k.weight",
+                           "layers.1.attn.v.weight",   "layers.1.attn.o.weight", "layers.1.norm2.weight",
                            "layers.1.mlp.gate.weight", "layers.1.mlp.up.weight", "layers.1.mlp.down.weight"};
     assert_int_equal(layer->n_params, 9);
-    for (int i = 0; i < 9; i++) assert_string_equal(layer->params[i]->name, names[i]);
+    for (int i = 0; i < 9; i++)
+        assert_string_equal(layer->params[i]->name, names[i]);
     assert_int_equal(layer->params[2]->value.shape[0], 8); /* NKV * HS = 2 * 4 */
     assert_int_equal(dsc_layer_param_numel(layer), 2 * 16 + 16 * 16 * 2 + 8 * 16 * 2 + 3 * 24 * 16);
     assert_true(layer->params[0]->flags & DSC_PARAM_NO_DECAY);
