@@ -1,17 +1,23 @@
 /* pipe/schedule_timeline.c — GPipe and interleaved 1F1B as instruction
- * streams, built from a whole-pipeline timeline.
+ * streams, built from closed-form step grids.
  *
- * Each rank has a fixed order of compute operations (GPipe: all forwards,
- * then all backwards; interleaved: Megatron's warm-up / 1F1B / cool-down over
- * v model chunks). Every operation is placed in the earliest step after its
- * producer's step and after the rank's previous operation. A message travels
- * in the step of the operation that consumes it, as in DeepSpeed's
- * TrainSchedule, so RecvGrad and BackwardPass share a step and the executor
- * needs one shared gradient buffer. Within a step, messages run in one global
- * order (edge colour, edge, gradient before activation), which makes
- * blocking send/recv deadlock-free. Buffers are assigned by walking the
- * stream: lowest free slot at the first use of a (micro-batch, chunk), freed
- * after its last use (SendGrad, or BackwardPass on virtual stage 0).
+ * Every compute operation of the whole pipeline has a step given by a
+ * formula (docs/schedules.md):
+ *  - GPipe: the forward of m on stage s at step m+s, its backward at
+ *    (M+P-1) + m + (P-1-s): all forwards, then all backwards.
+ *  - Interleaved: Megatron's per-rank order in lock-step. Rank r runs its
+ *    k-th forward at step k+r and its i-th backward at step W_r+i+r, with
+ *    W_r = 2(P-r-1) + (v-1)P its warm-up depth, so a steady step holds one
+ *    forward and one backward on every rank. Neighbours exchange once per
+ *    step with the same work on both sides, which keeps the makespan at the
+ *    closed form for any ratio of forward to backward cost.
+ * A message travels in the step of the operation that consumes it, as in
+ * DeepSpeed's TrainSchedule, so RecvGrad and BackwardPass share a step and
+ * the executor needs one shared gradient buffer. Within a step, messages run
+ * in one global order (edge colour, edge, gradient before activation), which
+ * makes blocking send/recv deadlock-free. Buffers are assigned by walking
+ * the stream: lowest free slot at the first use of a (micro-batch, chunk),
+ * freed after its last use (SendGrad, or BackwardPass on virtual stage 0).
  *
  * Dimension letters: M micro-batches, P stages (ranks), v chunks per rank,
  * J = P*v virtual stages; virtual stage j = chunk*P + rank. */
@@ -21,87 +27,34 @@
 #include "pipe/schedule_internal.h"
 
 typedef struct timeline {
+    dsc_schedule_kind kind;
     int M, P, v, J;
-    int ops;     /* compute operations per rank: 2*M*v */
-    int *slot_f; /* (M, J): step of the forward of micro-batch m on virtual stage j */
-    int *slot_b; /* (M, J): step of its backward */
     int num_steps;
 } timeline;
 
-typedef struct op {
-    int backward;
-    int micro_batch;
-    int chunk;
-} op;
-
-/* Megatron's forward/backward sequence on one rank: micro-batches go in
- * groups of P, each group through chunk 0, then chunk 1, ... (backwards
- * through the chunks in reverse). Warm-up (P-r-1)*2 + (v-1)*P forwards, then
- * one forward and one backward alternately, then the remaining backwards. */
-static op interleaved_op(const timeline *tl, int rank, int idx) {
-    const int n = tl->M * tl->v, group = tl->P * tl->v;
-    int warmup = (tl->P - rank - 1) * 2 + (tl->v - 1) * tl->P;
-    if (warmup > n) warmup = n;
-    int backward, k;
-    if (idx < warmup) {
-        backward = 0, k = idx;
-    } else if (idx < 2 * n - warmup) {
-        backward = (idx - warmup) % 2, k = backward ? (idx - warmup) / 2 : warmup + (idx - warmup) / 2;
-    } else {
-        backward = 1, k = idx - n;
-    }
-    const int c = (k % group) / tl->P;
-    return (op){backward, (k / group) * tl->P + k % tl->P, backward ? tl->v - 1 - c : c};
+/* Megatron's order on every rank: micro-batches in groups of P, each group
+ * through chunk 0, then chunk 1, ...; backwards through the chunks in
+ * reverse. These give the position of (m, chunk) in that order. */
+static int forward_index(const timeline *tl, int m, int chunk) {
+    return (m / tl->P) * tl->P * tl->v + chunk * tl->P + m % tl->P;
 }
 
-static op rank_op(const timeline *tl, dsc_schedule_kind kind, int rank, int idx) {
-    if (kind == DSC_SCHEDULE_INTERLEAVED) return interleaved_op(tl, rank, idx);
-    return idx < tl->M ? (op){0, idx, 0} : (op){1, idx - tl->M, 0};
+static int backward_index(const timeline *tl, int m, int chunk) { return forward_index(tl, m, tl->v - 1 - chunk); }
+
+/* Step of the forward of micro-batch m on virtual stage j. */
+static int forward_step(const timeline *tl, int m, int j) {
+    const int r = j % tl->P;
+    if (tl->kind == DSC_SCHEDULE_GPIPE) return m + r;
+    return forward_index(tl, m, j / tl->P) + r;
 }
 
-/* Places every operation at its earliest step. A queue of ranks to advance
- * keeps this O(total operations): a rank is queued again only when one of
- * its inputs has just been placed. */
-static dsc_status place_operations(timeline *tl, dsc_schedule_kind kind) {
-    const int P = tl->P, J = tl->J;
-    dsc_status st = NULL;
-    int *cursor = NULL, *free_at = NULL, *queue = NULL;
-    const size_t queue_len = (size_t)P + (size_t)P * tl->ops;
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&cursor, P * sizeof *cursor, DSC_MEM_OTHER, DSC_CPU), done);
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&free_at, P * sizeof *free_at, DSC_MEM_OTHER, DSC_CPU), done);
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&queue, queue_len * sizeof *queue, DSC_MEM_OTHER, DSC_CPU), done);
-    size_t head = 0, tail = 0;
-    for (int r = 0; r < P; r++) queue[tail++] = r;
-    while (head < tail) {
-        const int r = queue[head++];
-        while (cursor[r] < tl->ops) {
-            const op o = rank_op(tl, kind, r, cursor[r]);
-            const int j = o.chunk * P + r, at = o.micro_batch * J + j;
-            int dep;
-            if (!o.backward)
-                dep = j > 0 ? tl->slot_f[at - 1] : -2;
-            else
-                dep = j < J - 1 ? tl->slot_b[at + 1] : tl->slot_f[at];
-            if (dep == -1) break; /* the input is not produced yet; -2 means no input */
-            const int t = free_at[r] > dep + 1 ? free_at[r] : dep + 1;
-            (o.backward ? tl->slot_b : tl->slot_f)[at] = t;
-            free_at[r] = t + 1;
-            if (t + 1 > tl->num_steps) tl->num_steps = t + 1;
-            cursor[r]++;
-            if (!o.backward && j < J - 1) queue[tail++] = (j + 1) % P;
-            if (o.backward && j > 0) queue[tail++] = (j - 1) % P;
-        }
-    }
-    for (int r = 0; r < P; r++)
-        if (cursor[r] < tl->ops) {
-            st = dsc_error(DSC_ERR_INTERNAL, "operation order stalls on stage %d at operation %d", r, cursor[r]);
-            break;
-        }
-done:
-    dsc_mem_free(cursor, P * sizeof *cursor, DSC_MEM_OTHER, DSC_CPU);
-    dsc_mem_free(free_at, P * sizeof *free_at, DSC_MEM_OTHER, DSC_CPU);
-    dsc_mem_free(queue, queue_len * sizeof *queue, DSC_MEM_OTHER, DSC_CPU);
-    return st;
+/* Step of its backward. The warm-up shrinks by 2 per rank because the
+ * backward chain climbs one rank per step while the forward offset drops. */
+static int backward_step(const timeline *tl, int m, int j) {
+    const int r = j % tl->P;
+    if (tl->kind == DSC_SCHEDULE_GPIPE) return (tl->M + tl->P - 1) + m + (tl->P - 1 - r);
+    const int warmup = 2 * (tl->P - r - 1) + (tl->v - 1) * tl->P;
+    return warmup + backward_index(tl, m, j / tl->P) + r;
 }
 
 /* One instruction of this stage with its place in the stream. */
@@ -143,19 +96,21 @@ static void emit(emitter *e, int step, int key, dsc_instr_type type, int m, int 
 
 static void emit_micro_batch(emitter *e, int m, int c) {
     const timeline *tl = e->tl;
-    const int P = tl->P, J = tl->J, j = c * P + e->S, at = m * J + j;
-    const int load_key = 6 * P + 1, compute_key = 6 * P + 2;
+    const int P = tl->P, J = tl->J, j = c * P + e->S;
+    /* After the messages: load, then forward, then backward (the last
+     * virtual stage runs both on one micro-batch in one step). */
+    const int load_key = 6 * P + 1, forward_key = 6 * P + 2, backward_key = 6 * P + 3;
     const int left_edge = (e->S + P - 1) % P, right_edge = e->S;
-    const int tf = tl->slot_f[at], tb = tl->slot_b[at];
+    const int tf = forward_step(tl, m, j), tb = backward_step(tl, m, j);
     if (j > 0) emit(e, tf, message_key(P, left_edge, 1), DSC_INSTR_RECV_ACTIVATION, m, c, j - 1);
     if (j == 0 || j == J - 1) emit(e, tf, load_key, DSC_INSTR_LOAD_MICRO_BATCH, m, c, -1);
-    emit(e, tf, compute_key, DSC_INSTR_FORWARD_PASS, m, c, -1);
+    emit(e, tf, forward_key, DSC_INSTR_FORWARD_PASS, m, c, -1);
     if (j < J - 1) {
-        emit(e, tl->slot_f[at + 1], message_key(P, right_edge, 1), DSC_INSTR_SEND_ACTIVATION, m, c, j + 1);
+        emit(e, forward_step(tl, m, j + 1), message_key(P, right_edge, 1), DSC_INSTR_SEND_ACTIVATION, m, c, j + 1);
         emit(e, tb, message_key(P, right_edge, 0), DSC_INSTR_RECV_GRAD, m, c, j + 1);
     }
-    emit(e, tb, compute_key, DSC_INSTR_BACKWARD_PASS, m, c, -1);
-    if (j > 0) emit(e, tl->slot_b[at - 1], message_key(P, left_edge, 0), DSC_INSTR_SEND_GRAD, m, c, j - 1);
+    emit(e, tb, backward_key, DSC_INSTR_BACKWARD_PASS, m, c, -1);
+    if (j > 0) emit(e, backward_step(tl, m, j - 1), message_key(P, left_edge, 0), DSC_INSTR_SEND_GRAD, m, c, j - 1);
 }
 
 /* Lowest free slot at the first use of a (micro-batch, chunk); released
@@ -216,17 +171,10 @@ done:
 }
 
 dsc_status dsc_sched_build_timeline(dsc_schedule *s) {
-    timeline tl = {s->micro_batches, s->stages, s->chunks, s->stages * s->chunks, 2 * s->micro_batches * s->chunks,
-                   NULL, NULL, 0};
-    const size_t slots = (size_t)tl.M * tl.J, bytes = slots * sizeof(int);
-    dsc_status st = NULL;
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&tl.slot_f, bytes, DSC_MEM_OTHER, DSC_CPU), done);
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&tl.slot_b, bytes, DSC_MEM_OTHER, DSC_CPU), done);
-    for (size_t i = 0; i < slots; i++) tl.slot_f[i] = tl.slot_b[i] = -1;
-    DSC_TRY_GOTO(st, place_operations(&tl, s->kind), done);
-    st = emit_stage(s, &tl);
-done:
-    dsc_mem_free(tl.slot_f, bytes, DSC_MEM_OTHER, DSC_CPU);
-    dsc_mem_free(tl.slot_b, bytes, DSC_MEM_OTHER, DSC_CPU);
-    return st;
+    const int M = s->micro_batches, P = s->stages, v = s->chunks;
+    timeline tl = {s->kind, M, P, v, P * v, 0};
+    /* The last operation is stage 0's backward of micro-batch M-1 (for
+     * interleaved, chunk 0 of the last group comes last in its order). */
+    tl.num_steps = 1 + backward_step(&tl, M - 1, 0);
+    return emit_stage(s, &tl);
 }

@@ -196,15 +196,25 @@ static void test_instruction_fields(void **state) {
      * Rank 1 chunk 0 (virtual stage 1) sends its output around the ring to
      * rank 0 chunk 1; rank 0 chunk 1 sends its input gradient back to it. */
     s = make(DSC_SCHEDULE_INTERLEAVED, 4, 2, 0, 2);
-    assert_int_equal(dsc_schedule_num_steps(s), 2 * 2 * 4 + 2);
+    assert_int_equal(dsc_schedule_num_steps(s), 2 * 4 + 3 * 2 - 2); /* vM + (v+1)P - 2 */
     expect_instr(s, 0, 0, (dsc_instr){DSC_INSTR_LOAD_MICRO_BATCH, 0, 0, 0, -1, -1});
     expect_instr(s, 2, 1, (dsc_instr){DSC_INSTR_RECV_ACTIVATION, 2, 0, 1, 1, 0});
     expect_instr(s, 2, 2, (dsc_instr){DSC_INSTR_FORWARD_PASS, 2, 0, 1, -1, -1});
-    expect_instr(s, 8, 0, (dsc_instr){DSC_INSTR_SEND_GRAD, 2, 0, 1, 1, 0});
+    /* Step 5: gradient of rank 1 first (edge 0), the activation to rank 1
+     * (edge 0), then the wrap edge 1: micro-batch 0's input gradient from
+     * chunk 1 back to rank 1 chunk 0, which frees slot 2 for the load. */
+    expect_instr(s, 5, 0, (dsc_instr){DSC_INSTR_RECV_GRAD, 3, 1, 1, 1, 1});
+    expect_instr(s, 5, 1, (dsc_instr){DSC_INSTR_SEND_ACTIVATION, 4, 2, 0, 1, 0});
+    expect_instr(s, 5, 2, (dsc_instr){DSC_INSTR_SEND_GRAD, 2, 0, 1, 1, 0});
+    expect_instr(s, 5, 3, (dsc_instr){DSC_INSTR_LOAD_MICRO_BATCH, 2, 3, 0, -1, -1});
+    expect_instr(s, 5, 4, (dsc_instr){DSC_INSTR_FORWARD_PASS, 2, 3, 0, -1, -1});
+    expect_instr(s, 5, 5, (dsc_instr){DSC_INSTR_BACKWARD_PASS, 3, 1, 1, -1, -1});
     dsc_schedule_destroy(s);
     s = make(DSC_SCHEDULE_INTERLEAVED, 4, 2, 1, 2);
     expect_instr(s, 2, 1, (dsc_instr){DSC_INSTR_SEND_ACTIVATION, 0, 0, 0, 0, 1});
+    /* The last virtual stage loads labels, runs forward and backward in one step. */
     expect_instr(s, 3, 2, (dsc_instr){DSC_INSTR_LOAD_MICRO_BATCH, 2, 0, 1, -1, -1});
+    expect_instr(s, 3, 4, (dsc_instr){DSC_INSTR_BACKWARD_PASS, 2, 0, 1, -1, -1});
     dsc_schedule_destroy(s);
 }
 

@@ -79,7 +79,7 @@ static int check_counts(const pipeline *p, char *why, size_t len) {
             break;
         case DSC_SCHEDULE_INFERENCE: steps = M + P - 1, buffers = 2; break;
         case DSC_SCHEDULE_GPIPE: steps = 2 * (M + P - 1), buffers = M; break;
-        default: steps = 2 * v * M + 2 * (P - 1); break; /* interleaved buffers: checked tight by liveness */
+        default: steps = v * M + (v + 1) * P - 2; break; /* interleaved buffers: checked tight by liveness */
         }
         if (st->num_steps != steps) FAIL("stage %d: %d steps, expected %d", s, st->num_steps, steps);
         if (buffers >= 0 && st->num_buffers != buffers)
