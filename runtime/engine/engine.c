@@ -29,6 +29,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Under mpirun every rank's stdout is a pseudo-terminal whatever the user's
+ * stdout is, so there isatty says nothing; DSC_PROGRESS=1 / 0 decides
+ * (scripts/main.sh sets it from its own stdout). */
+static bool stdout_is_terminal(void) {
+    const char *force = getenv("DSC_PROGRESS");
+    if (force) return strcmp(force, "1") == 0;
+    return isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_RANK");
+}
+
 dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
     *out = NULL;
     DSC_CHECK(opts->cfg && opts->runner && opts->optimizer && opts->data, DSC_ERR_INVALID,
@@ -37,7 +46,7 @@ dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
     dsc_engine *e = calloc(1, sizeof *e);
     DSC_CHECK(e, DSC_ERR_NOMEM, "engine: out of memory");
     e->o = *opts;
-    e->bar = opts->progress && opts->log && isatty(STDOUT_FILENO);
+    e->bar = opts->progress && opts->log && stdout_is_terminal();
     *out = e;
     return NULL;
 }

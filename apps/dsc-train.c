@@ -1,0 +1,166 @@
+/* dsc-train: train a model from a JSON config over MPI ranks.
+ *
+ *   dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]
+ *             [--prompt TEXT] [--temperature X] [--no-progress]
+ *   dsc-train --plot METRICS.jsonl OUT.svg
+ *   dsc-train --prepare TEXT OUT.tok
+ *
+ * Every rank runs the same command (mpirun / dsc-launch start them). Rank 0
+ * prints the step lines, writes the metrics and, at the end, a sample
+ * generated from the trained model. A thin CLI: the wiring is dsc_trainer
+ * (runtime/engine), the loop is dsc_engine. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/comm.h"
+#include "dsc/config.h"
+#include "dsc/data.h"
+#include "dsc/engine.h"
+#include "dsc/kernels.h"
+
+typedef struct args {
+    const char *config;
+    const char **overrides;
+    int n_overrides;
+    const char *metrics;
+    int sample_tokens;
+    const char *prompt;
+    float temperature;
+    bool progress;
+} args;
+
+static void usage(FILE *fp) {
+    fputs("usage: dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]\n"
+          "                 [--prompt TEXT] [--temperature X] [--no-progress]\n"
+          "       dsc-train --plot METRICS.jsonl OUT.svg\n"
+          "       dsc-train --prepare TEXT OUT.tok\n",
+          fp);
+}
+
+static dsc_status parse_args(int argc, char **argv, args *a) {
+    *a = (args){.sample_tokens = 200, .prompt = "\n", .temperature = 0.8f, .progress = true};
+    a->overrides = calloc((size_t)argc, sizeof *a->overrides);
+    DSC_CHECK(a->overrides, DSC_ERR_NOMEM, "dsc-train: out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        bool has_value = i + 1 < argc;
+        if (strcmp(arg, "--set") == 0 && has_value) a->overrides[a->n_overrides++] = argv[++i];
+        else if (strcmp(arg, "--metrics") == 0 && has_value) a->metrics = argv[++i];
+        else if (strcmp(arg, "--sample") == 0 && has_value) a->sample_tokens = atoi(argv[++i]);
+        else if (strcmp(arg, "--prompt") == 0 && has_value) a->prompt = argv[++i];
+        else if (strcmp(arg, "--temperature") == 0 && has_value) a->temperature = (float)atof(argv[++i]);
+        else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
+        else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
+        else if (!a->config) a->config = arg;
+        else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
+    }
+    DSC_CHECK(a->config, DSC_ERR_INVALID, "dsc-train: no config file given");
+    DSC_CHECK(a->sample_tokens >= 0, DSC_ERR_INVALID, "dsc-train: --sample must be >= 0");
+    return NULL;
+}
+
+static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a) {
+    size_t n_prompt = strlen(a->prompt);
+    if (a->sample_tokens == 0 || n_prompt == 0) return;
+    if (cfg->model.vocab_size < DSC_BYTE_VOCAB_SIZE) {
+        printf("dsc-train: no sample: the byte tokenizer needs model.vocab_size >= %d (it is %d)\n",
+               DSC_BYTE_VOCAB_SIZE, cfg->model.vocab_size);
+        return;
+    }
+    int32_t *ids = malloc((n_prompt + (size_t)a->sample_tokens) * sizeof *ids);
+    uint32_t *bytes = malloc(n_prompt * sizeof *bytes);
+    char *text = malloc(n_prompt + (size_t)a->sample_tokens + 1);
+    dsc_status s = ids && bytes && text ? NULL : dsc_error(DSC_ERR_NOMEM, "sample: out of memory");
+    if (!s) {
+        dsc_byte_tokenizer_encode(a->prompt, n_prompt, bytes);
+        for (size_t i = 0; i < n_prompt; i++) ids[i] = (int32_t)bytes[i];
+        s = dsc_trainer_generate(t, ids, (int)n_prompt, a->sample_tokens, a->temperature, cfg->seed, ids);
+    }
+    if (!s) {
+        dsc_byte_tokenizer_decode(ids, (int64_t)n_prompt + a->sample_tokens, text, n_prompt + (size_t)a->sample_tokens + 1);
+        printf("---- sample (%d tokens, temperature %.2f) ----\n%s\n----\n", a->sample_tokens, a->temperature, text);
+    } else {
+        fprintf(stderr, "dsc-train: sample: %s\n", dsc_status_message(s));
+        dsc_status_free(s);
+    }
+    free(ids);
+    free(bytes);
+    free(text);
+}
+
+static dsc_status train(const args *a, dsc_comm *world) {
+    dsc_config cfg;
+    DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
+    int rank = dsc_comm_rank(world), size = dsc_comm_size(world);
+    dsc_trainer *t = NULL;
+    dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
+    if (!s) s = dsc_config_resolve_batch(&cfg, size);
+    dsc_trainer_options to = {&cfg, world, rank == 0, a->metrics, a->progress};
+    if (!s) s = dsc_trainer_create(&to, &t);
+    if (!s && rank == 0) {
+        printf("dsc-train: %s, %lld parameters, %d data-parallel ranks x %d threads; batch %lld sequences = "
+               "%lld micro x %lld accumulation x %d ranks, seq_len %d; %lld steps\n",
+               a->config, (long long)dsc_trainer_param_count(t), size, dsc_kernels_get_num_threads(),
+               (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
+               (long long)cfg.gradient_accumulation_steps, size, cfg.model.seq_len, (long long)cfg.train.steps);
+        fflush(stdout);
+    }
+    if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
+    if (!s && rank == 0) print_sample(t, &cfg, a);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    return s;
+}
+
+/* Errors every rank detects alike (bad config, data or a non-finite loss,
+ * which is averaged over ranks first) end with a normal shutdown; anything
+ * else may leave peers inside a collective, so the job is aborted. */
+static bool every_rank_agrees(dsc_code code) {
+    return code == DSC_ERR_CONFIG || code == DSC_ERR_IO || code == DSC_ERR_CORRUPT || code == DSC_ERR_NUMERIC ||
+           code == DSC_ERR_UNSUPPORTED;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--plot") == 0) {
+        dsc_status s = dsc_metrics_plot_svg(argv[2], argv[3]);
+        if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+        else printf("dsc-train: wrote %s\n", argv[3]);
+        dsc_status_free(s);
+        return s ? 1 : 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "--prepare") == 0) {
+        int64_t count = 0;
+        dsc_status s = dsc_data_prepare(argv[2], argv[3], &count);
+        if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+        else printf("dsc-train: wrote %lld tokens to %s\n", (long long)count, argv[3]);
+        dsc_status_free(s);
+        return s ? 1 : 0;
+    }
+    args a;
+    dsc_status s = parse_args(argc, argv, &a);
+    if (s) {
+        fprintf(stderr, "%s\n", dsc_status_message(s));
+        usage(stderr);
+        dsc_status_free(s);
+        free(a.overrides);
+        return 2;
+    }
+    dsc_comm *world = NULL;
+    s = dsc_comm_world(NULL, &world);
+    if (!s) s = train(&a, world);
+    free(a.overrides);
+    if (!s) {
+        dsc_comm_free(world);
+        dsc_status_free(dsc_comm_finalize());
+        return 0;
+    }
+    bool agreed = every_rank_agrees(dsc_status_code(s));
+    if (!agreed || !world || dsc_comm_rank(world) == 0) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+    dsc_status_free(s);
+    if (world && !agreed && dsc_comm_size(world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    dsc_comm_free(world);
+    dsc_status_free(dsc_comm_finalize());
+    return 1;
+}
