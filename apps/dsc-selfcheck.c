@@ -55,7 +55,9 @@ static int counted(dsc_comm *c, const dsc_comm_stats *before, dsc_comm_op op, in
     return 0;
 }
 
-static float *f32(dsc_tensor *t) { return t->data; }
+static float *f32(dsc_tensor *t) {
+    return t->data;
+}
 
 static dsc_tensor vec(dsc_dtype dtype, int64_t n) {
     dsc_tensor t;
@@ -65,7 +67,8 @@ static dsc_tensor vec(dsc_dtype dtype, int64_t n) {
 
 static void check_members(selfcheck *sc, dsc_comm *c, const int *members, int n) {
     int ok = dsc_comm_size(c) == n;
-    for (int i = 0; ok && i < n; i++) ok = dsc_comm_world_rank(c, i) == members[i];
+    for (int i = 0; ok && i < n; i++)
+        ok = dsc_comm_world_rank(c, i) == members[i];
     report(sc, "membership matches the plan", c, 0, ok, 1);
 }
 
@@ -73,7 +76,8 @@ static void check_allreduce(selfcheck *sc, dsc_comm *c, dsc_reduce_op op) {
     const int64_t n = 16;
     int p = dsc_comm_size(c), r = dsc_comm_rank(c);
     dsc_tensor t = vec(DSC_DTYPE_F32, n);
-    for (int64_t i = 0; i < n; i++) f32(&t)[i] = (float)(dsc_comm_world_rank(c, r) * 100 + i);
+    for (int64_t i = 0; i < n; i++)
+        f32(&t)[i] = (float)(dsc_comm_world_rank(c, r) * 100 + i);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     die(dsc_comm_allreduce(c, &t, op));
@@ -106,13 +110,16 @@ static void check_reduce_scatter(selfcheck *sc, dsc_comm *c) {
         total += counts[j];
     }
     dsc_tensor send = vec(DSC_DTYPE_F32, total), recv = vec(DSC_DTYPE_F32, counts[r]);
-    for (int64_t g = 0; g < total; g++) f32(&send)[g] = (float)(r + g);
+    for (int64_t g = 0; g < total; g++)
+        f32(&send)[g] = (float)(r + g);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     die(dsc_comm_reduce_scatter(c, &send, &recv, counts, DSC_REDUCE_OP_SUM));
     int ok = 1;
-    for (int64_t k = 0; k < counts[r]; k++) ok &= f32(&recv)[k] == (float)(p * (p - 1) / 2 + p * (displ + k));
-    int counters_ok = counted(c, &before, DSC_COMM_OP_REDUCE_SCATTER, 4 * (total - counts[r]), 4 * (p - 1) * counts[r]);
+    for (int64_t k = 0; k < counts[r]; k++)
+        ok &= f32(&recv)[k] == (float)(p * (p - 1) / 2 + p * (displ + k));
+    int counters_ok =
+        counted(c, &before, DSC_COMM_OP_REDUCE_SCATTER, 4 * (total - counts[r]), 4 * (p - 1) * counts[r]);
     report(sc, "reduce-scatter sum, uneven pieces", c, total * 4, ok, counters_ok);
     dsc_tensor_free(&send);
     dsc_tensor_free(&recv);
@@ -122,15 +129,18 @@ static void check_reduce_scatter(selfcheck *sc, dsc_comm *c) {
 static void check_allgather(selfcheck *sc, dsc_comm *c) {
     int p = dsc_comm_size(c), r = dsc_comm_rank(c);
     int64_t *counts = calloc((size_t)p, sizeof *counts), total = 0;
-    for (int j = 0; j < p; j++) total += counts[j] = j + 1;
+    for (int j = 0; j < p; j++)
+        total += counts[j] = j + 1;
     dsc_tensor send = vec(DSC_DTYPE_F32, counts[r]), recv = vec(DSC_DTYPE_F32, total);
-    for (int64_t k = 0; k < counts[r]; k++) f32(&send)[k] = (float)(r * 10 + k);
+    for (int64_t k = 0; k < counts[r]; k++)
+        f32(&send)[k] = (float)(r * 10 + k);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     die(dsc_comm_allgather(c, &send, &recv, counts));
     int ok = 1;
     for (int j = 0, off = 0; j < p; off += (int)counts[j], j++)
-        for (int64_t k = 0; k < counts[j]; k++) ok &= f32(&recv)[off + k] == (float)(j * 10 + k);
+        for (int64_t k = 0; k < counts[j]; k++)
+            ok &= f32(&recv)[off + k] == (float)(j * 10 + k);
     int counters_ok = counted(c, &before, DSC_COMM_OP_ALLGATHER, 4 * (p - 1) * counts[r], 4 * (total - counts[r]));
     report(sc, "all-gather, uneven pieces", c, total * 4, ok, counters_ok);
     dsc_tensor_free(&send);
@@ -149,13 +159,15 @@ static void check_alltoall(selfcheck *sc, dsc_comm *c, int variable) {
     }
     dsc_tensor send = vec(DSC_DTYPE_F32, total), recv = vec(DSC_DTYPE_F32, total);
     for (int j = 0, off = 0; j < p; off += (int)counts[j], j++)
-        for (int64_t k = 0; k < counts[j]; k++) f32(&send)[off + k] = (float)(r * 100 + j * 10 + k);
+        for (int64_t k = 0; k < counts[j]; k++)
+            f32(&send)[off + k] = (float)(r * 100 + j * 10 + k);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     die(variable ? dsc_comm_alltoallv(c, &send, counts, &recv, counts) : dsc_comm_alltoall(c, &send, &recv));
     int ok = 1;
     for (int j = 0, off = 0; j < p; off += (int)counts[j], j++)
-        for (int64_t k = 0; k < counts[j]; k++) ok &= f32(&recv)[off + k] == (float)(j * 100 + r * 10 + k);
+        for (int64_t k = 0; k < counts[j]; k++)
+            ok &= f32(&recv)[off + k] == (float)(j * 100 + r * 10 + k);
     dsc_comm_op op = variable ? DSC_COMM_OP_ALLTOALLV : DSC_COMM_OP_ALLTOALL;
     int counters_ok = counted(c, &before, op, 4 * others, 4 * others);
     report(sc, variable ? "all-to-all-v, uneven and empty pieces" : "all-to-all", c, total * 4, ok, counters_ok);
@@ -168,13 +180,16 @@ static void check_broadcast(selfcheck *sc, dsc_comm *c) {
     int p = dsc_comm_size(c), r = dsc_comm_rank(c), root = p - 1;
     const int64_t n = 10;
     dsc_tensor t = vec(DSC_DTYPE_BF16, n);
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)t.data)[i] = dsc_f32_to_bf16(r == root ? (float)(i + 1) : 0.0f);
+    for (int64_t i = 0; i < n; i++)
+        ((uint16_t *)t.data)[i] = dsc_f32_to_bf16(r == root ? (float)(i + 1) : 0.0f);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     die(dsc_comm_broadcast(c, &t, root));
     int ok = 1;
-    for (int64_t i = 0; i < n; i++) ok &= dsc_bf16_to_f32(((uint16_t *)t.data)[i]) == (float)(i + 1);
-    int counters_ok = counted(c, &before, DSC_COMM_OP_BROADCAST, r == root ? 2 * n * (p - 1) : 0, r == root ? 0 : 2 * n);
+    for (int64_t i = 0; i < n; i++)
+        ok &= dsc_bf16_to_f32(((uint16_t *)t.data)[i]) == (float)(i + 1);
+    int counters_ok =
+        counted(c, &before, DSC_COMM_OP_BROADCAST, r == root ? 2 * n * (p - 1) : 0, r == root ? 0 : 2 * n);
     report(sc, "broadcast bf16 from the last rank", c, n * 2, ok, counters_ok);
     dsc_tensor_free(&t);
 }
@@ -183,7 +198,8 @@ static void check_p2p(selfcheck *sc, dsc_comm *c) {
     int p = dsc_comm_size(c), r = dsc_comm_rank(c);
     const int64_t n = 8;
     dsc_tensor out = vec(DSC_DTYPE_I64, n), in = vec(DSC_DTYPE_I64, n);
-    for (int64_t i = 0; i < n; i++) ((int64_t *)out.data)[i] = r * 1000 + i;
+    for (int64_t i = 0; i < n; i++)
+        ((int64_t *)out.data)[i] = r * 1000 + i;
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     dsc_comm_request *recv_req, *send_req;
@@ -192,8 +208,10 @@ static void check_p2p(selfcheck *sc, dsc_comm *c) {
     die(dsc_comm_wait(&recv_req));
     die(dsc_comm_wait(&send_req));
     int ok = 1;
-    for (int64_t i = 0; i < n; i++) ok &= ((int64_t *)in.data)[i] == ((r - 1 + p) % p) * 1000 + i;
-    int counters_ok = counted(c, &before, DSC_COMM_OP_SEND, 8 * n, 0) && counted(c, &before, DSC_COMM_OP_RECV, 0, 8 * n);
+    for (int64_t i = 0; i < n; i++)
+        ok &= ((int64_t *)in.data)[i] == ((r - 1 + p) % p) * 1000 + i;
+    int counters_ok =
+        counted(c, &before, DSC_COMM_OP_SEND, 8 * n, 0) && counted(c, &before, DSC_COMM_OP_RECV, 0, 8 * n);
     report(sc, "send/recv around the ring", c, n * 8, ok, counters_ok);
     dsc_tensor_free(&out);
     dsc_tensor_free(&in);
@@ -226,13 +244,19 @@ int main(int argc, char **argv) {
     int explicit_ep = 0;
     for (int i = 1; i < argc; i++) {
         const char *next = i + 1 < argc ? argv[i + 1] : "";
-        if (strcmp(argv[i], "--pp") == 0) dims.pp = parse_int(argv[i], next), i++;
-        else if (strcmp(argv[i], "--tp") == 0) dims.tp = parse_int(argv[i], next), i++;
-        else if (strcmp(argv[i], "--ep") == 0) dims.ep = parse_int(argv[i], next), explicit_ep = 1, i++;
-        else if (strcmp(argv[i], "--timeout") == 0) opts.timeout_s = parse_int(argv[i], next), i++;
-        else if (strcmp(argv[i], "--expert-tp") == 0) dims.expert_tp = true;
+        if (strcmp(argv[i], "--pp") == 0)
+            dims.pp = parse_int(argv[i], next), i++;
+        else if (strcmp(argv[i], "--tp") == 0)
+            dims.tp = parse_int(argv[i], next), i++;
+        else if (strcmp(argv[i], "--ep") == 0)
+            dims.ep = parse_int(argv[i], next), explicit_ep = 1, i++;
+        else if (strcmp(argv[i], "--timeout") == 0)
+            opts.timeout_s = parse_int(argv[i], next), i++;
+        else if (strcmp(argv[i], "--expert-tp") == 0)
+            dims.expert_tp = true;
         else {
-            if (rank == 0) fprintf(stderr, "usage: dsc-selfcheck [--pp P] [--tp T] [--ep E] [--expert-tp] [--timeout S]\n");
+            if (rank == 0)
+                fprintf(stderr, "usage: dsc-selfcheck [--pp P] [--tp T] [--ep E] [--expert-tp] [--timeout S]\n");
             return 2;
         }
     }
@@ -259,7 +283,8 @@ int main(int argc, char **argv) {
         check_members(&sc, dsc_groups_get(groups, (dsc_group_kind)k), members, n);
     }
     dsc_comm *w = dsc_groups_get(groups, DSC_GROUP_KIND_WORLD);
-    for (int op = 0; op < DSC_REDUCE_OP_COUNT; op++) check_allreduce(&sc, w, (dsc_reduce_op)op);
+    for (int op = 0; op < DSC_REDUCE_OP_COUNT; op++)
+        check_allreduce(&sc, w, (dsc_reduce_op)op);
     check_reduce_scatter(&sc, w);
     check_allgather(&sc, w);
     check_alltoall(&sc, w, 0);

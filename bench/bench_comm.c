@@ -39,20 +39,28 @@ static void run_once(bench *B, bench_op op, int use_dsc) {
     int peer = B->rank ^ 1;
     switch (op) {
     case OP_ALLREDUCE:
-        if (use_dsc) die(dsc_comm_allreduce(B->comm, &B->a, DSC_REDUCE_OP_SUM));
-        else MPI_Allreduce(MPI_IN_PLACE, B->a.data, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (use_dsc)
+            die(dsc_comm_allreduce(B->comm, &B->a, DSC_REDUCE_OP_SUM));
+        else
+            MPI_Allreduce(MPI_IN_PLACE, B->a.data, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
     case OP_ALLGATHER:
-        if (use_dsc) die(dsc_comm_allgather(B->comm, &part, &B->a, NULL));
-        else MPI_Allgather(part.data, (int)piece, MPI_FLOAT, B->a.data, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
+        if (use_dsc)
+            die(dsc_comm_allgather(B->comm, &part, &B->a, NULL));
+        else
+            MPI_Allgather(part.data, (int)piece, MPI_FLOAT, B->a.data, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
         break;
     case OP_REDUCE_SCATTER:
-        if (use_dsc) die(dsc_comm_reduce_scatter(B->comm, &B->a, &part, NULL, DSC_REDUCE_OP_SUM));
-        else MPI_Reduce_scatter_block(B->a.data, part.data, (int)piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        if (use_dsc)
+            die(dsc_comm_reduce_scatter(B->comm, &B->a, &part, NULL, DSC_REDUCE_OP_SUM));
+        else
+            MPI_Reduce_scatter_block(B->a.data, part.data, (int)piece, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
     case OP_ALLTOALL:
-        if (use_dsc) die(dsc_comm_alltoall(B->comm, &B->a, &B->b));
-        else MPI_Alltoall(B->a.data, (int)piece, MPI_FLOAT, B->b.data, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
+        if (use_dsc)
+            die(dsc_comm_alltoall(B->comm, &B->a, &B->b));
+        else
+            MPI_Alltoall(B->a.data, (int)piece, MPI_FLOAT, B->b.data, (int)piece, MPI_FLOAT, MPI_COMM_WORLD);
         break;
     default: /* ping-pong between ranks 0 and 1; others idle */
         if (peer >= B->size) break;
@@ -74,7 +82,8 @@ static double time_op(bench *B, bench_op op, int use_dsc, int iters) {
     run_once(B, op, use_dsc); /* warm-up: buffers, scratch, connections */
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++) run_once(B, op, use_dsc);
+    for (int i = 0; i < iters; i++)
+        run_once(B, op, use_dsc);
     double t = (MPI_Wtime() - t0) / iters, worst;
     MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return op == OP_P2P ? worst / 2 : worst; /* p2p: one way of the round trip */
@@ -91,9 +100,11 @@ int main(int argc, char **argv) {
     int64_t max_bytes = max_mb << 20, max_n = max_bytes / 4;
     die(dsc_tensor_alloc(&B.a, DSC_DTYPE_F32, 1, &max_n, DSC_CPU, DSC_MEM_COMM));
     die(dsc_tensor_alloc(&B.b, DSC_DTYPE_F32, 1, &max_n, DSC_CPU, DSC_MEM_COMM));
-    for (int64_t i = 0; i < max_n; i++) ((float *)B.a.data)[i] = (float)(i % 7);
+    for (int64_t i = 0; i < max_n; i++)
+        ((float *)B.a.data)[i] = (float)(i % 7);
     if (B.rank == 0) {
-        printf("bench_comm: %d ranks, f32, GB/s = bytes / time of the slowest rank (dsc vs MPI default)\n", B.size);
+        printf("bench_comm: %d ranks, f32, GB/s = bytes / time of the slowest rank (dsc vs MPI default)\n",
+               B.size);
         printf("%-15s %10s %12s %12s %8s\n", "op", "bytes", "dsc GB/s", "MPI GB/s", "ratio");
     }
     for (int op = 0; op < OP_COUNT; op++)
@@ -111,8 +122,8 @@ int main(int argc, char **argv) {
                 t_dsc = d < t_dsc ? d : t_dsc;
             }
             if (B.rank == 0)
-                printf("%-15s %10lld %12.3f %12.3f %8.2f\n", op_names[op], (long long)(B.n * 4), B.n * 4 / t_dsc / 1e9,
-                       B.n * 4 / t_mpi / 1e9, t_mpi / t_dsc);
+                printf("%-15s %10lld %12.3f %12.3f %8.2f\n", op_names[op], (long long)(B.n * 4),
+                       B.n * 4 / t_dsc / 1e9, B.n * 4 / t_mpi / 1e9, t_mpi / t_dsc);
             fflush(stdout);
             B.a = full_a;
             B.b = full_b;

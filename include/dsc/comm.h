@@ -73,8 +73,7 @@ dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
  * on their lists: a rank whose list is invalid or disagrees with its members'
  * lists makes every rank return an error. The child inherits the parent's
  * options. */
-dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name,
-                               dsc_comm **out);
+dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name, dsc_comm **out);
 
 void dsc_comm_free(dsc_comm *c);
 
@@ -106,12 +105,14 @@ dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
 
 /* `send` holds size pieces back to back; piece i has counts[i] elements (NULL:
  * numel(send)/size each). Rank i receives the reduction of every rank's piece i
- * into `recv`, which has counts[i] elements. */
-dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
-                                   const int64_t *counts, dsc_reduce_op op);
+ * into `recv`, which has counts[i] elements. `recv` may be this rank's piece
+ * of `send` (in place); no other overlap is allowed. */
+dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                   dsc_reduce_op op);
 
 /* Rank i contributes `send` (counts[i] elements; NULL: all equal); every rank
- * receives all pieces back to back in rank order in `recv`. */
+ * receives all pieces back to back in rank order in `recv`. `send` may be this
+ * rank's piece of `recv` (in place); no other overlap is allowed. */
 dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
 
 /* `send` and `recv` hold size equal pieces; piece j of `send` goes to rank j

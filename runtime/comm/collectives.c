@@ -1,6 +1,8 @@
 /* collectives.c — the public operations: argument checks, the deadline, byte
  * counting and dispatch to the communicator's backend; non-blocking requests.
  *
+ * Collectives whose total size is zero (the same on every rank) complete
+ * without messages.
  * Counting rule (docs/comm.md): bytes are the operation's logical volume for
  * this rank, independent of the algorithm the backend picks. all-reduce counts
  * as reduce-scatter + all-gather of the even split (piece i has n/P elements,
@@ -41,8 +43,8 @@ static dsc_status check_pair(const dsc_comm *c, dsc_comm_op op, const dsc_tensor
 }
 
 static dsc_status check_reduce_op(const dsc_comm *c, dsc_comm_op op, dsc_reduce_op rop) {
-    DSC_CHECK((unsigned)rop < DSC_REDUCE_OP_COUNT, DSC_ERR_INVALID, "%s on communicator \"%s\": unknown reduce op %d",
-              dsc_comm_op_name(op), c->name, (int)rop);
+    DSC_CHECK((unsigned)rop < DSC_REDUCE_OP_COUNT, DSC_ERR_INVALID,
+              "%s on communicator \"%s\": unknown reduce op %d", dsc_comm_op_name(op), c->name, (int)rop);
     return NULL;
 }
 
@@ -103,7 +105,7 @@ dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
     DSC_TRY(begin(c, kind));
     int64_t n = dsc_tensor_numel(t), mine = piece(c, NULL, n, c->rank);
     int64_t bytes = (n - mine + (int64_t)(c->size - 1) * mine) * (int64_t)dsc_dtype_size(t->dtype);
-    return finish(c, kind, c->backend->allreduce(c, t, op), bytes, bytes);
+    return finish(c, kind, n ? c->backend->allreduce(c, t, op) : NULL, bytes, bytes);
 }
 
 dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
@@ -115,11 +117,11 @@ dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tens
     DSC_TRY(check_counts(c, kind, "counts", counts, n));
     int64_t mine = piece(c, counts, n, c->rank);
     DSC_CHECK(dsc_tensor_numel(recv) == mine, DSC_ERR_INVALID,
-              "reduce-scatter on communicator \"%s\": recv has %lld elements but this rank's piece has %lld", c->name,
-              (long long)dsc_tensor_numel(recv), (long long)mine);
+              "reduce-scatter on communicator \"%s\": recv has %lld elements but this rank's piece has %lld",
+              c->name, (long long)dsc_tensor_numel(recv), (long long)mine);
     DSC_TRY(begin(c, kind));
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
-    return finish(c, kind, c->backend->reduce_scatter(c, send, recv, counts, op), (n - mine) * esize,
+    return finish(c, kind, n ? c->backend->reduce_scatter(c, send, recv, counts, op) : NULL, (n - mine) * esize,
                   (int64_t)(c->size - 1) * mine * esize);
 }
 
@@ -134,8 +136,8 @@ dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *r
               (long long)dsc_tensor_numel(send), (long long)mine);
     DSC_TRY(begin(c, kind));
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
-    return finish(c, kind, c->backend->allgather(c, send, recv, counts), (int64_t)(c->size - 1) * mine * esize,
-                  (n - mine) * esize);
+    return finish(c, kind, n ? c->backend->allgather(c, send, recv, counts) : NULL,
+                  (int64_t)(c->size - 1) * mine * esize, (n - mine) * esize);
 }
 
 static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *send, const int64_t *send_counts,
@@ -161,7 +163,8 @@ dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_tensor *re
               "evenly over %d ranks",
               c->name, (long long)n, (long long)dsc_tensor_numel(recv), c->size);
     int64_t *even = c->even_counts;
-    for (int j = 0; j < c->size; j++) even[j] = n / c->size;
+    for (int j = 0; j < c->size; j++)
+        even[j] = n / c->size;
     return alltoallv(c, kind, send, even, recv, even);
 }
 
@@ -177,13 +180,13 @@ dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t
 dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
     const dsc_comm_op kind = DSC_COMM_OP_BROADCAST;
     DSC_TRY(check_tensor(c, kind, "buffer", t));
-    DSC_CHECK(root >= 0 && root < c->size, DSC_ERR_INVALID, "broadcast on communicator \"%s\": root %d not in [0, %d)",
-              c->name, root, c->size);
+    DSC_CHECK(root >= 0 && root < c->size, DSC_ERR_INVALID,
+              "broadcast on communicator \"%s\": root %d not in [0, %d)", c->name, root, c->size);
     DSC_TRY(begin(c, kind));
     int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
     bool is_root = root == c->rank;
-    return finish(c, kind, c->backend->broadcast(c, t, root), is_root ? (int64_t)(c->size - 1) * bytes : 0,
-                  is_root ? 0 : bytes);
+    return finish(c, kind, bytes ? c->backend->broadcast(c, t, root) : NULL,
+                  is_root ? (int64_t)(c->size - 1) * bytes : 0, is_root ? 0 : bytes);
 }
 
 dsc_status dsc_comm_barrier(dsc_comm *c) {
@@ -201,14 +204,19 @@ static dsc_status post(dsc_comm *c, dsc_comm_op kind, dsc_tensor *t, int peer, i
     *out = NULL;
     const char *what = dsc_comm_op_name(kind);
     DSC_TRY(check_tensor(c, kind, "buffer", t));
-    DSC_CHECK(peer >= 0 && peer < c->size, DSC_ERR_INVALID, "%s on communicator \"%s\": peer %d not in [0, %d)", what,
-              c->name, peer, c->size);
-    DSC_CHECK(tag >= 0 && tag <= TAG_MAX, DSC_ERR_INVALID, "%s on communicator \"%s\": tag %d not in [0, %d]", what,
-              c->name, tag, TAG_MAX);
-    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", what, c->name, c->broken);
+    DSC_CHECK(peer >= 0 && peer < c->size, DSC_ERR_INVALID, "%s on communicator \"%s\": peer %d not in [0, %d)",
+              what, c->name, peer, c->size);
+    DSC_CHECK(tag >= 0 && tag <= TAG_MAX, DSC_ERR_INVALID, "%s on communicator \"%s\": tag %d not in [0, %d]",
+              what, c->name, tag, TAG_MAX);
+    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", what, c->name,
+              c->broken);
     dsc_comm_request *req;
     DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
-    *req = (dsc_comm_request){.comm = c, .op = kind, .peer = peer, .dtype = t->dtype, .bytes = dsc_tensor_nbytes(t),
+    *req = (dsc_comm_request){.comm = c,
+                              .op = kind,
+                              .peer = peer,
+                              .dtype = t->dtype,
+                              .bytes = dsc_tensor_nbytes(t),
                               .mpi = MPI_REQUEST_NULL};
     req->deadline = dsc_comm_now() + c->opts.timeout_s;
     dsc_status s = kind == DSC_COMM_OP_SEND ? c->backend->isend(c, t, peer, tag, req)
@@ -244,12 +252,15 @@ static dsc_status retire(dsc_comm_request **reqp, dsc_status s, bool done) {
     return s;
 }
 
-static dsc_status test_request(void *arg, bool *done) { return ((dsc_comm_request *)arg)->comm->backend->test(arg, done); }
+static dsc_status test_request(void *arg, bool *done) {
+    return ((dsc_comm_request *)arg)->comm->backend->test(arg, done);
+}
 
 dsc_status dsc_comm_wait(dsc_comm_request **reqp) {
     dsc_comm_request *req = *reqp;
     if (!req) return NULL;
-    dsc_status s = dsc_comm_poll(req->comm, dsc_comm_op_name(req->op), req->peer, req->deadline, test_request, req);
+    dsc_status s =
+        dsc_comm_poll(req->comm, dsc_comm_op_name(req->op), req->peer, req->deadline, test_request, req);
     return retire(reqp, s, s == NULL);
 }
 
@@ -260,9 +271,7 @@ dsc_status dsc_comm_test(dsc_comm_request **reqp, bool *done) {
     bool finished = false;
     dsc_status s = req->comm->backend->test(req, &finished);
     if (!s && !finished && dsc_comm_now() > req->deadline)
-        s = dsc_error(DSC_ERR_TIMEOUT, "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s",
-                      dsc_comm_op_name(req->op), req->peer, req->comm->world_ranks[req->peer], req->comm->name,
-                      req->comm->opts.timeout_s);
+        s = dsc_comm_timeout_error(req->comm, dsc_comm_op_name(req->op), req->peer);
     *done = finished || s;
     return retire(reqp, s, finished);
 }

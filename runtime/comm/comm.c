@@ -22,8 +22,8 @@ static dsc_status start_mpi(void) {
         dsc_started_mpi = true;
     }
     /* Failures must come back as statuses, never as MPI's default abort. */
-    return dsc_comm_mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
-                              NULL);
+    return dsc_comm_mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                              "MPI_Comm_set_errhandler", NULL);
 }
 
 static dsc_status pick_backend(dsc_device device, const dsc_comm_backend **out) {
@@ -36,7 +36,8 @@ static dsc_status pick_backend(dsc_device device, const dsc_comm_backend **out) 
     return NULL;
 #else
     char dev[32];
-    return dsc_error(DSC_ERR_UNSUPPORTED, "a communicator for %s tensors needs NCCL, but dsc was built without CUDA",
+    return dsc_error(DSC_ERR_UNSUPPORTED,
+                     "a communicator for %s tensors needs NCCL, but dsc was built without CUDA",
                      dsc_device_name(device, dev, sizeof dev));
 #endif
 }
@@ -114,13 +115,15 @@ static int list_hash(const int *members, int count) {
     uint32_t h = 2166136261u; /* FNV-1a over the member list, in order */
     for (int i = 0; i < count; i++) {
         uint32_t v = (uint32_t)members[i];
-        for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xffu)) * 16777619u;
+        for (int b = 0; b < 4; b++)
+            h = (h ^ ((v >> (8 * b)) & 0xffu)) * 16777619u;
     }
     return (int)(h & 0x7fffffff);
 }
 
 /* Why this rank's list is unusable, or NULL. `key` gets this rank's position. */
-static dsc_status check_members(const dsc_comm *parent, const int *members, int count, const char *name, int *key) {
+static dsc_status check_members(const dsc_comm *parent, const int *members, int count, const char *name,
+                                int *key) {
     DSC_CHECK(count >= 1 && count <= parent->size, DSC_ERR_INVALID,
               "communicator \"%s\": %d members requested from a parent of %d ranks", name, count, parent->size);
     *key = -1;
@@ -133,8 +136,9 @@ static dsc_status check_members(const dsc_comm *parent, const int *members, int 
                       name, members[i]);
         if (members[i] == parent->rank) *key = i;
     }
-    DSC_CHECK(*key >= 0, DSC_ERR_INVALID, "communicator \"%s\": this rank (%d of \"%s\") is not in its member list",
-              name, parent->rank, parent->name);
+    DSC_CHECK(*key >= 0, DSC_ERR_INVALID,
+              "communicator \"%s\": this rank (%d of \"%s\") is not in its member list", name, parent->rank,
+              parent->name);
     return NULL;
 }
 
@@ -145,8 +149,8 @@ static dsc_status check_claims(const dsc_comm *parent, const int *claims, int *t
     int p = parent->size;
     for (int y = 0; y < p; y++) {
         const int *cy = claims + y * CLAIM_FIELDS;
-        DSC_CHECK(cy[CLAIM_VALID], DSC_ERR_PEER, "communicator \"%s\": rank %d of \"%s\" passed an invalid member list",
-                  name, y, parent->name);
+        DSC_CHECK(cy[CLAIM_VALID], DSC_ERR_PEER,
+                  "communicator \"%s\": rank %d of \"%s\" passed an invalid member list", name, y, parent->name);
     }
     for (int y = 0; y < p; y++) {
         const int *cy = claims + y * CLAIM_FIELDS;
@@ -161,10 +165,11 @@ static dsc_status check_claims(const dsc_comm *parent, const int *claims, int *t
     }
     for (int y = 0; y < p; y++) {
         const int *cy = claims + y * CLAIM_FIELDS;
-        DSC_CHECK(tally[y] == 0 || tally[y] == cy[CLAIM_COUNT], DSC_ERR_INVALID,
-                  "communicator \"%s\": member lists disagree: the group led by rank %d lists %d ranks but %d ranks "
-                  "claim it",
-                  name, y, cy[CLAIM_COUNT], tally[y]);
+        DSC_CHECK(
+            tally[y] == 0 || tally[y] == cy[CLAIM_COUNT], DSC_ERR_INVALID,
+            "communicator \"%s\": member lists disagree: the group led by rank %d lists %d ranks but %d ranks "
+            "claim it",
+            name, y, cy[CLAIM_COUNT], tally[y]);
     }
     return NULL;
 }
@@ -185,9 +190,9 @@ static dsc_status agree(dsc_comm *parent, const int *members, int count, const c
     if (!s) {
         parent->deadline = dsc_comm_now() + parent->opts.timeout_s;
         MPI_Request req;
-        s = dsc_comm_mpi_check(MPI_Iallgather(claim, CLAIM_FIELDS, MPI_INT, claims, CLAIM_FIELDS, MPI_INT,
-                                              parent->mpi, &req),
-                               "MPI_Iallgather", parent);
+        s = dsc_comm_mpi_check(
+            MPI_Iallgather(claim, CLAIM_FIELDS, MPI_INT, claims, CLAIM_FIELDS, MPI_INT, parent->mpi, &req),
+            "MPI_Iallgather", parent);
         if (!s) s = dsc_comm_mpi_wait(parent, "agreeing on members", -1, &req, 1, MPI_STATUSES_IGNORE);
     }
     if (!s && !mine) s = check_claims(parent, claims, claims + parent->size * CLAIM_FIELDS, name);
@@ -234,17 +239,27 @@ dsc_status dsc_comm_finalize(void) {
     return dsc_comm_mpi_check(MPI_Finalize(), "MPI_Finalize", NULL);
 }
 
-int dsc_comm_rank(const dsc_comm *c) { return c->rank; }
-int dsc_comm_size(const dsc_comm *c) { return c->size; }
-const char *dsc_comm_name(const dsc_comm *c) { return c->name; }
-const char *dsc_comm_backend_name(const dsc_comm *c) { return c->backend->name; }
+int dsc_comm_rank(const dsc_comm *c) {
+    return c->rank;
+}
+int dsc_comm_size(const dsc_comm *c) {
+    return c->size;
+}
+const char *dsc_comm_name(const dsc_comm *c) {
+    return c->name;
+}
+const char *dsc_comm_backend_name(const dsc_comm *c) {
+    return c->backend->name;
+}
 
 int dsc_comm_world_rank(const dsc_comm *c, int rank) {
     DSC_ASSERT(rank >= 0 && rank < c->size);
     return c->world_ranks[rank];
 }
 
-double dsc_comm_timeout(const dsc_comm *c) { return c->opts.timeout_s; }
+double dsc_comm_timeout(const dsc_comm *c) {
+    return c->opts.timeout_s;
+}
 
 dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s) {
     DSC_CHECK(timeout_s > 0, DSC_ERR_INVALID, "communicator \"%s\": timeout %g s must be positive", c->name,
@@ -253,8 +268,12 @@ dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s) {
     return NULL;
 }
 
-void dsc_comm_get_stats(const dsc_comm *c, dsc_comm_stats *out) { *out = c->stats; }
-void dsc_comm_reset_stats(dsc_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+void dsc_comm_get_stats(const dsc_comm *c, dsc_comm_stats *out) {
+    *out = c->stats;
+}
+void dsc_comm_reset_stats(dsc_comm *c) {
+    memset(&c->stats, 0, sizeof c->stats);
+}
 
 const char *dsc_comm_op_name(dsc_comm_op op) {
     static const char *names[] = {"all-reduce", "reduce-scatter", "all-gather", "all-to-all", "all-to-all-v",

@@ -76,6 +76,7 @@ double dsc_comm_now(void);
  * `deadline` it returns DSC_ERR_TIMEOUT naming `what` (e.g. "all-reduce"),
  * the communicator and, when peer >= 0, the peer. */
 typedef dsc_status (*dsc_comm_test_fn)(void *arg, bool *done);
+dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer);
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg);
 

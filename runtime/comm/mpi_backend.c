@@ -24,17 +24,22 @@ static const size_t RING_MIN_BYTES_ALLGATHER = 64 * 1024;
 enum { ALLTOALL_TAG = 7002 };
 
 typedef struct mpi_state {
-    MPI_Comm coll;       /* duplicate of c->mpi for the algorithms' point-to-point */
-    int64_t *counts;     /* (P) pieces of the current operation */
-    int64_t *displs;     /* (P) */
-    int *icounts;        /* (2P) int counts and offsets for MPI's v-collectives */
-    MPI_Request *reqs;   /* (2P) */
+    MPI_Comm coll;        /* duplicate of c->mpi for the algorithms' point-to-point */
+    int64_t *counts;      /* (P) pieces of the current operation */
+    int64_t *displs;      /* (P) */
+    int *icounts;         /* (2P) int counts and offsets for MPI's v-collectives */
+    MPI_Request *reqs;    /* (2P) */
     MPI_Status *statuses; /* (2P) */
-    void *scratch;       /* grows to the largest ring temporary seen */
+    void *scratch;        /* grows to the largest ring temporary seen */
     size_t scratch_bytes;
 } mpi_state;
 
 #define ARRAY_BYTES(n, type) ((size_t)(n) * sizeof(type))
+
+/* base + elems elements, without arithmetic on the NULL data of empty tensors. */
+static char *shift(const void *base, int64_t elems, size_t esize) {
+    return elems ? (char *)base + (size_t)elems * esize : (char *)base;
+}
 
 static dsc_status mpi_init(dsc_comm *c) {
     mpi_state *st;
@@ -103,9 +108,13 @@ static dsc_ring_pieces make_pieces(dsc_comm *c, const int64_t *counts, int64_t n
     return pieces;
 }
 
-static bool mpi_native(dsc_dtype dtype) { return dtype != DSC_DTYPE_BF16 && dtype != DSC_DTYPE_F16; }
+static bool mpi_native(dsc_dtype dtype) {
+    return dtype != DSC_DTYPE_BF16 && dtype != DSC_DTYPE_F16;
+}
 
-static MPI_Op mpi_op(dsc_reduce_op op) { return op == DSC_REDUCE_OP_MAX ? MPI_MAX : MPI_SUM; }
+static MPI_Op mpi_op(dsc_reduce_op op) {
+    return op == DSC_REDUCE_OP_MAX ? MPI_MAX : MPI_SUM;
+}
 
 static dsc_status ring_scratch(dsc_comm *c, const dsc_ring_pieces *pieces, dsc_dtype dtype, void **a, void **b) {
     DSC_TRY(check_int(c, pieces->max_count, "ring step"));
@@ -126,7 +135,7 @@ static dsc_status mpi_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
         dsc_ring_pieces pieces = make_pieces(c, NULL, n);
         void *a, *b;
         DSC_TRY(ring_scratch(c, &pieces, t->dtype, &a, &b));
-        void *mine = (char *)t->data + (size_t)pieces.displs[c->rank] * dsc_dtype_size(t->dtype);
+        void *mine = shift(t->data, pieces.displs[c->rank], dsc_dtype_size(t->dtype));
         DSC_TRY(dsc_ring_reduce_scatter(c, st->coll, what, t->data, mine, &pieces, t->dtype, op, a, b));
         DSC_TRY(dsc_ring_allgather(c, st->coll, what, t->data, &pieces, t->dtype));
     }
@@ -139,8 +148,10 @@ static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_te
     mpi_state *st = c->impl;
     const char *what = "reduce-scatter";
     dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(send));
-    if (mpi_native(send->dtype) && dsc_tensor_nbytes(send) < RING_MIN_BYTES_REDUCE_SCATTER) {
-        for (int i = 0; i < c->size; i++) st->icounts[i] = (int)pieces.counts[i];
+    bool in_place = recv->data == shift(send->data, pieces.displs[c->rank], dsc_dtype_size(send->dtype));
+    if (mpi_native(send->dtype) && !in_place && dsc_tensor_nbytes(send) < RING_MIN_BYTES_REDUCE_SCATTER) {
+        for (int i = 0; i < c->size; i++)
+            st->icounts[i] = (int)pieces.counts[i];
         MPI_Request req;
         DSC_TRY(dsc_comm_mpi_check(MPI_Ireduce_scatter(send->data, recv->data, st->icounts,
                                                        dsc_comm_mpi_type(send->dtype), mpi_op(op), c->mpi, &req),
@@ -149,7 +160,8 @@ static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_te
     } else {
         void *a, *b;
         DSC_TRY(ring_scratch(c, &pieces, send->dtype, &a, &b));
-        DSC_TRY(dsc_ring_reduce_scatter(c, st->coll, what, send->data, recv->data, &pieces, send->dtype, op, a, b));
+        DSC_TRY(
+            dsc_ring_reduce_scatter(c, st->coll, what, send->data, recv->data, &pieces, send->dtype, op, a, b));
     }
     dsc_comm_reduce_finish(recv->data, dsc_tensor_numel(recv), recv->dtype, op, c->size);
     return NULL;
@@ -160,6 +172,7 @@ static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor 
     const char *what = "all-gather";
     dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(recv));
     size_t esize = dsc_dtype_size(recv->dtype);
+    char *own = shift(recv->data, pieces.displs[c->rank], esize); /* send may already be there */
     if (dsc_tensor_nbytes(recv) < RING_MIN_BYTES_ALLGATHER) {
         int *icounts = st->icounts, *idispls = st->icounts + c->size;
         for (int i = 0; i < c->size; i++) {
@@ -167,14 +180,15 @@ static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor 
             idispls[i] = (int)pieces.displs[i];
         }
         MPI_Datatype type = dsc_comm_mpi_type(recv->dtype);
+        const void *mine = send->data == own ? MPI_IN_PLACE : send->data;
         MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(MPI_Iallgatherv(send->data, icounts[c->rank], type, recv->data, icounts, idispls,
-                                                   type, c->mpi, &req),
-                                   "MPI_Iallgatherv", c));
+        DSC_TRY(dsc_comm_mpi_check(
+            MPI_Iallgatherv(mine, icounts[c->rank], type, recv->data, icounts, idispls, type, c->mpi, &req),
+            "MPI_Iallgatherv", c));
         return dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE);
     }
     DSC_TRY(check_int(c, pieces.max_count, what));
-    memcpy((char *)recv->data + (size_t)pieces.displs[c->rank] * esize, send->data, dsc_tensor_nbytes(send));
+    memmove(own, send->data, dsc_tensor_nbytes(send));
     return dsc_ring_allgather(c, st->coll, what, recv->data, &pieces, recv->dtype);
 }
 
@@ -183,8 +197,8 @@ static dsc_status check_received(const dsc_comm *c, const MPI_Status *status, co
     int got = 0;
     DSC_TRY(dsc_comm_mpi_check(MPI_Get_count(status, type, &got), "MPI_Get_count", c));
     DSC_CHECK(got == expected, DSC_ERR_INVALID,
-              "%s on communicator \"%s\": peer %d sent %d elements but %lld were expected", what, c->name, peer, got,
-              (long long)expected);
+              "%s on communicator \"%s\": peer %d sent %d elements but %lld were expected", what, c->name, peer,
+              got, (long long)expected);
     return NULL;
 }
 
@@ -206,18 +220,20 @@ static dsc_status mpi_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64
     int64_t send_off = 0, recv_off = 0;
     int posted = 0;
     for (int j = 0; j < p; j++) {
-        char *in = (char *)recv->data + (size_t)recv_off * esize;
-        const char *out = (const char *)send->data + (size_t)send_off * esize;
+        char *in = shift(recv->data, recv_off, esize);
+        const char *out = shift(send->data, send_off, esize);
         send_off += send_counts[j];
         recv_off += recv_counts[j];
         if (j == c->rank) {
-            memcpy(in, out, (size_t)send_counts[j] * esize);
+            if (send_counts[j]) memcpy(in, out, (size_t)send_counts[j] * esize);
             continue;
         }
         DSC_TRY(dsc_comm_mpi_check(
-            MPI_Irecv(in, (int)recv_counts[j], type, j, ALLTOALL_TAG, st->coll, &st->reqs[posted++]), "MPI_Irecv", c));
+            MPI_Irecv(in, (int)recv_counts[j], type, j, ALLTOALL_TAG, st->coll, &st->reqs[posted++]), "MPI_Irecv",
+            c));
         DSC_TRY(dsc_comm_mpi_check(
-            MPI_Isend(out, (int)send_counts[j], type, j, ALLTOALL_TAG, st->coll, &st->reqs[posted++]), "MPI_Isend", c));
+            MPI_Isend(out, (int)send_counts[j], type, j, ALLTOALL_TAG, st->coll, &st->reqs[posted++]), "MPI_Isend",
+            c));
     }
     DSC_TRY(dsc_comm_mpi_wait(c, what, -1, st->reqs, posted, st->statuses));
     for (int j = 0, k = 0; j < p; j++) {
@@ -240,15 +256,15 @@ static dsc_status mpi_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
 static dsc_status mpi_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
     int64_t n = dsc_tensor_numel(t);
     DSC_TRY(check_int(c, n, "send"));
-    return dsc_comm_mpi_check(MPI_Isend(t->data, (int)n, dsc_comm_mpi_type(t->dtype), peer, tag, c->mpi, &req->mpi),
-                              "MPI_Isend", c);
+    return dsc_comm_mpi_check(
+        MPI_Isend(t->data, (int)n, dsc_comm_mpi_type(t->dtype), peer, tag, c->mpi, &req->mpi), "MPI_Isend", c);
 }
 
 static dsc_status mpi_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
     int64_t n = dsc_tensor_numel(t);
     DSC_TRY(check_int(c, n, "recv"));
-    return dsc_comm_mpi_check(MPI_Irecv(t->data, (int)n, dsc_comm_mpi_type(t->dtype), peer, tag, c->mpi, &req->mpi),
-                              "MPI_Irecv", c);
+    return dsc_comm_mpi_check(
+        MPI_Irecv(t->data, (int)n, dsc_comm_mpi_type(t->dtype), peer, tag, c->mpi, &req->mpi), "MPI_Irecv", c);
 }
 
 static dsc_status mpi_test(dsc_comm_request *req, bool *done) {

@@ -32,7 +32,8 @@ static dsc_status nccl_check(ncclResult_t r, const char *call, const dsc_comm *c
 
 static dsc_status cuda_check(cudaError_t e, const char *call, const dsc_comm *c) {
     if (e == cudaSuccess) return NULL;
-    return dsc_error(DSC_ERR_BACKEND, "%s failed on communicator \"%s\": %s", call, c->name, cudaGetErrorString(e));
+    return dsc_error(DSC_ERR_BACKEND, "%s failed on communicator \"%s\": %s", call, c->name,
+                     cudaGetErrorString(e));
 }
 
 static ncclDataType_t nccl_type(dsc_dtype dtype) {
@@ -76,12 +77,14 @@ static dsc_status give_up(dsc_comm *c, dsc_status s) {
     nccl_state *st = c->impl;
     ncclCommAbort(st->comm);
     st->comm = NULL;
-    snprintf(c->broken, sizeof c->broken, "its NCCL communicator was aborted after: %.100s", dsc_status_message(s));
+    snprintf(c->broken, sizeof c->broken, "its NCCL communicator was aborted after: %.100s",
+             dsc_status_message(s));
     return s;
 }
 
 /* Waits until the calls just issued are enqueued, then until the stream passes them. */
-static dsc_status finish_on_stream(dsc_comm *c, const char *what, int peer, ncclResult_t issued, const char *call) {
+static dsc_status finish_on_stream(dsc_comm *c, const char *what, int peer, ncclResult_t issued,
+                                   const char *call) {
     nccl_state *st = c->impl;
     dsc_status s = nccl_check(issued, call, c);
     if (!s) s = dsc_comm_poll(c, what, peer, c->deadline, test_settled, c);
@@ -107,8 +110,8 @@ static dsc_status nccl_init(dsc_comm *c) {
     DSC_TRY(dsc_comm_mpi_wait(c, "broadcasting the NCCL unique id", -1, &req, 1, MPI_STATUSES_IGNORE));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    DSC_TRY(nccl_check(ncclCommInitRankConfig(&st->comm, c->size, id, c->rank, &config), "ncclCommInitRankConfig",
-                       c));
+    DSC_TRY(
+        nccl_check(ncclCommInitRankConfig(&st->comm, c->size, id, c->rank, &config), "ncclCommInitRankConfig", c));
     dsc_status s = dsc_comm_poll(c, "creating the NCCL communicator", -1, c->deadline, test_settled, c);
     return s ? give_up(c, s) : NULL;
 }
@@ -149,8 +152,8 @@ static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_t
     size_t esize = dsc_dtype_size(send->dtype), offset = 0;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < c->size && (r == ncclSuccess || r == ncclInProgress); i++) {
-        r = ncclReduce((const char *)send->data + offset * esize, recv->data, (size_t)counts[i], type, nccl_op(op), i,
-                       st->comm, st->stream);
+        r = ncclReduce((const char *)send->data + offset * esize, recv->data, (size_t)counts[i], type, nccl_op(op),
+                       i, st->comm, st->stream);
         offset += (size_t)counts[i];
     }
     ncclResult_t end = ncclGroupEnd();
@@ -162,10 +165,10 @@ static dsc_status nccl_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
     nccl_state *st = c->impl;
     ncclDataType_t type = nccl_type(send->dtype);
     if (even(c, counts))
-        return finish_on_stream(c, "all-gather", -1,
-                                ncclAllGather(send->data, recv->data, (size_t)dsc_tensor_numel(send), type, st->comm,
-                                              st->stream),
-                                "ncclAllGather");
+        return finish_on_stream(
+            c, "all-gather", -1,
+            ncclAllGather(send->data, recv->data, (size_t)dsc_tensor_numel(send), type, st->comm, st->stream),
+            "ncclAllGather");
     size_t esize = dsc_dtype_size(send->dtype), offset = 0;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < c->size && (r == ncclSuccess || r == ncclInProgress); i++) {
@@ -232,18 +235,20 @@ static dsc_status post_p2p(dsc_comm *c, dsc_comm_request *req, ncclResult_t issu
 
 static dsc_status nccl_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
     nccl_state *st = c->impl;
-    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "send on communicator \"%s\": NCCL has no tags (tag %d)", c->name, tag);
-    return post_p2p(c, req,
-                    ncclSend(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
-                    "ncclSend");
+    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "send on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
+              tag);
+    return post_p2p(
+        c, req, ncclSend(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
+        "ncclSend");
 }
 
 static dsc_status nccl_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
     nccl_state *st = c->impl;
-    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "recv on communicator \"%s\": NCCL has no tags (tag %d)", c->name, tag);
-    return post_p2p(c, req,
-                    ncclRecv(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
-                    "ncclRecv");
+    DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "recv on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
+              tag);
+    return post_p2p(
+        c, req, ncclRecv(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
+        "ncclRecv");
 }
 
 static dsc_status nccl_test(dsc_comm_request *req, bool *done) {

@@ -23,7 +23,7 @@ double dsc_comm_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static dsc_status timeout_error(const dsc_comm *c, const char *what, int peer) {
+dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer) {
     if (peer >= 0)
         return dsc_error(DSC_ERR_TIMEOUT,
                          "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s", what, peer,
@@ -41,7 +41,7 @@ dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double d
         DSC_TRY(test(arg, &done));
         if (done) return NULL;
         double now = dsc_comm_now();
-        if (now > deadline) return timeout_error(c, what, peer);
+        if (now > deadline) return dsc_comm_timeout_error(c, what, peer);
         if (now < spin_until) continue;
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
@@ -65,8 +65,8 @@ static dsc_status test_mpi(void *arg, bool *done) {
         for (int i = 0; i < w->n; i++) {
             MPI_Status *st = &w->statuses[i];
             if (st->MPI_ERROR == MPI_SUCCESS || st->MPI_ERROR == MPI_ERR_PENDING) continue;
-            return dsc_error_wrap(dsc_comm_mpi_check(st->MPI_ERROR, "MPI_Testall", w->comm), "%s, message from peer %d",
-                                  w->what, st->MPI_SOURCE);
+            return dsc_error_wrap(dsc_comm_mpi_check(st->MPI_ERROR, "MPI_Testall", w->comm),
+                                  "%s, message from peer %d", w->what, st->MPI_SOURCE);
         }
     }
     DSC_TRY(dsc_error_wrap(dsc_comm_mpi_check(rc, "MPI_Testall", w->comm), "%s", w->what));
@@ -90,12 +90,18 @@ dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c) {
 
 MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype) {
     switch (dtype) {
-    case DSC_DTYPE_F32: return MPI_FLOAT;
+    case DSC_DTYPE_F32:
+        return MPI_FLOAT;
     case DSC_DTYPE_BF16:
-    case DSC_DTYPE_F16: return MPI_UINT16_T;
-    case DSC_DTYPE_I32: return MPI_INT32_T;
-    case DSC_DTYPE_I64: return MPI_INT64_T;
-    case DSC_DTYPE_U8: return MPI_UINT8_T;
-    default: return MPI_DATATYPE_NULL;
+    case DSC_DTYPE_F16:
+        return MPI_UINT16_T;
+    case DSC_DTYPE_I32:
+        return MPI_INT32_T;
+    case DSC_DTYPE_I64:
+        return MPI_INT64_T;
+    case DSC_DTYPE_U8:
+        return MPI_UINT8_T;
+    default:
+        return MPI_DATATYPE_NULL;
     }
 }

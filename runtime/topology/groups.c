@@ -20,7 +20,8 @@ dsc_status dsc_groups_create(dsc_comm *world, const dsc_group_plan *plan, dsc_gr
     for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++) {
         int count;
         const int *members = dsc_group_plan_members(plan, (dsc_group_kind)k, &count);
-        dsc_status s = dsc_comm_create_sub(world, members, count, dsc_group_kind_name((dsc_group_kind)k), &g->comms[k]);
+        dsc_status s =
+            dsc_comm_create_sub(world, members, count, dsc_group_kind_name((dsc_group_kind)k), &g->comms[k]);
         if (s) {
             dsc_groups_free(g);
             return s;
@@ -37,6 +38,7 @@ dsc_comm *dsc_groups_get(const dsc_groups *g, dsc_group_kind k) {
 
 void dsc_groups_free(dsc_groups *g) {
     if (!g) return;
-    for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++) dsc_comm_free(g->comms[k]);
+    for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++)
+        dsc_comm_free(g->comms[k]);
     dsc_mem_free(g, sizeof *g, DSC_MEM_OTHER, DSC_CPU);
 }

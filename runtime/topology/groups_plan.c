@@ -36,8 +36,8 @@ static dsc_status resolve(int world, const dsc_parallel_dims *in, dsc_parallel_d
               stage, world, d->pp, d->tp);
     if (d->dp == 0) d->dp = stage / d->tp;
     DSC_CHECK(d->pp * d->dp * d->tp == world, DSC_ERR_INVALID,
-              "pp %d x dp %d x tp %d = %d does not equal world size %d", d->pp, d->dp, d->tp, d->pp * d->dp * d->tp,
-              world);
+              "pp %d x dp %d x tp %d = %d does not equal world size %d", d->pp, d->dp, d->tp,
+              d->pp * d->dp * d->tp, world);
     if (d->expert_tp || d->tp == 1)
         DSC_CHECK(d->dp % d->ep == 0, DSC_ERR_INVALID, "ep_size %d does not divide data-parallel size %d", d->ep,
                   d->dp);
@@ -49,15 +49,18 @@ static dsc_status resolve(int world, const dsc_parallel_dims *in, dsc_parallel_d
 }
 
 /* Default rule: consecutive blocks of ep within each stage, and strided lanes. */
-static dsc_status experts_by_blocks(const dsc_parallel_dims *d, int world, dsc_group_list *ep, dsc_group_list *edp) {
+static dsc_status experts_by_blocks(const dsc_parallel_dims *d, int world, dsc_group_list *ep,
+                                    dsc_group_list *edp) {
     int stage = world / d->pp, e = d->ep;
     DSC_TRY(list_alloc(ep, world / e, e));
     DSC_TRY(list_alloc(edp, d->pp * e, stage / e));
-    for (int r = 0; r < world; r++) ep->ranks[r] = r; /* blocks of e consecutive ranks, in order */
+    for (int r = 0; r < world; r++)
+        ep->ranks[r] = r; /* blocks of e consecutive ranks, in order */
     int *out = edp->ranks;
     for (int s0 = 0; s0 < world; s0 += stage)
         for (int i = 0; i < e; i++)
-            for (int r = s0 + i; r < s0 + stage; r += e) *out++ = r;
+            for (int r = s0 + i; r < s0 + stage; r += e)
+                *out++ = r;
     return NULL;
 }
 
@@ -85,7 +88,8 @@ static dsc_status fill(dsc_group_plan *p) {
     dsc_group_list *all = p->all;
     DSC_TRY(dsc_topology_pipe_data_model(&p->topo, d->pp, d->dp, d->tp));
     DSC_TRY(list_alloc(&all[DSC_GROUP_KIND_WORLD], 1, p->world_size));
-    for (int r = 0; r < p->world_size; r++) all[DSC_GROUP_KIND_WORLD].ranks[r] = r;
+    for (int r = 0; r < p->world_size; r++)
+        all[DSC_GROUP_KIND_WORLD].ranks[r] = r;
     DSC_TRY(dsc_topology_axis_lists(&p->topo, "pipe", &all[DSC_GROUP_KIND_PIPE]));
     DSC_TRY(dsc_topology_axis_lists(&p->topo, "data", &all[DSC_GROUP_KIND_DATA]));
     DSC_TRY(dsc_topology_axis_lists(&p->topo, "model", &all[DSC_GROUP_KIND_TENSOR]));
@@ -93,7 +97,8 @@ static dsc_status fill(dsc_group_plan *p) {
         DSC_TRY(experts_from_data_groups(d, &all[DSC_GROUP_KIND_DATA], &all[DSC_GROUP_KIND_EXPERT],
                                          &all[DSC_GROUP_KIND_EXPERT_DATA]));
     else
-        DSC_TRY(experts_by_blocks(d, p->world_size, &all[DSC_GROUP_KIND_EXPERT], &all[DSC_GROUP_KIND_EXPERT_DATA]));
+        DSC_TRY(
+            experts_by_blocks(d, p->world_size, &all[DSC_GROUP_KIND_EXPERT], &all[DSC_GROUP_KIND_EXPERT_DATA]));
     for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++) {
         p->mine[k] = dsc_group_list_find(&all[k], p->rank);
         DSC_ASSERT(p->mine[k] >= 0); /* every kind partitions the world */
@@ -113,7 +118,8 @@ dsc_status dsc_groups_plan(int world_size, int rank, const dsc_parallel_dims *di
 }
 
 void dsc_group_plan_free(dsc_group_plan *p) {
-    for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++) dsc_group_list_free(&p->all[k]);
+    for (int k = 0; k < DSC_GROUP_KIND_COUNT; k++)
+        dsc_group_list_free(&p->all[k]);
 }
 
 const int *dsc_group_plan_members(const dsc_group_plan *p, dsc_group_kind k, int *count) {
@@ -123,7 +129,7 @@ const int *dsc_group_plan_members(const dsc_group_plan *p, dsc_group_kind k, int
 }
 
 const char *dsc_group_kind_name(dsc_group_kind k) {
-    static const char *names[] = {"world",           "pipe",           "data-parallel",
-                                  "tensor-parallel", "expert-parallel", "expert-data-parallel"};
+    static const char *names[] = {
+        "world", "pipe", "data-parallel", "tensor-parallel", "expert-parallel", "expert-data-parallel"};
     return (unsigned)k < DSC_GROUP_KIND_COUNT ? names[k] : "unknown";
 }

@@ -15,11 +15,13 @@ dsc_status dsc_topology_init(dsc_topology *t, int naxes, const char *const *axes
     for (int a = 0; a < naxes; a++) {
         size_t len = strlen(axes[a]);
         DSC_CHECK(len > 0 && len < DSC_TOPOLOGY_AXIS_NAME, DSC_ERR_INVALID,
-                  "topology: axis %d name \"%s\" must have 1..%d characters", a, axes[a], DSC_TOPOLOGY_AXIS_NAME - 1);
+                  "topology: axis %d name \"%s\" must have 1..%d characters", a, axes[a],
+                  DSC_TOPOLOGY_AXIS_NAME - 1);
         DSC_CHECK(dims[a] >= 1, DSC_ERR_INVALID, "topology: axis \"%s\" has size %d, expected >= 1", axes[a],
                   dims[a]);
         for (int b = 0; b < a; b++)
-            DSC_CHECK(strcmp(axes[a], axes[b]) != 0, DSC_ERR_INVALID, "topology: axis \"%s\" appears twice", axes[a]);
+            DSC_CHECK(strcmp(axes[a], axes[b]) != 0, DSC_ERR_INVALID, "topology: axis \"%s\" appears twice",
+                      axes[a]);
         world *= dims[a];
         DSC_CHECK(world <= (1 << 30), DSC_ERR_INVALID, "topology: more than 2^30 ranks");
         snprintf(t->axes[a], sizeof t->axes[a], "%s", axes[a]);
@@ -36,7 +38,8 @@ dsc_status dsc_topology_pipe_data_model(dsc_topology *t, int pp, int dp, int tp)
 
 int dsc_topology_world_size(const dsc_topology *t) {
     int world = 1;
-    for (int a = 0; a < t->naxes; a++) world *= t->dims[a];
+    for (int a = 0; a < t->naxes; a++)
+        world *= t->dims[a];
     return world;
 }
 
@@ -54,7 +57,8 @@ int dsc_topology_dim(const dsc_topology *t, const char *axis) {
 /* Ranks between neighbours along axis a: the product of the faster axes' dims. */
 static int stride(const dsc_topology *t, int a) {
     int s = 1;
-    for (int b = a + 1; b < t->naxes; b++) s *= t->dims[b];
+    for (int b = a + 1; b < t->naxes; b++)
+        s *= t->dims[b];
     return s;
 }
 
@@ -92,7 +96,8 @@ dsc_status dsc_topology_axis_lists(const dsc_topology *t, const char *axis, dsc_
     int g = 0;
     for (int base = 0; base < world; base++) {
         if ((base / step) % dim != 0) continue;
-        for (int k = 0; k < dim; k++) out->ranks[g * dim + k] = base + k * step;
+        for (int k = 0; k < dim; k++)
+            out->ranks[g * dim + k] = base + k * step;
         g++;
     }
     return NULL;

@@ -10,23 +10,41 @@
 
 static inline double elem_get(const dsc_tensor *t, int64_t i) {
     switch (t->dtype) {
-    case DSC_DTYPE_F32: return ((const float *)t->data)[i];
-    case DSC_DTYPE_BF16: return dsc_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    case DSC_DTYPE_F16: return dsc_f16_to_f32(((const uint16_t *)t->data)[i]);
-    case DSC_DTYPE_I32: return ((const int32_t *)t->data)[i];
-    case DSC_DTYPE_I64: return (double)((const int64_t *)t->data)[i];
-    default: return ((const uint8_t *)t->data)[i];
+    case DSC_DTYPE_F32:
+        return ((const float *)t->data)[i];
+    case DSC_DTYPE_BF16:
+        return dsc_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case DSC_DTYPE_F16:
+        return dsc_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case DSC_DTYPE_I32:
+        return ((const int32_t *)t->data)[i];
+    case DSC_DTYPE_I64:
+        return (double)((const int64_t *)t->data)[i];
+    default:
+        return ((const uint8_t *)t->data)[i];
     }
 }
 
 static inline void elem_set(dsc_tensor *t, int64_t i, double v) {
     switch (t->dtype) {
-    case DSC_DTYPE_F32: ((float *)t->data)[i] = (float)v; break;
-    case DSC_DTYPE_BF16: ((uint16_t *)t->data)[i] = dsc_f32_to_bf16((float)v); break;
-    case DSC_DTYPE_F16: ((uint16_t *)t->data)[i] = dsc_f32_to_f16((float)v); break;
-    case DSC_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
-    case DSC_DTYPE_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
-    default: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+    case DSC_DTYPE_F32:
+        ((float *)t->data)[i] = (float)v;
+        break;
+    case DSC_DTYPE_BF16:
+        ((uint16_t *)t->data)[i] = dsc_f32_to_bf16((float)v);
+        break;
+    case DSC_DTYPE_F16:
+        ((uint16_t *)t->data)[i] = dsc_f32_to_f16((float)v);
+        break;
+    case DSC_DTYPE_I32:
+        ((int32_t *)t->data)[i] = (int32_t)v;
+        break;
+    case DSC_DTYPE_I64:
+        ((int64_t *)t->data)[i] = (int64_t)v;
+        break;
+    default:
+        ((uint8_t *)t->data)[i] = (uint8_t)v;
+        break;
     }
 }
 

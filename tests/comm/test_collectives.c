@@ -10,7 +10,9 @@
 #include "test_mpi.h"
 
 /* Small integers, exact in every dtype even after summing over 8 ranks. */
-static double v(int rank, int64_t i) { return (double)((rank * 7 + i * 3) % 11); }
+static double v(int rank, int64_t i) {
+    return (double)((rank * 7 + i * 3) % 11);
+}
 
 static dsc_comm *world_comm(void) {
     dsc_comm *c = NULL;
@@ -60,7 +62,8 @@ static void test_allreduce(void **state) {
                 int64_t n = sizes[k];
                 dsc_tensor t;
                 assert_ok(vec_alloc(&t, all_dtypes[d], n));
-                for (int64_t i = 0; i < n; i++) elem_set(&t, i, v(r, i));
+                for (int64_t i = 0; i < n; i++)
+                    elem_set(&t, i, v(r, i));
                 dsc_comm_stats before;
                 dsc_comm_get_stats(c, &before);
                 assert_ok(dsc_comm_allreduce(c, &t, (dsc_reduce_op)op));
@@ -73,7 +76,8 @@ static void test_allreduce(void **state) {
                         fail();
                     }
                 }
-                int64_t mine = n / p + (r < n % p), bytes = (int64_t)dsc_dtype_size(t.dtype) * (n + (p - 2) * mine);
+                int64_t mine = n / p + (r < n % p),
+                        bytes = (int64_t)dsc_dtype_size(t.dtype) * (n + (p - 2) * mine);
                 check_counters(c, &before, DSC_COMM_OP_ALLREDUCE, bytes, bytes);
                 dsc_tensor_free(&t);
             }
@@ -113,12 +117,14 @@ static void test_reduce_scatter(void **state) {
                     dsc_tensor send, recv;
                     assert_ok(vec_alloc(&send, dtypes[d], total));
                     assert_ok(vec_alloc(&recv, dtypes[d], counts[r]));
-                    for (int64_t g = 0; g < total; g++) elem_set(&send, g, v(r, g));
+                    for (int64_t g = 0; g < total; g++)
+                        elem_set(&send, g, v(r, g));
                     dsc_comm_stats before;
                     dsc_comm_get_stats(c, &before);
                     assert_ok(dsc_comm_reduce_scatter(c, &send, &recv, uneven ? counts : NULL, (dsc_reduce_op)op));
                     for (int64_t j = 0; j < counts[r]; j++)
-                        assert_true(elem_get(&recv, j) == reduced(recv.dtype, (dsc_reduce_op)op, p, displs[r] + j));
+                        assert_true(elem_get(&recv, j) ==
+                                    reduced(recv.dtype, (dsc_reduce_op)op, p, displs[r] + j));
                     int64_t e = (int64_t)dsc_dtype_size(send.dtype);
                     check_counters(c, &before, DSC_COMM_OP_REDUCE_SCATTER, (total - counts[r]) * e,
                                    (p - 1) * counts[r] * e);
@@ -149,22 +155,53 @@ static void test_allgather(void **state) {
                 dsc_tensor send, recv;
                 assert_ok(vec_alloc(&send, dtypes[d], counts[r]));
                 assert_ok(vec_alloc(&recv, dtypes[d], total));
-                for (int64_t j = 0; j < counts[r]; j++) elem_set(&send, j, v(r, displs[r] + j));
+                for (int64_t j = 0; j < counts[r]; j++)
+                    elem_set(&send, j, v(r, displs[r] + j));
                 dsc_comm_stats before;
                 dsc_comm_get_stats(c, &before);
                 assert_ok(dsc_comm_allgather(c, &send, &recv, uneven ? counts : NULL));
                 for (int q = 0; q < p; q++)
-                    for (int64_t j = 0; j < counts[q]; j++) assert_true(elem_get(&recv, displs[q] + j) == v(q, displs[q] + j));
+                    for (int64_t j = 0; j < counts[q]; j++)
+                        assert_true(elem_get(&recv, displs[q] + j) == v(q, displs[q] + j));
                 int64_t e = (int64_t)dsc_dtype_size(send.dtype);
-                check_counters(c, &before, DSC_COMM_OP_ALLGATHER, (p - 1) * counts[r] * e, (total - counts[r]) * e);
+                check_counters(c, &before, DSC_COMM_OP_ALLGATHER, (p - 1) * counts[r] * e,
+                               (total - counts[r]) * e);
                 dsc_tensor_free(&send);
                 dsc_tensor_free(&recv);
             }
     dsc_comm_free(c);
 }
 
+/* ZeRO's usage: the shard is a view of this rank's piece of the flat buffer. */
+static void test_in_place(void **state) {
+    (void)state;
+    dsc_comm *c = world_comm();
+    int p = dsc_comm_size(c), r = dsc_comm_rank(c);
+    const int64_t pieces[] = {3, 20000}; /* MPI's path and the ring */
+    for (size_t k = 0; k < 2; k++) {
+        int64_t m = pieces[k];
+        dsc_tensor flat;
+        assert_ok(vec_alloc(&flat, DSC_DTYPE_F32, p * m));
+        dsc_tensor mine = dsc_tensor_rows(&flat, r * m, m);
+        for (int64_t i = 0; i < m; i++)
+            elem_set(&mine, i, v(r, r * m + i));
+        assert_ok(dsc_comm_allgather(c, &mine, &flat, NULL));
+        for (int64_t g = 0; g < p * m; g++)
+            assert_true(elem_get(&flat, g) == v((int)(g / m), g));
+        for (int64_t g = 0; g < p * m; g++)
+            elem_set(&flat, g, v(r, g));
+        assert_ok(dsc_comm_reduce_scatter(c, &flat, &mine, NULL, DSC_REDUCE_OP_SUM));
+        for (int64_t i = 0; i < m; i++)
+            assert_true(elem_get(&mine, i) == reduced(DSC_DTYPE_F32, DSC_REDUCE_OP_SUM, p, r * m + i));
+        dsc_tensor_free(&flat);
+    }
+    dsc_comm_free(c);
+}
+
 /* Element k of the piece rank `from` sends to rank `to`. */
-static double w(int from, int to, int64_t k) { return (double)((from * 31 + to * 17 + k) % 251); }
+static double w(int from, int to, int64_t k) {
+    return (double)((from * 31 + to * 17 + k) % 251);
+}
 
 static void test_alltoall(void **state) {
     (void)state;
@@ -179,12 +216,14 @@ static void test_alltoall(void **state) {
             assert_ok(vec_alloc(&send, dtypes[d], p * m));
             assert_ok(vec_alloc(&recv, dtypes[d], p * m));
             for (int j = 0; j < p; j++)
-                for (int64_t i = 0; i < m; i++) elem_set(&send, j * m + i, w(r, j, i));
+                for (int64_t i = 0; i < m; i++)
+                    elem_set(&send, j * m + i, w(r, j, i));
             dsc_comm_stats before;
             dsc_comm_get_stats(c, &before);
             assert_ok(dsc_comm_alltoall(c, &send, &recv));
             for (int j = 0; j < p; j++)
-                for (int64_t i = 0; i < m; i++) assert_true(elem_get(&recv, j * m + i) == w(j, r, i));
+                for (int64_t i = 0; i < m; i++)
+                    assert_true(elem_get(&recv, j * m + i) == w(j, r, i));
             int64_t bytes = (p - 1) * m * (int64_t)dsc_dtype_size(send.dtype);
             check_counters(c, &before, DSC_COMM_OP_ALLTOALL, bytes, bytes);
             dsc_tensor_free(&send);
@@ -215,12 +254,14 @@ static void test_alltoallv_uneven(void **state) {
         assert_ok(vec_alloc(&send, DSC_DTYPE_F32, send_total));
         assert_ok(vec_alloc(&recv, DSC_DTYPE_F32, recv_total));
         for (int j = 0, off = 0; j < p; off += (int)send_counts[j], j++)
-            for (int64_t i = 0; i < send_counts[j]; i++) elem_set(&send, off + i, w(r, j, i));
+            for (int64_t i = 0; i < send_counts[j]; i++)
+                elem_set(&send, off + i, w(r, j, i));
         dsc_comm_stats before;
         dsc_comm_get_stats(c, &before);
         assert_ok(dsc_comm_alltoallv(c, &send, send_counts, &recv, recv_counts));
         for (int j = 0, off = 0; j < p; off += (int)recv_counts[j], j++)
-            for (int64_t i = 0; i < recv_counts[j]; i++) assert_true(elem_get(&recv, off + i) == w(j, r, i));
+            for (int64_t i = 0; i < recv_counts[j]; i++)
+                assert_true(elem_get(&recv, off + i) == w(j, r, i));
         check_counters(c, &before, DSC_COMM_OP_ALLTOALLV, sent, received);
         dsc_tensor_free(&send);
         dsc_tensor_free(&recv);
@@ -239,13 +280,16 @@ static void test_broadcast(void **state) {
             dsc_tensor t;
             assert_ok(vec_alloc(&t, all_dtypes[d], n));
             if (r == root)
-                for (int64_t i = 0; i < n; i++) elem_set(&t, i, v(root, i) + 1);
+                for (int64_t i = 0; i < n; i++)
+                    elem_set(&t, i, v(root, i) + 1);
             dsc_comm_stats before;
             dsc_comm_get_stats(c, &before);
             assert_ok(dsc_comm_broadcast(c, &t, root));
-            for (int64_t i = 0; i < n; i++) assert_true(elem_get(&t, i) == v(root, i) + 1);
+            for (int64_t i = 0; i < n; i++)
+                assert_true(elem_get(&t, i) == v(root, i) + 1);
             int64_t bytes = (int64_t)dsc_tensor_nbytes(&t);
-            check_counters(c, &before, DSC_COMM_OP_BROADCAST, r == root ? (p - 1) * bytes : 0, r == root ? 0 : bytes);
+            check_counters(c, &before, DSC_COMM_OP_BROADCAST, r == root ? (p - 1) * bytes : 0,
+                           r == root ? 0 : bytes);
             dsc_tensor_free(&t);
         }
     dsc_comm_free(c);
@@ -262,18 +306,21 @@ static void test_point_to_point(void **state) {
     dsc_tensor out, in;
     assert_ok(vec_alloc(&out, DSC_DTYPE_I64, n));
     assert_ok(vec_alloc(&in, DSC_DTYPE_I64, n));
-    for (int64_t i = 0; i < n; i++) elem_set(&out, i, r * 100000 + i);
+    for (int64_t i = 0; i < n; i++)
+        elem_set(&out, i, r * 100000 + i);
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
     dsc_comm_request *rr, *sr;
     assert_ok(dsc_comm_irecv(c, &in, left, 5, &rr));
     assert_ok(dsc_comm_isend(c, &out, right, 5, &sr));
     bool done = false;
-    while (!done) assert_ok(dsc_comm_test(&rr, &done));
+    while (!done)
+        assert_ok(dsc_comm_test(&rr, &done));
     assert_null(rr);
     assert_ok(dsc_comm_wait(&sr));
     assert_null(sr);
-    for (int64_t i = 0; i < n; i++) assert_true(elem_get(&in, i) == left * 100000 + i);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(elem_get(&in, i) == left * 100000 + i);
     dsc_comm_stats after;
     dsc_comm_get_stats(c, &after);
     int64_t calls, sent, recv;
@@ -287,7 +334,8 @@ static void test_point_to_point(void **state) {
     assert_ok(dsc_comm_isend(c, &out, r, 9, &self));
     assert_ok(dsc_comm_recv(c, &in, r, 9));
     assert_ok(dsc_comm_wait(&self));
-    for (int64_t i = 0; i < n; i++) assert_true(elem_get(&in, i) == r * 100000 + i);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(elem_get(&in, i) == r * 100000 + i);
     dsc_tensor_free(&out);
     dsc_tensor_free(&in);
     dsc_comm_free(c);
@@ -298,7 +346,8 @@ static void test_barrier(void **state) {
     dsc_comm *c = world_comm();
     dsc_comm_stats before;
     dsc_comm_get_stats(c, &before);
-    for (int i = 0; i < 3; i++) assert_ok(dsc_comm_barrier(c));
+    for (int i = 0; i < 3; i++)
+        assert_ok(dsc_comm_barrier(c));
     dsc_comm_stats after;
     dsc_comm_get_stats(c, &after);
     assert_int_equal(after.calls[DSC_COMM_OP_BARRIER] - before.calls[DSC_COMM_OP_BARRIER], 3);
@@ -311,10 +360,11 @@ static void test_barrier(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_allreduce),      cmocka_unit_test(test_reduce_scatter),
-        cmocka_unit_test(test_allgather),      cmocka_unit_test(test_alltoall),
-        cmocka_unit_test(test_alltoallv_uneven), cmocka_unit_test(test_broadcast),
-        cmocka_unit_test(test_point_to_point), cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_allreduce), cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_allgather), cmocka_unit_test(test_in_place),
+        cmocka_unit_test(test_alltoall),  cmocka_unit_test(test_alltoallv_uneven),
+        cmocka_unit_test(test_broadcast), cmocka_unit_test(test_point_to_point),
+        cmocka_unit_test(test_barrier),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -22,7 +22,8 @@ static void test_world(void **state) {
     assert_int_equal(dsc_comm_size(c), size);
     assert_string_equal(dsc_comm_name(c), "world");
     assert_string_equal(dsc_comm_backend_name(c), "mpi");
-    for (int i = 0; i < size; i++) assert_int_equal(dsc_comm_world_rank(c, i), i);
+    for (int i = 0; i < size; i++)
+        assert_int_equal(dsc_comm_world_rank(c, i), i);
     assert_true(dsc_comm_timeout(c) == DSC_COMM_DEFAULT_TIMEOUT_S);
     assert_err(dsc_comm_set_timeout(c, 0), DSC_ERR_INVALID, "must be positive");
     assert_ok(dsc_comm_set_timeout(c, 12.5));
@@ -58,7 +59,8 @@ static void test_sub_communicators(void **state) {
     dsc_tensor t = dsc_tensor_view(&value, DSC_DTYPE_I64, 1, &one, DSC_CPU);
     assert_ok(dsc_comm_allreduce(sub, &t, DSC_REDUCE_OP_SUM));
     int64_t want = 0;
-    for (int i = 0; i < n; i++) want += members[i];
+    for (int i = 0; i < n; i++)
+        want += members[i];
     assert_int_equal(value, want);
     /* A sub-communicator of a sub-communicator: singletons. */
     int me = dsc_comm_rank(sub);
@@ -167,8 +169,8 @@ static void test_timeouts(void **state) {
     dsc_status s = dsc_comm_recv(world, &t, left, 77);
     assert_int_equal(dsc_status_code(s), DSC_ERR_TIMEOUT);
     char want[160];
-    snprintf(want, sizeof want, "recv with peer %d (world rank %d) on communicator \"world\" timed out after 0.3 s",
-             left, left);
+    snprintf(want, sizeof want,
+             "recv with peer %d (world rank %d) on communicator \"world\" timed out after 0.3 s", left, left);
     assert_non_null(strstr(dsc_status_message(s), want));
     dsc_status_free(s);
     assert_ok(dsc_comm_set_timeout(world, 60));
@@ -176,7 +178,8 @@ static void test_timeouts(void **state) {
 
     if (p > 1) {
         int members[8];
-        for (int i = 0; i < p; i++) members[i] = i;
+        for (int i = 0; i < p; i++)
+            members[i] = i;
         dsc_comm *late;
         assert_ok(dsc_comm_create_sub(world, members, p, "late", &late));
         assert_ok(dsc_comm_set_timeout(late, 0.3));
@@ -198,8 +201,10 @@ static void test_timeouts(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_world),           cmocka_unit_test(test_sub_communicators),
-        cmocka_unit_test(test_invalid_member_lists), cmocka_unit_test(test_argument_errors),
+        cmocka_unit_test(test_world),
+        cmocka_unit_test(test_sub_communicators),
+        cmocka_unit_test(test_invalid_member_lists),
+        cmocka_unit_test(test_argument_errors),
         cmocka_unit_test(test_timeouts),
     };
     return DSC_RUN_MPI_TESTS(tests);

@@ -16,7 +16,8 @@ static void plan(int world, int pp, int dp, int tp, int ep, bool expert_tp, dsc_
 static void expect(const dsc_group_plan *p, dsc_group_kind k, int count, int size, const int *ranks) {
     const dsc_group_list *l = &p->all[k];
     if (l->count != count || l->size != size) {
-        print_error("%s: %d groups of %d, want %d of %d\n", dsc_group_kind_name(k), l->count, l->size, count, size);
+        print_error("%s: %d groups of %d, want %d of %d\n", dsc_group_kind_name(k), l->count, l->size, count,
+                    size);
         fail();
     }
     for (int i = 0; i < count * size; i++)
@@ -82,7 +83,8 @@ static void test_data8_ep4(void **state) {
     /* The docstring example of _create_expert_and_data_parallel: world 16, ep 2. */
     plan(16, 1, 0, 1, 2, false, &p);
     expect(&p, DSC_GROUP_KIND_EXPERT, 8, 2, (const int[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
-    expect(&p, DSC_GROUP_KIND_EXPERT_DATA, 2, 8, (const int[]){0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15});
+    expect(&p, DSC_GROUP_KIND_EXPERT_DATA, 2, 8,
+           (const int[]){0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15});
     dsc_group_plan_free(&p);
     /* With two pipeline stages, each stage forms its own expert groups. */
     plan(16, 2, 8, 1, 4, false, &p);
@@ -123,14 +125,16 @@ static void test_invalid_degrees(void **state) {
     (void)state;
     dsc_group_plan p;
     dsc_parallel_dims d = {.pp = 4, .tp = 1};
-    assert_err(dsc_groups_plan(6, 0, &d, &p), DSC_ERR_INVALID, "world size 6 is not divisible by pipeline stages 4");
+    assert_err(dsc_groups_plan(6, 0, &d, &p), DSC_ERR_INVALID,
+               "world size 6 is not divisible by pipeline stages 4");
     d = (dsc_parallel_dims){.pp = 1, .tp = 1, .ep = 3};
     assert_err(dsc_groups_plan(4, 0, &d, &p), DSC_ERR_INVALID, "ep_size 3 does not divide data-parallel size 4");
     d = (dsc_parallel_dims){.pp = 2, .tp = 3};
     assert_err(dsc_groups_plan(8, 0, &d, &p), DSC_ERR_INVALID,
                "the 4 ranks of a pipeline stage (world 8 / pp 2) are not divisible by tensor-parallel size 3");
     d = (dsc_parallel_dims){.pp = 2, .dp = 2, .tp = 1};
-    assert_err(dsc_groups_plan(8, 0, &d, &p), DSC_ERR_INVALID, "pp 2 x dp 2 x tp 1 = 4 does not equal world size 8");
+    assert_err(dsc_groups_plan(8, 0, &d, &p), DSC_ERR_INVALID,
+               "pp 2 x dp 2 x tp 1 = 4 does not equal world size 8");
     d = (dsc_parallel_dims){.pp = 1, .tp = 2, .ep = 3};
     assert_err(dsc_groups_plan(8, 0, &d, &p), DSC_ERR_INVALID,
                "ep_size 3 does not divide the 8 ranks of a pipeline stage (data 4 x model 2)");
@@ -147,8 +151,10 @@ static void check_partition(const dsc_group_plan *p, dsc_group_kind k, int *seen
     const dsc_group_list *l = &p->all[k];
     assert_int_equal(l->count * l->size, p->world_size);
     memset(seen, 0, (size_t)p->world_size * sizeof *seen);
-    for (int i = 0; i < p->world_size; i++) seen[l->ranks[i]]++;
-    for (int r = 0; r < p->world_size; r++) assert_int_equal(seen[r], 1);
+    for (int i = 0; i < p->world_size; i++)
+        seen[l->ranks[i]]++;
+    for (int r = 0; r < p->world_size; r++)
+        assert_int_equal(seen[r], 1);
 }
 
 /* The group of kind k holding rank r, from the closed forms of docs/topology.md. */
@@ -158,28 +164,36 @@ static void closed_form(const dsc_parallel_dims *d, dsc_group_kind k, int r, int
     *n = 0;
     switch (k) {
     case DSC_GROUP_KIND_WORLD:
-        for (int q = 0; q < pp * stage; q++) out[(*n)++] = q;
+        for (int q = 0; q < pp * stage; q++)
+            out[(*n)++] = q;
         break;
     case DSC_GROUP_KIND_PIPE:
-        for (int q = 0; q < pp; q++) out[(*n)++] = (q * dp + data) * tp + model;
+        for (int q = 0; q < pp; q++)
+            out[(*n)++] = (q * dp + data) * tp + model;
         break;
     case DSC_GROUP_KIND_DATA:
-        for (int q = 0; q < dp; q++) out[(*n)++] = (pipe * dp + q) * tp + model;
+        for (int q = 0; q < dp; q++)
+            out[(*n)++] = (pipe * dp + q) * tp + model;
         break;
     case DSC_GROUP_KIND_TENSOR:
-        for (int q = 0; q < tp; q++) out[(*n)++] = (pipe * dp + data) * tp + q;
+        for (int q = 0; q < tp; q++)
+            out[(*n)++] = (pipe * dp + data) * tp + q;
         break;
     case DSC_GROUP_KIND_EXPERT:
         if (d->expert_tp)
-            for (int j = 0; j < e; j++) out[(*n)++] = (pipe * dp + data / e * e + j) * tp + model;
+            for (int j = 0; j < e; j++)
+                out[(*n)++] = (pipe * dp + data / e * e + j) * tp + model;
         else
-            for (int j = 0; j < e; j++) out[(*n)++] = s0 + (r - s0) / e * e + j;
+            for (int j = 0; j < e; j++)
+                out[(*n)++] = s0 + (r - s0) / e * e + j;
         break;
     default:
         if (d->expert_tp)
-            for (int q = 0; q < dp / e; q++) out[(*n)++] = (pipe * dp + q * e + data % e) * tp + model;
+            for (int q = 0; q < dp / e; q++)
+                out[(*n)++] = (pipe * dp + q * e + data % e) * tp + model;
         else
-            for (int q = 0; q < stage / e; q++) out[(*n)++] = s0 + (r - s0) % e + q * e;
+            for (int q = 0; q < stage / e; q++)
+                out[(*n)++] = s0 + (r - s0) % e + q * e;
         break;
     }
 }
@@ -231,9 +245,9 @@ static void test_4096_ranks(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pipe2_data2_model2),           cmocka_unit_test(test_pipe4_data2),
-        cmocka_unit_test(test_data8_ep4),                    cmocka_unit_test(test_experts_with_tensor_parallel),
-        cmocka_unit_test(test_invalid_degrees),              cmocka_unit_test(test_4096_ranks),
+        cmocka_unit_test(test_pipe2_data2_model2), cmocka_unit_test(test_pipe4_data2),
+        cmocka_unit_test(test_data8_ep4),          cmocka_unit_test(test_experts_with_tensor_parallel),
+        cmocka_unit_test(test_invalid_degrees),    cmocka_unit_test(test_4096_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

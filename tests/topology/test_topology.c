@@ -10,7 +10,8 @@
 static void expect_lists(const dsc_group_list *l, int count, int size, const int *ranks) {
     assert_int_equal(l->count, count);
     assert_int_equal(l->size, size);
-    for (int i = 0; i < count * size; i++) assert_int_equal(l->ranks[i], ranks[i]);
+    for (int i = 0; i < count * size; i++)
+        assert_int_equal(l->ranks[i], ranks[i]);
 }
 
 static void test_pipe_data_model_2x2x2(void **state) {
@@ -21,7 +22,8 @@ static void test_pipe_data_model_2x2x2(void **state) {
     assert_int_equal(dsc_topology_dim(&t, "pipe"), 2);
     assert_int_equal(dsc_topology_dim(&t, "expert"), 0);
     /* The worked example of docs/topology.md, rank by rank: (pipe, data, model). */
-    const int coords[8][3] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}, {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
+    const int coords[8][3] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
+                              {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
     for (int r = 0; r < 8; r++) {
         int c[3], back;
         assert_ok(dsc_topology_coord(&t, r, c));
@@ -62,7 +64,8 @@ static void test_uneven_grid_mapping(void **state) {
     dsc_group_list l;
     assert_ok(dsc_topology_axis_lists(&t, "data", &l));
     /* One list per (pipe, model), row-major; each along data. */
-    expect_lists(&l, 8, 3, (const int[]){0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11, 12, 14, 16, 13, 15, 17, 18, 20, 22, 19, 21, 23});
+    expect_lists(&l, 8, 3, (const int[]){0,  2,  4,  1,  3,  5,  6,  8,  10, 7,  9,  11,
+                                         12, 14, 16, 13, 15, 17, 18, 20, 22, 19, 21, 23});
     dsc_group_list_free(&l);
 }
 
@@ -98,7 +101,8 @@ static void test_topology_errors(void **state) {
     int c[3];
     assert_err(dsc_topology_coord(&t, 8, c), DSC_ERR_INVALID, "rank 8 not in [0, 8)");
     int r;
-    assert_err(dsc_topology_rank(&t, (const int[]){0, 2, 0}, &r), DSC_ERR_INVALID, "coordinate data=2 not in [0, 2)");
+    assert_err(dsc_topology_rank(&t, (const int[]){0, 2, 0}, &r), DSC_ERR_INVALID,
+               "coordinate data=2 not in [0, 2)");
 }
 
 int main(void) {
