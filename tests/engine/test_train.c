@@ -1,0 +1,169 @@
+/* One-rank training: bitwise determinism for a seed, evaluation, the metrics
+ * file and its plot, generation, and a clear error for each bad input
+ * (missing data file, token id >= vocab, NaN loss, wrong shapes, features
+ * this trainer does not wire). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_mpi.h"
+#include "train_fixture.h"
+
+static char data[128];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(data, sizeof data, "/tmp/dsc_test_train_%d.tok", (int)getpid());
+    train_fixture_tokens(data, 20000);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(data);
+    return 0;
+}
+
+static dsc_status make(const char *path, const char *const *over, int n, dsc_config *cfg, dsc_trainer **t,
+                       const char *metrics) {
+    train_fixture_config(cfg, path, over, n, 1);
+    dsc_trainer_options o = {cfg, NULL, metrics != NULL, metrics, false};
+    return dsc_trainer_create(&o, t);
+}
+
+static void test_bitwise_deterministic(void **state) {
+    (void)state;
+    double losses[2][5];
+    float *params[2];
+    int64_t count;
+    for (int run = 0; run < 2; run++) {
+        dsc_config cfg;
+        dsc_trainer *t;
+        assert_ok(make(data, NULL, 0, &cfg, &t, NULL));
+        for (int s = 0; s < 5; s++) {
+            dsc_step_metrics m;
+            assert_ok(dsc_engine_step(dsc_trainer_engine(t), &m));
+            losses[run][s] = m.loss;
+        }
+        params[run] = train_fixture_params(t, &count);
+        dsc_trainer_destroy(t);
+        dsc_config_free(&cfg);
+    }
+    assert_memory_equal(losses[0], losses[1], sizeof losses[0]);
+    assert_memory_equal(params[0], params[1], (size_t)count * sizeof(float));
+    printf("  two runs: losses %.6f ... %.6f identical bit for bit, %lld parameters identical\n", losses[0][0],
+           losses[0][4], (long long)count);
+    free(params[0]);
+    free(params[1]);
+}
+
+static void test_train_eval_metrics_plot_generate(void **state) {
+    (void)state;
+    char metrics[160], svg[160];
+    snprintf(metrics, sizeof metrics, "/tmp/dsc_test_train_%d.jsonl", (int)getpid());
+    snprintf(svg, sizeof svg, "/tmp/dsc_test_train_%d.svg", (int)getpid());
+    const char *over[] = {"train.eval_interval=2", "train.steps=4"};
+    dsc_config cfg;
+    dsc_trainer *t;
+    assert_ok(make(data, over, 2, &cfg, &t, metrics));
+    assert_ok(dsc_engine_train(dsc_trainer_engine(t)));
+    assert_int_equal(dsc_engine_steps_done(dsc_trainer_engine(t)), 4);
+    double val;
+    assert_ok(dsc_engine_evaluate(dsc_trainer_engine(t), &val));
+    assert_true(isfinite(val) && val > 0 && val < 6);
+
+    /* 4 step lines + val lines at steps 2 and 4 */
+    FILE *fp = fopen(metrics, "r");
+    assert_non_null(fp);
+    char line[512];
+    int steps = 0, vals = 0;
+    while (fgets(line, sizeof line, fp)) {
+        steps += strstr(line, "\"grad_norm\"") != NULL && strstr(line, "\"tokens_per_s\"") != NULL;
+        vals += strstr(line, "\"val_loss\"") != NULL;
+    }
+    fclose(fp);
+    assert_int_equal(steps, 4);
+    assert_int_equal(vals, 2);
+    assert_ok(dsc_metrics_plot_svg(metrics, svg));
+    fp = fopen(svg, "r");
+    assert_non_null(fp);
+    assert_non_null(fgets(line, sizeof line, fp));
+    assert_non_null(strstr(line, "<svg"));
+    fclose(fp);
+    assert_err(dsc_metrics_plot_svg("/nonexistent.jsonl", svg), DSC_ERR_IO, "metrics file /nonexistent.jsonl");
+
+    /* generation: deterministic for a seed, ids in range, greedy differs from nothing */
+    int32_t prompt[3] = {'T', 'h', 'e'}, a[23], b[23];
+    assert_ok(dsc_trainer_generate(t, prompt, 3, 20, 0.8f, 5, a));
+    assert_ok(dsc_trainer_generate(t, prompt, 3, 20, 0.8f, 5, b));
+    assert_memory_equal(a, b, sizeof a);
+    for (int i = 0; i < 23; i++) assert_true(a[i] >= 0 && a[i] < 256);
+    assert_memory_equal(a, prompt, sizeof prompt);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    unlink(metrics);
+    unlink(svg);
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    dsc_config cfg;
+    dsc_trainer *t = NULL;
+
+    assert_err(make("/nonexistent/train.tok", NULL, 0, &cfg, &t, NULL), DSC_ERR_IO,
+               "data file /nonexistent/train.tok: cannot open");
+    dsc_config_free(&cfg);
+
+    /* ids up to 255 in the file, a 64-token model */
+    const char *small_vocab[] = {"model.vocab_size=64"};
+    assert_ok(make(data, small_vocab, 1, &cfg, &t, NULL));
+    assert_err(dsc_engine_step(dsc_trainer_engine(t), NULL), DSC_ERR_CORRUPT, "is >= vocab size 64");
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+
+    /* a learning rate that blows the model up: stops with the step named */
+    const char *huge_lr[] = {"optimizer.params.lr=1e30", "scheduler.type=constant", "gradient_clipping=0"};
+    assert_ok(make(data, huge_lr, 3, &cfg, &t, NULL));
+    dsc_status s = NULL;
+    int64_t step = 0;
+    while (!s && step < 5) {
+        s = dsc_engine_step(dsc_trainer_engine(t), NULL);
+        step++;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "step %lld: the ", (long long)step);
+    printf("  lr 1e30: %s\n", dsc_status_message(s));
+    assert_err(s, DSC_ERR_NUMERIC, want);
+    assert_int_equal(dsc_engine_steps_done(dsc_trainer_engine(t)), step - 1);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+
+    /* wrong shapes: heads that do not divide the width (the config or the model check names the key) */
+    const char *bad_heads[] = {"data.path=x", "model.n_head=5", "model.d_model=32"};
+    s = dsc_config_parse_string("{}", "tiny.json", bad_heads, 3, &cfg);
+    if (!s) {
+        assert_ok(dsc_config_resolve_batch(&cfg, 1));
+        dsc_trainer_options bad = {&cfg, NULL, false, NULL, false};
+        s = dsc_trainer_create(&bad, &t);
+        dsc_config_free(&cfg);
+    }
+    printf("  n_head 5 with d_model 32: %s\n", dsc_status_message(s));
+    assert_err(s, DSC_ERR_CONFIG, "model.n_head");
+
+    const char *pipe[] = {"pipeline.stages=2"};
+    train_fixture_config(&cfg, data, pipe, 1, 1);
+    dsc_trainer_options o = {&cfg, NULL, false, NULL, false};
+    assert_err(dsc_trainer_create(&o, &t), DSC_ERR_UNSUPPORTED, "\"pipeline.stages\" = 2");
+    dsc_config_free(&cfg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bitwise_deterministic),
+        cmocka_unit_test(test_train_eval_metrics_plot_generate),
+        cmocka_unit_test(test_bad_inputs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
