@@ -17,7 +17,6 @@
 typedef struct head_slot {
     int64_t b, t;    /* micro-batch of the pending forward; b = 0 when none */
     int64_t n_valid; /* targets >= 0 */
-    bool has_targets;
 } head_slot;
 
 typedef struct head_layer {
@@ -131,8 +130,7 @@ static dsc_status head_forward(dsc_layer *self, int slot, const dsc_tensor *in, 
     dsc_tensor logits;
     DSC_TRY(compute_logits(h, slot, &normed, &logits));
     if (!has_targets) {
-        *out = logits;
-        st->has_targets = false;
+        *out = logits; /* no pending backward: st->b stays 0 */
         return NULL;
     }
     dsc_tensor losses = nn_view(&h->losses[slot], 1, (int64_t[]){b * t});
@@ -144,7 +142,6 @@ static dsc_status head_forward(dsc_layer *self, int slot, const dsc_tensor *in, 
     ctx->loss = st->n_valid ? sum / (double)st->n_valid : 0.0;
     st->b = b;
     st->t = t;
-    st->has_targets = true;
     *out = nn_view(&h->losses[slot], 2, (int64_t[]){b, t});
     return NULL;
 }
