@@ -48,8 +48,9 @@ static int forward_step(const timeline *tl, int m, int j) {
     return forward_index(tl, m, j / tl->P) + r;
 }
 
-/* Step of its backward. The warm-up shrinks by 2 per rank because the
- * backward chain climbs one rank per step while the forward offset drops. */
+/* Step of its backward. B(m, j-1) on rank r-1 must run one step after
+ * B(m, j) on rank r while the rank offset drops by one, hence a warm-up two
+ * steps deeper per lower rank: Megatron's 2(P-r-1). */
 static int backward_step(const timeline *tl, int m, int j) {
     const int r = j % tl->P;
     if (tl->kind == DSC_SCHEDULE_GPIPE) return (tl->M + tl->P - 1) + m + (tl->P - 1 - r);

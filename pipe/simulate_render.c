@@ -96,9 +96,9 @@ dsc_status dsc_pipe_sim_write_svg(const dsc_pipe_sim_result *r, const char *titl
                        "stroke-width=\"0.5\"><title>%s mb %d chunk %d [%g, %g]</title></rect>\n",
                     x, y, w, row - 2, fills[g->backward][g->chunk % 2], g->backward ? "backward" : "forward",
                     g->micro_batch, g->chunk, g->start, g->end);
-            if (w >= 14)
-                fprintf(f, "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\">%d</text>\n", x + 2, y + row * 0.65,
-                        g->micro_batch);
+            if (w >= 14) /* micro-batch id, dark on the light shades of odd chunks */
+                fprintf(f, "<text x=\"%.2f\" y=\"%.1f\" fill=\"%s\">%d</text>\n", x + 2, y + row * 0.65,
+                        g->chunk % 2 ? "#222222" : "white", g->micro_batch);
         }
     }
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">time 0 .. %.4g</text>\n</svg>\n", left, height - 8, r->makespan);
