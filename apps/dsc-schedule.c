@@ -69,20 +69,21 @@ static int parse_flags(int argc, char **argv, int simulate, options *o) {
             return 0;
         }
         const char *val = argv[++i];
-        int ok;
-        if (strcmp(flag, "--v") == 0)
-            ok = parse_int("--v", val, &o->chunks), have_v = 1;
-        else if (simulate && strcmp(flag, "--fwd") == 0)
+        int ok = 1;
+        if (strcmp(flag, "--v") == 0) {
+            ok = parse_int("--v", val, &o->chunks);
+            have_v = 1;
+        } else if (simulate && strcmp(flag, "--fwd") == 0) {
             ok = parse_double("--fwd", val, &o->costs.forward);
-        else if (simulate && strcmp(flag, "--bwd") == 0)
+        } else if (simulate && strcmp(flag, "--bwd") == 0) {
             ok = parse_double("--bwd", val, &o->costs.backward);
-        else if (simulate && strcmp(flag, "--p2p") == 0)
+        } else if (simulate && strcmp(flag, "--p2p") == 0) {
             ok = parse_double("--p2p", val, &o->costs.p2p);
-        else if (simulate && strcmp(flag, "--width") == 0)
+        } else if (simulate && strcmp(flag, "--width") == 0) {
             ok = parse_int("--width", val, &o->width);
-        else if (simulate && strcmp(flag, "--svg") == 0)
-            ok = 1, o->svg = val;
-        else {
+        } else if (simulate && strcmp(flag, "--svg") == 0) {
+            o->svg = val;
+        } else {
             fprintf(stderr, "dsc-schedule: unknown option %s\n", flag);
             return 0;
         }
@@ -128,6 +129,7 @@ static void print_report(const options *o, dsc_schedule *const *scheds, const ds
 }
 
 static int simulate(const options *o) {
+    if (o->stages < 1) return fail(dsc_error(DSC_ERR_INVALID, "P must be >= 1, got %d", o->stages));
     dsc_schedule **scheds = calloc((size_t)o->stages, sizeof *scheds);
     if (!scheds) return fail(dsc_error(DSC_ERR_NOMEM, "allocating %d schedules", o->stages));
     dsc_pipe_sim_result r = {0};
