@@ -46,8 +46,8 @@ dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *r, int max_wid
     }
     /* One column per shortest operation, unless that is wider than allowed. */
     int cols = (int)ceil(r->makespan / shortest - 1e-9);
-    if (cols > max_width) cols = max_width;
-    const double dt = r->makespan / cols;
+    double dt = shortest;
+    if (cols > max_width) cols = max_width, dt = r->makespan / max_width;
     fprintf(out, "timeline: 1 column = %.4g time units; F/B forward/backward (f/b odd model chunks), . idle\n",
             dt);
     for (int i = 0; i < r->num_stages; i++) {
