@@ -90,6 +90,10 @@ dsc_status dsc_nn_register_dense_layers(void);
 dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
                             dsc_layer **out);
 
+/* The feed-forward layer of a block made by dsc_block_create (how moe/ finds
+ * its MoE layer inside a "moe_block"), or NULL when `layer` is not a block. */
+dsc_layer *dsc_block_ffn(const dsc_layer *layer);
+
 /* Logits (b, t, V) of the lm_head's last forward on `slot`, as a view. A
  * forward with ctx->targets == NULL computes logits only (no loss; *out is
  * the logits view), which is what generation needs. The view is gone once

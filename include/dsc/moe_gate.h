@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dsc/config.h"
 #include "dsc/rng.h"
 #include "dsc/status.h"
 #include "dsc/tensor.h"
@@ -31,17 +32,12 @@
 extern "C" {
 #endif
 
-/* Which routes survive at an over-full expert in top-k (k >= 3). */
-typedef enum dsc_moe_drop_policy {
-    DSC_MOE_DROP_POLICY_PROBS = 0, /* keep the Cap routes with the highest gate probability */
-    DSC_MOE_DROP_POLICY_POSITION   /* keep the first Cap routes in token order */
-} dsc_moe_drop_policy;
-
-typedef enum dsc_moe_noisy_gate {
-    DSC_MOE_NOISY_GATE_NONE = 0,
-    DSC_MOE_NOISY_GATE_JITTER, /* multiply the gate input by U[0.99, 1.01] (the layer applies it) */
-    DSC_MOE_NOISY_GATE_RSAMPLE /* top-1 only: expert = argmax(logits + Gumbel noise) */
-} dsc_moe_noisy_gate;
+/* The policy enums are the job config's (dsc/config.h: dsc_moe_drop_policy,
+ * dsc_moe_noisy_gate), one type each, so a file may include both headers:
+ *   DSC_MOE_DROP_POLICY_PROBS     k >= 3: keep the Cap routes with the highest gate probability
+ *   DSC_MOE_DROP_POLICY_POSITION  k >= 3: keep the first Cap routes in token order
+ *   DSC_MOE_NOISY_GATE_JITTER     multiply the gate input by U[0.99, 1.01] (the layer applies it)
+ *   DSC_MOE_NOISY_GATE_RSAMPLE    top-1 only: expert = argmax(logits + Gumbel noise) */
 
 typedef struct dsc_moe_gate_config {
     int k;                                /* routes per token, 1 <= k <= E */

@@ -9,6 +9,7 @@
  * is (dense MLP here, MoE in moe/). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dsc/kernels.h"
 #include "runtime/nn/nn_internal.h"
@@ -144,12 +145,19 @@ static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_
     DSC_TRY(nn_attention_init(&k->attn, &list, store, prefix, mc));
     snprintf(prefix, sizeof prefix, "%s.norm2", k->base.name);
     DSC_TRY(nn_norm_init(&k->norm2, &list, store, prefix, mc));
-    DSC_CHECK(list.n + k->ffn->n_params <= NN_MAX_LAYER_PARAMS, DSC_ERR_INVALID,
-              "feed-forward layer %s has %d parameters; a block holds at most %d in all", k->ffn->name,
-              k->ffn->n_params, NN_MAX_LAYER_PARAMS);
-    for (int i = 0; i < k->ffn->n_params; i++)
-        list.items[list.n++] = k->ffn->params[i];
-    return dsc_layer_set_params(&k->base, list.items, list.n);
+    /* The ffn's list has no fixed bound (a MoE layer holds every local expert's tensors). */
+    const int n = list.n + k->ffn->n_params;
+    dsc_param **all = malloc((size_t)n * sizeof *all);
+    DSC_CHECK(all, DSC_ERR_NOMEM, "%s: parameter list of %d", k->base.name, n);
+    memcpy(all, list.items, (size_t)list.n * sizeof *all);
+    memcpy(all + list.n, k->ffn->params, (size_t)k->ffn->n_params * sizeof *all);
+    dsc_status s = dsc_layer_set_params(&k->base, all, n);
+    free(all);
+    return s;
+}
+
+dsc_layer *dsc_block_ffn(const dsc_layer *layer) {
+    return layer && layer->ops == &block_ops ? ((const block_layer *)layer)->ffn : NULL;
 }
 
 dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,

@@ -1,0 +1,328 @@
+/* Expert banks: `count` feed-forward networks of one shape computed as
+ * batched GEMMs over a (count, R, M) buffer, one GEMM per projection for the
+ * whole bank instead of one small product per expert.
+ *
+ * A batched GEMM wants each projection of the bank as one (count, rows, cols)
+ * tensor, but parameters are separate tensors (one global name per expert).
+ * They are declared kind by kind, so when each tensor's size is a multiple of
+ * the store's alignment the bank's tensors lie back to back in the flat
+ * buffer and the GEMM reads (and accumulates gradients into) them in place;
+ * otherwise (small biases, odd widths) the bank packs them into a scratch
+ * copy at each call and adds the packed gradient back. Per-expert biases are
+ * applied as a rank-1 batched GEMM with a ones vector, since the GEMM's own
+ * bias is shared by all batch entries.
+ *
+ * Not here: which rows belong to which token (the MoE layer). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dsc/kernels.h"
+#include "dsc/moe.h"
+
+enum { MAX_PROJ = 5 };
+
+/* One projection of every FFN in the bank, e.g. all fc.weight: (count, rows, cols). */
+typedef struct proj_bank {
+    dsc_param **p;     /* [count] */
+    int64_t rows, cols;
+    bool packed;       /* not back to back in the flat buffer: use the copies below */
+    dsc_tensor value;  /* (count, rows, cols) packed copy of the values */
+    dsc_tensor grad;   /* (count, rows, cols) packed gradient of one call */
+} proj_bank;
+
+struct dsc_moe_experts {
+    dsc_moe_experts_options o;
+    dsc_device device;
+    proj_bank w_in, b_in, w_up, w_out, b_out; /* b_in, b_out: GELU only; w_up: SwiGLU only */
+    dsc_param **params;                       /* [n_params] in declaration order */
+    int n_params;
+    int nslots;
+    int64_t max_rows;
+    dsc_tensor *in;      /* [slots] views of the input the caller keeps */
+    dsc_tensor *pre;     /* [slots] (count, R, F): fc output, or SwiGLU gate */
+    dsc_tensor *up;      /* [slots] (count, R, F): SwiGLU only */
+    dsc_tensor *act;     /* [slots] (count, R, F): gelu(pre) or silu(gate) * up */
+    dsc_tensor scratch[3]; /* (count, R, F): dact, dpre, dup */
+    dsc_tensor ones;     /* (count * R) of 1.0: bias GEMMs (GELU only) */
+};
+
+static bool gated(const dsc_moe_experts *x) { return x->o.kind == DSC_MOE_EXPERT_KIND_SWIGLU; }
+
+static proj_bank *banks(dsc_moe_experts *x, int i) {
+    proj_bank *all[MAX_PROJ] = {&x->w_in, &x->b_in, &x->w_up, &x->w_out, &x->b_out};
+    return all[i];
+}
+
+static dsc_status declare_bank(dsc_moe_experts *x, proj_bank *b, const char *prefix, const char *leaf,
+                               int64_t rows, int64_t cols, bool bias, dsc_param_store *store, float std) {
+    const dsc_moe_experts_options *o = &x->o;
+    b->rows = rows;
+    b->cols = cols;
+    b->p = calloc((size_t)o->count, sizeof *b->p);
+    DSC_CHECK(b->p, DSC_ERR_NOMEM, "expert bank %s: %d %s tensors", prefix, o->count, leaf);
+    for (int e = 0; e < o->count; e++) {
+        char name[DSC_PARAM_NAME_MAX];
+        int len = o->first < 0 ? snprintf(name, sizeof name, "%s.%s", prefix, leaf)
+                               : snprintf(name, sizeof name, "%s.%d.%s", prefix, o->first + e, leaf);
+        DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID, "parameter name %s...%s is longer than %d",
+                  prefix, leaf, DSC_PARAM_NAME_MAX - 1);
+        const int64_t shape[2] = {rows, cols};
+        uint32_t flags = o->flags | (bias ? DSC_PARAM_NO_DECAY : 0);
+        DSC_TRY(dsc_params_declare(store, name, bias ? 1 : 2, bias ? shape + 1 : shape, flags,
+                                   bias ? DSC_INIT_ZEROS : DSC_INIT_NORMAL, bias ? 0.0f : std, &b->p[e]));
+        x->params[x->n_params++] = b->p[e];
+    }
+    return NULL;
+}
+
+static dsc_status declare(dsc_moe_experts *x, const char *prefix, dsc_param_store *store) {
+    const int64_t M = x->o.d_model, F = x->o.d_ff;
+    const float std = x->o.init_std, std_out = x->o.init_std_out;
+    if (gated(x)) {
+        DSC_TRY(declare_bank(x, &x->w_in, prefix, "gate.weight", F, M, false, store, std));
+        DSC_TRY(declare_bank(x, &x->w_up, prefix, "up.weight", F, M, false, store, std));
+        return declare_bank(x, &x->w_out, prefix, "down.weight", M, F, false, store, std_out);
+    }
+    DSC_TRY(declare_bank(x, &x->w_in, prefix, "fc.weight", F, M, false, store, std));
+    DSC_TRY(declare_bank(x, &x->b_in, prefix, "fc.bias", 1, F, true, store, 0));
+    DSC_TRY(declare_bank(x, &x->w_out, prefix, "proj.weight", M, F, false, store, std_out));
+    return declare_bank(x, &x->b_out, prefix, "proj.bias", 1, M, true, store, 0);
+}
+
+static void release(dsc_moe_experts *x) {
+    for (int i = 0; i < MAX_PROJ; i++) {
+        dsc_tensor_free(&banks(x, i)->value);
+        dsc_tensor_free(&banks(x, i)->grad);
+    }
+    for (int s = 0; s < x->nslots; s++) {
+        dsc_tensor_free(&x->pre[s]);
+        if (x->up) dsc_tensor_free(&x->up[s]);
+        dsc_tensor_free(&x->act[s]);
+    }
+    free(x->in);
+    free(x->pre);
+    free(x->up);
+    free(x->act);
+    x->in = x->pre = x->up = x->act = NULL;
+    for (int i = 0; i < 3; i++) dsc_tensor_free(&x->scratch[i]);
+    dsc_tensor_free(&x->ones);
+    x->nslots = 0;
+    x->max_rows = 0;
+}
+
+void dsc_moe_experts_destroy(dsc_moe_experts *x) {
+    if (!x) return;
+    release(x);
+    for (int i = 0; i < MAX_PROJ; i++) free(banks(x, i)->p);
+    free(x->params);
+    free(x);
+}
+
+dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix, dsc_param_store *store,
+                                  dsc_device device, dsc_moe_experts **out) {
+    *out = NULL;
+    DSC_CHECK(o->count >= 1 && o->d_model >= 1 && o->d_ff >= 1, DSC_ERR_INVALID,
+              "expert bank %s: needs count, d_model, d_ff >= 1 (got %d, %lld, %lld)", prefix, o->count,
+              (long long)o->d_model, (long long)o->d_ff);
+    DSC_CHECK(o->kind == DSC_MOE_EXPERT_KIND_GELU || o->kind == DSC_MOE_EXPERT_KIND_SWIGLU, DSC_ERR_INVALID,
+              "expert bank %s: unknown expert kind %d", prefix, (int)o->kind);
+    dsc_moe_experts *x = calloc(1, sizeof *x);
+    DSC_CHECK(x, DSC_ERR_NOMEM, "expert bank %s", prefix);
+    x->o = *o;
+    x->device = device;
+    x->params = calloc((size_t)(4 * o->count), sizeof *x->params);
+    dsc_status s = x->params ? declare(x, prefix, store) : dsc_error(DSC_ERR_NOMEM, "expert bank %s", prefix);
+    if (s) {
+        dsc_moe_experts_destroy(x);
+        return s;
+    }
+    *out = x;
+    return NULL;
+}
+
+int dsc_moe_experts_param_count(const dsc_moe_experts *x) { return x->n_params; }
+dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x) { return x->params; }
+
+/* True when the bank's tensors lie back to back (values and grads alike). */
+static bool contiguous(const proj_bank *b, int count) {
+    const int64_t n = b->rows * b->cols;
+    for (int e = 1; e < count; e++)
+        if ((float *)b->p[e]->value.data != (float *)b->p[0]->value.data + e * n ||
+            (float *)b->p[e]->grad.data != (float *)b->p[0]->grad.data + e * n)
+            return false;
+    return true;
+}
+
+static dsc_status reserve_bank(dsc_moe_experts *x, proj_bank *b) {
+    if (!b->p) return NULL;
+    DSC_CHECK(b->p[0]->value.data, DSC_ERR_INVALID, "expert bank %s: reserved before dsc_params_finalize",
+              b->p[0]->name);
+    b->packed = !contiguous(b, x->o.count);
+    if (!b->packed) return NULL;
+    const int64_t shape[3] = {x->o.count, b->rows, b->cols};
+    DSC_TRY(dsc_tensor_alloc(&b->value, DSC_DTYPE_F32, 3, shape, x->device, DSC_MEM_PARAMS));
+    return dsc_tensor_alloc(&b->grad, DSC_DTYPE_F32, 3, shape, x->device, DSC_MEM_GRADS);
+}
+
+static dsc_status alloc_slots(dsc_tensor **bufs, int slots, const int64_t *shape, dsc_device device) {
+    *bufs = calloc((size_t)slots, sizeof **bufs);
+    DSC_CHECK(*bufs, DSC_ERR_NOMEM, "expert activations for %d slots", slots);
+    for (int s = 0; s < slots; s++)
+        DSC_TRY(dsc_tensor_alloc(&(*bufs)[s], DSC_DTYPE_F32, 3, shape, device, DSC_MEM_ACTIVATIONS));
+    return NULL;
+}
+
+static dsc_status reserve(dsc_moe_experts *x, int slots, int64_t rows) {
+    for (int i = 0; i < MAX_PROJ; i++) DSC_TRY(reserve_bank(x, banks(x, i)));
+    const int64_t f_shape[3] = {x->o.count, rows, x->o.d_ff};
+    x->nslots = slots;
+    x->max_rows = rows;
+    x->in = calloc((size_t)slots, sizeof *x->in);
+    DSC_CHECK(x->in, DSC_ERR_NOMEM, "expert input views for %d slots", slots);
+    DSC_TRY(alloc_slots(&x->pre, slots, f_shape, x->device));
+    if (gated(x)) DSC_TRY(alloc_slots(&x->up, slots, f_shape, x->device));
+    DSC_TRY(alloc_slots(&x->act, slots, f_shape, x->device));
+    for (int i = 0; i < (gated(x) ? 3 : 2); i++)
+        DSC_TRY(dsc_tensor_alloc(&x->scratch[i], DSC_DTYPE_F32, 3, f_shape, x->device, DSC_MEM_ACTIVATIONS));
+    if (gated(x)) return NULL;
+    const int64_t n = x->o.count * rows;
+    DSC_TRY(dsc_tensor_alloc(&x->ones, DSC_DTYPE_F32, 1, &n, x->device, DSC_MEM_ACTIVATIONS));
+    float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
+    DSC_CHECK(host, DSC_ERR_NOMEM, "ones vector of %lld floats", (long long)n);
+    for (int64_t i = 0; i < n; i++) host[i] = 1.0f;
+    dsc_tensor src = dsc_tensor_view(host, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+    dsc_status s = dsc_tensor_copy(&x->ones, &src);
+    free(host);
+    return s;
+}
+
+dsc_status dsc_moe_experts_reserve(dsc_moe_experts *x, int slots, int64_t rows) {
+    release(x);
+    DSC_CHECK(slots >= 1 && rows >= 0, DSC_ERR_INVALID, "expert bank: reserve needs slots >= 1 and rows >= 0");
+    dsc_status s = reserve(x, slots, rows);
+    if (s) release(x);
+    return s;
+}
+
+/* The bank's values as one (count, rows, cols) tensor: the flat buffer itself or a fresh packed copy. */
+static dsc_status bank_values(const dsc_moe_experts *x, proj_bank *b, dsc_tensor *out) {
+    const int64_t shape[3] = {x->o.count, b->rows, b->cols};
+    if (!b->packed) {
+        DSC_CHECK(contiguous(b, x->o.count), DSC_ERR_INVALID,
+                  "expert bank %s: parameters moved since reserve; reserve the layer again", b->p[0]->name);
+        *out = dsc_tensor_view(b->p[0]->value.data, DSC_DTYPE_F32, 3, shape, x->device);
+        return NULL;
+    }
+    const int64_t n = b->rows * b->cols;
+    for (int e = 0; e < x->o.count; e++) {
+        dsc_tensor dst = dsc_tensor_view((float *)b->value.data + e * n, DSC_DTYPE_F32, 1, &n, x->device);
+        dsc_tensor src = dsc_tensor_view(b->p[e]->value.data, DSC_DTYPE_F32, 1, &n, x->device);
+        DSC_TRY(dsc_tensor_copy(&dst, &src));
+    }
+    *out = b->value;
+    return NULL;
+}
+
+/* Where a GEMM accumulates the bank's gradient: the flat gradient buffer with
+ * beta 1, or the packed scratch with beta 0 (added back by bank_grad_end). */
+static dsc_tensor bank_grad(const dsc_moe_experts *x, const proj_bank *b, float *beta) {
+    const int64_t shape[3] = {x->o.count, b->rows, b->cols};
+    *beta = b->packed ? 0.0f : 1.0f;
+    return b->packed ? b->grad : dsc_tensor_view(b->p[0]->grad.data, DSC_DTYPE_F32, 3, shape, x->device);
+}
+
+static dsc_status bank_grad_end(const dsc_moe_experts *x, const proj_bank *b) {
+    if (!b->packed) return NULL;
+    const int64_t n = b->rows * b->cols;
+    for (int e = 0; e < x->o.count; e++) {
+        dsc_tensor piece = dsc_tensor_view((float *)b->grad.data + e * n, DSC_DTYPE_F32, 1, &n, x->device);
+        dsc_tensor dst = dsc_tensor_view(b->p[e]->grad.data, DSC_DTYPE_F32, 1, &n, x->device);
+        DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &piece));
+    }
+    return NULL;
+}
+
+/* y (count, R, OC) = x (count, R, IC) @ w^T (+ bias per FFN); w (count, OC, IC). */
+static dsc_status project(dsc_moe_experts *x, dsc_tensor *y, const dsc_tensor *in, proj_bank *w, proj_bank *bias) {
+    dsc_tensor wv;
+    DSC_TRY(bank_values(x, w, &wv));
+    DSC_TRY(dsc_kernel_gemm(y, in, &wv, NULL, false, true, 1.0f, 0.0f));
+    if (!bias) return NULL;
+    dsc_tensor bv;
+    DSC_TRY(bank_values(x, bias, &bv));
+    const int64_t R = in->shape[1];
+    dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, 1}, x->device);
+    return dsc_kernel_gemm(y, &ones, &bv, NULL, false, false, 1.0f, 1.0f); /* y[e] += 1 (R, 1) @ b[e] (1, OC) */
+}
+
+/* Gradients of project(): dw (+ dbias) += scale * ..., and din = dy @ w (added when `accumulate`). */
+static dsc_status project_backward(dsc_moe_experts *x, dsc_tensor *din, bool accumulate, const dsc_tensor *dy,
+                                   const dsc_tensor *in, proj_bank *w, proj_bank *bias, float scale) {
+    float beta;
+    dsc_tensor dw = bank_grad(x, w, &beta);
+    DSC_TRY(dsc_kernel_gemm(&dw, dy, in, NULL, true, false, scale, beta)); /* dw[e] += dy[e]^T @ in[e] */
+    DSC_TRY(bank_grad_end(x, w));
+    if (bias) {
+        const int64_t R = in->shape[1];
+        dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, 1, R}, x->device);
+        dsc_tensor db = bank_grad(x, bias, &beta);
+        DSC_TRY(dsc_kernel_gemm(&db, &ones, dy, NULL, false, false, scale, beta)); /* db[e] += 1 (1, R) @ dy[e] */
+        DSC_TRY(bank_grad_end(x, bias));
+    }
+    dsc_tensor wv;
+    DSC_TRY(bank_values(x, w, &wv));
+    return dsc_kernel_gemm(din, dy, &wv, NULL, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+
+static dsc_status check_rows(const dsc_moe_experts *x, int slot, const dsc_tensor *t, const char *what) {
+    DSC_CHECK(slot >= 0 && slot < x->nslots, DSC_ERR_INVALID, "expert bank: slot %d outside the %d reserved", slot,
+              x->nslots);
+    DSC_TRY(dsc_tensor_expect(t, what, DSC_DTYPE_F32, 3, (const int64_t[]){x->o.count, -1, x->o.d_model}));
+    DSC_CHECK(t->shape[1] <= x->max_rows, DSC_ERR_INVALID, "expert bank: %lld rows per expert exceed the %lld reserved",
+              (long long)t->shape[1], (long long)x->max_rows);
+    return NULL;
+}
+
+static dsc_tensor f_view(const dsc_moe_experts *x, const dsc_tensor *buf, int64_t R) {
+    return dsc_tensor_view(buf->data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, x->o.d_ff}, x->device);
+}
+
+dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tensor *in, dsc_tensor *out) {
+    DSC_TRY(check_rows(x, slot, in, "expert input"));
+    DSC_TRY(dsc_tensor_expect(out, "expert output", DSC_DTYPE_F32, 3, in->shape));
+    const int64_t R = in->shape[1];
+    x->in[slot] = *in;
+    if (R == 0) return NULL;
+    dsc_tensor pre = f_view(x, &x->pre[slot], R), act = f_view(x, &x->act[slot], R);
+    DSC_TRY(project(x, &pre, in, &x->w_in, x->b_in.p ? &x->b_in : NULL));
+    if (gated(x)) {
+        dsc_tensor up = f_view(x, &x->up[slot], R);
+        DSC_TRY(project(x, &up, in, &x->w_up, NULL));
+        DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
+    } else {
+        DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
+    }
+    return project(x, out, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL);
+}
+
+dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                                    float grad_scale) {
+    DSC_TRY(check_rows(x, slot, dout, "expert output gradient"));
+    const dsc_tensor *in = &x->in[slot];
+    DSC_CHECK(in->data || in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d", slot);
+    DSC_TRY(dsc_tensor_expect(dout, "expert output gradient", DSC_DTYPE_F32, 3, in->shape));
+    DSC_TRY(dsc_tensor_expect(din, "expert input gradient", DSC_DTYPE_F32, 3, in->shape));
+    const int64_t R = in->shape[1];
+    if (R == 0) return NULL;
+    dsc_tensor pre = f_view(x, &x->pre[slot], R), act = f_view(x, &x->act[slot], R);
+    dsc_tensor dact = f_view(x, &x->scratch[0], R), dpre = f_view(x, &x->scratch[1], R);
+    DSC_TRY(project_backward(x, &dact, false, dout, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL, grad_scale));
+    if (gated(x)) {
+        dsc_tensor up = f_view(x, &x->up[slot], R), dup = f_view(x, &x->scratch[2], R);
+        DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
+        DSC_TRY(project_backward(x, din, false, &dpre, in, &x->w_in, NULL, grad_scale));
+        return project_backward(x, din, true, &dup, in, &x->w_up, NULL, grad_scale);
+    }
+    DSC_TRY(dsc_kernel_gelu_backward(&dpre, &dact, &pre));
+    return project_backward(x, din, false, &dpre, in, &x->w_in, &x->b_in, grad_scale);
+}

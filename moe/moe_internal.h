@@ -1,0 +1,46 @@
+/* moe/ private: moving token rows between token order and the experts'
+ * (E, Cap, M) slot buffers, and the layout change around the all-to-alls.
+ *
+ * These are plain CPU loops over f32 rows, driven by the gate's routes
+ * (expert, slot, weight per route; slot -1 = dropped). Each (expert, slot)
+ * holds at most one route, so the scatters never collide and every loop
+ * parallelises over tokens. Nothing here talks to other ranks.
+ *
+ * Dimension letters: S tokens, K routes per token, E experts, Cap slots per
+ * expert, M model width. */
+#ifndef DSC_MOE_INTERNAL_H
+#define DSC_MOE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/moe.h"
+#include "dsc/moe_gate.h"
+
+/* buf (E, Cap, M) = 0, then buf[e][slot] = x[s] for every kept route (s -> e, slot); x (S, M). */
+void moe_dispatch(const dsc_moe_gate_result *r, const float *x, int64_t M, float *buf);
+
+/* out[s] = sum over the kept routes of s of weight * y[e][slot]; out (S, M), y (E, Cap, M).
+ * A token with no kept route gets a zero row. */
+void moe_combine(const dsc_moe_gate_result *r, const float *y, int64_t M, float *out);
+
+/* Backward of moe_combine for dout (S, M): dy (E, Cap, M) = 0, then
+ * dy[e][slot] = weight * dout[s] for every kept route; d_weight (S, K) =
+ * dot(dout[s], y[e][slot]) for kept routes and 0 for dropped ones. */
+void moe_combine_backward(const dsc_moe_gate_result *r, const float *dout, const float *y, int64_t M, float *dy,
+                          float *d_weight);
+
+/* Backward of moe_dispatch: dx[s] (+)= sum over the kept routes of s of dbuf[e][slot];
+ * dx (S, M) is overwritten unless `accumulate`. */
+void moe_dispatch_backward(const dsc_moe_gate_result *r, const float *dbuf, int64_t M, float *dx, bool accumulate);
+
+/* dst (b, a, inner) = src (a, b, inner) with the first two axes swapped. */
+void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner);
+
+/* ---- the MoE layer (layer.c), for the block factory and the statistics API ---- */
+
+bool moe_layer_is(const dsc_layer *layer);
+void moe_layer_stats(const dsc_layer *layer, dsc_moe_stats *out);
+void moe_layer_stats_reset(dsc_layer *layer);
+
+#endif
