@@ -86,6 +86,12 @@ void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *
 int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
 int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
 dsc_status dsc_params_zero_grads(dsc_param_store *store);
+/* Frees a group's flat value and/or gradient buffer after finalize, for an
+ * optimizer that keeps them elsewhere (ZeRO-2 keeps gradient shards, ZeRO-3
+ * parameter shards too). The parameters' views of a released buffer get data
+ * NULL, which the optimizer repoints around layer calls; dsc_params_flat then
+ * returns data NULL for it and dsc_params_zero_grads skips it. */
+dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads);
 
 /* ---- layers -------------------------------------------------------------------------- */
 

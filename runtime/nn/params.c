@@ -199,6 +199,20 @@ int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group) {
 dsc_status dsc_params_zero_grads(dsc_param_store *store) {
     DSC_CHECK(store->finalized, DSC_ERR_INVALID, "zeroing gradients of a parameter store that is not finalized");
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
-        if (store->numel[g] > 0) DSC_TRY(dsc_kernel_zero(&store->grads[g]));
+        if (store->numel[g] > 0 && store->grads[g].data) DSC_TRY(dsc_kernel_zero(&store->grads[g]));
+    return NULL;
+}
+
+dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads) {
+    DSC_CHECK(store->finalized, DSC_ERR_INVALID, "releasing buffers of a parameter store that is not finalized");
+    DSC_CHECK((unsigned)group < DSC_PARAM_GROUP_COUNT, DSC_ERR_INVALID, "releasing parameter group %d", (int)group);
+    if (values) dsc_tensor_free(&store->values[group]);
+    if (grads) dsc_tensor_free(&store->grads[group]);
+    for (int i = 0; i < store->count; i++) {
+        dsc_param *p = store->params[i];
+        if (p->group != group) continue;
+        if (values) p->value.data = NULL;
+        if (grads) p->grad.data = NULL;
+    }
     return NULL;
 }

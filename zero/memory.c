@@ -1,0 +1,116 @@
+/* ZeRO's memory arithmetic: the paper's per-rank formula for model states,
+ * the estimator that prints it for every stage without running anything
+ * (sizes far beyond this machine), and the report that sets the allocator's
+ * measured accounting beside the formula.
+ *
+ * Not here: allocation (the optimizer allocates through dsc_mem_alloc under
+ * the params / grads / optim / comm categories, which is what the report
+ * reads). */
+#include <stdlib.h>
+
+#include "dsc/memory.h"
+#include "dsc/model.h"
+#include "dsc/zero.h"
+
+void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out) {
+    double n = dp > 0 ? dp : 1;
+    out->params = 4.0 * psi / (stage >= 3 ? n : 1);
+    out->grads = 4.0 * psi / (stage >= 2 ? n : 1);
+    out->optim = state_bytes * psi / (stage >= 1 ? n : 1);
+}
+
+dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out) {
+    *out = (dsc_zero_model_size){0};
+    DSC_TRY(dsc_model_config_validate(mc));
+    DSC_TRY(dsc_nn_register_dense_layers());
+    dsc_layer_spec *specs = NULL;
+    int count = 0;
+    DSC_TRY(dsc_model_specs(mc, &specs, &count));
+    /* Declaring parameters allocates nothing until finalize, so a 70B model costs only its layer structs. */
+    dsc_param_store *store = NULL;
+    dsc_status s = dsc_params_create(&store, DSC_CPU, 0);
+    dsc_build_ctx ctx = {mc, store, DSC_CPU, NULL};
+    for (int i = 0; i < count && !s; i++) {
+        dsc_layer *layer = NULL;
+        s = dsc_layer_build(&specs[i], &ctx, &layer);
+        if (s) break;
+        double n = (double)dsc_layer_param_numel(layer);
+        if (n > out->largest_layer) out->largest_layer = n;
+        dsc_layer_destroy(layer);
+    }
+    for (int i = 0; store && !s && i < dsc_params_count(store); i++) {
+        const dsc_param *p = dsc_params_at(store, i);
+        out->params += (double)dsc_param_numel(p);
+        if (p->flags & DSC_PARAM_EXPERT) out->expert_params += (double)dsc_param_numel(p);
+    }
+    dsc_params_destroy(store);
+    free(specs);
+    return s ? dsc_error_wrap(s, "counting the parameters of a %s model", dsc_model_arch_name(mc->arch)) : NULL;
+}
+
+static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes) {
+    pp = pp > 0 ? pp : 1;
+    ep = ep > 0 ? ep : 1;
+    double dense = (size->params - size->expert_params) / pp;
+    double expert = size->expert_params / pp / ep; /* this rank's experts */
+    int edp = dp / ep > 0 ? dp / ep : 1;
+    fprintf(fp,
+            "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; "
+            "dp=%d pp=%d ep=%d (experts sharded over %d ranks); fp32 with %d bytes of optimizer state per parameter\n",
+            size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp, ep, edp, state_bytes);
+    fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
+            "+ gathered GiB");
+    for (int stage = 0; stage <= 3; stage++) {
+        dsc_zero_memory d, e;
+        dsc_zero_memory_formula(stage, dense, dp, state_bytes, &d);
+        dsc_zero_memory_formula(stage, expert, edp, state_bytes, &e);
+        double p = d.params + e.params, g = d.grads + e.grads, o = d.optim + e.optim;
+        /* stage 3 holds a gathered layer (and the prefetched next one) besides its shards */
+        double live = stage == 3 ? 2 * 4.0 * size->largest_layer : 0;
+        fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
+                gib(live));
+    }
+}
+
+dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes) {
+    enum { FIELDS = DSC_MEM_CATEGORY_COUNT + 2 };
+    int size = comm ? dsc_comm_size(comm) : 1, rank = comm ? dsc_comm_rank(comm) : 0;
+    dsc_mem_stats st;
+    dsc_mem_get_stats(&st);
+    int64_t mine[FIELDS];
+    for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++) mine[c] = st.current[c];
+    mine[DSC_MEM_CATEGORY_COUNT] = st.total_current;
+    mine[DSC_MEM_CATEGORY_COUNT + 1] = st.total_peak;
+    int64_t *all = calloc((size_t)size * FIELDS, sizeof *all);
+    DSC_CHECK(all, DSC_ERR_NOMEM, "memory report of %d ranks", size);
+    int64_t n = FIELDS, total = (int64_t)size * FIELDS;
+    dsc_tensor send = dsc_tensor_view(mine, DSC_DTYPE_I64, 1, &n, DSC_CPU);
+    dsc_tensor recv = dsc_tensor_view(all, DSC_DTYPE_I64, 1, &total, DSC_CPU);
+    dsc_status s = comm ? dsc_comm_allgather(comm, &send, &recv, NULL) : dsc_tensor_copy(&recv, &send);
+    if (s || rank != 0) {
+        free(all);
+        return s ? dsc_error_wrap(s, "gathering the memory report") : NULL;
+    }
+    const double MiB = 1024.0 * 1024.0;
+    dsc_zero_memory f;
+    dsc_zero_memory_formula(stage, psi, dp, state_bytes, &f);
+    fprintf(fp, "memory per rank (MiB, allocator accounting), ZeRO stage %d over %d data-parallel ranks, psi = %.0f\n",
+            stage, dp, psi);
+    fprintf(fp, "%-8s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params", "grads", "optim", "activ",
+            "comm", "other", "total", "peak", "states/form");
+    for (int r = 0; r < size; r++) {
+        const int64_t *v = all + (size_t)r * FIELDS;
+        double states = (double)(v[DSC_MEM_PARAMS] + v[DSC_MEM_GRADS] + v[DSC_MEM_OPTIM]);
+        fprintf(fp, "%-8d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %12.4f\n", r,
+                v[DSC_MEM_PARAMS] / MiB, v[DSC_MEM_GRADS] / MiB, v[DSC_MEM_OPTIM] / MiB,
+                v[DSC_MEM_ACTIVATIONS] / MiB, v[DSC_MEM_COMM] / MiB,
+                (v[DSC_MEM_KV_CACHE] + v[DSC_MEM_OTHER]) / MiB, v[DSC_MEM_CATEGORY_COUNT] / MiB,
+                v[DSC_MEM_CATEGORY_COUNT + 1] / MiB, states / (f.params + f.grads + f.optim));
+    }
+    fprintf(fp, "%-8s %10.2f %10.2f %10.2f %10s %10s %10s %10.2f\n", "formula", f.params / MiB, f.grads / MiB,
+            f.optim / MiB, "-", "-", "-", (f.params + f.grads + f.optim) / MiB);
+    free(all);
+    return NULL;
+}

@@ -1,0 +1,207 @@
+/* The partitioning rule and the collectives over flat ranges of partitioned
+ * buffers: which rank owns which elements of a group's flat buffer, which
+ * (parameter, piece) pairs a rank's range holds, how a layer's parameters map
+ * onto contiguous runs of the flat buffer, and reduce-scatter / all-gather of
+ * any flat range with per-rank counts (ranks whose range misses it send or
+ * receive nothing).
+ *
+ * Partitions are contiguous so that the concatenation of every rank's share
+ * of a range, in rank order, is the range itself: an all-gather lands a
+ * parameter in place, with no reordering copy.
+ *
+ * Not here: when to reduce or gather (zero_optimizer.c, gather.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "zero/zero_internal.h"
+
+void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end) {
+    int64_t chunks = (numel + ZERO_ALIGN_ELEMS - 1) / ZERO_ALIGN_ELEMS;
+    int64_t per = chunks / ranks, extra = chunks % ranks;
+    int64_t first = rank * per + (rank < extra ? rank : extra);
+    int64_t count = per + (rank < extra);
+    *begin = first * ZERO_ALIGN_ELEMS < numel ? first * ZERO_ALIGN_ELEMS : numel;
+    *end = (first + count) * ZERO_ALIGN_ELEMS < numel ? (first + count) * ZERO_ALIGN_ELEMS : numel;
+}
+
+int64_t zero_owned(const zero_group *g, int rank, int64_t a, int64_t b) {
+    int64_t lo = a > g->bounds[rank] ? a : g->bounds[rank];
+    int64_t hi = b < g->bounds[rank + 1] ? b : g->bounds[rank + 1];
+    return hi > lo ? hi - lo : 0;
+}
+
+static dsc_tensor flat_view(float *data, int64_t n, dsc_device device) {
+    return dsc_tensor_view(data, DSC_DTYPE_F32, 1, &n, device);
+}
+
+/* The (parameter, piece) pairs of this rank's range, in flat order. */
+static dsc_status find_pieces(zero_optimizer *z, zero_group *g) {
+    g->pieces = calloc((size_t)(z->n_params > 0 ? z->n_params : 1), sizeof *g->pieces);
+    DSC_CHECK(g->pieces, DSC_ERR_NOMEM, "ZeRO: pieces of %d parameters", z->n_params);
+    for (int i = 0; i < z->n_params; i++) {
+        dsc_param *p = dsc_params_at(z->o.params, i);
+        if (p->group != g->id) continue;
+        int64_t lo = p->offset > g->begin ? p->offset : g->begin;
+        int64_t hi = p->offset + dsc_param_numel(p) < g->end ? p->offset + dsc_param_numel(p) : g->end;
+        if (hi > lo) g->pieces[g->n_pieces++] = (zero_piece){p, lo - p->offset, lo - g->begin, hi - lo};
+    }
+    return NULL;
+}
+
+dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm) {
+    g->id = id;
+    g->comm = comm;
+    g->size = comm ? dsc_comm_size(comm) : 1;
+    g->rank = comm ? dsc_comm_rank(comm) : 0;
+    g->numel = dsc_params_numel(z->o.params, id);
+    g->bounds = calloc((size_t)g->size + 1, sizeof *g->bounds);
+    DSC_CHECK(g->bounds, DSC_ERR_NOMEM, "ZeRO: bounds of %d ranks", g->size);
+    for (int r = 0; r < g->size; r++) dsc_zero_partition(g->numel, g->size, r, &g->bounds[r], &g->bounds[r + 1]);
+    g->begin = g->bounds[g->rank];
+    g->end = g->bounds[g->rank + 1];
+    return find_pieces(z, g);
+}
+
+void zero_group_free(zero_group *g) {
+    dsc_tensor_free(&g->values);
+    dsc_tensor_free(&g->grads);
+    for (int k = 0; k < 2; k++) dsc_tensor_free(&g->state[k]);
+    free(g->bounds);
+    free(g->pieces);
+    memset(g, 0, sizeof *g);
+}
+
+static int64_t aligned(int64_t n) { return (n + ZERO_ALIGN_ELEMS - 1) / ZERO_ALIGN_ELEMS * ZERO_ALIGN_ELEMS; }
+
+static int by_flat_position(const void *a, const void *b) {
+    const dsc_param *p = *(dsc_param *const *)a, *q = *(dsc_param *const *)b;
+    if (p->group != q->group) return p->group < q->group ? -1 : 1;
+    return p->offset < q->offset ? -1 : p->offset > q->offset;
+}
+
+/* Runs: the layer's parameters sorted by (group, offset), neighbours in the
+ * flat buffer merged; the layout puts the runs back to back. */
+static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer) {
+    int n = layer->n_params;
+    zl->layer = layer;
+    zl->runs = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->runs);
+    zl->param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_at);
+    zl->param_index = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_index);
+    dsc_param **sorted = malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
+    if (!zl->runs || !zl->param_at || !zl->param_index || !sorted) {
+        free(sorted);
+        return dsc_error(DSC_ERR_NOMEM, "ZeRO: runs of layer %s", layer->name);
+    }
+    memcpy(sorted, layer->params, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_flat_position);
+    for (int j = 0; j < n; j++) {
+        const dsc_param *p = sorted[j];
+        zero_run *last = zl->n_runs ? &zl->runs[zl->n_runs - 1] : NULL;
+        int64_t end = p->offset + aligned(dsc_param_numel(p));
+        if (last && last->group == p->group && p->offset < last->end) continue; /* listed twice */
+        if (last && last->group == p->group && p->offset == last->end) {
+            last->end = end;
+        } else {
+            zl->runs[zl->n_runs++] = (zero_run){p->group, p->offset, end, zl->numel};
+            last = &zl->runs[zl->n_runs - 1];
+        }
+        zl->numel = last->at + (last->end - last->begin);
+    }
+    free(sorted);
+    for (int j = 0; j < n; j++) {
+        const dsc_param *p = layer->params[j];
+        zl->param_index[j] = -1;
+        for (int i = 0; i < z->n_params && zl->param_index[j] < 0; i++)
+            if (dsc_params_at(z->o.params, i) == p) zl->param_index[j] = i;
+        DSC_CHECK(zl->param_index[j] >= 0, DSC_ERR_INVALID,
+                  "ZeRO: layer %s reads %s, which is not in the parameter store", layer->name, p->name);
+        for (int r = 0; r < zl->n_runs; r++) {
+            const zero_run *run = &zl->runs[r];
+            if (run->group == p->group && p->offset >= run->begin && p->offset < run->end)
+                zl->param_at[j] = run->at + (p->offset - run->begin);
+        }
+    }
+    return NULL;
+}
+
+dsc_status zero_layers_init(zero_optimizer *z) {
+    z->n_layers = z->o.n_layers;
+    z->layers = calloc((size_t)(z->n_layers > 0 ? z->n_layers : 1), sizeof *z->layers);
+    DSC_CHECK(z->layers, DSC_ERR_NOMEM, "ZeRO: %d layers", z->n_layers);
+    for (int l = 0; l < z->n_layers; l++) DSC_TRY(layer_init(z, &z->layers[l], z->o.layers[l]));
+    return NULL;
+}
+
+void zero_layers_free(zero_optimizer *z) {
+    for (int l = 0; l < z->n_layers; l++) {
+        free(z->layers[l].runs);
+        free(z->layers[l].param_at);
+        free(z->layers[l].param_index);
+    }
+    free(z->layers);
+    z->layers = NULL;
+}
+
+int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer) {
+    for (int l = 0; l < z->n_layers; l++)
+        if (z->layers[l].layer == layer) return l;
+    return -1;
+}
+
+static void range_counts(const zero_group *g, int64_t a, int64_t b, int64_t *counts) {
+    for (int r = 0; r < g->size; r++) counts[r] = zero_owned(g, r, a, b);
+}
+
+static const char *group_name(const zero_group *g) { return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense"; }
+
+dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
+                               bool accumulate) {
+    dsc_device dev = z->scratch.device;
+    int64_t counts[g->size];
+    if (chunk <= 0) chunk = b - a;
+    for (int64_t lo = a; lo < b; lo += chunk) {
+        int64_t hi = lo + chunk < b ? lo + chunk : b;
+        int64_t mine = zero_owned(g, g->rank, lo, hi);
+        dsc_tensor send = flat_view(src + (lo - a), hi - lo, dev);
+        dsc_tensor recv = flat_view(z->scratch.data, mine, dev);
+        if (g->comm && g->size > 1) {
+            range_counts(g, lo, hi, counts);
+            dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
+            if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
+                                         (long long)lo, (long long)hi);
+        } else {
+            recv = send; /* one rank: its share is the whole chunk */
+        }
+        if (mine == 0) continue;
+        int64_t own_lo = lo > g->begin ? lo : g->begin;
+        dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, dev);
+        dsc_tensor share = flat_view((float *)recv.data + (g->size > 1 ? 0 : own_lo - lo), mine, dev);
+        if (accumulate) DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &share));
+        else if (dst.data != share.data) DSC_TRY(dsc_tensor_copy(&dst, &share));
+    }
+    return NULL;
+}
+
+dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b, bool copy_send) {
+    dsc_device dev = z->scratch.device;
+    int64_t counts[g->size];
+    int64_t mine = zero_owned(g, g->rank, a, b);
+    int64_t own_lo = a > g->begin ? a : g->begin;
+    dsc_tensor share = flat_view((float *)g->values.data + (own_lo - g->begin), mine, dev);
+    if (!g->comm || g->size == 1) {
+        dsc_tensor out = flat_view(dst + (own_lo - a), mine, dev);
+        return out.data == share.data || mine == 0 ? NULL : dsc_tensor_copy(&out, &share);
+    }
+    dsc_tensor send = share;
+    if (copy_send) {
+        send = flat_view(z->scratch.data, mine, dev);
+        if (mine > 0) DSC_TRY(dsc_tensor_copy(&send, &share));
+    }
+    range_counts(g, a, b, counts);
+    dsc_tensor recv = flat_view(dst, b - a, dev);
+    dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
+    if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,
+                                 (long long)b);
+    return NULL;
+}

@@ -1,0 +1,113 @@
+/* zero/zero_internal.h — the sharded optimizer's state, shared by its files:
+ * partition.c (ranges, pieces, collectives over flat ranges), gather.c
+ * (stage 3's pool of gathered parameters) and zero_optimizer.c (the ops).
+ *
+ * Dimension letters: N ranks of a group, Ψ elements of a group's flat buffer. */
+#ifndef DSC_ZERO_INTERNAL_H
+#define DSC_ZERO_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/zero.h"
+
+/* Parameters start at multiples of this many elements in the store (dsc/nn.h). */
+#define ZERO_ALIGN_ELEMS 64
+
+/* One parameter's share of a rank's range. */
+typedef struct zero_piece {
+    dsc_param *param;
+    int64_t param_offset; /* element offset inside the parameter */
+    int64_t pos;          /* element offset inside the rank's range */
+    int64_t numel;
+} zero_piece;
+
+/* A parameter group (dense or expert) partitioned over its communicator. */
+typedef struct zero_group {
+    dsc_param_group id;
+    dsc_comm *comm;  /* NULL: one rank */
+    int size, rank;
+    int64_t numel;   /* Ψ: flat length, gaps included */
+    int64_t *bounds; /* [size + 1]: rank r owns [bounds[r], bounds[r + 1]) */
+    int64_t begin, end;
+    dsc_tensor values;   /* (end - begin): own buffer in stage 3, else a view of the store's flat values */
+    dsc_tensor grads;    /* (end - begin): own buffer in stages 2 and 3, else a view of the store's flat grads */
+    dsc_tensor state[2]; /* (end - begin): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    zero_piece *pieces;
+    int n_pieces;
+} zero_group;
+
+/* A contiguous flat range of one group that a layer reads. */
+typedef struct zero_run {
+    dsc_param_group group;
+    int64_t begin, end; /* in the group's flat buffer */
+    int64_t at;         /* where the run starts in the layer's staging / gathered layout */
+} zero_run;
+
+/* A layer's parameters as runs, and where each parameter sits in the layer's
+ * contiguous layout (staging gradients in stages 2/3, gathered values in 3). */
+typedef struct zero_layer {
+    dsc_layer *layer;
+    zero_run *runs;
+    int n_runs;
+    int64_t numel;      /* layout length: the runs back to back */
+    int64_t *param_at;  /* [layer->n_params] position of each parameter in the layout */
+    int *param_index;   /* [layer->n_params] index in the store */
+    bool live;          /* stage 3: gathered into the pool */
+    int64_t pool_at;    /* stage 3: where in the pool, when live */
+} zero_layer;
+
+typedef struct zero_bucket {
+    dsc_param_group group;
+    int64_t begin, end;
+    int params;  /* parameters overlapping the range */
+    int pending; /* of those, not yet final in this batch; -1 once reduced */
+} zero_bucket;
+
+typedef struct zero_optimizer {
+    dsc_optimizer base;
+    dsc_optimizer_options o;
+    dsc_zero_options z;
+    bool full_grads; /* stage 1, or stage 2 under a pipeline: the store's gradient buffers stay */
+    bool deferred;   /* under a pipeline: reduce only in reduce_grads, after tied reduction */
+    int n_params;
+    int n_state_kinds;
+    int64_t step;
+    zero_group groups[DSC_PARAM_GROUP_COUNT];
+    zero_layer *layers;
+    int n_layers;
+    /* full-gradient reduction (stage 1): buckets reduced once all their parameters are final */
+    zero_bucket *buckets;
+    int n_buckets;
+    int *uses, *uses_left;           /* [n_params] layers reading each parameter; not yet reported */
+    int *first_bucket, *last_bucket; /* [n_params] */
+    dsc_tensor staging; /* (largest layer layout) stages 2/3: one layer's gradients during its backward */
+    dsc_tensor scratch; /* (largest own share of one collective) reduce-scatter receive, all-gather send */
+    dsc_tensor pool;    /* (pool capacity) stage 3: gathered parameters of live layers */
+} zero_optimizer;
+
+/* ---- partition.c ---- */
+dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm);
+void zero_group_free(zero_group *g);
+/* Elements of [a, b) owned by `rank`. */
+int64_t zero_owned(const zero_group *g, int rank, int64_t a, int64_t b);
+/* The runs and layout of every layer. */
+dsc_status zero_layers_init(zero_optimizer *z);
+void zero_layers_free(zero_optimizer *z);
+int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
+/* Reduce-scatters (averaging over the group) `src`, the values of flat range
+ * [a, b), in chunks of at most `chunk` elements; this rank's share is copied
+ * into g->grads (or added to it when `accumulate`). */
+dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
+                               bool accumulate);
+/* All-gathers flat range [a, b) of the group's values into dst (b - a
+ * elements), each rank sending its share from g->values; `copy_send` when
+ * dst overlaps g->values (the send goes through the scratch buffer). */
+dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b, bool copy_send);
+
+/* ---- gather.c (stage 3) ---- */
+dsc_status zero_pool_init(zero_optimizer *z);
+dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward);
+void zero_gather_release(zero_optimizer *z, int layer);
+
+#endif

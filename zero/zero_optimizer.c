@@ -1,0 +1,417 @@
+/* The ZeRO optimizer (stages 1-3) behind dsc/optimizer.h's ops table: setup
+ * of the partitioned buffers, gradient reduction, the sharded step and the
+ * checkpoint view of the shards.
+ *
+ * Gradients reach this rank's range in one of two ways:
+ *  - full gradients (stage 1; stage 2 under a pipeline): layers accumulate
+ *    into the store's flat gradient buffers over the micro-batches; buckets
+ *    of reduce_bucket_size elements are reduce-scattered once every parameter
+ *    in them is final (grads_ready), or all in reduce_grads under a pipeline,
+ *    so the pipeline's tied-gradient reduction comes first;
+ *  - staged gradients (stage 2, stage 3): before a layer's backward its
+ *    gradient views point into a zeroed staging buffer laid out as the
+ *    layer's runs; after it the runs are reduce-scattered and added to the
+ *    rank's gradient range, every micro-batch. No full gradient exists.
+ * The step then computes the global norm from the ranges (summed over each
+ * group, then over expert-parallel and pipeline ranks), clips, updates each
+ * (parameter, piece) of the range and, in stages 1 and 2, all-gathers the
+ * updated ranges into every replica in allgather_bucket_size pieces.
+ *
+ * Not here: the partition rule and range collectives (partition.c), stage
+ * 3's gathering (gather.c), memory formulas (memory.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "dsc/log.h"
+#include "zero/zero_internal.h"
+
+static zero_optimizer *self_of(dsc_optimizer *opt) { return (zero_optimizer *)opt; }
+
+static float *flat_grads(zero_optimizer *z, dsc_param_group g) {
+    dsc_tensor grads;
+    dsc_params_flat(z->o.params, g, NULL, &grads);
+    return grads.data;
+}
+
+static float *flat_values(zero_optimizer *z, dsc_param_group g) {
+    dsc_tensor values;
+    dsc_params_flat(z->o.params, g, &values, NULL);
+    return values.data;
+}
+
+/* ---- full gradients: buckets --------------------------------------------------- */
+
+static dsc_status reduce_bucket(zero_optimizer *z, zero_bucket *b) {
+    b->pending = -1;
+    zero_group *g = &z->groups[b->group];
+    float *src = flat_grads(z, b->group) + b->begin;
+    return zero_reduce_scatter(z, g, src, b->begin, b->end, 0, false);
+}
+
+static void reset_batch(zero_optimizer *z) {
+    memcpy(z->uses_left, z->uses, (size_t)z->n_params * sizeof *z->uses);
+    for (int i = 0; i < z->n_buckets; i++) z->buckets[i].pending = z->buckets[i].params;
+}
+
+static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
+    zero_optimizer *z = self_of(opt);
+    if (!z->full_grads || z->deferred) return NULL;
+    int l = zero_layer_find(z, layer);
+    DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: grads_ready for layer %s, which the optimizer was not given",
+              layer->name);
+    for (int j = 0; j < layer->n_params; j++) {
+        int i = z->layers[l].param_index[j];
+        if (--z->uses_left[i] != 0) continue;
+        for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++)
+            if (--z->buckets[k].pending == 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+    }
+    return NULL;
+}
+
+static dsc_status zero_reduce_grads(dsc_optimizer *opt) {
+    zero_optimizer *z = self_of(opt);
+    for (int k = 0; k < z->n_buckets; k++)
+        if (z->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+    reset_batch(z);
+    return NULL;
+}
+
+static dsc_status make_buckets(zero_optimizer *z) {
+    int64_t size = z->o.reduce_bucket_size;
+    int count = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        int64_t n = z->groups[g].numel, per = size > 0 ? size : (n > 0 ? n : 1);
+        count += (int)((n + per - 1) / per);
+    }
+    z->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *z->buckets);
+    DSC_CHECK(z->buckets, DSC_ERR_NOMEM, "ZeRO: %d buckets", count);
+    int first[DSC_PARAM_GROUP_COUNT];
+    int64_t per[DSC_PARAM_GROUP_COUNT];
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        int64_t n = z->groups[g].numel;
+        per[g] = size > 0 ? size : (n > 0 ? n : 1);
+        first[g] = z->n_buckets;
+        for (int64_t b = 0; b < n; b += per[g])
+            z->buckets[z->n_buckets++] = (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0};
+    }
+    for (int i = 0; i < z->n_params; i++) {
+        const dsc_param *p = dsc_params_at(z->o.params, i);
+        int64_t n = dsc_param_numel(p);
+        z->first_bucket[i] = first[p->group] + (int)(p->offset / per[p->group]);
+        z->last_bucket[i] = first[p->group] + (int)((p->offset + n - 1) / per[p->group]);
+        for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++) z->buckets[k].params++;
+    }
+    return NULL;
+}
+
+/* ---- staged gradients and stage 3 gathering: the layer hooks ----------------------- */
+
+static dsc_status zero_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
+    zero_optimizer *z = self_of(opt);
+    int l = zero_layer_find(z, layer);
+    DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
+    if (z->z.stage == 3) DSC_TRY(zero_gather_before(z, l, backward));
+    if (!backward || z->full_grads) return NULL;
+    zero_layer *zl = &z->layers[l];
+    if (zl->numel == 0) return NULL;
+    dsc_tensor staged = dsc_tensor_view(z->staging.data, DSC_DTYPE_F32, 1, &zl->numel, z->staging.device);
+    DSC_TRY(dsc_kernel_zero(&staged));
+    for (int j = 0; j < layer->n_params; j++) layer->params[j]->grad.data = (float *)z->staging.data + zl->param_at[j];
+    return NULL;
+}
+
+static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
+    zero_optimizer *z = self_of(opt);
+    int l = zero_layer_find(z, layer);
+    DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
+    zero_layer *zl = &z->layers[l];
+    if (backward && !z->full_grads) {
+        for (int j = 0; j < layer->n_params; j++) layer->params[j]->grad.data = NULL;
+        for (int r = 0; r < zl->n_runs; r++) {
+            const zero_run *run = &zl->runs[r];
+            dsc_status s = zero_reduce_scatter(z, &z->groups[run->group], (float *)z->staging.data + run->at,
+                                               run->begin, run->end, z->o.reduce_bucket_size, true);
+            if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
+        }
+    }
+    if (z->z.stage == 3) zero_gather_release(z, l);
+    return NULL;
+}
+
+/* ---- the step -------------------------------------------------------------------------- */
+
+static dsc_tensor piece_view(const dsc_tensor *range, const zero_piece *pc) {
+    return dsc_tensor_view((float *)range->data + pc->pos, DSC_DTYPE_F32, 1, &pc->numel, range->device);
+}
+
+/* Sum of squares of the group's range (parameters counted in the norm), summed over the group. */
+static dsc_status group_sum_squares(zero_optimizer *z, zero_group *g, double *out) {
+    double sum = 0;
+    for (int i = 0; i < g->n_pieces; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        if (z->o.counts_in_norm && !z->o.counts_in_norm(pc->param, z->o.counts_in_norm_ctx)) continue;
+        dsc_tensor grad = piece_view(&g->grads, pc);
+        double s;
+        DSC_TRY(dsc_kernel_sum_squares(&s, &grad));
+        sum += s;
+    }
+    if (g->comm && g->size > 1) {
+        float v = (float)sum;
+        int64_t one = 1;
+        dsc_tensor t = dsc_tensor_view(&v, DSC_DTYPE_F32, 1, &one, DSC_CPU);
+        DSC_TRY(dsc_comm_allreduce(g->comm, &t, DSC_REDUCE_OP_SUM));
+        sum = v;
+    }
+    *out = sum;
+    return NULL;
+}
+
+static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, double coef) {
+    if (coef < 1.0 && g->end > g->begin) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
+    for (int i = 0; i < g->n_pieces; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor s0 = piece_view(&g->state[0], pc);
+        dsc_tensor s1 = z->n_state_kinds > 1 ? piece_view(&g->state[1], pc) : s0;
+        dsc_status s = dsc_optim_update(&z->o.hparams, &value, &grad, &s0, &s1, (float)lr,
+                                        !(pc->param->flags & DSC_PARAM_NO_DECAY), z->step);
+        if (s) return dsc_error_wrap(s, "step %lld: updating %s [%lld, %lld)", (long long)z->step, pc->param->name,
+                                     (long long)pc->param_offset, (long long)(pc->param_offset + pc->numel));
+    }
+    if (z->z.stage == 3) return NULL; /* the range is the only copy */
+    int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (g->numel > 0 ? g->numel : 1);
+    float *values = flat_values(z, g->id);
+    for (int64_t a = 0; a < g->numel; a += per) {
+        int64_t b = a + per < g->numel ? a + per : g->numel;
+        DSC_TRY(zero_all_gather(z, g, values + a, a, b, true));
+    }
+    return NULL;
+}
+
+static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
+    zero_optimizer *z = self_of(opt);
+    double sq[DSC_PARAM_GROUP_COUNT];
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) DSC_TRY(group_sum_squares(z, &z->groups[g], &sq[g]));
+    double norm;
+    DSC_TRY(dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], z->o.ep, z->o.pipe, &norm));
+    DSC_CHECK(isfinite(norm), DSC_ERR_NUMERIC,
+              "step %lld: the global gradient norm is %g; stopping with the parameters of step %lld",
+              (long long)(z->step + 1), norm, (long long)z->step);
+    double coef = dsc_optim_clip_coef(norm, z->o.hparams.clip_norm);
+    z->step++;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) DSC_TRY(update_group(z, &z->groups[g], lr, coef));
+    if (z->full_grads) {
+        DSC_TRY(dsc_params_zero_grads(z->o.params));
+    } else {
+        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+            if (z->groups[g].end > z->groups[g].begin) DSC_TRY(dsc_kernel_zero(&z->groups[g].grads));
+    }
+    *stats = (dsc_optim_stats){norm, coef, z->step};
+    return NULL;
+}
+
+/* ---- checkpoint view: one entry per (state kind, parameter, piece), then "step" ----------- */
+
+static int pieces_total(const zero_optimizer *z) {
+    int n = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) n += z->groups[g].n_pieces;
+    return n;
+}
+
+static int zero_state_count(const dsc_optimizer *opt) {
+    const zero_optimizer *z = (const zero_optimizer *)opt;
+    return z->n_state_kinds * pieces_total(z) + 1;
+}
+
+static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
+    zero_optimizer *z = self_of(opt);
+    memset(out, 0, sizeof *out);
+    int per_kind = pieces_total(z);
+    if (index == z->n_state_kinds * per_kind) {
+        int64_t one = 1;
+        snprintf(out->name, sizeof out->name, "step");
+        out->local = dsc_tensor_view(&z->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
+        return;
+    }
+    int kind = index / per_kind, i = index % per_kind;
+    zero_group *g = &z->groups[0];
+    if (i >= g->n_pieces) {
+        i -= g->n_pieces;
+        g = &z->groups[1];
+    }
+    const zero_piece *pc = &g->pieces[i];
+    const char *kind_name = z->n_state_kinds == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";
+    snprintf(out->name, sizeof out->name, "%s/%s", kind_name, pc->param->name);
+    out->param = pc->param;
+    out->offset = pc->param_offset;
+    out->local = piece_view(&g->state[kind], pc);
+}
+
+static void zero_destroy(dsc_optimizer *opt) {
+    zero_optimizer *z = self_of(opt);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) zero_group_free(&z->groups[g]);
+    zero_layers_free(z);
+    dsc_tensor_free(&z->staging);
+    dsc_tensor_free(&z->scratch);
+    dsc_tensor_free(&z->pool);
+    free(z->buckets);
+    free(z->uses);
+    free(z->uses_left);
+    free(z->first_bucket);
+    free(z->last_bucket);
+    free(z);
+}
+
+static const dsc_optimizer_ops zero_ops[4] = {
+    [1] = {"zero1", NULL, NULL, zero_grads_ready, zero_reduce_grads, zero_step, zero_state_count, zero_state_at,
+           zero_destroy},
+    [2] = {"zero2", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
+           zero_state_count, zero_state_at, zero_destroy},
+    [3] = {"zero3", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
+           zero_state_count, zero_state_at, zero_destroy},
+};
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+/* The largest share this rank sends or receives in one collective. */
+static int64_t largest_share(const zero_optimizer *z) {
+    int64_t most = 0;
+    for (int k = 0; k < z->n_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        int64_t n = zero_owned(&z->groups[b->group], z->groups[b->group].rank, b->begin, b->end);
+        if (n > most) most = n;
+    }
+    for (int l = 0; l < z->n_layers; l++)
+        for (int r = 0; r < z->layers[l].n_runs; r++) {
+            const zero_run *run = &z->layers[l].runs[r];
+            const zero_group *g = &z->groups[run->group];
+            int64_t chunk = z->o.reduce_bucket_size > 0 ? z->o.reduce_bucket_size : run->end - run->begin;
+            for (int64_t a = run->begin; a < run->end; a += chunk) {
+                int64_t n = zero_owned(g, g->rank, a, a + chunk < run->end ? a + chunk : run->end);
+                if (n > most) most = n;
+            }
+        }
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT && z->z.stage < 3; g++) {
+        const zero_group *gr = &z->groups[g];
+        int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (gr->numel > 0 ? gr->numel : 1);
+        for (int64_t a = 0; a < gr->numel; a += per) {
+            int64_t n = zero_owned(gr, gr->rank, a, a + per < gr->numel ? a + per : gr->numel);
+            if (n > most) most = n;
+        }
+    }
+    return most;
+}
+
+static dsc_status alloc_range(dsc_tensor *t, const zero_group *g, dsc_device dev, dsc_mem_category cat) {
+    int64_t n = g->end - g->begin;
+    return dsc_tensor_alloc(t, DSC_DTYPE_F32, 1, &n, dev, cat);
+}
+
+static dsc_tensor range_view(float *flat, const zero_group *g, dsc_device dev) {
+    int64_t n = g->end - g->begin;
+    return dsc_tensor_view(flat ? flat + g->begin : NULL, DSC_DTYPE_F32, 1, &n, dev);
+}
+
+/* The rank's ranges of values and gradients: views of the store's buffers,
+ * or own buffers (stage 2 gradients, stage 3 values too) after which the
+ * store's full buffers are released. */
+static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
+    for (int gi = 0; gi < DSC_PARAM_GROUP_COUNT; gi++) {
+        zero_group *g = &z->groups[gi];
+        for (int k = 0; k < z->n_state_kinds; k++) DSC_TRY(alloc_range(&g->state[k], g, dev, DSC_MEM_OPTIM));
+        if (z->z.stage == 3) {
+            DSC_TRY(alloc_range(&g->values, g, dev, DSC_MEM_PARAMS));
+            dsc_tensor src = range_view(flat_values(z, g->id), g, dev);
+            if (g->end > g->begin) DSC_TRY(dsc_tensor_copy(&g->values, &src));
+        } else {
+            g->values = range_view(flat_values(z, g->id), g, dev);
+        }
+        if (z->full_grads) g->grads = range_view(flat_grads(z, g->id), g, dev);
+        else DSC_TRY(alloc_range(&g->grads, g, dev, DSC_MEM_GRADS));
+        if (g->numel > 0 && (z->z.stage == 3 || !z->full_grads))
+            DSC_TRY(dsc_params_release(z->o.params, g->id, z->z.stage == 3, !z->full_grads));
+    }
+    return NULL;
+}
+
+static dsc_status setup(zero_optimizer *z) {
+    z->n_params = dsc_params_count(z->o.params);
+    DSC_CHECK(z->n_params > 0, DSC_ERR_INVALID, "ZeRO: the parameter store is empty");
+    dsc_device dev = dsc_params_at(z->o.params, 0)->value.device;
+    size_t n = (size_t)z->n_params;
+    z->uses = calloc(n, sizeof *z->uses);
+    z->uses_left = calloc(n, sizeof *z->uses_left);
+    z->first_bucket = calloc(n, sizeof *z->first_bucket);
+    z->last_bucket = calloc(n, sizeof *z->last_bucket);
+    DSC_CHECK(z->uses && z->uses_left && z->first_bucket && z->last_bucket, DSC_ERR_NOMEM,
+              "ZeRO: bookkeeping for %d parameters", z->n_params);
+    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_DENSE], DSC_PARAM_GROUP_DENSE, z->o.dp));
+    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp));
+    DSC_TRY(zero_layers_init(z));
+    for (int l = 0; l < z->n_layers; l++)
+        for (int j = 0; j < z->layers[l].layer->n_params; j++) z->uses[z->layers[l].param_index[j]]++;
+    if (z->full_grads) DSC_TRY(make_buckets(z));
+    reset_batch(z);
+    z->n_state_kinds = z->o.hparams.type == DSC_OPTIMIZER_TYPE_SGD ? 1 : 2;
+    int64_t largest_layer = 0;
+    for (int l = 0; l < z->n_layers; l++)
+        if (z->layers[l].numel > largest_layer) largest_layer = z->layers[l].numel;
+    if (!z->full_grads)
+        DSC_TRY(dsc_tensor_alloc(&z->staging, DSC_DTYPE_F32, 1, &largest_layer, dev, DSC_MEM_COMM));
+    if (z->z.stage == 3) DSC_TRY(zero_pool_init(z));
+    int64_t share = largest_share(z);
+    DSC_TRY(dsc_tensor_alloc(&z->scratch, DSC_DTYPE_F32, 1, &share, dev, DSC_MEM_COMM));
+    return setup_ranges(z, dev);
+}
+
+void dsc_zero_options_from_config(const dsc_config *cfg, dsc_zero_options *zo) {
+    const dsc_config_zero *c = &cfg->zero_optimization;
+    *zo = (dsc_zero_options){
+        .stage = c->stage,
+        .pipeline_stages = cfg->pipeline.stages,
+        .allgather_bucket_size = c->allgather_bucket_size,
+        .stage3_max_live_parameters = c->stage3_max_live_parameters,
+        .stage3_prefetch_bucket_size = c->stage3_prefetch_bucket_size,
+    };
+}
+
+dsc_status dsc_zero_check_pipeline(int stage, int pipeline_stages) {
+    DSC_CHECK(stage >= 0 && stage <= 3, DSC_ERR_INVALID, "ZeRO: zero_optimization.stage %d is not 0, 1, 2 or 3",
+              stage);
+    DSC_CHECK(stage < 3 || pipeline_stages <= 1, DSC_ERR_UNSUPPORTED,
+              "zero_optimization.stage 3 with pipeline.stages = %d is not supported: stage 3 keeps only a shard "
+              "of each gradient, so the pipeline's tied-weight reduction (ReduceTiedGrads sums the full gradient "
+              "of weights shared by the first and last stage) has nothing to sum, and it would all-gather every "
+              "layer's parameters for each of the step's micro-batches in forward and again in backward; use "
+              "zero_optimization.stage 2 (gradients reduce-scattered once per step) or 1",
+              pipeline_stages);
+    return NULL;
+}
+
+dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo, dsc_optimizer **out) {
+    *out = NULL;
+    DSC_TRY(dsc_zero_check_pipeline(zo->stage, zo->pipeline_stages));
+    if (zo->stage == 0) return dsc_optimizer_create_plain(opts, out);
+    DSC_CHECK(opts->params, DSC_ERR_INVALID, "ZeRO: no parameter store");
+    zero_optimizer *z = calloc(1, sizeof *z);
+    DSC_CHECK(z, DSC_ERR_NOMEM, "ZeRO: out of memory");
+    z->base.ops = &zero_ops[zo->stage];
+    z->o = *opts;
+    z->z = *zo;
+    z->deferred = zo->pipeline_stages > 1;
+    z->full_grads = zo->stage == 1 || (zo->stage == 2 && z->deferred);
+    dsc_status s = setup(z);
+    if (s) {
+        zero_destroy(&z->base);
+        return dsc_error_wrap(s, "creating the ZeRO stage %d optimizer", zo->stage);
+    }
+    const zero_group *d = &z->groups[DSC_PARAM_GROUP_DENSE];
+    DSC_LOG_DEBUG("ZeRO stage %d: dense range [%lld, %lld) of %lld over %d ranks, %d buckets, staging %lld, pool %lld",
+                  zo->stage, (long long)d->begin, (long long)d->end, (long long)d->numel, d->size, z->n_buckets,
+                  (long long)dsc_tensor_numel(&z->staging), (long long)dsc_tensor_numel(&z->pool));
+    *out = &z->base;
+    return NULL;
+}
