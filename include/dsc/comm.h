@@ -134,7 +134,10 @@ dsc_status dsc_comm_barrier(dsc_comm *c);
  * Non-blocking: the tensor must stay alive and untouched until the request
  * completes. wait/test free the request once it has completed and set *req to
  * NULL. The deadline of a request starts when it is posted. `peer` is a rank
- * of this communicator. A received message larger than `t` is an error. */
+ * of this communicator; `tag` is in [0, 32767] (NCCL: only 0). A received
+ * message must have exactly numel(t) elements; any other size is an error.
+ * A request that fails or times out is given up (a receive is cancelled) and
+ * freed as well. */
 dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
 dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
 dsc_status dsc_comm_wait(dsc_comm_request **req);
