@@ -130,6 +130,17 @@ static int check_instructions(const pipeline *p, char *why, size_t len) {
             u->count[in->type]++;
         }
         if (training(p) && batch_end != 3) FAIL("stage %d: %d batch-end instructions", s, batch_end);
+        /* At most one forward and one backward per step, forward first. */
+        for (int i = 1; i < st->n; i++) {
+            const dsc_instr_type b = st->in[i].type;
+            if (b != DSC_INSTR_FORWARD_PASS && b != DSC_INSTR_BACKWARD_PASS) continue;
+            for (int k = i - 1; k >= 0 && st->step[k] == st->step[i]; k--) {
+                const dsc_instr_type earlier = st->in[k].type;
+                if (earlier == b || (earlier == DSC_INSTR_BACKWARD_PASS && b == DSC_INSTR_FORWARD_PASS))
+                    FAIL("stage %d step %d: %s after %s", s, st->step[i], dsc_instr_name(b),
+                         dsc_instr_name(earlier));
+            }
+        }
         for (int m = 0; m < p->M; m++)
             for (int c = 0; c < v; c++) {
                 const unit_trace *u = &traces[m * v + c];
