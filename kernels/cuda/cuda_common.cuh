@@ -60,6 +60,13 @@ static inline unsigned int cuda_warp_blocks(int64_t rows) {
     return (unsigned int)((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
 }
 
+/* Rows per block of a column reduction: enough blocks to fill the GPU, at most 65535 chunks. */
+static inline int64_t cuda_row_chunk(int64_t rows) {
+    int64_t chunk = 256;
+    while ((rows + chunk - 1) / chunk > 65535) chunk *= 2;
+    return chunk;
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;

@@ -9,20 +9,21 @@ __global__ void add_bias_kernel(float *out, const float *bias, int64_t rows, int
     GRID_STRIDE(i, rows * n) out[i] += bias[i % n];
 }
 
-/* dbias[c] += sum_r dy[r, c]: a block owns 32 columns; its 8 warps split the rows
- * and combine in shared memory, so each dbias entry has one writer. */
-__global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64_t oc) {
+/* dbias[c] += sum_r dy[r, c]: a block owns 32 columns of one chunk of rows;
+ * its 8 warps split the chunk, combine in shared memory, and chunks meet
+ * through atomicAdd. */
+__global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64_t oc, int64_t chunk) {
     __shared__ float partial[WARPS_PER_BLOCK][33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int64_t c = blockIdx.x * 32 + lane;
+    int64_t c = blockIdx.x * 32 + lane, r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
     float acc = 0;
     if (c < oc)
-        for (int64_t r = warp; r < n; r += WARPS_PER_BLOCK) acc += dy[r * oc + c];
+        for (int64_t r = r0 + warp; r < r1; r += WARPS_PER_BLOCK) acc += dy[r * oc + c];
     partial[warp][lane] = acc;
     __syncthreads();
     if (warp == 0 && c < oc) {
         for (int w = 1; w < WARPS_PER_BLOCK; w++) acc += partial[w][lane];
-        dbias[c] += acc;
+        atomicAdd(dbias + c, acc);
     }
 }
 
@@ -53,7 +54,10 @@ dsc_status dsc_cuda_linear_backward_bias(float *dbias, const float *dy, int64_t 
     if (oc == 0) return NULL;
     int device;
     DSC_TRY(dsc_cuda_enter(dbias, &device));
-    bias_grad_kernel<<<(unsigned int)((oc + 31) / 32), CUDA_BLOCK>>>(dbias, dy, n, oc);
+    if (n == 0) return NULL;
+    int64_t chunk = cuda_row_chunk(n);
+    dim3 grid((unsigned int)((oc + 31) / 32), (unsigned int)((n + chunk - 1) / chunk));
+    bias_grad_kernel<<<grid, CUDA_BLOCK>>>(dbias, dy, n, oc, chunk);
     CUDA_LAUNCHED(bias_grad_kernel);
     return NULL;
 }

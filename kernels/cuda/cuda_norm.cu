@@ -1,7 +1,7 @@
 /* LayerNorm and RMSNorm on CUDA. Forward and the input gradient use one warp
- * per row; weight/bias gradients are a second kernel in which a block owns 32
- * channels and sums over all rows, so every accumulator has one writer (no
- * atomics, deterministic). A NULL `shift` (mean) selects RMSNorm. */
+ * per row; weight/bias gradients are a second kernel over (32-channel, row
+ * chunk) tiles whose partial sums meet through atomicAdd (so their summation
+ * order, unlike the CPU's, is not fixed). A NULL `shift` (mean) selects RMSNorm. */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -45,15 +45,17 @@ __global__ void norm_input_grad_kernel(float *dx, const float *dout, const float
     for (int64_t i = lane; i < c; i += 32) dx[row * c + i] = s * (dr[i] * w[i] - mean_d - (xr[i] - m) * s * mean_dx);
 }
 
-/* dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. */
+/* dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. A block owns 32
+ * channels of one chunk of rows (blockIdx.y); its 8 warps split the chunk and
+ * combine in shared memory, and chunks meet through atomicAdd. */
 __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, const float *x, const float *shift,
-                                       const float *rstd, int64_t n, int64_t c) {
+                                       const float *rstd, int64_t n, int64_t c, int64_t chunk) {
     __shared__ float part_w[WARPS_PER_BLOCK][33], part_b[WARPS_PER_BLOCK][33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int64_t col = blockIdx.x * 32 + lane;
+    int64_t col = blockIdx.x * 32 + lane, r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
     float acc_w = 0, acc_b = 0;
     if (col < c)
-        for (int64_t r = warp; r < n; r += WARPS_PER_BLOCK) {
+        for (int64_t r = r0 + warp; r < r1; r += WARPS_PER_BLOCK) {
             float d = dout[r * c + col];
             acc_w += d * (x[r * c + col] - (shift ? shift[r] : 0.0f)) * rstd[r];
             acc_b += d;
@@ -63,8 +65,8 @@ __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, 
     __syncthreads();
     if (warp != 0 || col >= c) return;
     for (int i = 1; i < WARPS_PER_BLOCK; i++) acc_w += part_w[i][lane], acc_b += part_b[i][lane];
-    if (dw) dw[col] += acc_w;
-    if (db) db[col] += acc_b;
+    if (dw) atomicAdd(dw + col, acc_w);
+    if (db) atomicAdd(db + col, acc_b);
 }
 
 static dsc_status norm_forward(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
@@ -85,7 +87,9 @@ static dsc_status norm_backward(float *dx, float *dw, float *db, const float *do
     norm_input_grad_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK>>>(dx, dout, x, w, shift, rstd, n, c);
     CUDA_LAUNCHED(norm_input_grad_kernel);
     if (dw || db) {
-        norm_param_grad_kernel<<<(unsigned int)((c + 31) / 32), CUDA_BLOCK>>>(dw, db, dout, x, shift, rstd, n, c);
+        int64_t chunk = cuda_row_chunk(n);
+        dim3 grid((unsigned int)((c + 31) / 32), (unsigned int)((n + chunk - 1) / chunk));
+        norm_param_grad_kernel<<<grid, CUDA_BLOCK>>>(dw, db, dout, x, shift, rstd, n, c, chunk);
         CUDA_LAUNCHED(norm_param_grad_kernel);
     }
     return NULL;
