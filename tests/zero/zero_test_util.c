@@ -28,7 +28,8 @@ void toy_model_init(toy_model *m, const toy_spec *spec, int rank) {
     dsc_param *params[TOY_MAX_PARAMS];
     for (int i = 0; i < spec->n_params; i++) {
         char name[64];
-        snprintf(name, sizeof name, "%s.p%d", spec->prefix, i);
+        bool expert = spec->flags[i] & DSC_PARAM_EXPERT;
+        snprintf(name, sizeof name, "%s.p%d", expert ? spec->expert_prefix : spec->prefix, i);
         assert_ok(dsc_params_declare(m->store, name, 1, &spec->sizes[i], spec->flags[i], DSC_INIT_NORMAL, 0.5f,
                                      &params[i]));
     }

@@ -28,6 +28,7 @@ typedef struct toy_spec {
     int n_layers;
     int layer_params[TOY_MAX_LAYERS][TOY_MAX_PARAMS]; /* parameter indices, -1 ends the list */
     const char *prefix;                               /* parameter name prefix */
+    const char *expert_prefix;                        /* name prefix of DSC_PARAM_EXPERT parameters */
 } toy_spec;
 
 /* The standard toy: 9 parameters of awkward sizes over 5 layers, the first
