@@ -1,6 +1,7 @@
 /* Argument checking of the public kernel API: every error names the function
  * and the offending argument (or token position), and nothing is written
  * when an id is out of range. */
+#include "dsc/backend.h"
 #include "kernel_test_util.h"
 
 static void test_bad_token_id_names_id_and_position(void **state) {
@@ -66,6 +67,10 @@ static void test_mixed_devices(void **state) {
     dsc_tensor on_gpu = dsc_tensor_view(&fake, DSC_DTYPE_F32, 2, x.shape, (dsc_device){DSC_DEVICE_CUDA, 0});
     assert_err(dsc_kernel_gelu_forward(&x, &on_gpu), DSC_ERR_INVALID,
                "dsc_kernel_gelu_forward: argument x is on cuda:0 but out is on cpu");
+    /* All on a device this process cannot use: the backend lookup fails, named by the operation. */
+    if (dsc_cuda_device_count() == 0)
+        assert_err(dsc_kernel_gelu_forward(&on_gpu, &on_gpu), DSC_ERR_UNSUPPORTED,
+                   "dsc_kernel_gelu_forward: device cuda:0 requested but");
     dsc_tensor_free(&x);
 }
 
