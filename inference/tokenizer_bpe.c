@@ -3,66 +3,109 @@
  * tokenize it into pieces (regex split, byte-level mapping, Metaspace), then
  * run BPE merges inside each piece.
  *
- * Merging scans the piece for its lowest-ranked adjacent pair (leftmost on
- * ties) and merges it, which is the order HF's priority queue produces; it
- * costs O(n^2) in the piece length, fine for regex pieces and SentencePiece
- * words, slow for one huge unsplit segment. Loading the file and decoding
- * live elsewhere. */
+ * Merges follow HF's order (lowest rank first, leftmost among equals) with
+ * a heap, so a SentencePiece-style segment that is never split (Llama-2's
+ * whole prompt is one piece) still costs O(n log n). Loading the file and
+ * decoding live elsewhere. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tokenizer_internal.h"
 
+/* A mergeable adjacent pair: symbol `pos` (left) with its current right neighbour. */
+typedef struct merge_cand {
+    int32_t rank;
+    int32_t pos;
+    int32_t left, right; /* the ids when queued; a changed id means the entry is stale */
+    int32_t result;
+} merge_cand;
+
 typedef struct encoder {
     const dsc_tokenizer *t;
     tok_ids *out;
     bool first_segment; /* Metaspace "first" prepends only at the start of the text */
-    int32_t *sym;       /* scratch symbols of one piece */
-    size_t sym_cap;
+    size_t cap;         /* symbols the scratch below holds */
+    int32_t *sym;       /* (cap) symbol ids of one piece, -1 once merged away */
+    int32_t *next;      /* (cap) linked list over live symbols */
+    int32_t *prev;      /* (cap) */
+    merge_cand *heap;   /* (3 * cap): n - 1 initial pairs + 2 per merge */
+    size_t heap_n;
 } encoder;
 
 /* ---- BPE on one piece --------------------------------------------------------------------- */
 
-static dsc_status push_symbol(encoder *e, size_t *n, int32_t id) {
-    if (*n == e->sym_cap) {
-        size_t cap = e->sym_cap ? 2 * e->sym_cap : 256;
-        int32_t *p = realloc(e->sym, cap * sizeof *p);
-        DSC_CHECK(p, DSC_ERR_NOMEM, "tokenizer: out of memory for %zu symbols", cap);
-        e->sym = p;
-        e->sym_cap = cap;
-    }
-    e->sym[(*n)++] = id;
+static dsc_status reserve(encoder *e, size_t n) {
+    if (n <= e->cap) return NULL;
+    size_t cap = n > 2 * e->cap ? n : 2 * e->cap;
+    int32_t *sym = realloc(e->sym, cap * sizeof(int32_t));
+    if (sym) e->sym = sym;
+    int32_t *next = realloc(e->next, cap * sizeof(int32_t));
+    if (next) e->next = next;
+    int32_t *prev = realloc(e->prev, cap * sizeof(int32_t));
+    if (prev) e->prev = prev;
+    merge_cand *heap = realloc(e->heap, 3 * cap * sizeof(merge_cand));
+    if (heap) e->heap = heap;
+    DSC_CHECK(sym && next && prev && heap, DSC_ERR_NOMEM, "tokenizer: out of memory for %zu symbols", cap);
+    e->cap = cap;
     return NULL;
 }
 
+static bool cand_before(const merge_cand *a, const merge_cand *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+/* Queues the pair (left, next[left]) when a merge exists for it. */
+static void queue_pair(encoder *e, int32_t left) {
+    int32_t right = e->next[left], rank, result;
+    if (right < 0 || !dsc_tok_merge_find(e->t, e->sym[left], e->sym[right], &rank, &result)) return;
+    size_t i = e->heap_n++;
+    merge_cand c = {rank, left, e->sym[left], e->sym[right], result};
+    for (; i > 0 && cand_before(&c, &e->heap[(i - 1) / 2]); i = (i - 1) / 2) e->heap[i] = e->heap[(i - 1) / 2];
+    e->heap[i] = c;
+}
+
+static merge_cand pop_pair(encoder *e) {
+    merge_cand top = e->heap[0], last = e->heap[--e->heap_n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= e->heap_n) break;
+        if (c + 1 < e->heap_n && cand_before(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!cand_before(&e->heap[c], &last)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    if (e->heap_n > 0) e->heap[i] = last;
+    return top;
+}
+
 /* Initial symbols: one per character in the vocabulary, else its bytes as
- * <0xXX> tokens (byte fallback), else unk (consecutive unks fused if asked). */
+ * <0xXX> tokens (byte fallback), else unk (consecutive unks fused if asked).
+ * At most one symbol per byte, which reserve() accounted for. */
 static dsc_status initial_symbols(encoder *e, const char *s, size_t len, size_t *n) {
     const dsc_tokenizer *t = e->t;
     bool last_unk = false;
     for (size_t i = 0, k; i < len; i += k) {
         uint32_t cp = dsc_tok_utf8_next(s, len, i, &k);
         int32_t id = dsc_tok_vocab_find(t, s + i, k);
-        if (id >= 0) {
-            DSC_TRY(push_symbol(e, n, id));
-            last_unk = false;
-            continue;
-        }
-        bool bytes_ok = t->byte_fallback;
+        bool bytes_ok = id < 0 && t->byte_fallback;
         for (size_t j = 0; j < k && bytes_ok; j++) bytes_ok = t->byte_ids[(uint8_t)s[i + j]] >= 0;
-        if (bytes_ok) {
-            for (size_t j = 0; j < k; j++) DSC_TRY(push_symbol(e, n, t->byte_ids[(uint8_t)s[i + j]]));
-            last_unk = false;
-            continue;
+        if (id >= 0) {
+            e->sym[(*n)++] = id;
+        } else if (bytes_ok) {
+            for (size_t j = 0; j < k; j++) e->sym[(*n)++] = t->byte_ids[(uint8_t)s[i + j]];
+        } else {
+            DSC_CHECK(t->unk_id >= 0, DSC_ERR_INVALID,
+                      "tokenizer: character U+%04X has no token and the model has no unk token", cp);
+            if (!(t->fuse_unk && last_unk)) e->sym[(*n)++] = t->unk_id;
         }
-        DSC_CHECK(t->unk_id >= 0, DSC_ERR_INVALID,
-                  "tokenizer: character U+%04X has no token and the model has no unk token", cp);
-        if (!(t->fuse_unk && last_unk)) DSC_TRY(push_symbol(e, n, t->unk_id));
-        last_unk = true;
+        last_unk = id < 0 && !bytes_ok;
     }
     return NULL;
 }
 
+/* Merges lowest rank first, leftmost among equals (HF's order), with a heap
+ * of candidate pairs and a linked list of symbols: O(n log n) per piece. */
 static dsc_status bpe_piece(encoder *e, const char *s, size_t len) {
     const dsc_tokenizer *t = e->t;
     if (len == 0) return NULL;
@@ -73,24 +116,27 @@ static dsc_status bpe_piece(encoder *e, const char *s, size_t len) {
             return NULL;
         }
     }
+    DSC_TRY(reserve(e, len));
     size_t n = 0;
     DSC_TRY(initial_symbols(e, s, len, &n));
-    int32_t *sym = e->sym;
-    for (;;) {
-        int32_t best_rank = INT32_MAX, best_result = -1, rank, result;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < n; i++)
-            if (dsc_tok_merge_find(t, sym[i], sym[i + 1], &rank, &result) && rank < best_rank) {
-                best_rank = rank;
-                best_result = result;
-                at = i;
-            }
-        if (best_result < 0) break;
-        sym[at] = best_result;
-        memmove(sym + at + 1, sym + at + 2, (n - at - 2) * sizeof *sym);
-        n--;
+    e->heap_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        e->prev[i] = (int32_t)i - 1;
+        e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
-    for (size_t i = 0; i < n; i++) tok_ids_push(e->out, sym[i]);
+    for (size_t i = 0; i + 1 < n; i++) queue_pair(e, (int32_t)i);
+    while (e->heap_n > 0) {
+        merge_cand c = pop_pair(e);
+        int32_t l = c.pos, r = e->next[l];
+        if (e->sym[l] != c.left || r < 0 || e->sym[r] != c.right) continue; /* stale */
+        e->sym[l] = c.result;
+        e->sym[r] = -1;
+        e->next[l] = e->next[r];
+        if (e->next[r] >= 0) e->prev[e->next[r]] = l;
+        if (e->prev[l] >= 0) queue_pair(e, e->prev[l]);
+        queue_pair(e, l);
+    }
+    for (int32_t i = n ? 0 : -1; i >= 0; i = e->next[i]) tok_ids_push(e->out, e->sym[i]);
     return NULL;
 }
 
@@ -247,5 +293,8 @@ dsc_status dsc_tok_bpe_encode(const dsc_tokenizer *t, const char *text, size_t l
     }
     if (!st && len > seg) st = encode_segment(&e, text + seg, len - seg);
     free(e.sym);
+    free(e.next);
+    free(e.prev);
+    free(e.heap);
     return st;
 }
