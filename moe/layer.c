@@ -25,10 +25,12 @@
  *
  * Not here: the routing rules (moe/gate*.c), the row movement loops
  * (moe/dispatch.c), the expert FFNs (moe/experts.c), the block around it. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dsc/kernels.h"
 #include "dsc/moe.h"
@@ -72,9 +74,23 @@ typedef struct moe_layer {
     int64_t st_forwards, st_tokens, st_dropped_tokens, st_capacity;
     int64_t *st_routed, *st_kept, *st_dropped; /* (E) */
     double st_l_aux, st_z_loss;
+    double st_seconds[DSC_MOE_PHASE_COUNT];
 } moe_layer;
 
 static moe_layer *self_of(dsc_layer *l) { return (moe_layer *)l; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the time since *t0 to `phase` and restarts the clock. */
+static void lap(moe_layer *m, dsc_moe_phase phase, double *t0) {
+    double t = now_s();
+    m->st_seconds[phase] += t - *t0;
+    *t0 = t;
+}
 
 static dsc_tensor view(const dsc_tensor *buf, int ndim, const int64_t *shape) {
     return dsc_tensor_view(buf->data, DSC_DTYPE_F32, ndim, shape, buf->device);
@@ -203,18 +219,28 @@ static dsc_status route(moe_layer *m, moe_slot *s, const dsc_tensor *x2, dsc_mic
 
 /* The two all-to-alls and the experts: from the dispatched (E, Cap, M) rows in
  * buf[0] (or, with ep = 1, already in s->xin) to s->y (E, Cap, M). */
-static dsc_status run_experts(moe_layer *m, int slot, moe_slot *s, int64_t Cap) {
+static dsc_status run_experts(moe_layer *m, int slot, moe_slot *s, int64_t Cap, double *t0) {
     const int64_t M = m->M, R = m->ep_size * Cap;
     const int64_t local[3] = {m->E_loc, R, M}, global[3] = {m->E, Cap, M};
     dsc_tensor xin = view(&s->xin, 3, local), y = view(&s->y, 3, global);
-    if (m->ep_size == 1) return dsc_moe_experts_forward(m->experts, slot, &xin, &y);
+    if (m->ep_size == 1) {
+        DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &y));
+        lap(m, DSC_MOE_PHASE_EXPERTS, t0);
+        return NULL;
+    }
     dsc_tensor send = view(&m->buf[0], 3, global), recv = view(&m->buf[1], 3, global);
     dsc_tensor eout = view(&m->buf[2], 3, local);
     DSC_TRY(dsc_comm_alltoall(m->ep, &send, &recv));
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
     moe_swap_axes(recv.data, xin.data, m->ep_size, m->E_loc, Cap * M); /* (ep, E_loc) -> (E_loc, ep) */
+    lap(m, DSC_MOE_PHASE_DISPATCH, t0);
     DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &eout));
+    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
     moe_swap_axes(eout.data, send.data, m->E_loc, m->ep_size, Cap * M);
-    return dsc_comm_alltoall(m->ep, &send, &y);
+    lap(m, DSC_MOE_PHASE_COMBINE, t0);
+    DSC_TRY(dsc_comm_alltoall(m->ep, &send, &y));
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+    return NULL;
 }
 
 /* PR-MoE: out = c0 * moe + c1 * mlp with (c0, c1) = softmax(x @ Wc^T + bc). */
@@ -260,16 +286,20 @@ static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     s->in = *in;
     s->S = S;
     dsc_tensor x2 = view(in, 2, (int64_t[]){S, M});
+    double t0 = now_s();
     DSC_TRY(route(m, s, &x2, ctx));
+    lap(m, DSC_MOE_PHASE_GATE, &t0);
     const int64_t Cap = s->routes.capacity;
     DSC_CHECK(Cap <= m->max_cap, DSC_ERR_INTERNAL, "%s: capacity %lld exceeds the reserved %lld", self->name,
               (long long)Cap, (long long)m->max_cap);
     moe_dispatch(&s->routes, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data);
-    DSC_TRY(run_experts(m, slot, s, Cap));
+    lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
+    DSC_TRY(run_experts(m, slot, s, Cap, &t0));
     *out = view(&m->out, 3, in->shape);
     dsc_tensor out2 = view(out, 2, (int64_t[]){S, M});
     moe_combine(&s->routes, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data);
     if (m->o.use_residual) DSC_TRY(residual_forward(m, slot, s, &x2, &out2));
+    lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     ctx->aux_loss += s->routes.loss;
     count_stats(m, &s->routes);
     return NULL;
@@ -309,23 +339,29 @@ static dsc_status residual_backward(moe_layer *m, int slot, moe_slot *s, const d
 
 /* From dy (E, Cap, M) in buf[0] (ep > 1) or buf[2] (ep = 1) to the gradient of
  * the dispatched rows (E, Cap, M); returns where it is. */
-static dsc_status experts_backward(moe_layer *m, int slot, int64_t Cap, float **ddisp) {
+static dsc_status experts_backward(moe_layer *m, int slot, int64_t Cap, float **ddisp, double *t0) {
     const int64_t M = m->M, R = m->ep_size * Cap;
     const int64_t local[3] = {m->E_loc, R, M}, global[3] = {m->E, Cap, M};
     const float scale = 1.0f / (float)m->ep_size;
     if (m->ep_size == 1) {
         dsc_tensor dy = view(&m->buf[2], 3, local), dx = view(&m->buf[0], 3, local);
         DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
+        lap(m, DSC_MOE_PHASE_EXPERTS, t0);
         *ddisp = dx.data;
         return NULL;
     }
     dsc_tensor a = view(&m->buf[0], 3, global), b = view(&m->buf[1], 3, global), c = view(&m->buf[2], 3, global);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &b));                      /* dy to the experts' ranks */
-    moe_swap_axes(b.data, c.data, m->ep_size, m->E_loc, Cap * M);   /* (E_loc, R, M) in c */
+    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &b)); /* dy to the experts' ranks */
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+    moe_swap_axes(b.data, c.data, m->ep_size, m->E_loc, Cap * M); /* (E_loc, R, M) in c */
+    lap(m, DSC_MOE_PHASE_COMBINE, t0);
     dsc_tensor dy = view(&c, 3, local), dx = view(&b, 3, local);
     DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
+    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
     moe_swap_axes(b.data, a.data, m->E_loc, m->ep_size, Cap * M);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &c));                      /* dx back to the tokens' ranks */
+    lap(m, DSC_MOE_PHASE_DISPATCH, t0);
+    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &c)); /* dx back to the tokens' ranks */
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
     *ddisp = c.data;
     return NULL;
 }
@@ -358,6 +394,7 @@ static dsc_status moe_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     *din = view(&m->din, 3, s->in.shape);
     dsc_tensor din2 = view(din, 2, x2.shape);
     const float *dmoe = dout2.data;
+    double t0 = now_s();
     if (m->o.use_residual) {
         /* The gradient overwrites moe_out row by row after reading it. */
         dsc_tensor dm = view(&s->moe_out, 2, x2.shape);
@@ -368,10 +405,13 @@ static dsc_status moe_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     }
     float *dy = m->ep_size == 1 ? m->buf[2].data : m->buf[0].data;
     moe_combine_backward(&s->routes, dmoe, s->y.data, M, dy, m->dweight.data);
+    lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     float *ddisp;
-    DSC_TRY(experts_backward(m, slot, Cap, &ddisp));
+    DSC_TRY(experts_backward(m, slot, Cap, &ddisp, &t0));
     moe_dispatch_backward(&s->routes, ddisp, M, din2.data, true);
+    lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(gate_backward(m, s, &x2, &din2, ctx));
+    lap(m, DSC_MOE_PHASE_GATE, &t0);
     s->in = (dsc_tensor){0};
     return NULL;
 }
@@ -493,15 +533,22 @@ bool moe_layer_is(const dsc_layer *layer) { return layer && layer->ops == &moe_o
 
 void moe_layer_stats(const dsc_layer *layer, dsc_moe_stats *out) {
     const moe_layer *m = (const moe_layer *)layer;
-    *out = (dsc_moe_stats){(int)m->E,         m->st_forwards, m->st_tokens, m->st_dropped_tokens,
-                           m->st_routed,      m->st_kept,     m->st_dropped, m->st_l_aux,
-                           m->st_z_loss,      m->st_capacity};
+    *out = (dsc_moe_stats){(int)m->E,    m->st_forwards, m->st_tokens,  m->st_dropped_tokens,
+                           m->st_routed, m->st_kept,     m->st_dropped, m->st_l_aux,
+                           m->st_z_loss, m->st_capacity, {0}};
+    memcpy(out->seconds, m->st_seconds, sizeof out->seconds);
+}
+
+const char *dsc_moe_phase_name(dsc_moe_phase phase) {
+    static const char *const names[DSC_MOE_PHASE_COUNT] = {"gate", "dispatch", "all-to-all", "experts", "combine"};
+    return (unsigned)phase < DSC_MOE_PHASE_COUNT ? names[phase] : "unknown";
 }
 
 void moe_layer_stats_reset(dsc_layer *layer) {
     moe_layer *m = self_of(layer);
     m->st_forwards = m->st_tokens = m->st_dropped_tokens = m->st_capacity = 0;
     m->st_l_aux = m->st_z_loss = 0;
+    memset(m->st_seconds, 0, sizeof m->st_seconds);
     memset(m->st_routed, 0, (size_t)m->E * sizeof *m->st_routed);
     memset(m->st_kept, 0, (size_t)m->E * sizeof *m->st_kept);
     memset(m->st_dropped, 0, (size_t)m->E * sizeof *m->st_dropped);

@@ -112,9 +112,21 @@ dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks);
 dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config *mc, int block,
                                 dsc_param_store *store, dsc_device device, dsc_comm *ep, dsc_layer **out);
 
+/* Where the layer's time goes (forward and backward together). */
+typedef enum dsc_moe_phase {
+    DSC_MOE_PHASE_GATE = 0, /* router GEMM, routing, gate backward */
+    DSC_MOE_PHASE_DISPATCH, /* token rows into expert slots (and their gradient back) */
+    DSC_MOE_PHASE_ALLTOALL, /* the all-to-alls over the expert-parallel group */
+    DSC_MOE_PHASE_EXPERTS,  /* the expert GEMMs */
+    DSC_MOE_PHASE_COMBINE,  /* weighted sum back to tokens, residual MLP, their gradients */
+    DSC_MOE_PHASE_COUNT
+} dsc_moe_phase;
+
+const char *dsc_moe_phase_name(dsc_moe_phase phase); /* "gate", "dispatch", ... */
+
 /* Per-expert load of the layer's forwards (training and eval) on THIS rank's
- * tokens since the last reset; the arrays are the layer's and stay valid
- * until the next forward or reset. */
+ * tokens since the last reset, and the time per phase; the arrays are the
+ * layer's and stay valid until the next forward or reset. */
 typedef struct dsc_moe_stats {
     int num_experts;
     int64_t forwards;
@@ -126,6 +138,7 @@ typedef struct dsc_moe_stats {
     double l_aux;           /* sum over forwards */
     double z_loss;          /* sum over forwards */
     int64_t capacity;       /* Cap of the last forward */
+    double seconds[DSC_MOE_PHASE_COUNT];
 } dsc_moe_stats;
 
 /* `layer` is a MoE layer or a block whose feed-forward part is one (what the
