@@ -62,7 +62,8 @@ void zero_gather_release(zero_optimizer *z, int layer) {
     zero_layer *zl = &z->layers[layer];
     if (!zl->live) return;
     zl->live = false;
-    for (int j = 0; j < zl->layer->n_params; j++) zl->layer->params[j]->value.data = NULL;
+    for (int j = 0; j < zl->layer->n_params; j++)
+        zl->layer->params[j]->value.data = NULL;
 }
 
 static dsc_status gather(zero_optimizer *z, int layer, int64_t at) {

@@ -48,7 +48,9 @@ dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_siz
     return s ? dsc_error_wrap(s, "counting the parameters of a %s model", dsc_model_arch_name(mc->arch)) : NULL;
 }
 
-static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+static double gib(double bytes) {
+    return bytes / (1024.0 * 1024.0 * 1024.0);
+}
 
 void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes) {
     pp = pp > 0 ? pp : 1;
@@ -56,10 +58,11 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
     double dense = (size->params - size->expert_params) / pp;
     double expert = size->expert_params / pp / ep; /* this rank's experts */
     int edp = dp / ep > 0 ? dp / ep : 1;
-    fprintf(fp,
-            "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; "
-            "dp=%d pp=%d ep=%d (experts sharded over %d ranks); fp32 with %d bytes of optimizer state per parameter\n",
-            size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp, ep, edp, state_bytes);
+    fprintf(
+        fp,
+        "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; "
+        "dp=%d pp=%d ep=%d (experts sharded over %d ranks); fp32 with %d bytes of optimizer state per parameter\n",
+        size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp, ep, edp, state_bytes);
     fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
             "+ gathered GiB");
     for (int stage = 0; stage <= 3; stage++) {
@@ -80,7 +83,8 @@ dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double ps
     dsc_mem_stats st;
     dsc_mem_get_stats(&st);
     int64_t mine[FIELDS];
-    for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++) mine[c] = st.current[c];
+    for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++)
+        mine[c] = st.current[c];
     mine[DSC_MEM_CATEGORY_COUNT] = st.total_current;
     mine[DSC_MEM_CATEGORY_COUNT + 1] = st.total_peak;
     int64_t *all = calloc((size_t)size * FIELDS, sizeof *all);
@@ -96,7 +100,8 @@ dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double ps
     const double MiB = 1024.0 * 1024.0;
     dsc_zero_memory f;
     dsc_zero_memory_formula(stage, psi, dp, state_bytes, &f);
-    fprintf(fp, "memory per rank (MiB, allocator accounting), ZeRO stage %d over %d data-parallel ranks, psi = %.0f\n",
+    fprintf(fp,
+            "memory per rank (MiB, allocator accounting), ZeRO stage %d over %d data-parallel ranks, psi = %.0f\n",
             stage, dp, psi);
     fprintf(fp, "%-8s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params", "grads", "optim", "activ",
             "comm", "other", "total", "peak", "states/form");

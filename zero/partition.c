@@ -57,7 +57,8 @@ dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id,
     g->numel = dsc_params_numel(z->o.params, id);
     g->bounds = calloc((size_t)g->size + 1, sizeof *g->bounds);
     DSC_CHECK(g->bounds, DSC_ERR_NOMEM, "ZeRO: bounds of %d ranks", g->size);
-    for (int r = 0; r < g->size; r++) dsc_zero_partition(g->numel, g->size, r, &g->bounds[r], &g->bounds[r + 1]);
+    for (int r = 0; r < g->size; r++)
+        dsc_zero_partition(g->numel, g->size, r, &g->bounds[r], &g->bounds[r + 1]);
     g->begin = g->bounds[g->rank];
     g->end = g->bounds[g->rank + 1];
     return find_pieces(z, g);
@@ -66,13 +67,16 @@ dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id,
 void zero_group_free(zero_group *g) {
     dsc_tensor_free(&g->values);
     dsc_tensor_free(&g->grads);
-    for (int k = 0; k < 2; k++) dsc_tensor_free(&g->state[k]);
+    for (int k = 0; k < 2; k++)
+        dsc_tensor_free(&g->state[k]);
     free(g->bounds);
     free(g->pieces);
     memset(g, 0, sizeof *g);
 }
 
-static int64_t aligned(int64_t n) { return (n + ZERO_ALIGN_ELEMS - 1) / ZERO_ALIGN_ELEMS * ZERO_ALIGN_ELEMS; }
+static int64_t aligned(int64_t n) {
+    return (n + ZERO_ALIGN_ELEMS - 1) / ZERO_ALIGN_ELEMS * ZERO_ALIGN_ELEMS;
+}
 
 static int by_flat_position(const void *a, const void *b) {
     const dsc_param *p = *(dsc_param *const *)a, *q = *(dsc_param *const *)b;
@@ -129,7 +133,8 @@ dsc_status zero_layers_init(zero_optimizer *z) {
     z->n_layers = z->o.n_layers;
     z->layers = calloc((size_t)(z->n_layers > 0 ? z->n_layers : 1), sizeof *z->layers);
     DSC_CHECK(z->layers, DSC_ERR_NOMEM, "ZeRO: %d layers", z->n_layers);
-    for (int l = 0; l < z->n_layers; l++) DSC_TRY(layer_init(z, &z->layers[l], z->o.layers[l]));
+    for (int l = 0; l < z->n_layers; l++)
+        DSC_TRY(layer_init(z, &z->layers[l], z->o.layers[l]));
     return NULL;
 }
 
@@ -150,10 +155,13 @@ int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer) {
 }
 
 static void range_counts(const zero_group *g, int64_t a, int64_t b, int64_t *counts) {
-    for (int r = 0; r < g->size; r++) counts[r] = zero_owned(g, r, a, b);
+    for (int r = 0; r < g->size; r++)
+        counts[r] = zero_owned(g, r, a, b);
 }
 
-static const char *group_name(const zero_group *g) { return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense"; }
+static const char *group_name(const zero_group *g) {
+    return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense";
+}
 
 dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
                                bool accumulate) {
@@ -168,8 +176,9 @@ dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int
         if (g->comm && g->size > 1) {
             range_counts(g, lo, hi, counts);
             dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
-            if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
-                                         (long long)lo, (long long)hi);
+            if (s)
+                return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
+                                      (long long)lo, (long long)hi);
         } else {
             recv = send; /* one rank: its share is the whole chunk */
         }
@@ -177,8 +186,10 @@ dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int
         int64_t own_lo = lo > g->begin ? lo : g->begin;
         dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, dev);
         dsc_tensor share = flat_view((float *)recv.data + (g->size > 1 ? 0 : own_lo - lo), mine, dev);
-        if (accumulate) DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &share));
-        else if (dst.data != share.data) DSC_TRY(dsc_tensor_copy(&dst, &share));
+        if (accumulate)
+            DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &share));
+        else if (dst.data != share.data)
+            DSC_TRY(dsc_tensor_copy(&dst, &share));
     }
     return NULL;
 }
@@ -201,7 +212,8 @@ dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t
     range_counts(g, a, b, counts);
     dsc_tensor recv = flat_view(dst, b - a, dev);
     dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
-    if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,
-                                 (long long)b);
+    if (s)
+        return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,
+                              (long long)b);
     return NULL;
 }

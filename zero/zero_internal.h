@@ -25,7 +25,7 @@ typedef struct zero_piece {
 /* A parameter group (dense or expert) partitioned over its communicator. */
 typedef struct zero_group {
     dsc_param_group id;
-    dsc_comm *comm;  /* NULL: one rank */
+    dsc_comm *comm; /* NULL: one rank */
     int size, rank;
     int64_t numel;   /* Ψ: flat length, gaps included */
     int64_t *bounds; /* [size + 1]: rank r owns [bounds[r], bounds[r + 1]) */
@@ -50,11 +50,11 @@ typedef struct zero_layer {
     dsc_layer *layer;
     zero_run *runs;
     int n_runs;
-    int64_t numel;      /* layout length: the runs back to back */
-    int64_t *param_at;  /* [layer->n_params] position of each parameter in the layout */
-    int *param_index;   /* [layer->n_params] index in the store */
-    bool live;          /* stage 3: gathered into the pool */
-    int64_t pool_at;    /* stage 3: where in the pool, when live */
+    int64_t numel;     /* layout length: the runs back to back */
+    int64_t *param_at; /* [layer->n_params] position of each parameter in the layout */
+    int *param_index;  /* [layer->n_params] index in the store */
+    bool live;         /* stage 3: gathered into the pool */
+    int64_t pool_at;   /* stage 3: where in the pool, when live */
 } zero_layer;
 
 typedef struct zero_bucket {

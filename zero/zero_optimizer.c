@@ -28,7 +28,9 @@
 #include "dsc/log.h"
 #include "zero/zero_internal.h"
 
-static zero_optimizer *self_of(dsc_optimizer *opt) { return (zero_optimizer *)opt; }
+static zero_optimizer *self_of(dsc_optimizer *opt) {
+    return (zero_optimizer *)opt;
+}
 
 static float *flat_grads(zero_optimizer *z, dsc_param_group g) {
     dsc_tensor grads;
@@ -53,7 +55,8 @@ static dsc_status reduce_bucket(zero_optimizer *z, zero_bucket *b) {
 
 static void reset_batch(zero_optimizer *z) {
     memcpy(z->uses_left, z->uses, (size_t)z->n_params * sizeof *z->uses);
-    for (int i = 0; i < z->n_buckets; i++) z->buckets[i].pending = z->buckets[i].params;
+    for (int i = 0; i < z->n_buckets; i++)
+        z->buckets[i].pending = z->buckets[i].params;
 }
 
 static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
@@ -95,14 +98,16 @@ static dsc_status make_buckets(zero_optimizer *z) {
         per[g] = size > 0 ? size : (n > 0 ? n : 1);
         first[g] = z->n_buckets;
         for (int64_t b = 0; b < n; b += per[g])
-            z->buckets[z->n_buckets++] = (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0};
+            z->buckets[z->n_buckets++] =
+                (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0};
     }
     for (int i = 0; i < z->n_params; i++) {
         const dsc_param *p = dsc_params_at(z->o.params, i);
         int64_t n = dsc_param_numel(p);
         z->first_bucket[i] = first[p->group] + (int)(p->offset / per[p->group]);
         z->last_bucket[i] = first[p->group] + (int)((p->offset + n - 1) / per[p->group]);
-        for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++) z->buckets[k].params++;
+        for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++)
+            z->buckets[k].params++;
     }
     return NULL;
 }
@@ -119,7 +124,8 @@ static dsc_status zero_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool b
     if (zl->numel == 0) return NULL;
     dsc_tensor staged = dsc_tensor_view(z->staging.data, DSC_DTYPE_F32, 1, &zl->numel, z->staging.device);
     DSC_TRY(dsc_kernel_zero(&staged));
-    for (int j = 0; j < layer->n_params; j++) layer->params[j]->grad.data = (float *)z->staging.data + zl->param_at[j];
+    for (int j = 0; j < layer->n_params; j++)
+        layer->params[j]->grad.data = (float *)z->staging.data + zl->param_at[j];
     return NULL;
 }
 
@@ -129,7 +135,8 @@ static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool ba
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
     zero_layer *zl = &z->layers[l];
     if (backward && !z->full_grads) {
-        for (int j = 0; j < layer->n_params; j++) layer->params[j]->grad.data = NULL;
+        for (int j = 0; j < layer->n_params; j++)
+            layer->params[j]->grad.data = NULL;
         for (int r = 0; r < zl->n_runs; r++) {
             const zero_run *run = &zl->runs[r];
             dsc_status s = zero_reduce_scatter(z, &z->groups[run->group], (float *)z->staging.data + run->at,
@@ -178,8 +185,9 @@ static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, doub
         dsc_tensor s1 = z->n_state_kinds > 1 ? piece_view(&g->state[1], pc) : s0;
         dsc_status s = dsc_optim_update(&z->o.hparams, &value, &grad, &s0, &s1, (float)lr,
                                         !(pc->param->flags & DSC_PARAM_NO_DECAY), z->step);
-        if (s) return dsc_error_wrap(s, "step %lld: updating %s [%lld, %lld)", (long long)z->step, pc->param->name,
-                                     (long long)pc->param_offset, (long long)(pc->param_offset + pc->numel));
+        if (s)
+            return dsc_error_wrap(s, "step %lld: updating %s [%lld, %lld)", (long long)z->step, pc->param->name,
+                                  (long long)pc->param_offset, (long long)(pc->param_offset + pc->numel));
     }
     if (z->z.stage == 3) return NULL; /* the range is the only copy */
     int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (g->numel > 0 ? g->numel : 1);
@@ -194,15 +202,18 @@ static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, doub
 static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
     zero_optimizer *z = self_of(opt);
     double sq[DSC_PARAM_GROUP_COUNT];
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) DSC_TRY(group_sum_squares(z, &z->groups[g], &sq[g]));
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        DSC_TRY(group_sum_squares(z, &z->groups[g], &sq[g]));
     double norm;
-    DSC_TRY(dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], z->o.ep, z->o.pipe, &norm));
+    DSC_TRY(
+        dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], z->o.ep, z->o.pipe, &norm));
     DSC_CHECK(isfinite(norm), DSC_ERR_NUMERIC,
               "step %lld: the global gradient norm is %g; stopping with the parameters of step %lld",
               (long long)(z->step + 1), norm, (long long)z->step);
     double coef = dsc_optim_clip_coef(norm, z->o.hparams.clip_norm);
     z->step++;
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) DSC_TRY(update_group(z, &z->groups[g], lr, coef));
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        DSC_TRY(update_group(z, &z->groups[g], lr, coef));
     if (z->full_grads) {
         DSC_TRY(dsc_params_zero_grads(z->o.params));
     } else {
@@ -217,7 +228,8 @@ static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stat
 
 static int pieces_total(const zero_optimizer *z) {
     int n = 0;
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) n += z->groups[g].n_pieces;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        n += z->groups[g].n_pieces;
     return n;
 }
 
@@ -252,7 +264,8 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
 
 static void zero_destroy(dsc_optimizer *opt) {
     zero_optimizer *z = self_of(opt);
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) zero_group_free(&z->groups[g]);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        zero_group_free(&z->groups[g]);
     zero_layers_free(z);
     dsc_tensor_free(&z->staging);
     dsc_tensor_free(&z->scratch);
@@ -296,7 +309,8 @@ static int64_t largest_share(const zero_optimizer *z) {
         }
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT && z->z.stage < 3; g++) {
         const zero_group *gr = &z->groups[g];
-        int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (gr->numel > 0 ? gr->numel : 1);
+        int64_t per =
+            z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (gr->numel > 0 ? gr->numel : 1);
         for (int64_t a = 0; a < gr->numel; a += per) {
             int64_t n = zero_owned(gr, gr->rank, a, a + per < gr->numel ? a + per : gr->numel);
             if (n > most) most = n;
@@ -321,7 +335,8 @@ static dsc_tensor range_view(float *flat, const zero_group *g, dsc_device dev) {
 static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
     for (int gi = 0; gi < DSC_PARAM_GROUP_COUNT; gi++) {
         zero_group *g = &z->groups[gi];
-        for (int k = 0; k < z->n_state_kinds; k++) DSC_TRY(alloc_range(&g->state[k], g, dev, DSC_MEM_OPTIM));
+        for (int k = 0; k < z->n_state_kinds; k++)
+            DSC_TRY(alloc_range(&g->state[k], g, dev, DSC_MEM_OPTIM));
         if (z->z.stage == 3) {
             DSC_TRY(alloc_range(&g->values, g, dev, DSC_MEM_PARAMS));
             dsc_tensor src = range_view(flat_values(z, g->id), g, dev);
@@ -329,8 +344,10 @@ static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
         } else {
             g->values = range_view(flat_values(z, g->id), g, dev);
         }
-        if (z->full_grads) g->grads = range_view(flat_grads(z, g->id), g, dev);
-        else DSC_TRY(alloc_range(&g->grads, g, dev, DSC_MEM_GRADS));
+        if (z->full_grads)
+            g->grads = range_view(flat_grads(z, g->id), g, dev);
+        else
+            DSC_TRY(alloc_range(&g->grads, g, dev, DSC_MEM_GRADS));
         if (g->numel > 0 && (z->z.stage == 3 || !z->full_grads))
             DSC_TRY(dsc_params_release(z->o.params, g->id, z->z.stage == 3, !z->full_grads));
     }
@@ -352,7 +369,8 @@ static dsc_status setup(zero_optimizer *z) {
     DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp));
     DSC_TRY(zero_layers_init(z));
     for (int l = 0; l < z->n_layers; l++)
-        for (int j = 0; j < z->layers[l].layer->n_params; j++) z->uses[z->layers[l].param_index[j]]++;
+        for (int j = 0; j < z->layers[l].layer->n_params; j++)
+            z->uses[z->layers[l].param_index[j]]++;
     if (z->full_grads) DSC_TRY(make_buckets(z));
     reset_batch(z);
     z->n_state_kinds = z->o.hparams.type == DSC_OPTIMIZER_TYPE_SGD ? 1 : 2;
@@ -409,9 +427,10 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
         return dsc_error_wrap(s, "creating the ZeRO stage %d optimizer", zo->stage);
     }
     const zero_group *d = &z->groups[DSC_PARAM_GROUP_DENSE];
-    DSC_LOG_DEBUG("ZeRO stage %d: dense range [%lld, %lld) of %lld over %d ranks, %d buckets, staging %lld, pool %lld",
-                  zo->stage, (long long)d->begin, (long long)d->end, (long long)d->numel, d->size, z->n_buckets,
-                  (long long)dsc_tensor_numel(&z->staging), (long long)dsc_tensor_numel(&z->pool));
+    DSC_LOG_DEBUG(
+        "ZeRO stage %d: dense range [%lld, %lld) of %lld over %d ranks, %d buckets, staging %lld, pool %lld",
+        zo->stage, (long long)d->begin, (long long)d->end, (long long)d->numel, d->size, z->n_buckets,
+        (long long)dsc_tensor_numel(&z->staging), (long long)dsc_tensor_numel(&z->pool));
     *out = &z->base;
     return NULL;
 }

@@ -23,10 +23,13 @@ static void big_spec(toy_spec *spec) {
     static const int64_t sizes[] = {40000, 777, 65536, 30001, 64, 50000, 12345, 40960};
     static const int layers[4][3] = {{0, 1, -1}, {2, 3, 4}, {5, 6, -1}, {7, -1, -1}};
     *spec = (toy_spec){.n_params = 8, .n_layers = 4, .prefix = "big"};
-    for (int i = 0; i < spec->n_params; i++) spec->sizes[i] = sizes[i];
+    for (int i = 0; i < spec->n_params; i++)
+        spec->sizes[i] = sizes[i];
     for (int l = 0; l < spec->n_layers; l++) {
-        for (int j = 0; j < TOY_MAX_PARAMS; j++) spec->layer_params[l][j] = -1;
-        for (int j = 0; j < 3 && layers[l][j] >= 0; j++) spec->layer_params[l][j] = layers[l][j];
+        for (int j = 0; j < TOY_MAX_PARAMS; j++)
+            spec->layer_params[l][j] = -1;
+        for (int j = 0; j < 3 && layers[l][j] >= 0; j++)
+            spec->layer_params[l][j] = layers[l][j];
     }
 }
 
@@ -34,7 +37,8 @@ static int64_t largest_layer(toy_model *m) {
     int64_t most = 0;
     for (int l = 0; l < m->n_layers; l++) {
         int64_t n = 0;
-        for (int j = 0; j < m->layers[l].n_params; j++) n += (dsc_param_numel(m->layers[l].params[j]) + 63) / 64 * 64;
+        for (int j = 0; j < m->layers[l].n_params; j++)
+            n += (dsc_param_numel(m->layers[l].params[j]) + 63) / 64 * 64;
         if (n > most) most = n;
     }
     return most;
@@ -63,17 +67,20 @@ static void test_memory_matches_formula(void **state) {
         dsc_zero_memory f;
         dsc_zero_memory_formula(stage, psi, N, 8, &f);
         double measured[3], formula[3] = {f.params, f.grads, f.optim};
-        for (int c = 0; c < 3; c++) measured[c] = (double)(after.current[c] - before.current[c]);
+        for (int c = 0; c < 3; c++)
+            measured[c] = (double)(after.current[c] - before.current[c]);
         double states = measured[0] + measured[1] + measured[2], want = formula[0] + formula[1] + formula[2];
         double comm = (double)(after.current[DSC_MEM_COMM] - before.current[DSC_MEM_COMM]);
         double bound = 4.0 * (double)(4 * largest_layer(&m));
         if (dsc_comm_rank(dp) == 0)
-            printf("  stage %d, N %d: params %.0f (formula %.0f), grads %.0f (%.0f), optim %.0f (%.0f), total %.4f of "
-               "the formula; comm buffers %.0f bytes (bound %.0f)\n",
-               stage, N, measured[0], formula[0], measured[1], formula[1], measured[2], formula[2], states / want,
-               comm, bound);
+            printf("  stage %d, N %d: params %.0f (formula %.0f), grads %.0f (%.0f), optim %.0f (%.0f), total "
+                   "%.4f of "
+                   "the formula; comm buffers %.0f bytes (bound %.0f)\n",
+                   stage, N, measured[0], formula[0], measured[1], formula[1], measured[2], formula[2],
+                   states / want, comm, bound);
         assert_true(fabs(states - want) <= 0.05 * want);
-        for (int c = 0; c < 3; c++) assert_true(fabs(measured[c] - formula[c]) <= 0.05 * formula[c]);
+        for (int c = 0; c < 3; c++)
+            assert_true(fabs(measured[c] - formula[c]) <= 0.05 * formula[c]);
         assert_true(comm <= bound);
         dsc_optimizer_destroy(opt);
         toy_model_free(&m);
@@ -84,8 +91,8 @@ static void test_memory_matches_formula(void **state) {
 static void expect_bytes(const dsc_comm_stats *st, dsc_comm_op op, double sent, double recv, const char *what,
                          bool print) {
     if (print)
-        printf("  %-28s %-15s sent %lld (expected %.0f), received %lld (expected %.0f)\n", what, dsc_comm_op_name(op),
-           (long long)st->bytes_sent[op], sent, (long long)st->bytes_recv[op], recv);
+        printf("  %-28s %-15s sent %lld (expected %.0f), received %lld (expected %.0f)\n", what,
+               dsc_comm_op_name(op), (long long)st->bytes_sent[op], sent, (long long)st->bytes_recv[op], recv);
     assert_true((double)st->bytes_sent[op] == sent);
     assert_true((double)st->bytes_recv[op] == recv);
 }

@@ -51,7 +51,8 @@ static void check_states(dsc_comm *dp, dsc_optimizer *zero, toy_model *zm, dsc_o
         if (!st.param || strncmp(st.name, "exp_avg/", 8) != 0) continue;
         int64_t base = 0;
         int i = 0;
-        while (dsc_params_at(zm->store, i) != st.param) base += dsc_param_numel(dsc_params_at(zm->store, i++));
+        while (dsc_params_at(zm->store, i) != st.param)
+            base += dsc_param_numel(dsc_params_at(zm->store, i++));
         int64_t n = dsc_tensor_numel(&st.local);
         assert_true(st.offset >= 0 && st.offset + n <= dsc_param_numel(st.param));
         /* the plain optimizer's exp_avg of the same parameter */
@@ -71,7 +72,8 @@ static void check_states(dsc_comm *dp, dsc_optimizer *zero, toy_model *zm, dsc_o
     }
     dsc_tensor t = dsc_tensor_view(cover, DSC_DTYPE_F32, 1, &total, DSC_CPU);
     assert_ok(dsc_comm_allreduce(dp, &t, DSC_REDUCE_OP_SUM));
-    for (int64_t e = 0; e < total; e++) assert_true(cover[e] == 1.0f);
+    for (int64_t e = 0; e < total; e++)
+        assert_true(cover[e] == 1.0f);
     assert_true(worst < 1e-4);
     free(cover);
 }

@@ -45,8 +45,10 @@ static void moe_spec(toy_spec *spec, char *expert_prefix, size_t len, int ep_ran
         spec->flags[i] = i >= 4 ? DSC_PARAM_EXPERT : 0;
     }
     for (int l = 0; l < spec->n_layers; l++) {
-        for (int j = 0; j < TOY_MAX_PARAMS; j++) spec->layer_params[l][j] = -1;
-        for (int j = 0; j < 3 && layers[l][j] >= 0; j++) spec->layer_params[l][j] = layers[l][j];
+        for (int j = 0; j < TOY_MAX_PARAMS; j++)
+            spec->layer_params[l][j] = -1;
+        for (int j = 0; j < 3 && layers[l][j] >= 0; j++)
+            spec->layer_params[l][j] = layers[l][j];
     }
 }
 
@@ -84,7 +86,8 @@ static void check_ownership(dsc_optimizer *opt, toy_model *m, moe_groups *g) {
             assert_true((grp == 1) == (strncmp(st.param->name, "experts.", 8) == 0));
             int64_t at = st.param->offset + st.offset, n = dsc_tensor_numel(&st.local);
             assert_true(at >= begin && at + n <= end);
-            for (int64_t e = 0; e < n; e++) owned[at + e] += 1.0f;
+            for (int64_t e = 0; e < n; e++)
+                owned[at + e] += 1.0f;
             mine += n;
         }
         dsc_tensor t = dsc_tensor_view(owned, DSC_DTYPE_F32, 1, &numel, DSC_CPU);
@@ -92,7 +95,8 @@ static void check_ownership(dsc_optimizer *opt, toy_model *m, moe_groups *g) {
         for (int i = 0; i < dsc_params_count(m->store); i++) {
             const dsc_param *p = dsc_params_at(m->store, i);
             if ((int)p->group != grp) continue;
-            for (int64_t e = 0; e < dsc_param_numel(p); e++) assert_true(owned[p->offset + e] == 1.0f);
+            for (int64_t e = 0; e < dsc_param_numel(p); e++)
+                assert_true(owned[p->offset + e] == 1.0f);
         }
         printf("  %s state of rank %d of \"%s\" (%d ranks): [%lld, %lld) of %lld, %lld elements in pieces\n",
                grp ? "expert" : "dense", dsc_comm_rank(c), dsc_comm_name(c), dsc_comm_size(c), (long long)begin,

@@ -12,12 +12,15 @@ void toy_spec_default(toy_spec *spec) {
     /* Sizes not multiples of 64 leave gaps; the large ones straddle partition boundaries at 2, 3 and 4 ranks. */
     static const int64_t sizes[] = {1000, 37, 333, 2048, 5, 700, 129, 64, 1500};
     *spec = (toy_spec){.n_params = 9, .n_layers = 5, .prefix = "toy"};
-    for (int i = 0; i < spec->n_params; i++) spec->sizes[i] = sizes[i];
+    for (int i = 0; i < spec->n_params; i++)
+        spec->sizes[i] = sizes[i];
     spec->flags[1] = spec->flags[4] = DSC_PARAM_NO_DECAY;
     static const int layers[5][4] = {{0, 1, -1}, {2, 3, 4, -1}, {5, 6, -1}, {7, 8, -1}, {0, -1}};
     for (int l = 0; l < spec->n_layers; l++) {
-        for (int j = 0; j < TOY_MAX_PARAMS; j++) spec->layer_params[l][j] = -1;
-        for (int j = 0; j < 4 && layers[l][j] >= 0; j++) spec->layer_params[l][j] = layers[l][j];
+        for (int j = 0; j < TOY_MAX_PARAMS; j++)
+            spec->layer_params[l][j] = -1;
+        for (int j = 0; j < 4 && layers[l][j] >= 0; j++)
+            spec->layer_params[l][j] = layers[l][j];
     }
 }
 
@@ -50,13 +53,15 @@ void toy_model_init(toy_model *m, const toy_spec *spec, int rank) {
 }
 
 void toy_model_free(toy_model *m) {
-    for (int l = 0; l < m->n_layers; l++) free(m->layers[l].params);
+    for (int l = 0; l < m->n_layers; l++)
+        free(m->layers[l].params);
     dsc_params_destroy(m->store);
 }
 
 int64_t toy_param_total(toy_model *m) {
     int64_t n = 0;
-    for (int i = 0; i < dsc_params_count(m->store); i++) n += dsc_param_numel(dsc_params_at(m->store, i));
+    for (int i = 0; i < dsc_params_count(m->store); i++)
+        n += dsc_param_numel(dsc_params_at(m->store, i));
     return n;
 }
 
@@ -94,13 +99,15 @@ static void backward(toy_model *m, dsc_optimizer *opt, int l, int step, int micr
 static void forward(toy_model *m, dsc_optimizer *opt) {
     for (int l = 0; l < m->n_layers; l++) {
         assert_ok(dsc_optimizer_before_layer(opt, &m->layers[l], false));
-        for (int j = 0; j < m->layers[l].n_params; j++) assert_non_null(m->layers[l].params[j]->value.data);
+        for (int j = 0; j < m->layers[l].n_params; j++)
+            assert_non_null(m->layers[l].params[j]->value.data);
         assert_ok(dsc_optimizer_after_layer(opt, &m->layers[l], false));
     }
 }
 
 static void backward_all(toy_model *m, dsc_optimizer *opt, int step, int micro, int M) {
-    for (int l = m->n_layers - 1; l >= 0; l--) backward(m, opt, l, step, micro, micro == M - 1);
+    for (int l = m->n_layers - 1; l >= 0; l--)
+        backward(m, opt, l, step, micro, micro == M - 1);
 }
 
 void toy_train(toy_model *m, dsc_optimizer *opt, const toy_run *run, bool *clipped) {
@@ -129,22 +136,27 @@ void toy_train(toy_model *m, dsc_optimizer *opt, const toy_run *run, bool *clipp
     }
 }
 
-static dsc_layer *layer_of(toy_model *m, const dsc_param *p) {
-    for (int l = 0; l < m->n_layers; l++)
-        for (int j = 0; j < m->layers[l].n_params; j++)
-            if (m->layers[l].params[j] == p) return &m->layers[l];
+static dsc_layer *layer_of(dsc_layer *const *layers, int n_layers, const dsc_param *p) {
+    for (int l = 0; l < n_layers; l++)
+        for (int j = 0; j < layers[l]->n_params; j++)
+            if (layers[l]->params[j] == p) return layers[l];
     return NULL;
 }
 
-void toy_read_params(toy_model *m, dsc_optimizer *opt, float *out) {
+void zero_test_read_params(dsc_param_store *store, dsc_layer *const *layers, int n_layers, dsc_optimizer *opt,
+                           float *out) {
     int64_t at = 0;
-    for (int i = 0; i < dsc_params_count(m->store); i++) {
-        dsc_param *p = dsc_params_at(m->store, i);
-        dsc_layer *layer = layer_of(m, p);
+    for (int i = 0; i < dsc_params_count(store); i++) {
+        dsc_param *p = dsc_params_at(store, i);
+        dsc_layer *layer = layer_of(layers, n_layers, p);
         assert_non_null(layer);
         assert_ok(dsc_optimizer_before_layer(opt, layer, false));
         memcpy(out + at, p->value.data, (size_t)dsc_param_numel(p) * sizeof *out);
         assert_ok(dsc_optimizer_after_layer(opt, layer, false));
         at += dsc_param_numel(p);
     }
+}
+
+void toy_read_params(toy_model *m, dsc_optimizer *opt, float *out) {
+    zero_test_read_params(m->store, m->layer_ptrs, m->n_layers, opt, out);
 }

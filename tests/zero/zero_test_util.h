@@ -51,6 +51,9 @@ void toy_train(toy_model *m, dsc_optimizer *opt, const toy_run *run, bool *clipp
 /* Copies every parameter's value into out (parameters back to back),
  * gathering through the hooks (stage 3). Collective. */
 void toy_read_params(toy_model *m, dsc_optimizer *opt, float *out);
+/* The same for any store and layers. */
+void zero_test_read_params(dsc_param_store *store, dsc_layer *const *layers, int n_layers, dsc_optimizer *opt,
+                           float *out);
 int64_t toy_param_total(toy_model *m);
 
 /* Optimizer options for the toy with clipping on and AdamW. */
