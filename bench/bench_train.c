@@ -1,0 +1,148 @@
+/* bench_train: training throughput of the data-parallel trainer on one rank,
+ * for a tiny GPT (configs/main.json's shape) and a GPT-2-small-shaped model
+ * (12 layers, C 768, 12 heads, T 256, V 50257), beside PyTorch running the
+ * same model, batch and optimizer on the same number of threads
+ * (bench/torch_train_ref.py, run with /usr/bin/python3).
+ *
+ *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2]
+ *               [--torch PATH/torch_train_ref.py | --no-torch]
+ *
+ * Achieved GFLOP/s counts 6 * params * tokens/s (forward + backward of every
+ * weight) plus causal attention, 6 * L * C * T per token (llm.c's estimate).
+ * Prints, never asserts. */
+#define _POSIX_C_SOURCE 200809L /* popen, clock_gettime */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dsc/config.h"
+#include "dsc/data.h"
+#include "dsc/engine.h"
+#include "dsc/kernels.h"
+#include "dsc/rng.h"
+
+typedef struct shape {
+    const char *name;
+    int layers, d_model, heads, vocab, seq, batch;
+} shape;
+
+static const shape shapes[] = {
+    {"tiny", 4, 128, 4, 256, 64, 8},
+    {"gpt2", 12, 768, 12, 50257, 256, 2},
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(dsc_status s) {
+    fprintf(stderr, "bench_train: %s\n", dsc_status_message(s));
+    exit(1);
+}
+
+/* Random byte tokens: enough distinct sequences for any step count here. */
+static void write_tokens(const char *path) {
+    enum { N = 1 << 20 };
+    uint32_t *ids = malloc(N * sizeof *ids);
+    dsc_rng rng;
+    dsc_rng_init(&rng, 1, 0, DSC_RNG_DATA);
+    for (int i = 0; i < N; i++) ids[i] = (uint32_t)dsc_rng_below(&rng, 256);
+    dsc_status s = dsc_token_file_write(path, ids, N, DSC_TOKEN_DTYPE_U16, 0);
+    free(ids);
+    if (s) die(s);
+}
+
+/* tokens/s of dsc on `sh` for `steps` timed steps after one warm-up step. */
+static double run_dsc(const shape *sh, int steps, const char *data, int64_t *params) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": 1,"
+             " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": %d, \"vocab_size\": %d,"
+             " \"seq_len\": %d}, \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003}},"
+             " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}}",
+             sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1);
+    dsc_config cfg;
+    dsc_status s = dsc_config_parse_string(json, "bench.json", NULL, 0, &cfg);
+    if (!s) s = dsc_config_resolve_batch(&cfg, 1);
+    dsc_trainer_options o = {&cfg, NULL, false, NULL, false};
+    dsc_trainer *t = NULL;
+    if (!s) s = dsc_trainer_create(&o, &t);
+    if (s) die(s);
+    dsc_engine *e = dsc_trainer_engine(t);
+    if ((s = dsc_engine_step(e, NULL))) die(s); /* warm-up: first touches of every buffer */
+    double t0 = now_s();
+    for (int i = 0; i < steps; i++)
+        if ((s = dsc_engine_step(e, NULL))) die(s);
+    double dt = now_s() - t0;
+    *params = dsc_trainer_param_count(t);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    return (double)sh->batch * sh->seq * steps / dt;
+}
+
+/* tokens/s of the PyTorch reference, or 0 when it could not run. */
+static double run_torch(const char *script, const shape *sh, int steps, int threads) {
+    if (access(script, R_OK) != 0) {
+        printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", script);
+        return 0;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=%d /usr/bin/python3 %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
+             "--batch %d --steps %d --threads %d 2>&1",
+             threads, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps, threads);
+    FILE *p = popen(cmd, "r");
+    if (!p) return 0;
+    char line[512];
+    double tps = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (sscanf(line, "tokens_per_s %lf", &tps) == 1) continue;
+        printf("  torch: %s", line);
+    }
+    if (pclose(p) != 0) printf("  PyTorch reference failed (see its output above)\n");
+    return tps;
+}
+
+int main(int argc, char **argv) {
+    int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2};
+    const char *only = NULL, *torch = "bench/torch_train_ref.py";
+    for (int i = 1; i < argc; i++) {
+        bool v = i + 1 < argc;
+        if (strcmp(argv[i], "--threads") == 0 && v) threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps-tiny") == 0 && v) steps[0] = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps-gpt2") == 0 && v) steps[1] = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--only") == 0 && v) only = argv[++i];
+        else if (strcmp(argv[i], "--torch") == 0 && v) torch = argv[++i];
+        else if (strcmp(argv[i], "--no-torch") == 0) torch = NULL;
+        else {
+            fprintf(stderr, "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
+                            "[--torch PATH | --no-torch]\n");
+            return 2;
+        }
+    }
+    dsc_kernels_set_num_threads(threads);
+    char data[128];
+    snprintf(data, sizeof data, "/tmp/dsc_bench_train_%d.tok", (int)getpid());
+    write_tokens(data);
+    printf("bench_train: 1 rank, %d threads, AdamW, one warm-up step then timed steps\n", threads);
+    printf("%-5s %10s %6s %9s %12s %12s %9s %13s %7s\n", "model", "params", "B*T", "steps", "dsc tok/s",
+           "dsc GFLOP/s", "ms/step", "torch tok/s", "dsc/pt");
+    for (int k = 0; k < 2; k++) {
+        const shape *sh = &shapes[k];
+        if (only && strcmp(only, sh->name) != 0) continue;
+        int64_t params;
+        double tps = run_dsc(sh, steps[k], data, &params);
+        double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
+        double pt = torch ? run_torch(torch, sh, steps[k], threads) : 0;
+        printf("%-5s %10lld %6d %9d %12.0f %12.2f %9.1f %13.0f %7.2f\n", sh->name, (long long)params,
+               sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9, 1e3 * sh->batch * sh->seq / tps,
+               pt, pt > 0 ? tps / pt : 0.0);
+        fflush(stdout);
+    }
+    unlink(data);
+    return 0;
+}
