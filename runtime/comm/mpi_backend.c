@@ -1,14 +1,13 @@
 /* mpi_backend.c — the MPI implementation of the communicator backend table,
  * for tensors in host memory.
  *
- * Algorithm choice (measured, docs/comm.md): messages below a threshold use
- * MPI's own non-blocking collectives; larger all-reduce, reduce-scatter and
- * all-gather use the ring algorithms of ring.c over a private duplicate of the
- * communicator (so their messages never match the user's point-to-point);
- * all-to-all(v) posts every send and receive at once and checks each received
- * size against the expected count. bf16/f16 reductions always take the ring,
- * which reduces them in f32 (MPI has no such types).
- * Not here: argument checks, deadlines and byte counting (collectives.c). */
+ * Algorithm choice (measured, docs/comm.md): on more than 2 ranks, messages
+ * below 64 KB use MPI's own non-blocking collectives; larger all-reduce,
+ * reduce-scatter and all-gather, and all of them on 2 ranks, use the ring
+ * algorithms of ring.c over a private duplicate of the communicator (so their messages never match the user's
+ * point-to-point); all-to-all(v) posts every send and receive at once and checks each received size against the
+ * expected count. bf16/f16 reductions always take the ring, which reduces them in f32 (MPI has no such types). Not
+ * here: argument checks, deadlines and byte counting (collectives.c). */
 #include <limits.h>
 #include <string.h>
 
@@ -16,10 +15,10 @@
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/ring.h"
 
-/* Below these sizes (bytes of the whole buffer) MPI's algorithms win. */
-static const size_t RING_MIN_BYTES_ALLREDUCE = 64 * 1024;
-static const size_t RING_MIN_BYTES_REDUCE_SCATTER = 64 * 1024;
-static const size_t RING_MIN_BYTES_ALLGATHER = 64 * 1024;
+/* Below this size (bytes of the whole buffer) MPI's algorithms win on more
+ * than 2 ranks (log P rounds against the ring's P-1 steps per phase); on 2
+ * ranks the ring is a single exchange per phase and wins at every size. */
+static const size_t RING_MIN_BYTES = 64 * 1024;
 
 enum { ALLTOALL_TAG = 7002 };
 
@@ -112,6 +111,10 @@ static bool mpi_native(dsc_dtype dtype) {
     return dtype != DSC_DTYPE_BF16 && dtype != DSC_DTYPE_F16;
 }
 
+static bool use_ring(const dsc_comm *c, size_t bytes) {
+    return c->size == 2 || bytes >= RING_MIN_BYTES;
+}
+
 static MPI_Op mpi_op(dsc_reduce_op op) {
     return op == DSC_REDUCE_OP_MAX ? MPI_MAX : MPI_SUM;
 }
@@ -125,7 +128,7 @@ static dsc_status mpi_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
     mpi_state *st = c->impl;
     int64_t n = dsc_tensor_numel(t);
     const char *what = "all-reduce";
-    if (mpi_native(t->dtype) && dsc_tensor_nbytes(t) < RING_MIN_BYTES_ALLREDUCE) {
+    if (mpi_native(t->dtype) && !use_ring(c, dsc_tensor_nbytes(t))) {
         MPI_Request req;
         DSC_TRY(dsc_comm_mpi_check(
             MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)n, dsc_comm_mpi_type(t->dtype), mpi_op(op), c->mpi, &req),
@@ -149,7 +152,7 @@ static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_te
     const char *what = "reduce-scatter";
     dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(send));
     bool in_place = recv->data == shift(send->data, pieces.displs[c->rank], dsc_dtype_size(send->dtype));
-    if (mpi_native(send->dtype) && !in_place && dsc_tensor_nbytes(send) < RING_MIN_BYTES_REDUCE_SCATTER) {
+    if (mpi_native(send->dtype) && !in_place && !use_ring(c, dsc_tensor_nbytes(send))) {
         for (int i = 0; i < c->size; i++)
             st->icounts[i] = (int)pieces.counts[i];
         MPI_Request req;
@@ -173,7 +176,7 @@ static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor 
     dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(recv));
     size_t esize = dsc_dtype_size(recv->dtype);
     char *own = shift(recv->data, pieces.displs[c->rank], esize); /* send may already be there */
-    if (dsc_tensor_nbytes(recv) < RING_MIN_BYTES_ALLGATHER) {
+    if (!use_ring(c, dsc_tensor_nbytes(recv))) {
         int *icounts = st->icounts, *idispls = st->icounts + c->size;
         for (int i = 0; i < c->size; i++) {
             icounts[i] = (int)pieces.counts[i];
