@@ -218,6 +218,25 @@ void dsc_kv_state_query(const dsc_kv_state *s, uint64_t uid, int64_t max_tokens,
     *blocks_out = max_blocks;
 }
 
+/* Returns a tracked sequence's blocks and slot. The ids came from the pool
+ * and were recorded once, so a failure here is a bug in this file. */
+static dsc_status release(dsc_kv_state *s, int32_t slot) {
+    seq_state *q = &s->seqs[slot];
+    dsc_status st = dsc_kv_blocks_free(s->blocks, s->tables + (size_t)slot * (size_t)s->max_blocks, q->num_blocks);
+    if (!st) {
+        hash_remove(s, q->uid);
+        st = dsc_kv_blocks_free(s->slots, &slot, 1);
+    }
+    if (st) {
+        dsc_status bug = dsc_error(DSC_ERR_INTERNAL, "kv state: releasing sequence %llu: %s",
+                                   (unsigned long long)q->uid, dsc_status_message(st));
+        dsc_status_free(st);
+        return bug;
+    }
+    memset(q, 0, sizeof *q);
+    return NULL;
+}
+
 dsc_status dsc_kv_state_extend(dsc_kv_state *s, uint64_t uid, int64_t new_tokens) {
     DSC_CHECK(new_tokens >= 0, DSC_ERR_INVALID, "kv state: sequence %llu: cannot extend by %lld tokens",
               (unsigned long long)uid, (long long)new_tokens);
@@ -235,7 +254,11 @@ dsc_status dsc_kv_state_extend(dsc_kv_state *s, uint64_t uid, int64_t new_tokens
     dsc_status st =
         dsc_kv_blocks_allocate(s->blocks, need, s->tables + (size_t)slot * (size_t)s->max_blocks + q->num_blocks);
     if (st) {
-        if (created) DSC_ASSERT(dsc_kv_state_flush(s, uid) == NULL);
+        dsc_status bug = created ? release(s, slot) : NULL; /* a sequence made here must not outlive the failure */
+        if (bug) {
+            dsc_status_free(st);
+            return bug;
+        }
         return dsc_error_wrap(st, "kv state: extending sequence %llu by %lld tokens", (unsigned long long)uid,
                               (long long)new_tokens);
     }
@@ -255,12 +278,5 @@ dsc_status dsc_kv_state_commit(dsc_kv_state *s, uint64_t uid) {
 dsc_status dsc_kv_state_flush(dsc_kv_state *s, uint64_t uid) {
     int32_t slot = find_slot(s, uid);
     DSC_CHECK(slot >= 0, DSC_ERR_INVALID, "kv state: flush of unknown sequence %llu", (unsigned long long)uid);
-    seq_state *q = &s->seqs[slot];
-    DSC_TRY(dsc_error_wrap(dsc_kv_blocks_free(s->blocks, s->tables + (size_t)slot * (size_t)s->max_blocks,
-                                              q->num_blocks),
-                           "kv state: flushing sequence %llu", (unsigned long long)uid));
-    hash_remove(s, uid);
-    DSC_TRY(dsc_kv_blocks_free(s->slots, &slot, 1));
-    memset(q, 0, sizeof *q);
-    return NULL;
+    return release(s, slot);
 }

@@ -68,8 +68,14 @@ dsc_status dsc_ragged_batch_build(dsc_ragged_batch *b, dsc_kv_state *state, int3
     }
     int32_t t = 0;
     for (int32_t i = 0; i < n; i++) {
-        /* can_schedule guarantees room, so extend cannot fail here. */
-        DSC_TRY(dsc_kv_state_extend(state, uids[i], counts[i]));
+        /* can_schedule guaranteed room, so a failure here is a bug. */
+        dsc_status st = dsc_kv_state_extend(state, uids[i], counts[i]);
+        if (st) {
+            dsc_status bug = dsc_error(DSC_ERR_INTERNAL, "ragged batch: sequence %llu passed the check but: %s",
+                                       (unsigned long long)uids[i], dsc_status_message(st));
+            dsc_status_free(st);
+            return bug;
+        }
         dsc_kv_seq_info info;
         DSC_ASSERT(dsc_kv_state_lookup(state, uids[i], &info));
         int64_t cached = info.seen_tokens + info.in_flight_tokens - counts[i];
