@@ -434,3 +434,9 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
     *out = &z->base;
     return NULL;
 }
+
+dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out) {
+    dsc_zero_options zo;
+    dsc_zero_options_from_config(cfg, &zo);
+    return dsc_zero_create(opts, &zo, out);
+}

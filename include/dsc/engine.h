@@ -164,10 +164,17 @@ dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
  * The wiring dsc-train, the benchmarks and the tests share: parameter store,
  * the model's layers (dsc_model_specs + dsc_layer_build), the plain optimizer,
  * the default runner, the data loader and the engine, for a job whose only
- * parallelism is data parallelism over `dp`. Pipelines, ZeRO and MoE wire
- * their own pieces into dsc_engine_create; asking this builder for them is
- * DSC_ERR_UNSUPPORTED naming the key. */
+ * parallelism is data parallelism over `dp`. Pipelines and MoE wire their
+ * own pieces into dsc_engine_create; asking this builder for them is
+ * DSC_ERR_UNSUPPORTED naming the key. A sharded optimizer
+ * (zero_optimization.stage > 0) comes from `make_optimizer`, which the app
+ * passes (zero/'s dsc_zero_make_optimizer) so the runtime need not know zero/. */
 typedef struct dsc_trainer dsc_trainer;
+
+/* Builds the optimizer for a config from the trainer's parameters, layers
+ * and groups. */
+typedef dsc_status (*dsc_optimizer_maker)(const dsc_optimizer_options *opts, const dsc_config *cfg,
+                                          dsc_optimizer **out);
 
 typedef struct dsc_trainer_options {
     const dsc_config *cfg;    /* batch sizes resolved for dp's size */
@@ -175,6 +182,7 @@ typedef struct dsc_trainer_options {
     bool log;                 /* this rank prints the step lines */
     const char *metrics_path; /* see dsc_engine_options */
     bool progress;
+    dsc_optimizer_maker make_optimizer; /* NULL: the plain optimizer, and zero stages are refused */
 } dsc_trainer_options;
 
 dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);

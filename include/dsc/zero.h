@@ -60,6 +60,10 @@ dsc_status dsc_zero_check_pipeline(int stage, int pipeline_stages);
  * layer that reads them. Stage 0 gives the plain optimizer. */
 dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo, dsc_optimizer **out);
 
+/* The trainer's optimizer maker (dsc/engine.h, dsc_trainer_options): the
+ * config's zero_optimization stage (0: plain) over the given groups. */
+dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out);
+
 /* The partitioning rule: element range [*begin, *end) of a flat buffer of
  * `numel` elements (a multiple of 64) owned by `rank` of `ranks`. */
 void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);

@@ -3,8 +3,9 @@
  * that dsc-train, bench_train and the engine tests share, plus the
  * full-recompute text generation dsc-train prints at the end.
  *
- * Not here: pipelines, ZeRO or MoE (their folders wire their own runner or
- * optimizer into dsc_engine_create), or fast generation (inference/). */
+ * Not here: pipelines or MoE (their folders wire their own runner into
+ * dsc_engine_create), sharded optimizers (the caller's make_optimizer), or
+ * fast generation (inference/). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +26,14 @@ struct dsc_trainer {
     dsc_tensor context;  /* (1, T) i32 generation context */
 };
 
-static dsc_status check_supported(const dsc_config *cfg) {
+static dsc_status check_supported(const dsc_config *cfg, bool can_shard) {
     const char *src = cfg->source ? cfg->source : "config";
     DSC_CHECK(cfg->pipeline.stages == 1, DSC_ERR_UNSUPPORTED,
               "%s: \"pipeline.stages\" = %d needs the pipeline runner (pipe/); the data-parallel trainer runs 1 stage",
               src, cfg->pipeline.stages);
-    DSC_CHECK(cfg->zero_optimization.stage == 0, DSC_ERR_UNSUPPORTED,
-              "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (zero/); the data-parallel trainer "
-              "uses the plain one", src, cfg->zero_optimization.stage);
+    DSC_CHECK(cfg->zero_optimization.stage == 0 || can_shard, DSC_ERR_UNSUPPORTED,
+              "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (zero/), and none was given to the "
+              "trainer", src, cfg->zero_optimization.stage);
     DSC_CHECK(cfg->moe.num_experts == 0, DSC_ERR_UNSUPPORTED,
               "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/); the data-parallel trainer builds dense models",
               src, cfg->moe.num_experts);
@@ -83,7 +84,7 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
 
 static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
     const dsc_config *cfg = o->cfg;
-    DSC_TRY(check_supported(cfg));
+    DSC_TRY(check_supported(cfg, o->make_optimizer != NULL));
     DSC_TRY(model_config_from(cfg, &t->mc));
     int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
     int M = (int)cfg->gradient_accumulation_steps;
@@ -102,7 +103,8 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
-    DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
+    if (o->make_optimizer) DSC_TRY(o->make_optimizer(&oo, cfg, &t->opt));
+    else DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
     dsc_rng_init(&t->layer_rng, cfg->seed, dp_rank, DSC_RNG_GATE);
     DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
     DSC_TRY(dsc_tensor_alloc(&t->context, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU, DSC_MEM_ACTIVATIONS));
