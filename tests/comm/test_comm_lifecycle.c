@@ -147,6 +147,31 @@ static void test_argument_errors(void **state) {
             assert_ok(s);
         dsc_tensor_free(&empty);
         dsc_tensor_free(&one);
+
+        /* More than expected: MPI truncates, the receiver names the peer, and
+         * its communicator refuses further collectives. */
+        dsc_comm *trunc;
+        int all[8];
+        for (int i = 0; i < p; i++)
+            all[i] = i;
+        assert_ok(dsc_comm_create_sub(c, all, p, "trunc", &trunc));
+        memset(send_counts, 0, sizeof send_counts);
+        memset(recv_counts, 0, sizeof recv_counts);
+        if (r == 0) send_counts[1] = 2;
+        if (r == 1) recv_counts[0] = 1;
+        dsc_tensor out2, in1;
+        assert_ok(vec_alloc(&out2, DSC_DTYPE_F32, r == 0 ? 2 : 0));
+        assert_ok(vec_alloc(&in1, DSC_DTYPE_F32, r == 1 ? 1 : 0));
+        s = dsc_comm_alltoallv(trunc, &out2, send_counts, &in1, recv_counts);
+        if (r == 1) {
+            assert_err(s, DSC_ERR_COMM, "all-to-all, message from peer 0");
+            assert_err(dsc_comm_barrier(trunc), DSC_ERR_COMM, "refused: an earlier all-to-all-v failed");
+        } else {
+            assert_ok(s);
+        }
+        dsc_tensor_free(&out2);
+        dsc_tensor_free(&in1);
+        dsc_comm_free(trunc);
     }
     assert_ok(dsc_comm_barrier(c));
     dsc_tensor_free(&f);
@@ -173,6 +198,14 @@ static void test_timeouts(void **state) {
              "recv with peer %d (world rank %d) on communicator \"world\" timed out after 0.3 s", left, left);
     assert_non_null(strstr(dsc_status_message(s), want));
     dsc_status_free(s);
+    /* The same through test(): it reports the timeout once the deadline passed. */
+    dsc_comm_request *req;
+    assert_ok(dsc_comm_irecv(world, &t, left, 78, &req));
+    bool done = false;
+    while (!done)
+        s = dsc_comm_test(&req, &done);
+    assert_null(req);
+    assert_err(s, DSC_ERR_TIMEOUT, "recv with peer");
     assert_ok(dsc_comm_set_timeout(world, 60));
     assert_ok(dsc_comm_barrier(world)); /* a point-to-point timeout leaves the communicator usable */
 

@@ -1,0 +1,179 @@
+/* bench_moe — the MoE layer (forward + backward) against a dense FFN with the
+ * same active FLOPs, at the expert-parallel size given by the number of
+ * ranks (EP = world size): tokens per second per rank, the time split into
+ * gate / dispatch / all-to-all / experts / combine from the layer's own
+ * phase clocks, and all-to-all bytes per step from the communicator's
+ * counters beside the formula 4 * (ep-1)/ep * E * Cap * M * 4 bytes (two
+ * all-to-alls forward and two backward, each sending all but this rank's
+ * share of the (E, Cap, M) f32 buffer).
+ *
+ * The dense reference is one FFN of width k*F on the same S tokens: the
+ * FLOPs of the k experts a token visits (the MoE layer also computes the
+ * padding slots, Cap*E >= k*S, and the router).
+ *
+ *   mpirun -np 1 build/bench/bench_moe     (EP 1)
+ *   mpirun -np 2 build/bench/bench_moe     (EP 2)
+ *   options: --tokens S --d-model M --d-ff F --experts E --k K --capacity-factor C --iters N
+ * Prints; never asserts. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dsc/comm.h"
+#include "dsc/kernels.h"
+#include "dsc/moe.h"
+
+static void die(dsc_status s) {
+    if (!s) return;
+    fprintf(stderr, "bench_moe: %s\n", dsc_status_message(s));
+    exit(1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct bench_opts {
+    int64_t S, M, F;
+    int E, k, iters;
+    double capacity_factor;
+} bench_opts;
+
+static void fill(float *p, int64_t n, unsigned seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)(seed >> 8) / (float)(1u << 24) - 0.5f;
+    }
+}
+
+/* Seconds per forward+backward of the MoE layer, its stats and all-to-all bytes per iteration. */
+static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int64_t *a2a_bytes) {
+    dsc_model_config mc;
+    dsc_model_config_defaults(&mc, DSC_ARCH_GPT_MOE);
+    mc.d_model = (int)o->M;
+    mc.d_ff = (int)o->F;
+    dsc_moe_options mo = {.num_experts = o->E, .expert_kind = DSC_MOE_EXPERT_KIND_GELU};
+    mo.gate = dsc_moe_gate_config_default();
+    mo.gate.k = o->k;
+    mo.gate.capacity_factor = o->capacity_factor;
+    mo.gate.use_rts = false;
+    mo.gate.top2_2nd_expert_sampling = false;
+    dsc_param_store *store;
+    dsc_layer *layer;
+    die(dsc_params_create(&store, DSC_CPU, 1));
+    die(dsc_moe_layer_create(&mo, &mc, 0, store, DSC_CPU, dsc_comm_size(ep) > 1 ? ep : NULL, &layer));
+    die(dsc_params_finalize(store));
+    die(dsc_layer_reserve(layer, 1, 1, o->S));
+    const int64_t shape[3] = {1, o->S, o->M}, n = o->S * o->M;
+    float *x = malloc((size_t)n * sizeof *x), *g = malloc((size_t)n * sizeof *g);
+    fill(x, n, 1u + (unsigned)dsc_comm_rank(ep));
+    fill(g, n, 7u);
+    dsc_tensor xt = dsc_tensor_view(x, DSC_DTYPE_F32, 3, shape, DSC_CPU);
+    dsc_tensor gt = dsc_tensor_view(g, DSC_DTYPE_F32, 3, shape, DSC_CPU), y, dx;
+    double t = 0;
+    for (int it = -2; it < o->iters; it++) {
+        if (it == 0) { /* after warm-up */
+            die(dsc_moe_stats_reset(layer));
+            dsc_comm_reset_stats(ep);
+            die(dsc_comm_barrier(ep));
+            t = now_s();
+        }
+        dsc_micro_ctx ctx = {.loss_scale = 1.0f, .training = true};
+        die(dsc_layer_forward(layer, 0, &xt, &y, &ctx));
+        die(dsc_layer_backward(layer, 0, &gt, &dx, &ctx));
+    }
+    t = (now_s() - t) / o->iters;
+    die(dsc_moe_stats_get(layer, st));
+    dsc_comm_stats cs;
+    dsc_comm_get_stats(ep, &cs);
+    *a2a_bytes = cs.bytes_sent[DSC_COMM_OP_ALLTOALL] / o->iters;
+    for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++) st->seconds[p] /= o->iters;
+    free(x);
+    free(g);
+    dsc_layer_destroy(layer);
+    dsc_params_destroy(store);
+    return t;
+}
+
+/* Seconds per forward+backward of one GELU FFN of width k*F on S tokens. */
+static double time_dense(const bench_opts *o) {
+    dsc_moe_experts_options eo = {DSC_MOE_EXPERT_KIND_GELU, o->M, o->k * o->F, 1, -1, 0, 0.02f, 0.02f};
+    dsc_param_store *store;
+    dsc_moe_experts *ffn;
+    die(dsc_params_create(&store, DSC_CPU, 1));
+    die(dsc_moe_experts_create(&eo, "dense", store, DSC_CPU, &ffn));
+    die(dsc_params_finalize(store));
+    die(dsc_moe_experts_reserve(ffn, 1, o->S));
+    const int64_t shape[3] = {1, o->S, o->M}, n = o->S * o->M;
+    dsc_tensor x, y, g, dx;
+    die(dsc_tensor_alloc(&x, DSC_DTYPE_F32, 3, shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    die(dsc_tensor_alloc(&y, DSC_DTYPE_F32, 3, shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    die(dsc_tensor_alloc(&g, DSC_DTYPE_F32, 3, shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    die(dsc_tensor_alloc(&dx, DSC_DTYPE_F32, 3, shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    fill(x.data, n, 3u);
+    fill(g.data, n, 7u);
+    double t = 0;
+    for (int it = -2; it < o->iters; it++) {
+        if (it == 0) t = now_s();
+        die(dsc_moe_experts_forward(ffn, 0, &x, &y));
+        die(dsc_moe_experts_backward(ffn, 0, &g, &dx, 1.0f));
+    }
+    t = (now_s() - t) / o->iters;
+    dsc_tensor_free(&x);
+    dsc_tensor_free(&y);
+    dsc_tensor_free(&g);
+    dsc_tensor_free(&dx);
+    dsc_moe_experts_destroy(ffn);
+    dsc_params_destroy(store);
+    return t;
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {.S = 1024, .M = 256, .F = 512, .E = 8, .k = 2, .iters = 10, .capacity_factor = 1.0};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--tokens")) o.S = atoll(v);
+        else if (!strcmp(a, "--d-model")) o.M = atoll(v);
+        else if (!strcmp(a, "--d-ff")) o.F = atoll(v);
+        else if (!strcmp(a, "--experts")) o.E = atoi(v);
+        else if (!strcmp(a, "--k")) o.k = atoi(v);
+        else if (!strcmp(a, "--capacity-factor")) o.capacity_factor = atof(v);
+        else if (!strcmp(a, "--iters")) o.iters = atoi(v);
+        else {
+            fprintf(stderr, "bench_moe: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    dsc_comm *world;
+    die(dsc_comm_world(NULL, &world));
+    const int rank = dsc_comm_rank(world), ep = dsc_comm_size(world);
+    die(dsc_moe_check_parallel(o.E, ep, ep));
+    dsc_moe_stats st;
+    int64_t a2a;
+    const double t_moe = time_moe(&o, world, &st, &a2a);
+    const double t_dense = time_dense(&o);
+    if (rank == 0) {
+        const int64_t formula = 4 * (int64_t)(ep - 1) * o.E * st.capacity * o.M * 4 / ep;
+        printf("bench_moe: EP %d (%d ranks), S %lld tokens/rank, M %lld, F %lld, E %d, k %d, capacity factor %.2f "
+               "(Cap %lld), forward+backward, %d iterations, %d threads\n",
+               ep, ep, (long long)o.S, (long long)o.M, (long long)o.F, o.E, o.k, o.capacity_factor,
+               (long long)st.capacity, o.iters, dsc_kernels_get_num_threads());
+        printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
+        printf("  %-28s %12.0f %10.2f\n", "MoE layer", (double)o.S / t_moe, 1e3 * t_moe);
+        printf("  %-28s %12.0f %10.2f   (dense / MoE time %.2f)\n", "dense FFN, width k*F", (double)o.S / t_dense,
+               1e3 * t_dense, t_dense / t_moe);
+        printf("  time split:");
+        for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++)
+            printf(" %s %.2f ms (%.0f%%)", dsc_moe_phase_name((dsc_moe_phase)p), 1e3 * st.seconds[p],
+                   100.0 * st.seconds[p] / t_moe);
+        printf("\n  all-to-all bytes sent per step and rank: %lld measured, %lld formula 4*(ep-1)/ep*E*Cap*M*4\n",
+               (long long)a2a, (long long)formula);
+    }
+    dsc_comm_free(world);
+    die(dsc_comm_finalize());
+    return 0;
+}
