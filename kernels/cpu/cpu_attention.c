@@ -1,83 +1,141 @@
-/* Causal grouped-query attention on the CPU, flash-attention style: each
- * query row streams over key blocks with an online softmax, accumulating into
- * its own output row, so neither pass ever holds more than one block of
- * scores (a stack array). The backward recomputes scores from the saved
- * log-sum-exp instead of storing probabilities.
+/* Causal grouped-query attention on the CPU, flash-attention style: queries
+ * are processed in tiles of 64 rows against key blocks of 64, with an online
+ * softmax, so nothing larger than one (64, 64) score tile (a stack array)
+ * ever exists. The tile products are small single-threaded OpenBLAS GEMMs on
+ * strided views of q, k, v (no copies); the exponentials in between are plain
+ * loops. The backward recomputes each tile's probabilities from the saved
+ * log-sum-exp instead of storing them.
  *
  * Layout: q, out, dq (B, T, NH, HS); k, v, dk, dv (B, T, NKV, HS); lse (B, NH, T).
  * Forward is parallel over (b, query head); backward over (b, key/value head),
  * so the thread that owns a kv head owns its dk, dv and the dq of every query
- * head that reads it: no atomics and no scratch. */
+ * head that reads it: no atomics, and results do not depend on the thread
+ * count. OpenBLAS runs single-threaded inside the parallel region (OpenMP
+ * supplies the parallelism) and gets its thread count back afterwards. */
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 
-#define KEY_BLOCK 64
+#define TILE 64
 
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+/* One (b, head) slice: row r of a tensor is at base + r * stride. */
+typedef struct attn_slice {
+    const float *q, *k, *v, *dout, *out;
+    float *o, *dq, *dk, *dv;
+    float *lse; /* (T) */
+    int64_t t, hs, q_stride, kv_stride;
+    float scale;
+} attn_slice;
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* s (ni, nj), leading dimension TILE = alpha * A[a0:a0+ni] @ B[b0:b0+nj]^T over hs columns. */
+static void tile_nt(float *s, float alpha, const float *a, int64_t a_stride, const float *b, int64_t b_stride,
+                    int64_t ni, int64_t nj, int64_t hs) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)hs, alpha, a, (int)a_stride, b,
+                (int)b_stride, 0.0f, s, TILE);
 }
 
-static inline void axpy(float *y, float a, const float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-static inline void scale(float *y, float a, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] *= a;
-}
-
-/* One query row against keys [0, t]: out row (HS) and its log-sum-exp. */
-static float attend_row(float *o, const float *qr, const float *k, const float *v, int64_t t, int64_t kv_stride,
-                        int64_t hs, float scale_qk) {
-    memset(o, 0, (size_t)hs * sizeof *o);
-    float m = -INFINITY, l = 0;
-    for (int64_t j0 = 0; j0 <= t; j0 += KEY_BLOCK) {
-        int64_t len = t + 1 - j0 < KEY_BLOCK ? t + 1 - j0 : KEY_BLOCK;
-        float s[KEY_BLOCK]; /* scores of this key block */
-        float block_max = -INFINITY;
-        for (int64_t j = 0; j < len; j++) {
-            s[j] = dot(qr, k + (j0 + j) * kv_stride, hs) * scale_qk;
-            block_max = s[j] > block_max ? s[j] : block_max;
-        }
-        if (block_max > m) { /* rescale what was accumulated under the old maximum */
-            float corr = expf(m - block_max);
-            l *= corr;
-            scale(o, corr, hs);
-            m = block_max;
-        }
-        for (int64_t j = 0; j < len; j++) {
-            float p = expf(s[j] - m);
-            l += p;
-            axpy(o, p, v + (j0 + j) * kv_stride, hs);
-        }
+static void attend_tile(const attn_slice *A, int64_t i0) {
+    int64_t ni = min64(TILE, A->t - i0);
+    float m[TILE], l[TILE];
+    float s[TILE * TILE]; /* scores, then probabilities, of one (query tile, key block) */
+    for (int64_t r = 0; r < ni; r++) {
+        m[r] = -INFINITY, l[r] = 0;
+        memset(A->o + (i0 + r) * A->q_stride, 0, (size_t)A->hs * sizeof(float));
     }
-    scale(o, 1.0f / l, hs);
-    return m + logf(l);
+    /* Tiles are aligned, so every key block j0 <= i0 holds at least key j0 <= i for each row. */
+    for (int64_t j0 = 0; j0 <= i0; j0 += TILE) {
+        int64_t nj = min64(TILE, i0 + ni - j0);
+        tile_nt(s, A->scale, A->q + i0 * A->q_stride, A->q_stride, A->k + j0 * A->kv_stride, A->kv_stride, ni, nj,
+                A->hs);
+        for (int64_t r = 0; r < ni; r++) {
+            float *sr = s + r * TILE;
+            int64_t keys = min64(nj, i0 + r - j0 + 1); /* causal: keys j <= i */
+            float block_max = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < keys; c++) block_max = sr[c] > block_max ? sr[c] : block_max;
+            float m_new = block_max > m[r] ? block_max : m[r], corr = expf(m[r] - m_new);
+            for (int64_t c = 0; c < keys; c++) {
+                sr[c] = expf(sr[c] - m_new);
+                sum += sr[c];
+            }
+            for (int64_t c = keys; c < nj; c++) sr[c] = 0.0f;
+            l[r] = l[r] * corr + sum;
+            m[r] = m_new;
+            if (corr != 1.0f) {
+                float *orow = A->o + (i0 + r) * A->q_stride;
+                for (int64_t d = 0; d < A->hs; d++) orow[d] *= corr;
+            }
+        }
+        /* out tile (ni, HS) += p (ni, nj) @ v block (nj, HS) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)ni, (int)A->hs, (int)nj, 1.0f, s, TILE,
+                    A->v + j0 * A->kv_stride, (int)A->kv_stride, 1.0f, A->o + i0 * A->q_stride, (int)A->q_stride);
+    }
+    for (int64_t r = 0; r < ni; r++) {
+        float *orow = A->o + (i0 + r) * A->q_stride, inv = 1.0f / l[r];
+        for (int64_t d = 0; d < A->hs; d++) orow[d] *= inv;
+        A->lse[i0 + r] = m[r] + logf(l[r]);
+    }
+}
+
+/* Gradients of one query tile against all its key blocks: dq rows (overwritten
+ * here) and dk, dv rows (accumulated; zeroed by the caller). */
+static void attend_tile_backward(const attn_slice *A, int64_t i0) {
+    int64_t ni = min64(TILE, A->t - i0), hs = A->hs;
+    float d_row[TILE];         /* D_i = dout_i . out_i = sum_j p_ij dp_ij */
+    float p[TILE * TILE];      /* probabilities of one (query tile, key block) */
+    float ds[TILE * TILE];     /* dp, then the score gradient */
+    for (int64_t r = 0; r < ni; r++) {
+        const float *dor = A->dout + (i0 + r) * A->q_stride, *orow = A->out + (i0 + r) * A->q_stride;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < hs; d++) acc += dor[d] * orow[d];
+        d_row[r] = acc;
+        memset(A->dq + (i0 + r) * A->q_stride, 0, (size_t)hs * sizeof(float));
+    }
+    for (int64_t j0 = 0; j0 <= i0; j0 += TILE) {
+        int64_t nj = min64(TILE, i0 + ni - j0);
+        const float *kb = A->k + j0 * A->kv_stride, *vb = A->v + j0 * A->kv_stride;
+        const float *qt = A->q + i0 * A->q_stride, *dot = A->dout + i0 * A->q_stride;
+        tile_nt(p, A->scale, qt, A->q_stride, kb, A->kv_stride, ni, nj, hs);
+        tile_nt(ds, 1.0f, dot, A->q_stride, vb, A->kv_stride, ni, nj, hs);
+        for (int64_t r = 0; r < ni; r++) {
+            int64_t keys = min64(nj, i0 + r - j0 + 1);
+            float *pr = p + r * TILE, *dsr = ds + r * TILE, lse = A->lse[i0 + r];
+            for (int64_t c = 0; c < nj; c++) {
+                pr[c] = c < keys ? expf(pr[c] - lse) : 0.0f;
+                dsr[c] = pr[c] * (dsr[c] - d_row[r]) * A->scale;
+            }
+        }
+        /* dq tile += ds @ k block; dk block += ds^T @ q tile; dv block += p^T @ dout tile */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)ni, (int)hs, (int)nj, 1.0f, ds, TILE, kb,
+                    (int)A->kv_stride, 1.0f, A->dq + i0 * A->q_stride, (int)A->q_stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nj, (int)hs, (int)ni, 1.0f, ds, TILE, qt,
+                    (int)A->q_stride, 1.0f, A->dk + j0 * A->kv_stride, (int)A->kv_stride);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)nj, (int)hs, (int)ni, 1.0f, p, TILE, dot,
+                    (int)A->q_stride, 1.0f, A->dv + j0 * A->kv_stride, (int)A->kv_stride);
+    }
 }
 
 dsc_status dsc_cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    float scale_qk = 1.0f / sqrtf((float)hs);
+    openblas_set_num_threads(1);
 #pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN) \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
-            const float *kb = k + bi * t * kv_stride + (h / group) * hs; /* key row 0 of this head */
-            const float *vb = v + bi * t * kv_stride + (h / group) * hs;
-            for (int64_t i = 0; i < t; i++) {
-                int64_t row = (bi * t + i) * q_stride + h * hs;
-                lse[(bi * nh + h) * t + i] = attend_row(out + row, q + row, kb, vb, i, kv_stride, hs, scale_qk);
-            }
+            int64_t kv0 = bi * t * kv_stride + (h / group) * hs, q0 = bi * t * q_stride + h * hs;
+            attn_slice A = {.q = q + q0, .k = k + kv0, .v = v + kv0, .o = out + q0, .lse = lse + (bi * nh + h) * t,
+                            .t = t, .hs = hs, .q_stride = q_stride, .kv_stride = kv_stride,
+                            .scale = 1.0f / sqrtf((float)hs)};
+            for (int64_t i0 = 0; i0 < t; i0 += TILE) attend_tile(&A, i0);
         }
     }
+    openblas_set_num_threads(nt);
     return NULL;
 }
 
@@ -86,35 +144,26 @@ dsc_status dsc_cpu_attention_backward(float *dq, float *dk, float *dv, const flo
                                       int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    float scale_qk = 1.0f / sqrtf((float)hs);
+    openblas_set_num_threads(1);
 #pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN) \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
-            int64_t kv0 = bi * t * kv_stride + kvh * hs; /* row 0 of this kv head */
+            int64_t kv0 = bi * t * kv_stride + kvh * hs;
             for (int64_t j = 0; j < t; j++) {
                 memset(dk + kv0 + j * kv_stride, 0, (size_t)hs * sizeof *dk);
                 memset(dv + kv0 + j * kv_stride, 0, (size_t)hs * sizeof *dv);
             }
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-                for (int64_t i = 0; i < t; i++) {
-                    int64_t row = (bi * t + i) * q_stride + h * hs;
-                    const float *qi = q + row, *doi = dout + row;
-                    float *dqi = dq + row;
-                    float lse_i = lse[(bi * nh + h) * t + i];
-                    float d_i = dot(doi, out + row, hs); /* sum_j p_ij dp_ij */
-                    memset(dqi, 0, (size_t)hs * sizeof *dqi);
-                    for (int64_t j = 0; j <= i; j++) {
-                        const float *kj = k + kv0 + j * kv_stride, *vj = v + kv0 + j * kv_stride;
-                        float p = expf(dot(qi, kj, hs) * scale_qk - lse_i);
-                        float ds = p * (dot(doi, vj, hs) - d_i) * scale_qk;
-                        axpy(dqi, ds, kj, hs);
-                        axpy(dk + kv0 + j * kv_stride, ds, qi, hs);
-                        axpy(dv + kv0 + j * kv_stride, p, doi, hs);
-                    }
-                }
+                int64_t q0 = bi * t * q_stride + h * hs;
+                attn_slice A = {.q = q + q0, .k = k + kv0, .v = v + kv0, .dout = dout + q0, .out = out + q0,
+                                .dq = dq + q0, .dk = dk + kv0, .dv = dv + kv0,
+                                .lse = (float *)lse + (bi * nh + h) * t, .t = t, .hs = hs, .q_stride = q_stride,
+                                .kv_stride = kv_stride, .scale = 1.0f / sqrtf((float)hs)};
+                for (int64_t i0 = 0; i0 < t; i0 += TILE) attend_tile_backward(&A, i0);
             }
         }
     }
+    openblas_set_num_threads(nt);
     return NULL;
 }

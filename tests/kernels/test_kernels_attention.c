@@ -1,7 +1,7 @@
-/* CPU causal attention (MHA and GQA, T below, at and across the 64-key
- * block, T = 1) and RoPE. Forwards against the double-precision references
- * (materialised softmax), backwards against finite differences; attention with
- * 3 threads against 1 thread. */
+/* CPU causal attention (MHA and GQA; T = 1, and T below, at and across the
+ * 64-row query tile / 64-key block) and RoPE. Forwards against the
+ * double-precision references (materialised softmax), backwards against
+ * finite differences; attention with 3 threads against 1 thread. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,6 +62,7 @@ static void test_attention_across_key_blocks(void **state) {
     check_attention(1, 70, 2, 1, 4, true);   /* T not a multiple of the 64-key block */
     check_attention(2, 64, 4, 2, 16, false); /* exactly one block */
     check_attention(1, 130, 4, 2, 32, false);
+    check_attention(1, 130, 2, 1, 2, true); /* gradients across three query tiles */
 }
 
 /* Forward and backward with 3 threads equal 1 thread exactly (each output has one owner). */
@@ -69,7 +70,7 @@ static void test_attention_threads(void **state) {
     (void)state;
     dsc_rng rng;
     dsc_rng_init(&rng, 9, 0, DSC_RNG_INIT);
-    int64_t b = 2, t = 40, nh = 4, nkv = 2, hs = 16;
+    int64_t b = 2, t = 100, nh = 4, nkv = 2, hs = 16; /* two query tiles */
     dsc_tensor q = KT_RANDN(&rng, 1.0f, b, t, nh, hs), k = KT_RANDN(&rng, 1.0f, b, t, nkv, hs);
     dsc_tensor v = KT_RANDN(&rng, 1.0f, b, t, nkv, hs), dout = KT_RANDN(&rng, 1.0f, b, t, nh, hs);
     dsc_tensor out[2], lse[2], dq[2], dk[2], dv[2];
