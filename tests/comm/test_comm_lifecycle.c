@@ -183,9 +183,9 @@ static void test_argument_errors(void **state) {
 
 static void test_timeouts(void **state) {
     (void)state;
-    dsc_comm_options opts = {.timeout_s = 0.3, .device = DSC_CPU};
     dsc_comm *world;
-    assert_ok(dsc_comm_world(&opts, &world));
+    assert_ok(dsc_comm_world(NULL, &world)); /* ranks may arrive far apart on a loaded machine */
+    assert_ok(dsc_comm_set_timeout(world, 0.3));
     int p = dsc_comm_size(world), r = dsc_comm_rank(world), left = (r - 1 + p) % p;
     int64_t one = 1;
     float x = 0;
