@@ -167,8 +167,9 @@ dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
  * parallelism is data parallelism over `dp`. Pipelines and MoE wire their
  * own pieces into dsc_engine_create; asking this builder for them is
  * DSC_ERR_UNSUPPORTED naming the key. A sharded optimizer
- * (zero_optimization.stage > 0) comes from `make_optimizer`, which the app
- * passes (zero/'s dsc_zero_make_optimizer) so the runtime need not know zero/. */
+ * (zero_optimization.stage > 0) comes from the maker given to
+ * dsc_trainer_create_with_optimizer (zero/'s dsc_zero_make_optimizer), so the
+ * runtime need not know zero/. */
 typedef struct dsc_trainer dsc_trainer;
 
 /* Builds the optimizer for a config from the trainer's parameters, layers
@@ -182,10 +183,13 @@ typedef struct dsc_trainer_options {
     bool log;                 /* this rank prints the step lines */
     const char *metrics_path; /* see dsc_engine_options */
     bool progress;
-    dsc_optimizer_maker make_optimizer; /* NULL: the plain optimizer, and zero stages are refused */
 } dsc_trainer_options;
 
 dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
+/* As dsc_trainer_create, with the optimizer from `make_optimizer` (NULL: the
+ * plain optimizer, and zero stages are refused). */
+dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+                                             dsc_trainer **out);
 void dsc_trainer_destroy(dsc_trainer *t);
 dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 dsc_param_store *dsc_trainer_params(dsc_trainer *t);

@@ -4,7 +4,7 @@
  * full-recompute text generation dsc-train prints at the end.
  *
  * Not here: pipelines or MoE (their folders wire their own runner into
- * dsc_engine_create), sharded optimizers (the caller's make_optimizer), or
+ * dsc_engine_create), sharded optimizers (the caller's optimizer maker), or
  * fast generation (inference/). */
 #include <math.h>
 #include <stdlib.h>
@@ -82,9 +82,9 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
     return dsc_params_finalize(t->params);
 }
 
-static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
+static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimizer_maker make_optimizer) {
     const dsc_config *cfg = o->cfg;
-    DSC_TRY(check_supported(cfg, o->make_optimizer != NULL));
+    DSC_TRY(check_supported(cfg, make_optimizer != NULL));
     DSC_TRY(model_config_from(cfg, &t->mc));
     int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
     int M = (int)cfg->gradient_accumulation_steps;
@@ -103,7 +103,7 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
-    if (o->make_optimizer) DSC_TRY(o->make_optimizer(&oo, cfg, &t->opt));
+    if (make_optimizer) DSC_TRY(make_optimizer(&oo, cfg, &t->opt));
     else DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
     dsc_rng_init(&t->layer_rng, cfg->seed, dp_rank, DSC_RNG_GATE);
     DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
@@ -125,10 +125,15 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o) {
 }
 
 dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out) {
+    return dsc_trainer_create_with_optimizer(opts, NULL, out);
+}
+
+dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+                                             dsc_trainer **out) {
     *out = NULL;
     dsc_trainer *t = calloc(1, sizeof *t);
     DSC_CHECK(t, DSC_ERR_NOMEM, "trainer: out of memory");
-    dsc_status s = setup(t, opts);
+    dsc_status s = setup(t, opts, make_optimizer);
     if (s) {
         dsc_trainer_destroy(t);
         return s;
