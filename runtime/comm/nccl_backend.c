@@ -191,13 +191,21 @@ static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int6
     DSC_CHECK(send_counts[c->rank] == recv_counts[c->rank], DSC_ERR_INVALID,
               "all-to-all on communicator \"%s\": %lld elements sent to self but %lld expected", c->name,
               (long long)send_counts[c->rank], (long long)recv_counts[c->rank]);
+    /* The own piece is a device copy, enqueued before the group so that no
+     * CUDA call enters the stream while the non-blocking group is in flight. */
+    for (int j = 0; j < c->rank; j++) {
+        send_off += (size_t)send_counts[j];
+        recv_off += (size_t)recv_counts[j];
+    }
+    if (send_counts[c->rank] > 0)
+        DSC_TRY(
+            cuda_check(cudaMemcpyAsync(in + recv_off * esize, out + send_off * esize,
+                                       (size_t)send_counts[c->rank] * esize, cudaMemcpyDeviceToDevice, st->stream),
+                       "cudaMemcpyAsync", c));
+    send_off = recv_off = 0;
     ncclResult_t r = ncclGroupStart();
-    cudaError_t copied = cudaSuccess;
     for (int j = 0; j < c->size && (r == ncclSuccess || r == ncclInProgress); j++) {
-        if (j == c->rank)
-            copied = cudaMemcpyAsync(in + recv_off * esize, out + send_off * esize, (size_t)send_counts[j] * esize,
-                                     cudaMemcpyDeviceToDevice, st->stream);
-        else if (send_counts[j] > 0 || recv_counts[j] > 0) {
+        if (j != c->rank && (send_counts[j] > 0 || recv_counts[j] > 0)) {
             r = ncclSend(out + send_off * esize, (size_t)send_counts[j], type, j, st->comm, st->stream);
             if (r == ncclSuccess || r == ncclInProgress)
                 r = ncclRecv(in + recv_off * esize, (size_t)recv_counts[j], type, j, st->comm, st->stream);
@@ -206,7 +214,6 @@ static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int6
         recv_off += (size_t)recv_counts[j];
     }
     ncclResult_t end = ncclGroupEnd();
-    DSC_TRY(cuda_check(copied, "cudaMemcpyAsync", c));
     return finish_on_stream(c, "all-to-all", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
                             "ncclSend/ncclRecv (grouped)");
 }
