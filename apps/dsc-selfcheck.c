@@ -38,8 +38,8 @@ static void report(selfcheck *sc, const char *item, dsc_comm *c, int64_t bytes, 
     die(dsc_comm_allreduce(sc->world, &flag, DSC_REDUCE_OP_MAX));
     if (bad) sc->failures++;
     if (dsc_comm_rank(sc->world) == 0)
-        printf("%s over %s (%d ranks): %s, %lld bytes\n", item, dsc_comm_name(c), dsc_comm_size(c),
-               bad ? "FAILED" : "ok", (long long)bytes);
+        printf("%s over %s (%d rank%s): %s, %lld bytes\n", item, dsc_comm_name(c), dsc_comm_size(c),
+               dsc_comm_size(c) == 1 ? "" : "s", bad ? "FAILED" : "ok", (long long)bytes);
     fflush(stdout);
 }
 
