@@ -57,15 +57,60 @@ static inline float *cache_row(float *cache, const int32_t *table, int64_t pos, 
     return cache + (((block * 2 + kv) * bs + pos % bs) * nkv + g) * hs;
 }
 
+/* Keys per tile: scores of a tile are computed first (vectorisable dot
+ * products), then the running max moves once per tile, not once per key. */
+enum { TILE = 64 };
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) part[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int j = 0; j < 8; j++) s += part[j];
+    return s;
+}
+
+/* out (HS) = softmax(q . K[0..pos] * scale) @ V[0..pos] for one query row
+ * against KV head g of one sequence; out doubles as the accumulator. */
+static void attend_one(float *out, const float *q, float *cache, const int32_t *table, int64_t pos, int64_t g,
+                       int64_t bs, int64_t nkv, int64_t hs, float scale) {
+    float scores[TILE];
+    float m = -INFINITY, l = 0.0f;
+    memset(out, 0, sizeof(float) * (size_t)hs);
+    for (int64_t p0 = 0; p0 <= pos; p0 += TILE) {
+        int64_t n = pos + 1 - p0 < TILE ? pos + 1 - p0 : TILE;
+        float tile_max = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            scores[j] = dot(q, cache_row(cache, table, p0 + j, 0, g, bs, nkv, hs), hs) * scale;
+            if (scores[j] > tile_max) tile_max = scores[j];
+        }
+        if (tile_max > m) {
+            float c = expf(m - tile_max);
+            l *= c;
+            for (int64_t i = 0; i < hs; i++) out[i] *= c;
+            m = tile_max;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            float w = expf(scores[j] - m);
+            const float *vr = cache_row(cache, table, p0 + j, 1, g, bs, nkv, hs);
+            l += w;
+            for (int64_t i = 0; i < hs; i++) out[i] += w * vr[i];
+        }
+    }
+    for (int64_t i = 0; i < hs; i++) out[i] /= l;
+}
+
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
                                        const dsc_tensor *v, const dsc_ragged_batch *b, dsc_tensor *layer_cache) {
     DSC_TRY(check_args(out, q, k, v, b, layer_cache));
     const int64_t ntok = b->n_tokens, nh = q->shape[1], nkv = layer_cache->shape[3], hs = layer_cache->shape[4];
     const int64_t bs = layer_cache->shape[2], group = nh / nkv;
-    float *cache = layer_cache->data;               /* (NB, 2, BS, NKV, HS) */
-    const float *qd = q->data;                      /* (Ntok, NH, HS) */
-    const float *kd = k->data, *vd = v->data;       /* (Ntok, NKV, HS) */
-    float *od = out->data;                          /* (Ntok, NH, HS) */
+    float *cache = layer_cache->data;         /* (NB, 2, BS, NKV, HS) */
+    const float *qd = q->data;                /* (Ntok, NH, HS) */
+    const float *kd = k->data, *vd = v->data; /* (Ntok, NKV, HS) */
+    float *od = out->data;                    /* (Ntok, NH, HS) */
     const float scale = 1.0f / sqrtf((float)hs);
 
 #pragma omp parallel for schedule(static)
@@ -82,31 +127,9 @@ dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, con
     /* All writes land before any read: a token attends to keys written by
      * earlier tokens of its own chunk. */
 #pragma omp parallel for collapse(2) schedule(dynamic, 8)
-    for (int64_t t = 0; t < ntok; t++) {
-        for (int64_t h = 0; h < nh; h++) {
-            const int32_t *table = b->seqs[b->token_seq[t]].block_table;
-            const float *qr = qd + (t * nh + h) * hs;
-            float *acc = od + (t * nh + h) * hs; /* unnormalised output, rescaled as the max moves */
-            memset(acc, 0, sizeof(float) * (size_t)hs);
-            float m = -INFINITY, l = 0.0f;
-            for (int64_t p = 0; p <= b->positions[t]; p++) {
-                const float *kr = cache_row(cache, table, p, 0, h / group, bs, nkv, hs);
-                const float *vr = cache_row(cache, table, p, 1, h / group, bs, nkv, hs);
-                float s = 0.0f;
-                for (int64_t i = 0; i < hs; i++) s += qr[i] * kr[i];
-                s *= scale;
-                if (s > m) {
-                    float c = expf(m - s);
-                    l *= c;
-                    for (int64_t i = 0; i < hs; i++) acc[i] *= c;
-                    m = s;
-                }
-                float w = expf(s - m);
-                l += w;
-                for (int64_t i = 0; i < hs; i++) acc[i] += w * vr[i];
-            }
-            for (int64_t i = 0; i < hs; i++) acc[i] /= l;
-        }
-    }
+    for (int64_t t = 0; t < ntok; t++)
+        for (int64_t h = 0; h < nh; h++)
+            attend_one(od + (t * nh + h) * hs, qd + (t * nh + h) * hs, cache, b->seqs[b->token_seq[t]].block_table,
+                       b->positions[t], h / group, bs, nkv, hs, scale);
     return NULL;
 }
