@@ -89,8 +89,10 @@ int main(int argc, char **argv) {
     dsc_device dev = DSC_CPU;
     const char *threads = "1,2";
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "cuda") == 0) dev = (dsc_device){DSC_DEVICE_CUDA, 0};
-        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = argv[++i];
+        if (strcmp(argv[i], "cuda") == 0)
+            dev = (dsc_device){DSC_DEVICE_CUDA, 0};
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = argv[++i];
         else if (strcmp(argv[i], "cpu") != 0) {
             fprintf(stderr, "usage: bench_gemm [cpu|cuda] [--threads 1,2]\n");
             return 2;

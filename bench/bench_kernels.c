@@ -43,7 +43,8 @@ static dsc_tensor tensor(dsc_device dev, int ndim, const int64_t *shape) {
     dsc_tensor_free(&host);
     return t;
 }
-#define TENSOR(dev, ...) tensor((dev), (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+#define TENSOR(dev, ...)                                                                                          \
+    tensor((dev), (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
 
 typedef enum {
     OP_GEMM,
@@ -62,25 +63,34 @@ typedef enum {
 typedef struct bench {
     dsc_device dev;
     const dsc_backend *backend;
-    dsc_tensor q, k, v, out, lse, dout, dq, dk, dv;         /* attention (B, T, NH, HS), lse (B, NH, T) */
-    dsc_tensor x, y, dx, dy, w, b, dw, db, mean, rstd;       /* rows (N, C), params (C), stats (N) */
-    dsc_tensor sq_a, sq_b, sq_out;                           /* (2048, 2048) */
+    dsc_tensor q, k, v, out, lse, dout, dq, dk, dv;    /* attention (B, T, NH, HS), lse (B, NH, T) */
+    dsc_tensor x, y, dx, dy, w, b, dw, db, mean, rstd; /* rows (N, C), params (C), stats (N) */
+    dsc_tensor sq_a, sq_b, sq_out;                     /* (2048, 2048) */
 } bench;
 
 static dsc_status run_op(bench *B, bench_op op) {
     switch (op) {
-    case OP_GEMM: return dsc_kernel_gemm(&B->sq_out, &B->sq_a, &B->sq_b, NULL, false, false, 1.0f, 0.0f);
-    case OP_ATTN_FWD: return dsc_kernel_attention_forward(&B->out, &B->lse, &B->q, &B->k, &B->v);
+    case OP_GEMM:
+        return dsc_kernel_gemm(&B->sq_out, &B->sq_a, &B->sq_b, NULL, false, false, 1.0f, 0.0f);
+    case OP_ATTN_FWD:
+        return dsc_kernel_attention_forward(&B->out, &B->lse, &B->q, &B->k, &B->v);
     case OP_ATTN_BWD:
-        return dsc_kernel_attention_backward(&B->dq, &B->dk, &B->dv, &B->dout, &B->q, &B->k, &B->v, &B->out, &B->lse);
-    case OP_LN_FWD: return dsc_kernel_layernorm_forward(&B->y, &B->mean, &B->rstd, &B->x, &B->w, &B->b, 1e-5f);
+        return dsc_kernel_attention_backward(&B->dq, &B->dk, &B->dv, &B->dout, &B->q, &B->k, &B->v, &B->out,
+                                             &B->lse);
+    case OP_LN_FWD:
+        return dsc_kernel_layernorm_forward(&B->y, &B->mean, &B->rstd, &B->x, &B->w, &B->b, 1e-5f);
     case OP_LN_BWD:
         return dsc_kernel_layernorm_backward(&B->dx, &B->dw, &B->db, &B->dy, &B->x, &B->w, &B->mean, &B->rstd);
-    case OP_RMS_FWD: return dsc_kernel_rmsnorm_forward(&B->y, &B->rstd, &B->x, &B->w, 1e-5f);
-    case OP_RMS_BWD: return dsc_kernel_rmsnorm_backward(&B->dx, &B->dw, &B->dy, &B->x, &B->w, &B->rstd);
-    case OP_GELU_FWD: return dsc_kernel_gelu_forward(&B->y, &B->x);
-    case OP_GELU_BWD: return dsc_kernel_gelu_backward(&B->dx, &B->dy, &B->x);
-    case OP_COPY: return dsc_tensor_copy(&B->y, &B->x);
+    case OP_RMS_FWD:
+        return dsc_kernel_rmsnorm_forward(&B->y, &B->rstd, &B->x, &B->w, 1e-5f);
+    case OP_RMS_BWD:
+        return dsc_kernel_rmsnorm_backward(&B->dx, &B->dw, &B->dy, &B->x, &B->w, &B->rstd);
+    case OP_GELU_FWD:
+        return dsc_kernel_gelu_forward(&B->y, &B->x);
+    case OP_GELU_BWD:
+        return dsc_kernel_gelu_backward(&B->dx, &B->dy, &B->x);
+    case OP_COPY:
+        return dsc_tensor_copy(&B->y, &B->x);
     }
     return NULL;
 }
@@ -107,8 +117,10 @@ static double measure(bench *B, bench_op op, double units) {
 int main(int argc, char **argv) {
     bench B = {.dev = DSC_CPU};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "cuda") == 0) B.dev = (dsc_device){DSC_DEVICE_CUDA, 0};
-        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) dsc_kernels_set_num_threads(atoi(argv[++i]));
+        if (strcmp(argv[i], "cuda") == 0)
+            B.dev = (dsc_device){DSC_DEVICE_CUDA, 0};
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            dsc_kernels_set_num_threads(atoi(argv[++i]));
         else if (strcmp(argv[i], "cpu") != 0) {
             fprintf(stderr, "usage: bench_kernels [cpu|cuda] [--threads N]\n");
             return 2;
@@ -126,9 +138,9 @@ int main(int argc, char **argv) {
     B.w = TENSOR(d, c), B.b = TENSOR(d, c), B.dw = TENSOR(d, c), B.db = TENSOR(d, c);
     B.mean = TENSOR(d, n), B.rstd = TENSOR(d, n);
     B.sq_a = TENSOR(d, 2048, 2048), B.sq_b = TENSOR(d, 2048, 2048), B.sq_out = TENSOR(d, 2048, 2048);
-    printf("bench_kernels on %s (threads %d): B=%lld T=%lld NH=%lld HS=%lld, rows N=%lld C=%lld\n", B.backend->name,
-           dsc_kernels_get_num_threads(), (long long)b, (long long)t, (long long)nh, (long long)hs, (long long)n,
-           (long long)c);
+    printf("bench_kernels on %s (threads %d): B=%lld T=%lld NH=%lld HS=%lld, rows N=%lld C=%lld\n",
+           B.backend->name, dsc_kernels_get_num_threads(), (long long)b, (long long)t, (long long)nh,
+           (long long)hs, (long long)n, (long long)c);
 
     double peak = measure(&B, OP_GEMM, 2.0 * 2048 * 2048 * 2048) / 1e9;
     double attn_flops = 2.0 * (double)(b * nh * t * t * hs);
@@ -137,7 +149,8 @@ int main(int argc, char **argv) {
         const char *name;
         bench_op op;
         double flops;
-    } flop_ops[] = {{"attention forward", OP_ATTN_FWD, attn_flops}, {"attention backward", OP_ATTN_BWD, 2.5 * attn_flops}};
+    } flop_ops[] = {{"attention forward", OP_ATTN_FWD, attn_flops},
+                    {"attention backward", OP_ATTN_BWD, 2.5 * attn_flops}};
     for (int i = 0; i < 2; i++) {
         double g = measure(&B, flop_ops[i].op, flop_ops[i].flops) / 1e9;
         printf("  %-22s %9.1f GFLOP/s  vs %8.1f  ratio %.3f\n", flop_ops[i].name, g, peak, g / peak);
@@ -150,15 +163,17 @@ int main(int argc, char **argv) {
         const char *name;
         bench_op op;
         double tensors; /* (N, C) tensors read or written */
-    } byte_ops[] = {{"layernorm forward", OP_LN_FWD, 2},  {"layernorm backward", OP_LN_BWD, 3},
-                    {"rmsnorm forward", OP_RMS_FWD, 2},   {"rmsnorm backward", OP_RMS_BWD, 3},
-                    {"gelu forward", OP_GELU_FWD, 2},     {"gelu backward", OP_GELU_BWD, 3}};
+    } byte_ops[] = {{"layernorm forward", OP_LN_FWD, 2}, {"layernorm backward", OP_LN_BWD, 3},
+                    {"rmsnorm forward", OP_RMS_FWD, 2},  {"rmsnorm backward", OP_RMS_BWD, 3},
+                    {"gelu forward", OP_GELU_FWD, 2},    {"gelu backward", OP_GELU_BWD, 3}};
     for (size_t i = 0; i < sizeof byte_ops / sizeof byte_ops[0]; i++) {
         double g = measure(&B, byte_ops[i].op, byte_ops[i].tensors * row_bytes) / 1e9;
         printf("  %-22s %9.1f GB/s     vs %8.1f  ratio %.2f\n", byte_ops[i].name, g, copy, g / copy);
     }
-    dsc_tensor *all[] = {&B.q, &B.k, &B.v, &B.out, &B.lse, &B.dout, &B.dq, &B.dk, &B.dv, &B.x, &B.y, &B.dx, &B.dy,
-                         &B.w, &B.b, &B.dw, &B.db, &B.mean, &B.rstd, &B.sq_a, &B.sq_b, &B.sq_out};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dsc_tensor_free(all[i]);
+    dsc_tensor *all[] = {&B.q,  &B.k,    &B.v,    &B.out,  &B.lse,  &B.dout,  &B.dq, &B.dk,
+                         &B.dv, &B.x,    &B.y,    &B.dx,   &B.dy,   &B.w,     &B.b,  &B.dw,
+                         &B.db, &B.mean, &B.rstd, &B.sq_a, &B.sq_b, &B.sq_out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dsc_tensor_free(all[i]);
     return 0;
 }

@@ -55,8 +55,8 @@ dsc_status dsc_kernel_swiglu_forward(dsc_tensor *out, const dsc_tensor *gate, co
 dsc_status dsc_kernel_swiglu_backward(dsc_tensor *dgate, dsc_tensor *dup, const dsc_tensor *dout,
                                       const dsc_tensor *gate, const dsc_tensor *up) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_swiglu_backward", KARG(dgate), KARG(dup), KARG(dout),
-                         KARG(gate), KARG(up)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_swiglu_backward", KARG(dgate), KARG(dup), KARG(dout), KARG(gate),
+                         KARG(up)));
     DSC_TRY(expect_f32(&call, gate, "gate"));
     DSC_TRY(kernel_expect_like(&call, up, "up", gate, "gate"));
     DSC_TRY(kernel_expect_like(&call, dout, "dout", gate, "gate"));

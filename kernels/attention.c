@@ -27,8 +27,7 @@ static dsc_status attention_shapes(const kernel_call *call, const dsc_tensor *q,
 dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
                                         const dsc_tensor *v) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_attention_forward", KARG(out), KARG(lse), KARG(q), KARG(k),
-                         KARG(v)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_attention_forward", KARG(out), KARG(lse), KARG(q), KARG(k), KARG(v)));
     int64_t d[5];
     DSC_TRY(attention_shapes(&call, q, k, v, lse, d));
     DSC_TRY(kernel_expect_like(&call, out, "out", q, "q"));
@@ -40,8 +39,8 @@ dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_ten
                                          const dsc_tensor *q, const dsc_tensor *k, const dsc_tensor *v,
                                          const dsc_tensor *out, const dsc_tensor *lse) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_attention_backward", KARG(dq), KARG(dk), KARG(dv),
-                         KARG(dout), KARG(q), KARG(k), KARG(v), KARG(out), KARG(lse)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_attention_backward", KARG(dq), KARG(dk), KARG(dv), KARG(dout), KARG(q),
+                         KARG(k), KARG(v), KARG(out), KARG(lse)));
     int64_t d[5];
     DSC_TRY(attention_shapes(&call, q, k, v, lse, d));
     DSC_TRY(kernel_expect_like(&call, out, "out", q, "q"));
@@ -49,6 +48,6 @@ dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_ten
     DSC_TRY(kernel_expect_like(&call, dq, "dq", q, "q"));
     DSC_TRY(kernel_expect_like(&call, dk, "dk", k, "k"));
     DSC_TRY(kernel_expect_like(&call, dv, "dv", v, "v"));
-    return KERNEL_RUN(&call, attention_backward, dq->data, dk->data, dv->data, dout->data, q->data, k->data, v->data,
-                      out->data, lse->data, d[0], d[1], d[2], d[3], d[4]);
+    return KERNEL_RUN(&call, attention_backward, dq->data, dk->data, dv->data, dout->data, q->data, k->data,
+                      v->data, out->data, lse->data, d[0], d[1], d[2], d[3], d[4]);
 }

@@ -4,7 +4,9 @@
 
 #include <stdio.h>
 
-static bool same_device(dsc_device a, dsc_device b) { return a.type == b.type && a.index == b.index; }
+static bool same_device(dsc_device a, dsc_device b) {
+    return a.type == b.type && a.index == b.index;
+}
 
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count) {
     call->op = op;
@@ -44,13 +46,13 @@ dsc_status kernel_expect(const kernel_call *call, const dsc_tensor *t, const cha
     return dsc_tensor_expect(t, what, dtype, ndim, shape);
 }
 
-dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, const char *name, const dsc_tensor *like,
-                              const char *like_name) {
+dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, const char *name,
+                              const dsc_tensor *like, const char *like_name) {
     if (!t) return NULL;
     if (t->dtype == DSC_DTYPE_F32 && dsc_tensor_same_shape(t, like)) return NULL;
     char a[96], b[96];
-    return dsc_error(DSC_ERR_INVALID, "%s argument %s: expected f32 with the shape of %s %s, got %s", call->op, name,
-                     like_name, dsc_tensor_describe(like, b, sizeof b), dsc_tensor_describe(t, a, sizeof a));
+    return dsc_error(DSC_ERR_INVALID, "%s argument %s: expected f32 with the shape of %s %s, got %s", call->op,
+                     name, like_name, dsc_tensor_describe(like, b, sizeof b), dsc_tensor_describe(t, a, sizeof a));
 }
 
 dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, const char *name, int64_t *rows,
@@ -65,8 +67,10 @@ dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, cons
 }
 
 dsc_status kernel_unsupported(const kernel_call *call, const char *entry) {
-    return dsc_error(DSC_ERR_UNSUPPORTED, "%s: the %s backend does not implement %s", call->op, call->backend->name,
-                     entry);
+    return dsc_error(DSC_ERR_UNSUPPORTED, "%s: the %s backend does not implement %s", call->op,
+                     call->backend->name, entry);
 }
 
-dsc_status kernel_wrap(const kernel_call *call, dsc_status s) { return dsc_error_wrap(s, "%s", call->op); }
+dsc_status kernel_wrap(const kernel_call *call, dsc_status s) {
+    return dsc_error_wrap(s, "%s", call->op);
+}

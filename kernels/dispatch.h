@@ -16,8 +16,10 @@ typedef struct kernel_arg {
 } kernel_arg;
 
 /* Argument entries named after the variable: required and optional. */
+// clang-format off
 #define KARG(t) {#t, (t), false}
 #define KOPT(t) {#t, (t), true}
+// clang-format on
 
 /* The resolved call: operation name, backend and its table. */
 typedef struct kernel_call {
@@ -29,16 +31,16 @@ typedef struct kernel_call {
 /* Checks that required arguments are present and that all present arguments
  * live on one device, then resolves that device's backend. */
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count);
-#define KERNEL_BEGIN(call, op, ...)                                                                        \
-    kernel_begin((call), (op), (const kernel_arg[]){__VA_ARGS__},                                        \
+#define KERNEL_BEGIN(call, op, ...)                                                                               \
+    kernel_begin((call), (op), (const kernel_arg[]){__VA_ARGS__},                                                 \
                  (int)(sizeof((const kernel_arg[]){__VA_ARGS__}) / sizeof(kernel_arg)))
 
 /* dsc_tensor_expect with "op argument NAME" as the subject; NULL t passes. */
 dsc_status kernel_expect(const kernel_call *call, const dsc_tensor *t, const char *name, dsc_dtype dtype, int ndim,
                          const int64_t *shape);
 /* t is f32 and has exactly the shape of `like`; NULL t passes. */
-dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, const char *name, const dsc_tensor *like,
-                              const char *like_name);
+dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, const char *name,
+                              const dsc_tensor *like, const char *like_name);
 /* t is f32 with at least one dimension; *rows = numel / last dimension, *cols = last dimension. */
 dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, const char *name, int64_t *rows,
                               int64_t *cols);
@@ -49,12 +51,16 @@ dsc_status kernel_unsupported(const kernel_call *call, const char *entry);
 dsc_status kernel_wrap(const kernel_call *call, dsc_status s);
 
 /* Calls table entry `entry` of the resolved backend, or reports it missing. */
-#define KERNEL_RUN(call, entry, ...)                                                                        \
-    ((call)->ops->entry ? kernel_wrap((call), (call)->ops->entry(__VA_ARGS__))                             \
+#define KERNEL_RUN(call, entry, ...)                                                                              \
+    ((call)->ops->entry ? kernel_wrap((call), (call)->ops->entry(__VA_ARGS__))                                    \
                         : kernel_unsupported((call), #entry))
 
 /* Data pointers of (possibly NULL) tensors. */
-static inline float *kernel_f32(const dsc_tensor *t) { return t ? (float *)t->data : NULL; }
-static inline int32_t *kernel_i32(const dsc_tensor *t) { return t ? (int32_t *)t->data : NULL; }
+static inline float *kernel_f32(const dsc_tensor *t) {
+    return t ? (float *)t->data : NULL;
+}
+static inline int32_t *kernel_i32(const dsc_tensor *t) {
+    return t ? (int32_t *)t->data : NULL;
+}
 
 #endif

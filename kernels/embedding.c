@@ -24,20 +24,20 @@ static dsc_status embedding_shapes(const kernel_call *call, const dsc_tensor *ro
 dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
                                         const dsc_tensor *wpe) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_embedding_forward", KARG(out), KARG(tokens), KARG(wte),
-                         KOPT(wpe)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_embedding_forward", KARG(out), KARG(tokens), KARG(wte), KOPT(wpe)));
     int64_t b, t, v, c;
     DSC_TRY(embedding_shapes(&call, out, "out", tokens, wte, "wte", wpe, "wpe", &b, &t, &v, &c));
-    return KERNEL_RUN(&call, embedding_forward, out->data, tokens->data, wte->data, kernel_f32(wpe), b * t, t, v, c);
+    return KERNEL_RUN(&call, embedding_forward, out->data, tokens->data, wte->data, kernel_f32(wpe), b * t, t, v,
+                      c);
 }
 
 dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
                                          const dsc_tensor *tokens) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_embedding_backward", KARG(dwte), KOPT(dwpe),
-                         KARG(dout), KARG(tokens)));
+    DSC_TRY(
+        KERNEL_BEGIN(&call, "dsc_kernel_embedding_backward", KARG(dwte), KOPT(dwpe), KARG(dout), KARG(tokens)));
     int64_t b, t, v, c;
     DSC_TRY(embedding_shapes(&call, dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", &b, &t, &v, &c));
-    return KERNEL_RUN(&call, embedding_backward, dwte->data, kernel_f32(dwpe), dout->data, tokens->data, b * t, t, v,
-                      c);
+    return KERNEL_RUN(&call, embedding_backward, dwte->data, kernel_f32(dwpe), dout->data, tokens->data, b * t, t,
+                      v, c);
 }

@@ -7,8 +7,8 @@ dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tenso
                            bool trans_a, bool trans_b, float alpha, float beta) {
     kernel_call call;
     DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_gemm", KARG(out), KARG(a), KARG(b), KOPT(bias)));
-    DSC_CHECK(a->ndim == 2 || a->ndim == 3, DSC_ERR_INVALID, "dsc_kernel_gemm argument a: expected 2 or 3 dims, got %d",
-              a->ndim);
+    DSC_CHECK(a->ndim == 2 || a->ndim == 3, DSC_ERR_INVALID,
+              "dsc_kernel_gemm argument a: expected 2 or 3 dims, got %d", a->ndim);
     const int64_t any[3] = {-1, -1, -1};
     int nd = a->ndim, base = nd - 2; /* base: index of the row dimension */
     DSC_TRY(kernel_expect(&call, a, "a", DSC_DTYPE_F32, nd, any));
@@ -21,13 +21,13 @@ dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tenso
     DSC_TRY(kernel_expect(&call, b, "b", DSC_DTYPE_F32, nd, b_shape + (3 - nd)));
     DSC_TRY(kernel_expect(&call, out, "out", DSC_DTYPE_F32, nd, out_shape + (3 - nd)));
     DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &n));
-    return KERNEL_RUN(&call, gemm, out->data, a->data, b->data, kernel_f32(bias), bt, m, n, k, trans_a, trans_b, alpha,
-                      beta);
+    return KERNEL_RUN(&call, gemm, out->data, a->data, b->data, kernel_f32(bias), bt, m, n, k, trans_a, trans_b,
+                      alpha, beta);
 }
 
 /* Rows of x (..., C) and y (..., OC) must agree; both are flattened to 2-D. */
-static dsc_status linear_rows(const kernel_call *call, const dsc_tensor *x, const char *x_name, const dsc_tensor *y,
-                              const char *y_name, int64_t c, int64_t oc, int64_t *rows) {
+static dsc_status linear_rows(const kernel_call *call, const dsc_tensor *x, const char *x_name,
+                              const dsc_tensor *y, const char *y_name, int64_t c, int64_t oc, int64_t *rows) {
     int64_t xc, yc, yrows;
     DSC_TRY(kernel_expect_rows(call, x, x_name, rows, &xc));
     DSC_TRY(kernel_expect_rows(call, y, y_name, &yrows, &yc));
@@ -55,8 +55,8 @@ dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const d
 dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
                                       const dsc_tensor *x, const dsc_tensor *w) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_linear_backward", KOPT(dx), KOPT(dw),
-                         KOPT(dbias), KARG(dy), KARG(x), KARG(w)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_linear_backward", KOPT(dx), KOPT(dw), KOPT(dbias), KARG(dy), KARG(x),
+                         KARG(w)));
     int64_t w_shape[2] = {-1, -1}, rows;
     DSC_TRY(kernel_expect(&call, w, "w", DSC_DTYPE_F32, 2, w_shape));
     int64_t oc = w->shape[0], c = w->shape[1];
@@ -65,9 +65,13 @@ dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor
     DSC_TRY(kernel_expect_like(&call, dw, "dw", w, "w"));
     DSC_TRY(kernel_expect(&call, dbias, "dbias", DSC_DTYPE_F32, 1, &oc));
     /* dx (N, C) = dy (N, OC) @ w (OC, C) */
-    if (dx) DSC_TRY(KERNEL_RUN(&call, gemm, dx->data, dy->data, w->data, NULL, 1, rows, c, oc, false, false, 1.0f, 0.0f));
+    if (dx)
+        DSC_TRY(
+            KERNEL_RUN(&call, gemm, dx->data, dy->data, w->data, NULL, 1, rows, c, oc, false, false, 1.0f, 0.0f));
     /* dw (OC, C) += dy^T (OC, N) @ x (N, C) */
-    if (dw) DSC_TRY(KERNEL_RUN(&call, gemm, dw->data, dy->data, x->data, NULL, 1, oc, c, rows, true, false, 1.0f, 1.0f));
+    if (dw)
+        DSC_TRY(
+            KERNEL_RUN(&call, gemm, dw->data, dy->data, x->data, NULL, 1, oc, c, rows, true, false, 1.0f, 1.0f));
     if (dbias) DSC_TRY(KERNEL_RUN(&call, linear_backward_bias, dbias->data, dy->data, rows, oc));
     return NULL;
 }

@@ -6,8 +6,8 @@
 
 /* Rows and channels of x, with out/dout shaped like x and weight/bias (C). */
 static dsc_status norm_shapes(const kernel_call *call, const dsc_tensor *x, const dsc_tensor *like_x,
-                              const char *like_x_name, const dsc_tensor *weight, const dsc_tensor *bias, int64_t *n,
-                              int64_t *c) {
+                              const char *like_x_name, const dsc_tensor *weight, const dsc_tensor *bias,
+                              int64_t *n, int64_t *c) {
     DSC_TRY(kernel_expect_rows(call, x, "x", n, c));
     DSC_TRY(kernel_expect_like(call, like_x, like_x_name, x, "x"));
     DSC_TRY(kernel_expect(call, weight, "weight", DSC_DTYPE_F32, 1, c));
@@ -18,24 +18,23 @@ static dsc_status norm_shapes(const kernel_call *call, const dsc_tensor *x, cons
 dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
                                         const dsc_tensor *weight, const dsc_tensor *bias, float eps) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_layernorm_forward", KARG(out), KOPT(mean),
-                         KOPT(rstd), KARG(x), KARG(weight), KOPT(bias)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_layernorm_forward", KARG(out), KOPT(mean), KOPT(rstd), KARG(x),
+                         KARG(weight), KOPT(bias)));
     int64_t n, c;
     DSC_TRY(norm_shapes(&call, x, out, "out", weight, bias, &n, &c));
     DSC_TRY(kernel_expect(&call, mean, "mean", DSC_DTYPE_F32, 1, &n));
     DSC_TRY(kernel_expect(&call, rstd, "rstd", DSC_DTYPE_F32, 1, &n));
     DSC_CHECK(eps >= 0, DSC_ERR_INVALID, "dsc_kernel_layernorm_forward: eps %g is negative", (double)eps);
-    return KERNEL_RUN(&call, layernorm_forward, out->data, kernel_f32(mean), kernel_f32(rstd), x->data, weight->data,
-                      kernel_f32(bias), n, c, eps);
+    return KERNEL_RUN(&call, layernorm_forward, out->data, kernel_f32(mean), kernel_f32(rstd), x->data,
+                      weight->data, kernel_f32(bias), n, c, eps);
 }
 
 dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
                                          const dsc_tensor *dout, const dsc_tensor *x, const dsc_tensor *weight,
                                          const dsc_tensor *mean, const dsc_tensor *rstd) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_layernorm_backward", KARG(dx), KOPT(dweight),
-                         KOPT(dbias), KARG(dout), KARG(x), KARG(weight), KARG(mean),
-                         KARG(rstd)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_layernorm_backward", KARG(dx), KOPT(dweight), KOPT(dbias), KARG(dout),
+                         KARG(x), KARG(weight), KARG(mean), KARG(rstd)));
     int64_t n, c;
     DSC_TRY(norm_shapes(&call, x, dout, "dout", weight, NULL, &n, &c));
     DSC_TRY(kernel_expect_like(&call, dx, "dx", x, "x"));
@@ -50,8 +49,7 @@ dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, ds
 dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const dsc_tensor *x,
                                       const dsc_tensor *weight, float eps) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_rmsnorm_forward", KARG(out), KOPT(rstd), KARG(x),
-                         KARG(weight)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_rmsnorm_forward", KARG(out), KOPT(rstd), KARG(x), KARG(weight)));
     int64_t n, c;
     DSC_TRY(norm_shapes(&call, x, out, "out", weight, NULL, &n, &c));
     DSC_TRY(kernel_expect(&call, rstd, "rstd", DSC_DTYPE_F32, 1, &n));
@@ -62,8 +60,8 @@ dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const d
 dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweight, const dsc_tensor *dout,
                                        const dsc_tensor *x, const dsc_tensor *weight, const dsc_tensor *rstd) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_rmsnorm_backward", KARG(dx), KOPT(dweight),
-                         KARG(dout), KARG(x), KARG(weight), KARG(rstd)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_rmsnorm_backward", KARG(dx), KOPT(dweight), KARG(dout), KARG(x),
+                         KARG(weight), KARG(rstd)));
     int64_t n, c;
     DSC_TRY(norm_shapes(&call, x, dout, "dout", weight, NULL, &n, &c));
     DSC_TRY(kernel_expect_like(&call, dx, "dx", x, "x"));

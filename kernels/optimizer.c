@@ -17,8 +17,7 @@ static dsc_status expect_same_numel(const kernel_call *call, const dsc_tensor *t
 dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq,
                             float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step) {
     kernel_call call;
-    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_adamw", KARG(param), KARG(grad), KARG(exp_avg),
-                         KARG(exp_avg_sq)));
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_adamw", KARG(param), KARG(grad), KARG(exp_avg), KARG(exp_avg_sq)));
     DSC_TRY(expect_same_numel(&call, param, "param", param));
     DSC_TRY(expect_same_numel(&call, grad, "grad", param));
     DSC_TRY(expect_same_numel(&call, exp_avg, "exp_avg", param));

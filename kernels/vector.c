@@ -11,8 +11,8 @@ static dsc_status expect_f32(const kernel_call *call, const dsc_tensor *t, const
     return NULL;
 }
 
-static dsc_status expect_numel(const kernel_call *call, const dsc_tensor *t, const char *name, const dsc_tensor *like,
-                               const char *like_name) {
+static dsc_status expect_numel(const kernel_call *call, const dsc_tensor *t, const char *name,
+                               const dsc_tensor *like, const char *like_name) {
     DSC_TRY(expect_f32(call, t, name));
     char a[96], b[96];
     DSC_CHECK(dsc_tensor_numel(t) == dsc_tensor_numel(like), DSC_ERR_INVALID,

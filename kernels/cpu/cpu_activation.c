@@ -7,11 +7,15 @@
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
 
-static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
 
 /* tanh through expf, which glibc computes several times faster than tanhf;
  * saturates correctly at both ends (exp overflow gives -1, underflow +1). */
-static inline float fast_tanh(float u) { return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f; }
+static inline float fast_tanh(float u) {
+    return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f;
+}
 
 dsc_status dsc_cpu_gelu_forward(float *out, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
@@ -39,7 +43,8 @@ dsc_status dsc_cpu_gelu_backward(float *dx, const float *dout, const float *x, i
 dsc_status dsc_cpu_silu_forward(float *out, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * sigmoid(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * sigmoid(x[i]);
     return NULL;
 }
 
@@ -52,14 +57,16 @@ static inline float silu_grad(float x) {
 dsc_status dsc_cpu_silu_backward(float *dx, const float *dout, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) dx[i] = dout[i] * silu_grad(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = dout[i] * silu_grad(x[i]);
     return NULL;
 }
 
 dsc_status dsc_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gate[i] * sigmoid(gate[i]) * up[i];
     return NULL;
 }
 
@@ -82,14 +89,16 @@ dsc_status dsc_cpu_softmax(float *out, const float *x, int64_t n, int64_t c) {
         const float *xr = x + r * c; /* (C); may alias out */
         float *o = out + r * c;
         float mx = -INFINITY;
-        for (int64_t i = 0; i < c; i++) mx = xr[i] > mx ? xr[i] : mx;
+        for (int64_t i = 0; i < c; i++)
+            mx = xr[i] > mx ? xr[i] : mx;
         float sum = 0;
         for (int64_t i = 0; i < c; i++) {
             o[i] = expf(xr[i] - mx);
             sum += o[i];
         }
         float inv = 1.0f / sum;
-        for (int64_t i = 0; i < c; i++) o[i] *= inv;
+        for (int64_t i = 0; i < c; i++)
+            o[i] *= inv;
     }
     return NULL;
 }

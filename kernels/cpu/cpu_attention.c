@@ -29,7 +29,9 @@ typedef struct attn_slice {
     float scale;
 } attn_slice;
 
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
 
 /* s (ni, nj), leading dimension TILE = alpha * A[a0:a0+ni] @ B[b0:b0+nj]^T over hs columns. */
 static void tile_nt(float *s, float alpha, const float *a, int64_t a_stride, const float *b, int64_t b_stride,
@@ -55,18 +57,21 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
             float *sr = s + r * TILE;
             int64_t keys = min64(nj, i0 + r - j0 + 1); /* causal: keys j <= i */
             float block_max = -INFINITY, sum = 0;
-            for (int64_t c = 0; c < keys; c++) block_max = sr[c] > block_max ? sr[c] : block_max;
+            for (int64_t c = 0; c < keys; c++)
+                block_max = sr[c] > block_max ? sr[c] : block_max;
             float m_new = block_max > m[r] ? block_max : m[r], corr = expf(m[r] - m_new);
             for (int64_t c = 0; c < keys; c++) {
                 sr[c] = expf(sr[c] - m_new);
                 sum += sr[c];
             }
-            for (int64_t c = keys; c < nj; c++) sr[c] = 0.0f;
+            for (int64_t c = keys; c < nj; c++)
+                sr[c] = 0.0f;
             l[r] = l[r] * corr + sum;
             m[r] = m_new;
             if (corr != 1.0f) {
                 float *orow = A->o + (i0 + r) * A->q_stride;
-                for (int64_t d = 0; d < A->hs; d++) orow[d] *= corr;
+                for (int64_t d = 0; d < A->hs; d++)
+                    orow[d] *= corr;
             }
         }
         /* out tile (ni, HS) += p (ni, nj) @ v block (nj, HS) */
@@ -75,7 +80,8 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
     }
     for (int64_t r = 0; r < ni; r++) {
         float *orow = A->o + (i0 + r) * A->q_stride, inv = 1.0f / l[r];
-        for (int64_t d = 0; d < A->hs; d++) orow[d] *= inv;
+        for (int64_t d = 0; d < A->hs; d++)
+            orow[d] *= inv;
         A->lse[i0 + r] = m[r] + logf(l[r]);
     }
 }
@@ -84,14 +90,15 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
  * here) and dk, dv rows (accumulated; zeroed by the caller). */
 static void attend_tile_backward(const attn_slice *A, int64_t i0) {
     int64_t ni = min64(TILE, A->t - i0), hs = A->hs;
-    float d_row[TILE];         /* D_i = dout_i . out_i = sum_j p_ij dp_ij */
-    float p[TILE * TILE];      /* probabilities of one (query tile, key block) */
-    float ds[TILE * TILE];     /* dp, then the score gradient */
+    float d_row[TILE];     /* D_i = dout_i . out_i = sum_j p_ij dp_ij */
+    float p[TILE * TILE];  /* probabilities of one (query tile, key block) */
+    float ds[TILE * TILE]; /* dp, then the score gradient */
     for (int64_t r = 0; r < ni; r++) {
         const float *dor = A->dout + (i0 + r) * A->q_stride, *orow = A->out + (i0 + r) * A->q_stride;
         float acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t d = 0; d < hs; d++) acc += dor[d] * orow[d];
+        for (int64_t d = 0; d < hs; d++)
+            acc += dor[d] * orow[d];
         d_row[r] = acc;
         memset(A->dq + (i0 + r) * A->q_stride, 0, (size_t)hs * sizeof(float));
     }
@@ -124,15 +131,23 @@ dsc_status dsc_cpu_attention_forward(float *out, float *lse, const float *q, con
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
     openblas_set_num_threads(1);
-#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN) \
+#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
             int64_t kv0 = bi * t * kv_stride + (h / group) * hs, q0 = bi * t * q_stride + h * hs;
-            attn_slice A = {.q = q + q0, .k = k + kv0, .v = v + kv0, .o = out + q0, .lse = lse + (bi * nh + h) * t,
-                            .t = t, .hs = hs, .q_stride = q_stride, .kv_stride = kv_stride,
+            attn_slice A = {.q = q + q0,
+                            .k = k + kv0,
+                            .v = v + kv0,
+                            .o = out + q0,
+                            .lse = lse + (bi * nh + h) * t,
+                            .t = t,
+                            .hs = hs,
+                            .q_stride = q_stride,
+                            .kv_stride = kv_stride,
                             .scale = 1.0f / sqrtf((float)hs)};
-            for (int64_t i0 = 0; i0 < t; i0 += TILE) attend_tile(&A, i0);
+            for (int64_t i0 = 0; i0 < t; i0 += TILE)
+                attend_tile(&A, i0);
         }
     }
     openblas_set_num_threads(nt);
@@ -140,12 +155,12 @@ dsc_status dsc_cpu_attention_forward(float *out, float *lse, const float *q, con
 }
 
 dsc_status dsc_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                      const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                      int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+                                      const float *k, const float *v, const float *out, const float *lse,
+                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
     openblas_set_num_threads(1);
-#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN) \
+#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
@@ -156,11 +171,22 @@ dsc_status dsc_cpu_attention_backward(float *dq, float *dk, float *dv, const flo
             }
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
                 int64_t q0 = bi * t * q_stride + h * hs;
-                attn_slice A = {.q = q + q0, .k = k + kv0, .v = v + kv0, .dout = dout + q0, .out = out + q0,
-                                .dq = dq + q0, .dk = dk + kv0, .dv = dv + kv0,
-                                .lse = (float *)lse + (bi * nh + h) * t, .t = t, .hs = hs, .q_stride = q_stride,
-                                .kv_stride = kv_stride, .scale = 1.0f / sqrtf((float)hs)};
-                for (int64_t i0 = 0; i0 < t; i0 += TILE) attend_tile_backward(&A, i0);
+                attn_slice A = {.q = q + q0,
+                                .k = k + kv0,
+                                .v = v + kv0,
+                                .dout = dout + q0,
+                                .out = out + q0,
+                                .dq = dq + q0,
+                                .dk = dk + kv0,
+                                .dv = dv + kv0,
+                                .lse = (float *)lse + (bi * nh + h) * t,
+                                .t = t,
+                                .hs = hs,
+                                .q_stride = q_stride,
+                                .kv_stride = kv_stride,
+                                .scale = 1.0f / sqrtf((float)hs)};
+                for (int64_t i0 = 0; i0 < t; i0 += TILE)
+                    attend_tile_backward(&A, i0);
             }
         }
     }

@@ -9,9 +9,11 @@
 /* Maximum and sum of exp(x - max) of one row. */
 static void row_stats(const float *x, int64_t v, float *max_out, float *sum_out) {
     float mx = -INFINITY;
-    for (int64_t j = 0; j < v; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 0; j < v; j++)
+        mx = x[j] > mx ? x[j] : mx;
     double sum = 0;
-    for (int64_t j = 0; j < v; j++) sum += expf(x[j] - mx);
+    for (int64_t j = 0; j < v; j++)
+        sum += expf(x[j] - mx);
     *max_out = mx;
     *sum_out = (float)sum;
 }
@@ -49,7 +51,8 @@ dsc_status dsc_cpu_cross_entropy_backward(float *dlogits, const float *logits, c
         float mx, sum;
         row_stats(row, v, &mx, &sum);
         float inv = dloss / sum;
-        for (int64_t j = 0; j < v; j++) d[j] = expf(row[j] - mx) * inv;
+        for (int64_t j = 0; j < v; j++)
+            d[j] = expf(row[j] - mx) * inv;
         d[targets[i]] -= dloss;
     }
     return NULL;

@@ -19,20 +19,21 @@ dsc_status dsc_cpu_embedding_forward(float *out, const int32_t *tokens, const fl
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float *o = out + i * c;                 /* (C) */
-        const float *e = wte + tokens[i] * c;   /* (C) */
+        float *o = out + i * c;               /* (C) */
+        const float *e = wte + tokens[i] * c; /* (C) */
         if (!wpe) {
             memcpy(o, e, (size_t)c * sizeof *o);
             continue;
         }
-        const float *p = wpe + (i % t) * c;     /* (C) */
-        for (int64_t j = 0; j < c; j++) o[j] = e[j] + p[j];
+        const float *p = wpe + (i % t) * c; /* (C) */
+        for (int64_t j = 0; j < c; j++)
+            o[j] = e[j] + p[j];
     }
     return NULL;
 }
 
-dsc_status dsc_cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                      int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                      int64_t n, int64_t t, int64_t v, int64_t c) {
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
     int nt = dsc_kernels_get_num_threads();
     /* Slices of 16 floats (a 64-byte line) keep threads off each other's cache lines. */
@@ -42,10 +43,12 @@ dsc_status dsc_cpu_embedding_backward(float *dwte, float *dwpe, const float *dou
         for (int64_t i = 0; i < n; i++) {
             const float *d = dout + i * c + c0;
             float *e = dwte + tokens[i] * c + c0;
-            for (int64_t j = 0; j < len; j++) e[j] += d[j];
+            for (int64_t j = 0; j < len; j++)
+                e[j] += d[j];
             if (!dwpe) continue;
             float *p = dwpe + (i % t) * c + c0;
-            for (int64_t j = 0; j < len; j++) p[j] += d[j];
+            for (int64_t j = 0; j < len; j++)
+                p[j] += d[j];
         }
     }
     return NULL;

@@ -18,7 +18,7 @@ dsc_status dsc_cpu_gemm(float *out, const float *a, const float *b, const float 
     if (lda < 1) lda = 1;
     if (ldb < 1) ldb = 1;
     for (int64_t i = 0; i < batch; i++) {
-        float *o = out + i * m * n;   /* (M, N) */
+        float *o = out + i * m * n;      /* (M, N) */
         const float *ai = a + i * m * k; /* (M, K) or (K, M) */
         const float *bi = b + i * k * n; /* (K, N) or (N, K) */
         if (m > 0 && n > 0)
@@ -27,7 +27,8 @@ dsc_status dsc_cpu_gemm(float *out, const float *a, const float *b, const float 
         if (!bias) continue;
         for (int64_t r = 0; r < m; r++) {
             float *row = o + r * n;
-            for (int64_t j = 0; j < n; j++) row[j] += bias[j];
+            for (int64_t j = 0; j < n; j++)
+                row[j] += bias[j];
         }
     }
     return NULL;
@@ -42,9 +43,11 @@ dsc_status dsc_cpu_linear_backward_bias(float *dbias, const float *dy, int64_t n
         float acc[64] = {0};
         for (int64_t r = 0; r < n; r++) {
             const float *row = dy + r * oc;
-            for (int64_t c = c0; c < c1; c++) acc[c - c0] += row[c];
+            for (int64_t c = c0; c < c1; c++)
+                acc[c - c0] += row[c];
         }
-        for (int64_t c = c0; c < c1; c++) dbias[c] += acc[c - c0];
+        for (int64_t c = c0; c < c1; c++)
+            dbias[c] += acc[c - c0];
     }
     return NULL;
 }

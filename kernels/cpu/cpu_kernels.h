@@ -38,22 +38,22 @@ dsc_status dsc_cpu_softmax(float *out, const float *x, int64_t n, int64_t c);
 dsc_status dsc_cpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
 dsc_status dsc_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                      const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                      int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-dsc_status dsc_cpu_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
-                        float theta, bool inverse);
+                                      const float *k, const float *v, const float *out, const float *lse,
+                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+dsc_status dsc_cpu_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
+                        int64_t hs, float theta, bool inverse);
 
 dsc_status dsc_cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                      int64_t n, int64_t t, int64_t v, int64_t c);
-dsc_status dsc_cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                      int64_t t, int64_t v, int64_t c);
+dsc_status dsc_cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                      int64_t n, int64_t t, int64_t v, int64_t c);
 dsc_status dsc_cpu_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int64_t n,
                                          int64_t v);
 dsc_status dsc_cpu_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets, int64_t n,
                                           int64_t v, float dloss);
 
-dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                         float eps, float wd, int64_t step);
+dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                         float beta2, float eps, float wd, int64_t step);
 dsc_status dsc_cpu_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
                        int64_t step);
 

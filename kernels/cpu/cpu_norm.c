@@ -18,12 +18,15 @@ dsc_status dsc_cpu_layernorm_forward(float *out, float *mean, float *rstd, const
         float *o = out + r * c;      /* (C) */
         double sum = 0, sq = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < c; i++) sum += xr[i];
+        for (int64_t i = 0; i < c; i++)
+            sum += xr[i];
         double mu = c ? sum / (double)c : 0.0;
 #pragma omp simd reduction(+ : sq)
-        for (int64_t i = 0; i < c; i++) sq += (xr[i] - mu) * (xr[i] - mu);
+        for (int64_t i = 0; i < c; i++)
+            sq += (xr[i] - mu) * (xr[i] - mu);
         float m = (float)mu, s = (float)(1.0 / sqrt((c ? sq / (double)c : 0.0) + eps));
-        for (int64_t i = 0; i < c; i++) o[i] = (xr[i] - m) * s * w[i] + (b ? b[i] : 0.0f);
+        for (int64_t i = 0; i < c; i++)
+            o[i] = (xr[i] - m) * s * w[i] + (b ? b[i] : 0.0f);
         if (mean) mean[r] = m;
         if (rstd) rstd[r] = s;
     }
@@ -72,7 +75,8 @@ static void norm_input_grad(float *dx, const float *dout, const float *x, const 
             sum_dx += dnorm * (xr[i] - m) * s;
         }
         float mean_d = shift ? sum_d / (float)c : 0.0f, mean_dx = sum_dx / (float)c;
-        for (int64_t i = 0; i < c; i++) dxr[i] = s * (dr[i] * w[i] - mean_d - (xr[i] - m) * s * mean_dx);
+        for (int64_t i = 0; i < c; i++)
+            dxr[i] = s * (dr[i] * w[i] - mean_d - (xr[i] - m) * s * mean_dx);
     }
 }
 
@@ -92,9 +96,11 @@ dsc_status dsc_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, cons
         float *o = out + r * c;
         double sq = 0;
 #pragma omp simd reduction(+ : sq)
-        for (int64_t i = 0; i < c; i++) sq += (double)xr[i] * xr[i];
+        for (int64_t i = 0; i < c; i++)
+            sq += (double)xr[i] * xr[i];
         float s = (float)(1.0 / sqrt((c ? sq / (double)c : 0.0) + eps));
-        for (int64_t i = 0; i < c; i++) o[i] = xr[i] * s * w[i];
+        for (int64_t i = 0; i < c; i++)
+            o[i] = xr[i] * s * w[i];
         if (rstd) rstd[r] = s;
     }
     return NULL;

@@ -7,8 +7,8 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 
-dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                         float eps, float wd, int64_t step) {
+dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                         float beta2, float eps, float wd, int64_t step) {
     float bc1 = (float)(1.0 - pow(beta1, (double)step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
     float step_size = lr / bc1, decay = 1.0f - lr * wd;
     int nt = dsc_kernels_get_num_threads();

@@ -8,7 +8,8 @@ dsc_status dsc_cpu_sum_squares(double *out, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
-    for (int64_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+    for (int64_t i = 0; i < n; i++)
+        acc += (double)x[i] * x[i];
     *out = acc;
     return NULL;
 }
@@ -17,7 +18,8 @@ dsc_status dsc_cpu_sum(double *out, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
-    for (int64_t i = 0; i < n; i++) acc += x[i];
+    for (int64_t i = 0; i < n; i++)
+        acc += x[i];
     *out = acc;
     return NULL;
 }
@@ -25,21 +27,24 @@ dsc_status dsc_cpu_sum(double *out, const float *x, int64_t n) {
 dsc_status dsc_cpu_scale(float *x, float s, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
     return NULL;
 }
 
 dsc_status dsc_cpu_axpy(float *y, float a, const float *x, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
     return NULL;
 }
 
 dsc_status dsc_cpu_add(float *out, const float *a, const float *b, int64_t n) {
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
     return NULL;
 }
 
@@ -48,7 +53,8 @@ dsc_status dsc_cpu_all_finite(bool *out, const float *x, int64_t n) {
     int bad = 0;
     /* x - x is 0 for finite x and NaN for inf or NaN; no early exit keeps it a plain reduction. */
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(| : bad) schedule(static)
-    for (int64_t i = 0; i < n; i++) bad |= !(x[i] - x[i] == 0.0f);
+    for (int64_t i = 0; i < n; i++)
+        bad |= !(x[i] - x[i] == 0.0f);
     *out = !bad;
     return NULL;
 }

@@ -6,7 +6,9 @@
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
 
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
 __device__ __forceinline__ float silu_grad(float x) {
     float s = sigmoidf(x);
     return s * (1.0f + x * (1.0f - s));
@@ -23,7 +25,8 @@ __global__ void gelu_backward_kernel(float *dx, const float *dout, const float *
     GRID_STRIDE(i, n) {
         float xi = x[i];
         float th = tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
-        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xi * xi);
+        float grad =
+            0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xi * xi);
         dx[i] = grad * dout[i];
     }
 }
@@ -55,11 +58,14 @@ __global__ void softmax_kernel(float *out, const float *x, int64_t n, int64_t c)
     if (row >= n) return;
     const float *xr = x + row * c; /* may alias out */
     float mx = -INFINITY, sum = 0;
-    for (int64_t i = lane; i < c; i += 32) mx = fmaxf(mx, xr[i]);
+    for (int64_t i = lane; i < c; i += 32)
+        mx = fmaxf(mx, xr[i]);
     mx = warp_max(mx);
-    for (int64_t i = lane; i < c; i += 32) sum += expf(xr[i] - mx);
+    for (int64_t i = lane; i < c; i += 32)
+        sum += expf(xr[i] - mx);
     float inv = 1.0f / warp_sum(sum);
-    for (int64_t i = lane; i < c; i += 32) out[row * c + i] = expf(xr[i] - mx) * inv;
+    for (int64_t i = lane; i < c; i += 32)
+        out[row * c + i] = expf(xr[i] - mx) * inv;
 }
 
 dsc_status dsc_cuda_gelu_forward(float *out, const float *x, int64_t n) {
@@ -77,8 +83,8 @@ dsc_status dsc_cuda_silu_backward(float *dx, const float *dout, const float *x, 
 dsc_status dsc_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
     LAUNCH_ELEMENTWISE(swiglu_forward_kernel, out, n, out, gate, up, n);
 }
-dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                    int64_t n) {
+dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                    const float *up, int64_t n) {
     LAUNCH_ELEMENTWISE(swiglu_backward_kernel, dgate, n, dgate, dup, dout, gate, up, n);
 }
 

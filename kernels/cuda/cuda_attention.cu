@@ -17,7 +17,8 @@ struct attn_row {
     int64_t i;                       /* query position */
 };
 
-__device__ __forceinline__ bool attn_locate(attn_row *r, int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+__device__ __forceinline__ bool attn_locate(attn_row *r, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                                            int64_t hs) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     if (row >= b * nh * t) return false;
     int64_t i = row % t, h = (row / t) % nh, bi = row / (t * nh);
@@ -116,8 +117,8 @@ __global__ void attention_backward_kernel(float *dq, float *dk, float *dv, const
 }
 
 static dsc_status check_head_size(int64_t hs) {
-    DSC_CHECK(hs <= 32 * MAX_DIMS_PER_LANE, DSC_ERR_UNSUPPORTED, "CUDA attention supports head sizes up to %d, got %lld",
-              32 * MAX_DIMS_PER_LANE, (long long)hs);
+    DSC_CHECK(hs <= 32 * MAX_DIMS_PER_LANE, DSC_ERR_UNSUPPORTED,
+              "CUDA attention supports head sizes up to %d, got %lld", 32 * MAX_DIMS_PER_LANE, (long long)hs);
     return NULL;
 }
 
@@ -134,8 +135,8 @@ dsc_status dsc_cuda_attention_forward(float *out, float *lse, const float *q, co
 }
 
 dsc_status dsc_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                       const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                       int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+                                       const float *k, const float *v, const float *out, const float *lse,
+                                       int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     DSC_TRY(check_head_size(hs));
     if (b * t * nh == 0) return NULL;
     int device;
@@ -143,8 +144,8 @@ dsc_status dsc_cuda_attention_backward(float *dq, float *dk, float *dv, const fl
     size_t kv_bytes = (size_t)(b * t * nkv * hs) * sizeof(float);
     CUDA_CALL(cudaMemsetAsync(dk, 0, kv_bytes));
     CUDA_CALL(cudaMemsetAsync(dv, 0, kv_bytes));
-    attention_backward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK>>>(dq, dk, dv, dout, q, k, v, out, lse, b, t,
-                                                                            nh, nkv, hs, 1.0f / sqrtf((float)hs));
+    attention_backward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK>>>(
+        dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, 1.0f / sqrtf((float)hs));
     CUDA_LAUNCHED(attention_backward_kernel);
     return NULL;
 }
@@ -163,8 +164,8 @@ __global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int6
     }
 }
 
-dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
-                         float theta, bool inverse) {
+dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
+                         int64_t hs, float theta, bool inverse) {
     LAUNCH_ELEMENTWISE(rope_kernel, out, b * t * nh * (hs / 2), out, x, pos, b, t, nh, hs, (double)theta,
                        inverse ? -1.0 : 1.0);
 }

@@ -12,33 +12,33 @@
 
 #include "dsc/kernels.h"
 
-#define CUDA_CALL(call)                                                                                          \
-    do {                                                                                                         \
-        cudaError_t e_ = (call);                                                                                 \
-        if (e_ != cudaSuccess) return dsc_error(DSC_ERR_BACKEND, "%s: %s", #call, cudaGetErrorString(e_));      \
+#define CUDA_CALL(call)                                                                                           \
+    do {                                                                                                          \
+        cudaError_t e_ = (call);                                                                                  \
+        if (e_ != cudaSuccess) return dsc_error(DSC_ERR_BACKEND, "%s: %s", #call, cudaGetErrorString(e_));        \
     } while (0)
 
 /* After a launch: a bad configuration or an earlier asynchronous fault. */
-#define CUDA_LAUNCHED(kernel)                                                                                    \
-    do {                                                                                                         \
-        cudaError_t e_ = cudaGetLastError();                                                                     \
-        if (e_ != cudaSuccess)                                                                                   \
-            return dsc_error(DSC_ERR_BACKEND, "CUDA kernel %s: %s", #kernel, cudaGetErrorString(e_));           \
+#define CUDA_LAUNCHED(kernel)                                                                                     \
+    do {                                                                                                          \
+        cudaError_t e_ = cudaGetLastError();                                                                      \
+        if (e_ != cudaSuccess)                                                                                    \
+            return dsc_error(DSC_ERR_BACKEND, "CUDA kernel %s: %s", #kernel, cudaGetErrorString(e_));             \
     } while (0)
 
-#define CUBLAS_CALL(call)                                                                                        \
-    do {                                                                                                         \
-        cublasStatus_t e_ = (call);                                                                              \
-        if (e_ != CUBLAS_STATUS_SUCCESS)                                                                         \
-            return dsc_error(DSC_ERR_BACKEND, "%s: %s", #call, cublasGetStatusString(e_));                       \
+#define CUBLAS_CALL(call)                                                                                         \
+    do {                                                                                                          \
+        cublasStatus_t e_ = (call);                                                                               \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                                                          \
+            return dsc_error(DSC_ERR_BACKEND, "%s: %s", #call, cublasGetStatusString(e_));                        \
     } while (0)
 
 /* Results that reductions and id checks copy back to the host. */
 typedef struct cuda_scratch {
-    double acc;        /* sum or sum of squares */
-    int flag;          /* set when a non-finite value was seen */
-    int first_bad;     /* smallest position of an out-of-range id, INT32_MAX when none */
-    int first_bad_id;  /* the id found there */
+    double acc;       /* sum or sum of squares */
+    int flag;         /* set when a non-finite value was seen */
+    int first_bad;    /* smallest position of an out-of-range id, INT32_MAX when none */
+    int first_bad_id; /* the id found there */
 } cuda_scratch;
 
 /* Makes the device holding `ptr` current (kernels run where their data is). */
@@ -63,16 +63,19 @@ static inline unsigned int cuda_warp_blocks(int64_t rows) {
 /* Rows per block of a column reduction: enough blocks to fill the GPU, at most 65535 chunks. */
 static inline int64_t cuda_row_chunk(int64_t rows) {
     int64_t chunk = 256;
-    while ((rows + chunk - 1) / chunk > 65535) chunk *= 2;
+    while ((rows + chunk - 1) / chunk > 65535)
+        chunk *= 2;
     return chunk;
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
 }
 __device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
 }
 
@@ -88,17 +91,18 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max) {
     return is_max ? warp_max(x) : warp_sum(x);
 }
 
-#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                                         \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 /* Enters the device of `out` and launches an elementwise kernel over n elements. */
-#define LAUNCH_ELEMENTWISE(kernel, out, n, ...)                                                                  \
-    do {                                                                                                         \
-        if ((n) == 0) return NULL;                                                                               \
-        int device_;                                                                                             \
-        DSC_TRY(dsc_cuda_enter((out), &device_));                                                                \
-        kernel<<<cuda_blocks(n), CUDA_BLOCK>>>(__VA_ARGS__);                                                     \
-        CUDA_LAUNCHED(kernel);                                                                                   \
-        return NULL;                                                                                             \
+#define LAUNCH_ELEMENTWISE(kernel, out, n, ...)                                                                   \
+    do {                                                                                                          \
+        if ((n) == 0) return NULL;                                                                                \
+        int device_;                                                                                              \
+        DSC_TRY(dsc_cuda_enter((out), &device_));                                                                 \
+        kernel<<<cuda_blocks(n), CUDA_BLOCK>>>(__VA_ARGS__);                                                      \
+        CUDA_LAUNCHED(kernel);                                                                                    \
+        return NULL;                                                                                              \
     } while (0)
 
 #endif

@@ -8,14 +8,17 @@
 /* Max and sum of exp(x - max) over one row, shared by the whole block. */
 __device__ void row_stats(const float *x, int64_t v, float *mx_out, float *sum_out) {
     float mx = -INFINITY, sum = 0;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, x[j]);
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+        mx = fmaxf(mx, x[j]);
     mx = block_reduce(mx, true);
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(x[j] - mx);
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+        sum += expf(x[j] - mx);
     *sum_out = block_reduce(sum, false);
     *mx_out = mx;
 }
 
-__global__ void cross_entropy_forward_kernel(float *losses, const float *logits, const int32_t *targets, int64_t v) {
+__global__ void cross_entropy_forward_kernel(float *losses, const float *logits, const int32_t *targets,
+                                             int64_t v) {
     int64_t i = blockIdx.x;
     if (targets[i] < 0) {
         if (threadIdx.x == 0) losses[i] = 0.0f;
@@ -26,20 +29,22 @@ __global__ void cross_entropy_forward_kernel(float *losses, const float *logits,
     if (threadIdx.x == 0) losses[i] = logf(sum) + mx - logits[i * v + targets[i]];
 }
 
-__global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits, const int32_t *targets, int64_t v,
-                                              float dloss) {
+__global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits, const int32_t *targets,
+                                              int64_t v, float dloss) {
     int64_t i = blockIdx.x;
     const float *row = logits + i * v; /* may alias d */
     float *d = dlogits + i * v;
     int32_t target = targets[i];
     if (target < 0) {
-        for (int64_t j = threadIdx.x; j < v; j += blockDim.x) d[j] = 0.0f;
+        for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+            d[j] = 0.0f;
         return;
     }
     float mx, sum;
     row_stats(row, v, &mx, &sum);
     float inv = dloss / sum;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) d[j] = expf(row[j] - mx) * inv - (j == target ? dloss : 0.0f);
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+        d[j] = expf(row[j] - mx) * inv - (j == target ? dloss : 0.0f);
 }
 
 dsc_status dsc_cuda_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int64_t n,

@@ -13,13 +13,16 @@ __global__ void check_ids_kernel(cuda_scratch *scratch, const int32_t *ids, int6
     }
 }
 
-__global__ void reset_ids_kernel(cuda_scratch *scratch) { scratch->first_bad = INT32_MAX; }
+__global__ void reset_ids_kernel(cuda_scratch *scratch) {
+    scratch->first_bad = INT32_MAX;
+}
 
 __global__ void read_bad_id_kernel(cuda_scratch *scratch, const int32_t *ids) {
     if (scratch->first_bad != INT32_MAX) scratch->first_bad_id = ids[scratch->first_bad];
 }
 
-dsc_status dsc_cuda_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool allow_negative, const char *what) {
+dsc_status dsc_cuda_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool allow_negative,
+                              const char *what) {
     if (n == 0) return NULL;
     DSC_CHECK(n < INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA id check: %lld ids exceed 32-bit positions", (long long)n);
     int device;
@@ -59,8 +62,8 @@ dsc_status dsc_cuda_embedding_forward(float *out, const int32_t *tokens, const f
     LAUNCH_ELEMENTWISE(embedding_forward_kernel, out, n * c, out, tokens, wte, wpe, n, t, c);
 }
 
-dsc_status dsc_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                       int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                       int64_t n, int64_t t, int64_t v, int64_t c) {
     DSC_TRY(dsc_cuda_check_ids(tokens, n, v, false, "token"));
     LAUNCH_ELEMENTWISE(embedding_backward_kernel, dwte, n * c, dwte, dwpe, dout, tokens, n, t, c);
 }

@@ -18,11 +18,13 @@ __global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64
     int64_t c = blockIdx.x * 32 + lane, r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
     float acc = 0;
     if (c < oc)
-        for (int64_t r = r0 + warp; r < r1; r += WARPS_PER_BLOCK) acc += dy[r * oc + c];
+        for (int64_t r = r0 + warp; r < r1; r += WARPS_PER_BLOCK)
+            acc += dy[r * oc + c];
     partial[warp][lane] = acc;
     __syncthreads();
     if (warp == 0 && c < oc) {
-        for (int w = 1; w < WARPS_PER_BLOCK; w++) acc += partial[w][lane];
+        for (int w = 1; w < WARPS_PER_BLOCK; w++)
+            acc += partial[w][lane];
         atomicAdd(dbias + c, acc);
     }
 }
@@ -31,8 +33,9 @@ dsc_status dsc_cuda_gemm(float *out, const float *a, const float *b, const float
                          int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta) {
     if (batch == 0 || m == 0 || n == 0) return NULL;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
-        return dsc_error(DSC_ERR_UNSUPPORTED, "cublasSgemmStridedBatched: extents (%lld, %lld, %lld) exceed 32 bits",
-                         (long long)m, (long long)n, (long long)k);
+        return dsc_error(DSC_ERR_UNSUPPORTED,
+                         "cublasSgemmStridedBatched: extents (%lld, %lld, %lld) exceed 32 bits", (long long)m,
+                         (long long)n, (long long)k);
     int device;
     cublasHandle_t handle;
     DSC_TRY(dsc_cuda_enter(out, &device));
@@ -40,9 +43,9 @@ dsc_status dsc_cuda_gemm(float *out, const float *a, const float *b, const float
     int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n); /* row lengths as stored */
     if (lda < 1) lda = 1;
     if (ldb < 1) ldb = 1;
-    CUBLAS_CALL(cublasSgemmStridedBatched(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                          (int)n, (int)m, (int)k, &alpha, b, ldb, k * n, a, lda, m * k, &beta, out,
-                                          (int)n, m * n, (int)batch));
+    CUBLAS_CALL(cublasSgemmStridedBatched(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
+                                          ldb, k * n, a, lda, m * k, &beta, out, (int)n, m * n, (int)batch));
     if (bias) {
         add_bias_kernel<<<cuda_blocks(batch * m * n), CUDA_BLOCK>>>(out, bias, batch * m, n);
         CUDA_LAUNCHED(add_bias_kernel);

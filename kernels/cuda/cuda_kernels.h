@@ -16,44 +16,44 @@ dsc_status dsc_cuda_gemm(float *out, const float *a, const float *b, const float
 dsc_status dsc_cuda_linear_backward_bias(float *dbias, const float *dy, int64_t n, int64_t oc);
 
 dsc_status dsc_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *w,
-                                     const float *b, int64_t n, int64_t c, float eps);
+                                      const float *b, int64_t n, int64_t c, float eps);
 dsc_status dsc_cuda_layernorm_backward(float *dx, float *dw, float *db, const float *dout, const float *x,
-                                      const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
+                                       const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
 dsc_status dsc_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
-                                   float eps);
+                                    float eps);
 dsc_status dsc_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                    const float *rstd, int64_t n, int64_t c);
+                                     const float *rstd, int64_t n, int64_t c);
 
 dsc_status dsc_cuda_gelu_forward(float *out, const float *x, int64_t n);
 dsc_status dsc_cuda_gelu_backward(float *dx, const float *dout, const float *x, int64_t n);
 dsc_status dsc_cuda_silu_forward(float *out, const float *x, int64_t n);
 dsc_status dsc_cuda_silu_backward(float *dx, const float *dout, const float *x, int64_t n);
 dsc_status dsc_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
-dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                   int64_t n);
+dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                    const float *up, int64_t n);
 dsc_status dsc_cuda_softmax(float *out, const float *x, int64_t n, int64_t c);
 
 dsc_status dsc_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                                     int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
 dsc_status dsc_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                      const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                      int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
-                         float theta, bool inverse);
+                                       const float *k, const float *v, const float *out, const float *lse,
+                                       int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
+                         int64_t hs, float theta, bool inverse);
 
 dsc_status dsc_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                     int64_t n, int64_t t, int64_t v, int64_t c);
-dsc_status dsc_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                      int64_t t, int64_t v, int64_t c);
+                                      int64_t n, int64_t t, int64_t v, int64_t c);
+dsc_status dsc_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                       int64_t n, int64_t t, int64_t v, int64_t c);
 dsc_status dsc_cuda_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int64_t n,
-                                         int64_t v);
+                                          int64_t v);
 dsc_status dsc_cuda_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets, int64_t n,
-                                          int64_t v, float dloss);
+                                           int64_t v, float dloss);
 
-dsc_status dsc_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                         float eps, float wd, int64_t step);
+dsc_status dsc_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                          float beta2, float eps, float wd, int64_t step);
 dsc_status dsc_cuda_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
-                       int64_t step);
+                        int64_t step);
 
 dsc_status dsc_cuda_sum_squares(double *out, const float *x, int64_t n);
 dsc_status dsc_cuda_sum(double *out, const float *x, int64_t n);

@@ -14,13 +14,16 @@ __global__ void norm_forward_kernel(float *out, float *mean, float *rstd, const 
     float mu = 0;
     if (centre) {
         float sum = 0;
-        for (int64_t i = lane; i < c; i += 32) sum += xr[i];
+        for (int64_t i = lane; i < c; i += 32)
+            sum += xr[i];
         mu = warp_sum(sum) / (float)c;
     }
     float sq = 0;
-    for (int64_t i = lane; i < c; i += 32) sq += (xr[i] - mu) * (xr[i] - mu);
+    for (int64_t i = lane; i < c; i += 32)
+        sq += (xr[i] - mu) * (xr[i] - mu);
     float s = rsqrtf(warp_sum(sq) / (float)c + eps);
-    for (int64_t i = lane; i < c; i += 32) out[row * c + i] = (xr[i] - mu) * s * w[i] + (b ? b[i] : 0.0f);
+    for (int64_t i = lane; i < c; i += 32)
+        out[row * c + i] = (xr[i] - mu) * s * w[i] + (b ? b[i] : 0.0f);
     if (lane == 0) {
         if (mean) mean[row] = mu;
         if (rstd) rstd[row] = s;
@@ -42,7 +45,8 @@ __global__ void norm_input_grad_kernel(float *dx, const float *dout, const float
         sum_dx += dnorm * (xr[i] - m) * s;
     }
     float mean_d = shift ? warp_sum(sum_d) / (float)c : 0.0f, mean_dx = warp_sum(sum_dx) / (float)c;
-    for (int64_t i = lane; i < c; i += 32) dx[row * c + i] = s * (dr[i] * w[i] - mean_d - (xr[i] - m) * s * mean_dx);
+    for (int64_t i = lane; i < c; i += 32)
+        dx[row * c + i] = s * (dr[i] * w[i] - mean_d - (xr[i] - m) * s * mean_dx);
 }
 
 /* dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. A block owns 32
@@ -64,13 +68,14 @@ __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, 
     part_b[warp][lane] = acc_b;
     __syncthreads();
     if (warp != 0 || col >= c) return;
-    for (int i = 1; i < WARPS_PER_BLOCK; i++) acc_w += part_w[i][lane], acc_b += part_b[i][lane];
+    for (int i = 1; i < WARPS_PER_BLOCK; i++)
+        acc_w += part_w[i][lane], acc_b += part_b[i][lane];
     if (dw) atomicAdd(dw + col, acc_w);
     if (db) atomicAdd(db + col, acc_b);
 }
 
-static dsc_status norm_forward(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                               int64_t n, int64_t c, float eps, bool centre) {
+static dsc_status norm_forward(float *out, float *mean, float *rstd, const float *x, const float *w,
+                               const float *b, int64_t n, int64_t c, float eps, bool centre) {
     if (n == 0) return NULL;
     int device;
     DSC_TRY(dsc_cuda_enter(out, &device));
@@ -101,7 +106,8 @@ dsc_status dsc_cuda_layernorm_forward(float *out, float *mean, float *rstd, cons
 }
 
 dsc_status dsc_cuda_layernorm_backward(float *dx, float *dw, float *db, const float *dout, const float *x,
-                                       const float *w, const float *mean, const float *rstd, int64_t n, int64_t c) {
+                                       const float *w, const float *mean, const float *rstd, int64_t n,
+                                       int64_t c) {
     return norm_backward(dx, dw, db, dout, x, w, mean, rstd, n, c);
 }
 

@@ -74,7 +74,9 @@ __global__ void add_kernel(float *out, const float *a, const float *b, int64_t n
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
-dsc_status dsc_cuda_scale(float *x, float s, int64_t n) { LAUNCH_ELEMENTWISE(scale_kernel, x, n, x, s, n); }
+dsc_status dsc_cuda_scale(float *x, float s, int64_t n) {
+    LAUNCH_ELEMENTWISE(scale_kernel, x, n, x, s, n);
+}
 dsc_status dsc_cuda_axpy(float *y, float a, const float *x, int64_t n) {
     LAUNCH_ELEMENTWISE(axpy_kernel, y, n, y, a, x, n);
 }

@@ -16,14 +16,16 @@ static dsc_tensor alloc_or_fail(dsc_dtype dtype, int ndim, const int64_t *shape)
 dsc_tensor kt_randn(dsc_rng *rng, float scale, int ndim, const int64_t *shape) {
     dsc_tensor t = alloc_or_fail(DSC_DTYPE_F32, ndim, shape);
     int64_t n = dsc_tensor_numel(&t);
-    for (int64_t i = 0; i < n; i++) kt_f(&t)[i] = scale * (float)dsc_rng_normal(rng);
+    for (int64_t i = 0; i < n; i++)
+        kt_f(&t)[i] = scale * (float)dsc_rng_normal(rng);
     return t;
 }
 
 dsc_tensor kt_full(float value, int ndim, const int64_t *shape) {
     dsc_tensor t = alloc_or_fail(DSC_DTYPE_F32, ndim, shape);
     int64_t n = dsc_tensor_numel(&t);
-    for (int64_t i = 0; i < n; i++) kt_f(&t)[i] = value;
+    for (int64_t i = 0; i < n; i++)
+        kt_f(&t)[i] = value;
     return t;
 }
 
@@ -42,7 +44,8 @@ double *kt_zeros_d(int64_t n) {
 double *kt_to_double(const dsc_tensor *t) {
     int64_t n = dsc_tensor_numel(t);
     double *d = kt_zeros_d(n);
-    for (int64_t i = 0; i < n; i++) d[i] = kt_f(t)[i];
+    for (int64_t i = 0; i < n; i++)
+        d[i] = kt_f(t)[i];
     return d;
 }
 
@@ -78,6 +81,7 @@ double kt_grad_check(kt_loss_fn loss, void *ctx, double *x, int64_t n, const flo
 
 double kt_dot(const double *out, const double *w, int64_t n) {
     double s = 0;
-    for (int64_t i = 0; i < n; i++) s += out[i] * w[i];
+    for (int64_t i = 0; i < n; i++)
+        s += out[i] * w[i];
     return s;
 }

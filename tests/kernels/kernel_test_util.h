@@ -23,7 +23,9 @@ dsc_tensor kt_ints(const int32_t *values, int ndim, const int64_t *shape);
 #define KT_RANDN(rng, scale, ...) kt_randn((rng), (scale), KT_SHAPE(__VA_ARGS__))
 #define KT_FULL(value, ...) kt_full((value), KT_SHAPE(__VA_ARGS__))
 
-static inline float *kt_f(const dsc_tensor *t) { return (float *)t->data; }
+static inline float *kt_f(const dsc_tensor *t) {
+    return (float *)t->data;
+}
 
 /* malloc'ed double copy of an f32 tensor (free with free()). */
 double *kt_to_double(const dsc_tensor *t);
@@ -37,7 +39,8 @@ double kt_rel_err(const float *got, const double *want, int64_t n, double floor,
  * doubles that loss reads), compared with `grad` as in kt_rel_err. */
 typedef double (*kt_loss_fn)(void *ctx);
 double kt_grad_check(kt_loss_fn loss, void *ctx, double *x, int64_t n, const float *grad, const char *what);
-#define KT_ASSERT_GRAD(loss, ctx, x, n, grad, what) assert_true(kt_grad_check((loss), (ctx), (x), (n), (grad), (what)) <= 2e-3)
+#define KT_ASSERT_GRAD(loss, ctx, x, n, grad, what)                                                               \
+    assert_true(kt_grad_check((loss), (ctx), (x), (n), (grad), (what)) <= 2e-3)
 
 /* sum(out * w) in double. */
 double kt_dot(const double *out, const double *w, int64_t n);

@@ -5,8 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-void ref_gemm(double *out, const double *a, const double *b, const double *bias, int64_t batch, int64_t m, int64_t n,
-              int64_t k, bool trans_a, bool trans_b, double alpha, double beta) {
+void ref_gemm(double *out, const double *a, const double *b, const double *bias, int64_t batch, int64_t m,
+              int64_t n, int64_t k, bool trans_a, bool trans_b, double alpha, double beta) {
     for (int64_t bt = 0; bt < batch; bt++) {
         const double *ab = a + bt * m * k, *bb = b + bt * k * n;
         double *ob = out + bt * m * n;
@@ -29,11 +29,14 @@ void ref_layernorm(double *out, double *mean, double *rstd, const double *x, con
     for (int64_t r = 0; r < n; r++) {
         const double *xr = x + r * c;
         double mu = 0, var = 0;
-        for (int64_t i = 0; i < c; i++) mu += xr[i];
+        for (int64_t i = 0; i < c; i++)
+            mu += xr[i];
         mu /= (double)c;
-        for (int64_t i = 0; i < c; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        for (int64_t i = 0; i < c; i++)
+            var += (xr[i] - mu) * (xr[i] - mu);
         double s = 1.0 / sqrt(var / (double)c + eps);
-        for (int64_t i = 0; i < c; i++) out[r * c + i] = (xr[i] - mu) * s * w[i] + (b ? b[i] : 0);
+        for (int64_t i = 0; i < c; i++)
+            out[r * c + i] = (xr[i] - mu) * s * w[i] + (b ? b[i] : 0);
         if (mean) mean[r] = mu;
         if (rstd) rstd[r] = s;
     }
@@ -43,37 +46,45 @@ void ref_rmsnorm(double *out, double *rstd, const double *x, const double *w, in
     for (int64_t r = 0; r < n; r++) {
         const double *xr = x + r * c;
         double ms = 0;
-        for (int64_t i = 0; i < c; i++) ms += xr[i] * xr[i];
+        for (int64_t i = 0; i < c; i++)
+            ms += xr[i] * xr[i];
         double s = 1.0 / sqrt(ms / (double)c + eps);
-        for (int64_t i = 0; i < c; i++) out[r * c + i] = xr[i] * s * w[i];
+        for (int64_t i = 0; i < c; i++)
+            out[r * c + i] = xr[i] * s * w[i];
         if (rstd) rstd[r] = s;
     }
 }
 
 void ref_gelu(double *out, const double *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
-        out[i] = 0.5 * x[i] * (1 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+        out[i] = 0.5 * x[i] *
+                 (1 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
 }
 
 void ref_silu(double *out, const double *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] / (1 + exp(-x[i]));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] / (1 + exp(-x[i]));
 }
 
 void ref_swiglu(double *out, const double *gate, const double *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1 + exp(-gate[i])) * up[i];
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gate[i] / (1 + exp(-gate[i])) * up[i];
 }
 
 void ref_softmax(double *out, const double *x, int64_t n, int64_t c) {
     for (int64_t r = 0; r < n; r++) {
         double mx = -INFINITY, sum = 0;
-        for (int64_t i = 0; i < c; i++) mx = fmax(mx, x[r * c + i]);
-        for (int64_t i = 0; i < c; i++) sum += exp(x[r * c + i] - mx);
-        for (int64_t i = 0; i < c; i++) out[r * c + i] = exp(x[r * c + i] - mx) / sum;
+        for (int64_t i = 0; i < c; i++)
+            mx = fmax(mx, x[r * c + i]);
+        for (int64_t i = 0; i < c; i++)
+            sum += exp(x[r * c + i] - mx);
+        for (int64_t i = 0; i < c; i++)
+            out[r * c + i] = exp(x[r * c + i] - mx) / sum;
     }
 }
 
-void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b, int64_t t,
-                   int64_t nh, int64_t nkv, int64_t hs) {
+void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b,
+                   int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     double *p = malloc((size_t)(t * t) * sizeof *p); /* (T, T) probabilities of one head */
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
@@ -84,17 +95,21 @@ void ref_attention(double *out, double *lse, const double *q, const double *k, c
                 for (int64_t j = 0; j <= i; j++) {
                     const double *kj = k + ((bi * t + j) * nkv + kvh) * hs;
                     double s = 0;
-                    for (int64_t d = 0; d < hs; d++) s += qi[d] * kj[d];
+                    for (int64_t d = 0; d < hs; d++)
+                        s += qi[d] * kj[d];
                     p[i * t + j] = s / sqrt((double)hs);
                     mx = fmax(mx, p[i * t + j]);
                 }
-                for (int64_t j = 0; j <= i; j++) sum += exp(p[i * t + j] - mx);
-                for (int64_t j = 0; j <= i; j++) p[i * t + j] = exp(p[i * t + j] - mx) / sum;
+                for (int64_t j = 0; j <= i; j++)
+                    sum += exp(p[i * t + j] - mx);
+                for (int64_t j = 0; j <= i; j++)
+                    p[i * t + j] = exp(p[i * t + j] - mx) / sum;
                 if (lse) lse[(bi * nh + h) * t + i] = mx + log(sum);
                 double *o = out + ((bi * t + i) * nh + h) * hs;
                 for (int64_t d = 0; d < hs; d++) {
                     double acc = 0;
-                    for (int64_t j = 0; j <= i; j++) acc += p[i * t + j] * v[((bi * t + j) * nkv + kvh) * hs + d];
+                    for (int64_t j = 0; j <= i; j++)
+                        acc += p[i * t + j] * v[((bi * t + j) * nkv + kvh) * hs + d];
                     o[d] = acc;
                 }
             }
@@ -123,7 +138,8 @@ void ref_rope(double *out, const double *x, const int32_t *pos, int64_t b, int64
 void ref_embedding(double *out, const int32_t *tokens, const double *wte, const double *wpe, int64_t n, int64_t t,
                    int64_t c) {
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < c; j++) out[i * c + j] = wte[tokens[i] * c + j] + (wpe ? wpe[(i % t) * c + j] : 0);
+        for (int64_t j = 0; j < c; j++)
+            out[i * c + j] = wte[tokens[i] * c + j] + (wpe ? wpe[(i % t) * c + j] : 0);
 }
 
 void ref_cross_entropy(double *losses, const double *logits, const int32_t *targets, int64_t n, int64_t v) {
@@ -133,8 +149,10 @@ void ref_cross_entropy(double *losses, const double *logits, const int32_t *targ
             continue;
         }
         double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < v; j++) mx = fmax(mx, logits[i * v + j]);
-        for (int64_t j = 0; j < v; j++) sum += exp(logits[i * v + j] - mx);
+        for (int64_t j = 0; j < v; j++)
+            mx = fmax(mx, logits[i * v + j]);
+        for (int64_t j = 0; j < v; j++)
+            sum += exp(logits[i * v + j] - mx);
         losses[i] = log(sum) + mx - logits[i * v + targets[i]];
     }
 }
@@ -150,7 +168,8 @@ void ref_adamw(double *p, const double *g, double *m, double *v, int64_t n, doub
     }
 }
 
-void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd, int64_t step) {
+void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd,
+             int64_t step) {
     for (int64_t i = 0; i < n; i++) {
         double d = g[i] + wd * p[i];
         if (momentum != 0) {

@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 /* out (BT, M, N) = alpha op(a) op(b) + beta out (+ bias (N)). */
-void ref_gemm(double *out, const double *a, const double *b, const double *bias, int64_t batch, int64_t m, int64_t n,
-              int64_t k, bool trans_a, bool trans_b, double alpha, double beta);
+void ref_gemm(double *out, const double *a, const double *b, const double *bias, int64_t batch, int64_t m,
+              int64_t n, int64_t k, bool trans_a, bool trans_b, double alpha, double beta);
 /* mean, rstd may be NULL; b may be NULL. */
 void ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w, const double *b,
                    int64_t n, int64_t c, double eps);
@@ -19,8 +19,8 @@ void ref_silu(double *out, const double *x, int64_t n);
 void ref_swiglu(double *out, const double *gate, const double *up, int64_t n);
 void ref_softmax(double *out, const double *x, int64_t n, int64_t c);
 /* lse may be NULL. */
-void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b, int64_t t,
-                   int64_t nh, int64_t nkv, int64_t hs);
+void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b,
+                   int64_t t, int64_t nh, int64_t nkv, int64_t hs);
 void ref_rope(double *out, const double *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
               double theta, bool inverse);
 /* wpe may be NULL; n = B*T rows, position = row % t. */
@@ -30,6 +30,7 @@ void ref_cross_entropy(double *losses, const double *logits, const int32_t *targ
 /* One optimizer step on double state. */
 void ref_adamw(double *p, const double *g, double *m, double *v, int64_t n, double lr, double beta1, double beta2,
                double eps, double wd, int64_t step);
-void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd, int64_t step);
+void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd,
+             int64_t step);
 
 #endif

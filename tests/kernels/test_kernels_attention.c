@@ -26,8 +26,8 @@ static void check_attention(int64_t b, int64_t t, int64_t nh, int64_t nkv, int64
     dsc_tensor v = KT_RANDN(&rng, 1.0f, b, t, nkv, hs), r = KT_RANDN(&rng, 1.0f, b, t, nh, hs);
     dsc_tensor out = KT_FULL(0.0f, b, t, nh, hs), lse = KT_FULL(0.0f, b, nh, t);
     int64_t nq = b * t * nh * hs, nk = b * t * nkv * hs;
-    attn_ctx A = {kt_to_double(&q), kt_to_double(&k), kt_to_double(&v), kt_to_double(&r), kt_zeros_d(nq),
-                  b, t, nh, nkv, hs};
+    attn_ctx A = {
+        kt_to_double(&q), kt_to_double(&k), kt_to_double(&v), kt_to_double(&r), kt_zeros_d(nq), b, t, nh, nkv, hs};
     double *ref_lse = kt_zeros_d(b * nh * t);
     ref_attention(A.out, ref_lse, A.q, A.k, A.v, b, t, nh, nkv, hs);
     assert_ok(dsc_kernel_attention_forward(&out, &lse, &q, &k, &v));
@@ -81,7 +81,8 @@ static void test_attention_threads(void **state) {
         dq[run] = KT_FULL(0.0f, b, t, nh, hs), dk[run] = KT_FULL(0.0f, b, t, nkv, hs);
         dv[run] = KT_FULL(0.0f, b, t, nkv, hs);
         assert_ok(dsc_kernel_attention_forward(&out[run], &lse[run], &q, &k, &v));
-        assert_ok(dsc_kernel_attention_backward(&dq[run], &dk[run], &dv[run], &dout, &q, &k, &v, &out[run], &lse[run]));
+        assert_ok(
+            dsc_kernel_attention_backward(&dq[run], &dk[run], &dv[run], &dout, &q, &k, &v, &out[run], &lse[run]));
     }
     dsc_kernels_set_num_threads(saved);
     assert_memory_equal(out[0].data, out[1].data, dsc_tensor_nbytes(&out[0]));

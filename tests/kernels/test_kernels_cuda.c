@@ -43,13 +43,14 @@ static void check(const pair *p, double tol, const char *what) {
 
 /* Runs `call` once on the CPU tensors and once on the GPU ones; ON(p) picks the side. */
 #define ON(p) (side ? &(p).g : &(p).c)
-#define BOTH(call)                                                                                               \
-    for (int side = 0; side < 2; side++) assert_ok(call)
+#define BOTH(call)                                                                                                \
+    for (int side = 0; side < 2; side++)                                                                          \
+    assert_ok(call)
 
 /* Every test starts with this, so without a GPU cmocka lists each one as skipped. */
-#define REQUIRE_GPU()                                                                                            \
-    do {                                                                                                         \
-        if (dsc_cuda_device_count() == 0) skip();                                                               \
+#define REQUIRE_GPU()                                                                                             \
+    do {                                                                                                          \
+        if (dsc_cuda_device_count() == 0) skip();                                                                 \
     } while (0)
 
 static dsc_rng rng_for(uint64_t seed) {
@@ -69,7 +70,9 @@ static void test_cuda_gemm(void **state) {
             pair b = tb ? P_RANDN(&rng, 1.0f, n, k) : P_RANDN(&rng, 1.0f, k, n);
             pair out = P_RANDN(&rng, 1.0f, m, n), bias = P_RANDN(&rng, 1.0f, n);
             BOTH(dsc_kernel_gemm(ON(out), ON(a), ON(b), ON(bias), ta, tb, 0.5f, 1.0f));
-            check(&out, 1e-4, ta ? (tb ? "gemm TT bias beta=1" : "gemm TN bias beta=1") : (tb ? "gemm NT bias beta=1" : "gemm NN bias beta=1"));
+            check(&out, 1e-4,
+                  ta ? (tb ? "gemm TT bias beta=1" : "gemm TN bias beta=1")
+                     : (tb ? "gemm NT bias beta=1" : "gemm NN bias beta=1"));
             pair_free(&a), pair_free(&b), pair_free(&out), pair_free(&bias);
         }
     pair a = P_RANDN(&rng, 1.0f, 3, 17, 33), b = P_RANDN(&rng, 1.0f, 3, 19, 33), out = P_FULL(0.0f, 3, 17, 19);
@@ -99,7 +102,8 @@ static void test_cuda_norms(void **state) {
     dsc_rng rng = rng_for(3);
     int64_t n = 300, c = 1000;
     pair x = P_RANDN(&rng, 2.0f, n, c), w = P_RANDN(&rng, 1.0f, c), b = P_RANDN(&rng, 1.0f, c);
-    pair dout = P_RANDN(&rng, 1.0f, n, c), out = P_FULL(0.0f, n, c), mean = P_FULL(0.0f, n), rstd = P_FULL(0.0f, n);
+    pair dout = P_RANDN(&rng, 1.0f, n, c), out = P_FULL(0.0f, n, c), mean = P_FULL(0.0f, n),
+         rstd = P_FULL(0.0f, n);
     pair dx = P_FULL(0.0f, n, c), dw = P_FULL(0.5f, c), db = P_FULL(0.5f, c);
     BOTH(dsc_kernel_layernorm_forward(ON(out), ON(mean), ON(rstd), ON(x), ON(w), ON(b), 1e-5f));
     check(&out, 1e-4, "layernorm out"), check(&mean, 1e-4, "layernorm mean"), check(&rstd, 1e-4, "layernorm rstd");
@@ -117,7 +121,8 @@ static void test_cuda_activations_and_softmax(void **state) {
     (void)state;
     REQUIRE_GPU();
     dsc_rng rng = rng_for(4);
-    pair x = P_RANDN(&rng, 2.0f, 1000, 77), up = P_RANDN(&rng, 1.0f, 1000, 77), dout = P_RANDN(&rng, 1.0f, 1000, 77);
+    pair x = P_RANDN(&rng, 2.0f, 1000, 77), up = P_RANDN(&rng, 1.0f, 1000, 77),
+         dout = P_RANDN(&rng, 1.0f, 1000, 77);
     pair out = P_FULL(0.0f, 1000, 77), dx = P_FULL(0.0f, 1000, 77), dup = P_FULL(0.0f, 1000, 77);
     BOTH(dsc_kernel_gelu_forward(ON(out), ON(x)));
     check(&out, 1e-4, "gelu");
@@ -209,9 +214,11 @@ static void test_cuda_optimizers_and_vectors(void **state) {
     int64_t n = 100003;
     pair p = P_RANDN(&rng, 1.0f, n), g = P_RANDN(&rng, 0.1f, n), m = P_FULL(0.0f, n), v = P_FULL(0.0f, n);
     pair buf = P_FULL(0.0f, n);
-    for (int64_t step = 1; step <= 3; step++) BOTH(dsc_kernel_adamw(ON(p), ON(g), ON(m), ON(v), 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step));
+    for (int64_t step = 1; step <= 3; step++)
+        BOTH(dsc_kernel_adamw(ON(p), ON(g), ON(m), ON(v), 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step));
     check(&p, 1e-5, "adamw param"), check(&m, 1e-5, "adamw exp_avg"), check(&v, 1e-5, "adamw exp_avg_sq");
-    for (int64_t step = 1; step <= 3; step++) BOTH(dsc_kernel_sgd(ON(p), ON(g), ON(buf), 0.1f, 0.9f, 0.01f, step));
+    for (int64_t step = 1; step <= 3; step++)
+        BOTH(dsc_kernel_sgd(ON(p), ON(g), ON(buf), 0.1f, 0.9f, 0.01f, step));
     check(&p, 1e-5, "sgd param");
     BOTH(dsc_kernel_axpy(ON(p), 0.5f, ON(g)));
     BOTH(dsc_kernel_add(ON(m), ON(p), ON(g)));

@@ -62,7 +62,8 @@ static double linear_loss(void *p) {
 
 /* Subtracts the value a gradient buffer held before an accumulating backward. */
 static void subtract(dsc_tensor *t, float before) {
-    for (int64_t i = 0; i < dsc_tensor_numel(t); i++) kt_f(t)[i] -= before;
+    for (int64_t i = 0; i < dsc_tensor_numel(t); i++)
+        kt_f(t)[i] -= before;
 }
 
 static void check_linear(bool with_bias) {
@@ -70,8 +71,14 @@ static void check_linear(bool with_bias) {
     int64_t b = 2, t = 3, c = 5, oc = 4;
     dsc_tensor x = KT_RANDN(&rng, 1.0f, b, t, c), w = KT_RANDN(&rng, 1.0f, oc, c), bias = KT_RANDN(&rng, 1.0f, oc);
     dsc_tensor y = KT_FULL(0.0f, b, t, oc), r = KT_RANDN(&rng, 1.0f, b, t, oc);
-    linear_ctx L = {kt_to_double(&x), kt_to_double(&w), with_bias ? kt_to_double(&bias) : NULL, kt_to_double(&r),
-                    kt_zeros_d(b * t * oc), b * t, c, oc};
+    linear_ctx L = {kt_to_double(&x),
+                    kt_to_double(&w),
+                    with_bias ? kt_to_double(&bias) : NULL,
+                    kt_to_double(&r),
+                    kt_zeros_d(b * t * oc),
+                    b * t,
+                    c,
+                    oc};
     assert_ok(dsc_kernel_linear_forward(&y, &x, &w, with_bias ? &bias : NULL));
     linear_loss(&L);
     KT_ASSERT_CLOSE(kt_f(&y), L.y, b * t * oc, 1e-5, with_bias ? "linear forward (bias)" : "linear forward");
@@ -121,9 +128,16 @@ static void check_norm(bool rms, int64_t n, int64_t c, bool check_grads) {
     dsc_tensor x = KT_RANDN(&rng, 2.0f, n, c), w = KT_RANDN(&rng, 1.0f, c), b = KT_RANDN(&rng, 1.0f, c);
     dsc_tensor out = KT_FULL(0.0f, n, c), mean = KT_FULL(0.0f, n), rstd = KT_FULL(0.0f, n);
     dsc_tensor r = KT_RANDN(&rng, 1.0f, n, c);
-    for (int64_t i = 0; i < n * c; i++) kt_f(&x)[i] += 1.5f; /* a nonzero mean exercises the centring */
-    norm_ctx N = {kt_to_double(&x), kt_to_double(&w), rms ? NULL : kt_to_double(&b), kt_to_double(&r),
-                  kt_zeros_d(n * c), n, c, rms};
+    for (int64_t i = 0; i < n * c; i++)
+        kt_f(&x)[i] += 1.5f; /* a nonzero mean exercises the centring */
+    norm_ctx N = {kt_to_double(&x),
+                  kt_to_double(&w),
+                  rms ? NULL : kt_to_double(&b),
+                  kt_to_double(&r),
+                  kt_zeros_d(n * c),
+                  n,
+                  c,
+                  rms};
     double *ref_mean = kt_zeros_d(n), *ref_rstd = kt_zeros_d(n);
     if (rms) {
         assert_ok(dsc_kernel_rmsnorm_forward(&out, &rstd, &x, &w, 1e-5f));
@@ -188,13 +202,15 @@ static void test_norm_backward_threads(void **state) {
                 assert_ok(dsc_kernel_rmsnorm_backward(&dx[run], &dw[run], &dout, &x, &w, &rstd));
             } else {
                 assert_ok(dsc_kernel_layernorm_forward(&out, &mean, &rstd, &x, &w, &b, 1e-5f));
-                assert_ok(dsc_kernel_layernorm_backward(&dx[run], &dw[run], &db[run], &dout, &x, &w, &mean, &rstd));
+                assert_ok(
+                    dsc_kernel_layernorm_backward(&dx[run], &dw[run], &db[run], &dout, &x, &w, &mean, &rstd));
             }
         }
         assert_memory_equal(dx[0].data, dx[1].data, dsc_tensor_nbytes(&dx[0]));
         assert_memory_equal(dw[0].data, dw[1].data, dsc_tensor_nbytes(&dw[0]));
         assert_memory_equal(db[0].data, db[1].data, dsc_tensor_nbytes(&db[0]));
-        for (int run = 0; run < 2; run++) dsc_tensor_free(&dx[run]), dsc_tensor_free(&dw[run]), dsc_tensor_free(&db[run]);
+        for (int run = 0; run < 2; run++)
+            dsc_tensor_free(&dx[run]), dsc_tensor_free(&dw[run]), dsc_tensor_free(&db[run]);
     }
     dsc_kernels_set_num_threads(saved);
     dsc_tensor_free(&x), dsc_tensor_free(&w), dsc_tensor_free(&b), dsc_tensor_free(&dout), dsc_tensor_free(&out);
@@ -257,10 +273,14 @@ static void test_softmax_in_place(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm_against_reference), cmocka_unit_test(test_linear_with_bias),
-        cmocka_unit_test(test_linear_without_bias),    cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_rmsnorm),                cmocka_unit_test(test_norm_backward_threads),
-        cmocka_unit_test(test_activations),            cmocka_unit_test(test_softmax_in_place),
+        cmocka_unit_test(test_gemm_against_reference),
+        cmocka_unit_test(test_linear_with_bias),
+        cmocka_unit_test(test_linear_without_bias),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_norm_backward_threads),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softmax_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

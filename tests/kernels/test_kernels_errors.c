@@ -14,9 +14,11 @@ static void test_bad_token_id_names_id_and_position(void **state) {
     assert_err(dsc_kernel_embedding_forward(&out, &tokens, &wte, NULL), DSC_ERR_INVALID,
                "dsc_kernel_embedding_forward: token id 70 at position 4 is outside [0, 5)");
     assert_true(kt_f(&out)[0] == 7.0f); /* untouched */
-    assert_err(dsc_kernel_embedding_backward(&dwte, NULL, &out, &tokens), DSC_ERR_INVALID, "token id 70 at position 4");
+    assert_err(dsc_kernel_embedding_backward(&dwte, NULL, &out, &tokens), DSC_ERR_INVALID,
+               "token id 70 at position 4");
     ((int32_t *)tokens.data)[4] = -2;
-    assert_err(dsc_kernel_embedding_forward(&out, &tokens, &wte, NULL), DSC_ERR_INVALID, "token id -2 at position 4");
+    assert_err(dsc_kernel_embedding_forward(&out, &tokens, &wte, NULL), DSC_ERR_INVALID,
+               "token id -2 at position 4");
     dsc_tensor_free(&tokens), dsc_tensor_free(&wte), dsc_tensor_free(&out), dsc_tensor_free(&dwte);
 }
 
@@ -34,8 +36,9 @@ static void test_bad_target_id(void **state) {
 static void test_shape_and_dtype_mismatches(void **state) {
     (void)state;
     dsc_tensor x = KT_FULL(1.0f, 4, 8), w = KT_FULL(1.0f, 3, 7), y = KT_FULL(0.0f, 4, 3), w8 = KT_FULL(1.0f, 7);
-    assert_err(dsc_kernel_linear_forward(&y, &x, &w, NULL), DSC_ERR_INVALID,
-               "dsc_kernel_linear_forward: x (4, 8) f32 cpu and y (4, 3) f32 cpu do not fit a linear map from 7 to 3");
+    assert_err(
+        dsc_kernel_linear_forward(&y, &x, &w, NULL), DSC_ERR_INVALID,
+        "dsc_kernel_linear_forward: x (4, 8) f32 cpu and y (4, 3) f32 cpu do not fit a linear map from 7 to 3");
     assert_err(dsc_kernel_gemm(&y, &x, &w, NULL, false, false, 1, 0), DSC_ERR_INVALID,
                "dsc_kernel_gemm argument b: expected shape (8, 7) f32, got (3, 7) f32 cpu");
     dsc_tensor mean = KT_FULL(0.0f, 4), rstd = KT_FULL(0.0f, 4), out = KT_FULL(0.0f, 4, 8);

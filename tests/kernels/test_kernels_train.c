@@ -22,12 +22,15 @@ static void check_embedding(bool with_wpe, int threads) {
     double *wted = kt_to_double(&wte), *wped = kt_to_double(&wpe), *want = kt_zeros_d(b * t * c);
     ref_embedding(want, ids, wted, with_wpe ? wped : NULL, b * t, t, c);
     assert_ok(dsc_kernel_embedding_forward(&out, &tokens, &wte, with_wpe ? &wpe : NULL));
-    KT_ASSERT_CLOSE(kt_f(&out), want, b * t * c, 1e-6, with_wpe ? "embedding forward (wte + wpe)" : "embedding forward");
+    KT_ASSERT_CLOSE(kt_f(&out), want, b * t * c, 1e-6,
+                    with_wpe ? "embedding forward (wte + wpe)" : "embedding forward");
     /* Backward: the gradient of sum(out * r) is a scatter-add of r, on top of what dwte held. */
     dsc_tensor r = KT_RANDN(&rng, 1.0f, b, t, c), dwte = KT_FULL(0.5f, v, c), dwpe = KT_FULL(0.5f, tmax, c);
     double *gte = kt_zeros_d(v * c), *gpe = kt_zeros_d(tmax * c);
-    for (int64_t i = 0; i < v * c; i++) gte[i] = 0.5;
-    for (int64_t i = 0; i < tmax * c; i++) gpe[i] = 0.5;
+    for (int64_t i = 0; i < v * c; i++)
+        gte[i] = 0.5;
+    for (int64_t i = 0; i < tmax * c; i++)
+        gpe[i] = 0.5;
     for (int64_t i = 0; i < b * t; i++)
         for (int64_t j = 0; j < c; j++) {
             gte[ids[i] * c + j] += kt_f(&r)[i * c + j];
@@ -60,7 +63,8 @@ static double ce_loss(void *p) {
     ce_ctx *C = p;
     ref_cross_entropy(C->losses, C->logits, C->targets, C->n, C->v);
     double s = 0;
-    for (int64_t i = 0; i < C->n; i++) s += C->losses[i];
+    for (int64_t i = 0; i < C->n; i++)
+        s += C->losses[i];
     return s * C->dloss;
 }
 
@@ -153,10 +157,11 @@ static void test_reductions_and_helpers(void **state) {
     assert_ok(dsc_kernel_sum(&sum, &x));
     assert_ok(dsc_kernel_sum_squares(&sq, &x));
     assert_true(fabs(sum - want_sum) < 1e-9 && fabs(sq - want_sq) < 1e-9);
-    assert_ok(dsc_kernel_axpy(&y, 2.0f, &x));    /* y = 1 + 2x */
-    assert_ok(dsc_kernel_add(&out, &y, &x));     /* out = 1 + 3x */
-    assert_ok(dsc_kernel_scale(&out, 0.5f));     /* out = 0.5 + 1.5x */
-    for (int64_t i = 0; i < n; i += 997) assert_true(kt_f(&out)[i] == 0.5f + 1.5f * kt_f(&x)[i]);
+    assert_ok(dsc_kernel_axpy(&y, 2.0f, &x)); /* y = 1 + 2x */
+    assert_ok(dsc_kernel_add(&out, &y, &x));  /* out = 1 + 3x */
+    assert_ok(dsc_kernel_scale(&out, 0.5f));  /* out = 0.5 + 1.5x */
+    for (int64_t i = 0; i < n; i += 997)
+        assert_true(kt_f(&out)[i] == 0.5f + 1.5f * kt_f(&x)[i]);
     assert_ok(dsc_kernel_all_finite(&finite, &out));
     assert_true(finite);
     kt_f(&out)[n - 1] = INFINITY;
