@@ -1,0 +1,322 @@
+/* dsc/inference.h — the single-rank inference engine: parameters, layer
+ * containers and policies (how checkpoint tensors become finalized weights),
+ * models loaded from Hugging Face or dsc checkpoints, the engine (put /
+ * query / can_schedule / flush over a ragged batch and a blocked KV cache)
+ * and the Dynamic SplitFuse scheduler that generates text with it.
+ *
+ * The design is DeepSpeed inference v2's: a Parameter declares the
+ * checkpoint tensors it depends on (q, k, v) and is finalized (fused,
+ * converted to f32) into one flat, 256-byte aligned arena once they are all
+ * set; a LayerContainer declares typed parameter slots and a mapping table
+ * from checkpoint names to "slot.dependency", with `*` for an expert index;
+ * a Policy parses the architecture's config, chooses the containers and
+ * names the transformer-layer prefix and the ignored tensors; policies are
+ * found by architecture name in a registry whose registration validates
+ * every mapping table.
+ *
+ * Not here: the KV cache, ragged batches and paged attention (dsc/kv_cache.h),
+ * tokenizers (dsc/tokenizer.h), sampling (dsc/sampling.h), tensor
+ * parallelism and pipeline serving.
+ *
+ * Dimension letters: C model width, NH query heads, NKV key/value heads, HS
+ * head size, Q = NH*HS, KV = NKV*HS, F feed-forward width, V vocabulary,
+ * E experts, L layers, N tokens of a forward. */
+#ifndef DSC_INFERENCE_H
+#define DSC_INFERENCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/kv_cache.h"
+#include "dsc/sampling.h"
+#include "dsc/status.h"
+#include "dsc/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- model configuration -------------------------------------------------------------- */
+
+typedef enum dsc_infer_family {
+    DSC_INFER_FAMILY_GPT = 0, /* LayerNorm, learned positions, GELU (tanh) MLP, biases */
+    DSC_INFER_FAMILY_LLAMA    /* RMSNorm, RoPE, SwiGLU MLP (dense or top-k MoE) */
+} dsc_infer_family;
+
+typedef enum dsc_rope_scaling {
+    DSC_ROPE_SCALING_NONE = 0,
+    DSC_ROPE_SCALING_LLAMA3 /* Llama-3.1's frequency-dependent rescaling */
+} dsc_rope_scaling;
+
+typedef struct dsc_infer_model_config {
+    dsc_infer_family family;
+    int32_t n_layer;
+    int32_t d_model;   /* C */
+    int32_t n_head;    /* NH */
+    int32_t n_kv_head; /* NKV */
+    int32_t head_size; /* HS */
+    int32_t d_ff;      /* F (per expert for MoE) */
+    int32_t vocab_size;
+    int64_t max_positions; /* learned positions (GPT) or the model's context limit */
+    bool qkv_bias;
+    bool tie_embeddings;
+    float norm_eps;
+    double rope_theta;
+    dsc_rope_scaling rope_scaling;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_positions;
+    int32_t n_experts; /* 0: dense MLP */
+    int32_t top_k;
+} dsc_infer_model_config;
+
+/* ---- parameters and layer containers -------------------------------------------------------
+ * Shapes are symbolic so the tables are static data, checked once. */
+typedef enum dsc_dim {
+    DSC_DIM_NONE = 0, /* as `cols`: the dependency is a vector */
+    DSC_DIM_C,
+    DSC_DIM_Q,
+    DSC_DIM_KV,
+    DSC_DIM_F,
+    DSC_DIM_V,
+    DSC_DIM_POS,
+    DSC_DIM_E
+} dsc_dim;
+
+/* What the model forward uses a finalized parameter for. */
+typedef enum dsc_param_role {
+    DSC_PARAM_ROLE_ATTN_NORM_W = 0,
+    DSC_PARAM_ROLE_ATTN_NORM_B,
+    DSC_PARAM_ROLE_QKV_W, /* (Q + 2*KV, C): rows q | k | v */
+    DSC_PARAM_ROLE_QKV_B,
+    DSC_PARAM_ROLE_ATTN_OUT_W,
+    DSC_PARAM_ROLE_ATTN_OUT_B,
+    DSC_PARAM_ROLE_MLP_NORM_W,
+    DSC_PARAM_ROLE_MLP_NORM_B,
+    DSC_PARAM_ROLE_MLP1_W, /* GELU: fc (F, C); SwiGLU: (2F, C) rows gate | up */
+    DSC_PARAM_ROLE_MLP1_B,
+    DSC_PARAM_ROLE_MLP2_W, /* (C, F) */
+    DSC_PARAM_ROLE_MLP2_B,
+    DSC_PARAM_ROLE_ROUTER_W, /* (E, C) */
+    DSC_PARAM_ROLE_MOE1_W,   /* (E, 2F, C): per expert rows gate | up */
+    DSC_PARAM_ROLE_MOE2_W,   /* (E, C, F) */
+    DSC_PARAM_ROLE_EMBED,    /* (V, C) */
+    DSC_PARAM_ROLE_POS_EMBED,
+    DSC_PARAM_ROLE_FINAL_NORM_W,
+    DSC_PARAM_ROLE_FINAL_NORM_B,
+    DSC_PARAM_ROLE_UNEMBED, /* (V, C); absent when tied to the embedding */
+    DSC_PARAM_ROLE_COUNT
+} dsc_param_role;
+
+/* When a slot exists for a given config. */
+typedef enum dsc_slot_when {
+    DSC_SLOT_WHEN_ALWAYS = 0,
+    DSC_SLOT_WHEN_QKV_BIAS, /* config.qkv_bias */
+    DSC_SLOT_WHEN_UNTIED    /* !config.tie_embeddings */
+} dsc_slot_when;
+
+#define DSC_PARAM_MAX_DEPS 4
+
+typedef struct dsc_param_dep {
+    const char *name; /* "q" */
+    dsc_dim rows;
+    dsc_dim cols;     /* DSC_DIM_NONE for a vector */
+} dsc_param_dep;
+
+/* A parameter: its dependencies and its finalize step, which converts each
+ * to f32 and stacks them by rows (q | k | v) into the arena; a per-expert
+ * parameter is a list over E experts, stacked on a leading E axis. */
+typedef struct dsc_param_def {
+    const char *name; /* slot name, "qkv" */
+    dsc_param_role role;
+    dsc_slot_when when;
+    bool per_expert;
+    int n_deps;
+    dsc_param_dep deps[DSC_PARAM_MAX_DEPS];
+} dsc_param_def;
+
+/* Checkpoint name (relative to the layer prefix for transformer
+ * containers; `*` = expert index for per-expert targets) -> "slot.dep". */
+typedef struct dsc_param_mapping {
+    const char *source;
+    const char *target;
+} dsc_param_mapping;
+
+typedef struct dsc_container_def {
+    const char *name;
+    int n_params;
+    const dsc_param_def *params;
+    int n_mappings;
+    const dsc_param_mapping *mappings;
+} dsc_container_def;
+
+/* Every rule of a mapping table: targets "slot.dep" exist, each dependency
+ * is mapped exactly once, per-expert targets have exactly one `*` in the
+ * source and others none, slot names and roles are distinct. The error
+ * names the container and the entry. */
+dsc_status dsc_container_def_validate(const dsc_container_def *def);
+
+/* ---- policies and their registry ------------------------------------------------------------ */
+typedef struct dsc_policy {
+    const char *arch; /* registry key: "LlamaForCausalLM", "gpt" */
+    /* Fills the model config from the architecture's config JSON (HF
+     * config.json, or the dsc training config); unsupported options are
+     * DSC_ERR_UNSUPPORTED naming the key. `source` names the file. */
+    dsc_status (*configure)(dsc_infer_model_config *mc, const char *config_json, const char *source);
+    const char *layer_prefix; /* "model.layers." : names "<prefix><i>.<rest>" go to layer i */
+    const dsc_container_def *layer;
+    const dsc_container_def *non_layer;
+    const char *const *ignored; /* NULL-terminated names (may hold `*`) skipped at load */
+} dsc_policy;
+
+/* Validates both containers, then adds the policy (the struct must outlive
+ * the registry). An invalid table or a taken name is DSC_ERR_INVALID naming
+ * the policy and the entry; nothing is registered. */
+dsc_status dsc_policy_register(const dsc_policy *policy);
+/* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM and MixtralForCausalLM. Idempotent. */
+dsc_status dsc_policy_register_builtin(void);
+/* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
+dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);
+
+/* ---- models ----------------------------------------------------------------------------------- */
+typedef struct dsc_infer_model dsc_infer_model;
+
+/* A source of named checkpoint tensors, read as f32. */
+typedef struct dsc_tensor_source {
+    void *impl;
+    int64_t count;
+    /* Name and shape of tensor i; name valid while the source lives. */
+    void (*describe)(void *impl, int64_t i, const char **name, int *ndim, int64_t *shape);
+    dsc_status (*read_f32)(void *impl, int64_t i, float *dst, int64_t numel);
+} dsc_tensor_source;
+
+/* Builds the containers of `policy` for `mc`, lays the arena out, maps every
+ * tensor of `src` (a name mapped to no container, not ignored, is
+ * DSC_ERR_CORRUPT naming it; a shape mismatch names tensor, expected and
+ * found), finalizes, and checks nothing is missing (naming the first
+ * checkpoint tensor that is). */
+dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                                 const dsc_tensor_source *src, dsc_infer_model **out);
+/* Loads a Hugging Face directory (config.json + model.safetensors or a
+ * sharded index), or a dsc training checkpoint (save_dir, save_dir/<tag>,
+ * or a state.h5; model parameters only). Single-process: uses MPI_COMM_SELF
+ * for HDF5, so MPI must be initialised for dsc checkpoints. */
+dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out);
+void dsc_infer_model_destroy(dsc_infer_model *m);
+const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
+/* "LlamaForCausalLM", "gpt", ... */
+const char *dsc_infer_model_arch(const dsc_infer_model *m);
+/* Bytes of the finalized weight arena. */
+size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
+/* A finalized parameter of layer `layer` (-1: the non-transformer
+ * container), as a view into the arena; DSC_ERR_INVALID when absent. */
+dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role, dsc_tensor *out);
+
+/* ---- engine ----------------------------------------------------------------------------------------- */
+typedef struct dsc_infer_engine dsc_infer_engine;
+
+typedef struct dsc_infer_engine_config {
+    int32_t block_size;
+    int64_t kv_cache_bytes;
+    int32_t max_sequences;
+    int64_t max_context; /* clipped to the model's context limit */
+    int32_t max_tokens_per_forward;
+    int32_t max_batch_sequences;
+} dsc_infer_engine_config;
+
+/* Defaults: block 16, 64 MiB of KV, 64 sequences, context = the model's
+ * (at most 4096), 512 tokens and 64 sequences per forward. */
+dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
+/* The engine borrows the model (it must outlive the engine). */
+dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg,
+                                   dsc_infer_engine **out);
+void dsc_infer_engine_destroy(dsc_infer_engine *e);
+const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
+int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);
+
+/* One forward over a ragged batch: n distinct uids, tokens[i] (counts[i] ids)
+ * appended to each sequence; logits (n, V) of each sequence's last new
+ * token. A batch that does not fit is an error naming the reason
+ * (dsc_sched_result) and changes nothing. */
+dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
+                                const int32_t *counts, float *logits);
+/* Side-effect free: whether the batch (uids, lengths) could run now. */
+dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
+                                               const int64_t *lengths, int32_t n);
+/* Side-effect free: how many of max_tokens fit for uid with at most
+ * max_blocks new blocks, and the blocks they need. */
+void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
+                            int64_t *tokens_out, int32_t *blocks_out);
+/* Frees uid's KV blocks and slot; an unknown uid is DSC_ERR_INVALID. */
+dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid);
+int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e);
+int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e);
+/* Tokens in the cache for uid (0 when untracked). */
+int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid);
+
+/* ---- scheduler (Dynamic SplitFuse continuous batching) -------------------------------------- */
+typedef struct dsc_scheduler dsc_scheduler;
+
+typedef enum dsc_prefill_priority {
+    DSC_PREFILL_PRIORITY_DECODE_FIRST = 0, /* FastGen: decodes, then prompt chunks fill the budget */
+    DSC_PREFILL_PRIORITY_PREFILL_FIRST     /* prompt chunks first (lower time to first token) */
+} dsc_prefill_priority;
+
+typedef struct dsc_scheduler_config {
+    int32_t token_budget; /* tokens per forward; <= the engine's max_tokens_per_forward */
+    dsc_prefill_priority prefill_priority;
+    /* KV kept for each admitted request's future tokens: -1 reserves its
+     * whole max_new_tokens (never preempts); k >= 0 reserves min(k,
+     * max_new_tokens) and relies on preemption when decodes outgrow it. */
+    int32_t kv_reserve_tokens;
+    /* Static batching for comparison: admit only when nothing runs, and
+     * run each admitted group to completion. */
+    bool static_batching;
+} dsc_scheduler_config;
+
+dsc_scheduler_config dsc_scheduler_config_default(const dsc_infer_engine *e);
+
+typedef struct dsc_gen_request {
+    uint64_t uid;
+    const int32_t *prompt; /* copied at submit */
+    int32_t n_prompt;
+    int32_t max_new_tokens;
+    dsc_sampling_params sampling;
+    uint64_t seed;
+    const int32_t *stop_tokens; /* copied at submit */
+    int32_t n_stop;
+} dsc_gen_request;
+
+/* Called for every generated token, in order per request; `finished` on the
+ * request's last one. An error stops dsc_scheduler_run. */
+typedef dsc_status (*dsc_token_callback)(void *user, uint64_t uid, int32_t token, bool finished);
+
+typedef struct dsc_scheduler_stats {
+    int64_t forwards;
+    int64_t tokens_forwarded; /* prompt + decode tokens through the model (recomputes included) */
+    int64_t tokens_generated;
+    int64_t preemptions;
+    int32_t max_tokens_in_forward;
+    double kv_utilisation_sum; /* sum over forwards of used / total blocks */
+    double kv_utilisation_peak;
+} dsc_scheduler_stats;
+
+dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_token_callback cb,
+                                void *user, dsc_scheduler **out);
+void dsc_scheduler_destroy(dsc_scheduler *s);
+/* Queues a request. A uid in use, an empty prompt, or a request that could
+ * never fit (prompt + max_new_tokens beyond max_context or the whole KV
+ * cache) is DSC_ERR_INVALID naming the uid and the reason. */
+dsc_status dsc_scheduler_submit(dsc_scheduler *s, const dsc_gen_request *req);
+/* One forward; *idle is set when nothing was left to run. */
+dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle);
+/* Steps until every submitted request has finished. */
+dsc_status dsc_scheduler_run(dsc_scheduler *s);
+const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s);
+/* Seconds from submit to first token of uid (negative when none yet). */
+double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,105 @@
+/* The inference engine (DeepSpeed's InferenceEngineV2): owns the KV cache,
+ * the sequence state, one reusable ragged batch and the forward scratch, all
+ * sized once from the engine config. put() runs exactly one forward over a
+ * ragged batch and returns each sequence's last-token logits; query() and
+ * can_schedule() answer without side effects; flush() frees a sequence.
+ * Not here: which requests to run (scheduler.c) or sampling. */
+#include <stdlib.h>
+
+#include "inference/model_internal.h"
+
+struct dsc_infer_engine {
+    dsc_infer_model *model;
+    dsc_kv_config kv;
+    dsc_kv_cache *cache;
+    dsc_kv_state *state;
+    dsc_ragged_batch batch;
+    dsc_forward_scratch scratch;
+};
+
+dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m) {
+    int64_t ctx = m->cfg.max_positions < 4096 ? m->cfg.max_positions : 4096;
+    return (dsc_infer_engine_config){.block_size = 16,
+                                     .kv_cache_bytes = 64ll << 20,
+                                     .max_sequences = 64,
+                                     .max_context = ctx,
+                                     .max_tokens_per_forward = 512,
+                                     .max_batch_sequences = 64};
+}
+
+dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out) {
+    *out = NULL;
+    dsc_infer_engine *e = calloc(1, sizeof *e);
+    DSC_CHECK(e, DSC_ERR_NOMEM, "inference engine");
+    e->model = m;
+    e->kv = (dsc_kv_config){.num_layers = m->cfg.n_layer,
+                            .num_kv_heads = m->cfg.n_kv_head,
+                            .head_size = m->cfg.head_size,
+                            .block_size = cfg->block_size,
+                            .kv_cache_bytes = cfg->kv_cache_bytes,
+                            .max_sequences = cfg->max_sequences,
+                            .max_context = cfg->max_context < m->cfg.max_positions ? cfg->max_context
+                                                                                    : m->cfg.max_positions,
+                            .max_tokens_per_forward = cfg->max_tokens_per_forward,
+                            .max_batch_sequences = cfg->max_batch_sequences};
+    dsc_status s = dsc_kv_config_validate(&e->kv);
+    if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
+    if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
+    if (!s) s = dsc_ragged_batch_init(&e->batch, &e->kv);
+    if (!s) s = dsc_forward_scratch_init(&e->scratch, &m->cfg, e->kv.max_tokens_per_forward, e->kv.max_batch_sequences);
+    if (s) {
+        dsc_infer_engine_destroy(e);
+        return dsc_error_wrap(s, "creating the inference engine for %s", m->policy->arch);
+    }
+    *out = e;
+    return NULL;
+}
+
+void dsc_infer_engine_destroy(dsc_infer_engine *e) {
+    if (!e) return;
+    dsc_forward_scratch_free(&e->scratch);
+    dsc_ragged_batch_free(&e->batch);
+    dsc_kv_state_destroy(e->state);
+    dsc_kv_cache_destroy(e->cache);
+    free(e);
+}
+
+const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e) { return &e->kv; }
+int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e) { return e->model->cfg.vocab_size; }
+
+dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
+                                const int32_t *counts, float *logits) {
+    /* Inputs are checked before any state changes, so a forward never fails on them. */
+    int32_t V = e->model->cfg.vocab_size;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; tokens && tokens[i] && j < counts[i]; j++)
+            DSC_CHECK(tokens[i][j] >= 0 && tokens[i][j] < V, DSC_ERR_INVALID,
+                      "put: sequence %llu token %d is id %d, outside the vocabulary [0, %d)",
+                      (unsigned long long)uids[i], j, tokens[i][j], V);
+    DSC_TRY(dsc_ragged_batch_build(&e->batch, e->state, n, uids, tokens, counts));
+    DSC_TRY(dsc_model_forward(e->model, &e->batch, e->cache, &e->scratch, logits));
+    return dsc_ragged_batch_finish(&e->batch, e->state);
+}
+
+dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
+                                               const int64_t *lengths, int32_t n) {
+    return dsc_kv_state_can_schedule(e->state, uids, lengths, n);
+}
+
+void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
+                            int64_t *tokens_out, int32_t *blocks_out) {
+    dsc_kv_state_query(e->state, uid, max_tokens, max_blocks, tokens_out, blocks_out);
+}
+
+dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid) { return dsc_kv_state_flush(e->state, uid); }
+
+int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e) {
+    return dsc_kv_blocks_free_count(dsc_kv_cache_blocks(e->cache));
+}
+
+int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e) { return dsc_kv_cache_num_blocks(e->cache); }
+
+int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid) {
+    dsc_kv_seq_info info;
+    return dsc_kv_state_lookup(e->state, uid, &info) ? info.seen_tokens : 0;
+}

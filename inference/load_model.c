@@ -1,0 +1,30 @@
+/* dsc_infer_model_load: tells a Hugging Face directory (config.json) from a
+ * dsc checkpoint (a state.h5, a checkpoint tag directory, or a save_dir
+ * with a `latest` file) and hands it to the matching loader. */
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "dsc/checkpoint.h"
+#include "inference/load.h"
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out) {
+    *out = NULL;
+    struct stat st;
+    DSC_CHECK(stat(path, &st) == 0, DSC_ERR_IO, "model path %s does not exist", path);
+    if (!S_ISDIR(st.st_mode)) return dsc_load_dsc(path, out);
+    char file[2048];
+    snprintf(file, sizeof file, "%s/config.json", path);
+    if (exists(file)) return dsc_load_hf(path, out);
+    snprintf(file, sizeof file, "%s/state.h5", path);
+    if (exists(file)) return dsc_load_dsc(file, out);
+    snprintf(file, sizeof file, "%s/latest", path);
+    DSC_CHECK(exists(file), DSC_ERR_IO,
+              "%s holds neither config.json (Hugging Face), state.h5 nor latest (dsc checkpoint)", path);
+    DSC_TRY(dsc_checkpoint_path(path, "latest", file, sizeof file));
+    return dsc_load_dsc(file, out);
+}

@@ -1,0 +1,80 @@
+/* Private to inference/: the loaded model (config, policy, weight arena and
+ * the per-layer views the forward reads), the symbolic-shape helpers shared
+ * by containers and the loader, and the model forward over a ragged batch.
+ * Not here: KV bookkeeping (kv_cache.h) and scheduling (engine, scheduler). */
+#ifndef DSC_INFERENCE_MODEL_INTERNAL_H
+#define DSC_INFERENCE_MODEL_INTERNAL_H
+
+#include "dsc/inference.h"
+
+struct dsc_infer_model {
+    const dsc_policy *policy;
+    dsc_infer_model_config cfg;
+    void *arena; /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
+    size_t arena_bytes;
+    dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
+    float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */
+};
+
+/* Extent of a symbolic dimension for a config. */
+int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d);
+/* Whether a slot exists for a config. */
+bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc);
+/* Finalized shape of a parameter: (rows) or (rows, cols), with a leading E per expert. */
+int dsc_param_def_shape(const dsc_param_def *p, const dsc_infer_model_config *mc, int64_t *shape);
+/* The mapping of container `def` matching `name` (exact, or with `*`
+ * standing for a decimal index written to *index; -1 when none). */
+const dsc_param_mapping *dsc_container_match(const dsc_container_def *def, const char *name, int64_t *index);
+/* Splits target "slot.dep" into the parameter and dependency indices (-1 when unknown). */
+void dsc_container_target(const dsc_container_def *def, const char *target, int *param, int *dep);
+
+/* The built-in policies (policy_hf.c, policy_dsc.c). */
+extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_hf_qwen2, dsc_policy_hf_mixtral,
+    dsc_policy_dsc_gpt, dsc_policy_dsc_llama;
+
+/* Per-forward scratch, sized once for the engine's limits (N tokens, S sequences). */
+typedef struct dsc_forward_scratch {
+    int64_t max_tokens, max_seqs;
+    float *x;    /* (N, C) residual stream */
+    float *h;    /* (N, C) normed input */
+    float *y;    /* (N, C) output of attention or MLP before the residual add */
+    float *q;    /* (N, Q) */
+    float *k;    /* (N, KV) */
+    float *v;    /* (N, KV) */
+    float *att;  /* (N, Q) */
+    float *ff1;  /* (N, F) GELU pre-activation / SwiGLU gate */
+    float *ff2;  /* (N, F) SwiGLU up */
+    float *moe;  /* (N, C) expert output before the weighted sum */
+    float *router;   /* (N, E) */
+    int32_t *routes; /* (N, K) chosen experts */
+    float *weights;  /* (N, K) renormalised routing weights */
+    int32_t *rows;   /* (N) tokens routed to one expert */
+    int32_t *pos;    /* (N) positions as i32 */
+    float *last;     /* (S, C) final hidden state of each sequence's last token */
+    size_t bytes;
+    dsc_infer_model_config cfg; /* the sizes the buffers were made for */
+} dsc_forward_scratch;
+
+dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model_config *mc, int64_t max_tokens,
+                                    int64_t max_seqs);
+void dsc_forward_scratch_free(dsc_forward_scratch *s);
+
+/* Logits (n_seqs, V) of each sequence's last token of `batch`, writing
+ * every token's K and V into the cache. */
+dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
+                             dsc_forward_scratch *s, float *logits);
+/* y (n, rows) = x (n, cols) @ W[row0 : row0 + rows]^T (+ b[row0 : row0 + rows]):
+ * a projection through a block of rows of a fused (R, cols) parameter. */
+dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tensor *w, const dsc_tensor *b,
+                             int64_t row0, int64_t rows);
+/* A (rows, cols) f32 CPU view. */
+dsc_tensor dsc_model_view2(float *p, int64_t rows, int64_t cols);
+/* The Mixtral feed-forward of one layer: h (N, C) -> out (N, C) overwritten. */
+dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t n, const float *h, float *out,
+                         dsc_forward_scratch *s);
+/* RoPE on x (N, heads, HS) in place at per-token positions, with m->inv_freq. */
+void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos);
+/* Fills m->inv_freq from the config (theta, Llama-3 scaling). */
+dsc_status dsc_model_rope_init(dsc_infer_model *m);
+
+#endif

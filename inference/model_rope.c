@@ -1,0 +1,53 @@
+/* Rotary position embedding for inference: a frequency table computed once
+ * per model (theta^(-2i/HS), with Llama-3's frequency-dependent rescaling
+ * when the config asks for it) applied at each token's own position of the
+ * ragged batch. The shared kernel dsc_kernel_rope derives its frequencies
+ * from theta alone and so cannot express Llama-3 scaling; this table path
+ * serves every Llama-family model instead of keeping two. Rotate-half
+ * pairing (i, i + HS/2), angles in double, as the training kernel. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "inference/model_internal.h"
+
+dsc_status dsc_model_rope_init(dsc_infer_model *m) {
+    const dsc_infer_model_config *mc = &m->cfg;
+    int32_t half = mc->head_size / 2;
+    m->inv_freq = malloc((size_t)half * sizeof *m->inv_freq);
+    DSC_CHECK(m->inv_freq, DSC_ERR_NOMEM, "RoPE table (%d)", half);
+    for (int32_t i = 0; i < half; i++) {
+        double f = pow(mc->rope_theta, -2.0 * i / mc->head_size);
+        if (mc->rope_scaling == DSC_ROPE_SCALING_LLAMA3) {
+            /* Hugging Face's _compute_llama3_parameters: long wavelengths are
+             * divided by the factor, short ones kept, the band between blended. */
+            double old = (double)mc->rope_original_max_positions, wavelen = 2.0 * 3.14159265358979323846 / f;
+            double low_wavelen = old / mc->rope_low_freq_factor, high_wavelen = old / mc->rope_high_freq_factor;
+            if (wavelen > low_wavelen) {
+                f /= mc->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (old / wavelen - mc->rope_low_freq_factor) /
+                                (mc->rope_high_freq_factor - mc->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / mc->rope_factor + smooth * f;
+            }
+        }
+        m->inv_freq[i] = (float)f;
+    }
+    return NULL;
+}
+
+void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos) {
+    int32_t hs = m->cfg.head_size, half = hs / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < n; t++) {
+        for (int32_t i = 0; i < half; i++) {
+            double angle = (double)pos[t] * (double)m->inv_freq[i];
+            float c = (float)cos(angle), s = (float)sin(angle);
+            for (int32_t h = 0; h < heads; h++) {
+                float *row = x + (t * heads + h) * hs;
+                float a = row[i], b = row[i + half];
+                row[i] = a * c - b * s;
+                row[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
