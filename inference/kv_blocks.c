@@ -22,11 +22,13 @@ dsc_status dsc_kv_blocks_create(dsc_kv_blocks **out, int32_t num_blocks) {
     dsc_status st = NULL;
     DSC_TRY(dsc_mem_alloc((void **)&b, sizeof *b, DSC_MEM_OTHER, DSC_CPU));
     b->num_blocks = num_blocks;
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&b->free_stack, sizeof(int32_t) * (size_t)num_blocks, DSC_MEM_OTHER,
-                                   DSC_CPU), fail);
+    DSC_TRY_GOTO(
+        st, dsc_mem_alloc((void **)&b->free_stack, sizeof(int32_t) * (size_t)num_blocks, DSC_MEM_OTHER, DSC_CPU),
+        fail);
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&b->state, (size_t)num_blocks, DSC_MEM_OTHER, DSC_CPU), fail);
     /* Highest id at the bottom so that a fresh pool hands out 0, 1, 2, ... */
-    for (int32_t i = 0; i < num_blocks; i++) b->free_stack[i] = num_blocks - 1 - i;
+    for (int32_t i = 0; i < num_blocks; i++)
+        b->free_stack[i] = num_blocks - 1 - i;
     b->free_count = num_blocks;
     *out = b;
     return NULL;
@@ -63,7 +65,8 @@ dsc_status dsc_kv_blocks_free(dsc_kv_blocks *b, const int32_t *ids, int32_t n) {
     for (; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= b->num_blocks) {
-            st = dsc_error(DSC_ERR_INVALID, "kv blocks: free of block id %d out of range [0, %d)", id, b->num_blocks);
+            st = dsc_error(DSC_ERR_INVALID, "kv blocks: free of block id %d out of range [0, %d)", id,
+                           b->num_blocks);
             break;
         }
         if (b->state[id] == BLOCK_MARKED) {
@@ -77,7 +80,8 @@ dsc_status dsc_kv_blocks_free(dsc_kv_blocks *b, const int32_t *ids, int32_t n) {
         b->state[id] = BLOCK_MARKED;
     }
     if (st) {
-        for (int32_t j = 0; j < i; j++) b->state[ids[j]] = BLOCK_USED;
+        for (int32_t j = 0; j < i; j++)
+            b->state[ids[j]] = BLOCK_USED;
         return st;
     }
     for (i = 0; i < n; i++) {
@@ -87,9 +91,13 @@ dsc_status dsc_kv_blocks_free(dsc_kv_blocks *b, const int32_t *ids, int32_t n) {
     return NULL;
 }
 
-int32_t dsc_kv_blocks_free_count(const dsc_kv_blocks *b) { return b->free_count; }
+int32_t dsc_kv_blocks_free_count(const dsc_kv_blocks *b) {
+    return b->free_count;
+}
 
-int32_t dsc_kv_blocks_total(const dsc_kv_blocks *b) { return b->num_blocks; }
+int32_t dsc_kv_blocks_total(const dsc_kv_blocks *b) {
+    return b->num_blocks;
+}
 
 bool dsc_kv_blocks_is_used(const dsc_kv_blocks *b, int32_t id) {
     return id >= 0 && id < b->num_blocks && b->state[id] == BLOCK_USED;

@@ -15,8 +15,8 @@ struct dsc_kv_cache {
     dsc_kv_blocks *blocks;
 };
 
-#define CHECK_POSITIVE(field)                                                                         \
-    DSC_CHECK(cfg->field > 0, DSC_ERR_CONFIG, "kv_cache config: %s must be > 0, got %lld", #field,    \
+#define CHECK_POSITIVE(field)                                                                                     \
+    DSC_CHECK(cfg->field > 0, DSC_ERR_CONFIG, "kv_cache config: %s must be > 0, got %lld", #field,                \
               (long long)cfg->field)
 
 dsc_status dsc_kv_config_validate(const dsc_kv_config *cfg) {
@@ -29,7 +29,8 @@ dsc_status dsc_kv_config_validate(const dsc_kv_config *cfg) {
     CHECK_POSITIVE(max_context);
     CHECK_POSITIVE(max_tokens_per_forward);
     CHECK_POSITIVE(max_batch_sequences);
-    DSC_CHECK(cfg->max_batch_sequences <= cfg->max_sequences && cfg->max_batch_sequences <= cfg->max_tokens_per_forward,
+    DSC_CHECK(cfg->max_batch_sequences <= cfg->max_sequences &&
+                  cfg->max_batch_sequences <= cfg->max_tokens_per_forward,
               DSC_ERR_CONFIG,
               "kv_cache config: max_batch_sequences (%d) must be <= max_sequences (%d) and <= "
               "max_tokens_per_forward (%d)",
@@ -59,8 +60,9 @@ dsc_status dsc_kv_cache_create(dsc_kv_cache **out, const dsc_kv_config *cfg, dsc
               "x %d kv heads x %d x 4)",
               (long long)cfg->kv_cache_bytes, block_bytes, cfg->num_layers, cfg->block_size, cfg->num_kv_heads,
               cfg->head_size);
-    DSC_CHECK(num_blocks <= INT32_MAX, DSC_ERR_CONFIG, "kv_cache config: kv_cache_bytes %lld gives %lld blocks (> 2^31)",
-              (long long)cfg->kv_cache_bytes, (long long)num_blocks);
+    DSC_CHECK(num_blocks <= INT32_MAX, DSC_ERR_CONFIG,
+              "kv_cache config: kv_cache_bytes %lld gives %lld blocks (> 2^31)", (long long)cfg->kv_cache_bytes,
+              (long long)num_blocks);
     dsc_kv_cache *c = NULL;
     dsc_status st = NULL;
     DSC_TRY(dsc_mem_alloc((void **)&c, sizeof *c, DSC_MEM_OTHER, DSC_CPU));
@@ -84,9 +86,13 @@ void dsc_kv_cache_destroy(dsc_kv_cache *c) {
     dsc_mem_free(c, sizeof *c, DSC_MEM_OTHER, DSC_CPU);
 }
 
-int32_t dsc_kv_cache_num_blocks(const dsc_kv_cache *c) { return c->num_blocks; }
+int32_t dsc_kv_cache_num_blocks(const dsc_kv_cache *c) {
+    return c->num_blocks;
+}
 
-dsc_kv_blocks *dsc_kv_cache_blocks(dsc_kv_cache *c) { return c->blocks; }
+dsc_kv_blocks *dsc_kv_cache_blocks(dsc_kv_cache *c) {
+    return c->blocks;
+}
 
 dsc_status dsc_kv_cache_layer(dsc_kv_cache *c, int32_t layer, dsc_tensor *out) {
     DSC_CHECK(layer >= 0 && layer < c->cfg.num_layers, DSC_ERR_INVALID, "kv cache: layer %d out of range [0, %d)",

@@ -47,7 +47,8 @@ static int32_t find_slot(const dsc_kv_state *s, uint64_t uid) {
 
 static void hash_insert(dsc_kv_state *s, uint64_t uid, int32_t slot) {
     uint32_t h = hash_uid(uid) & s->hash_mask;
-    while (s->hash[h] != 0) h = (h + 1) & s->hash_mask;
+    while (s->hash[h] != 0)
+        h = (h + 1) & s->hash_mask;
     s->hash[h] = slot + 1;
 }
 
@@ -55,7 +56,8 @@ static void hash_insert(dsc_kv_state *s, uint64_t uid, int32_t slot) {
  * run move into the hole, so lookups never need tombstones. */
 static void hash_remove(dsc_kv_state *s, uint64_t uid) {
     uint32_t h = hash_uid(uid) & s->hash_mask;
-    while (s->seqs[s->hash[h] - 1].uid != uid) h = (h + 1) & s->hash_mask;
+    while (s->seqs[s->hash[h] - 1].uid != uid)
+        h = (h + 1) & s->hash_mask;
     uint32_t hole = h;
     for (uint32_t j = (hole + 1) & s->hash_mask; s->hash[j] != 0; j = (j + 1) & s->hash_mask) {
         uint32_t home = hash_uid(s->seqs[s->hash[j] - 1].uid) & s->hash_mask;
@@ -79,14 +81,18 @@ dsc_status dsc_kv_state_create(dsc_kv_state **out, const dsc_kv_config *cfg, dsc
     s->blocks = blocks;
     s->max_blocks = dsc_kv_config_max_blocks_per_sequence(cfg);
     s->hash_size = 1;
-    while (s->hash_size < 2 * (size_t)cfg->max_sequences) s->hash_size *= 2;
+    while (s->hash_size < 2 * (size_t)cfg->max_sequences)
+        s->hash_size *= 2;
     s->hash_mask = (uint32_t)(s->hash_size - 1);
     size_t nseq = (size_t)cfg->max_sequences;
     DSC_TRY_GOTO(st, dsc_kv_blocks_create(&s->slots, cfg->max_sequences), fail);
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&s->seqs, nseq * sizeof(seq_state), DSC_MEM_OTHER, DSC_CPU), fail);
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&s->tables, nseq * (size_t)s->max_blocks * sizeof(int32_t),
-                                   DSC_MEM_OTHER, DSC_CPU), fail);
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&s->hash, s->hash_size * sizeof(int32_t), DSC_MEM_OTHER, DSC_CPU), fail);
+    DSC_TRY_GOTO(
+        st,
+        dsc_mem_alloc((void **)&s->tables, nseq * (size_t)s->max_blocks * sizeof(int32_t), DSC_MEM_OTHER, DSC_CPU),
+        fail);
+    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&s->hash, s->hash_size * sizeof(int32_t), DSC_MEM_OTHER, DSC_CPU),
+                 fail);
     *out = s;
     return NULL;
 fail:
@@ -106,11 +112,16 @@ void dsc_kv_state_destroy(dsc_kv_state *s) {
 
 const char *dsc_sched_result_name(dsc_sched_result r) {
     switch (r) {
-    case DSC_SCHED_OK: return "ok";
-    case DSC_SCHED_TOO_MANY_TOKENS: return "too many tokens";
-    case DSC_SCHED_TOO_MANY_SEQUENCES: return "too many sequences";
-    case DSC_SCHED_KV_EXHAUSTED: return "kv cache exhausted";
-    case DSC_SCHED_SEQUENCE_TOO_LONG: return "sequence too long";
+    case DSC_SCHED_OK:
+        return "ok";
+    case DSC_SCHED_TOO_MANY_TOKENS:
+        return "too many tokens";
+    case DSC_SCHED_TOO_MANY_SEQUENCES:
+        return "too many sequences";
+    case DSC_SCHED_KV_EXHAUSTED:
+        return "kv cache exhausted";
+    case DSC_SCHED_SEQUENCE_TOO_LONG:
+        return "sequence too long";
     }
     return "unknown";
 }

@@ -40,8 +40,8 @@ static dsc_status check_args(const dsc_tensor *out, const dsc_tensor *q, const d
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const dsc_ragged_seq *s = &b->seqs[i];
         DSC_CHECK((int64_t)s->num_blocks * bs >= s->n_cached + s->n_new, DSC_ERR_INVALID,
-                  "paged attention: sequence %llu has %d blocks of %lld for %lld tokens", (unsigned long long)s->uid,
-                  s->num_blocks, (long long)bs, (long long)(s->n_cached + s->n_new));
+                  "paged attention: sequence %llu has %d blocks of %lld for %lld tokens",
+                  (unsigned long long)s->uid, s->num_blocks, (long long)bs, (long long)(s->n_cached + s->n_new));
         for (int32_t j = 0; j < s->num_blocks; j++)
             DSC_CHECK(s->block_table[j] >= 0 && s->block_table[j] < nb, DSC_ERR_INVALID,
                       "paged attention: sequence %llu block %d is id %d, outside [0, %lld)",
@@ -65,10 +65,13 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     float part[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) part[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < 8; j++)
+            part[j] += a[i + j] * b[i + j];
     float s = 0.0f;
-    for (; i < n; i++) s += a[i] * b[i];
-    for (int j = 0; j < 8; j++) s += part[j];
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    for (int j = 0; j < 8; j++)
+        s += part[j];
     return s;
 }
 
@@ -89,17 +92,20 @@ static void attend_one(float *out, const float *q, float *cache, const int32_t *
         if (tile_max > m) {
             float c = expf(m - tile_max);
             l *= c;
-            for (int64_t i = 0; i < hs; i++) out[i] *= c;
+            for (int64_t i = 0; i < hs; i++)
+                out[i] *= c;
             m = tile_max;
         }
         for (int64_t j = 0; j < n; j++) {
             float w = expf(scores[j] - m);
             const float *vr = cache_row(cache, table, p0 + j, 1, g, bs, nkv, hs);
             l += w;
-            for (int64_t i = 0; i < hs; i++) out[i] += w * vr[i];
+            for (int64_t i = 0; i < hs; i++)
+                out[i] += w * vr[i];
         }
     }
-    for (int64_t i = 0; i < hs; i++) out[i] /= l;
+    for (int64_t i = 0; i < hs; i++)
+        out[i] /= l;
 }
 
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,

@@ -54,17 +54,19 @@ dsc_status dsc_ragged_batch_build(dsc_ragged_batch *b, dsc_kv_state *state, int3
                                   const int32_t *const *tokens, const int32_t *counts) {
     DSC_CHECK(n >= 1, DSC_ERR_INVALID, "ragged batch: needs at least one sequence, got %d", n);
     DSC_TRY(check_requests(n, uids, counts));
-    DSC_CHECK(n <= b->max_seqs, DSC_ERR_INVALID, "ragged batch: %d sequences exceed max_batch_sequences %d (%s)", n,
-              b->max_seqs, dsc_sched_result_name(DSC_SCHED_TOO_MANY_SEQUENCES));
+    DSC_CHECK(n <= b->max_seqs, DSC_ERR_INVALID, "ragged batch: %d sequences exceed max_batch_sequences %d (%s)",
+              n, b->max_seqs, dsc_sched_result_name(DSC_SCHED_TOO_MANY_SEQUENCES));
     /* positions (max_tokens >= max_seqs entries) doubles as the int64 lengths
      * the scheduler check reads, so building never allocates. */
     int64_t *lengths = b->positions;
-    for (int32_t i = 0; i < n; i++) lengths[i] = counts[i];
+    for (int32_t i = 0; i < n; i++)
+        lengths[i] = counts[i];
     dsc_sched_result r = dsc_kv_state_can_schedule(state, uids, lengths, n);
     if (r != DSC_SCHED_OK) {
-        dsc_code code = r == DSC_SCHED_KV_EXHAUSTED || r == DSC_SCHED_TOO_MANY_SEQUENCES ? DSC_ERR_NOMEM
-                                                                                         : DSC_ERR_INVALID;
-        return dsc_error(code, "ragged batch of %d sequences cannot be scheduled: %s", n, dsc_sched_result_name(r));
+        dsc_code code =
+            r == DSC_SCHED_KV_EXHAUSTED || r == DSC_SCHED_TOO_MANY_SEQUENCES ? DSC_ERR_NOMEM : DSC_ERR_INVALID;
+        return dsc_error(code, "ragged batch of %d sequences cannot be scheduled: %s", n,
+                         dsc_sched_result_name(r));
     }
     int32_t t = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -98,6 +100,7 @@ dsc_status dsc_ragged_batch_build(dsc_ragged_batch *b, dsc_kv_state *state, int3
 }
 
 dsc_status dsc_ragged_batch_finish(const dsc_ragged_batch *b, dsc_kv_state *state) {
-    for (int32_t i = 0; i < b->n_seqs; i++) DSC_TRY(dsc_kv_state_commit(state, b->seqs[i].uid));
+    for (int32_t i = 0; i < b->n_seqs; i++)
+        DSC_TRY(dsc_kv_state_commit(state, b->seqs[i].uid));
     return NULL;
 }

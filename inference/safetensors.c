@@ -29,20 +29,20 @@ typedef struct st_dtype {
 } st_dtype;
 
 static const st_dtype DTYPES[] = {
-    {"F64", 8, ST_FLOAT, DSC_DTYPE_COUNT}, {"F32", 4, ST_FLOAT, DSC_DTYPE_F32},
-    {"F16", 2, ST_FLOAT, DSC_DTYPE_F16},   {"BF16", 2, ST_FLOAT, DSC_DTYPE_BF16},
-    {"I64", 8, ST_INT, DSC_DTYPE_I64},     {"I32", 4, ST_INT, DSC_DTYPE_I32},
-    {"I16", 2, ST_INT, DSC_DTYPE_COUNT},   {"I8", 1, ST_INT, DSC_DTYPE_COUNT},
-    {"U64", 8, ST_OTHER, DSC_DTYPE_COUNT}, {"U32", 4, ST_OTHER, DSC_DTYPE_COUNT},
-    {"U16", 2, ST_OTHER, DSC_DTYPE_COUNT}, {"U8", 1, ST_UINT, DSC_DTYPE_U8},
-    {"BOOL", 1, ST_BOOL, DSC_DTYPE_COUNT}, {"F8_E4M3", 1, ST_OTHER, DSC_DTYPE_COUNT},
+    {"F64", 8, ST_FLOAT, DSC_DTYPE_COUNT},     {"F32", 4, ST_FLOAT, DSC_DTYPE_F32},
+    {"F16", 2, ST_FLOAT, DSC_DTYPE_F16},       {"BF16", 2, ST_FLOAT, DSC_DTYPE_BF16},
+    {"I64", 8, ST_INT, DSC_DTYPE_I64},         {"I32", 4, ST_INT, DSC_DTYPE_I32},
+    {"I16", 2, ST_INT, DSC_DTYPE_COUNT},       {"I8", 1, ST_INT, DSC_DTYPE_COUNT},
+    {"U64", 8, ST_OTHER, DSC_DTYPE_COUNT},     {"U32", 4, ST_OTHER, DSC_DTYPE_COUNT},
+    {"U16", 2, ST_OTHER, DSC_DTYPE_COUNT},     {"U8", 1, ST_UINT, DSC_DTYPE_U8},
+    {"BOOL", 1, ST_BOOL, DSC_DTYPE_COUNT},     {"F8_E4M3", 1, ST_OTHER, DSC_DTYPE_COUNT},
     {"F8_E5M2", 1, ST_OTHER, DSC_DTYPE_COUNT},
 };
 #define N_DTYPES ((int)(sizeof DTYPES / sizeof DTYPES[0]))
 
 typedef struct st_file {
     char *path;
-    void *map;   /* the whole file, read-only */
+    void *map; /* the whole file, read-only */
     size_t size;
     const uint8_t *data; /* first byte after the header */
     cJSON *metadata;     /* "__metadata__" object or NULL */
@@ -86,7 +86,8 @@ static dsc_status map_file(const char *path, st_file *f) {
             int e = errno;
             f->map = NULL;
             close(fd);
-            return dsc_error(DSC_ERR_IO, "safetensors %s: mmap of %zu bytes failed: %s", path, f->size, strerror(e));
+            return dsc_error(DSC_ERR_IO, "safetensors %s: mmap of %zu bytes failed: %s", path, f->size,
+                             strerror(e));
         }
     }
     close(fd); /* the mapping stays valid */
@@ -126,8 +127,8 @@ static bool get_uint(const cJSON *item, uint64_t *out) {
 static dsc_status parse_metadata(st_file *f, cJSON *meta) {
     DSC_CHECK(cJSON_IsObject(meta), DSC_ERR_CORRUPT, "safetensors %s: __metadata__ is not an object", f->path);
     for (cJSON *kv = meta->child; kv; kv = kv->next)
-        DSC_CHECK(cJSON_IsString(kv), DSC_ERR_CORRUPT, "safetensors %s: __metadata__ value of \"%s\" is not a string",
-                  f->path, kv->string);
+        DSC_CHECK(cJSON_IsString(kv), DSC_ERR_CORRUPT,
+                  "safetensors %s: __metadata__ value of \"%s\" is not a string", f->path, kv->string);
     f->metadata = meta;
     return NULL;
 }
@@ -149,8 +150,8 @@ static dsc_status parse_entry(const st_file *f, int file_idx, const cJSON *item,
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     DSC_CHECK(cJSON_IsArray(shape), DSC_ERR_CORRUPT, "safetensors %s: tensor %s: missing shape", f->path, name);
     int ndim = cJSON_GetArraySize(shape);
-    DSC_CHECK(ndim <= DSC_MAX_DIMS, DSC_ERR_UNSUPPORTED, "safetensors %s: tensor %s: %d dimensions (dsc allows %d)",
-              f->path, name, ndim, DSC_MAX_DIMS);
+    DSC_CHECK(ndim <= DSC_MAX_DIMS, DSC_ERR_UNSUPPORTED,
+              "safetensors %s: tensor %s: %d dimensions (dsc allows %d)", f->path, name, ndim, DSC_MAX_DIMS);
     e->ndim = ndim;
     uint64_t numel = 1;
     for (int d = 0; d < ndim; d++) {
@@ -166,9 +167,10 @@ static dsc_status parse_entry(const st_file *f, int file_idx, const cJSON *item,
 
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     DSC_CHECK(cJSON_IsArray(offs) && cJSON_GetArraySize(offs) == 2 &&
-                  get_uint(cJSON_GetArrayItem(offs, 0), &e->begin) && get_uint(cJSON_GetArrayItem(offs, 1), &e->end),
-              DSC_ERR_CORRUPT, "safetensors %s: tensor %s: data_offsets must be two non-negative integers", f->path,
-              name);
+                  get_uint(cJSON_GetArrayItem(offs, 0), &e->begin) &&
+                  get_uint(cJSON_GetArrayItem(offs, 1), &e->end),
+              DSC_ERR_CORRUPT, "safetensors %s: tensor %s: data_offsets must be two non-negative integers",
+              f->path, name);
     DSC_CHECK(e->begin <= e->end && e->end <= data_size, DSC_ERR_CORRUPT,
               "safetensors %s: tensor %s: data_offsets [%llu, %llu] out of range of the %llu data bytes", f->path,
               name, (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)data_size);
@@ -187,7 +189,8 @@ static dsc_status parse_header(dsc_safetensors *st, int file_idx) {
               f->path, f->size);
     const uint8_t *p = f->map;
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | p[i];
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | p[i];
     DSC_CHECK(n <= f->size - 8, DSC_ERR_CORRUPT, "safetensors %s: header length %llu is beyond the file size %zu",
               f->path, (unsigned long long)n, f->size);
     f->data = p + 8 + n;
@@ -334,8 +337,10 @@ static dsc_status open_index(dsc_safetensors *st, const char *index_path) {
             } else if (pass == 1) {
                 const st_entry *e = lookup(st, kv->string);
                 if (!e || e->file != idx)
-                    s = dsc_error(DSC_ERR_CORRUPT, "safetensors index %s: weight_map puts tensor %s in %s, which has no such tensor",
-                                  index_path, kv->string, path);
+                    s = dsc_error(
+                        DSC_ERR_CORRUPT,
+                        "safetensors index %s: weight_map puts tensor %s in %s, which has no such tensor",
+                        index_path, kv->string, path);
             }
         }
         if (pass == 0 && !s) s = check_entries(st);
@@ -386,8 +391,10 @@ dsc_status dsc_safetensors_open(dsc_safetensors **out, const char *path) {
 
 void dsc_safetensors_close(dsc_safetensors *st) {
     if (!st) return;
-    for (int64_t i = 0; i < st->n_entries; i++) free(st->entries[i].name);
-    for (int i = 0; i < st->n_files; i++) unmap_file(&st->files[i]);
+    for (int64_t i = 0; i < st->n_entries; i++)
+        free(st->entries[i].name);
+    for (int i = 0; i < st->n_files; i++)
+        unmap_file(&st->files[i]);
     free(st->entries);
     free(st->files);
     free(st);
@@ -395,7 +402,9 @@ void dsc_safetensors_close(dsc_safetensors *st) {
 
 /* ---- access ----------------------------------------------------------------------------------- */
 
-int64_t dsc_safetensors_count(const dsc_safetensors *st) { return st->n_entries; }
+int64_t dsc_safetensors_count(const dsc_safetensors *st) {
+    return st->n_entries;
+}
 
 static void describe(const dsc_safetensors *st, const st_entry *e, dsc_safetensors_tensor *out) {
     const st_file *f = &st->files[e->file];
@@ -429,8 +438,8 @@ const char *dsc_safetensors_metadata(const dsc_safetensors *st, const char *key)
 dsc_status dsc_safetensors_view(const dsc_safetensors *st, const char *name, dsc_tensor *out) {
     dsc_safetensors_tensor t;
     DSC_CHECK(dsc_safetensors_find(st, name, &t), DSC_ERR_INVALID, "safetensors: no tensor named %s", name);
-    DSC_CHECK(t.dtype != DSC_DTYPE_COUNT, DSC_ERR_UNSUPPORTED, "safetensors %s: tensor %s has dtype %s, which dsc lacks",
-              t.file, name, t.dtype_name);
+    DSC_CHECK(t.dtype != DSC_DTYPE_COUNT, DSC_ERR_UNSUPPORTED,
+              "safetensors %s: tensor %s has dtype %s, which dsc lacks", t.file, name, t.dtype_name);
     *out = dsc_tensor_view((void *)t.data, t.dtype, t.ndim, t.shape, DSC_CPU);
     return NULL;
 }
@@ -439,14 +448,37 @@ dsc_status dsc_safetensors_view(const dsc_safetensors *st, const char *name, dsc
  * tensors inside a file need not be aligned. */
 static double load_element(const uint8_t *p, const st_dtype *d) {
     switch (d->size * 16 + (size_t)d->kind) {
-    case 8 * 16 + ST_FLOAT: { double x; memcpy(&x, p, 8); return x; }
-    case 4 * 16 + ST_FLOAT: { float x; memcpy(&x, p, 4); return x; }
-    case 8 * 16 + ST_INT: { int64_t x; memcpy(&x, p, 8); return (double)x; }
-    case 4 * 16 + ST_INT: { int32_t x; memcpy(&x, p, 4); return x; }
-    case 2 * 16 + ST_INT: { int16_t x; memcpy(&x, p, 2); return x; }
-    case 1 * 16 + ST_INT: return (int8_t)p[0];
-    case 1 * 16 + ST_UINT: return p[0];
-    case 1 * 16 + ST_BOOL: return p[0] != 0;
+    case 8 * 16 + ST_FLOAT: {
+        double x;
+        memcpy(&x, p, 8);
+        return x;
+    }
+    case 4 * 16 + ST_FLOAT: {
+        float x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    case 8 * 16 + ST_INT: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        return (double)x;
+    }
+    case 4 * 16 + ST_INT: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    case 2 * 16 + ST_INT: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        return x;
+    }
+    case 1 * 16 + ST_INT:
+        return (int8_t)p[0];
+    case 1 * 16 + ST_UINT:
+        return p[0];
+    case 1 * 16 + ST_BOOL:
+        return p[0] != 0;
     }
     uint16_t h;
     memcpy(&h, p, 2);
@@ -460,13 +492,14 @@ dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name,
     const char *file = st->files[e->file].path;
     DSC_CHECK(numel == e->numel, DSC_ERR_INVALID, "safetensors %s: tensor %s has %lld elements, destination %lld",
               file, name, (long long)e->numel, (long long)numel);
-    DSC_CHECK(d->kind != ST_OTHER, DSC_ERR_UNSUPPORTED, "safetensors %s: tensor %s: no f32 conversion from %s", file,
-              name, d->name);
+    DSC_CHECK(d->kind != ST_OTHER, DSC_ERR_UNSUPPORTED, "safetensors %s: tensor %s: no f32 conversion from %s",
+              file, name, d->name);
     const uint8_t *src = st->files[e->file].data + e->begin;
     if (d->dsc == DSC_DTYPE_F32) {
         memcpy(dst, src, (size_t)numel * sizeof(float));
         return NULL;
     }
-    for (int64_t i = 0; i < numel; i++) dst[i] = (float)load_element(src + (size_t)i * d->size, d);
+    for (int64_t i = 0; i < numel; i++)
+        dst[i] = (float)load_element(src + (size_t)i * d->size, d);
     return NULL;
 }

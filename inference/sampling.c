@@ -40,7 +40,8 @@ static dsc_status apply_repetition_penalty(dsc_sample_candidate *c, int32_t V, f
         x->logit = x->logit > 0.0f ? x->logit / penalty : x->logit * penalty;
         x->id = -1 - x->id;
     }
-    for (int64_t i = 0; i < n; i++) c[history[i]].id = history[i];
+    for (int64_t i = 0; i < n; i++)
+        c[history[i]].id = history[i];
     return NULL;
 }
 
@@ -81,7 +82,8 @@ static int32_t draw(dsc_sample_candidate *c, int32_t n, float max, dsc_rng *rng)
 dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *p,
                       const int32_t *history, int64_t n_history, dsc_sample_candidate *c, dsc_rng *rng) {
     DSC_TRY(check_params(p, V));
-    for (int32_t i = 0; i < V; i++) c[i] = (dsc_sample_candidate){logits[i], i};
+    for (int32_t i = 0; i < V; i++)
+        c[i] = (dsc_sample_candidate){logits[i], i};
     DSC_TRY(apply_repetition_penalty(c, V, p->repetition_penalty, history, n_history));
     int32_t best = argmax(c, V);
     DSC_CHECK(best >= 0, DSC_ERR_NUMERIC, "sampling: no finite logit among %d", V);
@@ -90,20 +92,24 @@ dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const 
         return NULL;
     }
     float max = c[best].logit / p->temperature;
-    for (int32_t i = 0; i < V; i++) c[i].logit /= p->temperature;
+    for (int32_t i = 0; i < V; i++)
+        c[i].logit /= p->temperature;
     int32_t n = V;
     if ((p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f) {
         qsort(c, (size_t)V, sizeof *c, by_logit_desc);
         if (p->top_k > 0 && p->top_k < V) {
             /* HF keeps every token tied with the k-th logit. */
             n = p->top_k;
-            while (n < V && c[n].logit == c[p->top_k - 1].logit) n++;
+            while (n < V && c[n].logit == c[p->top_k - 1].logit)
+                n++;
         }
         if (p->top_p < 1.0f) {
             double sum = 0.0, cum = 0.0;
-            for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logit - max);
+            for (int32_t i = 0; i < n; i++)
+                sum += exp((double)c[i].logit - max);
             int32_t keep = 0;
-            while (keep < n && cum < (double)p->top_p * sum) cum += exp((double)c[keep++].logit - max);
+            while (keep < n && cum < (double)p->top_p * sum)
+                cum += exp((double)c[keep++].logit - max);
             n = keep > 0 ? keep : 1;
         }
     }

@@ -12,7 +12,8 @@
 
 static uint32_t hash_bytes(const char *s, size_t len) {
     uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)s[i]) * 16777619u;
     return h;
 }
 
@@ -25,7 +26,8 @@ static uint32_t hash_pair(uint64_t key) {
 
 static uint32_t table_size(int64_t n) {
     uint32_t size = 16;
-    while (size < 2 * n) size *= 2;
+    while (size < 2 * n)
+        size *= 2;
     return size;
 }
 
@@ -61,7 +63,8 @@ dsc_status dsc_tok_index_vocab(dsc_tokenizer *t) {
         const char *s = t->token_str[id];
         if (!s || dsc_tok_vocab_find(t, s, strlen(s)) >= 0) continue;
         uint32_t h = hash_bytes(s, strlen(s)) & t->str_mask;
-        while (t->str_slots[h]) h = (h + 1) & t->str_mask;
+        while (t->str_slots[h])
+            h = (h + 1) & t->str_mask;
         t->str_slots[h] = id + 1;
     }
     return NULL;
@@ -81,7 +84,8 @@ dsc_status dsc_tok_index_merges(dsc_tokenizer *t, int32_t n_merges, const int32_
         if (dsc_tok_merge_find(t, left[r], right[r], &rank, &res)) continue;
         uint64_t key = (uint64_t)(uint32_t)left[r] << 32 | (uint32_t)right[r];
         uint32_t h = hash_pair(key) & t->pair_mask;
-        while (t->pair_rank[h]) h = (h + 1) & t->pair_mask;
+        while (t->pair_rank[h])
+            h = (h + 1) & t->pair_mask;
         t->pair_keys[h] = key;
         t->pair_rank[h] = r + 1;
         t->pair_result[h] = result[r];
@@ -129,14 +133,18 @@ void dsc_tokenizer_destroy(dsc_tokenizer *t) {
         free(t->norms[i].content);
     }
     free(t->norms);
-    for (int i = 0; i < t->n_pres; i++) free(t->pres[i].replacement);
+    for (int i = 0; i < t->n_pres; i++)
+        free(t->pres[i].replacement);
     free(t->pres);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++)
+        free(t->added[i].content);
     free(t->added);
     free(t);
 }
 
-int32_t dsc_tokenizer_vocab_size(const dsc_tokenizer *t) { return t->vocab_size; }
+int32_t dsc_tokenizer_vocab_size(const dsc_tokenizer *t) {
+    return t->vocab_size;
+}
 
 int32_t dsc_tokenizer_token_id(const dsc_tokenizer *t, const char *token) {
     return dsc_tok_vocab_find(t, token, strlen(token));
@@ -148,7 +156,8 @@ dsc_status dsc_tokenizer_encode(const dsc_tokenizer *t, const char *text, size_t
     if (t->is_bpe) {
         DSC_TRY(dsc_tok_bpe_encode(t, text, len, &o));
     } else {
-        for (size_t i = 0; i < len; i++) tok_ids_push(&o, (uint8_t)text[i]);
+        for (size_t i = 0; i < len; i++)
+            tok_ids_push(&o, (uint8_t)text[i]);
     }
     *n_out = o.n;
     DSC_CHECK(o.n <= cap, DSC_ERR_INVALID, "tokenizer: text of %zu bytes needs %lld ids, buffer holds %lld", len,
@@ -180,7 +189,9 @@ dsc_status dsc_tokenizer_decode(const dsc_tokenizer *t, const int32_t *ids, int6
     return NULL;
 }
 
-void dsc_tokenizer_stream_init(dsc_tokenizer_stream *s) { memset(s, 0, sizeof *s); }
+void dsc_tokenizer_stream_init(dsc_tokenizer_stream *s) {
+    memset(s, 0, sizeof *s);
+}
 
 /* Length of the longest prefix of b[0, n) that does not end inside a UTF-8
  * character which later bytes could still complete. Invalid bytes count as
@@ -195,7 +206,8 @@ static size_t complete_prefix(const uint8_t *b, size_t n) {
             continue;
         }
         size_t j = 1;
-        while (j < (size_t)k && i + j < n && (b[i + j] & 0xC0) == 0x80) j++;
+        while (j < (size_t)k && i + j < n && (b[i + j] & 0xC0) == 0x80)
+            j++;
         if (j == (size_t)k || i + j < n) {
             i += j; /* complete, or broken by a non-continuation byte */
             done = i;
@@ -211,8 +223,8 @@ dsc_status dsc_tokenizer_decode_next(const dsc_tokenizer *t, dsc_tokenizer_strea
     DSC_TRY(check_id(t, id));
     const uint8_t *b = (const uint8_t *)t->token_bytes[id];
     size_t bl = t->token_len[id], n = (size_t)s->n_pending + bl;
-    DSC_CHECK(n < cap, DSC_ERR_INVALID, "tokenizer: streaming decode of id %d needs %zu bytes, buffer holds %zu", id,
-              n + 1, cap);
+    DSC_CHECK(n < cap, DSC_ERR_INVALID, "tokenizer: streaming decode of id %d needs %zu bytes, buffer holds %zu",
+              id, n + 1, cap);
     memcpy(out, s->pending, (size_t)s->n_pending);
     memcpy(out + s->n_pending, b, bl);
     size_t ready = complete_prefix((const uint8_t *)out, n);

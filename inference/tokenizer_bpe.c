@@ -60,7 +60,8 @@ static void queue_pair(encoder *e, int32_t left) {
     if (right < 0 || !dsc_tok_merge_find(e->t, e->sym[left], e->sym[right], &rank, &result)) return;
     size_t i = e->heap_n++;
     merge_cand c = {rank, left, e->sym[left], e->sym[right], result};
-    for (; i > 0 && cand_before(&c, &e->heap[(i - 1) / 2]); i = (i - 1) / 2) e->heap[i] = e->heap[(i - 1) / 2];
+    for (; i > 0 && cand_before(&c, &e->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        e->heap[i] = e->heap[(i - 1) / 2];
     e->heap[i] = c;
 }
 
@@ -89,11 +90,13 @@ static dsc_status initial_symbols(encoder *e, const char *s, size_t len, size_t 
         uint32_t cp = dsc_tok_utf8_next(s, len, i, &k);
         int32_t id = dsc_tok_vocab_find(t, s + i, k);
         bool bytes_ok = id < 0 && t->byte_fallback;
-        for (size_t j = 0; j < k && bytes_ok; j++) bytes_ok = t->byte_ids[(uint8_t)s[i + j]] >= 0;
+        for (size_t j = 0; j < k && bytes_ok; j++)
+            bytes_ok = t->byte_ids[(uint8_t)s[i + j]] >= 0;
         if (id >= 0) {
             e->sym[(*n)++] = id;
         } else if (bytes_ok) {
-            for (size_t j = 0; j < k; j++) e->sym[(*n)++] = t->byte_ids[(uint8_t)s[i + j]];
+            for (size_t j = 0; j < k; j++)
+                e->sym[(*n)++] = t->byte_ids[(uint8_t)s[i + j]];
         } else {
             DSC_CHECK(t->unk_id >= 0, DSC_ERR_INVALID,
                       "tokenizer: character U+%04X has no token and the model has no unk token", cp);
@@ -124,7 +127,8 @@ static dsc_status bpe_piece(encoder *e, const char *s, size_t len) {
         e->prev[i] = (int32_t)i - 1;
         e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
-    for (size_t i = 0; i + 1 < n; i++) queue_pair(e, (int32_t)i);
+    for (size_t i = 0; i + 1 < n; i++)
+        queue_pair(e, (int32_t)i);
     while (e->heap_n > 0) {
         merge_cand c = pop_pair(e);
         int32_t l = c.pos, r = e->next[l];
@@ -136,7 +140,8 @@ static dsc_status bpe_piece(encoder *e, const char *s, size_t len) {
         if (e->prev[l] >= 0) queue_pair(e, e->prev[l]);
         queue_pair(e, l);
     }
-    for (int32_t i = n ? 0 : -1; i >= 0; i = e->next[i]) tok_ids_push(e->out, e->sym[i]);
+    for (int32_t i = n ? 0 : -1; i >= 0; i = e->next[i])
+        tok_ids_push(e->out, e->sym[i]);
     return NULL;
 }
 
@@ -168,7 +173,8 @@ static dsc_status byte_level(encoder *e, int k, const tok_pre *p, const char *s,
 
 static dsc_status metaspace(encoder *e, int k, const tok_pre *p, const char *s, size_t len, bool at_text_start) {
     size_t rl = strlen(p->replacement), spaces = 0;
-    for (size_t i = 0; i < len; i++) spaces += s[i] == ' ';
+    for (size_t i = 0; i < len; i++)
+        spaces += s[i] == ' ';
     char *buf = malloc(len + spaces * rl + rl + 1);
     DSC_CHECK(buf, DSC_ERR_NOMEM, "tokenizer: out of memory for a piece of %zu bytes", len);
     size_t n = 0;
@@ -211,8 +217,10 @@ static dsc_status pre_tokenize(encoder *e, int k, const char *s, size_t len, boo
             pos += m;
         }
         return NULL;
-    case TOK_PRE_BYTELEVEL: return byte_level(e, k, p, s, len, at_text_start);
-    case TOK_PRE_METASPACE: return metaspace(e, k, p, s, len, at_text_start);
+    case TOK_PRE_BYTELEVEL:
+        return byte_level(e, k, p, s, len, at_text_start);
+    case TOK_PRE_METASPACE:
+        return metaspace(e, k, p, s, len, at_text_start);
     }
     return dsc_error(DSC_ERR_INTERNAL, "tokenizer: unknown pre-tokenizer kind %d", (int)p->kind);
 }
@@ -257,7 +265,8 @@ static dsc_status encode_segment(encoder *e, const char *text, size_t len) {
     memcpy(s, text, len);
     size_t n = len;
     dsc_status st = NULL;
-    for (int i = 0; i < e->t->n_norms && !st; i++) st = normalize_step(&e->t->norms[i], &s, &n);
+    for (int i = 0; i < e->t->n_norms && !st; i++)
+        st = normalize_step(&e->t->norms[i], &s, &n);
     if (!st) st = pre_tokenize(e, 0, s, n, e->first_segment);
     e->first_segment = false;
     free(s);

@@ -37,9 +37,9 @@ typedef struct tok_added {
 struct dsc_tokenizer {
     int32_t vocab_size;
     bool is_bpe;
-    char **token_str;     /* (V) vocabulary strings as the model spells them; NULL for holes */
-    char **token_bytes;   /* (V) what each id decodes to */
-    size_t *token_len;    /* (V) */
+    char **token_str;         /* (V) vocabulary strings as the model spells them; NULL for holes */
+    char **token_bytes;       /* (V) what each id decodes to */
+    size_t *token_len;        /* (V) */
     bool strip_leading_space; /* the decoder drops one leading space (SentencePiece) */
 
     int32_t *str_slots; /* hash of token_str -> id + 1, 0 = empty */

@@ -69,7 +69,8 @@ static dsc_status get_id(const loader *L, const cJSON *v, const char *what, int3
 static dsc_status load_vocab(loader *L, const cJSON *vocab, const cJSON *added) {
     dsc_tokenizer *t = L->t;
     DSC_CHECK(cJSON_IsObject(vocab), DSC_ERR_CORRUPT, "tokenizer %s: model.vocab is not an object", L->path);
-    DSC_CHECK(!added || cJSON_IsArray(added), DSC_ERR_CORRUPT, "tokenizer %s: added_tokens is not an array", L->path);
+    DSC_CHECK(!added || cJSON_IsArray(added), DSC_ERR_CORRUPT, "tokenizer %s: added_tokens is not an array",
+              L->path);
     int32_t max_id = -1, id;
     for (const cJSON *kv = vocab->child; kv; kv = kv->next) {
         DSC_TRY(get_id(L, kv, kv->string, &id));
@@ -128,7 +129,8 @@ static dsc_status parse_merge(const loader *L, const cJSON *m, int32_t r, int32_
     size_t alen, blen;
     if (cJSON_IsString(m)) {
         const char *sp = strchr(m->valuestring, ' ');
-        DSC_CHECK(sp, DSC_ERR_CORRUPT, "tokenizer %s: merge %d \"%s\" is not two tokens", L->path, r, m->valuestring);
+        DSC_CHECK(sp, DSC_ERR_CORRUPT, "tokenizer %s: merge %d \"%s\" is not two tokens", L->path, r,
+                  m->valuestring);
         a = m->valuestring;
         alen = (size_t)(sp - a);
         b = sp + 1;
@@ -213,7 +215,8 @@ static dsc_status load_normalizer(loader *L, const cJSON *nm) {
     const char *ty = type_of(nm);
     if (strcmp(ty, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(nm, "normalizers");
-        for (const cJSON *x = cJSON_IsArray(list) ? list->child : NULL; x; x = x->next) DSC_TRY(load_normalizer(L, x));
+        for (const cJSON *x = cJSON_IsArray(list) ? list->child : NULL; x; x = x->next)
+            DSC_TRY(load_normalizer(L, x));
         return NULL;
     }
     if (strcmp(ty, "NFC") == 0) return NULL;
@@ -318,7 +321,8 @@ static dsc_status load_decoder(loader *L, const cJSON *d, decode_rules *r) {
         const cJSON *stop = cJSON_GetObjectItemCaseSensitive(d, "stop");
         DSC_CHECK(content && strcmp(content, " ") == 0 && cJSON_IsNumber(start) && start->valuedouble <= 1 &&
                       (!cJSON_IsNumber(stop) || stop->valuedouble == 0),
-                  DSC_ERR_UNSUPPORTED, "tokenizer %s: only Strip(\" \", start <= 1, stop 0) is supported", L->path);
+                  DSC_ERR_UNSUPPORTED, "tokenizer %s: only Strip(\" \", start <= 1, stop 0) is supported",
+                  L->path);
         L->t->strip_leading_space = start->valuedouble == 1;
     } else if (strcmp(ty, "Metaspace") == 0) {
         r->meta_to_space = true;
@@ -341,8 +345,10 @@ static dsc_status token_bytes(loader *L, const decode_rules *r, int32_t id) {
     if (r->byte_level) {
         for (size_t i = 0, k; i < len && n != SIZE_MAX; i += k) {
             int b = dsc_tok_unicode_to_byte(dsc_tok_utf8_next(s, len, i, &k));
-            if (b < 0) n = SIZE_MAX; /* not a byte-level string (an added token): keep it as written */
-            else out[n++] = (char)b;
+            if (b < 0)
+                n = SIZE_MAX; /* not a byte-level string (an added token): keep it as written */
+            else
+                out[n++] = (char)b;
         }
         if (n == SIZE_MAX) memcpy(out, s, n = len);
     } else if (r->byte_fallback && len == 6 && sscanf(s, "<0x%2X%c", &hex, &tail) == 2 && tail == '>') {

@@ -18,19 +18,17 @@ typedef struct cp_range {
 } cp_range;
 
 static const cp_range LETTERS[] = {
-    {0x41, 0x5A},       {0x61, 0x7A},       {0xAA, 0xAA},       {0xB5, 0xB5},       {0xBA, 0xBA},
-    {0xC0, 0xD6},       {0xD8, 0xF6},       {0xF8, 0x2C1},      {0x2C6, 0x2D1},     {0x2E0, 0x2E4},
-    {0x2EC, 0x2EC},     {0x2EE, 0x2EE},     {0x370, 0x374},     {0x376, 0x377},     {0x37A, 0x37D},
-    {0x37F, 0x37F},     {0x386, 0x386},     {0x388, 0x38A},     {0x38C, 0x38C},     {0x38E, 0x3A1},
-    {0x3A3, 0x3F5},     {0x3F7, 0x481},     {0x48A, 0x52F},     {0x531, 0x556},     {0x559, 0x559},
-    {0x560, 0x588},     {0x5D0, 0x5EA},     {0x5EF, 0x5F2},     {0x620, 0x64A},     {0x66E, 0x66F},
-    {0x671, 0x6D3},     {0x6D5, 0x6D5},     {0x904, 0x939},     {0x93D, 0x93D},     {0x950, 0x950},
-    {0x958, 0x961},     {0xE01, 0xE30},     {0xE32, 0xE33},     {0xE40, 0xE46},     {0x10A0, 0x10C5},
-    {0x10D0, 0x10FA},   {0x10FC, 0x10FF},   {0x1100, 0x11FF},   {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},
-    {0x1F20, 0x1F45},   {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},   {0x1F59, 0x1F7D},   {0x1F80, 0x1FB4},
-    {0x1FB6, 0x1FBC},   {0x3005, 0x3006},   {0x3041, 0x3096},   {0x309D, 0x309F},   {0x30A1, 0x30FA},
-    {0x30FC, 0x30FF},   {0x3131, 0x318E},   {0x3400, 0x4DBF},   {0x4E00, 0x9FFF},   {0xAC00, 0xD7A3},
-    {0xF900, 0xFAFF},   {0xFF21, 0xFF3A},   {0xFF41, 0xFF5A},   {0xFF66, 0xFFBE},   {0x20000, 0x2A6DF},
+    {0x41, 0x5A},     {0x61, 0x7A},     {0xAA, 0xAA},     {0xB5, 0xB5},     {0xBA, 0xBA},       {0xC0, 0xD6},
+    {0xD8, 0xF6},     {0xF8, 0x2C1},    {0x2C6, 0x2D1},   {0x2E0, 0x2E4},   {0x2EC, 0x2EC},     {0x2EE, 0x2EE},
+    {0x370, 0x374},   {0x376, 0x377},   {0x37A, 0x37D},   {0x37F, 0x37F},   {0x386, 0x386},     {0x388, 0x38A},
+    {0x38C, 0x38C},   {0x38E, 0x3A1},   {0x3A3, 0x3F5},   {0x3F7, 0x481},   {0x48A, 0x52F},     {0x531, 0x556},
+    {0x559, 0x559},   {0x560, 0x588},   {0x5D0, 0x5EA},   {0x5EF, 0x5F2},   {0x620, 0x64A},     {0x66E, 0x66F},
+    {0x671, 0x6D3},   {0x6D5, 0x6D5},   {0x904, 0x939},   {0x93D, 0x93D},   {0x950, 0x950},     {0x958, 0x961},
+    {0xE01, 0xE30},   {0xE32, 0xE33},   {0xE40, 0xE46},   {0x10A0, 0x10C5}, {0x10D0, 0x10FA},   {0x10FC, 0x10FF},
+    {0x1100, 0x11FF}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},
+    {0x1F59, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x3005, 0x3006}, {0x3041, 0x3096},   {0x309D, 0x309F},
+    {0x30A1, 0x30FA}, {0x30FC, 0x30FF}, {0x3131, 0x318E}, {0x3400, 0x4DBF}, {0x4E00, 0x9FFF},   {0xAC00, 0xD7A3},
+    {0xF900, 0xFAFF}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0xFF66, 0xFFBE}, {0x20000, 0x2A6DF},
 };
 
 static const cp_range NUMBERS[] = {
@@ -41,29 +39,42 @@ static const cp_range NUMBERS[] = {
 };
 
 static const cp_range SPACES[] = {
-    {0x09, 0x0D}, {0x20, 0x20}, {0x85, 0x85}, {0xA0, 0xA0}, {0x1680, 0x1680}, {0x2000, 0x200A},
-    {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
+    {0x09, 0x0D},     {0x20, 0x20},     {0x85, 0x85},     {0xA0, 0xA0},     {0x1680, 0x1680},
+    {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
 };
 
 static bool in_ranges(uint32_t cp, const cp_range *r, size_t n) {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < r[mid].lo) hi = mid;
-        else if (cp > r[mid].hi) lo = mid + 1;
-        else return true;
+        if (cp < r[mid].lo)
+            hi = mid;
+        else if (cp > r[mid].hi)
+            lo = mid + 1;
+        else
+            return true;
     }
     return false;
 }
 
 #define IN(table, cp) in_ranges((cp), (table), sizeof(table) / sizeof((table)[0]))
 
-bool dsc_tok_is_letter(uint32_t cp) { return IN(LETTERS, cp); }
-bool dsc_tok_is_number(uint32_t cp) { return IN(NUMBERS, cp); }
-bool dsc_tok_is_space(uint32_t cp) { return IN(SPACES, cp); }
+bool dsc_tok_is_letter(uint32_t cp) {
+    return IN(LETTERS, cp);
+}
+bool dsc_tok_is_number(uint32_t cp) {
+    return IN(NUMBERS, cp);
+}
+bool dsc_tok_is_space(uint32_t cp) {
+    return IN(SPACES, cp);
+}
 
-static bool is_other(uint32_t cp) { return !dsc_tok_is_space(cp) && !dsc_tok_is_letter(cp) && !dsc_tok_is_number(cp); }
-static bool is_newline(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+static bool is_other(uint32_t cp) {
+    return !dsc_tok_is_space(cp) && !dsc_tok_is_letter(cp) && !dsc_tok_is_number(cp);
+}
+static bool is_newline(uint32_t cp) {
+    return cp == '\r' || cp == '\n';
+}
 
 int dsc_tok_utf8_seq_len(uint8_t b) {
     if (b < 0x80) return 1;
@@ -147,7 +158,9 @@ static size_t run(text_view t, size_t pos, bool (*pred)(uint32_t), size_t *last)
     return pos;
 }
 
-static bool lower_eq(char c, char want) { return c == want || (c >= 'A' && c <= 'Z' && c - 'A' + 'a' == want); }
+static bool lower_eq(char c, char want) {
+    return c == want || (c >= 'A' && c <= 'Z' && c - 'A' + 'a' == want);
+}
 
 /* '(s|t|re|ve|m|ll|d), ASCII-case-insensitive when ci. */
 static size_t contraction(text_view t, size_t pos, bool ci) {
@@ -201,7 +214,8 @@ static size_t match_llama3(text_view t, size_t pos, int max_digits) {
     }
     /* \p{N}{1,max} */
     end = pos;
-    for (int k = 0; k < max_digits && end < t.len && dsc_tok_is_number(at(t, end, &next)); k++) end = next;
+    for (int k = 0; k < max_digits && end < t.len && dsc_tok_is_number(at(t, end, &next)); k++)
+        end = next;
     if (end > pos) return end;
     /* " ?[^\s\p{L}\p{N}]+[\r\n]*" */
     if ((end = opt_space_run(t, pos, is_other))) return run(t, end, is_newline, &last);
@@ -221,9 +235,15 @@ size_t dsc_tok_pattern_match(dsc_tok_pattern p, const char *text, size_t len, si
     text_view t = {text, len};
     size_t end = 0;
     switch (p) {
-    case DSC_TOK_PATTERN_GPT2: end = match_gpt2(t, pos); break;
-    case DSC_TOK_PATTERN_LLAMA3: end = match_llama3(t, pos, 3); break;
-    case DSC_TOK_PATTERN_QWEN2: end = match_llama3(t, pos, 1); break;
+    case DSC_TOK_PATTERN_GPT2:
+        end = match_gpt2(t, pos);
+        break;
+    case DSC_TOK_PATTERN_LLAMA3:
+        end = match_llama3(t, pos, 3);
+        break;
+    case DSC_TOK_PATTERN_QWEN2:
+        end = match_llama3(t, pos, 1);
+        break;
     }
     /* Every character falls in some alternative; this guards invalid UTF-8. */
     return end > pos ? end - pos : 1;
@@ -234,7 +254,8 @@ bool dsc_tok_pattern_from_regex(const char *regex, dsc_tok_pattern *out) {
         const char *regex;
         dsc_tok_pattern p;
     } KNOWN[] = {
-        {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", DSC_TOK_PATTERN_GPT2},
+        {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+         DSC_TOK_PATTERN_GPT2},
         {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
          "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
          DSC_TOK_PATTERN_LLAMA3},
@@ -252,12 +273,15 @@ bool dsc_tok_pattern_from_regex(const char *regex, dsc_tok_pattern *out) {
 
 /* Bytes that are printable and not space keep their value as code point; the
  * other 68 are moved, in order, to 256, 257, ... (GPT-2's bytes_to_unicode). */
-static bool byte_is_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174); }
+static bool byte_is_printable(int b) {
+    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+}
 
 uint32_t dsc_tok_byte_to_unicode(uint8_t b) {
     if (byte_is_printable(b)) return b;
     uint32_t shifted = 0;
-    for (int i = 0; i < b; i++) shifted += !byte_is_printable(i);
+    for (int i = 0; i < b; i++)
+        shifted += !byte_is_printable(i);
     return 256 + shifted;
 }
 

@@ -33,8 +33,8 @@ typedef struct dsc_kv_config {
     int32_t num_layers;
     int32_t num_kv_heads;
     int32_t head_size;
-    int32_t block_size;      /* token slots per block */
-    int64_t kv_cache_bytes;  /* byte budget; num_blocks = kv_cache_bytes / block bytes */
+    int32_t block_size;     /* token slots per block */
+    int64_t kv_cache_bytes; /* byte budget; num_blocks = kv_cache_bytes / block bytes */
     /* scheduling limits */
     int32_t max_sequences;          /* sequences with live state at once */
     int64_t max_context;            /* tokens per sequence (cached + new) */
@@ -93,10 +93,10 @@ typedef struct dsc_kv_state dsc_kv_state;
 /* Why a request can or cannot run now (the engine's can_schedule answer). */
 typedef enum dsc_sched_result {
     DSC_SCHED_OK = 0,
-    DSC_SCHED_TOO_MANY_TOKENS,     /* batch tokens > max_tokens_per_forward */
-    DSC_SCHED_TOO_MANY_SEQUENCES,  /* batch sequences > max_batch_sequences, or tracked > max_sequences */
-    DSC_SCHED_KV_EXHAUSTED,        /* not enough free blocks */
-    DSC_SCHED_SEQUENCE_TOO_LONG    /* a sequence would exceed max_context */
+    DSC_SCHED_TOO_MANY_TOKENS,    /* batch tokens > max_tokens_per_forward */
+    DSC_SCHED_TOO_MANY_SEQUENCES, /* batch sequences > max_batch_sequences, or tracked > max_sequences */
+    DSC_SCHED_KV_EXHAUSTED,       /* not enough free blocks */
+    DSC_SCHED_SEQUENCE_TOO_LONG   /* a sequence would exceed max_context */
 } dsc_sched_result;
 
 const char *dsc_sched_result_name(dsc_sched_result r);
@@ -165,11 +165,11 @@ typedef struct dsc_ragged_batch {
     int32_t n_seqs;
     int32_t max_tokens;
     int32_t max_seqs;
-    int32_t *tokens;       /* (max_tokens) token ids, sequences concatenated */
-    int64_t *positions;    /* (max_tokens) position of each token in its sequence */
-    int32_t *token_seq;    /* (max_tokens) index into seqs of each token's sequence */
-    int32_t *last_token;   /* (max_seqs) batch index of each sequence's last token (logits only there) */
-    dsc_ragged_seq *seqs;  /* (max_seqs) */
+    int32_t *tokens;      /* (max_tokens) token ids, sequences concatenated */
+    int64_t *positions;   /* (max_tokens) position of each token in its sequence */
+    int32_t *token_seq;   /* (max_tokens) index into seqs of each token's sequence */
+    int32_t *last_token;  /* (max_seqs) batch index of each sequence's last token (logits only there) */
+    dsc_ragged_seq *seqs; /* (max_seqs) */
 } dsc_ragged_batch;
 
 /* Buffers for cfg->max_tokens_per_forward tokens and cfg->max_batch_sequences sequences. */
@@ -194,7 +194,8 @@ dsc_status dsc_ragged_batch_finish(const dsc_ragged_batch *batch, dsc_kv_state *
  * score row is ever materialised.
  * q, out (Ntok, NH, HS); k, v (Ntok, NKV, HS); layer_cache (NB, 2, BS, NKV, HS). */
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
-                                       const dsc_tensor *v, const dsc_ragged_batch *batch, dsc_tensor *layer_cache);
+                                       const dsc_tensor *v, const dsc_ragged_batch *batch,
+                                       dsc_tensor *layer_cache);
 
 #ifdef __cplusplus
 }

@@ -23,8 +23,10 @@ static void test_allocate_in_order_and_exhaustion(void **state) {
     int32_t more[8] = {-7, -7, -7, -7, -7, -7, -7, -7};
     assert_err(dsc_kv_blocks_allocate(b, 6, more), DSC_ERR_NOMEM, "requested 6 blocks but only 5 of 8 are free");
     assert_int_equal(dsc_kv_blocks_free_count(b), 5);
-    for (int i = 0; i < 8; i++) assert_int_equal(more[i], -7);
-    for (int32_t id = 3; id < 8; id++) assert_false(dsc_kv_blocks_is_used(b, id));
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(more[i], -7);
+    for (int32_t id = 3; id < 8; id++)
+        assert_false(dsc_kv_blocks_is_used(b, id));
     assert_ok(dsc_kv_blocks_allocate(b, 5, more));
     assert_int_equal(dsc_kv_blocks_free_count(b), 0);
     assert_ok(dsc_kv_blocks_allocate(b, 0, more));
@@ -45,7 +47,8 @@ static void test_free_validates_before_freeing(void **state) {
     assert_err(dsc_kv_blocks_free(b, (int32_t[]){3, 1, 3}, 3), DSC_ERR_INVALID, "block id 3 appears twice");
     /* None of the failed calls freed anything, not even their valid prefix. */
     assert_int_equal(dsc_kv_blocks_free_count(b), 2);
-    for (int32_t id = 0; id < 4; id++) assert_true(dsc_kv_blocks_is_used(b, id));
+    for (int32_t id = 0; id < 4; id++)
+        assert_true(dsc_kv_blocks_is_used(b, id));
     assert_ok(dsc_kv_blocks_free(b, (int32_t[]){3, 1}, 2));
     assert_int_equal(dsc_kv_blocks_free_count(b), 4);
     assert_err(dsc_kv_blocks_free(b, (int32_t[]){1}, 1), DSC_ERR_INVALID, "double free of block id 1");
@@ -82,7 +85,8 @@ static void test_random_stress(void **state) {
             } else {
                 assert_null(s);
                 for (int32_t i = 0; i < n; i++) {
-                    for (int32_t j = 0; j < n_owned; j++) assert_int_not_equal(owned[j], got[i]);
+                    for (int32_t j = 0; j < n_owned; j++)
+                        assert_int_not_equal(owned[j], got[i]);
                     owned[n_owned++] = got[i];
                 }
             }
@@ -100,7 +104,8 @@ static void test_random_stress(void **state) {
             bool poison = n_owned < NB && dsc_rng_below(&rng, 10) == 0;
             if (poison) {
                 int32_t freeid = 0;
-                while (dsc_kv_blocks_is_used(b, freeid)) freeid++;
+                while (dsc_kv_blocks_is_used(b, freeid))
+                    freeid++;
                 ids[n++] = freeid;
                 assert_err(dsc_kv_blocks_free(b, ids, n), DSC_ERR_INVALID, "double free");
                 failures++;
@@ -111,7 +116,8 @@ static void test_random_stress(void **state) {
             }
         }
         assert_int_equal(dsc_kv_blocks_free_count(b) + n_owned, NB);
-        for (int32_t j = 0; j < n_owned; j++) assert_true(dsc_kv_blocks_is_used(b, owned[j]));
+        for (int32_t j = 0; j < n_owned; j++)
+            assert_true(dsc_kv_blocks_is_used(b, owned[j]));
     }
     printf("  %d steps, %d rejected requests, %d blocks held at the end\n", STEPS, failures, n_owned);
     assert_true(failures > 100);
@@ -157,13 +163,15 @@ static void test_cache_sizing_and_accounting(void **state) {
     assert_int_equal(after.current[DSC_MEM_KV_CACHE], before.current[DSC_MEM_KV_CACHE]);
 
     cfg.kv_cache_bytes = 100;
-    assert_err(dsc_kv_cache_create(&c, &cfg, DSC_CPU), DSC_ERR_CONFIG, "kv_cache_bytes 100 is less than one block");
+    assert_err(dsc_kv_cache_create(&c, &cfg, DSC_CPU), DSC_ERR_CONFIG,
+               "kv_cache_bytes 100 is less than one block");
     cfg = small_config();
     cfg.block_size = 0;
     assert_err(dsc_kv_cache_create(&c, &cfg, DSC_CPU), DSC_ERR_CONFIG, "block_size must be > 0");
     cfg = small_config();
     cfg.max_batch_sequences = 5;
-    assert_err(dsc_kv_config_validate(&cfg), DSC_ERR_CONFIG, "max_batch_sequences (5) must be <= max_sequences (4)");
+    assert_err(dsc_kv_config_validate(&cfg), DSC_ERR_CONFIG,
+               "max_batch_sequences (5) must be <= max_sequences (4)");
 }
 
 int main(void) {

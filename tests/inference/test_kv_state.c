@@ -37,7 +37,9 @@ static void teardown(fixture *f) {
     dsc_kv_blocks_destroy(f->blocks);
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 static void test_block_accounting(void **state) {
     (void)state;
@@ -123,7 +125,8 @@ static void test_scheduling_answers(void **state) {
     teardown(&f);
 
     setup(&f, 16, 10);
-    assert_int_equal(dsc_kv_state_can_schedule(f.state, uids, (int64_t[]){10, 10, 5}, 3), DSC_SCHED_TOO_MANY_TOKENS);
+    assert_int_equal(dsc_kv_state_can_schedule(f.state, uids, (int64_t[]){10, 10, 5}, 3),
+                     DSC_SCHED_TOO_MANY_TOKENS);
     assert_ok(dsc_kv_state_extend(f.state, 1, 1));
     assert_ok(dsc_kv_state_extend(f.state, 2, 1));
     /* Two tracked + two new uids > max_sequences = 3. */
@@ -258,8 +261,8 @@ static void test_ragged_batch_layout(void **state) {
 
     /* Rejected batches leave the state untouched. */
     int32_t free_before = dsc_kv_blocks_free_count(f.blocks);
-    assert_err(dsc_ragged_batch_build(&b, f.state, 2, (uint64_t[]){8, 8}, toks, (int32_t[]){1, 1}), DSC_ERR_INVALID,
-               "sequence 8 appears twice");
+    assert_err(dsc_ragged_batch_build(&b, f.state, 2, (uint64_t[]){8, 8}, toks, (int32_t[]){1, 1}),
+               DSC_ERR_INVALID, "sequence 8 appears twice");
     assert_err(dsc_ragged_batch_build(&b, f.state, 1, (uint64_t[]){8}, toks, (int32_t[]){0}), DSC_ERR_INVALID,
                "sequence 8 has 0 tokens");
     int32_t big[40] = {0};

@@ -3,8 +3,8 @@
  * prompts continuing from the cache, single decode tokens), with GQA and
  * block sizes 1, 4 and 16; each output row must equal naive attention of
  * that sequence alone over its full history. */
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,21 +22,25 @@ static void naive_attention(float *out, const float *q, const float *k, const fl
         double scores[MAXLEN], max = -INFINITY, sum = 0;
         for (int64_t p = 0; p <= pos; p++) {
             double s = 0;
-            for (int i = 0; i < HS; i++) s += (double)q[h * HS + i] * k[(p * NKV + g) * HS + i];
+            for (int i = 0; i < HS; i++)
+                s += (double)q[h * HS + i] * k[(p * NKV + g) * HS + i];
             scores[p] = s / sqrt((double)HS);
             if (scores[p] > max) max = scores[p];
         }
-        for (int64_t p = 0; p <= pos; p++) sum += (scores[p] = exp(scores[p] - max));
+        for (int64_t p = 0; p <= pos; p++)
+            sum += (scores[p] = exp(scores[p] - max));
         for (int i = 0; i < HS; i++) {
             double acc = 0;
-            for (int64_t p = 0; p <= pos; p++) acc += scores[p] * v[(p * NKV + g) * HS + i];
+            for (int64_t p = 0; p <= pos; p++)
+                acc += scores[p] * v[(p * NKV + g) * HS + i];
             out[h * HS + i] = (float)(acc / sum);
         }
     }
 }
 
 static void fill_normal(float *x, int64_t n, dsc_rng *rng) {
-    for (int64_t i = 0; i < n; i++) x[i] = (float)dsc_rng_normal(rng);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)dsc_rng_normal(rng);
 }
 
 /* Runs `rounds` batches; in each, every unfinished sequence contributes a
@@ -116,7 +120,8 @@ static void run_case(int32_t block_size, uint64_t seed) {
             }
         }
         assert_ok(dsc_ragged_batch_finish(&batch, state));
-        for (int i = 0; i < n; i++) done[uids[i] - 100] += counts[i];
+        for (int i = 0; i < n; i++)
+            done[uids[i] - 100] += counts[i];
         batches++;
     }
     printf("  block size %2d: %d batches, lengths %lld %lld %lld, max abs err %.2e\n", block_size, batches,
@@ -131,14 +136,21 @@ static void test_matches_dense_attention(void **state) {
     (void)state;
     const int32_t sizes[] = {1, 4, 16};
     for (int i = 0; i < 3; i++)
-        for (uint64_t seed = 1; seed <= 3; seed++) run_case(sizes[i], seed * 7 + (uint64_t)i);
+        for (uint64_t seed = 1; seed <= 3; seed++)
+            run_case(sizes[i], seed * 7 + (uint64_t)i);
 }
 
 static void test_rejects_bad_arguments(void **state) {
     (void)state;
-    dsc_kv_config cfg = {.num_layers = 1, .num_kv_heads = NKV, .head_size = HS, .block_size = 4,
-                         .kv_cache_bytes = 1 << 20, .max_sequences = 2, .max_context = 16,
-                         .max_tokens_per_forward = 16, .max_batch_sequences = 2};
+    dsc_kv_config cfg = {.num_layers = 1,
+                         .num_kv_heads = NKV,
+                         .head_size = HS,
+                         .block_size = 4,
+                         .kv_cache_bytes = 1 << 20,
+                         .max_sequences = 2,
+                         .max_context = 16,
+                         .max_tokens_per_forward = 16,
+                         .max_batch_sequences = 2};
     dsc_kv_cache *cache;
     dsc_kv_state *state_;
     dsc_ragged_batch batch;

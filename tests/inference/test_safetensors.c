@@ -40,7 +40,8 @@ static void write_raw(const char *path, const char *header, long long header_len
     assert_non_null(fp);
     uint64_t len = header_len < 0 ? strlen(header) : (uint64_t)header_len;
     uint8_t le[8];
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(len >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(len >> (8 * i));
     fwrite(le, 1, 8, fp);
     fwrite(header, 1, strlen(header), fp);
     if (n) fwrite(data, 1, n, fp);
@@ -93,9 +94,11 @@ static void test_round_trip(void **state) {
     assert_ok(dsc_safetensors_read_f32(st, "w.f32", out, 6));
     assert_memory_equal(out, f32, sizeof f32);
     assert_ok(dsc_safetensors_read_f32(st, "w.bf16", out, 4));
-    for (int i = 0; i < 4; i++) assert_true(out[i] == halves[i]);
+    for (int i = 0; i < 4; i++)
+        assert_true(out[i] == halves[i]);
     assert_ok(dsc_safetensors_read_f32(st, "w.f16", out, 4));
-    for (int i = 0; i < 4; i++) assert_true(out[i] == halves[i]);
+    for (int i = 0; i < 4; i++)
+        assert_true(out[i] == halves[i]);
     assert_ok(dsc_safetensors_read_f32(st, "w.i32", out, 3));
     assert_true(out[0] == -1.0f && out[2] == 1048576.0f);
     assert_ok(dsc_safetensors_read_f32(st, "w.i64", out, 2));
@@ -103,7 +106,8 @@ static void test_round_trip(void **state) {
     assert_ok(dsc_safetensors_read_f32(st, "w.u8", out, 5));
     assert_true(out[2] == 128.0f && out[4] == 255.0f);
     assert_ok(dsc_safetensors_read_f32(st, "empty", out, 0));
-    assert_err(dsc_safetensors_read_f32(st, "w.f32", out, 5), DSC_ERR_INVALID, "w.f32 has 6 elements, destination 5");
+    assert_err(dsc_safetensors_read_f32(st, "w.f32", out, 5), DSC_ERR_INVALID,
+               "w.f32 has 6 elements, destination 5");
     assert_err(dsc_safetensors_read_f32(st, "nope", out, 5), DSC_ERR_INVALID, "no tensor named nope");
 
     dsc_tensor v;
@@ -114,7 +118,8 @@ static void test_round_trip(void **state) {
     dsc_safetensors_close(st);
 
     const char *dup[2] = {"a", "a"};
-    assert_err(dsc_safetensors_write(path, 2, dup, t, 0, NULL), DSC_ERR_INVALID, "tensor a: needs a distinct name");
+    assert_err(dsc_safetensors_write(path, 2, dup, t, 0, NULL), DSC_ERR_INVALID,
+               "tensor a: needs a distinct name");
 }
 
 /* A file laid out by hand, as the format's documentation describes it. */
@@ -180,8 +185,8 @@ static void test_corruptions(void **state) {
          "\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
          -1, 12, DSC_ERR_CORRUPT, "tensors x [0, 8) and y [4, 12) overlap"},
         {"{\"__metadata__\":{\"k\":1}}", -1, 0, DSC_ERR_CORRUPT, "__metadata__ value of \"k\" is not a string"},
-        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4, DSC_ERR_UNSUPPORTED,
-         "tensor t: 7 dimensions"},
+        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4,
+         DSC_ERR_UNSUPPORTED, "tensor t: 7 dimensions"},
     };
     const uint8_t zeros[16] = {0};
     const char *path = path_of("bad.safetensors");
@@ -243,8 +248,7 @@ static void test_sharded(void **state) {
     }
     dsc_safetensors *st;
     write_text(index, "{\"weight_map\":{\"embed\":\"model-00002-of-00002.safetensors\"}}");
-    assert_err(dsc_safetensors_open(&st, index), DSC_ERR_CORRUPT,
-               "weight_map puts tensor embed in");
+    assert_err(dsc_safetensors_open(&st, index), DSC_ERR_CORRUPT, "weight_map puts tensor embed in");
     write_text(index, "{\"weight_map\":{\"embed\":\"model-00003-of-00002.safetensors\"}}");
     assert_err(dsc_safetensors_open(&st, index), DSC_ERR_IO, "model-00003-of-00002.safetensors: cannot open");
     write_text(index, "{\"weights\":{}}");

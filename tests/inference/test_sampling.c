@@ -2,8 +2,8 @@
  * greedy, temperature sampling follows softmax(logits / T) (chi-square over
  * many fixed-seed draws), top-k / top-p supports, and a hand-worked
  * repetition penalty example. */
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "dsc/sampling.h"
 #include "test_mpi.h"
@@ -39,7 +39,8 @@ static void test_greedy_and_reductions_to_greedy(void **state) {
 /* Counts n draws and returns the chi-square statistic against probabilities `p`. */
 static double chi_square(const float *logits, dsc_sampling_params params, const double *p, int n, dsc_rng *rng) {
     int counts[V] = {0};
-    for (int i = 0; i < n; i++) counts[sample(logits, params, NULL, 0, rng)]++;
+    for (int i = 0; i < n; i++)
+        counts[sample(logits, params, NULL, 0, rng)]++;
     double chi = 0;
     for (int i = 0; i < V; i++) {
         if (p[i] == 0) {
@@ -54,8 +55,10 @@ static double chi_square(const float *logits, dsc_sampling_params params, const 
 
 static void softmax_ref(const float *logits, float temperature, const int *keep, double *p) {
     double sum = 0;
-    for (int i = 0; i < V; i++) sum += (p[i] = keep[i] ? exp(logits[i] / temperature) : 0);
-    for (int i = 0; i < V; i++) p[i] /= sum;
+    for (int i = 0; i < V; i++)
+        sum += (p[i] = keep[i] ? exp(logits[i] / temperature) : 0);
+    for (int i = 0; i < V; i++)
+        p[i] /= sum;
 }
 
 static void test_distributions(void **state) {
@@ -69,9 +72,11 @@ static void test_distributions(void **state) {
     const float temps[] = {1.0f, 0.5f, 2.0f};
     for (int t = 0; t < 3; t++) {
         softmax_ref(LOGITS, temps[t], all, p);
-        dsc_sampling_params params = {.temperature = temps[t], .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f};
+        dsc_sampling_params params = {
+            .temperature = temps[t], .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f};
         double chi = chi_square(LOGITS, params, p, 40000, &rng);
-        printf("  temperature %.1f: chi-square %.2f over 40000 draws (df 5, 0.1%% critical 20.5)\n", temps[t], chi);
+        printf("  temperature %.1f: chi-square %.2f over 40000 draws (df 5, 0.1%% critical 20.5)\n", temps[t],
+               chi);
         assert_true(chi < 20.5);
     }
     /* top-k = 3 keeps ids 1, 4 (2.0) and 3 (1.0). */
@@ -116,9 +121,11 @@ static void test_repetition_penalty_by_hand(void **state) {
     softmax_ref(penalised, 1.0f, all, p);
     int counts[V] = {0};
     dsc_sampling_params s = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 2.0f};
-    for (int i = 0; i < 40000; i++) counts[sample(LOGITS, s, hist, 4, &rng)]++;
+    for (int i = 0; i < 40000; i++)
+        counts[sample(LOGITS, s, hist, 4, &rng)]++;
     double chi = 0;
-    for (int i = 0; i < V; i++) chi += (counts[i] - 40000 * p[i]) * (counts[i] - 40000 * p[i]) / (40000 * p[i]);
+    for (int i = 0; i < V; i++)
+        chi += (counts[i] - 40000 * p[i]) * (counts[i] - 40000 * p[i]) / (40000 * p[i]);
     assert_true(chi < 20.5);
 }
 
@@ -130,7 +137,8 @@ static void test_invalid_arguments(void **state) {
     int32_t tok;
     dsc_sampling_params p = dsc_sampling_params_greedy();
     p.top_p = 0.0f;
-    assert_err(dsc_sample(&tok, LOGITS, V, &p, NULL, 0, scratch, &rng), DSC_ERR_INVALID, "top_p must be in (0, 1]");
+    assert_err(dsc_sample(&tok, LOGITS, V, &p, NULL, 0, scratch, &rng), DSC_ERR_INVALID,
+               "top_p must be in (0, 1]");
     p = dsc_sampling_params_greedy();
     p.temperature = -1.0f;
     assert_err(dsc_sample(&tok, LOGITS, V, &p, NULL, 0, scratch, &rng), DSC_ERR_INVALID, "temperature");

@@ -41,7 +41,9 @@ static int free_expected(void **state) {
     return 0;
 }
 
-static const cJSON *corpus(void) { return cJSON_GetObjectItem(expected, "corpus"); }
+static const cJSON *corpus(void) {
+    return cJSON_GetObjectItem(expected, "corpus");
+}
 
 /* True when s[0, n) is complete UTF-8 (no character cut at either end). */
 static bool valid_utf8(const char *s, size_t n) {
@@ -63,7 +65,8 @@ static void test_regex_pieces(void **state) {
     for (int p = 0; p < 3; p++) {
         const cJSON *lines = cJSON_GetObjectItem(pieces, names[p]);
         int line = 0, total = 0;
-        for (const cJSON *text = corpus()->child, *want = lines->child; text; text = text->next, want = want->next) {
+        for (const cJSON *text = corpus()->child, *want = lines->child; text;
+             text = text->next, want = want->next) {
             const char *s = text->valuestring;
             size_t len = strlen(s), pos = 0;
             const cJSON *piece = want->child;
@@ -95,14 +98,15 @@ static void check_file(const char *file) {
     int32_t ids[1024];
     char out[4096], piece[512];
     int line = 0, total = 0;
-    for (const cJSON *text = corpus()->child; text; text = text->next, ids_line = ids_line->next,
-                     dec_line = dec_line->next, line++) {
+    for (const cJSON *text = corpus()->child; text;
+         text = text->next, ids_line = ids_line->next, dec_line = dec_line->next, line++) {
         const char *s = text->valuestring;
         int64_t n;
         assert_ok(dsc_tokenizer_encode(tok, s, strlen(s), ids, 1024, &n));
         int want_n = cJSON_GetArraySize(ids_line);
         bool same = n == want_n;
-        for (int i = 0; same && i < want_n; i++) same = ids[i] == cJSON_GetArrayItem(ids_line, i)->valueint;
+        for (int i = 0; same && i < want_n; i++)
+            same = ids[i] == cJSON_GetArrayItem(ids_line, i)->valueint;
         if (!same) {
             print_error("%s line %d (\"%s\"): %lld ids, HF %d; first difference shown:\n", file, line, s,
                         (long long)n, want_n);
@@ -207,7 +211,8 @@ static void test_byte_tokenizer(void **state) {
     int64_t n;
     assert_ok(dsc_tokenizer_encode(tok, text, len, ids, 64, &n));
     assert_int_equal(n, (int64_t)len);
-    for (size_t i = 0; i < len; i++) assert_int_equal(ids[i], (uint8_t)text[i]);
+    for (size_t i = 0; i < len; i++)
+        assert_int_equal(ids[i], (uint8_t)text[i]);
     char out[64];
     size_t out_len;
     assert_ok(dsc_tokenizer_decode(tok, ids, n, out, sizeof out, &out_len));
@@ -235,9 +240,12 @@ static void test_byte_tokenizer(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_regex_pieces),       cmocka_unit_test(test_gpt2_byte_level),
-        cmocka_unit_test(test_llama3_byte_level),  cmocka_unit_test(test_sentencepiece_bpe),
-        cmocka_unit_test(test_special_tokens_and_errors), cmocka_unit_test(test_byte_tokenizer),
+        cmocka_unit_test(test_regex_pieces),
+        cmocka_unit_test(test_gpt2_byte_level),
+        cmocka_unit_test(test_llama3_byte_level),
+        cmocka_unit_test(test_sentencepiece_bpe),
+        cmocka_unit_test(test_special_tokens_and_errors),
+        cmocka_unit_test(test_byte_tokenizer),
     };
     return cmocka_run_group_tests(tests, load_expected, free_expected);
 }
