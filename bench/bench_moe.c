@@ -91,7 +91,8 @@ static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int
     dsc_comm_stats cs;
     dsc_comm_get_stats(ep, &cs);
     *a2a_bytes = cs.bytes_sent[DSC_COMM_OP_ALLTOALL] / o->iters;
-    for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++) st->seconds[p] /= o->iters;
+    for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++)
+        st->seconds[p] /= o->iters;
     free(x);
     free(g);
     dsc_layer_destroy(layer);
@@ -136,13 +137,20 @@ int main(int argc, char **argv) {
     bench_opts o = {.S = 1024, .M = 256, .F = 512, .E = 8, .k = 2, .iters = 10, .capacity_factor = 1.0};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--tokens")) o.S = atoll(v);
-        else if (!strcmp(a, "--d-model")) o.M = atoll(v);
-        else if (!strcmp(a, "--d-ff")) o.F = atoll(v);
-        else if (!strcmp(a, "--experts")) o.E = atoi(v);
-        else if (!strcmp(a, "--k")) o.k = atoi(v);
-        else if (!strcmp(a, "--capacity-factor")) o.capacity_factor = atof(v);
-        else if (!strcmp(a, "--iters")) o.iters = atoi(v);
+        if (!strcmp(a, "--tokens"))
+            o.S = atoll(v);
+        else if (!strcmp(a, "--d-model"))
+            o.M = atoll(v);
+        else if (!strcmp(a, "--d-ff"))
+            o.F = atoll(v);
+        else if (!strcmp(a, "--experts"))
+            o.E = atoi(v);
+        else if (!strcmp(a, "--k"))
+            o.k = atoi(v);
+        else if (!strcmp(a, "--capacity-factor"))
+            o.capacity_factor = atof(v);
+        else if (!strcmp(a, "--iters"))
+            o.iters = atoi(v);
         else {
             fprintf(stderr, "bench_moe: unknown option %s\n", a);
             return 2;

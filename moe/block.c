@@ -41,13 +41,16 @@ static dsc_status moe_block_factory(const dsc_layer_spec *spec, const dsc_build_
     const dsc_moe_build_extra *x = ctx->extra;
     DSC_CHECK(x, DSC_ERR_INVALID,
               "layer \"moe_block\" %d: dsc_build_ctx.extra must point to a dsc_moe_build_extra (options and the "
-              "expert-parallel group)", spec->block);
+              "expert-parallel group)",
+              spec->block);
     dsc_layer *ffn;
     DSC_TRY(dsc_moe_layer_create(&x->options, ctx->model, spec->block, ctx->params, ctx->device, x->ep, &ffn));
     return dsc_block_create(spec, ctx, ffn, out);
 }
 
-dsc_status dsc_moe_register_layers(void) { return dsc_layer_register("moe_block", moe_block_factory); }
+dsc_status dsc_moe_register_layers(void) {
+    return dsc_layer_register("moe_block", moe_block_factory);
+}
 
 /* The MoE layer itself, or the one inside a block. */
 static const dsc_layer *find(const dsc_layer *layer) {

@@ -30,7 +30,8 @@ void moe_combine(const dsc_moe_gate_result *r, const float *y, int64_t M, float 
             const int32_t slot = r->slot[s * K + j];
             if (slot < 0) continue;
             const float w = r->weight[s * K + j], *row = y + ((int64_t)r->expert[s * K + j] * Cap + slot) * M;
-            for (int64_t c = 0; c < M; c++) o[c] += w * row[c];
+            for (int64_t c = 0; c < M; c++)
+                o[c] += w * row[c];
         }
     }
 }
@@ -58,7 +59,8 @@ void moe_combine_backward(const dsc_moe_gate_result *r, const float *dout, const
     }
 }
 
-void moe_dispatch_backward(const dsc_moe_gate_result *r, const float *dbuf, int64_t M, float *dx, bool accumulate) {
+void moe_dispatch_backward(const dsc_moe_gate_result *r, const float *dbuf, int64_t M, float *dx,
+                           bool accumulate) {
     const int64_t S = r->num_tokens, K = r->k, Cap = r->capacity;
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < S; s++) {
@@ -68,7 +70,8 @@ void moe_dispatch_backward(const dsc_moe_gate_result *r, const float *dbuf, int6
             const int32_t slot = r->slot[s * K + j];
             if (slot < 0) continue;
             const float *row = dbuf + ((int64_t)r->expert[s * K + j] * Cap + slot) * M;
-            for (int64_t c = 0; c < M; c++) d[c] += row[c];
+            for (int64_t c = 0; c < M; c++)
+                d[c] += row[c];
         }
     }
 }

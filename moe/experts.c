@@ -23,11 +23,11 @@ enum { MAX_PROJ = 5 };
 
 /* One projection of every FFN in the bank, e.g. all fc.weight: (count, rows, cols). */
 typedef struct proj_bank {
-    dsc_param **p;     /* [count] */
+    dsc_param **p; /* [count] */
     int64_t rows, cols;
-    bool packed;       /* not back to back in the flat buffer: use the copies below */
-    dsc_tensor value;  /* (count, rows, cols) packed copy of the values */
-    dsc_tensor grad;   /* (count, rows, cols) packed gradient of one call */
+    bool packed;      /* not back to back in the flat buffer: use the copies below */
+    dsc_tensor value; /* (count, rows, cols) packed copy of the values */
+    dsc_tensor grad;  /* (count, rows, cols) packed gradient of one call */
 } proj_bank;
 
 struct dsc_moe_experts {
@@ -38,15 +38,17 @@ struct dsc_moe_experts {
     int n_params;
     int nslots;
     int64_t max_rows;
-    dsc_tensor *in;      /* [slots] views of the input the caller keeps */
-    dsc_tensor *pre;     /* [slots] (count, R, F): fc output, or SwiGLU gate */
-    dsc_tensor *up;      /* [slots] (count, R, F): SwiGLU only */
-    dsc_tensor *act;     /* [slots] (count, R, F): gelu(pre) or silu(gate) * up */
+    dsc_tensor *in;        /* [slots] views of the input the caller keeps */
+    dsc_tensor *pre;       /* [slots] (count, R, F): fc output, or SwiGLU gate */
+    dsc_tensor *up;        /* [slots] (count, R, F): SwiGLU only */
+    dsc_tensor *act;       /* [slots] (count, R, F): gelu(pre) or silu(gate) * up */
     dsc_tensor scratch[3]; /* (count, R, F): dact, dpre, dup */
-    dsc_tensor ones;     /* (count * R) of 1.0: bias GEMMs (GELU only) */
+    dsc_tensor ones;       /* (count * R) of 1.0: bias GEMMs (GELU only) */
 };
 
-static bool gated(const dsc_moe_experts *x) { return x->o.kind == DSC_MOE_EXPERT_KIND_SWIGLU; }
+static bool gated(const dsc_moe_experts *x) {
+    return x->o.kind == DSC_MOE_EXPERT_KIND_SWIGLU;
+}
 
 static proj_bank *banks(dsc_moe_experts *x, int i) {
     proj_bank *all[MAX_PROJ] = {&x->w_in, &x->b_in, &x->w_up, &x->w_out, &x->b_out};
@@ -64,8 +66,8 @@ static dsc_status declare_bank(dsc_moe_experts *x, proj_bank *b, const char *pre
         char name[DSC_PARAM_NAME_MAX];
         int len = o->first < 0 ? snprintf(name, sizeof name, "%s.%s", prefix, leaf)
                                : snprintf(name, sizeof name, "%s.%d.%s", prefix, o->first + e, leaf);
-        DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID, "parameter name %s...%s is longer than %d",
-                  prefix, leaf, DSC_PARAM_NAME_MAX - 1);
+        DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID,
+                  "parameter name %s...%s is longer than %d", prefix, leaf, DSC_PARAM_NAME_MAX - 1);
         const int64_t shape[2] = {rows, cols};
         uint32_t flags = o->flags | (bias ? DSC_PARAM_NO_DECAY : 0);
         DSC_TRY(dsc_params_declare(store, name, bias ? 1 : 2, bias ? shape + 1 : shape, flags,
@@ -104,7 +106,8 @@ static void release(dsc_moe_experts *x) {
     free(x->up);
     free(x->act);
     x->in = x->pre = x->up = x->act = NULL;
-    for (int i = 0; i < 3; i++) dsc_tensor_free(&x->scratch[i]);
+    for (int i = 0; i < 3; i++)
+        dsc_tensor_free(&x->scratch[i]);
     dsc_tensor_free(&x->ones);
     x->nslots = 0;
     x->max_rows = 0;
@@ -113,7 +116,8 @@ static void release(dsc_moe_experts *x) {
 void dsc_moe_experts_destroy(dsc_moe_experts *x) {
     if (!x) return;
     release(x);
-    for (int i = 0; i < MAX_PROJ; i++) free(banks(x, i)->p);
+    for (int i = 0; i < MAX_PROJ; i++)
+        free(banks(x, i)->p);
     free(x->params);
     free(x);
 }
@@ -140,8 +144,12 @@ dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *
     return NULL;
 }
 
-int dsc_moe_experts_param_count(const dsc_moe_experts *x) { return x->n_params; }
-dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x) { return x->params; }
+int dsc_moe_experts_param_count(const dsc_moe_experts *x) {
+    return x->n_params;
+}
+dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x) {
+    return x->params;
+}
 
 /* True when the bank's tensors lie back to back (values and grads alike). */
 static bool contiguous(const proj_bank *b, int count) {
@@ -173,7 +181,8 @@ static dsc_status alloc_slots(dsc_tensor **bufs, int slots, const int64_t *shape
 }
 
 static dsc_status reserve(dsc_moe_experts *x, int slots, int64_t rows) {
-    for (int i = 0; i < MAX_PROJ; i++) DSC_TRY(reserve_bank(x, banks(x, i)));
+    for (int i = 0; i < MAX_PROJ; i++)
+        DSC_TRY(reserve_bank(x, banks(x, i)));
     const int64_t f_shape[3] = {x->o.count, rows, x->o.d_ff};
     x->nslots = slots;
     x->max_rows = rows;
@@ -189,7 +198,8 @@ static dsc_status reserve(dsc_moe_experts *x, int slots, int64_t rows) {
     DSC_TRY(dsc_tensor_alloc(&x->ones, DSC_DTYPE_F32, 1, &n, x->device, DSC_MEM_ACTIVATIONS));
     float *host = malloc((size_t)(n > 0 ? n : 1) * sizeof *host);
     DSC_CHECK(host, DSC_ERR_NOMEM, "ones vector of %lld floats", (long long)n);
-    for (int64_t i = 0; i < n; i++) host[i] = 1.0f;
+    for (int64_t i = 0; i < n; i++)
+        host[i] = 1.0f;
     dsc_tensor src = dsc_tensor_view(host, DSC_DTYPE_F32, 1, &n, DSC_CPU);
     dsc_status s = dsc_tensor_copy(&x->ones, &src);
     free(host);
@@ -264,7 +274,8 @@ static dsc_status project_backward(dsc_moe_experts *x, dsc_tensor *din, bool acc
     DSC_TRY(bank_grad_end(x, w));
     if (bias) {
         const int64_t R = in->shape[1];
-        dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, 1, R}, x->device);
+        dsc_tensor ones =
+            dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, 1, R}, x->device);
         dsc_tensor db = bank_grad(x, bias, &beta);
         DSC_TRY(dsc_kernel_gemm(&db, &ones, dy, NULL, false, false, scale, beta)); /* db[e] += 1 (1, R) @ dy[e] */
         DSC_TRY(bank_grad_end(x, bias));
@@ -278,8 +289,9 @@ static dsc_status check_rows(const dsc_moe_experts *x, int slot, const dsc_tenso
     DSC_CHECK(slot >= 0 && slot < x->nslots, DSC_ERR_INVALID, "expert bank: slot %d outside the %d reserved", slot,
               x->nslots);
     DSC_TRY(dsc_tensor_expect(t, what, DSC_DTYPE_F32, 3, (const int64_t[]){x->o.count, -1, x->o.d_model}));
-    DSC_CHECK(t->shape[1] <= x->max_rows, DSC_ERR_INVALID, "expert bank: %lld rows per expert exceed the %lld reserved",
-              (long long)t->shape[1], (long long)x->max_rows);
+    DSC_CHECK(t->shape[1] <= x->max_rows, DSC_ERR_INVALID,
+              "expert bank: %lld rows per expert exceed the %lld reserved", (long long)t->shape[1],
+              (long long)x->max_rows);
     return NULL;
 }
 
@@ -309,7 +321,8 @@ dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tens
                                     float grad_scale) {
     DSC_TRY(check_rows(x, slot, dout, "expert output gradient"));
     const dsc_tensor *in = &x->in[slot];
-    DSC_CHECK(in->data || in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d", slot);
+    DSC_CHECK(in->data || in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d",
+              slot);
     DSC_TRY(dsc_tensor_expect(dout, "expert output gradient", DSC_DTYPE_F32, 3, in->shape));
     DSC_TRY(dsc_tensor_expect(din, "expert input gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t R = in->shape[1];

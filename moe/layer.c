@@ -57,19 +57,19 @@ typedef struct moe_layer {
     int64_t M, E, E_loc, ep_size, ep_rank;
     dsc_comm *ep;
     dsc_device device;
-    dsc_param *wg;          /* (E, M) router */
+    dsc_param *wg; /* (E, M) router */
     dsc_moe_experts *experts;
-    dsc_moe_experts *mlp;   /* residual MLP: a bank of one dense FFN */
-    dsc_param *wc, *bc;     /* (2, M), (2): residual mixing coefficients */
+    dsc_moe_experts *mlp; /* residual MLP: a bank of one dense FFN */
+    dsc_param *wc, *bc;   /* (2, M), (2): residual mixing coefficients */
     int nslots;
     int64_t max_S, max_cap;
     moe_slot *slots;
-    dsc_tensor buf[3];      /* (E, max_cap, M) each: dispatch / all-to-all / expert scratch, shared by slots */
-    dsc_tensor out, din;    /* (B, T, M) shared output and input gradient */
-    dsc_tensor dlogits;     /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
-    dsc_tensor dweight;     /* (S, K) */
-    dsc_tensor dsmall;      /* (S, M) gate / residual input-gradient scratch */
-    int64_t agree_S;        /* S of the forward being gated, for the capacity agreement */
+    dsc_tensor buf[3];   /* (E, max_cap, M) each: dispatch / all-to-all / expert scratch, shared by slots */
+    dsc_tensor out, din; /* (B, T, M) shared output and input gradient */
+    dsc_tensor dlogits;  /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
+    dsc_tensor dweight;  /* (S, K) */
+    dsc_tensor dsmall;   /* (S, M) gate / residual input-gradient scratch */
+    int64_t agree_S;     /* S of the forward being gated, for the capacity agreement */
     /* statistics since the last reset */
     int64_t st_forwards, st_tokens, st_dropped_tokens, st_capacity;
     int64_t *st_routed, *st_kept, *st_dropped; /* (E) */
@@ -77,7 +77,9 @@ typedef struct moe_layer {
     double st_seconds[DSC_MOE_PHASE_COUNT];
 } moe_layer;
 
-static moe_layer *self_of(dsc_layer *l) { return (moe_layer *)l; }
+static moe_layer *self_of(dsc_layer *l) {
+    return (moe_layer *)l;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -115,7 +117,9 @@ static dsc_status agree(moe_layer *m, int64_t *value) {
     return NULL;
 }
 
-static dsc_status agree_hook(void *user, int64_t *capacity) { return agree(user, capacity); }
+static dsc_status agree_hook(void *user, int64_t *capacity) {
+    return agree(user, capacity);
+}
 
 /* ---- reserve ----------------------------------------------------------------------------- */
 
@@ -124,13 +128,15 @@ static void release(moe_layer *m) {
         moe_slot *s = &m->slots[i];
         dsc_moe_gate_result_free(&s->routes);
         dsc_tensor *t[] = {&s->gate_in, &s->noise, &s->logits, &s->xin, &s->y, &s->moe_out, &s->mlp_out, &s->coef};
-        for (size_t j = 0; j < sizeof t / sizeof t[0]; j++) dsc_tensor_free(t[j]);
+        for (size_t j = 0; j < sizeof t / sizeof t[0]; j++)
+            dsc_tensor_free(t[j]);
     }
     free(m->slots);
     m->slots = NULL;
     m->nslots = 0;
     dsc_tensor *t[] = {&m->buf[0], &m->buf[1], &m->buf[2], &m->out, &m->din, &m->dlogits, &m->dweight, &m->dsmall};
-    for (size_t j = 0; j < sizeof t / sizeof t[0]; j++) dsc_tensor_free(t[j]);
+    for (size_t j = 0; j < sizeof t / sizeof t[0]; j++)
+        dsc_tensor_free(t[j]);
 }
 
 static dsc_status alloc(dsc_tensor *t, int ndim, const int64_t *shape, dsc_device device) {
@@ -170,11 +176,14 @@ static dsc_status reserve(moe_layer *m, int slots, int64_t B, int64_t T) {
     m->slots = calloc((size_t)slots, sizeof *m->slots);
     DSC_CHECK(m->slots, DSC_ERR_NOMEM, "%s: %d slots", m->base.name, slots);
     m->nslots = slots;
-    for (int i = 0; i < slots; i++) DSC_TRY(reserve_slot(m, &m->slots[i]));
-    for (int i = 0; i < 3; i++) DSC_TRY(alloc(&m->buf[i], 3, (int64_t[]){m->E, m->max_cap, M}, m->device));
+    for (int i = 0; i < slots; i++)
+        DSC_TRY(reserve_slot(m, &m->slots[i]));
+    for (int i = 0; i < 3; i++)
+        DSC_TRY(alloc(&m->buf[i], 3, (int64_t[]){m->E, m->max_cap, M}, m->device));
     DSC_TRY(alloc(&m->out, 3, (int64_t[]){B, T, M}, m->device));
     DSC_TRY(alloc(&m->din, 3, (int64_t[]){B, T, M}, m->device));
-    DSC_TRY(alloc(&m->dlogits, 2, (int64_t[]){S, m->E > 2 ? m->E : 2}, DSC_CPU)); /* also (S, 2) for the residual */
+    DSC_TRY(
+        alloc(&m->dlogits, 2, (int64_t[]){S, m->E > 2 ? m->E : 2}, DSC_CPU)); /* also (S, 2) for the residual */
     DSC_TRY(alloc(&m->dweight, 2, (int64_t[]){S, m->o.gate.k}, DSC_CPU));
     DSC_TRY(alloc(&m->dsmall, 2, (int64_t[]){S, M}, m->device));
     DSC_TRY(dsc_moe_experts_reserve(m->experts, slots, m->ep_size * m->max_cap));
@@ -205,7 +214,8 @@ static dsc_status route(moe_layer *m, moe_slot *s, const dsc_tensor *x2, dsc_mic
         DSC_TRY(dsc_moe_gate_jitter(ctx->rng, &noise));
         const float *xv = x2->data, *nv = noise.data;
         float *gv = jittered.data;
-        for (int64_t i = 0; i < S * M; i++) gv[i] = xv[i] * nv[i];
+        for (int64_t i = 0; i < S * M; i++)
+            gv[i] = xv[i] * nv[i];
         gin = &jittered;
     }
     DSC_TRY(dsc_kernel_linear_forward(&logits, gin, &m->wg->value, NULL));
@@ -254,7 +264,8 @@ static dsc_status residual_forward(moe_layer *m, int slot, moe_slot *s, const ds
     const float *c = coef.data, *a = s->moe_out.data, *b = mlp.data;
     float *o = out2->data;
     for (int64_t t = 0; t < S; t++)
-        for (int64_t j = 0; j < M; j++) o[t * M + j] = c[2 * t] * a[t * M + j] + c[2 * t + 1] * b[t * M + j];
+        for (int64_t j = 0; j < M; j++)
+            o[t * M + j] = c[2 * t] * a[t * M + j] + c[2 * t + 1] * b[t * M + j];
     return NULL;
 }
 
@@ -272,7 +283,8 @@ static void count_stats(moe_layer *m, const dsc_moe_gate_result *r) {
     }
 }
 
-static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx) {
+static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                              dsc_micro_ctx *ctx) {
     moe_layer *m = self_of(self);
     DSC_CHECK(slot >= 0 && slot < m->nslots, DSC_ERR_INVALID, "%s: slot %d outside the %d reserved", self->name,
               slot, m->nslots);
@@ -378,7 +390,8 @@ static dsc_status gate_backward(moe_layer *m, moe_slot *s, const dsc_tensor *x2,
     DSC_TRY(dsc_kernel_linear_backward(&dg, &m->wg->grad, NULL, &dl, &gin, &m->wg->value));
     float *d = din2->data, *gv = dg.data;
     const float *noise = s->jittered ? s->noise.data : NULL;
-    for (int64_t i = 0; i < S * M; i++) d[i] += noise ? gv[i] * noise[i] : gv[i];
+    for (int64_t i = 0; i < S * M; i++)
+        d[i] += noise ? gv[i] * noise[i] : gv[i];
     return NULL;
 }
 
@@ -429,14 +442,18 @@ static void moe_destroy(dsc_layer *self) {
     free(m);
 }
 
-static const dsc_layer_ops moe_ops = {
-    .type = "moe", .reserve = moe_reserve, .forward = moe_forward, .backward = moe_backward, .destroy = moe_destroy};
+static const dsc_layer_ops moe_ops = {.type = "moe",
+                                      .reserve = moe_reserve,
+                                      .forward = moe_forward,
+                                      .backward = moe_backward,
+                                      .destroy = moe_destroy};
 
 dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks) {
     DSC_CHECK(ep_size >= 1, DSC_ERR_INVALID, "moe.ep_size must be >= 1 (got %d)", ep_size);
     DSC_CHECK(num_experts >= 1 && num_experts % ep_size == 0, DSC_ERR_INVALID,
               "moe.ep_size %d does not divide moe.num_experts %d: each rank of an expert-parallel group holds "
-              "num_experts / ep_size experts", ep_size, num_experts);
+              "num_experts / ep_size experts",
+              ep_size, num_experts);
     DSC_CHECK(ranks >= 1 && ranks % ep_size == 0, DSC_ERR_INVALID,
               "moe.ep_size %d does not divide the %d ranks that share the experts (world size / pipeline stages)",
               ep_size, ranks);
@@ -446,10 +463,12 @@ dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks) {
 static dsc_status declare(moe_layer *m, const dsc_model_config *mc, dsc_param_store *store) {
     char prefix[sizeof m->base.name + 32];
     snprintf(prefix, sizeof prefix, "%s.gate.weight", m->base.name);
-    DSC_TRY(dsc_params_declare(store, prefix, 2, (int64_t[]){m->E, m->M}, 0, DSC_INIT_NORMAL, mc->init_std, &m->wg));
+    DSC_TRY(
+        dsc_params_declare(store, prefix, 2, (int64_t[]){m->E, m->M}, 0, DSC_INIT_NORMAL, mc->init_std, &m->wg));
     const float std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    dsc_moe_experts_options eo = {m->o.expert_kind, m->M, mc->d_ff, (int)m->E_loc, (int)(m->ep_rank * m->E_loc),
-                                  DSC_PARAM_EXPERT, mc->init_std, std_out};
+    dsc_moe_experts_options eo = {
+        m->o.expert_kind, m->M,         mc->d_ff, (int)m->E_loc, (int)(m->ep_rank * m->E_loc),
+        DSC_PARAM_EXPERT, mc->init_std, std_out};
     snprintf(prefix, sizeof prefix, "%s.experts", m->base.name);
     DSC_TRY(dsc_moe_experts_create(&eo, prefix, store, m->device, &m->experts));
     if (!m->o.use_residual) return NULL;
@@ -472,8 +491,10 @@ static dsc_status collect_params(moe_layer *m) {
     DSC_CHECK(list, DSC_ERR_NOMEM, "%s: parameter list of %d", m->base.name, n);
     int i = 0;
     list[i++] = m->wg;
-    for (int j = 0; j < ne; j++) list[i++] = dsc_moe_experts_params(m->experts)[j];
-    for (int j = 0; j < nr; j++) list[i++] = dsc_moe_experts_params(m->mlp)[j];
+    for (int j = 0; j < ne; j++)
+        list[i++] = dsc_moe_experts_params(m->experts)[j];
+    for (int j = 0; j < nr; j++)
+        list[i++] = dsc_moe_experts_params(m->mlp)[j];
     if (m->mlp) {
         list[i++] = m->wc;
         list[i++] = m->bc;
@@ -487,12 +508,13 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
                                 dsc_param_store *store, dsc_device device, dsc_comm *ep, dsc_layer **out) {
     *out = NULL;
     DSC_CHECK(device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
-              "MoE layer of block %d: only CPU devices are supported (the gate and dispatch run on the host)", block);
+              "MoE layer of block %d: only CPU devices are supported (the gate and dispatch run on the host)",
+              block);
     const int ep_size = ep ? dsc_comm_size(ep) : 1;
     DSC_TRY(dsc_moe_check_parallel(o->num_experts, ep_size, ep_size));
     DSC_TRY(dsc_moe_gate_config_validate(&o->gate, o->num_experts));
-    DSC_CHECK(mc->d_model >= 1 && mc->d_ff >= 1, DSC_ERR_INVALID, "MoE layer of block %d: d_model and d_ff must be >= 1",
-              block);
+    DSC_CHECK(mc->d_model >= 1 && mc->d_ff >= 1, DSC_ERR_INVALID,
+              "MoE layer of block %d: d_model and d_ff must be >= 1", block);
     moe_layer *m = calloc(1, sizeof *m);
     DSC_CHECK(m, DSC_ERR_NOMEM, "MoE layer of block %d", block);
     m->base.ops = &moe_ops;
@@ -508,8 +530,9 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
     m->st_routed = calloc((size_t)m->E, sizeof *m->st_routed);
     m->st_kept = calloc((size_t)m->E, sizeof *m->st_kept);
     m->st_dropped = calloc((size_t)m->E, sizeof *m->st_dropped);
-    dsc_status s = m->st_routed && m->st_kept && m->st_dropped ? NULL
-                                                               : dsc_error(DSC_ERR_NOMEM, "%s: statistics", m->base.name);
+    dsc_status s = m->st_routed && m->st_kept && m->st_dropped
+                       ? NULL
+                       : dsc_error(DSC_ERR_NOMEM, "%s: statistics", m->base.name);
     if (!s) s = declare(m, mc, store);
     if (!s) s = collect_params(m);
     if (s) {
@@ -529,13 +552,15 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
 
 /* ---- statistics -------------------------------------------------------------------------- */
 
-bool moe_layer_is(const dsc_layer *layer) { return layer && layer->ops == &moe_ops; }
+bool moe_layer_is(const dsc_layer *layer) {
+    return layer && layer->ops == &moe_ops;
+}
 
 void moe_layer_stats(const dsc_layer *layer, dsc_moe_stats *out) {
     const moe_layer *m = (const moe_layer *)layer;
-    *out = (dsc_moe_stats){(int)m->E,    m->st_forwards, m->st_tokens,  m->st_dropped_tokens,
-                           m->st_routed, m->st_kept,     m->st_dropped, m->st_l_aux,
-                           m->st_z_loss, m->st_capacity, {0}};
+    *out = (dsc_moe_stats){(int)m->E,  m->st_forwards, m->st_tokens, m->st_dropped_tokens, m->st_routed,
+                           m->st_kept, m->st_dropped,  m->st_l_aux,  m->st_z_loss,         m->st_capacity,
+                           {0}};
     memcpy(out->seconds, m->st_seconds, sizeof out->seconds);
 }
 

@@ -56,11 +56,11 @@ typedef enum dsc_moe_expert_kind {
 
 typedef struct dsc_moe_experts_options {
     dsc_moe_expert_kind kind;
-    int64_t d_model; /* M */
-    int64_t d_ff;    /* F */
-    int count;       /* FFNs in the bank (E_loc) */
-    int first;       /* global index of the first ("<prefix>.<first + i>.<leaf>"); -1: one unnumbered FFN */
-    uint32_t flags;  /* DSC_PARAM_EXPERT for experts; 0 for a dense FFN */
+    int64_t d_model;    /* M */
+    int64_t d_ff;       /* F */
+    int count;          /* FFNs in the bank (E_loc) */
+    int first;          /* global index of the first ("<prefix>.<first + i>.<leaf>"); -1: one unnumbered FFN */
+    uint32_t flags;     /* DSC_PARAM_EXPERT for experts; 0 for a dense FFN */
     float init_std;     /* input projections */
     float init_std_out; /* output projection */
 } dsc_moe_experts_options;

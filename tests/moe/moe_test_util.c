@@ -21,7 +21,8 @@ void moe_test_options(dsc_moe_options *o, int num_experts, int k, bool drop_toke
     o->gate.z_loss_coef = 0.01;
 }
 
-void moe_test_model_config(dsc_model_config *mc, dsc_model_arch arch, int n_layer, int num_experts, int layer_freq) {
+void moe_test_model_config(dsc_model_config *mc, dsc_model_arch arch, int n_layer, int num_experts,
+                           int layer_freq) {
     dsc_model_config_defaults(mc, arch);
     mc->n_layer = n_layer;
     mc->d_model = 16;
@@ -53,20 +54,22 @@ dsc_status moe_test_model_build(moe_test_model *m, const dsc_model_config *mc, c
     }
     free(specs);
     if (!s) s = dsc_params_finalize(m->store);
-    for (int i = 0; i < m->n && !s; i++) s = dsc_layer_reserve(m->layers[i], 1, B, T);
+    for (int i = 0; i < m->n && !s; i++)
+        s = dsc_layer_reserve(m->layers[i], 1, B, T);
     if (s) moe_test_model_free(m);
     return s;
 }
 
 void moe_test_model_free(moe_test_model *m) {
-    for (int i = 0; i < m->n; i++) dsc_layer_destroy(m->layers[i]);
+    for (int i = 0; i < m->n; i++)
+        dsc_layer_destroy(m->layers[i]);
     free(m->layers);
     dsc_params_destroy(m->store);
     memset(m, 0, sizeof *m);
 }
 
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, double *loss,
-                               double *aux) {
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+                               double *loss, double *aux) {
     dsc_micro_ctx ctx = {.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true};
     dsc_tensor cur = {0}, next;
     for (int i = 0; i < m->n; i++) {
@@ -86,5 +89,6 @@ dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, cons
 void moe_test_fill(float *p, int64_t n, uint64_t seed, float scale) {
     dsc_rng rng;
     dsc_rng_init(&rng, seed, 0, DSC_RNG_DATA);
-    for (int64_t i = 0; i < n; i++) p[i] = scale * (2.0f * (float)dsc_rng_uniform(&rng) - 1.0f);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = scale * (2.0f * (float)dsc_rng_uniform(&rng) - 1.0f);
 }

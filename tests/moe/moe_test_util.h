@@ -16,7 +16,8 @@ void moe_test_options(dsc_moe_options *o, int num_experts, int k, bool drop_toke
                       dsc_moe_expert_kind kind);
 
 /* A model config for `arch` at tiny sizes (C 16, 4 heads, F 24, V 32, T 8). */
-void moe_test_model_config(dsc_model_config *mc, dsc_model_arch arch, int n_layer, int num_experts, int layer_freq);
+void moe_test_model_config(dsc_model_config *mc, dsc_model_arch arch, int n_layer, int num_experts,
+                           int layer_freq);
 
 typedef struct moe_test_model {
     dsc_model_config mc;
@@ -32,8 +33,8 @@ dsc_status moe_test_model_build(moe_test_model *m, const dsc_model_config *mc, c
 void moe_test_model_free(moe_test_model *m);
 /* Forward and backward of one micro-batch (training, loss_scale 1); the
  * cross-entropy and the summed gate losses come back in *loss and *aux. */
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, double *loss,
-                               double *aux);
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+                               double *loss, double *aux);
 
 /* n values uniform in [-scale, scale] from a stream seeded by `seed`. */
 void moe_test_fill(float *p, int64_t n, uint64_t seed, float scale);

@@ -52,7 +52,8 @@ typedef struct layer_run {
     dsc_layer *layer;
 } layer_run;
 
-static void layer_open(layer_run *L, const dsc_moe_options *o, const dsc_model_config *mc, dsc_comm *ep, int64_t t) {
+static void layer_open(layer_run *L, const dsc_moe_options *o, const dsc_model_config *mc, dsc_comm *ep,
+                       int64_t t) {
     assert_ok(dsc_params_create(&L->store, DSC_CPU, 7));
     assert_ok(dsc_moe_layer_create(o, mc, 0, L->store, DSC_CPU, ep, &L->layer));
     assert_ok(dsc_params_finalize(L->store));
@@ -98,7 +99,8 @@ static void run_case(const ep_case *c) {
     dsc_comm *edp = dsc_groups_get(env.groups, DSC_GROUP_KIND_EXPERT_DATA);
     if (rank == 0) printf("case %s: world %d, ep %d\n", c->name, world, c->ep);
     dsc_model_config mc;
-    moe_test_model_config(&mc, c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1, 8, 1);
+    moe_test_model_config(&mc, c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1, 8,
+                          1);
     dsc_moe_options o;
     moe_test_options(&o, 8, c->k, c->drop, c->residual, c->kind);
     o.gate.capacity_factor = c->capacity_factor;
@@ -125,15 +127,18 @@ static void run_case(const ep_case *c) {
     int64_t dropped = st.dropped_tokens, one = 1;
     dsc_tensor dt = dsc_tensor_view(&dropped, DSC_DTYPE_I64, 1, &one, DSC_CPU);
     assert_ok(dsc_comm_allreduce(env.world, &dt, DSC_REDUCE_OP_SUM));
-    if (c->drop) assert_true(dropped > 0); /* the case really drops tokens */
-    else assert_int_equal(dropped, 0);
+    if (c->drop)
+        assert_true(dropped > 0); /* the case really drops tokens */
+    else
+        assert_int_equal(dropped, 0);
 
     /* The optimizer's reduction: dense over all ranks, experts over their EDP group. */
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         dsc_tensor values, grads;
         dsc_params_flat(L.store, (dsc_param_group)g, &values, &grads);
         if (dsc_tensor_numel(&grads) > 0)
-            assert_ok(dsc_comm_allreduce(g == DSC_PARAM_GROUP_EXPERT ? edp : env.world, &grads, DSC_REDUCE_OP_AVG));
+            assert_ok(
+                dsc_comm_allreduce(g == DSC_PARAM_GROUP_EXPERT ? edp : env.world, &grads, DSC_REDUCE_OP_AVG));
     }
 
     /* The single-rank layer with all experts, on every token set. */
@@ -242,12 +247,9 @@ static void test_bad_ep_group(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ep2_top2_drop_gelu_residual),
-        cmocka_unit_test(test_ep2_top2_nodrop_swiglu),
-        cmocka_unit_test(test_ep4_top1_drop_swiglu),
-        cmocka_unit_test(test_ep4_top2_nodrop_gelu_residual),
-        cmocka_unit_test(test_token_count_mismatch),
-        cmocka_unit_test(test_bad_ep_group),
+        cmocka_unit_test(test_ep2_top2_drop_gelu_residual), cmocka_unit_test(test_ep2_top2_nodrop_swiglu),
+        cmocka_unit_test(test_ep4_top1_drop_swiglu),        cmocka_unit_test(test_ep4_top2_nodrop_gelu_residual),
+        cmocka_unit_test(test_token_count_mismatch),        cmocka_unit_test(test_bad_ep_group),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -36,19 +36,21 @@ static const fixture_array *array_for(const fixture *f, const char *prefix, cons
 
 static void load_params(dsc_param_store *store, const fixture *f) {
     int in_fixture = 0;
-    for (int i = 0; i < f->n_arrays; i++) in_fixture += strncmp(f->arrays[i].name, "param/", 6) == 0;
+    for (int i = 0; i < f->n_arrays; i++)
+        in_fixture += strncmp(f->arrays[i].name, "param/", 6) == 0;
     assert_int_equal(in_fixture, dsc_params_count(store)); /* the same parameter set, both ways */
     for (int i = 0; i < dsc_params_count(store); i++) {
         dsc_param *p = dsc_params_at(store, i);
-        dsc_tensor src =
-            dsc_tensor_view(array_for(f, "param/", p)->data, DSC_DTYPE_F32, p->value.ndim, p->value.shape, DSC_CPU);
+        dsc_tensor src = dsc_tensor_view(array_for(f, "param/", p)->data, DSC_DTYPE_F32, p->value.ndim,
+                                         p->value.shape, DSC_CPU);
         assert_ok(dsc_tensor_copy(&p->value, &src));
     }
 }
 
 static double max_abs(const float *v, int64_t n) {
     double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(v[i]));
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(v[i]));
     return m;
 }
 
@@ -84,8 +86,8 @@ static void layer_case(const char *name) {
     load(&f, name);
     const bool swiglu = strcmp(fixture_meta_str(&f, "arch"), "llama") == 0;
     dsc_model_config mc;
-    moe_test_model_config(&mc, swiglu ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1, (int)fixture_meta(&f, "num_experts"),
-                          1);
+    moe_test_model_config(&mc, swiglu ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1,
+                          (int)fixture_meta(&f, "num_experts"), 1);
     mc.d_model = (int)fixture_meta(&f, "d_model");
     mc.d_ff = (int)fixture_meta(&f, "d_ff");
     dsc_moe_options o;
@@ -109,7 +111,8 @@ static void layer_case(const char *name) {
     double worst = dsc_test_max_rel_err(out.data, fixture_get(&f, "out")->data, x->numel, FLOOR, "out");
     worst = fmax(worst, rel1(ctx.aux_loss, ((float *)fixture_get(&f, "gate_loss")->data)[0], "gate loss"));
     assert_ok(dsc_layer_backward(layer, 0, &gout, &din, &ctx));
-    worst = fmax(worst, dsc_test_max_rel_err(din.data, fixture_get(&f, "grad/x")->data, x->numel, FLOOR, "grad/x"));
+    worst =
+        fmax(worst, dsc_test_max_rel_err(din.data, fixture_get(&f, "grad/x")->data, x->numel, FLOOR, "grad/x"));
     worst = fmax(worst, compare_grads(store, &f));
     printf("  worst relative error %.3e (tolerance %.0e)\n", worst, TOL);
     assert_true(worst <= TOL);

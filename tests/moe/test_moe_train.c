@@ -45,14 +45,17 @@ static const char *config_json =
     " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.01}},"
     " \"train\": {\"steps\": 10}, \"data\": {\"path\": \"%s\", \"val_fraction\": 0}}";
 
-static void token_path(char *buf, size_t n) { snprintf(buf, n, "%s/tests/moe/moe_train.tok", DSC_BINARY_DIR); }
+static void token_path(char *buf, size_t n) {
+    snprintf(buf, n, "%s/tests/moe/moe_train.tok", DSC_BINARY_DIR);
+}
 
 static void write_tokens(dsc_comm *world) {
     char path[512];
     token_path(path, sizeof path);
     if (dsc_comm_rank(world) == 0) {
         uint32_t *ids = malloc(TOKENS * sizeof *ids);
-        for (int i = 0; i < TOKENS; i++) ids[i] = (uint32_t)((i * 7 + (i / 13) * 3) % 32);
+        for (int i = 0; i < TOKENS; i++)
+            ids[i] = (uint32_t)((i * 7 + (i / 13) * 3) % 32);
         assert_ok(dsc_token_file_write(path, ids, TOKENS, DSC_TOKEN_DTYPE_U16, 32));
         free(ids);
     }
@@ -155,7 +158,8 @@ static void check_case(int ep_size) {
     assert_ok(dsc_groups_plan(P, rank, &dims, &plan));
     dsc_groups *groups;
     assert_ok(dsc_groups_create(world, &plan, &groups));
-    dsc_comm *dp = dsc_groups_get(groups, DSC_GROUP_KIND_DATA), *ep = dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT);
+    dsc_comm *dp = dsc_groups_get(groups, DSC_GROUP_KIND_DATA),
+             *ep = dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT);
     dsc_comm *edp = dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT_DATA);
     dsc_comm_reset_stats(dp);
     dsc_comm_reset_stats(ep);
@@ -167,7 +171,8 @@ static void check_case(int ep_size) {
     train(&par, dp, ep, edp);
     train(&one, NULL, NULL, NULL);
 
-    if (rank == 0) printf("EP %d x DP %d (expert-data-parallel %d) vs one process:\n", ep_size, P, dsc_comm_size(edp));
+    if (rank == 0)
+        printf("EP %d x DP %d (expert-data-parallel %d) vs one process:\n", ep_size, P, dsc_comm_size(edp));
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
         double rel = fabs(par.loss[s] - one.loss[s]) / fabs(one.loss[s]);
