@@ -97,7 +97,7 @@ static void check_file(const char *file) {
     const cJSON *dec_line = cJSON_GetObjectItem(want, "decoded")->child;
     int32_t ids[1024];
     char out[4096], piece[512];
-    int line = 0, total = 0;
+    int line = 0, total = 0, lossy = 0;
     for (const cJSON *text = corpus()->child; text;
          text = text->next, ids_line = ids_line->next, dec_line = dec_line->next, line++) {
         const char *s = text->valuestring;
@@ -119,7 +119,13 @@ static void check_file(const char *file) {
         size_t len;
         assert_ok(dsc_tokenizer_decode(tok, ids, n, out, sizeof out, &len));
         assert_string_equal(out, dec_line->valuestring);
-        assert_string_equal(out, s); /* round trip */
+        /* Round trip, except where HF itself does not give the text back
+         * (added tokens between words under a Prepend normalizer; a leading
+         * space eaten by Metaspace "first"). */
+        if (strcmp(dec_line->valuestring, s) == 0)
+            assert_string_equal(out, s);
+        else
+            lossy++;
         /* Streaming: pieces are whole characters and add up to the decode. */
         dsc_tokenizer_stream st;
         dsc_tokenizer_stream_init(&st);
@@ -135,10 +141,11 @@ static void check_file(const char *file) {
         assert_ok(dsc_tokenizer_decode_finish(&st, piece, sizeof piece, &pl));
         assert_int_equal(pl, 0);
         out[acc] = '\0';
-        assert_string_equal(out, s);
+        assert_string_equal(out, dec_line->valuestring);
     }
-    printf("  %-16s %d ids over %d lines identical to Hugging Face; decode and stream round-trip\n", file, total,
-           line);
+    printf("  %-22s %d ids over %d lines identical to HF; decode and stream equal HF's (%d lines not "
+           "round-tripping in HF either)\n",
+           file, total, line, lossy);
     dsc_tokenizer_destroy(tok);
 }
 
@@ -155,6 +162,11 @@ static void test_llama3_byte_level(void **state) {
 static void test_sentencepiece_bpe(void **state) {
     (void)state;
     check_file("sp_bpe.json");
+}
+
+static void test_sentencepiece_metaspace(void **state) {
+    (void)state;
+    check_file("sp_metaspace_bpe.json");
 }
 
 static void test_special_tokens_and_errors(void **state) {
@@ -244,6 +256,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_byte_level),
         cmocka_unit_test(test_llama3_byte_level),
         cmocka_unit_test(test_sentencepiece_bpe),
+        cmocka_unit_test(test_sentencepiece_metaspace),
         cmocka_unit_test(test_special_tokens_and_errors),
         cmocka_unit_test(test_byte_tokenizer),
     };

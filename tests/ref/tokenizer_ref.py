@@ -10,6 +10,8 @@ for a test corpus (and HF's decode of them):
   llama3_bpe.json byte-level BPE, Llama-3 Split regex + ByteLevel, ignore_merges
   sp_bpe.json     SentencePiece-style BPE as Llama-2 ships it: Prepend/Replace
                   normalizer, byte fallback <0xXX> tokens, Strip decoder
+  sp_metaspace_bpe.json  the same model with a Metaspace pre-tokenizer
+                  (prepend_scheme "first"), as newer conversions ship it
 
 Output: tests/inference/fixtures/{*.json, tokenizer_expected.json}.
 Run: python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers
@@ -55,6 +57,7 @@ CORPUS = [
     "Special <|endoftext|> token in the middle<|endoftext|>",
     "ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.",
     "ümlaut at start, and ending with ümlaut",
+    "<s>Hello</s> world <s> again</s>",
 ]
 
 
@@ -127,10 +130,21 @@ def sentencepiece_like():
     return Tokenizer.from_str(json.dumps(spec))
 
 
+def metaspace_variant(sp):
+    """The same model in the newer Llama/Mistral layout (transformers'
+    legacy=False conversion): no normalizer, a Metaspace pre-tokenizer that
+    prepends only at the start of the text and does not split."""
+    spec = json.loads(sp.to_str())
+    spec["normalizer"] = None
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
-    built = {"gpt2_bpe.json": byte_level(None), "llama3_bpe.json": byte_level(LLAMA3_PATTERN),
-             "sp_bpe.json": sentencepiece_like()}
+    sp = sentencepiece_like()
+    built = {"gpt2_bpe.json": byte_level(None), "llama3_bpe.json": byte_level(LLAMA3_PATTERN), "sp_bpe.json": sp,
+             "sp_metaspace_bpe.json": metaspace_variant(sp)}
     expected = {"tokenizers_version": tokenizers.__version__, "corpus": CORPUS, "files": {}}
     for name, tok in built.items():
         path = os.path.join(OUT, name)
