@@ -1,0 +1,364 @@
+/* Continuous batching with chunked prefill (DeepSpeed-FastGen's Dynamic
+ * SplitFuse) over the inference engine. Every forward carries at most
+ * `token_budget` tokens: one token for each decoding request, then prompt
+ * chunks filling what is left (or prompt chunks first, with
+ * DSC_PREFILL_PRIORITY_PREFILL_FIRST); only a chunk that ends its prompt
+ * samples a token.
+ *
+ * Admission (FIFO, no overtaking) keeps KV for what admitted requests will
+ * need: a request enters only when the free blocks, minus the blocks still
+ * owed to running requests, cover its prompt plus its reserved generation
+ * (all of max_new_tokens by default, so nothing is ever preempted). With a
+ * smaller reservation decodes may outgrow the cache; then the NEWEST running
+ * request is preempted by recompute: its blocks are flushed and it returns
+ * to the front of the queue with prompt + generated tokens as its new
+ * prompt, so the oldest request always progresses and every request
+ * finishes (a request that could not fit the whole cache alone is refused
+ * at submit). Not here: the forward (engine) or sampling rules (sampling.c). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "inference/model_internal.h"
+
+typedef enum req_state { REQ_WAITING = 0, REQ_RUNNING, REQ_DONE } req_state;
+
+typedef struct request {
+    uint64_t uid;
+    int32_t *tokens; /* (n_prompt + max_new) prompt, then generated tokens */
+    int32_t n_prompt, n_generated, max_new;
+    int64_t n_cached; /* tokens in the engine's KV cache */
+    int32_t *stop;
+    int32_t n_stop;
+    dsc_sampling_params sampling;
+    dsc_rng rng;
+    req_state state;
+    int64_t order; /* queue position while waiting (preempted go first), admission order while running */
+    double submit_time, first_token_time;
+    int32_t chunk; /* tokens scheduled in the current forward */
+} request;
+
+struct dsc_scheduler {
+    dsc_infer_engine *engine;
+    dsc_scheduler_config cfg;
+    dsc_token_callback cb;
+    void *user;
+    request **reqs;
+    int32_t n_reqs, cap_reqs;
+    int64_t front, back, admitted;
+    dsc_scheduler_stats stats;
+    /* one forward's batch, sized for max_batch_sequences */
+    uint64_t *uids;
+    const int32_t **ptrs;
+    int32_t *counts;
+    request **batch;
+    float *logits; /* (max_batch_sequences, V) */
+    dsc_sample_candidate *scratch;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t blocks_for(const dsc_scheduler *s, int64_t tokens) {
+    int64_t bs = dsc_infer_engine_kv_config(s->engine)->block_size;
+    return (tokens + bs - 1) / bs;
+}
+
+/* The tokens a request will hold in the KV cache at most, as far as admission reserves. */
+static int64_t reserved_tokens(const dsc_scheduler *s, const request *r) {
+    int32_t reserve = s->cfg.kv_reserve_tokens < 0 || s->cfg.kv_reserve_tokens > r->max_new
+                          ? r->max_new
+                          : s->cfg.kv_reserve_tokens;
+    if (reserve < 1) reserve = 1;
+    /* After g >= 1 generated tokens the cache holds prompt + g - 1 (the newest is not fed yet). */
+    int64_t target = (int64_t)r->n_prompt + reserve - 1, now = (int64_t)r->n_prompt + r->n_generated;
+    return target > now ? target : now;
+}
+
+dsc_scheduler_config dsc_scheduler_config_default(const dsc_infer_engine *e) {
+    return (dsc_scheduler_config){.token_budget = dsc_infer_engine_kv_config(e)->max_tokens_per_forward,
+                                  .prefill_priority = DSC_PREFILL_PRIORITY_DECODE_FIRST,
+                                  .kv_reserve_tokens = -1};
+}
+
+dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_token_callback cb,
+                                void *user, dsc_scheduler **out) {
+    const dsc_kv_config *kv = dsc_infer_engine_kv_config(e);
+    DSC_CHECK(cfg->token_budget >= 1 && cfg->token_budget <= kv->max_tokens_per_forward, DSC_ERR_CONFIG,
+              "scheduler token_budget (%d) must be in [1, max_tokens_per_forward = %d]", cfg->token_budget,
+              kv->max_tokens_per_forward);
+    dsc_scheduler *s = calloc(1, sizeof *s);
+    DSC_CHECK(s, DSC_ERR_NOMEM, "scheduler");
+    int32_t S = kv->max_batch_sequences, V = dsc_infer_engine_vocab_size(e);
+    *s = (dsc_scheduler){.engine = e, .cfg = *cfg, .cb = cb, .user = user};
+    s->uids = malloc((size_t)S * sizeof *s->uids);
+    s->ptrs = malloc((size_t)S * sizeof *s->ptrs);
+    s->counts = malloc((size_t)S * sizeof *s->counts);
+    s->batch = malloc((size_t)S * sizeof *s->batch);
+    s->logits = malloc((size_t)S * (size_t)V * sizeof *s->logits);
+    s->scratch = malloc((size_t)V * sizeof *s->scratch);
+    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits || !s->scratch) {
+        dsc_scheduler_destroy(s);
+        return dsc_error(DSC_ERR_NOMEM, "scheduler buffers for %d sequences", S);
+    }
+    *out = s;
+    return NULL;
+}
+
+static void request_free(request *r) {
+    if (!r) return;
+    free(r->tokens);
+    free(r->stop);
+    free(r);
+}
+
+void dsc_scheduler_destroy(dsc_scheduler *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_reqs; i++) request_free(s->reqs[i]);
+    free(s->reqs);
+    free(s->uids);
+    free(s->ptrs);
+    free(s->counts);
+    free(s->batch);
+    free(s->logits);
+    free(s->scratch);
+    free(s);
+}
+
+static request *find(const dsc_scheduler *s, uint64_t uid) {
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i]->uid == uid) return s->reqs[i];
+    return NULL;
+}
+
+dsc_status dsc_scheduler_submit(dsc_scheduler *s, const dsc_gen_request *req) {
+    const dsc_kv_config *kv = dsc_infer_engine_kv_config(s->engine);
+    unsigned long long uid = (unsigned long long)req->uid;
+    DSC_CHECK(!find(s, req->uid), DSC_ERR_INVALID, "request %llu: uid already submitted", uid);
+    DSC_CHECK(req->n_prompt >= 1 && req->prompt && req->max_new_tokens >= 1, DSC_ERR_INVALID,
+              "request %llu: needs a prompt and max_new_tokens >= 1", uid);
+    int64_t longest = (int64_t)req->n_prompt + req->max_new_tokens - 1;
+    DSC_CHECK(longest <= kv->max_context, DSC_ERR_INVALID,
+              "request %llu: prompt (%d) + max_new_tokens (%d) exceeds max_context (%lld)", uid, req->n_prompt,
+              req->max_new_tokens, (long long)kv->max_context);
+    DSC_CHECK(blocks_for(s, longest) <= dsc_infer_engine_total_blocks(s->engine), DSC_ERR_INVALID,
+              "request %llu: needs %lld KV blocks, the whole cache has %d", uid, (long long)blocks_for(s, longest),
+              dsc_infer_engine_total_blocks(s->engine));
+    int32_t V = dsc_infer_engine_vocab_size(s->engine);
+    for (int32_t i = 0; i < req->n_prompt; i++)
+        DSC_CHECK(req->prompt[i] >= 0 && req->prompt[i] < V, DSC_ERR_INVALID,
+                  "request %llu: prompt token %d is %d, outside [0, %d)", uid, i, req->prompt[i], V);
+    if (s->n_reqs == s->cap_reqs) {
+        int32_t cap = s->cap_reqs ? 2 * s->cap_reqs : 16;
+        request **grown = realloc(s->reqs, (size_t)cap * sizeof *grown);
+        DSC_CHECK(grown, DSC_ERR_NOMEM, "request %llu: request table", uid);
+        s->reqs = grown;
+        s->cap_reqs = cap;
+    }
+    request *r = calloc(1, sizeof *r);
+    if (r) r->tokens = malloc(((size_t)req->n_prompt + (size_t)req->max_new_tokens) * sizeof *r->tokens);
+    if (r && req->n_stop > 0) r->stop = malloc((size_t)req->n_stop * sizeof *r->stop);
+    if (!r || !r->tokens || (req->n_stop > 0 && !r->stop)) {
+        request_free(r);
+        return dsc_error(DSC_ERR_NOMEM, "request %llu: token buffer", uid);
+    }
+    memcpy(r->tokens, req->prompt, (size_t)req->n_prompt * sizeof *r->tokens);
+    if (req->n_stop > 0) memcpy(r->stop, req->stop_tokens, (size_t)req->n_stop * sizeof *r->stop);
+    r->uid = req->uid;
+    r->n_prompt = req->n_prompt;
+    r->max_new = req->max_new_tokens;
+    r->n_stop = req->n_stop;
+    r->sampling = req->sampling;
+    dsc_rng_init(&r->rng, req->seed, 0, DSC_RNG_SAMPLE);
+    r->state = REQ_WAITING;
+    r->order = s->back++;
+    r->submit_time = now_s();
+    r->first_token_time = -1;
+    s->reqs[s->n_reqs++] = r;
+    return NULL;
+}
+
+static int64_t total_tokens(const request *r) { return (int64_t)r->n_prompt + r->n_generated; }
+
+/* Blocks running requests may still claim under their reservation. */
+static int64_t owed_blocks(const dsc_scheduler *s) {
+    int64_t owed = 0;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        const request *r = s->reqs[i];
+        if (r->state != REQ_RUNNING) continue;
+        int64_t need = blocks_for(s, reserved_tokens(s, r)) - blocks_for(s, r->n_cached);
+        if (need > 0) owed += need;
+    }
+    return owed;
+}
+
+static int32_t count_state(const dsc_scheduler *s, req_state st) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_reqs; i++) n += s->reqs[i]->state == st;
+    return n;
+}
+
+/* The waiting request first in line, or NULL. */
+static request *next_waiting(const dsc_scheduler *s) {
+    request *best = NULL;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        request *r = s->reqs[i];
+        if (r->state == REQ_WAITING && (!best || r->order < best->order)) best = r;
+    }
+    return best;
+}
+
+static void admit(dsc_scheduler *s) {
+    const dsc_kv_config *kv = dsc_infer_engine_kv_config(s->engine);
+    if (s->cfg.static_batching && count_state(s, REQ_RUNNING) > 0) return;
+    int32_t running = count_state(s, REQ_RUNNING);
+    int32_t limit = s->cfg.static_batching ? kv->max_batch_sequences : kv->max_sequences;
+    for (request *r; running < limit && (r = next_waiting(s)); running++) {
+        int64_t available = dsc_infer_engine_free_blocks(s->engine) - owed_blocks(s);
+        if (blocks_for(s, reserved_tokens(s, r)) > available) return;
+        r->state = REQ_RUNNING;
+        r->order = s->admitted++;
+    }
+}
+
+/* Recompute preemption of the newest running request. */
+static dsc_status preempt_newest(dsc_scheduler *s) {
+    request *newest = NULL;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        request *r = s->reqs[i];
+        if (r->state == REQ_RUNNING && (!newest || r->order > newest->order)) newest = r;
+    }
+    DSC_CHECK(newest, DSC_ERR_INTERNAL, "scheduler: KV exhausted with nothing to preempt");
+    if (newest->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, newest->uid));
+    newest->n_cached = 0;
+    newest->state = REQ_WAITING;
+    newest->order = --s->front;
+    s->stats.preemptions++;
+    return NULL;
+}
+
+/* Adds up to `max` tokens of r to the batch within the token and free-block
+ * budgets; false when r got nothing for lack of blocks. */
+static bool take(dsc_scheduler *s, request *r, int64_t max, int32_t *n, int32_t *budget, int32_t *blocks) {
+    if (max <= 0 || *budget <= 0 || *n >= dsc_infer_engine_kv_config(s->engine)->max_batch_sequences) return true;
+    int64_t tokens;
+    int32_t need;
+    dsc_infer_engine_query(s->engine, r->uid, max < *budget ? max : *budget, *blocks, &tokens, &need);
+    if (tokens <= 0) return false;
+    r->chunk = (int32_t)tokens;
+    s->batch[*n] = r;
+    s->uids[*n] = r->uid;
+    s->ptrs[*n] = r->tokens + r->n_cached;
+    s->counts[*n] = r->chunk;
+    (*n)++;
+    *budget -= r->chunk;
+    *blocks -= need;
+    return true;
+}
+
+static int by_order(const void *a, const void *b) {
+    int64_t x = (*(request *const *)a)->order, y = (*(request *const *)b)->order;
+    return (x > y) - (x < y);
+}
+
+/* Decodes (one token each, oldest first), then prompt chunks, or the other
+ * way round. *starved is the admission order of the oldest running request
+ * that got no tokens for lack of KV blocks (-1 when none). */
+static dsc_status compose(dsc_scheduler *s, int32_t *n_out, int64_t *starved) {
+    int32_t n = 0, budget = s->cfg.token_budget, blocks = dsc_infer_engine_free_blocks(s->engine), n_run = 0;
+    request **run = malloc((size_t)s->n_reqs * sizeof *run);
+    DSC_CHECK(run, DSC_ERR_NOMEM, "scheduler: running list");
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i]->state == REQ_RUNNING) run[n_run++] = s->reqs[i];
+    qsort(run, (size_t)n_run, sizeof *run, by_order);
+    *starved = -1;
+    for (int32_t i = 0; i < n_run; i++) run[i]->chunk = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        bool decodes = (pass == 0) == (s->cfg.prefill_priority == DSC_PREFILL_PRIORITY_DECODE_FIRST);
+        for (int32_t i = 0; i < n_run; i++) {
+            request *r = run[i];
+            int64_t pending = total_tokens(r) - r->n_cached;
+            bool is_decode = pending == 1 && r->n_generated > 0;
+            if (is_decode != decodes || take(s, r, pending, &n, &budget, &blocks)) continue;
+            if (*starved < 0 || r->order < *starved) *starved = r->order;
+        }
+    }
+    free(run);
+    *n_out = n;
+    return NULL;
+}
+
+static int64_t newest_running(const dsc_scheduler *s) {
+    int64_t newest = -1;
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i]->state == REQ_RUNNING && s->reqs[i]->order > newest) newest = s->reqs[i]->order;
+    return newest;
+}
+
+static bool is_stop(const request *r, int32_t tok) {
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == tok) return true;
+    return false;
+}
+
+/* Samples the next token of r from its logits row and streams it. */
+static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
+    int32_t V = dsc_infer_engine_vocab_size(s->engine), tok;
+    DSC_TRY(dsc_sample(&tok, row, V, &r->sampling, r->tokens, total_tokens(r), s->scratch, &r->rng));
+    r->tokens[total_tokens(r)] = tok;
+    r->n_generated++;
+    s->stats.tokens_generated++;
+    if (r->first_token_time < 0) r->first_token_time = now_s();
+    bool done = r->n_generated == r->max_new || is_stop(r, tok);
+    if (done) {
+        DSC_TRY(dsc_infer_engine_flush(s->engine, r->uid));
+        r->state = REQ_DONE;
+    }
+    return s->cb ? s->cb(s->user, r->uid, tok, done) : NULL;
+}
+
+dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
+    admit(s);
+    *idle = count_state(s, REQ_RUNNING) == 0 && !next_waiting(s);
+    if (*idle) return NULL;
+    int32_t n;
+    int64_t starved;
+    DSC_TRY(compose(s, &n, &starved));
+    /* KV ran out under an optimistic reservation: the newest request yields
+     * to older starved ones (and to itself being retried later). */
+    while (n == 0 || (starved >= 0 && newest_running(s) > starved)) {
+        DSC_TRY(preempt_newest(s));
+        DSC_TRY(compose(s, &n, &starved));
+    }
+    DSC_TRY(dsc_infer_engine_put(s->engine, n, s->uids, s->ptrs, s->counts, s->logits));
+    int32_t tokens = 0, V = dsc_infer_engine_vocab_size(s->engine);
+    for (int32_t i = 0; i < n; i++) {
+        request *r = s->batch[i];
+        tokens += r->chunk;
+        r->n_cached += r->chunk;
+        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)V));
+    }
+    int32_t total = dsc_infer_engine_total_blocks(s->engine);
+    double util = (double)(total - dsc_infer_engine_free_blocks(s->engine)) / total;
+    s->stats.forwards++;
+    s->stats.tokens_forwarded += tokens;
+    if (tokens > s->stats.max_tokens_in_forward) s->stats.max_tokens_in_forward = tokens;
+    s->stats.kv_utilisation_sum += util;
+    if (util > s->stats.kv_utilisation_peak) s->stats.kv_utilisation_peak = util;
+    return NULL;
+}
+
+dsc_status dsc_scheduler_run(dsc_scheduler *s) {
+    for (bool idle = false; !idle;) DSC_TRY(dsc_scheduler_step(s, &idle));
+    return NULL;
+}
+
+const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s) { return &s->stats; }
+
+double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid) {
+    const request *r = find(s, uid);
+    return r && r->first_token_time >= 0 ? r->first_token_time - r->submit_time : -1.0;
+}
