@@ -53,6 +53,42 @@ static int by_logit_desc(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
+static void swap(dsc_sample_candidate *a, dsc_sample_candidate *b) {
+    dsc_sample_candidate t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Moves the k first candidates of c[0, n) in by_logit_desc order to c[0, k),
+ * unordered (quickselect with a median-of-three pivot): top-k and the head of
+ * the nucleus never need the whole vocabulary sorted. */
+static void select_first(dsc_sample_candidate *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (by_logit_desc(&c[mid], &c[lo]) < 0) swap(&c[mid], &c[lo]);
+        if (by_logit_desc(&c[hi], &c[lo]) < 0) swap(&c[hi], &c[lo]);
+        if (by_logit_desc(&c[hi], &c[mid]) < 0) swap(&c[hi], &c[mid]);
+        dsc_sample_candidate pivot = c[mid];
+        swap(&c[mid], &c[hi]);
+        int32_t store = lo;
+        for (int32_t i = lo; i < hi; i++)
+            if (by_logit_desc(&c[i], &pivot) < 0) swap(&c[i], &c[store++]);
+        swap(&c[store], &c[hi]);
+        if (store == k || store == k - 1) return;
+        if (store < k)
+            lo = store + 1;
+        else
+            hi = store - 1;
+    }
+}
+
+/* Brings the first n_keep candidates (by_logit_desc) to the front, sorted. */
+static void sort_first(dsc_sample_candidate *c, int32_t n, int32_t n_keep) {
+    if (n_keep < n) select_first(c, n, n_keep);
+    qsort(c, (size_t)n_keep, sizeof *c, by_logit_desc);
+}
+
 /* Index of the largest logit (lowest index among equals); -1 if none is > -inf. */
 static int32_t argmax(const dsc_sample_candidate *c, int32_t n) {
     int32_t best = -1;
@@ -95,23 +131,31 @@ dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const 
     for (int32_t i = 0; i < V; i++)
         c[i].logit /= p->temperature;
     int32_t n = V;
-    if ((p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f) {
-        qsort(c, (size_t)V, sizeof *c, by_logit_desc);
-        if (p->top_k > 0 && p->top_k < V) {
-            /* HF keeps every token tied with the k-th logit. */
-            n = p->top_k;
-            while (n < V && c[n].logit == c[p->top_k - 1].logit)
-                n++;
+    if (p->top_k > 0 && p->top_k < V) {
+        sort_first(c, V, p->top_k);
+        /* HF keeps every token tied with the k-th logit. */
+        n = p->top_k;
+        for (int32_t i = n; i < V; i++)
+            if (c[i].logit == c[p->top_k - 1].logit) swap(&c[i], &c[n++]);
+        qsort(c, (size_t)n, sizeof *c, by_logit_desc);
+    }
+    if (p->top_p < 1.0f) {
+        /* Smallest sorted prefix whose mass reaches top_p, found by sorting
+         * growing chunks: each chunk precedes everything after it. */
+        double sum = 0.0, cum = 0.0;
+        for (int32_t i = 0; i < n; i++)
+            sum += exp((double)c[i].logit - max);
+        int32_t keep = 0, sorted = 0;
+        while (keep < n && cum < (double)p->top_p * sum) {
+            if (keep == sorted) {
+                int32_t chunk = sorted > 256 ? sorted : 256;
+                if (chunk > n - sorted) chunk = n - sorted;
+                sort_first(c + sorted, n - sorted, chunk);
+                sorted += chunk;
+            }
+            cum += exp((double)c[keep++].logit - max);
         }
-        if (p->top_p < 1.0f) {
-            double sum = 0.0, cum = 0.0;
-            for (int32_t i = 0; i < n; i++)
-                sum += exp((double)c[i].logit - max);
-            int32_t keep = 0;
-            while (keep < n && cum < (double)p->top_p * sum)
-                cum += exp((double)c[keep++].logit - max);
-            n = keep > 0 ? keep : 1;
-        }
+        n = keep > 0 ? keep : 1;
     }
     *token_out = draw(c, n, max, rng);
     return NULL;

@@ -4,6 +4,7 @@
  * repetition penalty example. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "dsc/sampling.h"
 #include "test_mpi.h"
@@ -129,6 +130,71 @@ static void test_repetition_penalty_by_hand(void **state) {
     assert_true(chi < 20.5);
 }
 
+/* ---- a naive reference: sort everything, cut, draw with the same uniform ---- */
+
+static int desc(const void *pa, const void *pb) {
+    const dsc_sample_candidate *a = pa, *b = pb;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+static int32_t naive_sample(const float *logits, int32_t n_vocab, dsc_sampling_params p, double u,
+                            dsc_sample_candidate *c) {
+    for (int32_t i = 0; i < n_vocab; i++)
+        c[i] = (dsc_sample_candidate){logits[i] / p.temperature, i};
+    qsort(c, (size_t)n_vocab, sizeof *c, desc);
+    float max = c[0].logit;
+    int32_t n = n_vocab;
+    if (p.top_k > 0 && p.top_k < n_vocab) {
+        n = p.top_k;
+        while (n < n_vocab && c[n].logit == c[p.top_k - 1].logit)
+            n++;
+    }
+    if (p.top_p < 1.0f) {
+        double sum = 0, cum = 0;
+        for (int32_t i = 0; i < n; i++)
+            sum += exp((double)c[i].logit - max);
+        int32_t keep = 0;
+        while (keep < n && cum < (double)p.top_p * sum)
+            cum += exp((double)c[keep++].logit - max);
+        n = keep;
+    }
+    double sum = 0, cum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += expf(c[i].logit - max);
+    for (int32_t i = 0; i < n; i++) {
+        cum += expf(c[i].logit - max);
+        if (cum > u * sum) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+/* Selection (quickselect, chunked nucleus) must pick exactly what a full
+ * sort picks: same token for the same uniform draw, on a vocabulary large
+ * enough to need several chunks, with many tied logits. */
+static void test_matches_naive_sort_on_large_vocab(void **state) {
+    (void)state;
+    enum { BIG = 5000 };
+    static float logits[BIG];
+    static dsc_sample_candidate scratch[BIG], ref_scratch[BIG];
+    dsc_rng rng, clone;
+    dsc_rng_init(&rng, 77, 0, DSC_RNG_SAMPLE);
+    for (int i = 0; i < BIG; i++)
+        logits[i] = (float)(int)(dsc_rng_normal(&rng) * 8) / 4; /* many ties */
+    const dsc_sampling_params cases[] = {
+        {1.0f, 50, 1.0f, 1.0f}, {0.7f, 1, 1.0f, 1.0f},   {1.0f, 0, 0.9f, 1.0f},
+        {3.0f, 0, 0.95f, 1.0f}, {1.5f, 400, 0.8f, 1.0f}, {1.0f, 4999, 0.99f, 1.0f},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int draw = 0; draw < 50; draw++) {
+            clone = rng;
+            double u = dsc_rng_uniform(&clone);
+            int32_t tok;
+            assert_ok(dsc_sample(&tok, logits, BIG, &cases[k], NULL, 0, scratch, &rng));
+            assert_int_equal(tok, naive_sample(logits, BIG, cases[k], u, ref_scratch));
+        }
+}
+
 static void test_invalid_arguments(void **state) {
     (void)state;
     dsc_rng rng;
@@ -154,6 +220,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_and_reductions_to_greedy),
         cmocka_unit_test(test_distributions),
         cmocka_unit_test(test_repetition_penalty_by_hand),
+        cmocka_unit_test(test_matches_naive_sort_on_large_vocab),
         cmocka_unit_test(test_invalid_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
