@@ -1,7 +1,8 @@
 /* dsc-train: train a model from a JSON config over MPI ranks.
  *
  *   dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]
- *             [--prompt TEXT] [--temperature X] [--no-progress]
+ *             [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]
+ *   dsc-train CONFIG [--set key=value]... --estimate-memory RANKS
  *   dsc-train --plot METRICS.jsonl OUT.svg
  *   dsc-train --prepare TEXT OUT.tok
  *
@@ -19,6 +20,7 @@
 #include "dsc/data.h"
 #include "dsc/engine.h"
 #include "dsc/kernels.h"
+#include "dsc/zero.h"
 
 typedef struct args {
     const char *config;
@@ -29,11 +31,14 @@ typedef struct args {
     const char *prompt;
     float temperature;
     bool progress;
+    bool report_memory; /* per-rank allocator accounting beside ZeRO's formula, after training */
+    int estimate_ranks; /* > 0: print ZeRO's per-rank memory for this many ranks and exit */
 } args;
 
 static void usage(FILE *fp) {
     fputs("usage: dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]\n"
-          "                 [--prompt TEXT] [--temperature X] [--no-progress]\n"
+          "                 [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]\n"
+          "       dsc-train CONFIG [--set key=value]... --estimate-memory RANKS\n"
           "       dsc-train --plot METRICS.jsonl OUT.svg\n"
           "       dsc-train --prepare TEXT OUT.tok\n",
           fp);
@@ -52,12 +57,15 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
         else if (strcmp(arg, "--prompt") == 0 && has_value) a->prompt = argv[++i];
         else if (strcmp(arg, "--temperature") == 0 && has_value) a->temperature = (float)atof(argv[++i]);
         else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
+        else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
+        else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = atoi(argv[++i]) > 0 ? atoi(argv[i]) : -1;
         else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
         else if (!a->config) a->config = arg;
         else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
     }
     DSC_CHECK(a->config, DSC_ERR_INVALID, "dsc-train: no config file given");
     DSC_CHECK(a->sample_tokens >= 0, DSC_ERR_INVALID, "dsc-train: --sample must be >= 0");
+    DSC_CHECK(a->estimate_ranks >= 0, DSC_ERR_INVALID, "dsc-train: --estimate-memory needs a rank count >= 1");
     return NULL;
 }
 
@@ -90,6 +98,27 @@ static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a) {
     free(text);
 }
 
+static int state_bytes(const dsc_config *cfg) {
+    return cfg->optimizer.type == DSC_OPTIMIZER_TYPE_SGD ? 4 : 8;
+}
+
+/* ZeRO's per-rank model-state memory for every stage, from the config alone. */
+static dsc_status estimate(const args *a) {
+    dsc_config cfg;
+    DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
+    dsc_model_config mc;
+    dsc_zero_model_size size;
+    dsc_status s = dsc_trainer_model_config(&cfg, &mc);
+    if (!s) s = dsc_zero_model_size_of(&mc, &size);
+    int pp = cfg.pipeline.stages, ep = cfg.moe.ep_size > 0 ? cfg.moe.ep_size : 1;
+    if (!s && a->estimate_ranks % pp != 0)
+        s = dsc_error(DSC_ERR_CONFIG, "--estimate-memory %d: not a multiple of pipeline.stages = %d",
+                      a->estimate_ranks, pp);
+    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / pp, pp, ep, state_bytes(&cfg));
+    dsc_config_free(&cfg);
+    return s;
+}
+
 static dsc_status train(const args *a, dsc_comm *world) {
     dsc_config cfg;
     DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
@@ -98,7 +127,7 @@ static dsc_status train(const args *a, dsc_comm *world) {
     dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
     if (!s) s = dsc_config_resolve_batch(&cfg, size);
     dsc_trainer_options to = {&cfg, world, rank == 0, a->metrics, a->progress};
-    if (!s) s = dsc_trainer_create(&to, &t);
+    if (!s) s = dsc_trainer_create_with_optimizer(&to, dsc_zero_make_optimizer, &t);
     if (!s && rank == 0) {
         printf("dsc-train: %s, %lld parameters, %d data-parallel ranks x %d threads; batch %lld sequences = "
                "%lld micro x %lld accumulation x %d ranks, seq_len %d; %lld steps\n",
@@ -108,6 +137,9 @@ static dsc_status train(const args *a, dsc_comm *world) {
         fflush(stdout);
     }
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
+    if (!s && a->report_memory)
+        s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
+                                   (double)dsc_trainer_param_count(t), size, state_bytes(&cfg));
     if (!s && rank == 0) print_sample(t, &cfg, a);
     dsc_trainer_destroy(t);
     dsc_config_free(&cfg);
@@ -146,6 +178,13 @@ int main(int argc, char **argv) {
         dsc_status_free(s);
         free(a.overrides);
         return 2;
+    }
+    if (a.estimate_ranks > 0) {
+        s = estimate(&a);
+        if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+        dsc_status_free(s);
+        free(a.overrides);
+        return s ? 1 : 0;
     }
     dsc_comm *world = NULL;
     s = dsc_comm_world(NULL, &world);

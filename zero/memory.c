@@ -60,9 +60,10 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
     int edp = dp / ep > 0 ? dp / ep : 1;
     fprintf(
         fp,
-        "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; "
-        "dp=%d pp=%d ep=%d (experts sharded over %d ranks); fp32 with %d bytes of optimizer state per parameter\n",
-        size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp, ep, edp, state_bytes);
+        "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; dp=%d pp=%d",
+        size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp);
+    if (size->expert_params > 0) fprintf(fp, " ep=%d (experts sharded over %d ranks)", ep, edp);
+    fprintf(fp, "; fp32 with %d bytes of optimizer state per parameter\n", state_bytes);
     fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
             "+ gathered GiB");
     for (int stage = 0; stage <= 3; stage++) {

@@ -185,6 +185,9 @@ typedef struct dsc_trainer_options {
     bool progress;
 } dsc_trainer_options;
 
+/* The model section of a config as the model configuration the trainer
+ * builds (estimators use it without building anything). */
+dsc_status dsc_trainer_model_config(const dsc_config *cfg, dsc_model_config *mc);
 dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
 /* As dsc_trainer_create, with the optimizer from `make_optimizer` (NULL: the
  * plain optimizer, and zero stages are refused). */

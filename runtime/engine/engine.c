@@ -172,11 +172,18 @@ static void log_step(dsc_engine *e, const dsc_step_metrics *m) {
 
 static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
     if (!e->metrics) return;
+    /* this rank's allocator accounting, so sharding (ZeRO) shows in the curve files */
+    dsc_mem_stats mem;
+    dsc_mem_get_stats(&mem);
     fprintf(e->metrics,
             "{\"step\": %lld, \"loss\": %.9g, \"aux_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens_per_s\": %.6g, \"elapsed_s\": %.6g, \"epoch\": %lld}\n",
+            "\"tokens_per_s\": %.6g, \"elapsed_s\": %.6g, \"epoch\": %lld, \"mem_bytes\": {\"params\": %lld, "
+            "\"grads\": %lld, \"optim\": %lld, \"activations\": %lld, \"comm\": %lld, \"total\": %lld, "
+            "\"peak\": %lld}}\n",
             (long long)m->step, m->loss, m->aux_loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s,
-            (long long)m->epoch);
+            (long long)m->epoch, (long long)mem.current[DSC_MEM_PARAMS], (long long)mem.current[DSC_MEM_GRADS],
+            (long long)mem.current[DSC_MEM_OPTIM], (long long)mem.current[DSC_MEM_ACTIVATIONS],
+            (long long)mem.current[DSC_MEM_COMM], (long long)mem.total_current, (long long)mem.total_peak);
     fflush(e->metrics);
 }
 

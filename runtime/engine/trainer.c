@@ -44,7 +44,7 @@ static dsc_status check_supported(const dsc_config *cfg, bool can_shard) {
     return NULL;
 }
 
-static dsc_status model_config_from(const dsc_config *cfg, dsc_model_config *mc) {
+dsc_status dsc_trainer_model_config(const dsc_config *cfg, dsc_model_config *mc) {
     const dsc_config_model *m = &cfg->model;
     dsc_model_config_defaults(mc, m->arch);
     mc->n_layer = m->n_layer;
@@ -85,7 +85,7 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
 static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimizer_maker make_optimizer) {
     const dsc_config *cfg = o->cfg;
     DSC_TRY(check_supported(cfg, make_optimizer != NULL));
-    DSC_TRY(model_config_from(cfg, &t->mc));
+    DSC_TRY(dsc_trainer_model_config(cfg, &t->mc));
     int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
     int M = (int)cfg->gradient_accumulation_steps;
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = t->mc.seq_len;
