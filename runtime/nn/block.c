@@ -4,8 +4,11 @@
  * Without checkpointing every slot keeps its intermediates. With it, a slot
  * keeps only its input; the components and the ffn are reserved with one
  * slot, and backward first re-runs the forward into that slot. The kernels
- * are deterministic, so the recomputed activations, and hence the gradients,
- * are bitwise those of the plain path. The block does not know what its ffn
+ * are deterministic and the recompute replays the layer stream (ctx->rng)
+ * from where the slot's forward found it, so the recomputed activations
+ * (random gate noise included), and hence the gradients, are bitwise those of
+ * the plain path; the recompute's reported losses (ctx->aux_loss) are
+ * dropped, as the forward reported them already. The block does not know what its ffn
  * is (dense MLP here, MoE in moe/). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@ typedef struct block_layer {
     dsc_tensor *out;         /* [slots] (B, T, C) */
     dsc_tensor *din;         /* [slots] (B, T, C) */
     int64_t (*bt)[2];        /* [slots] (b, t) of the slot's micro-batch; b = 0 when no forward is pending */
+    dsc_rng *rng_at;         /* [slots] ctx->rng as the slot's forward found it (checkpointing only) */
     dsc_tensor *h1;          /* [inner] (B, T, C) norm1(x) */
     dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) */
     dsc_tensor *h2;          /* [inner] (B, T, C) norm2(resid) */
@@ -39,6 +43,8 @@ static void release(block_layer *k) {
     nn_buffers_free(&k->din, k->nslots);
     free(k->bt);
     k->bt = NULL;
+    free(k->rng_at);
+    k->rng_at = NULL;
     nn_buffers_free(&k->h1, k->inner_slots);
     nn_buffers_free(&k->resid, k->inner_slots);
     nn_buffers_free(&k->h2, k->inner_slots);
@@ -57,7 +63,8 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     k->nslots = slots;
     k->inner_slots = inner;
     k->bt = calloc((size_t)slots, sizeof *k->bt);
-    dsc_status s = k->bt ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
+    k->rng_at = calloc((size_t)slots, sizeof *k->rng_at);
+    dsc_status s = k->bt && k->rng_at ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
     if (!s) s = nn_buffers_alloc(&k->x, slots, 3, shape, k->device);
     if (!s) s = nn_buffers_alloc(&k->out, slots, 3, shape, k->device);
     if (!s) s = nn_buffers_alloc(&k->din, slots, 3, shape, k->device);
@@ -86,6 +93,20 @@ static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_t
     return dsc_kernel_add(out, &resid, &m);
 }
 
+/* The checkpointed forward again, inside backward: same random draws, losses not reported twice. */
+static dsc_status recompute(block_layer *k, int slot, const dsc_tensor *x, dsc_tensor *out, dsc_micro_ctx *ctx) {
+    dsc_rng stream = {{0}};
+    if (ctx->rng) {
+        stream = *ctx->rng;
+        *ctx->rng = k->rng_at[slot];
+    }
+    const double aux = ctx->aux_loss;
+    dsc_status s = run_forward(k, 0, x, out, ctx);
+    ctx->aux_loss = aux;
+    if (ctx->rng) *ctx->rng = stream;
+    return s;
+}
+
 static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
                                 dsc_micro_ctx *ctx) {
     block_layer *k = (block_layer *)self;
@@ -93,6 +114,7 @@ static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in,
     k->bt[slot][0] = 0; /* a failed forward leaves no pending backward */
     dsc_tensor x = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
     DSC_TRY(dsc_tensor_copy(&x, in));
+    if (ctx->rng) k->rng_at[slot] = *ctx->rng;
     DSC_TRY(run_forward(k, k->checkpoint ? 0 : slot, &x, &o, ctx));
     k->bt[slot][0] = in->shape[0];
     k->bt[slot][1] = in->shape[1];
@@ -110,7 +132,7 @@ static dsc_status block_backward(dsc_layer *self, int slot, const dsc_tensor *do
     dsc_tensor x = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
     dsc_tensor h1 = nn_view(&k->h1[cs], 3, shape), resid = nn_view(&k->resid[cs], 3, shape);
     dsc_tensor dh = nn_view(&k->scratch[0], 3, shape), dresid = nn_view(&k->scratch[1], 3, shape);
-    if (k->checkpoint) DSC_TRY(run_forward(k, cs, &x, &dh, ctx)); /* dh is free until the attention backward */
+    if (k->checkpoint) DSC_TRY(recompute(k, slot, &x, &dh, ctx)); /* dh is free until the attention backward */
     dsc_tensor dm;
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
     DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));

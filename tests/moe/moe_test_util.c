@@ -68,9 +68,9 @@ void moe_test_model_free(moe_test_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, dsc_rng *rng,
                                double *loss, double *aux) {
-    dsc_micro_ctx ctx = {.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true};
+    dsc_micro_ctx ctx = {.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true, .rng = rng};
     dsc_tensor cur = {0}, next;
     for (int i = 0; i < m->n; i++) {
         DSC_TRY(dsc_layer_forward(m->layers[i], 0, &cur, &next, &ctx));

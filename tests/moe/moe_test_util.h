@@ -10,6 +10,7 @@
 
 #include "dsc/model.h"
 #include "dsc/moe.h"
+#include "dsc/rng.h"
 
 /* Deterministic options (no random element): E experts, top-k, drop or not. */
 void moe_test_options(dsc_moe_options *o, int num_experts, int k, bool drop_tokens, bool residual,
@@ -31,9 +32,10 @@ typedef struct moe_test_model {
 dsc_status moe_test_model_build(moe_test_model *m, const dsc_model_config *mc, const dsc_moe_build_extra *extra,
                                 uint64_t seed, int64_t B, int64_t T);
 void moe_test_model_free(moe_test_model *m);
-/* Forward and backward of one micro-batch (training, loss_scale 1); the
- * cross-entropy and the summed gate losses come back in *loss and *aux. */
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+/* Forward and backward of one micro-batch (training, loss_scale 1, random
+ * gate elements drawing from `rng`, may be NULL); the cross-entropy and the
+ * summed gate losses come back in *loss and *aux. */
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, dsc_rng *rng,
                                double *loss, double *aux);
 
 /* n values uniform in [-scale, scale] from a stream seeded by `seed`. */

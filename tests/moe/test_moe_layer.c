@@ -10,6 +10,8 @@
  *     (their weight gradients are covered by the layer cases);
  *   - the statistics of a "moe_block" inside a model (routed = S*K per
  *     forward, kept + dropped = routed, phase clocks running);
+ *   - activation checkpointing with random gate elements (jitter, sampled
+ *     second expert) gives bitwise the gradients of the plain path;
  *   - bad input: k > E, capacity factor <= 0, ep_size not dividing the
  *     experts or the ranks, config sections for dense archs, a moe_block
  *     without its build extra, a CUDA device, backward without forward.
@@ -327,7 +329,7 @@ static void test_block_stats(void **state) {
     dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
     double loss, aux;
     for (int step = 0; step < 2; step++)
-        assert_ok(moe_test_model_step(&m, &tokens, &targets, &loss, &aux));
+        assert_ok(moe_test_model_step(&m, &tokens, &targets, NULL, &loss, &aux));
     dsc_moe_stats st;
     assert_err(dsc_moe_stats_get(m.layers[1], &st), DSC_ERR_INVALID, "neither a MoE layer nor a block");
     assert_ok(dsc_moe_stats_get(m.layers[2], &st)); /* block 1 is the MoE block */
@@ -353,6 +355,53 @@ static void test_block_stats(void **state) {
     assert_int_equal(st.forwards, 0);
     assert_int_equal(st.routed[0], 0);
     moe_test_model_free(&m);
+}
+
+/* ---- activation checkpointing ----------------------------------------------------------------- */
+
+/* A Mixtral-style model with jitter and random second-expert sampling: with
+ * activation checkpointing the block's recompute replays the same draws, so
+ * loss, gate loss and every gradient equal the plain run's bitwise. */
+static void test_checkpointing_replays_noise(void **state) {
+    (void)state;
+    double loss[2], aux[2];
+    float *grads[2][DSC_PARAM_GROUP_COUNT];
+    int64_t numel[DSC_PARAM_GROUP_COUNT];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        dsc_model_config mc;
+        moe_test_model_config(&mc, DSC_ARCH_MIXTRAL, 2, 4, 1);
+        mc.activation_checkpointing = ckpt;
+        dsc_moe_build_extra extra = {.ep = NULL};
+        moe_test_options(&extra.options, 4, 2, true, false, DSC_MOE_EXPERT_KIND_SWIGLU);
+        extra.options.gate.noisy_gate_policy = DSC_MOE_NOISY_GATE_JITTER;
+        extra.options.gate.top2_2nd_expert_sampling = true;
+        moe_test_model m;
+        assert_ok(moe_test_model_build(&m, &mc, &extra, 1, 2, 8));
+        int32_t tok[16], tgt[16];
+        for (int i = 0; i < 16; i++) tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
+        const int64_t shape[2] = {2, 8};
+        dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+        dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+        dsc_rng rng;
+        dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
+        assert_ok(moe_test_model_step(&m, &tokens, &targets, &rng, &loss[ckpt], &aux[ckpt]));
+        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+            dsc_tensor values, flat;
+            dsc_params_flat(m.store, (dsc_param_group)g, &values, &flat);
+            numel[g] = dsc_tensor_numel(&flat);
+            grads[ckpt][g] = malloc((size_t)(numel[g] + 1) * sizeof(float));
+            memcpy(grads[ckpt][g], flat.data, (size_t)numel[g] * sizeof(float));
+        }
+        moe_test_model_free(&m);
+    }
+    printf("  loss %.9f vs %.9f, gate loss %.9f vs %.9f\n", loss[0], loss[1], aux[0], aux[1]);
+    assert_true(loss[0] == loss[1]);
+    assert_true(aux[0] == aux[1]);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        assert_memory_equal(grads[0][g], grads[1][g], (size_t)numel[g] * sizeof(float));
+        free(grads[0][g]);
+        free(grads[1][g]);
+    }
 }
 
 /* ---- bad input ------------------------------------------------------------------------------ */
@@ -421,6 +470,7 @@ int main(void) {
         cmocka_unit_test(test_fd_top3_nodrop_gelu_jitter),
         cmocka_unit_test(test_expert_banks),
         cmocka_unit_test(test_block_stats),
+        cmocka_unit_test(test_checkpointing_replays_noise),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
