@@ -1,0 +1,129 @@
+/* A dsc training checkpoint served by the inference engine: a tiny GPT and
+ * a tiny Llama-style model (RoPE, grouped-query attention) are trained for
+ * a few steps on tinyshakespeare with the training engine, saved with
+ * dsc_checkpoint_save, loaded by dsc_infer_model_load (policies "gpt" and
+ * "llama"), and must continue three prompts greedily token for token as
+ * the training model does (dsc_trainer_generate, which recomputes the whole
+ * context through the training layers for every token). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsc/checkpoint.h"
+#include "dsc/data.h"
+#include "dsc/engine.h"
+#include "dsc/inference.h"
+#include "test_mpi.h"
+
+enum { N_NEW = 20 };
+
+static const char *const tiny_json =
+    "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 1, \"steps_per_print\": 1000,"
+    " \"seed\": 3,"
+    " \"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"d_model\": 32, \"n_head\": 4, \"vocab_size\": 256,"
+    "            \"seq_len\": 48},"
+    " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.01}},"
+    " \"data\": {\"val_fraction\": 0.1}, \"train\": {\"steps\": 4, \"eval_iters\": 1}}";
+
+static void write_tokens(const char *path) {
+    FILE *fp = fopen(DSC_SOURCE_DIR "/data/tinyshakespeare.txt", "rb");
+    assert_non_null(fp);
+    enum { COUNT = 20000 };
+    char *text = malloc(COUNT);
+    assert_int_equal(fread(text, 1, COUNT, fp), COUNT);
+    fclose(fp);
+    uint32_t *ids = malloc(COUNT * sizeof *ids);
+    dsc_byte_tokenizer_encode(text, COUNT, ids);
+    assert_ok(dsc_token_file_write(path, ids, COUNT, DSC_TOKEN_DTYPE_U16, DSC_BYTE_VOCAB_SIZE));
+    free(ids);
+    free(text);
+}
+
+static void check_arch(const char *const *overrides, int n_overrides, const char *policy) {
+    char dir[] = "/tmp/dsc_infer_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char data[256], data_set[300], save_dir[300];
+    snprintf(data, sizeof data, "%s/tokens.bin", dir);
+    snprintf(data_set, sizeof data_set, "data.path=%s", data);
+    snprintf(save_dir, sizeof save_dir, "%s/ckpt", dir);
+    write_tokens(data);
+    const char *all[8] = {data_set};
+    for (int i = 0; i < n_overrides; i++) all[i + 1] = overrides[i];
+    dsc_config cfg;
+    assert_ok(dsc_config_parse_string(tiny_json, "tiny.json", all, n_overrides + 1, &cfg));
+    assert_ok(dsc_config_resolve_batch(&cfg, 1));
+    dsc_trainer *t;
+    assert_ok(dsc_trainer_create(&(dsc_trainer_options){.cfg = &cfg}, &t));
+    assert_ok(dsc_engine_train(dsc_trainer_engine(t)));
+    char *config_json;
+    assert_ok(dsc_config_to_json(&cfg, &config_json));
+    dsc_checkpoint_state st = {.comm = MPI_COMM_WORLD,
+                               .params = dsc_trainer_params(t),
+                               .global_step = 4,
+                               .config_json = config_json,
+                               .layout_json = "{\"world\": 1, \"pp\": 1, \"dp\": 1, \"ep\": 1, \"zero_stage\": 0}",
+                               .model_signature = "{}",
+                               .engine_json = "{}"};
+    assert_ok(dsc_checkpoint_save(&st, save_dir, "step4", 0));
+
+    dsc_infer_model *m;
+    assert_ok(dsc_infer_model_load(save_dir, &m));
+    assert_string_equal(dsc_infer_model_arch(m), policy);
+    dsc_infer_engine *e;
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.block_size = 8;
+    ec.kv_cache_bytes = 1 << 20;
+    assert_ok(dsc_infer_engine_create(m, &ec, &e));
+    const char *prompts[] = {"First Citizen:\n", "ROMEO: ", "the "};
+    float *logits = malloc(256 * sizeof *logits);
+    for (int p = 0; p < 3; p++) {
+        int32_t n = (int32_t)strlen(prompts[p]), ref[64], got[64];
+        for (int i = 0; i < n; i++) got[i] = (unsigned char)prompts[p][i];
+        assert_ok(dsc_trainer_generate(t, got, n, N_NEW, 0.0f, 1, ref));
+        uint64_t uid = (uint64_t)p;
+        const int32_t *ptr = got;
+        int32_t count = n;
+        for (int s = 0; s < N_NEW; s++) {
+            assert_ok(dsc_infer_engine_put(e, 1, &uid, &ptr, &count, logits));
+            int32_t best = 0;
+            for (int32_t v = 1; v < 256; v++)
+                if (logits[v] > logits[best]) best = v;
+            got[n + s] = best;
+            ptr = &got[n + s];
+            count = 1;
+        }
+        char a[64], b[64];
+        dsc_byte_tokenizer_decode(ref, n + N_NEW, a, sizeof a);
+        dsc_byte_tokenizer_decode(got, n + N_NEW, b, sizeof b);
+        printf("%s prompt %d\n  training: %s\n  engine:   %s\n", policy, p, a, b);
+        assert_memory_equal(got, ref, (size_t)(n + N_NEW) * sizeof(int32_t));
+        assert_ok(dsc_infer_engine_flush(e, uid));
+    }
+    free(logits);
+    dsc_infer_engine_destroy(e);
+    dsc_infer_model_destroy(m);
+    free(config_json);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_gpt_checkpoint(void **state) {
+    (void)state;
+    check_arch(NULL, 0, "gpt");
+}
+
+static void test_llama_checkpoint(void **state) {
+    (void)state;
+    const char *o[] = {"model.arch=llama", "model.n_kv_head=2", "model.d_ff=48"};
+    check_arch(o, 3, "llama");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt_checkpoint), cmocka_unit_test(test_llama_checkpoint)};
+    return DSC_RUN_MPI_TESTS(tests);
+}
