@@ -20,6 +20,8 @@
 #include "dsc/data.h"
 #include "dsc/engine.h"
 #include "dsc/kernels.h"
+#include "dsc/moe.h"
+#include "dsc/topology.h"
 #include "dsc/zero.h"
 
 typedef struct args {
@@ -119,6 +121,29 @@ static dsc_status estimate(const args *a) {
     return s;
 }
 
+/* MoE models (moe.num_experts > 0): DeepSpeed's expert-parallel and
+ * expert-data-parallel groups for moe.ep_size, the MoE layer options and the
+ * "moe_block" layer type, for the trainer. */
+typedef struct moe_wiring {
+    dsc_group_plan plan;
+    dsc_groups *groups;
+    dsc_moe_build_extra extra;
+    dsc_trainer_layers layers;
+} moe_wiring;
+
+static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w) {
+    const int size = dsc_comm_size(world);
+    DSC_TRY(dsc_moe_check_parallel(cfg->moe.num_experts, cfg->moe.ep_size, size));
+    DSC_TRY(dsc_moe_options_from_config(&cfg->moe, cfg->model.arch, &w->extra.options));
+    DSC_TRY(dsc_moe_register_layers());
+    dsc_parallel_dims dims = {.pp = 1, .tp = 1, .ep = cfg->moe.ep_size};
+    DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
+    DSC_TRY(dsc_groups_create(world, &w->plan, &w->groups));
+    w->extra.ep = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT);
+    w->layers = (dsc_trainer_layers){&w->extra, dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), w->extra.ep};
+    return NULL;
+}
+
 static dsc_status train(const args *a, dsc_comm *world) {
     dsc_config cfg;
     DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
@@ -127,7 +152,10 @@ static dsc_status train(const args *a, dsc_comm *world) {
     dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
     if (!s) s = dsc_config_resolve_batch(&cfg, size);
     dsc_trainer_options to = {&cfg, world, rank == 0, a->metrics, a->progress};
-    if (!s) s = dsc_trainer_create_with_optimizer(&to, dsc_zero_make_optimizer, &t);
+    const bool moe = cfg.moe.num_experts > 0;
+    moe_wiring mw = {0};
+    if (!s && moe) s = moe_wire(&cfg, world, &mw);
+    if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, moe ? &mw.layers : NULL, &t);
     if (!s && rank == 0) {
         printf("dsc-train: %s, %lld parameters, %d data-parallel ranks x %d threads; batch %lld sequences = "
                "%lld micro x %lld accumulation x %d ranks, seq_len %d; %lld steps\n",
@@ -140,8 +168,13 @@ static dsc_status train(const args *a, dsc_comm *world) {
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
                                    (double)dsc_trainer_param_count(t), size, state_bytes(&cfg));
-    if (!s && rank == 0) print_sample(t, &cfg, a);
+    /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
+    if (!s && rank == 0 && moe && cfg.moe.ep_size > 1)
+        printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d\n", cfg.moe.ep_size);
+    else if (!s && rank == 0) print_sample(t, &cfg, a);
     dsc_trainer_destroy(t);
+    dsc_groups_free(mw.groups);
+    dsc_group_plan_free(&mw.plan);
     dsc_config_free(&cfg);
     return s;
 }

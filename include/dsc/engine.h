@@ -164,9 +164,10 @@ dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
  * The wiring dsc-train, the benchmarks and the tests share: parameter store,
  * the model's layers (dsc_model_specs + dsc_layer_build), the plain optimizer,
  * the default runner, the data loader and the engine, for a job whose only
- * parallelism is data parallelism over `dp`. Pipelines and MoE wire their
- * own pieces into dsc_engine_create; asking this builder for them is
- * DSC_ERR_UNSUPPORTED naming the key. A sharded optimizer
+ * parallelism is data parallelism over `dp` (and expert parallelism when the
+ * caller supplies MoE's layers through dsc_trainer_create_with_layers).
+ * Pipelines wire their own pieces into dsc_engine_create; asking this builder
+ * for them is DSC_ERR_UNSUPPORTED naming the key. A sharded optimizer
  * (zero_optimization.stage > 0) comes from the maker given to
  * dsc_trainer_create_with_optimizer (zero/'s dsc_zero_make_optimizer), so the
  * runtime need not know zero/. */
@@ -193,6 +194,23 @@ dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out
  * plain optimizer, and zero stages are refused). */
 dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
                                              dsc_trainer **out);
+
+/* What a folder above the runtime adds to the trainer's model, so that the
+ * runtime need not know it: the dsc_build_ctx.extra every layer factory sees
+ * (moe/'s dsc_moe_build_extra) and the groups of DSC_PARAM_EXPERT
+ * parameters, handed to the optimizer. The caller registers its layer types
+ * (dsc_moe_register_layers) before creating the trainer. */
+typedef struct dsc_trainer_layers {
+    const void *build_extra;
+    dsc_comm *expert_dp; /* expert-data-parallel group; NULL: no reduction */
+    dsc_comm *ep;        /* expert-parallel group; the gradient norm sums over it; may be NULL */
+} dsc_trainer_layers;
+
+/* As dsc_trainer_create_with_optimizer for a model with layers from above
+ * the runtime; `layers` NULL builds dense models only (a config with
+ * moe.num_experts > 0 then is DSC_ERR_UNSUPPORTED). */
+dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+                                          const dsc_trainer_layers *layers, dsc_trainer **out);
 void dsc_trainer_destroy(dsc_trainer *t);
 dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 dsc_param_store *dsc_trainer_params(dsc_trainer *t);

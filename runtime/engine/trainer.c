@@ -3,8 +3,8 @@
  * that dsc-train, bench_train and the engine tests share, plus the
  * full-recompute text generation dsc-train prints at the end.
  *
- * Not here: pipelines or MoE (their folders wire their own runner into
- * dsc_engine_create), sharded optimizers (the caller's optimizer maker), or
+ * Not here: pipelines (pipe/ wires its own runner into dsc_engine_create),
+ * MoE layers (the caller's dsc_trainer_layers bring them), sharded optimizers (the caller's optimizer maker), or
  * fast generation (inference/). */
 #include <math.h>
 #include <stdlib.h>
@@ -22,11 +22,12 @@ struct dsc_trainer {
     dsc_optimizer *opt;
     dsc_batch_runner *runner;
     dsc_engine *engine;
+    dsc_trainer_layers ext; /* build extra and expert groups from above the runtime (zero when dense) */
     dsc_rng layer_rng;   /* for stochastic layers */
     dsc_tensor context;  /* (1, T) i32 generation context */
 };
 
-static dsc_status check_supported(const dsc_config *cfg, bool can_shard) {
+static dsc_status check_supported(const dsc_config *cfg, bool can_shard, bool has_ext) {
     const char *src = cfg->source ? cfg->source : "config";
     DSC_CHECK(cfg->pipeline.stages == 1, DSC_ERR_UNSUPPORTED,
               "%s: \"pipeline.stages\" = %d needs the pipeline runner (pipe/); the data-parallel trainer runs 1 stage",
@@ -34,9 +35,9 @@ static dsc_status check_supported(const dsc_config *cfg, bool can_shard) {
     DSC_CHECK(cfg->zero_optimization.stage == 0 || can_shard, DSC_ERR_UNSUPPORTED,
               "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (zero/), and none was given to the "
               "trainer", src, cfg->zero_optimization.stage);
-    DSC_CHECK(cfg->moe.num_experts == 0, DSC_ERR_UNSUPPORTED,
-              "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/); the data-parallel trainer builds dense models",
-              src, cfg->moe.num_experts);
+    DSC_CHECK(cfg->moe.num_experts == 0 || has_ext, DSC_ERR_UNSUPPORTED,
+              "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/), and the trainer was given none "
+              "(dsc_trainer_create_with_layers)", src, cfg->moe.num_experts);
     DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG,
               "%s: \"data.path\" is empty; set it to a token file (make one with dsc-prepare TEXT OUT)", src);
     DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0, DSC_ERR_CONFIG,
@@ -72,7 +73,7 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
     DSC_TRY(dsc_model_specs(&t->mc, &specs, &count));
     t->layers = calloc((size_t)count, sizeof *t->layers);
     dsc_status s = t->layers ? NULL : dsc_error(DSC_ERR_NOMEM, "trainer: %d layers", count);
-    dsc_build_ctx ctx = {&t->mc, t->params, DSC_CPU, NULL};
+    dsc_build_ctx ctx = {&t->mc, t->params, DSC_CPU, t->ext.build_extra};
     for (int i = 0; i < count && !s; i++) {
         s = dsc_layer_build(&specs[i], &ctx, &t->layers[i]);
         if (!s) t->n_layers++;
@@ -84,7 +85,7 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
 
 static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimizer_maker make_optimizer) {
     const dsc_config *cfg = o->cfg;
-    DSC_TRY(check_supported(cfg, make_optimizer != NULL));
+    DSC_TRY(check_supported(cfg, make_optimizer != NULL, t->ext.build_extra != NULL));
     DSC_TRY(dsc_trainer_model_config(cfg, &t->mc));
     int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
     int M = (int)cfg->gradient_accumulation_steps;
@@ -100,6 +101,8 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .layers = t->layers,
         .n_layers = t->n_layers,
         .dp = o->dp,
+        .expert_dp = t->ext.expert_dp,
+        .ep = t->ext.ep,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
@@ -130,9 +133,15 @@ dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out
 
 dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
                                              dsc_trainer **out) {
+    return dsc_trainer_create_with_layers(opts, make_optimizer, NULL, out);
+}
+
+dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+                                          const dsc_trainer_layers *layers, dsc_trainer **out) {
     *out = NULL;
     dsc_trainer *t = calloc(1, sizeof *t);
     DSC_CHECK(t, DSC_ERR_NOMEM, "trainer: out of memory");
+    if (layers) t->ext = *layers;
     dsc_status s = setup(t, opts, make_optimizer);
     if (s) {
         dsc_trainer_destroy(t);
