@@ -2,10 +2,12 @@
  * a tiny Llama-style model (RoPE, grouped-query attention) are trained for
  * a few steps on tinyshakespeare with the training engine, saved with
  * dsc_checkpoint_save, loaded by dsc_infer_model_load (policies "gpt" and
- * "llama"), and must continue three prompts greedily token for token as
- * the training model does (dsc_trainer_generate, which recomputes the whole
- * context through the training layers for every token). */
+ * "llama"). The engine's logits at every prompt position (fed one token at
+ * a time through the KV cache) must equal the training layers' logits of
+ * one whole-prompt forward, and its greedy continuation must equal
+ * dsc_trainer_generate's token for token. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 #include "dsc/data.h"
 #include "dsc/engine.h"
 #include "dsc/inference.h"
+#include "dsc/model.h"
 #include "test_mpi.h"
 
 enum { N_NEW = 20 };
@@ -24,8 +27,8 @@ static const char *const tiny_json =
     " \"seed\": 3,"
     " \"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"d_model\": 32, \"n_head\": 4, \"vocab_size\": 256,"
     "            \"seq_len\": 48},"
-    " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.01}},"
-    " \"data\": {\"val_fraction\": 0.1}, \"train\": {\"steps\": 4, \"eval_iters\": 1}}";
+    " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.02}},"
+    " \"data\": {\"val_fraction\": 0.1}, \"train\": {\"steps\": 80, \"eval_iters\": 1}}";
 
 static void write_tokens(const char *path) {
     FILE *fp = fopen(DSC_SOURCE_DIR "/data/tinyshakespeare.txt", "rb");
@@ -39,6 +42,46 @@ static void write_tokens(const char *path) {
     assert_ok(dsc_token_file_write(path, ids, COUNT, DSC_TOKEN_DTYPE_U16, DSC_BYTE_VOCAB_SIZE));
     free(ids);
     free(text);
+}
+
+/* Logits (T, V) of the training model's layers, rebuilt in a fresh
+ * parameter store holding the trained values, over one (1, T) prompt. */
+static float *training_logits(const dsc_config *cfg, dsc_trainer *t, const int32_t *prompt, int64_t T) {
+    dsc_model_config mc;
+    assert_ok(dsc_trainer_model_config(cfg, &mc));
+    assert_ok(dsc_nn_register_dense_layers());
+    dsc_layer_spec *specs;
+    int n_specs;
+    assert_ok(dsc_model_specs(&mc, &specs, &n_specs));
+    dsc_param_store *store;
+    assert_ok(dsc_params_create(&store, DSC_CPU, 1));
+    dsc_build_ctx bctx = {.model = &mc, .params = store, .device = DSC_CPU};
+    dsc_layer **layers = calloc((size_t)n_specs, sizeof *layers);
+    for (int i = 0; i < n_specs; i++) assert_ok(dsc_layer_build(&specs[i], &bctx, &layers[i]));
+    assert_ok(dsc_params_finalize(store));
+    dsc_param_store *trained = dsc_trainer_params(t);
+    for (int i = 0; i < dsc_params_count(store); i++) {
+        dsc_param *p = dsc_params_at(store, i);
+        dsc_param *q = dsc_params_find(trained, p->name);
+        assert_non_null(q);
+        assert_ok(dsc_tensor_copy(&p->value, &q->value));
+    }
+    dsc_tensor tokens = dsc_tensor_view((void *)prompt, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU);
+    dsc_micro_ctx ctx = {.tokens = &tokens, .loss_scale = 1.0f};
+    dsc_tensor x = {0}, y = {0};
+    for (int i = 0; i < n_specs; i++) {
+        assert_ok(dsc_layer_reserve(layers[i], 1, 1, T));
+        assert_ok(dsc_layer_forward(layers[i], 0, &x, &y, &ctx));
+        x = y;
+    }
+    int64_t V = mc.vocab_size;
+    float *out = malloc((size_t)(T * V) * sizeof *out);
+    memcpy(out, y.data, (size_t)(T * V) * sizeof *out);
+    for (int i = 0; i < n_specs; i++) dsc_layer_destroy(layers[i]);
+    free(layers);
+    free(specs);
+    dsc_params_destroy(store);
+    return out;
 }
 
 static void check_arch(const char *const *overrides, int n_overrides, const char *policy) {
@@ -81,6 +124,25 @@ static void check_arch(const char *const *overrides, int n_overrides, const char
     for (int p = 0; p < 3; p++) {
         int32_t n = (int32_t)strlen(prompts[p]), ref[64], got[64];
         for (int i = 0; i < n; i++) got[i] = (unsigned char)prompts[p][i];
+        float *train = training_logits(&cfg, t, got, n);
+        uint64_t probe = 50 + (uint64_t)p;
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            const int32_t *one = &got[i];
+            int32_t c1 = 1;
+            assert_ok(dsc_infer_engine_put(e, 1, &probe, &one, &c1, logits));
+            double diff = 0, scale = 1e-6;
+            for (int v = 0; v < 256; v++) {
+                double d = fabs((double)logits[v] - train[i * 256 + v]);
+                if (!(d <= diff)) diff = d;
+                if (fabs((double)train[i * 256 + v]) > scale) scale = fabs((double)train[i * 256 + v]);
+            }
+            if (diff / scale > worst) worst = diff / scale;
+        }
+        printf("%s prompt %d: logits at %d positions vs training layers, worst rel err %.3e\n", policy, p, n, worst);
+        assert_true(worst <= 1e-5);
+        assert_ok(dsc_infer_engine_flush(e, probe));
+        free(train);
         assert_ok(dsc_trainer_generate(t, got, n, N_NEW, 0.0f, 1, ref));
         uint64_t uid = (uint64_t)p;
         const int32_t *ptr = got;
