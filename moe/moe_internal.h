@@ -1,5 +1,6 @@
 /* moe/ private: moving token rows between token order and the experts'
- * (E, Cap, M) slot buffers, and the layout change around the all-to-alls.
+ * (E, Cap, M) slot buffers, the layout change around the all-to-alls, and
+ * the MoE layer's hooks for block.c (type check, statistics).
  *
  * These are plain CPU loops over f32 rows, driven by the gate's routes
  * (expert, slot, weight per route; slot -1 = dropped). Each (expert, slot)
