@@ -40,12 +40,14 @@ typedef struct dsc_kv_config {
     int64_t max_context;            /* tokens per sequence (cached + new) */
     int32_t max_tokens_per_forward; /* tokens in one ragged batch */
     int32_t max_batch_sequences;    /* sequences in one ragged batch */
+    /* cache element type: DSC_DTYPE_F32 (the zero value) or DSC_DTYPE_BF16 (half the memory) */
+    dsc_dtype dtype;
 } dsc_kv_config;
 
 /* Checks every field (> 0, max_batch_sequences <= max_sequences and
  * <= max_tokens_per_forward); the error names the offending key. */
 dsc_status dsc_kv_config_validate(const dsc_kv_config *cfg);
-/* Bytes of one block over all layers: L * 2 * BS * NKV * HS * sizeof(f32). */
+/* Bytes of one block over all layers: L * 2 * BS * NKV * HS * sizeof(dtype). */
 size_t dsc_kv_config_block_bytes(const dsc_kv_config *cfg);
 /* Blocks per sequence at most: ceil(max_context / block_size). */
 int32_t dsc_kv_config_max_blocks_per_sequence(const dsc_kv_config *cfg);
@@ -69,10 +71,11 @@ int32_t dsc_kv_blocks_total(const dsc_kv_blocks *blocks);
 bool dsc_kv_blocks_is_used(const dsc_kv_blocks *blocks, int32_t id);
 
 /* ---- cache memory ------------------------------------------------------------------
- * One f32 arena for all layers, shape (L, NB, 2, BS, NKV, HS), counted under
- * DSC_MEM_KV_CACHE, plus the allocator of its blocks. Layer-major so that a
- * layer's cache is one contiguous (NB, 2, BS, NKV, HS) tensor that the
- * attention kernel of that layer receives; index 0/1 of the size-2 axis is K/V. */
+ * One arena for all layers, shape (L, NB, 2, BS, NKV, HS) of cfg->dtype,
+ * counted under DSC_MEM_KV_CACHE, plus the allocator of its blocks.
+ * Layer-major so that a layer's cache is one contiguous (NB, 2, BS, NKV, HS)
+ * tensor that the attention kernel of that layer receives; index 0/1 of the
+ * size-2 axis is K/V. */
 typedef struct dsc_kv_cache dsc_kv_cache;
 
 /* Sizes the pool from cfg->kv_cache_bytes; fewer than one block is
@@ -81,7 +84,7 @@ dsc_status dsc_kv_cache_create(dsc_kv_cache **out, const dsc_kv_config *cfg, dsc
 void dsc_kv_cache_destroy(dsc_kv_cache *cache);
 int32_t dsc_kv_cache_num_blocks(const dsc_kv_cache *cache);
 dsc_kv_blocks *dsc_kv_cache_blocks(dsc_kv_cache *cache);
-/* A view of layer `layer`'s cache, (NB, 2, BS, NKV, HS) f32. */
+/* A view of layer `layer`'s cache, (NB, 2, BS, NKV, HS) of the cache dtype. */
 dsc_status dsc_kv_cache_layer(dsc_kv_cache *cache, int32_t layer, dsc_tensor *out);
 
 /* ---- sequence state -------------------------------------------------------------------
@@ -188,11 +191,11 @@ dsc_status dsc_ragged_batch_finish(const dsc_ragged_batch *batch, dsc_kv_state *
 
 /* ---- paged attention (CPU) ----------------------------------------------------------------------
  * For each token of the batch: writes its k, v into its sequence's cache slot
- * (block_table[pos / BS], pos % BS), then attends causally over that
- * sequence's cached positions 0..pos. Grouped-query: NH % NKV == 0, query head
- * h reads KV head h / (NH / NKV). Scale 1/sqrt(HS). Online softmax, so no
- * score row is ever materialised.
- * q, out (Ntok, NH, HS); k, v (Ntok, NKV, HS); layer_cache (NB, 2, BS, NKV, HS). */
+ * (block_table[pos / BS], pos % BS), rounded to bf16 for a bf16 cache, then
+ * attends causally over that sequence's cached positions 0..pos (in f32).
+ * Grouped-query: NH % NKV == 0, query head h reads KV head h / (NH / NKV).
+ * Scale 1/sqrt(HS). Online softmax, so no score row is ever materialised.
+ * q, out (Ntok, NH, HS) f32; k, v (Ntok, NKV, HS) f32; layer_cache (NB, 2, BS, NKV, HS) f32 or bf16. */
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
                                        const dsc_tensor *v, const dsc_ragged_batch *batch,
                                        dsc_tensor *layer_cache);

@@ -162,6 +162,18 @@ static void test_cache_sizing_and_accounting(void **state) {
     dsc_mem_get_stats(&after);
     assert_int_equal(after.current[DSC_MEM_KV_CACHE], before.current[DSC_MEM_KV_CACHE]);
 
+    /* A bf16 cache: half the bytes per block, twice the blocks for the budget. */
+    cfg.dtype = DSC_DTYPE_BF16;
+    assert_int_equal(dsc_kv_config_block_bytes(&cfg), 3 * 2 * 4 * 2 * 8 * 2);
+    assert_ok(dsc_kv_cache_create(&c, &cfg, DSC_CPU));
+    assert_int_equal(dsc_kv_cache_num_blocks(c), 20);
+    assert_ok(dsc_kv_cache_layer(c, 1, &l0));
+    assert_int_equal(l0.dtype, DSC_DTYPE_BF16);
+    dsc_kv_cache_destroy(c);
+    cfg.dtype = DSC_DTYPE_I32;
+    assert_err(dsc_kv_config_validate(&cfg), DSC_ERR_CONFIG, "dtype must be f32 or bf16, got i32");
+    cfg = small_config();
+
     cfg.kv_cache_bytes = 100;
     assert_err(dsc_kv_cache_create(&c, &cfg, DSC_CPU), DSC_ERR_CONFIG,
                "kv_cache_bytes 100 is less than one block");

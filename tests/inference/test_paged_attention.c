@@ -1,8 +1,9 @@
 /* Paged attention against dense causal attention: random sequences are fed
  * through the blocked cache in several ragged batches (whole prompts, chunked
  * prompts continuing from the cache, single decode tokens), with GQA and
- * block sizes 1, 4 and 16; each output row must equal naive attention of
- * that sequence alone over its full history. */
+ * block sizes 1, 4 and 16, f32 and bf16 caches; each output row must equal
+ * naive attention of that sequence alone over its full history (for bf16,
+ * over keys and values rounded to bf16). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,7 @@ static void fill_normal(float *x, int64_t n, dsc_rng *rng) {
 
 /* Runs `rounds` batches; in each, every unfinished sequence contributes a
  * chunk of random length (1 for decode-like steps). */
-static void run_case(int32_t block_size, uint64_t seed) {
+static void run_case(int32_t block_size, uint64_t seed, dsc_dtype dtype) {
     dsc_kv_config cfg = {.num_layers = 2,
                          .num_kv_heads = NKV,
                          .head_size = HS,
@@ -53,7 +54,8 @@ static void run_case(int32_t block_size, uint64_t seed) {
                          .max_sequences = NSEQ,
                          .max_context = MAXLEN,
                          .max_tokens_per_forward = NSEQ * MAXLEN,
-                         .max_batch_sequences = NSEQ};
+                         .max_batch_sequences = NSEQ,
+                         .dtype = dtype};
     cfg.kv_cache_bytes = (int64_t)dsc_kv_config_block_bytes(&cfg) * (NSEQ * (MAXLEN / block_size + 1) + 3);
     dsc_kv_cache *cache;
     dsc_kv_state *state;
@@ -71,11 +73,17 @@ static void run_case(int32_t block_size, uint64_t seed) {
     dsc_rng_init(&rng, seed, 0, DSC_RNG_DATA);
     int64_t len[NSEQ], done[NSEQ] = {0};
     static float q[NSEQ][MAXLEN][NH * HS], k[NSEQ][MAXLEN][NKV * HS], v[NSEQ][MAXLEN][NKV * HS];
+    static float kref[NSEQ][MAXLEN][NKV * HS], vref[NSEQ][MAXLEN][NKV * HS]; /* as the cache stores them */
     for (int s = 0; s < NSEQ; s++) {
         len[s] = 5 + (int64_t)dsc_rng_below(&rng, MAXLEN - 5);
         fill_normal(&q[s][0][0], MAXLEN * NH * HS, &rng);
         fill_normal(&k[s][0][0], MAXLEN * NKV * HS, &rng);
         fill_normal(&v[s][0][0], MAXLEN * NKV * HS, &rng);
+    }
+    for (int i = 0; i < NSEQ * MAXLEN * NKV * HS; i++) {
+        float kx = (&k[0][0][0])[i], vx = (&v[0][0][0])[i];
+        (&kref[0][0][0])[i] = dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(dsc_f32_to_bf16(kx)) : kx;
+        (&vref[0][0][0])[i] = dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(dsc_f32_to_bf16(vx)) : vx;
     }
     static float bq[NSEQ * MAXLEN * NH * HS], bk[NSEQ * MAXLEN * NKV * HS], bv[NSEQ * MAXLEN * NKV * HS];
     static float bout[NSEQ * MAXLEN * NH * HS];
@@ -113,7 +121,7 @@ static void run_case(int32_t block_size, uint64_t seed) {
             int s = (int)(batch.seqs[batch.token_seq[t]].uid - 100);
             int64_t p = batch.positions[t];
             float ref[NH * HS];
-            naive_attention(ref, q[s][p], &k[s][0][0], &v[s][0][0], p);
+            naive_attention(ref, q[s][p], &kref[s][0][0], &vref[s][0][0], p);
             for (int i = 0; i < NH * HS; i++) {
                 double e = fabs((double)bout[t * NH * HS + i] - ref[i]);
                 if (e > worst) worst = e;
@@ -124,8 +132,9 @@ static void run_case(int32_t block_size, uint64_t seed) {
             done[uids[i] - 100] += counts[i];
         batches++;
     }
-    printf("  block size %2d: %d batches, lengths %lld %lld %lld, max abs err %.2e\n", block_size, batches,
-           (long long)len[0], (long long)len[1], (long long)len[2], worst);
+    printf("  %s cache, block size %2d: %d batches, lengths %lld %lld %lld, max abs err %.2e\n",
+           dsc_dtype_name(dtype), block_size, batches, (long long)len[0], (long long)len[1], (long long)len[2],
+           worst);
     assert_true(worst < 1e-5);
     dsc_ragged_batch_free(&batch);
     dsc_kv_state_destroy(state);
@@ -137,7 +146,9 @@ static void test_matches_dense_attention(void **state) {
     const int32_t sizes[] = {1, 4, 16};
     for (int i = 0; i < 3; i++)
         for (uint64_t seed = 1; seed <= 3; seed++)
-            run_case(sizes[i], seed * 7 + (uint64_t)i);
+            run_case(sizes[i], seed * 7 + (uint64_t)i, DSC_DTYPE_F32);
+    for (int i = 0; i < 3; i++)
+        run_case(sizes[i], 100 + (uint64_t)i, DSC_DTYPE_BF16);
 }
 
 static void test_rejects_bad_arguments(void **state) {
