@@ -169,6 +169,53 @@ static void test_sentencepiece_metaspace(void **state) {
     check_file("sp_metaspace_bpe.json");
 }
 
+/* Older tokenizer.json files (GPT-2's, Llama-3's) spell merges as "left right"
+ * strings; the fixtures use ["left", "right"]. Rewrite one and compare. */
+static void test_string_merges(void **state) {
+    (void)state;
+    FILE *fp = fopen(FIXTURES "llama3_bpe.json", "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    assert_int_equal(fread(text, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+    text[size] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "merges");
+    int n = cJSON_GetArraySize(merges);
+    for (int i = 0; i < n; i++) {
+        const cJSON *pair = cJSON_GetArrayItem(merges, i);
+        char joined[256];
+        snprintf(joined, sizeof joined, "%s %s", cJSON_GetArrayItem(pair, 0)->valuestring,
+                 cJSON_GetArrayItem(pair, 1)->valuestring);
+        cJSON_ReplaceItemInArray(merges, i, cJSON_CreateString(joined));
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    const char *path = DSC_BINARY_DIR "/test_tokenizer_string_merges.json";
+    fp = fopen(path, "w");
+    fputs(out, fp);
+    fclose(fp);
+    free(out);
+    dsc_tokenizer *tok;
+    assert_ok(dsc_tokenizer_load(&tok, path));
+    remove(path);
+    const cJSON *want = cJSON_GetObjectItem(cJSON_GetObjectItem(expected, "files"), "llama3_bpe.json");
+    const cJSON *ids_line = cJSON_GetObjectItem(want, "ids")->child;
+    for (const cJSON *line = corpus()->child; line; line = line->next, ids_line = ids_line->next) {
+        int32_t ids[1024];
+        int64_t got;
+        assert_ok(dsc_tokenizer_encode(tok, line->valuestring, strlen(line->valuestring), ids, 1024, &got));
+        assert_int_equal(got, cJSON_GetArraySize(ids_line));
+        for (int64_t i = 0; i < got; i++)
+            assert_int_equal(ids[i], cJSON_GetArrayItem(ids_line, (int)i)->valueint);
+    }
+    dsc_tokenizer_destroy(tok);
+}
+
 static void test_special_tokens_and_errors(void **state) {
     (void)state;
     dsc_tokenizer *tok;
@@ -257,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_byte_level),
         cmocka_unit_test(test_sentencepiece_bpe),
         cmocka_unit_test(test_sentencepiece_metaspace),
+        cmocka_unit_test(test_string_merges),
         cmocka_unit_test(test_special_tokens_and_errors),
         cmocka_unit_test(test_byte_tokenizer),
     };
