@@ -321,8 +321,7 @@ dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tens
                                     float grad_scale) {
     DSC_TRY(check_rows(x, slot, dout, "expert output gradient"));
     const dsc_tensor *in = &x->in[slot];
-    DSC_CHECK(in->data || in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d",
-              slot);
+    DSC_CHECK(in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d", slot);
     DSC_TRY(dsc_tensor_expect(dout, "expert output gradient", DSC_DTYPE_F32, 3, in->shape));
     DSC_TRY(dsc_tensor_expect(din, "expert input gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t R = in->shape[1];
