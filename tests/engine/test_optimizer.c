@@ -57,19 +57,23 @@ static double mean_grad(int size, int j, int64_t i) {
     return s / size;
 }
 
-static dsc_optimizer *make_opt(fixture *f, int64_t bucket, double clip) {
+static dsc_optimizer *make_opt_hp(fixture *f, int64_t bucket, dsc_optim_hparams hp) {
     dsc_layer *layers[2] = {&f->layers[0], &f->layers[1]};
     dsc_optimizer_options o = {
         .params = f->store,
         .layers = layers,
         .n_layers = 2,
         .dp = f->world,
-        .hparams = {DSC_OPTIMIZER_TYPE_ADAMW, 0.9f, 0.95f, 1e-8f, 0.0f, 0.1f, clip},
+        .hparams = hp,
         .reduce_bucket_size = bucket,
     };
     dsc_optimizer *opt;
     assert_ok(dsc_optimizer_create_plain(&o, &opt));
     return opt;
+}
+
+static dsc_optimizer *make_opt(fixture *f, int64_t bucket, double clip) {
+    return make_opt_hp(f, bucket, (dsc_optim_hparams){DSC_OPTIMIZER_TYPE_ADAMW, 0.9f, 0.95f, 1e-8f, 0.0f, 0.1f, clip});
 }
 
 static void fixture_free(fixture *f) {
@@ -186,6 +190,42 @@ static void test_adamw_step_with_clipping(void **state) {
     fixture_free(&f);
 }
 
+/* SGD with momentum and L2 weight decay, PyTorch's semantics, against a
+ * double-precision reference; its state is one momentum buffer per parameter. */
+static void test_sgd_momentum(void **state) {
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    int size = dsc_comm_size(f.world);
+    const double lr = 0.1, mom = 0.9, wd = 0.01;
+    dsc_optimizer *opt = make_opt_hp(&f, 30, (dsc_optim_hparams){DSC_OPTIMIZER_TYPE_SGD, 0, 0, 0, (float)mom, (float)wd, 0});
+    double p[260], buf[260];
+    for (int64_t i = 0; i < sizes[2]; i++) p[i] = ((float *)f.p[2]->value.data)[i];
+    for (int64_t step = 1; step <= 3; step++) {
+        set_grads(&f);
+        assert_ok(dsc_optimizer_grads_ready(opt, &f.layers[1]));
+        assert_ok(dsc_optimizer_grads_ready(opt, &f.layers[0]));
+        assert_ok(dsc_optimizer_reduce_grads(opt));
+        assert_ok(dsc_optimizer_step(opt, lr, NULL));
+        for (int64_t i = 0; i < sizes[2]; i++) {
+            double g = mean_grad(size, 2, i) + wd * p[i];
+            buf[i] = step == 1 ? g : mom * buf[i] + g;
+            p[i] -= lr * buf[i];
+        }
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < sizes[2]; i++) worst = fmax(worst, fabs(((float *)f.p[2]->value.data)[i] - p[i]));
+    printf("  SGD momentum after 3 steps: max |param - reference| = %.3e\n", worst);
+    assert_true(worst <= 1e-6);
+    assert_int_equal(dsc_optimizer_state_count(opt), NP + 1);
+    dsc_optim_state st;
+    dsc_optimizer_state_at(opt, 2, &st);
+    assert_string_equal(st.name, "momentum_buffer/c.weight");
+    assert_true(fabs(((float *)st.local.data)[7] - buf[7]) <= 1e-6);
+    dsc_optimizer_destroy(opt);
+    fixture_free(&f);
+}
+
 static void test_nan_gradient_stops_the_step(void **state) {
     (void)state;
     fixture f;
@@ -209,6 +249,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucketed_average),
         cmocka_unit_test(test_adamw_step_with_clipping),
+        cmocka_unit_test(test_sgd_momentum),
         cmocka_unit_test(test_nan_gradient_stops_the_step),
     };
     return DSC_RUN_MPI_TESTS(tests);
