@@ -13,48 +13,52 @@
 #include "dsc/kernels.h"
 #include "inference/model_internal.h"
 
-static dsc_status alloc_f32(float **p, int64_t n, size_t *bytes) {
-    *bytes += (size_t)(n > 0 ? n : 1) * sizeof(float);
-    return dsc_mem_alloc((void **)p, (size_t)(n > 0 ? n : 1) * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
-}
-
-/* Every scratch buffer and its element count, in one table for init and free. */
-#define SCRATCH_BUFFERS(s, mc, N, S)                                                                         \
-    {(float **)&(s)->x, (N) * (mc)->d_model}, {(float **)&(s)->h, (N) * (mc)->d_model},                    \
-        {(float **)&(s)->y, (N) * (mc)->d_model}, {(float **)&(s)->q, (N) * (mc)->n_head * (mc)->head_size}, \
-        {(float **)&(s)->k, (N) * (mc)->n_kv_head * (mc)->head_size},                                       \
-        {(float **)&(s)->v, (N) * (mc)->n_kv_head * (mc)->head_size},                                       \
-        {(float **)&(s)->att, (N) * (mc)->n_head * (mc)->head_size}, {(float **)&(s)->ff1, (N) * (mc)->d_ff}, \
-        {(float **)&(s)->ff2, (N) * (mc)->d_ff}, {(float **)&(s)->moe, (N) * (mc)->d_model},                \
-        {(float **)&(s)->router, (N) * ((mc)->n_experts + 1)},                                              \
-        {(float **)&(s)->routes, (N) * ((mc)->top_k + 1)}, {(float **)&(s)->weights, (N) * ((mc)->top_k + 1)}, \
-        {(float **)&(s)->rows, (N)}, {(float **)&(s)->pos, (N)}, {(float **)&(s)->last, (S) * (mc)->d_model}
-
+/* Every scratch buffer and its size in bytes, one table for init and free. */
 typedef struct scratch_entry {
-    float **p;
-    int64_t n;
+    void **p;
+    size_t bytes;
 } scratch_entry;
+
+static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
+    const dsc_infer_model_config *mc = &s->cfg;
+    int64_t N = s->max_tokens, S = s->max_seqs, C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size;
+    int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts, K = mc->top_k;
+    const scratch_entry table[] = {
+        {(void **)&s->x, N * C * sizeof(float)},        {(void **)&s->h, N * C * sizeof(float)},
+        {(void **)&s->y, N * C * sizeof(float)},        {(void **)&s->q, N * Q * sizeof(float)},
+        {(void **)&s->k, N * KV * sizeof(float)},       {(void **)&s->v, N * KV * sizeof(float)},
+        {(void **)&s->att, N * Q * sizeof(float)},      {(void **)&s->ff1, N * F * sizeof(float)},
+        {(void **)&s->ff2, N * F * sizeof(float)},      {(void **)&s->moe, N * C * sizeof(float)},
+        {(void **)&s->router, N * E * sizeof(float)},   {(void **)&s->routes, N * K * sizeof(int32_t)},
+        {(void **)&s->weights, N * K * sizeof(float)},  {(void **)&s->rows, N * sizeof(int32_t)},
+        {(void **)&s->pos, N * sizeof(int32_t)},        {(void **)&s->last, S * C * sizeof(float)},
+    };
+    int n = (int)(sizeof table / sizeof table[0]);
+    for (int i = 0; i < n; i++) e[i] = (scratch_entry){table[i].p, table[i].bytes ? table[i].bytes : sizeof(float)};
+    return n;
+}
 
 dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model_config *mc, int64_t max_tokens,
                                     int64_t max_seqs) {
     *s = (dsc_forward_scratch){.max_tokens = max_tokens, .max_seqs = max_seqs, .cfg = *mc};
-    scratch_entry e[] = {SCRATCH_BUFFERS(s, mc, max_tokens, max_seqs)};
-    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
-        dsc_status st = alloc_f32(e[i].p, e[i].n, &s->bytes);
+    scratch_entry e[32];
+    int n = scratch_table(s, e);
+    for (int i = 0; i < n; i++) {
+        dsc_status st = dsc_mem_alloc(e[i].p, e[i].bytes, DSC_MEM_ACTIVATIONS, DSC_CPU);
         if (st) {
             dsc_forward_scratch_free(s);
             return dsc_error_wrap(st, "inference scratch for %lld tokens", (long long)max_tokens);
         }
+        s->bytes += e[i].bytes;
     }
     return NULL;
 }
 
 void dsc_forward_scratch_free(dsc_forward_scratch *s) {
-    const dsc_infer_model_config *mc = &s->cfg;
-    scratch_entry e[] = {SCRATCH_BUFFERS(s, mc, s->max_tokens, s->max_seqs)};
-    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)
-        if (*e[i].p) dsc_mem_free(*e[i].p, (size_t)(e[i].n > 0 ? e[i].n : 1) * sizeof(float), DSC_MEM_ACTIVATIONS,
-                                  DSC_CPU);
+    scratch_entry e[32];
+    int n = scratch_table(s, e);
+    for (int i = 0; i < n; i++)
+        if (*e[i].p) dsc_mem_free(*e[i].p, e[i].bytes, DSC_MEM_ACTIVATIONS, DSC_CPU);
     *s = (dsc_forward_scratch){0};
 }
 
