@@ -38,6 +38,14 @@ dsc_status dsc_cuda_attention_forward(float *out, float *lse, const float *q, co
 dsc_status dsc_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                        const float *k, const float *v, const float *out, const float *lse,
                                        int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+/* Tiled attention for head sizes 64 and 128 (cuda_flash_attention.cu); *done
+ * is false when it does not apply and the caller must use its fallback. */
+dsc_status dsc_cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                            int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, bool *done);
+dsc_status dsc_cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                             const float *k, const float *v, const float *out, const float *lse,
+                                             int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs,
+                                             bool *done);
 dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
                          int64_t hs, float theta, bool inverse);
 

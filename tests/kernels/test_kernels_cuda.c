@@ -158,9 +158,10 @@ static void check_attention(int64_t b, int64_t t, int64_t nh, int64_t nkv, int64
 static void test_cuda_attention(void **state) {
     (void)state;
     REQUIRE_GPU();
-    check_attention(2, 130, 4, 2, 64); /* GQA, three key blocks on the CPU side */
+    check_attention(2, 130, 4, 2, 64); /* GQA, three 64-row tiles */
     check_attention(1, 1, 2, 1, 128);  /* T = 1 */
-    check_attention(1, 33, 2, 2, 40);  /* head size not a multiple of 32 */
+    check_attention(1, 70, 4, 1, 128); /* tiled kernels at HS = 128, two tiles */
+    check_attention(1, 33, 2, 2, 40);  /* head size without tiled kernels */
 }
 
 static void test_cuda_rope(void **state) {
