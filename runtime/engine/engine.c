@@ -8,6 +8,7 @@
  * (optimizers), checkpoint files (the checkpoint subsystem via on_step_end). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fileno */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
