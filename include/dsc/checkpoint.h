@@ -22,6 +22,8 @@
 #include <mpi.h>
 #include <stdint.h>
 
+#include "dsc/config.h"
+#include "dsc/engine.h"
 #include "dsc/nn.h"
 #include "dsc/optimizer.h"
 #include "dsc/rng.h"
@@ -74,6 +76,38 @@ dsc_status dsc_checkpoint_latest(const char *save_dir, char *tag, size_t len);
 
 /* The path of a checkpoint's file ("latest" resolved), for tools. */
 dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len);
+
+/* ---- checkpointing a training run -------------------------------------------------
+ * Saves every checkpoint.save_interval steps and after the last step into
+ * checkpoint.save_dir (keeping checkpoint.keep_last), and resumes from a tag.
+ * Attach it to the run's engine with dsc_engine_set_hook(engine,
+ * dsc_checkpointer_on_step, checkpointer). The data position and the LR
+ * schedule are functions of the step, so the step restores both. */
+typedef struct dsc_checkpointer dsc_checkpointer;
+
+typedef struct dsc_checkpointer_options {
+    const dsc_config *cfg;        /* checkpoint section, train.steps, the config saved with the state */
+    dsc_engine *engine;
+    dsc_param_store *params;      /* this rank's */
+    dsc_optimizer *optimizer;
+    MPI_Comm comm;                /* every rank of the job */
+    int pp, dp, ep;               /* the layout, recorded in the checkpoint */
+    dsc_rng *rngs;                /* per-rank streams whose state must survive a resume */
+    int n_rngs;
+    bool log;                     /* this rank prints "saved ..." lines */
+} dsc_checkpointer_options;
+
+dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_checkpointer **out);
+void dsc_checkpointer_destroy(dsc_checkpointer *c);
+/* Collective: restores the full state from checkpoint.save_dir/<tag> ("latest"
+ * or NULL follows latest) and moves the engine to the saved step. */
+dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag);
+/* Collective: saves now as global_step<N> (N = steps done). */
+dsc_status dsc_checkpointer_save(dsc_checkpointer *c);
+/* The engine hook: saves when the step is a multiple of save_interval or the last. */
+dsc_status dsc_checkpointer_on_step(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
+/* The model signature of a config: architecture and shapes, layout-independent. */
+dsc_status dsc_checkpoint_model_signature(const dsc_config *cfg, char **json);
 
 #ifdef __cplusplus
 }

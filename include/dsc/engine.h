@@ -154,6 +154,9 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m);
  * the LR schedule, which depend on nothing else. */
 int64_t dsc_engine_steps_done(const dsc_engine *e);
 void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps);
+/* Replaces the step-end hook (for wiring done after creation, e.g. by a
+ * checkpointer attached to a trainer's engine). */
+void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx);
 
 /* Reads a metrics JSONL file and writes an SVG of train loss (and val loss
  * when present) against step. */

@@ -61,6 +61,11 @@ void dsc_engine_destroy(dsc_engine *e) {
 int64_t dsc_engine_steps_done(const dsc_engine *e) { return e->steps_done; }
 void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps) { e->steps_done = steps; }
 
+void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx) {
+    e->o.on_step_end = hook;
+    e->o.hook_ctx = ctx;
+}
+
 /* Mean of the loss over every rank that computed one: sums (loss, aux, count)
  * over the data-parallel group and then over the pipeline's stages. */
 static dsc_status average_loss(dsc_engine *e, const dsc_batch_result *r, double *loss, double *aux) {
