@@ -39,18 +39,17 @@ typedef struct stream {
 } stream;
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: dsc-generate MODEL (--prompt TEXT | --tokens ID,ID,...) [options]\n"
-            "  --max-new-tokens N      tokens to generate (64)\n"
-            "  --temperature T         0 = greedy (default); > 0 samples\n"
-            "  --top-k K  --top-p P    sampling filters (off)\n"
-            "  --repetition-penalty R  HF semantics (1 = off)\n"
-            "  --seed S                sampling seed (1)\n"
-            "  --stop ID[,ID...]       stop tokens (generation ends after emitting one)\n"
-            "  --bos ID                prepend this id to the prompt\n"
-            "  --tokenizer PATH        tokenizer.json (default: MODEL/tokenizer.json when present)\n"
-            "  --quiet                 no statistics on stderr\n"
-            "MODEL: a Hugging Face directory or a dsc checkpoint (SAVE_DIR, SAVE_DIR/TAG, state.h5)\n");
+    fprintf(stderr, "usage: dsc-generate MODEL (--prompt TEXT | --tokens ID,ID,...) [options]\n"
+                    "  --max-new-tokens N      tokens to generate (64)\n"
+                    "  --temperature T         0 = greedy (default); > 0 samples\n"
+                    "  --top-k K  --top-p P    sampling filters (off)\n"
+                    "  --repetition-penalty R  HF semantics (1 = off)\n"
+                    "  --seed S                sampling seed (1)\n"
+                    "  --stop ID[,ID...]       stop tokens (generation ends after emitting one)\n"
+                    "  --bos ID                prepend this id to the prompt\n"
+                    "  --tokenizer PATH        tokenizer.json (default: MODEL/tokenizer.json when present)\n"
+                    "  --quiet                 no statistics on stderr\n"
+                    "MODEL: a Hugging Face directory or a dsc checkpoint (SAVE_DIR, SAVE_DIR/TAG, state.h5)\n");
 }
 
 static double now_s(void) {
@@ -87,19 +86,30 @@ static bool parse_args(int argc, char **argv, options *o) {
         if (!v) return false;
         i++;
         char *end = NULL;
-        if (strcmp(a, "--prompt") == 0) o->prompt = v;
-        else if (strcmp(a, "--tokens") == 0) o->tokens = v;
-        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
-        else if (strcmp(a, "--max-new-tokens") == 0) o->max_new = (int32_t)strtol(v, &end, 10);
-        else if (strcmp(a, "--temperature") == 0) o->sampling.temperature = strtof(v, &end);
-        else if (strcmp(a, "--top-k") == 0) o->sampling.top_k = (int32_t)strtol(v, &end, 10);
-        else if (strcmp(a, "--top-p") == 0) o->sampling.top_p = strtof(v, &end);
-        else if (strcmp(a, "--repetition-penalty") == 0) o->sampling.repetition_penalty = strtof(v, &end);
-        else if (strcmp(a, "--seed") == 0) o->seed = strtoull(v, &end, 10);
-        else if (strcmp(a, "--bos") == 0) o->bos = (int32_t)strtol(v, &end, 10);
+        if (strcmp(a, "--prompt") == 0)
+            o->prompt = v;
+        else if (strcmp(a, "--tokens") == 0)
+            o->tokens = v;
+        else if (strcmp(a, "--tokenizer") == 0)
+            o->tokenizer = v;
+        else if (strcmp(a, "--max-new-tokens") == 0)
+            o->max_new = (int32_t)strtol(v, &end, 10);
+        else if (strcmp(a, "--temperature") == 0)
+            o->sampling.temperature = strtof(v, &end);
+        else if (strcmp(a, "--top-k") == 0)
+            o->sampling.top_k = (int32_t)strtol(v, &end, 10);
+        else if (strcmp(a, "--top-p") == 0)
+            o->sampling.top_p = strtof(v, &end);
+        else if (strcmp(a, "--repetition-penalty") == 0)
+            o->sampling.repetition_penalty = strtof(v, &end);
+        else if (strcmp(a, "--seed") == 0)
+            o->seed = strtoull(v, &end, 10);
+        else if (strcmp(a, "--bos") == 0)
+            o->bos = (int32_t)strtol(v, &end, 10);
         else if (strcmp(a, "--stop") == 0) {
             if (!parse_ids(v, o->stop, MAX_STOP, &o->n_stop)) return false;
-        } else return false;
+        } else
+            return false;
         if (end && *end) return false;
     }
     return (o->prompt != NULL) != (o->tokens != NULL) && o->max_new >= 1;
@@ -190,8 +200,11 @@ static dsc_status run(const options *o) {
                              .seed = o->seed,
                              .stop_tokens = o->stop,
                              .n_stop = o->n_stop};
-        if (o->prompt && tok) fputs(o->prompt, stdout);
-        else for (int64_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+        if (o->prompt && tok)
+            fputs(o->prompt, stdout);
+        else
+            for (int64_t i = 0; i < n; i++)
+                printf(i ? " %d" : "%d", ids[i]);
         fflush(stdout);
         s = dsc_scheduler_submit(sched, &r);
         st.t0 = now_s();

@@ -70,7 +70,8 @@ static dsc_status rs_read(void *impl, int64_t i, float *dst, int64_t numel) {
     dsc_rng rng;
     dsc_rng_init(&rng, 1000 + (uint64_t)i, 0, DSC_RNG_INIT);
     bool norm = r->ndim[i] == 1;
-    for (int64_t k = 0; k < numel; k++) dst[k] = norm ? 1.0f : (float)(0.02 * dsc_rng_normal(&rng));
+    for (int64_t k = 0; k < numel; k++)
+        dst[k] = norm ? 1.0f : (float)(0.02 * dsc_rng_normal(&rng));
     return NULL;
 }
 
@@ -88,10 +89,10 @@ static dsc_infer_model *random_model(void) {
     const struct {
         const char *name;
         int64_t rows, cols;
-    } per_layer[] = {{"input_layernorm.weight", C, 0},        {"post_attention_layernorm.weight", C, 0},
-                     {"self_attn.q_proj.weight", C, C},       {"self_attn.k_proj.weight", KV, C},
-                     {"self_attn.v_proj.weight", KV, C},      {"self_attn.o_proj.weight", C, C},
-                     {"mlp.gate_proj.weight", F, C},          {"mlp.up_proj.weight", F, C},
+    } per_layer[] = {{"input_layernorm.weight", C, 0},   {"post_attention_layernorm.weight", C, 0},
+                     {"self_attn.q_proj.weight", C, C},  {"self_attn.k_proj.weight", KV, C},
+                     {"self_attn.v_proj.weight", KV, C}, {"self_attn.o_proj.weight", C, C},
+                     {"mlp.gate_proj.weight", F, C},     {"mlp.up_proj.weight", F, C},
                      {"mlp.down_proj.weight", C, F}};
     for (int l = 0; l < mc.n_layer; l++)
         for (size_t j = 0; j < sizeof per_layer / sizeof per_layer[0]; j++) {
@@ -124,7 +125,8 @@ static double prefill(dsc_infer_engine *e, int32_t batch, int32_t len, float *lo
     int32_t *tok = malloc((size_t)batch * (size_t)len * sizeof *tok), counts[64];
     uint64_t uids[64];
     const int32_t *ptrs[64];
-    for (int64_t i = 0; i < (int64_t)batch * len; i++) tok[i] = (int32_t)((i * 7919) % V);
+    for (int64_t i = 0; i < (int64_t)batch * len; i++)
+        tok[i] = (int32_t)((i * 7919) % V);
     for (int32_t b = 0; b < batch; b++) {
         uids[b] = (uint64_t)b;
         ptrs[b] = tok + (int64_t)b * len;
@@ -138,7 +140,8 @@ static double prefill(dsc_infer_engine *e, int32_t batch, int32_t len, float *lo
 }
 
 static void flush_all(dsc_infer_engine *e, int32_t batch) {
-    for (int32_t b = 0; b < batch; b++) die(dsc_infer_engine_flush(e, (uint64_t)b));
+    for (int32_t b = 0; b < batch; b++)
+        die(dsc_infer_engine_flush(e, (uint64_t)b));
 }
 
 /* `steps` greedy decode forwards of `batch` sequences after their prompts; returns seconds. */
@@ -247,7 +250,8 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void serve(dsc_infer_model *m, const workload *w, const char *name, dsc_scheduler_config cfg, int32_t seqs) {
+static void serve(dsc_infer_model *m, const workload *w, const char *name, dsc_scheduler_config cfg,
+                  int32_t seqs) {
     dsc_infer_engine *e = engine(m, 512, seqs, 256ll << 20);
     dsc_scheduler *s;
     die(dsc_scheduler_create(e, &cfg, ignore_token, NULL, &s));
@@ -264,7 +268,8 @@ static void serve(dsc_infer_model *m, const workload *w, const char *name, dsc_s
     t = now_s() - t;
     const dsc_scheduler_stats *st = dsc_scheduler_get_stats(s);
     double *ttft = malloc((size_t)w->n * sizeof *ttft), mean = 0;
-    for (int32_t i = 0; i < w->n; i++) mean += (ttft[i] = dsc_scheduler_ttft(s, (uint64_t)i)) / w->n;
+    for (int32_t i = 0; i < w->n; i++)
+        mean += (ttft[i] = dsc_scheduler_ttft(s, (uint64_t)i)) / w->n;
     qsort(ttft, (size_t)w->n, sizeof *ttft, cmp_double);
     printf("%-28s %6.1f s  %7.1f gen tok/s  %7.1f tok/s through the model  TTFT mean %6.2f p50 %6.2f p90 %6.2f "
            "max %6.2f s  %4lld forwards  KV mean %4.1f%% peak %4.1f%%  preemptions %lld\n",
@@ -290,15 +295,18 @@ static void batching(dsc_infer_model *m, int32_t n) {
         w.out_len[i] = 4 + (int32_t)dsc_rng_below(&rng, 61);
         total_p += w.prompt_len[i];
         total_o += w.out_len[i];
-        for (int t = 0; t < 128; t++) w.tokens[i * 128 + t] = (int32_t)dsc_rng_below(&rng, 16384);
+        for (int t = 0; t < 128; t++)
+            w.tokens[i * 128 + t] = (int32_t)dsc_rng_below(&rng, 16384);
     }
-    printf("\nworkload: %d requests, all queued at t=0, prompts 8..128 (%lld tokens), outputs 4..64 (%lld tokens)\n",
-           n, (long long)total_p, (long long)total_o);
-    serve(m, &w, "continuous, budget 256", (dsc_scheduler_config){.token_budget = 256, .kv_reserve_tokens = -1}, 16);
-    serve(m, &w, "continuous, prefill-first", (dsc_scheduler_config){.token_budget = 256,
-                                                                     .prefill_priority =
-                                                                         DSC_PREFILL_PRIORITY_PREFILL_FIRST,
-                                                                     .kv_reserve_tokens = -1},
+    printf(
+        "\nworkload: %d requests, all queued at t=0, prompts 8..128 (%lld tokens), outputs 4..64 (%lld tokens)\n",
+        n, (long long)total_p, (long long)total_o);
+    serve(m, &w, "continuous, budget 256", (dsc_scheduler_config){.token_budget = 256, .kv_reserve_tokens = -1},
+          16);
+    serve(m, &w, "continuous, prefill-first",
+          (dsc_scheduler_config){.token_budget = 256,
+                                 .prefill_priority = DSC_PREFILL_PRIORITY_PREFILL_FIRST,
+                                 .kv_reserve_tokens = -1},
           16);
     serve(m, &w, "static batches of 16",
           (dsc_scheduler_config){.token_budget = 512, .kv_reserve_tokens = -1, .static_batching = true}, 16);
@@ -311,14 +319,20 @@ int main(int argc, char **argv) {
     const char *model_dir = NULL, *hf_log = NULL;
     int32_t requests = 32;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--model") == 0) model_dir = argv[i + 1];
-        else if (strcmp(argv[i], "--hf-log") == 0) hf_log = argv[i + 1];
-        else if (strcmp(argv[i], "--threads") == 0) dsc_kernels_set_num_threads(atoi(argv[i + 1]));
-        else if (strcmp(argv[i], "--requests") == 0) requests = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--model") == 0)
+            model_dir = argv[i + 1];
+        else if (strcmp(argv[i], "--hf-log") == 0)
+            hf_log = argv[i + 1];
+        else if (strcmp(argv[i], "--threads") == 0)
+            dsc_kernels_set_num_threads(atoi(argv[i + 1]));
+        else if (strcmp(argv[i], "--requests") == 0)
+            requests = atoi(argv[i + 1]);
     }
     dsc_infer_model *m = NULL;
-    if (model_dir) die(dsc_infer_model_load(model_dir, &m));
-    else m = random_model();
+    if (model_dir)
+        die(dsc_infer_model_load(model_dir, &m));
+    else
+        m = random_model();
     printf("bench_inference: %s, %.1fM parameters (%zu MB arena), %d threads, %s weights\n",
            dsc_infer_model_arch(m), (double)dsc_infer_model_arena_bytes(m) / 4e6,
            dsc_infer_model_arena_bytes(m) >> 20, dsc_kernels_get_num_threads(), model_dir ? model_dir : "random");

@@ -12,23 +12,34 @@
 
 int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
     switch (d) {
-    case DSC_DIM_C: return mc->d_model;
-    case DSC_DIM_Q: return (int64_t)mc->n_head * mc->head_size;
-    case DSC_DIM_KV: return (int64_t)mc->n_kv_head * mc->head_size;
-    case DSC_DIM_F: return mc->d_ff;
-    case DSC_DIM_V: return mc->vocab_size;
-    case DSC_DIM_POS: return mc->max_positions;
-    case DSC_DIM_E: return mc->n_experts;
-    case DSC_DIM_NONE: break;
+    case DSC_DIM_C:
+        return mc->d_model;
+    case DSC_DIM_Q:
+        return (int64_t)mc->n_head * mc->head_size;
+    case DSC_DIM_KV:
+        return (int64_t)mc->n_kv_head * mc->head_size;
+    case DSC_DIM_F:
+        return mc->d_ff;
+    case DSC_DIM_V:
+        return mc->vocab_size;
+    case DSC_DIM_POS:
+        return mc->max_positions;
+    case DSC_DIM_E:
+        return mc->n_experts;
+    case DSC_DIM_NONE:
+        break;
     }
     return 0;
 }
 
 bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc) {
     switch (p->when) {
-    case DSC_SLOT_WHEN_QKV_BIAS: return mc->qkv_bias;
-    case DSC_SLOT_WHEN_UNTIED: return !mc->tie_embeddings;
-    case DSC_SLOT_WHEN_ALWAYS: break;
+    case DSC_SLOT_WHEN_QKV_BIAS:
+        return mc->qkv_bias;
+    case DSC_SLOT_WHEN_UNTIED:
+        return !mc->tie_embeddings;
+    case DSC_SLOT_WHEN_ALWAYS:
+        break;
     }
     return true;
 }
@@ -37,7 +48,8 @@ int dsc_param_def_shape(const dsc_param_def *p, const dsc_infer_model_config *mc
     int nd = 0;
     if (p->per_expert) shape[nd++] = mc->n_experts;
     int64_t rows = 0;
-    for (int d = 0; d < p->n_deps; d++) rows += dsc_dim_value(mc, p->deps[d].rows);
+    for (int d = 0; d < p->n_deps; d++)
+        rows += dsc_dim_value(mc, p->deps[d].rows);
     shape[nd++] = rows;
     if (p->deps[0].cols != DSC_DIM_NONE) shape[nd++] = dsc_dim_value(mc, p->deps[0].cols);
     return nd;
@@ -61,7 +73,8 @@ void dsc_container_target(const dsc_container_def *def, const char *target, int 
 
 static int count_stars(const char *s) {
     int n = 0;
-    for (; *s; s++) n += *s == '*';
+    for (; *s; s++)
+        n += *s == '*';
     return n;
 }
 
@@ -98,8 +111,8 @@ dsc_status dsc_container_def_validate(const dsc_container_def *def) {
         DSC_CHECK(p->n_deps >= 1 && p->n_deps <= DSC_PARAM_MAX_DEPS, DSC_ERR_INVALID,
                   "container %s: parameter %s has %d dependencies (1..%d)", cn, p->name, p->n_deps,
                   DSC_PARAM_MAX_DEPS);
-        DSC_CHECK((unsigned)p->role < DSC_PARAM_ROLE_COUNT, DSC_ERR_INVALID, "container %s: parameter %s has no role",
-                  cn, p->name);
+        DSC_CHECK((unsigned)p->role < DSC_PARAM_ROLE_COUNT, DSC_ERR_INVALID,
+                  "container %s: parameter %s has no role", cn, p->name);
         for (int d = 0; d < p->n_deps; d++)
             DSC_CHECK(p->deps[d].cols == p->deps[0].cols && p->deps[d].rows != DSC_DIM_NONE, DSC_ERR_INVALID,
                       "container %s: dependency %s.%s must have rows and the columns of %s.%s", cn, p->name,
@@ -128,9 +141,8 @@ dsc_status dsc_container_def_validate(const dsc_container_def *def) {
         DSC_CHECK(stars == want, DSC_ERR_INVALID,
                   "container %s: mapping '%s' -> '%s' has %d wildcards; a %s target needs %d", cn, m->source,
                   m->target, stars, want ? "per-expert" : "plain", want);
-        DSC_CHECK(mapped[p][d] < 0, DSC_ERR_INVALID,
-                  "container %s: dependency %s is mapped twice ('%s' and '%s')", cn, m->target,
-                  def->mappings[mapped[p][d]].source, m->source);
+        DSC_CHECK(mapped[p][d] < 0, DSC_ERR_INVALID, "container %s: dependency %s is mapped twice ('%s' and '%s')",
+                  cn, m->target, def->mappings[mapped[p][d]].source, m->source);
         mapped[p][d] = i;
     }
     for (int p = 0; p < def->n_params; p++)

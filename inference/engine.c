@@ -27,7 +27,8 @@ dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m
                                      .max_batch_sequences = 64};
 }
 
-dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out) {
+dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg,
+                                   dsc_infer_engine **out) {
     *out = NULL;
     dsc_infer_engine *e = calloc(1, sizeof *e);
     DSC_CHECK(e, DSC_ERR_NOMEM, "inference engine");
@@ -38,15 +39,17 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
                             .block_size = cfg->block_size,
                             .kv_cache_bytes = cfg->kv_cache_bytes,
                             .max_sequences = cfg->max_sequences,
-                            .max_context = cfg->max_context < m->cfg.max_positions ? cfg->max_context
-                                                                                    : m->cfg.max_positions,
+                            .max_context =
+                                cfg->max_context < m->cfg.max_positions ? cfg->max_context : m->cfg.max_positions,
                             .max_tokens_per_forward = cfg->max_tokens_per_forward,
                             .max_batch_sequences = cfg->max_batch_sequences};
     dsc_status s = dsc_kv_config_validate(&e->kv);
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
     if (!s) s = dsc_ragged_batch_init(&e->batch, &e->kv);
-    if (!s) s = dsc_forward_scratch_init(&e->scratch, &m->cfg, e->kv.max_tokens_per_forward, e->kv.max_batch_sequences);
+    if (!s)
+        s = dsc_forward_scratch_init(&e->scratch, &m->cfg, e->kv.max_tokens_per_forward,
+                                     e->kv.max_batch_sequences);
     if (s) {
         dsc_infer_engine_destroy(e);
         return dsc_error_wrap(s, "creating the inference engine for %s", m->policy->arch);
@@ -64,8 +67,12 @@ void dsc_infer_engine_destroy(dsc_infer_engine *e) {
     free(e);
 }
 
-const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e) { return &e->kv; }
-int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e) { return e->model->cfg.vocab_size; }
+const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e) {
+    return &e->kv;
+}
+int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e) {
+    return e->model->cfg.vocab_size;
+}
 
 dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
                                 const int32_t *counts, float *logits) {
@@ -91,13 +98,17 @@ void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max
     dsc_kv_state_query(e->state, uid, max_tokens, max_blocks, tokens_out, blocks_out);
 }
 
-dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid) { return dsc_kv_state_flush(e->state, uid); }
+dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid) {
+    return dsc_kv_state_flush(e->state, uid);
+}
 
 int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e) {
     return dsc_kv_blocks_free_count(dsc_kv_cache_blocks(e->cache));
 }
 
-int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e) { return dsc_kv_cache_num_blocks(e->cache); }
+int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e) {
+    return dsc_kv_cache_num_blocks(e->cache);
+}
 
 int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid) {
     dsc_kv_seq_info info;

@@ -37,7 +37,9 @@ static const dsc_container_def *container_of(const build_state *b, int32_t c) {
     return c < b->mc->n_layer ? b->policy->layer : b->policy->non_layer;
 }
 
-static slot_state *slot_at(build_state *b, int32_t c, int p) { return &b->slots[(size_t)c * b->max_params + p]; }
+static slot_state *slot_at(build_state *b, int32_t c, int p) {
+    return &b->slots[(size_t)c * b->max_params + p];
+}
 
 /* Sizes and places every enabled parameter; allocates the arena and the set flags. */
 static dsc_status layout(build_state *b) {
@@ -60,17 +62,19 @@ static dsc_status layout(build_state *b) {
                 int64_t shape[3];
                 int nd = dsc_param_def_shape(pd, mc, shape);
                 int64_t numel = 1;
-                for (int i = 0; i < nd; i++) numel *= shape[i];
+                for (int i = 0; i < nd; i++)
+                    numel *= shape[i];
                 int32_t experts = pd->per_expert ? mc->n_experts : 1;
                 if (pass == 1) {
                     slot_state *s = slot_at(b, c, p);
                     float *base = (float *)b->m->arena + offset;
-                    *s = (slot_state){.def = pd,
-                                      .data = base,
-                                      .expert_stride = numel / experts,
-                                      .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
-                                      .set = b->flags + flags,
-                                      .experts = experts};
+                    *s = (slot_state){
+                        .def = pd,
+                        .data = base,
+                        .expert_stride = numel / experts,
+                        .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
+                        .set = b->flags + flags,
+                        .experts = experts};
                     b->m->params[(size_t)c * DSC_PARAM_ROLE_COUNT + pd->role] =
                         dsc_tensor_view(base, DSC_DTYPE_F32, nd, shape, DSC_CPU);
                 }
@@ -91,7 +95,8 @@ static bool is_ignored(const dsc_policy *policy, const char *name) {
             continue;
         }
         size_t pre = (size_t)(star - *g), post = strlen(star + 1), len = strlen(name);
-        if (len > pre + post && strncmp(*g, name, pre) == 0 && strcmp(name + len - post, star + 1) == 0) return true;
+        if (len > pre + post && strncmp(*g, name, pre) == 0 && strcmp(name + len - post, star + 1) == 0)
+            return true;
     }
     return false;
 }
@@ -119,20 +124,21 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
         DSC_CHECK(end != name + plen && *end == '.', DSC_ERR_CORRUPT,
                   "checkpoint tensor '%s' has no layer index after '%s'", name, prefix);
         DSC_CHECK(layer >= 0 && layer < b->mc->n_layer, DSC_ERR_CORRUPT,
-                  "checkpoint tensor '%s' names layer %ld but the model has %d layers", name, layer, b->mc->n_layer);
+                  "checkpoint tensor '%s' names layer %ld but the model has %d layers", name, layer,
+                  b->mc->n_layer);
         c = (int32_t)layer;
         rel = end + 1;
     }
     const dsc_container_def *def = container_of(b, c);
     int64_t expert;
     const dsc_param_mapping *map = dsc_container_match(def, rel, &expert);
-    DSC_CHECK(map, DSC_ERR_CORRUPT, "checkpoint tensor '%s' maps to no parameter of container %s (policy %s)", name,
-              def->name, b->policy->arch);
+    DSC_CHECK(map, DSC_ERR_CORRUPT, "checkpoint tensor '%s' maps to no parameter of container %s (policy %s)",
+              name, def->name, b->policy->arch);
     int p, d;
     dsc_container_target(def, map->target, &p, &d);
     slot_state *s = slot_at(b, c, p);
-    DSC_CHECK(s->def, DSC_ERR_CORRUPT, "checkpoint tensor '%s' maps to %s, which this model's config does not have",
-              name, map->target);
+    DSC_CHECK(s->def, DSC_ERR_CORRUPT,
+              "checkpoint tensor '%s' maps to %s, which this model's config does not have", name, map->target);
     if (!s->def->per_expert) expert = 0;
     DSC_CHECK(expert < s->experts, DSC_ERR_CORRUPT, "checkpoint tensor '%s' names expert %lld of %d", name,
               (long long)expert, s->experts);
@@ -140,7 +146,8 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
     int64_t want[2] = {dsc_dim_value(b->mc, dep->rows), dsc_dim_value(b->mc, dep->cols)};
     int want_nd = dep->cols == DSC_DIM_NONE ? 1 : 2;
     bool same = nd == want_nd;
-    for (int k = 0; same && k < nd; k++) same = shape[k] == want[k];
+    for (int k = 0; same && k < nd; k++)
+        same = shape[k] == want[k];
     if (!same) {
         char a[96], e[96];
         shape_text(a, sizeof a, nd, shape);
@@ -151,7 +158,8 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
     uint8_t *flag = &s->set[expert * s->def->n_deps + d];
     DSC_CHECK(!*flag, DSC_ERR_CORRUPT, "checkpoint tensor '%s' sets %s a second time", name, map->target);
     int64_t row0 = 0;
-    for (int k = 0; k < d; k++) row0 += dsc_dim_value(b->mc, s->def->deps[k].rows);
+    for (int k = 0; k < d; k++)
+        row0 += dsc_dim_value(b->mc, s->def->deps[k].rows);
     float *dst = s->data + expert * s->expert_stride + row0 * s->cols;
     DSC_TRY(src->read_f32(src->impl, i, dst, want[0] * s->cols));
     *flag = 1;
@@ -183,8 +191,8 @@ static dsc_status check_complete(build_state *b) {
                         snprintf(name, sizeof name, "%s%d.%s", b->policy->layer_prefix, c, rel);
                     else
                         snprintf(name, sizeof name, "%s", rel);
-                    return dsc_error(DSC_ERR_CORRUPT, "checkpoint lacks tensor '%s' (for %s of container %s)", name,
-                                     target, def->name);
+                    return dsc_error(DSC_ERR_CORRUPT, "checkpoint lacks tensor '%s' (for %s of container %s)",
+                                     name, target, def->name);
                 }
         }
     }
@@ -214,7 +222,8 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
         goto done;
     }
     DSC_TRY_GOTO(s, layout(&b), done);
-    for (int64_t i = 0; i < src->count; i++) DSC_TRY_GOTO(s, place(&b, src, i), done);
+    for (int64_t i = 0; i < src->count; i++)
+        DSC_TRY_GOTO(s, place(&b, src, i), done);
     DSC_TRY_GOTO(s, check_complete(&b), done);
     if (mc->family == DSC_INFER_FAMILY_LLAMA) DSC_TRY_GOTO(s, dsc_model_rope_init(m), done);
 done:
@@ -236,9 +245,15 @@ void dsc_infer_model_destroy(dsc_infer_model *m) {
     free(m);
 }
 
-const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m) { return &m->cfg; }
-const char *dsc_infer_model_arch(const dsc_infer_model *m) { return m->policy->arch; }
-size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m) { return m->arena_bytes; }
+const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m) {
+    return &m->cfg;
+}
+const char *dsc_infer_model_arch(const dsc_infer_model *m) {
+    return m->policy->arch;
+}
+size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m) {
+    return m->arena_bytes;
+}
 
 dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role, dsc_tensor *out) {
     DSC_CHECK(layer >= -1 && layer < m->cfg.n_layer && (unsigned)role < DSC_PARAM_ROLE_COUNT, DSC_ERR_INVALID,

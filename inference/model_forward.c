@@ -24,17 +24,18 @@ static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     int64_t N = s->max_tokens, S = s->max_seqs, C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size;
     int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts, K = mc->top_k;
     const scratch_entry table[] = {
-        {(void **)&s->x, N * C * sizeof(float)},        {(void **)&s->h, N * C * sizeof(float)},
-        {(void **)&s->y, N * C * sizeof(float)},        {(void **)&s->q, N * Q * sizeof(float)},
-        {(void **)&s->k, N * KV * sizeof(float)},       {(void **)&s->v, N * KV * sizeof(float)},
-        {(void **)&s->att, N * Q * sizeof(float)},      {(void **)&s->ff1, N * F * sizeof(float)},
-        {(void **)&s->ff2, N * F * sizeof(float)},      {(void **)&s->moe, N * C * sizeof(float)},
-        {(void **)&s->router, N * E * sizeof(float)},   {(void **)&s->routes, N * K * sizeof(int32_t)},
-        {(void **)&s->weights, N * K * sizeof(float)},  {(void **)&s->rows, N * sizeof(int32_t)},
-        {(void **)&s->pos, N * sizeof(int32_t)},        {(void **)&s->last, S * C * sizeof(float)},
+        {(void **)&s->x, N * C * sizeof(float)},       {(void **)&s->h, N * C * sizeof(float)},
+        {(void **)&s->y, N * C * sizeof(float)},       {(void **)&s->q, N * Q * sizeof(float)},
+        {(void **)&s->k, N * KV * sizeof(float)},      {(void **)&s->v, N * KV * sizeof(float)},
+        {(void **)&s->att, N * Q * sizeof(float)},     {(void **)&s->ff1, N * F * sizeof(float)},
+        {(void **)&s->ff2, N * F * sizeof(float)},     {(void **)&s->moe, N * C * sizeof(float)},
+        {(void **)&s->router, N * E * sizeof(float)},  {(void **)&s->routes, N * K * sizeof(int32_t)},
+        {(void **)&s->weights, N * K * sizeof(float)}, {(void **)&s->rows, N * sizeof(int32_t)},
+        {(void **)&s->pos, N * sizeof(int32_t)},       {(void **)&s->last, S * C * sizeof(float)},
     };
     int n = (int)(sizeof table / sizeof table[0]);
-    for (int i = 0; i < n; i++) e[i] = (scratch_entry){table[i].p, table[i].bytes ? table[i].bytes : sizeof(float)};
+    for (int i = 0; i < n; i++)
+        e[i] = (scratch_entry){table[i].p, table[i].bytes ? table[i].bytes : sizeof(float)};
     return n;
 }
 
@@ -71,11 +72,12 @@ static const dsc_tensor *param(const dsc_infer_model *m, int32_t c, dsc_param_ro
     return t->data ? t : NULL;
 }
 
-dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tensor *w, const dsc_tensor *b, int64_t row0,
-                          int64_t rows) {
+dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tensor *w, const dsc_tensor *b,
+                             int64_t row0, int64_t rows) {
     int64_t cols = w->shape[1];
     dsc_tensor wv = dsc_model_view2((float *)w->data + row0 * cols, rows, cols);
-    dsc_tensor bv = b ? dsc_tensor_view((float *)b->data + row0, DSC_DTYPE_F32, 1, &rows, DSC_CPU) : (dsc_tensor){0};
+    dsc_tensor bv =
+        b ? dsc_tensor_view((float *)b->data + row0, DSC_DTYPE_F32, 1, &rows, DSC_CPU) : (dsc_tensor){0};
     dsc_tensor xv = dsc_model_view2((float *)x, n, cols), yv = dsc_model_view2(y, n, rows);
     return dsc_kernel_linear_forward(&yv, &xv, &wv, b ? &bv : NULL);
 }
@@ -96,24 +98,26 @@ static dsc_status embed(const dsc_infer_model *m, const dsc_ragged_batch *batch,
     for (int32_t t = 0; t < batch->n_tokens; t++) {
         int32_t id = batch->tokens[t];
         int64_t p = batch->positions[t];
-        DSC_CHECK(id >= 0 && id < mc->vocab_size, DSC_ERR_INVALID, "token id %d outside the vocabulary [0, %d)", id,
-                  mc->vocab_size);
+        DSC_CHECK(id >= 0 && id < mc->vocab_size, DSC_ERR_INVALID, "token id %d outside the vocabulary [0, %d)",
+                  id, mc->vocab_size);
         DSC_CHECK(p < mc->max_positions, DSC_ERR_INVALID, "position %lld beyond the model's %lld positions",
                   (long long)p, (long long)mc->max_positions);
         pos[t] = (int32_t)p;
         memcpy(x + t * C, (const float *)wte->data + (int64_t)id * C, (size_t)C * sizeof *x);
         if (wpe) {
             const float *row = (const float *)wpe->data + p * C;
-            for (int64_t i = 0; i < C; i++) x[t * C + i] += row[i];
+            for (int64_t i = 0; i < C; i++)
+                x[t * C + i] += row[i];
         }
     }
     return NULL;
 }
 
-static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
-                            dsc_forward_scratch *s) {
+static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragged_batch *batch,
+                            dsc_kv_cache *cache, dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->cfg;
-    int64_t N = batch->n_tokens, Q = (int64_t)mc->n_head * mc->head_size, KV = (int64_t)mc->n_kv_head * mc->head_size;
+    int64_t N = batch->n_tokens, Q = (int64_t)mc->n_head * mc->head_size,
+            KV = (int64_t)mc->n_kv_head * mc->head_size;
     const dsc_tensor *w = param(m, l, DSC_PARAM_ROLE_QKV_W), *b = param(m, l, DSC_PARAM_ROLE_QKV_B);
     DSC_TRY(dsc_model_project(s->q, s->h, N, w, b, 0, Q));
     DSC_TRY(dsc_model_project(s->k, s->h, N, w, b, Q, KV));
@@ -149,8 +153,8 @@ static dsc_status mlp(const dsc_infer_model *m, int32_t l, int64_t N, dsc_forwar
         dsc_tensor gate = dsc_model_view2(s->ff1, N, mc->d_ff);
         DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &g));
     }
-    return dsc_model_project(s->y, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W), param(m, l, DSC_PARAM_ROLE_MLP2_B), 0,
-                   mc->d_model);
+    return dsc_model_project(s->y, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W),
+                             param(m, l, DSC_PARAM_ROLE_MLP2_B), 0, mc->d_model);
 }
 
 dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
@@ -158,21 +162,25 @@ dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *b
     const dsc_infer_model_config *mc = &m->cfg;
     int64_t N = batch->n_tokens, S = batch->n_seqs, C = mc->d_model;
     DSC_CHECK(N <= s->max_tokens && S <= s->max_seqs, DSC_ERR_INVALID,
-              "batch of %lld tokens / %lld sequences exceeds the scratch (%lld / %lld)", (long long)N, (long long)S,
-              (long long)s->max_tokens, (long long)s->max_seqs);
+              "batch of %lld tokens / %lld sequences exceeds the scratch (%lld / %lld)", (long long)N,
+              (long long)S, (long long)s->max_tokens, (long long)s->max_seqs);
     DSC_TRY(embed(m, batch, s->x, s->pos));
     dsc_tensor xv = dsc_model_view2(s->x, N, C), yv = dsc_model_view2(s->y, N, C);
     for (int32_t l = 0; l < mc->n_layer; l++) {
-        DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_ATTN_NORM_W), param(m, l, DSC_PARAM_ROLE_ATTN_NORM_B)));
+        DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_ATTN_NORM_W),
+                     param(m, l, DSC_PARAM_ROLE_ATTN_NORM_B)));
         DSC_TRY(attention(m, l, batch, cache, s));
         DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
-        DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_MLP_NORM_W), param(m, l, DSC_PARAM_ROLE_MLP_NORM_B)));
+        DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_MLP_NORM_W),
+                     param(m, l, DSC_PARAM_ROLE_MLP_NORM_B)));
         DSC_TRY(mlp(m, l, N, s));
         DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
     }
-    for (int64_t i = 0; i < S; i++) memcpy(s->last + i * C, s->x + (int64_t)batch->last_token[i] * C, (size_t)C * sizeof(float));
+    for (int64_t i = 0; i < S; i++)
+        memcpy(s->last + i * C, s->x + (int64_t)batch->last_token[i] * C, (size_t)C * sizeof(float));
     int32_t L = mc->n_layer;
-    DSC_TRY(norm(m, s->h, s->last, S, param(m, L, DSC_PARAM_ROLE_FINAL_NORM_W), param(m, L, DSC_PARAM_ROLE_FINAL_NORM_B)));
+    DSC_TRY(norm(m, s->h, s->last, S, param(m, L, DSC_PARAM_ROLE_FINAL_NORM_W),
+                 param(m, L, DSC_PARAM_ROLE_FINAL_NORM_B)));
     const dsc_tensor *unembed = param(m, L, DSC_PARAM_ROLE_UNEMBED);
     if (!unembed) unembed = param(m, L, DSC_PARAM_ROLE_EMBED);
     return dsc_model_project(logits, s->h, S, unembed, NULL, 0, mc->vocab_size);

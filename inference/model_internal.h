@@ -35,16 +35,16 @@ extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_h
 /* Per-forward scratch, sized once for the engine's limits (N tokens, S sequences). */
 typedef struct dsc_forward_scratch {
     int64_t max_tokens, max_seqs;
-    float *x;    /* (N, C) residual stream */
-    float *h;    /* (N, C) normed input */
-    float *y;    /* (N, C) output of attention or MLP before the residual add */
-    float *q;    /* (N, Q) */
-    float *k;    /* (N, KV) */
-    float *v;    /* (N, KV) */
-    float *att;  /* (N, Q) */
-    float *ff1;  /* (N, F) GELU pre-activation / SwiGLU gate */
-    float *ff2;  /* (N, F) SwiGLU up */
-    float *moe;  /* (N, C) expert output before the weighted sum */
+    float *x;        /* (N, C) residual stream */
+    float *h;        /* (N, C) normed input */
+    float *y;        /* (N, C) output of attention or MLP before the residual add */
+    float *q;        /* (N, Q) */
+    float *k;        /* (N, KV) */
+    float *v;        /* (N, KV) */
+    float *att;      /* (N, Q) */
+    float *ff1;      /* (N, F) GELU pre-activation / SwiGLU gate */
+    float *ff2;      /* (N, F) SwiGLU up */
+    float *moe;      /* (N, C) expert output before the weighted sum */
     float *router;   /* (N, E) */
     int32_t *routes; /* (N, K) chosen experts */
     float *weights;  /* (N, K) renormalised routing weights */

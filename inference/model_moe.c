@@ -25,14 +25,16 @@ static void route(const float *probs, int64_t N, int32_t E, int32_t K, int32_t *
             int32_t best = -1;
             for (int32_t e = 0; e < E; e++) {
                 bool taken = false;
-                for (int32_t j = 0; j < k; j++) taken |= r[j] == e;
+                for (int32_t j = 0; j < k; j++)
+                    taken |= r[j] == e;
                 if (!taken && (best < 0 || p[e] > p[best])) best = e;
             }
             r[k] = best;
             w[k] = p[best];
             sum += p[best];
         }
-        for (int32_t k = 0; k < K; k++) w[k] /= sum;
+        for (int32_t k = 0; k < K; k++)
+            w[k] /= sum;
     }
 }
 
@@ -73,7 +75,8 @@ dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t N, con
             float w = 0;
             for (int32_t k = 0; k < K; k++)
                 if (s->routes[t * K + k] == e) w = s->weights[t * K + k];
-            for (int64_t c = 0; c < C; c++) out[t * C + c] += w * s->moe[i * C + c];
+            for (int64_t c = 0; c < C; c++)
+                out[t * C + c] += w * s->moe[i * C + c];
         }
     }
     return NULL;

@@ -8,7 +8,12 @@
 #include "dsc/config.h"
 #include "inference/model_internal.h"
 
-#define ONE(n, role, when, dep, r, c) {n, role, when, false, 1, {{dep, r, c}}}
+#define ONE(n, role, when, dep, r, c)                                                                             \
+    {                                                                                                             \
+        n, role, when, false, 1, {                                                                                \
+            { dep, r, c }                                                                                         \
+        }                                                                                                         \
+    }
 
 static const dsc_param_def gpt_params[] = {
     ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
@@ -35,11 +40,11 @@ static const dsc_param_def gpt_params[] = {
     ONE("mlp_2_bias", DSC_PARAM_ROLE_MLP2_B, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_NONE),
 };
 static const dsc_param_mapping gpt_mappings[] = {
-    {"norm1.weight", "attn_norm.w"},     {"norm1.bias", "attn_norm_bias.b"}, {"attn.q.weight", "qkv.q"},
-    {"attn.k.weight", "qkv.k"},          {"attn.v.weight", "qkv.v"},         {"attn.q.bias", "qkv_bias.q"},
-    {"attn.k.bias", "qkv_bias.k"},       {"attn.v.bias", "qkv_bias.v"},      {"attn.o.weight", "attn_out.w"},
-    {"attn.o.bias", "attn_out_bias.b"},  {"norm2.weight", "mlp_norm.w"},     {"norm2.bias", "mlp_norm_bias.b"},
-    {"mlp.fc.weight", "mlp_1.fc"},       {"mlp.fc.bias", "mlp_1_bias.fc"},   {"mlp.proj.weight", "mlp_2.proj"},
+    {"norm1.weight", "attn_norm.w"},      {"norm1.bias", "attn_norm_bias.b"}, {"attn.q.weight", "qkv.q"},
+    {"attn.k.weight", "qkv.k"},           {"attn.v.weight", "qkv.v"},         {"attn.q.bias", "qkv_bias.q"},
+    {"attn.k.bias", "qkv_bias.k"},        {"attn.v.bias", "qkv_bias.v"},      {"attn.o.weight", "attn_out.w"},
+    {"attn.o.bias", "attn_out_bias.b"},   {"norm2.weight", "mlp_norm.w"},     {"norm2.bias", "mlp_norm_bias.b"},
+    {"mlp.fc.weight", "mlp_1.fc"},        {"mlp.fc.bias", "mlp_1_bias.fc"},   {"mlp.proj.weight", "mlp_2.proj"},
     {"mlp.proj.bias", "mlp_2_bias.proj"},
 };
 static const dsc_container_def gpt_layer = {"dsc_gpt_layer", sizeof gpt_params / sizeof gpt_params[0], gpt_params,
@@ -70,10 +75,10 @@ static const dsc_param_def llama_params[] = {
     ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "down", DSC_DIM_C, DSC_DIM_F),
 };
 static const dsc_param_mapping llama_mappings[] = {
-    {"norm1.weight", "attn_norm.w"},   {"attn.q.weight", "qkv.q"},     {"attn.k.weight", "qkv.k"},
-    {"attn.v.weight", "qkv.v"},        {"attn.q.bias", "qkv_bias.q"},  {"attn.k.bias", "qkv_bias.k"},
+    {"norm1.weight", "attn_norm.w"},   {"attn.q.weight", "qkv.q"},      {"attn.k.weight", "qkv.k"},
+    {"attn.v.weight", "qkv.v"},        {"attn.q.bias", "qkv_bias.q"},   {"attn.k.bias", "qkv_bias.k"},
     {"attn.v.bias", "qkv_bias.v"},     {"attn.o.weight", "attn_out.w"}, {"norm2.weight", "mlp_norm.w"},
-    {"mlp.gate.weight", "mlp_1.gate"}, {"mlp.up.weight", "mlp_1.up"},  {"mlp.down.weight", "mlp_2.down"},
+    {"mlp.gate.weight", "mlp_1.gate"}, {"mlp.up.weight", "mlp_1.up"},   {"mlp.down.weight", "mlp_2.down"},
 };
 static const dsc_container_def llama_layer = {"dsc_llama_layer", sizeof llama_params / sizeof llama_params[0],
                                               llama_params, sizeof llama_mappings / sizeof llama_mappings[0],
@@ -87,13 +92,13 @@ static const dsc_param_def gpt_outer_params[] = {
     ONE("lm_head", DSC_PARAM_ROLE_UNEMBED, DSC_SLOT_WHEN_UNTIED, "w", DSC_DIM_V, DSC_DIM_C),
 };
 static const dsc_param_mapping gpt_outer_mappings[] = {
-    {"embed.wte.weight", "embed.w"},   {"embed.wpe.weight", "pos_embed.w"}, {"head.norm.weight", "final_norm.w"},
-    {"head.norm.bias", "final_norm_bias.b"}, {"head.weight", "lm_head.w"},
+    {"embed.wte.weight", "embed.w"},      {"embed.wpe.weight", "pos_embed.w"},
+    {"head.norm.weight", "final_norm.w"}, {"head.norm.bias", "final_norm_bias.b"},
+    {"head.weight", "lm_head.w"},
 };
-static const dsc_container_def gpt_outer = {"dsc_gpt_non_transformer",
-                                            sizeof gpt_outer_params / sizeof gpt_outer_params[0], gpt_outer_params,
-                                            sizeof gpt_outer_mappings / sizeof gpt_outer_mappings[0],
-                                            gpt_outer_mappings};
+static const dsc_container_def gpt_outer = {
+    "dsc_gpt_non_transformer", sizeof gpt_outer_params / sizeof gpt_outer_params[0], gpt_outer_params,
+    sizeof gpt_outer_mappings / sizeof gpt_outer_mappings[0], gpt_outer_mappings};
 
 static const dsc_param_def llama_outer_params[] = {
     ONE("embed", DSC_PARAM_ROLE_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_V, DSC_DIM_C),
@@ -105,11 +110,9 @@ static const dsc_param_mapping llama_outer_mappings[] = {
     {"head.norm.weight", "final_norm.w"},
     {"head.weight", "lm_head.w"},
 };
-static const dsc_container_def llama_outer = {"dsc_llama_non_transformer",
-                                              sizeof llama_outer_params / sizeof llama_outer_params[0],
-                                              llama_outer_params,
-                                              sizeof llama_outer_mappings / sizeof llama_outer_mappings[0],
-                                              llama_outer_mappings};
+static const dsc_container_def llama_outer = {
+    "dsc_llama_non_transformer", sizeof llama_outer_params / sizeof llama_outer_params[0], llama_outer_params,
+    sizeof llama_outer_mappings / sizeof llama_outer_mappings[0], llama_outer_mappings};
 
 /* The training config's model section, resolved by the training config parser itself. */
 static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source,
@@ -119,8 +122,8 @@ static dsc_status configure(dsc_infer_model_config *mc, const char *json, const 
     const dsc_config_model *t = &cfg.model;
     dsc_status s = NULL;
     if (t->arch != want)
-        s = dsc_error(DSC_ERR_UNSUPPORTED, "%s: model.arch '%s' is not supported for inference (gpt, llama)", source,
-                      dsc_model_arch_name(t->arch));
+        s = dsc_error(DSC_ERR_UNSUPPORTED, "%s: model.arch '%s' is not supported for inference (gpt, llama)",
+                      source, dsc_model_arch_name(t->arch));
     *mc = (dsc_infer_model_config){
         .family = want == DSC_ARCH_GPT ? DSC_INFER_FAMILY_GPT : DSC_INFER_FAMILY_LLAMA,
         .n_layer = t->n_layer,

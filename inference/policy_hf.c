@@ -14,29 +14,33 @@
 
 /* ---- containers ----------------------------------------------------------------------------- */
 
-#define ATTN_PARAMS                                                                                              \
-    {"attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_NONE}}}, \
-        {"qkv",                                                                                                  \
-         DSC_PARAM_ROLE_QKV_W,                                                                                   \
-         DSC_SLOT_WHEN_ALWAYS,                                                                                   \
-         false,                                                                                                  \
-         3,                                                                                                      \
-         {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},             \
-        {"qkv_bias",                                                                                             \
-         DSC_PARAM_ROLE_QKV_B,                                                                                   \
-         DSC_SLOT_WHEN_QKV_BIAS,                                                                                 \
-         false,                                                                                                  \
-         3,                                                                                                      \
-         {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},    \
-        {"attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_Q}}},    \
-        {"mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_NONE}}}
+#define ATTN_PARAMS                                                                                               \
+    {"attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_NONE}}},  \
+        {"qkv",                                                                                                   \
+         DSC_PARAM_ROLE_QKV_W,                                                                                    \
+         DSC_SLOT_WHEN_ALWAYS,                                                                                    \
+         false,                                                                                                   \
+         3,                                                                                                       \
+         {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},              \
+        {"qkv_bias",                                                                                              \
+         DSC_PARAM_ROLE_QKV_B,                                                                                    \
+         DSC_SLOT_WHEN_QKV_BIAS,                                                                                  \
+         false,                                                                                                   \
+         3,                                                                                                       \
+         {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},     \
+        {"attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_Q}}}, { \
+        "mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {                                  \
+            { "w", DSC_DIM_C, DSC_DIM_NONE }                                                                      \
+        }                                                                                                         \
+    }
 
-#define ATTN_MAPPINGS                                                                                          \
-    {"input_layernorm.weight", "attn_norm.w"}, {"self_attn.q_proj.weight", "qkv.q"},                           \
-        {"self_attn.k_proj.weight", "qkv.k"}, {"self_attn.v_proj.weight", "qkv.v"},                            \
-        {"self_attn.q_proj.bias", "qkv_bias.q"}, {"self_attn.k_proj.bias", "qkv_bias.k"},                      \
-        {"self_attn.v_proj.bias", "qkv_bias.v"}, {"self_attn.o_proj.weight", "attn_out.w"},                    \
-        {"post_attention_layernorm.weight", "mlp_norm.w"}
+#define ATTN_MAPPINGS                                                                                             \
+    {"input_layernorm.weight", "attn_norm.w"}, {"self_attn.q_proj.weight", "qkv.q"},                              \
+        {"self_attn.k_proj.weight", "qkv.k"}, {"self_attn.v_proj.weight", "qkv.v"},                               \
+        {"self_attn.q_proj.bias", "qkv_bias.q"}, {"self_attn.k_proj.bias", "qkv_bias.k"},                         \
+        {"self_attn.v_proj.bias", "qkv_bias.v"}, {"self_attn.o_proj.weight", "attn_out.w"}, {                     \
+        "post_attention_layernorm.weight", "mlp_norm.w"                                                           \
+    }
 
 static const dsc_param_def dense_params[] = {
     ATTN_PARAMS,
@@ -236,11 +240,11 @@ static dsc_status configure_mixtral(dsc_infer_model_config *mc, const char *json
     return configure(mc, json, source, HF_MIXTRAL);
 }
 
-const dsc_policy dsc_policy_hf_llama = {"LlamaForCausalLM", configure_llama, "model.layers.", &dense_layer, &outer,
-                                        ignored};
-const dsc_policy dsc_policy_hf_mistral = {"MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer,
-                                          &outer, ignored};
-const dsc_policy dsc_policy_hf_qwen2 = {"Qwen2ForCausalLM", configure_qwen2, "model.layers.", &dense_layer, &outer,
-                                        ignored};
-const dsc_policy dsc_policy_hf_mixtral = {"MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer,
-                                          &outer, ignored};
+const dsc_policy dsc_policy_hf_llama = {"LlamaForCausalLM", configure_llama, "model.layers.",
+                                        &dense_layer,       &outer,          ignored};
+const dsc_policy dsc_policy_hf_mistral = {
+    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &outer, ignored};
+const dsc_policy dsc_policy_hf_qwen2 = {"Qwen2ForCausalLM", configure_qwen2, "model.layers.",
+                                        &dense_layer,       &outer,          ignored};
+const dsc_policy dsc_policy_hf_mixtral = {
+    "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &outer, ignored};

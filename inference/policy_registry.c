@@ -39,17 +39,19 @@ dsc_status dsc_policy_find(const char *arch, const dsc_policy **out) {
     size_t used = 0;
     for (int i = 0; i < n_registered && used < sizeof names; i++)
         used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", registry[i]->arch);
-    return dsc_error(DSC_ERR_UNSUPPORTED, "architecture '%s' has no inference policy (registered: %s)", arch, names);
+    return dsc_error(DSC_ERR_UNSUPPORTED, "architecture '%s' has no inference policy (registered: %s)", arch,
+                     names);
 }
 
 dsc_status dsc_policy_register_builtin(void) {
     static bool done;
     if (done) return NULL;
-    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,   &dsc_policy_dsc_llama, &dsc_policy_hf_llama,
+    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,    &dsc_policy_dsc_llama, &dsc_policy_hf_llama,
                                    &dsc_policy_hf_mistral, &dsc_policy_hf_qwen2,  &dsc_policy_hf_mixtral};
     for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
         bool present = false;
-        for (int j = 0; j < n_registered; j++) present |= registry[j] == builtin[i];
+        for (int j = 0; j < n_registered; j++)
+            present |= registry[j] == builtin[i];
         if (!present) DSC_TRY(dsc_policy_register(builtin[i]));
     }
     done = true;

@@ -117,7 +117,8 @@ static void request_free(request *r) {
 
 void dsc_scheduler_destroy(dsc_scheduler *s) {
     if (!s) return;
-    for (int32_t i = 0; i < s->n_reqs; i++) request_free(s->reqs[i]);
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        request_free(s->reqs[i]);
     free(s->reqs);
     free(s->uids);
     free(s->ptrs);
@@ -181,7 +182,9 @@ dsc_status dsc_scheduler_submit(dsc_scheduler *s, const dsc_gen_request *req) {
     return NULL;
 }
 
-static int64_t total_tokens(const request *r) { return (int64_t)r->n_prompt + r->n_generated; }
+static int64_t total_tokens(const request *r) {
+    return (int64_t)r->n_prompt + r->n_generated;
+}
 
 /* Blocks running requests may still claim under their reservation. */
 static int64_t owed_blocks(const dsc_scheduler *s) {
@@ -197,7 +200,8 @@ static int64_t owed_blocks(const dsc_scheduler *s) {
 
 static int32_t count_state(const dsc_scheduler *s, req_state st) {
     int32_t n = 0;
-    for (int32_t i = 0; i < s->n_reqs; i++) n += s->reqs[i]->state == st;
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        n += s->reqs[i]->state == st;
     return n;
 }
 
@@ -275,7 +279,8 @@ static dsc_status compose(dsc_scheduler *s, int32_t *n_out, int64_t *starved) {
         if (s->reqs[i]->state == REQ_RUNNING) run[n_run++] = s->reqs[i];
     qsort(run, (size_t)n_run, sizeof *run, by_order);
     *starved = -1;
-    for (int32_t i = 0; i < n_run; i++) run[i]->chunk = 0;
+    for (int32_t i = 0; i < n_run; i++)
+        run[i]->chunk = 0;
     for (int pass = 0; pass < 2; pass++) {
         bool decodes = (pass == 0) == (s->cfg.prefill_priority == DSC_PREFILL_PRIORITY_DECODE_FIRST);
         for (int32_t i = 0; i < n_run; i++) {
@@ -352,11 +357,14 @@ dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
 }
 
 dsc_status dsc_scheduler_run(dsc_scheduler *s) {
-    for (bool idle = false; !idle;) DSC_TRY(dsc_scheduler_step(s, &idle));
+    for (bool idle = false; !idle;)
+        DSC_TRY(dsc_scheduler_step(s, &idle));
     return NULL;
 }
 
-const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s) { return &s->stats; }
+const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s) {
+    return &s->stats;
+}
 
 double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid) {
     const request *r = find(s, uid);

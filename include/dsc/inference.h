@@ -119,7 +119,7 @@ typedef enum dsc_slot_when {
 typedef struct dsc_param_dep {
     const char *name; /* "q" */
     dsc_dim rows;
-    dsc_dim cols;     /* DSC_DIM_NONE for a vector */
+    dsc_dim cols; /* DSC_DIM_NONE for a vector */
 } dsc_param_dep;
 
 /* A parameter: its dependencies and its finalize step, which converts each
@@ -228,8 +228,7 @@ typedef struct dsc_infer_engine_config {
  * (at most 4096), 512 tokens and 64 sequences per forward. */
 dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
 /* The engine borrows the model (it must outlive the engine). */
-dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg,
-                                   dsc_infer_engine **out);
+dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out);
 void dsc_infer_engine_destroy(dsc_infer_engine *e);
 const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
 int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);

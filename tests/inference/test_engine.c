@@ -63,7 +63,8 @@ static void test_ragged_equals_solo(void **state) {
     float *ref[NSEQ];
     for (int i = 0; i < NSEQ; i++) {
         len[i] = 8 + (int32_t)dsc_rng_below(&rng, MAXLEN - 8);
-        for (int t = 0; t < len[i]; t++) tokens[i][t] = (int32_t)dsc_rng_below(&rng, (uint64_t)V);
+        for (int t = 0; t < len[i]; t++)
+            tokens[i][t] = (int32_t)dsc_rng_below(&rng, (uint64_t)V);
         ref[i] = solo_logits(m, tokens[i], len[i]);
     }
     dsc_infer_engine *e = make_engine(m, 4, NSEQ * 8, NSEQ);
@@ -94,7 +95,8 @@ static void test_ragged_equals_solo(void **state) {
             if (r > worst) worst = r;
         }
         left = false;
-        for (int i = 0; i < NSEQ; i++) left |= done[i] < len[i];
+        for (int i = 0; i < NSEQ; i++)
+            left |= done[i] < len[i];
     }
     printf("ragged vs solo: %d rounds (%d mixing prefill chunks and decodes), worst rel err %.3e\n", rounds, mixed,
            worst);
@@ -117,7 +119,8 @@ static void test_chunked_equals_whole(void **state) {
     assert_ok(dsc_infer_model_load(LLAMA, &m));
     int32_t V = dsc_infer_model_get_config(m)->vocab_size, T = 37;
     int32_t tokens[37];
-    for (int t = 0; t < T; t++) tokens[t] = (t * 29 + 3) % V;
+    for (int t = 0; t < T; t++)
+        tokens[t] = (t * 29 + 3) % V;
     dsc_infer_engine *e = make_engine(m, 8, 64, 4);
     float *whole = malloc((size_t)V * sizeof *whole), *chunked = malloc((size_t)V * sizeof *chunked);
     uint64_t a = 1, b = 2;
@@ -177,7 +180,8 @@ static void test_limits(void **state) {
 
     /* Fill 9 of 10 blocks, then ask for two more. */
     int32_t V = dsc_infer_model_get_config(m)->vocab_size, buf[16];
-    for (int i = 0; i < 16; i++) buf[i] = i;
+    for (int i = 0; i < 16; i++)
+        buf[i] = i;
     float *logits = malloc(2 * (size_t)V * sizeof *logits);
     const int32_t *ptrs[2] = {buf, buf};
     int32_t counts[2] = {16, 16};

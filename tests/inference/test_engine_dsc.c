@@ -57,7 +57,8 @@ static float *training_logits(const dsc_config *cfg, dsc_trainer *t, const int32
     assert_ok(dsc_params_create(&store, DSC_CPU, 1));
     dsc_build_ctx bctx = {.model = &mc, .params = store, .device = DSC_CPU};
     dsc_layer **layers = calloc((size_t)n_specs, sizeof *layers);
-    for (int i = 0; i < n_specs; i++) assert_ok(dsc_layer_build(&specs[i], &bctx, &layers[i]));
+    for (int i = 0; i < n_specs; i++)
+        assert_ok(dsc_layer_build(&specs[i], &bctx, &layers[i]));
     assert_ok(dsc_params_finalize(store));
     dsc_param_store *trained = dsc_trainer_params(t);
     for (int i = 0; i < dsc_params_count(store); i++) {
@@ -77,7 +78,8 @@ static float *training_logits(const dsc_config *cfg, dsc_trainer *t, const int32
     int64_t V = mc.vocab_size;
     float *out = malloc((size_t)(T * V) * sizeof *out);
     memcpy(out, y.data, (size_t)(T * V) * sizeof *out);
-    for (int i = 0; i < n_specs; i++) dsc_layer_destroy(layers[i]);
+    for (int i = 0; i < n_specs; i++)
+        dsc_layer_destroy(layers[i]);
     free(layers);
     free(specs);
     dsc_params_destroy(store);
@@ -93,7 +95,8 @@ static void check_arch(const char *const *overrides, int n_overrides, const char
     snprintf(save_dir, sizeof save_dir, "%s/ckpt", dir);
     write_tokens(data);
     const char *all[8] = {data_set};
-    for (int i = 0; i < n_overrides; i++) all[i + 1] = overrides[i];
+    for (int i = 0; i < n_overrides; i++)
+        all[i + 1] = overrides[i];
     dsc_config cfg;
     assert_ok(dsc_config_parse_string(tiny_json, "tiny.json", all, n_overrides + 1, &cfg));
     assert_ok(dsc_config_resolve_batch(&cfg, 1));
@@ -123,7 +126,8 @@ static void check_arch(const char *const *overrides, int n_overrides, const char
     float *logits = malloc(256 * sizeof *logits);
     for (int p = 0; p < 3; p++) {
         int32_t n = (int32_t)strlen(prompts[p]), ref[64], got[64];
-        for (int i = 0; i < n; i++) got[i] = (unsigned char)prompts[p][i];
+        for (int i = 0; i < n; i++)
+            got[i] = (unsigned char)prompts[p][i];
         float *train = training_logits(&cfg, t, got, n);
         uint64_t probe = 50 + (uint64_t)p;
         double worst = 0;
@@ -139,7 +143,8 @@ static void check_arch(const char *const *overrides, int n_overrides, const char
             }
             if (diff / scale > worst) worst = diff / scale;
         }
-        printf("%s prompt %d: logits at %d positions vs training layers, worst rel err %.3e\n", policy, p, n, worst);
+        printf("%s prompt %d: logits at %d positions vs training layers, worst rel err %.3e\n", policy, p, n,
+               worst);
         assert_true(worst <= 1e-5);
         assert_ok(dsc_infer_engine_flush(e, probe));
         free(train);
@@ -186,6 +191,7 @@ static void test_llama_checkpoint(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt_checkpoint), cmocka_unit_test(test_llama_checkpoint)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt_checkpoint),
+                                       cmocka_unit_test(test_llama_checkpoint)};
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -67,7 +67,8 @@ static void check_model(const char *name) {
         snprintf(key, sizeof key, "tokens_%d", p);
         float *tokf = read_ref(st, key, &T);
         int32_t *tokens = malloc((size_t)(T + 8) * sizeof *tokens);
-        for (int64_t t = 0; t < T; t++) tokens[t] = (int32_t)tokf[t];
+        for (int64_t t = 0; t < T; t++)
+            tokens[t] = (int32_t)tokf[t];
         snprintf(key, sizeof key, "logits_%d", p);
         float *logits = read_ref(st, key, &n_logits);
         snprintf(key, sizeof key, "gen_%d", p);
@@ -94,7 +95,8 @@ static void check_model(const char *name) {
             if (r > worst) worst = r;
             assert_int_equal(argmax(row, V), (int32_t)genf[s]);
         }
-        printf("  %s prompt %d: %lld greedy tokens equal, worst decode rel err %.3e\n", name, p, (long long)S, worst);
+        printf("  %s prompt %d: %lld greedy tokens equal, worst decode rel err %.3e\n", name, p, (long long)S,
+               worst);
         assert_true(worst <= TOL);
         assert_ok(dsc_infer_engine_flush(e, uid));
 

@@ -39,8 +39,8 @@ static dsc_status try_register(const char *arch, const dsc_param_mapping *mappin
     static dsc_container_def layers[16];
     static dsc_policy policies[16];
     static int used;
-    static const dsc_param_mapping outer_map[] = {{"embed.weight", "qkv.q"}, {"k.weight", "qkv.k"},
-                                                  {"v.weight", "qkv.v"},     {"down.*", "experts.down"}};
+    static const dsc_param_mapping outer_map[] = {
+        {"embed.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"down.*", "experts.down"}};
     static const dsc_container_def outer = {"outer", 2, params, 4, outer_map};
     assert_true(used < 16);
     layers[used] = (dsc_container_def){"test_layer", 2, params, n, mappings};
@@ -50,24 +50,30 @@ static dsc_status try_register(const char *arch, const dsc_param_mapping *mappin
 
 static void test_mapping_validation(void **state) {
     (void)state;
-    const dsc_param_mapping good[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                      {"experts.*.w2", "experts.down"}};
-    const dsc_param_mapping unknown_param[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                               {"experts.*.w2", "experts.down"}, {"o.weight", "attn_out.w"}};
-    const dsc_param_mapping unknown_dep[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.z"},
-                                             {"experts.*.w2", "experts.down"}};
-    const dsc_param_mapping twice[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                       {"qq.weight", "qkv.q"}, {"experts.*.w2", "experts.down"}};
-    const dsc_param_mapping unmapped[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"},
-                                          {"experts.*.w2", "experts.down"}};
-    const dsc_param_mapping no_star[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                         {"experts.w2", "experts.down"}};
-    const dsc_param_mapping two_stars[] = {{"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                           {"experts.*.w2.*", "experts.down"}};
-    const dsc_param_mapping plain_star[] = {{"q.*.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                            {"experts.*.w2", "experts.down"}};
-    const dsc_param_mapping no_dot[] = {{"q.weight", "qkv"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"},
-                                        {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping good[] = {
+        {"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping unknown_param[] = {{"q.weight", "qkv.q"},
+                                               {"k.weight", "qkv.k"},
+                                               {"v.weight", "qkv.v"},
+                                               {"experts.*.w2", "experts.down"},
+                                               {"o.weight", "attn_out.w"}};
+    const dsc_param_mapping unknown_dep[] = {
+        {"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.z"}, {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping twice[] = {{"q.weight", "qkv.q"},
+                                       {"k.weight", "qkv.k"},
+                                       {"v.weight", "qkv.v"},
+                                       {"qq.weight", "qkv.q"},
+                                       {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping unmapped[] = {
+        {"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping no_star[] = {
+        {"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"experts.w2", "experts.down"}};
+    const dsc_param_mapping two_stars[] = {
+        {"q.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"experts.*.w2.*", "experts.down"}};
+    const dsc_param_mapping plain_star[] = {
+        {"q.*.weight", "qkv.q"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"experts.*.w2", "experts.down"}};
+    const dsc_param_mapping no_dot[] = {
+        {"q.weight", "qkv"}, {"k.weight", "qkv.k"}, {"v.weight", "qkv.v"}, {"experts.*.w2", "experts.down"}};
     struct {
         const char *arch;
         const dsc_param_mapping *map;
@@ -99,8 +105,8 @@ static void test_mapping_validation(void **state) {
 
 static void test_registry(void **state) {
     (void)state;
-    const char *names[] = {"gpt", "llama", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "MixtralForCausalLM"};
+    const char *names[] = {
+        "gpt", "llama", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const dsc_policy *p;
         assert_ok(dsc_policy_find(names[i], &p));
@@ -170,8 +176,9 @@ static dsc_status build_edited(const char *drop, const char *add, const char *re
 static void test_load_errors(void **state) {
     (void)state;
     dsc_infer_model *m = NULL;
-    assert_err(build_edited(NULL, "model.layers.0.mlp.extra.weight", NULL, &m), DSC_ERR_CORRUPT,
-               "checkpoint tensor 'model.layers.0.mlp.extra.weight' maps to no parameter of container llama_layer");
+    assert_err(
+        build_edited(NULL, "model.layers.0.mlp.extra.weight", NULL, &m), DSC_ERR_CORRUPT,
+        "checkpoint tensor 'model.layers.0.mlp.extra.weight' maps to no parameter of container llama_layer");
     assert_err(build_edited(NULL, "lm_head.bias", NULL, &m), DSC_ERR_CORRUPT,
                "checkpoint tensor 'lm_head.bias' maps to no parameter of container llama_non_transformer");
     assert_err(build_edited(NULL, "model.layers.7.input_layernorm.weight", NULL, &m), DSC_ERR_CORRUPT,
@@ -232,12 +239,14 @@ static void test_unsupported_configs(void **state) {
     dsc_infer_model *m;
     write_config(dir, "{\"architectures\": [\"GPT2LMHeadModel\"]}");
     assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED, "'GPT2LMHeadModel' has no inference policy");
-    const char *base = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 32, \"intermediate_size\": 48,"
-                       " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 128, ";
+    const char *base =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 32, \"intermediate_size\": 48,"
+        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 128, ";
     char json[1024];
     snprintf(json, sizeof json, "%s\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}", base);
     write_config(dir, json);
-    assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED, "rope_scaling.rope_type 'linear' is not supported");
+    assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED,
+               "rope_scaling.rope_type 'linear' is not supported");
     snprintf(json, sizeof json, "%s\"hidden_act\": \"gelu\"}", base);
     write_config(dir, json);
     assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED, "hidden_act 'gelu' is not supported");

@@ -63,7 +63,8 @@ static int setup(void **state) {
     for (int i = 0; i < NREQ; i++) {
         W.n_prompt[i] = 2 + (int32_t)dsc_rng_below(&rng, MAXP - 2);
         W.max_new[i] = 1 + (int32_t)dsc_rng_below(&rng, MAXNEW);
-        for (int t = 0; t < W.n_prompt[i]; t++) W.prompt[i][t] = (int32_t)dsc_rng_below(&rng, (uint64_t)V);
+        for (int t = 0; t < W.n_prompt[i]; t++)
+            W.prompt[i][t] = (int32_t)dsc_rng_below(&rng, (uint64_t)V);
         /* The reference: this request alone, greedy, one put per step. */
         uint64_t uid = 1000 + (uint64_t)i;
         const int32_t *p = W.prompt[i];
@@ -91,7 +92,8 @@ static int teardown(void **state) {
 static dsc_status collect(void *user, uint64_t uid, int32_t token, bool finished) {
     workload *w = user;
     int i = (int)uid;
-    DSC_CHECK(i >= 0 && i < NREQ && !w->finished[i] && w->n_got[i] < MAXNEW, DSC_ERR_INTERNAL, "bad callback %d", i);
+    DSC_CHECK(i >= 0 && i < NREQ && !w->finished[i] && w->n_got[i] < MAXNEW, DSC_ERR_INTERNAL, "bad callback %d",
+              i);
     w->got[i][w->n_got[i]++] = token;
     w->finished[i] = finished;
     return NULL;
@@ -123,10 +125,10 @@ static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_c
     assert_true(st->max_tokens_in_forward <= cfg->token_budget);
     printf("budget %d%s%s reserve %d: %lld forwards, %lld tokens forwarded, %lld generated, %lld preemptions, "
            "max %d tokens/forward, mean KV use %.2f\n",
-           cfg->token_budget, cfg->prefill_priority ? " prefill-first" : "",
-           cfg->static_batching ? " static" : "", cfg->kv_reserve_tokens, (long long)st->forwards,
-           (long long)st->tokens_forwarded, (long long)st->tokens_generated, (long long)st->preemptions,
-           st->max_tokens_in_forward, st->kv_utilisation_sum / (double)st->forwards);
+           cfg->token_budget, cfg->prefill_priority ? " prefill-first" : "", cfg->static_batching ? " static" : "",
+           cfg->kv_reserve_tokens, (long long)st->forwards, (long long)st->tokens_forwarded,
+           (long long)st->tokens_generated, (long long)st->preemptions, st->max_tokens_in_forward,
+           st->kv_utilisation_sum / (double)st->forwards);
     *out = s;
     return st;
 }
@@ -197,7 +199,8 @@ static void test_stop_sampling_and_refusals(void **state) {
     (void)state;
     dsc_infer_engine *e = make_engine(0);
     int i = 0;
-    while (W.max_new[i] < 4) i++;
+    while (W.max_new[i] < 4)
+        i++;
     int32_t stop = W.expect[i][2];
     int expect_n = 3;
     for (int t = 0; t < 2; t++)
@@ -216,7 +219,8 @@ static void test_stop_sampling_and_refusals(void **state) {
 
     r.n_stop = 0;
     r.max_new_tokens = 12;
-    r.sampling = (dsc_sampling_params){.temperature = 1.5f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.3f};
+    r.sampling =
+        (dsc_sampling_params){.temperature = 1.5f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.3f};
     r.seed = 77;
     generate_one(e, &r, &a);
     generate_one(e, &r, &b);
@@ -227,8 +231,8 @@ static void test_stop_sampling_and_refusals(void **state) {
     assert_true(memcmp(a.tokens, b.tokens, sizeof a.tokens) != 0);
 
     dsc_scheduler *s;
-    assert_ok(dsc_scheduler_create(e, &(dsc_scheduler_config){.token_budget = 8, .kv_reserve_tokens = -1}, NULL, NULL,
-                                   &s));
+    assert_ok(dsc_scheduler_create(e, &(dsc_scheduler_config){.token_budget = 8, .kv_reserve_tokens = -1}, NULL,
+                                   NULL, &s));
     r.max_new_tokens = 64;
     assert_err(dsc_scheduler_submit(s, &r), DSC_ERR_INVALID, "exceeds max_context");
     r.max_new_tokens = 4;
@@ -238,8 +242,8 @@ static void test_stop_sampling_and_refusals(void **state) {
     r.n_prompt = 0;
     assert_err(dsc_scheduler_submit(s, &r), DSC_ERR_INVALID, "needs a prompt");
     dsc_scheduler_destroy(s);
-    assert_err(dsc_scheduler_create(e, &(dsc_scheduler_config){.token_budget = 65}, NULL, NULL, &s), DSC_ERR_CONFIG,
-               "token_budget");
+    assert_err(dsc_scheduler_create(e, &(dsc_scheduler_config){.token_budget = 65}, NULL, NULL, &s),
+               DSC_ERR_CONFIG, "token_budget");
     dsc_infer_engine_destroy(e);
 }
 
