@@ -183,33 +183,36 @@ static const dsc_optimizer_ops plain_ops = {
     .destroy = plain_destroy,
 };
 
+/* Elements per bucket of a group of `numel` elements: `size`, or the whole
+ * group when size <= 0. */
+static int64_t bucket_len(int64_t numel, int64_t size) { return size > 0 ? size : (numel > 0 ? numel : 1); }
+
 /* Cuts each group's flat buffer into buckets of at most `size` elements and
  * records which buckets every parameter overlaps. */
 static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
-    int64_t numel[DSC_PARAM_GROUP_COUNT];
+    int64_t numel[DSC_PARAM_GROUP_COUNT], per[DSC_PARAM_GROUP_COUNT];
     int count = 0;
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         numel[g] = dsc_params_numel(p->o.params, (dsc_param_group)g);
-        int64_t per = size > 0 ? size : (numel[g] > 0 ? numel[g] : 1);
-        count += (int)((numel[g] + per - 1) / per);
+        per[g] = bucket_len(numel[g], size);
+        count += (int)((numel[g] + per[g] - 1) / per[g]);
     }
     p->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *p->buckets);
     DSC_CHECK(p->buckets, DSC_ERR_NOMEM, "plain optimizer: %d buckets", count);
     int first_of_group[DSC_PARAM_GROUP_COUNT];
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         first_of_group[g] = p->n_buckets;
-        int64_t per = size > 0 ? size : (numel[g] > 0 ? numel[g] : 1);
-        for (int64_t b = 0; b < numel[g]; b += per)
+        for (int64_t b = 0; b < numel[g]; b += per[g])
             p->buckets[p->n_buckets++] =
-                (bucket){(dsc_param_group)g, b, b + per < numel[g] ? b + per : numel[g], 0, 0};
+                (bucket){(dsc_param_group)g, b, b + per[g] < numel[g] ? b + per[g] : numel[g], 0, 0};
     }
     for (int i = 0; i < p->n_params; i++) {
         const dsc_param *param = dsc_params_at(p->o.params, i);
-        int64_t per = size > 0 ? size : (numel[param->group] > 0 ? numel[param->group] : 1);
-        int64_t n = dsc_param_numel(param);
-        p->first_bucket[i] = first_of_group[param->group] + (int)(param->offset / per);
-        p->last_bucket[i] = first_of_group[param->group] + (int)((param->offset + (n > 0 ? n - 1 : 0)) / per);
-        if (n == 0) p->last_bucket[i] = p->first_bucket[i] - 1;
+        int64_t n = dsc_param_numel(param), len = per[param->group];
+        p->first_bucket[i] = first_of_group[param->group] + (int)(param->offset / len);
+        /* an empty parameter overlaps no bucket: last < first */
+        p->last_bucket[i] = n > 0 ? first_of_group[param->group] + (int)((param->offset + n - 1) / len)
+                                  : p->first_bucket[i] - 1;
         for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++) p->buckets[k].params++;
     }
     return NULL;
