@@ -46,6 +46,12 @@ static void usage(FILE *fp) {
           fp);
 }
 
+/* A count given on the command line; -1 when it is not a positive integer. */
+static int positive(const char *text) {
+    int v = atoi(text);
+    return v > 0 ? v : -1;
+}
+
 static dsc_status parse_args(int argc, char **argv, args *a) {
     *a = (args){.sample_tokens = 200, .prompt = "\n", .temperature = 0.8f, .progress = true};
     a->overrides = calloc((size_t)argc, sizeof *a->overrides);
@@ -60,7 +66,7 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
         else if (strcmp(arg, "--temperature") == 0 && has_value) a->temperature = (float)atof(argv[++i]);
         else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
         else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
-        else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = atoi(argv[++i]) > 0 ? atoi(argv[i]) : -1;
+        else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = positive(argv[++i]);
         else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
         else if (!a->config) a->config = arg;
         else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
@@ -71,12 +77,13 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
     return NULL;
 }
 
-static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a) {
+static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a, bool show) {
     size_t n_prompt = strlen(a->prompt);
     if (a->sample_tokens == 0 || n_prompt == 0) return;
     if (cfg->model.vocab_size < DSC_BYTE_VOCAB_SIZE) {
-        printf("dsc-train: no sample: the byte tokenizer needs model.vocab_size >= %d (it is %d)\n",
-               DSC_BYTE_VOCAB_SIZE, cfg->model.vocab_size);
+        if (show)
+            printf("dsc-train: no sample: the byte tokenizer needs model.vocab_size >= %d (it is %d)\n",
+                   DSC_BYTE_VOCAB_SIZE, cfg->model.vocab_size);
         return;
     }
     int32_t *ids = malloc((n_prompt + (size_t)a->sample_tokens) * sizeof *ids);
@@ -88,10 +95,10 @@ static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a) {
         for (size_t i = 0; i < n_prompt; i++) ids[i] = (int32_t)bytes[i];
         s = dsc_trainer_generate(t, ids, (int)n_prompt, a->sample_tokens, a->temperature, cfg->seed, ids);
     }
-    if (!s) {
+    if (!s && show) {
         dsc_byte_tokenizer_decode(ids, (int64_t)n_prompt + a->sample_tokens, text, n_prompt + (size_t)a->sample_tokens + 1);
         printf("---- sample (%d tokens, temperature %.2f) ----\n%s\n----\n", a->sample_tokens, a->temperature, text);
-    } else {
+    } else if (s) {
         fprintf(stderr, "dsc-train: sample: %s\n", dsc_status_message(s));
         dsc_status_free(s);
     }
@@ -171,7 +178,8 @@ static dsc_status train(const args *a, dsc_comm *world) {
     /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
     if (!s && rank == 0 && moe && cfg.moe.ep_size > 1)
         printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d\n", cfg.moe.ep_size);
-    else if (!s && rank == 0) print_sample(t, &cfg, a);
+    /* ZeRO-3 gathers parameters collectively, so every rank generates and rank 0 prints. */
+    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(t, &cfg, a, rank == 0);
     dsc_trainer_destroy(t);
     dsc_groups_free(mw.groups);
     dsc_group_plan_free(&mw.plan);
