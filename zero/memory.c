@@ -73,8 +73,8 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
         double p = d.params + e.params, g = d.grads + e.grads, o = d.optim + e.optim;
         /* stage 3 holds a gathered layer (and the prefetched next one) besides its shards */
         double live = stage == 3 ? 2 * 4.0 * size->largest_layer : 0;
-        fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
-                gib(live));
+        fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f%s\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
+                gib(live), stage == 3 && pp > 1 ? "  (refused with pipeline.stages > 1)" : "");
     }
 }
 
