@@ -281,7 +281,7 @@ dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_ru
     r->stage = dsc_pipe_stage_id(o->stage);
     dsc_status s = count_slots(o, P, r->stage, v, &r->n_slots);
     if (!s) s = pipe_runner_alloc_buffers(r);
-    if (!s) s = pipe_p2p_create(o->pipe, v, o->p2p_timeout_s, &r->p2p);
+    if (!s) s = pipe_p2p_create(o->pipe, v, &r->p2p);
     if (s) {
         pipe_destroy(&r->base);
         return s;

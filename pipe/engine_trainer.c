@@ -100,6 +100,7 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
     dsc_comm *pipe = dsc_groups_get(t->groups, DSC_GROUP_KIND_PIPE);
     dsc_comm *dp = dsc_groups_get(t->groups, DSC_GROUP_KIND_DATA);
     t->stage_id = dsc_comm_rank(pipe);
+    DSC_TRY(dsc_comm_set_timeout(pipe, cfg->pipeline.p2p_timeout_s));
     int M = (int)cfg->gradient_accumulation_steps;
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = t->mc.seq_len;
     dsc_data_loader_options dl = {cfg->data.path, cfg->data.val_fraction, t->mc.vocab_size, B, T, M,
@@ -138,7 +139,6 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .B = B,
         .T = T,
         .activation_checkpoint_interval = cfg->pipeline.activation_checkpoint_interval,
-        .p2p_timeout_s = cfg->pipeline.p2p_timeout_s,
         .rng = &t->layer_rng,
     };
     DSC_TRY(dsc_pipe_runner_create(&ro, &t->runner));

@@ -25,7 +25,14 @@
 #include "pipe/p2p.h"
 
 enum { META_LEN = 16, META_MAGIC = 0x44534350 /* "DSCP" */ };
-enum { TAG_META = 1, TAG_ACTIVATION = 2, TAG_GRAD = 3 };
+enum { TAG_META = 0, TAG_ACTIVATION = 1, TAG_GRAD = 2, TAG_KINDS = 3, TAG_EPOCHS = 10000 };
+
+/* p2p sets this process has created: each set's tags are offset by its
+ * epoch, agreed over the pipe, so a message left unreceived by a failed
+ * pipeline never matches a receive of a later one on the same communicator.
+ * (The transfers use the pipe communicator itself: freeing a private one
+ * with unreceived messages lets MPI hand its context to the next one.) */
+static int32_t p2p_epochs;
 
 typedef struct edge {
     int32_t meta_out[META_LEN]; /* header being sent to this peer virtual stage */
@@ -38,16 +45,18 @@ typedef struct edge {
 struct pipe_p2p {
     dsc_comm *comm;
     int stage, stages, chunks;
-    bool tags; /* distinct tags per message kind (MPI); NCCL takes only tag 0 */
+    bool tags;    /* distinct tags per message kind and epoch (MPI); NCCL takes only tag 0 */
+    int tag_base; /* 1 + TAG_KINDS * epoch */
     edge *edges; /* [stages * chunks] by peer virtual stage */
     dsc_comm_request **pending;
     int n_pending, cap_pending;
 };
 
-dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, double timeout_s, pipe_p2p **out) {
+dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, pipe_p2p **out) {
     *out = NULL;
     pipe_p2p *p = calloc(1, sizeof *p);
     DSC_CHECK(p, DSC_ERR_NOMEM, "pipeline p2p: out of memory");
+    p->comm = pipe;
     p->stage = dsc_comm_rank(pipe);
     p->stages = dsc_comm_size(pipe);
     p->chunks = chunks;
@@ -55,16 +64,16 @@ dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, double timeout_s, pipe_p2
     p->edges = calloc((size_t)(p->stages * chunks), sizeof *p->edges);
     p->cap_pending = 8;
     p->pending = calloc((size_t)p->cap_pending, sizeof *p->pending);
-    int *all = malloc((size_t)p->stages * sizeof *all);
-    dsc_status s = p->edges && p->pending && all ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline p2p: tables");
-    for (int i = 0; all && i < p->stages; i++) all[i] = i;
-    if (!s) s = dsc_comm_create_sub(pipe, all, p->stages, "pipe-p2p", &p->comm);
-    if (!s && timeout_s > 0) s = dsc_comm_set_timeout(p->comm, timeout_s);
-    free(all);
+    dsc_status s = p->edges && p->pending ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline p2p: tables");
+    int32_t epoch = p2p_epochs;
+    dsc_tensor e = dsc_tensor_view(&epoch, DSC_DTYPE_I32, 1, (int64_t[]){1}, DSC_CPU);
+    if (!s) s = dsc_comm_allreduce(pipe, &e, DSC_REDUCE_OP_MAX);
     if (s) {
         pipe_p2p_destroy(p);
-        return s;
+        return dsc_error_wrap(s, "pipeline p2p: agreeing on the message tags");
     }
+    p2p_epochs = epoch + 1;
+    p->tag_base = 1 + TAG_KINDS * (epoch % TAG_EPOCHS);
     *out = p;
     return NULL;
 }
@@ -72,7 +81,6 @@ dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, double timeout_s, pipe_p2
 void pipe_p2p_destroy(pipe_p2p *p) {
     if (!p) return;
     dsc_status_free(pipe_p2p_wait_sends(p));
-    dsc_comm_free(p->comm);
     free(p->edges);
     free(p->pending);
     free(p);
@@ -83,7 +91,7 @@ void pipe_p2p_begin_batch(pipe_p2p *p) {
 }
 
 static edge *edge_of(pipe_p2p *p, int peer_stage, int peer_chunk) { return &p->edges[peer_chunk * p->stages + peer_stage]; }
-static int tag(const pipe_p2p *p, int kind) { return p->tags ? kind : 0; }
+static int tag(const pipe_p2p *p, int kind) { return p->tags ? p->tag_base + kind : 0; }
 
 static dsc_status post_send(pipe_p2p *p, const dsc_tensor *t, int peer, int kind) {
     if (p->n_pending == p->cap_pending) {

@@ -8,9 +8,9 @@
 
 typedef struct pipe_p2p pipe_p2p;
 
-/* Collective over `pipe` (comm rank = stage): a private communicator whose
- * operations time out after timeout_s (<= 0: pipe's timeout). */
-dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, double timeout_s, pipe_p2p **out);
+/* Collective over `pipe` (comm rank = stage), which it borrows: transfers
+ * time out after pipe's timeout. */
+dsc_status pipe_p2p_create(dsc_comm *pipe, int chunks, pipe_p2p **out);
 void pipe_p2p_destroy(pipe_p2p *p);
 
 /* Starts a batch: the first activation on each edge carries a meta header

@@ -144,14 +144,14 @@ bool dsc_pipe_tied_counts_in_norm(const dsc_param *param, void *ctx);
 typedef struct dsc_pipe_runner_options {
     const dsc_pipe_module *module;
     dsc_pipe_stage *stage;
-    dsc_comm *pipe;           /* stages of this pipeline (comm rank = stage) */
+    dsc_comm *pipe;           /* stages of this pipeline (comm rank = stage); its timeout bounds every
+                                 p2p transfer (the trainer sets pipeline.p2p_timeout_s) */
     dsc_pipe_tied *tied;      /* NULL: no tied layers */
     dsc_optimizer *optimizer; /* layer hooks and grads_ready */
     dsc_schedule_kind schedule; /* DSC_SCHEDULE_TRAIN_1F1B, _GPIPE or _INTERLEAVED (chunks from the module) */
     int micro_batches;        /* M the activation slots are sized for */
     int64_t B, T;             /* micro-batch shape */
     int activation_checkpoint_interval; /* k > 0: runs of k local layers keep only their input (DeepSpeed's) */
-    double p2p_timeout_s;     /* <= 0: the pipe communicator's timeout */
     dsc_rng *rng;             /* for stochastic layers; may be NULL */
 } dsc_pipe_runner_options;
 

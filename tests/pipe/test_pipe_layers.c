@@ -125,6 +125,7 @@ void test_const_source_init(test_const_source *s, int micro_batches, int32_t inp
 dsc_status test_pipe_build(dsc_comm *pipe, const test_pipe_spec *spec, test_pipe *tp) {
     memset(tp, 0, sizeof *tp);
     test_pipe_register_layers();
+    DSC_TRY(dsc_comm_set_timeout(pipe, spec->timeout_s));
     dsc_model_config_defaults(&tp->mc, DSC_ARCH_GPT);
     tp->mc.d_model = 1;
     dsc_pipe_layer_spec layers[16];
@@ -152,7 +153,6 @@ dsc_status test_pipe_build(dsc_comm *pipe, const test_pipe_spec *spec, test_pipe
         .micro_batches = spec->micro_batches,
         .B = 1,
         .T = 1,
-        .p2p_timeout_s = spec->timeout_s,
     };
     return dsc_pipe_runner_create(&ro, &tp->runner);
 }
