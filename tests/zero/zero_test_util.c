@@ -27,9 +27,11 @@ void toy_spec_default(toy_spec *spec) {
 void toy_model_init(toy_model *m, const toy_spec *spec, int rank) {
     memset(m, 0, sizeof *m);
     m->rank = rank;
+    m->layer_base = spec->layer_base;
     assert_ok(dsc_params_create(&m->store, DSC_CPU, 1234));
     dsc_param *params[TOY_MAX_PARAMS];
     for (int i = 0; i < spec->n_params; i++) {
+        if (spec->absent[i]) continue;
         char name[64];
         bool expert = spec->flags[i] & DSC_PARAM_EXPERT;
         snprintf(name, sizeof name, "%s.p%d", expert ? spec->expert_prefix : spec->prefix, i);
@@ -89,8 +91,8 @@ static void backward(toy_model *m, dsc_optimizer *opt, int l, int step, int micr
         assert_non_null(v);
         int64_t n = dsc_param_numel(p);
         for (int64_t i = 0; i < n; i++)
-            g[i] += 0.5f * v[i] + 0.3f * sinf(0.37f * (float)i + 1.3f * (float)(l + j) + 0.7f * (float)step +
-                                              0.11f * (float)micro + 0.5f * (float)m->rank);
+            g[i] += 0.5f * v[i] + 0.3f * sinf(0.37f * (float)i + 1.3f * (float)(m->layer_base + l + j) +
+                                              0.7f * (float)step + 0.11f * (float)micro + 0.5f * (float)m->rank);
     }
     assert_ok(dsc_optimizer_after_layer(opt, layer, true));
     if (last) assert_ok(dsc_optimizer_grads_ready(opt, layer));
@@ -128,6 +130,7 @@ void toy_train(toy_model *m, dsc_optimizer *opt, const toy_run *run, bool *clipp
                 backward_all(m, opt, s, b, M), b++;
             }
         }
+        if (run->before_reduce) run->before_reduce(m, run->ctx);
         assert_ok(dsc_optimizer_reduce_grads(opt));
         dsc_optim_stats st;
         assert_ok(dsc_optimizer_step(opt, run->lr, &st));

@@ -18,7 +18,8 @@ typedef struct toy_model {
     dsc_layer layers[TOY_MAX_LAYERS];
     dsc_layer *layer_ptrs[TOY_MAX_LAYERS];
     int n_layers;
-    int rank; /* the data-parallel rank: gradients differ per rank */
+    int rank;       /* the data-parallel rank: gradients differ per rank */
+    int layer_base; /* global index of layers[0]: gradients depend on it */
 } toy_model;
 
 typedef struct toy_spec {
@@ -29,6 +30,8 @@ typedef struct toy_spec {
     int layer_params[TOY_MAX_LAYERS][TOY_MAX_PARAMS]; /* parameter indices, -1 ends the list */
     const char *prefix;                               /* parameter name prefix */
     const char *expert_prefix;                        /* name prefix of DSC_PARAM_EXPERT parameters */
+    bool absent[TOY_MAX_PARAMS];                      /* not declared here (another pipeline stage holds it) */
+    int layer_base;                                   /* global index of the first layer (pipeline stages) */
 } toy_spec;
 
 /* The standard toy: 9 parameters of awkward sizes over 5 layers, the first
@@ -43,6 +46,9 @@ typedef struct toy_run {
     int micro_batches;
     bool interleave; /* hooks in 1F1B order over the micro-batches instead of one after another */
     double lr;
+    /* Called after the batch's hooks, before reduce_grads (a pipeline's ReduceTiedGrads); may be NULL. */
+    void (*before_reduce)(toy_model *m, void *ctx);
+    void *ctx;
 } toy_run;
 
 /* Runs `run.steps` steps: hooks, synthetic gradients, reduce_grads, step;
