@@ -6,7 +6,8 @@
  * parameters as one process accumulating M * DP micro-batches of the same
  * global batch (dsc_trainer, no communicator), computed on every rank.
  * Tolerance: 1e-5 relative (losses; parameters per tensor against the
- * tensor's largest value). Every partition method takes part. The key
+ * tensor's largest value). Every partition method takes part, and ZeRO
+ * stages 1 and 2 (zero/, through the trainer's optimizer hook) with 1F1B. The key
  * bias is left out (qkv_bias false): its gradient is exactly zero, so AdamW
  * turns rounding noise into +-lr steps in any summation order (docs/models.md). */
 #include <math.h>
@@ -17,6 +18,7 @@
 
 #include "../engine/train_fixture.h"
 #include "dsc/pipe.h"
+#include "dsc/zero.h"
 #include "test_mpi.h"
 
 enum { STEPS = 3 };
@@ -33,6 +35,7 @@ typedef struct pipe_case {
     int ckpt;             /* activation_checkpoint_interval */
     bool untied;
     const char *method;
+    int zero; /* zero_optimization.stage */
 } pipe_case;
 
 static char data_path[128];
@@ -73,19 +76,20 @@ static void compare_params(dsc_param_store *got, dsc_param_store *want, double *
 
 static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref) {
     int DP = dsc_comm_size(world) / P;
-    char stages[48], sched[48], accum[48], ckpt[64], method[96];
+    char stages[48], sched[48], accum[48], ckpt[64], method[96], zero[48];
     snprintf(stages, sizeof stages, "pipeline.stages=%d", P);
     snprintf(sched, sizeof sched, "pipeline.schedule=%s", c->schedule);
     snprintf(accum, sizeof accum, "gradient_accumulation_steps=%d", c->M);
     snprintf(ckpt, sizeof ckpt, "pipeline.activation_checkpoint_interval=%d", c->ckpt);
     snprintf(method, sizeof method, "pipeline.partition_method=%s", c->method);
+    snprintf(zero, sizeof zero, "zero_optimization.stage=%d", c->zero);
     bool inter = strcmp(c->schedule, "interleaved") == 0;
     const char *over[] = {"model.n_layer=6", "model.qkv_bias=false", stages, sched, accum, ckpt, method,
                           c->untied ? "model.tie_embeddings=false" : "model.tie_embeddings=true",
-                          "pipeline.p2p_timeout_s=60", inter ? "pipeline.virtual_stages=2" : "pipeline.virtual_stages=1"};
+                          "pipeline.p2p_timeout_s=60", inter ? "pipeline.virtual_stages=2" : "pipeline.virtual_stages=1", zero};
     dsc_config cfg;
-    train_fixture_config(&cfg, data_path, over, 10, DP);
-    dsc_pipe_trainer_options o = {.cfg = &cfg, .world = world};
+    train_fixture_config(&cfg, data_path, over, 11, DP);
+    dsc_pipe_trainer_options o = {.cfg = &cfg, .world = world, .hooks.make_optimizer = dsc_zero_make_optimizer};
     dsc_pipe_trainer *t;
     assert_ok(dsc_pipe_trainer_create(&o, &t));
     double worst_loss = 0, worst_param = 0;
@@ -96,9 +100,10 @@ static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref)
     }
     compare_params(dsc_pipe_trainer_params(t), dsc_trainer_params(ref->trainer), &worst_param);
     if (dsc_comm_rank(world) == 0)
-        printf("  P=%d DP=%d M=%d %-11s ckpt=%d %-6s %-12s: loss rel err %.2e, param rel err %.2e (stage 0; "
+        printf("  P=%d DP=%d M=%d %-11s ckpt=%d %-6s %-12s zero %d: loss rel err %.2e, param rel err %.2e (stage 0; "
                "losses %.4f -> %.4f)\n",
-               P, DP, c->M, c->schedule, c->ckpt, c->untied ? "untied" : "tied", c->method, worst_loss, worst_param,
+               P, DP, c->M, c->schedule, c->ckpt, c->untied ? "untied" : "tied", c->method, c->zero, worst_loss,
+               worst_param,
                ref->losses[0], ref->losses[STEPS - 1]);
     assert_true(worst_loss <= 1e-5);
     assert_true(worst_param <= 1e-5);
@@ -123,11 +128,12 @@ static void test_pipeline_equals_one_process(void **state) {
     snprintf(data_path, sizeof data_path, "/tmp/dsc_test_pipe_eq_%d.tok", (int)getpid());
     train_fixture_tokens(data_path, 20000);
     static const pipe_case cases[] = {
-        {"1f1b", 1, 0, false, "parameters"},  {"1f1b", 3, 0, false, "parameters"},
-        {"1f1b", 8, 0, false, "uniform"},     {"gpipe", 1, 0, false, "type:block"},
-        {"gpipe", 3, 0, false, "type:block"}, {"gpipe", 8, 0, false, "parameters"},
-        {"interleaved", 8, 0, false, "uniform"}, {"1f1b", 3, 2, false, "parameters"},
-        {"interleaved", 8, 1, false, "uniform"}, {"1f1b", 3, 0, true, "uniform"},
+        {"1f1b", 1, 0, false, "parameters", 0},  {"1f1b", 3, 0, false, "parameters", 0},
+        {"1f1b", 8, 0, false, "uniform", 0},     {"gpipe", 1, 0, false, "type:block", 0},
+        {"gpipe", 3, 0, false, "type:block", 0}, {"gpipe", 8, 0, false, "parameters", 0},
+        {"interleaved", 8, 0, false, "uniform", 0}, {"1f1b", 3, 2, false, "parameters", 0},
+        {"interleaved", 8, 1, false, "uniform", 0}, {"1f1b", 3, 0, true, "uniform", 0},
+        {"1f1b", 3, 0, false, "parameters", 1}, {"1f1b", 3, 0, false, "parameters", 2},
     };
     reference refs[16];
     int n_refs = 0;
