@@ -5,9 +5,10 @@
  * NCCL for CUDA tensors (when dsc is built with CUDA). Every operation is
  * bounded by the communicator's timeout: a peer that never arrives yields
  * DSC_ERR_TIMEOUT naming the operation, the communicator and (for
- * point-to-point) the peer, instead of a hang. Every operation also counts the
- * bytes this rank sent and received, by operation type (see docs/comm.md for
- * the exact counting rule).
+ * point-to-point) the peer, instead of a hang; the message also says which
+ * peers had not answered and on which hosts they run (docs/comm.md, "No
+ * hangs"). Every operation also counts the bytes this rank sent and
+ * received, by operation type (see docs/comm.md for the exact counting rule).
  *
  * Not here: which ranks form which group (dsc/topology.h), and anything about
  * what the tensors mean. */
@@ -86,6 +87,9 @@ const char *dsc_comm_name(const dsc_comm *c);
 const char *dsc_comm_backend_name(const dsc_comm *c); /* "mpi" or "nccl" */
 /* The world rank of this communicator's rank `rank`. */
 int dsc_comm_world_rank(const dsc_comm *c, int rank);
+/* The host this communicator's rank `rank` runs on (MPI_Get_processor_name,
+ * gathered when the world communicator was created). */
+const char *dsc_comm_host(const dsc_comm *c, int rank);
 
 double dsc_comm_timeout(const dsc_comm *c);
 dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s);

@@ -77,6 +77,7 @@ static dsc_status begin(dsc_comm *c, dsc_comm_op op) {
     DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", dsc_comm_op_name(op),
               c->name, c->broken);
     c->deadline = dsc_comm_now() + c->opts.timeout_s;
+    c->seq++;
     return NULL;
 }
 

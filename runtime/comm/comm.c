@@ -1,7 +1,8 @@
 /* comm.c — communicator lifecycle: MPI start-up, the world communicator,
  * sub-communicators from member lists (with an agreement step so that bad
  * lists become errors on every rank rather than a hang), accessors and the
- * byte counters' storage.
+ * byte counters' storage. Every communicator is registered with the
+ * watchdog (watchdog.c) while it lives.
  * Not here: the operations (collectives.c) or how bytes move (backends). */
 #include <stdio.h>
 #include <string.h>
@@ -81,6 +82,7 @@ static dsc_status comm_start(dsc_comm *c) {
     DSC_TRY(dsc_comm_mpi_check(rc, "MPI_Group_translate_ranks", c));
     DSC_TRY(dsc_comm_mpi_check(MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", c));
     c->deadline = dsc_comm_now() + c->opts.timeout_s;
+    DSC_TRY(dsc_comm_watch_attach(c));
     return c->backend->init(c);
 }
 
@@ -224,6 +226,7 @@ dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, 
 
 void dsc_comm_free(dsc_comm *c) {
     if (!c) return;
+    dsc_comm_watch_detach(c);
     if (c->backend && c->impl) c->backend->fini(c);
     if (c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
     dsc_mem_free(c->world_ranks, (size_t)c->size * sizeof(int), DSC_MEM_COMM, DSC_CPU);
@@ -255,6 +258,11 @@ const char *dsc_comm_backend_name(const dsc_comm *c) {
 int dsc_comm_world_rank(const dsc_comm *c, int rank) {
     DSC_ASSERT(rank >= 0 && rank < c->size);
     return c->world_ranks[rank];
+}
+
+const char *dsc_comm_host(const dsc_comm *c, int rank) {
+    DSC_ASSERT(rank >= 0 && rank < c->size);
+    return dsc_comm_watch_host(c->world_ranks[rank]);
 }
 
 double dsc_comm_timeout(const dsc_comm *c) {

@@ -27,6 +27,10 @@ struct dsc_comm {
     double deadline;  /* of the blocking operation in progress (dsc_comm_now clock) */
     char broken[160]; /* non-empty after a collective timed out: later calls refuse */
     dsc_comm_stats stats;
+    int64_t seq;          /* collectives entered so far (the watchdog compares it across ranks) */
+    int64_t watch_id;     /* the same on every member: hash of name and world ranks */
+    bool watched;         /* registered with the watchdog */
+    dsc_comm *watch_next; /* the watchdog's registry of live communicators */
 };
 
 struct dsc_comm_request {
@@ -79,6 +83,23 @@ typedef dsc_status (*dsc_comm_test_fn)(void *arg, bool *done);
 dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer);
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg);
+
+/* The watchdog (watchdog.c): host names and the diagnosis of timeouts.
+ * attach registers a communicator (the first one, a world, also creates the
+ * side communicator and gathers every rank's host name, bounded by its
+ * deadline); detach unregisters it and frees everything with the last one. */
+dsc_status dsc_comm_watch_attach(dsc_comm *c);
+void dsc_comm_watch_detach(dsc_comm *c);
+const char *dsc_comm_watch_host(int world_rank);
+/* What this rank waits for now (c NULL: nothing), which is what it tells
+ * peers that ask; `peer` is a rank of c or -1 for a collective. */
+void dsc_comm_watch_waiting(const dsc_comm *c, const char *what, int peer);
+/* Answers the peers' queries that have arrived; called between tests. */
+void dsc_comm_watch_serve(void);
+/* After a timeout on c: asks the peers concerned (peer, or every other
+ * member for a collective) and writes into `text` which did not answer, which
+ * have not reached the collective and what they wait for. */
+void dsc_comm_watch_diagnose(const dsc_comm *c, int peer, char *text, size_t len);
 
 /* Waits for MPI requests until c->deadline (see dsc_comm_poll). `statuses`
  * may be MPI_STATUSES_IGNORE; an error in one status names its source rank. */

@@ -8,6 +8,8 @@
  * backoff.
  * Sleeping rather than spinning matters when ranks outnumber cores: a
  * spinning rank would steal the CPU its peer needs to make progress.
+ * While it sleeps, a waiting rank answers its peers' watchdog queries, and a
+ * timeout error carries the watchdog's diagnosis of the peers (watchdog.c).
  * Not here: what is being waited for (the backends post the operations). */
 #include <stdio.h>
 #include <time.h>
@@ -24,29 +26,39 @@ double dsc_comm_now(void) {
 }
 
 dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer) {
+    char peers[1536];
+    dsc_comm_watch_diagnose(c, peer, peers, sizeof peers);
     if (peer >= 0)
         return dsc_error(DSC_ERR_TIMEOUT,
-                         "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s", what, peer,
-                         c->world_ranks[peer], c->name, c->opts.timeout_s);
-    return dsc_error(DSC_ERR_TIMEOUT, "%s on communicator \"%s\" (%d ranks) timed out after %g s", what, c->name,
-                     c->size, c->opts.timeout_s);
+                         "%s with peer %d (world rank %d) on communicator \"%s\" timed out after %g s%s", what,
+                         peer, c->world_ranks[peer], c->name, c->opts.timeout_s, peers);
+    return dsc_error(DSC_ERR_TIMEOUT, "%s on communicator \"%s\" (%d ranks) timed out after %g s%s", what, c->name,
+                     c->size, c->opts.timeout_s, peers);
 }
 
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg) {
     long sleep_ns = SLEEP_MIN_NS;
     double spin_until = dsc_comm_now() + SPIN_S;
+    dsc_comm_watch_waiting(c, what, peer);
+    dsc_status s = NULL;
     for (;;) {
         bool done = false;
-        DSC_TRY(test(arg, &done));
-        if (done) return NULL;
+        s = test(arg, &done);
+        if (s || done) break;
         double now = dsc_comm_now();
-        if (now > deadline) return dsc_comm_timeout_error(c, what, peer);
+        if (now > deadline) {
+            s = dsc_comm_timeout_error(c, what, peer);
+            break;
+        }
         if (now < spin_until) continue;
+        dsc_comm_watch_serve();
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
         sleep_ns = sleep_ns * 2 > SLEEP_MAX_NS ? SLEEP_MAX_NS : sleep_ns * 2;
     }
+    dsc_comm_watch_waiting(NULL, NULL, -1);
+    return s;
 }
 
 typedef struct mpi_wait {
