@@ -9,6 +9,7 @@
 
 const char dsc_launch_usage[] =
     "usage: dsc-launch [-n N] [-H|--hostfile FILE] [-i|--include HOSTS | -e|--exclude HOSTS]\n"
+    "                  [--remote-agent COMMAND] [--net CIDR] [--no-host-check]\n"
     "                  [--oversubscribe] [--dry-run] [--mpirun PATH] [--mpi-args \"OPTIONS\"]\n"
     "                  [--] PROGRAM [ARGS...]\n"
     "\n"
@@ -17,6 +18,10 @@ const char dsc_launch_usage[] =
     "                      without it the job runs on this machine\n"
     "  -i, --include HOSTS use only these hosts/slots, e.g. \"worker-1:0,1@worker-2\"\n"
     "  -e, --exclude HOSTS use all but these hosts/slots (same syntax)\n"
+    "  --remote-agent CMD  how mpirun starts its daemon on a host, as `CMD HOST COMMAND`\n"
+    "                      (default: ssh)\n"
+    "  --net CIDR          MPI over TCP on this network only, e.g. 10.1.0.0/16\n"
+    "  --no-host-check     do not ask every host (`AGENT HOST true`) before the start\n"
     "  --oversubscribe     allow more ranks than hostfile slots (automatic without a hostfile)\n"
     "  --dry-run           print the mpirun command and exit\n"
     "  --mpirun PATH       the mpirun to run (default: mpirun on PATH)\n"
@@ -84,6 +89,10 @@ static dsc_status parse_option(int argc, char **argv, int *i, dsc_launch_options
         opt->dry_run = true;
         return NULL;
     }
+    if (strcmp(arg, "--no-host-check") == 0) {
+        opt->no_host_check = true;
+        return NULL;
+    }
     DSC_TRY(take_value(argc, argv, i, "-n", "--np", &value, &m));
     if (m) return parse_np(value, &opt->np);
     DSC_TRY(take_value(argc, argv, i, "-H", "--hostfile", &value, &m));
@@ -104,6 +113,16 @@ static dsc_status parse_option(int argc, char **argv, int *i, dsc_launch_options
     DSC_TRY(take_value(argc, argv, i, NULL, "--mpirun", &value, &m));
     if (m) {
         opt->mpirun = value;
+        return NULL;
+    }
+    DSC_TRY(take_value(argc, argv, i, NULL, "--remote-agent", &value, &m));
+    if (m) {
+        opt->remote_agent = value;
+        return NULL;
+    }
+    DSC_TRY(take_value(argc, argv, i, NULL, "--net", &value, &m));
+    if (m) {
+        opt->net = value;
         return NULL;
     }
     DSC_TRY(take_value(argc, argv, i, NULL, "--mpi-args", &value, &m));
@@ -132,6 +151,9 @@ dsc_status dsc_launch_parse_args(int argc, char **argv, dsc_launch_options *opt)
     dsc_status st = NULL;
     if (opt->include && opt->exclude)
         st = dsc_error(DSC_ERR_INVALID, "--include and --exclude cannot be combined");
+    else if ((opt->remote_agent || opt->net) && !opt->hostfile)
+        st = dsc_error(DSC_ERR_INVALID, "%s needs --hostfile (without one the job runs on this machine)",
+                       opt->remote_agent ? "--remote-agent" : "--net");
     else if (opt->n_program == 0)
         st = dsc_error(DSC_ERR_INVALID, "missing PROGRAM to run (see dsc-launch --help)");
     if (st) dsc_launch_options_free(opt);

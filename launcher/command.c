@@ -1,6 +1,7 @@
 /* From options and hosts to the mpirun command: rank count, slots per host,
  * oversubscription, running as root, one thread per rank, the DSC_*
- * environment, extra mpirun options, then the program. Builds argv only;
+ * environment, the remote agent and the network (Open MPI's MCA options),
+ * extra mpirun options, then the program. Builds argv only;
  * running it is supervise.c's job. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <stdio.h>
@@ -36,6 +37,12 @@ static dsc_status push(dsc_launch_command *cmd, const char *arg) {
     DSC_CHECK(cmd->argv[cmd->argc], DSC_ERR_NOMEM, "building the mpirun command");
     cmd->argv[++cmd->argc] = NULL;
     return NULL;
+}
+
+static dsc_status push_mca(dsc_launch_command *cmd, const char *name, const char *value) {
+    DSC_TRY(push(cmd, "--mca"));
+    DSC_TRY(push(cmd, name));
+    return push(cmd, value);
 }
 
 static int compare_strings(const void *a, const void *b) {
@@ -115,6 +122,14 @@ static dsc_status build(const dsc_launch_options *opt, const dsc_launch_hosts *h
     if (np > slots || opt->oversubscribe) DSC_TRY(push(cmd, "--oversubscribe"));
     if (opt->hostfile) DSC_TRY(push_hosts(cmd, hosts));
     DSC_TRY(push_environment(cmd, env->environ));
+    if (opt->remote_agent) DSC_TRY(push_mca(cmd, "plm_rsh_agent", opt->remote_agent));
+    if (opt->net) {
+        /* Ranks of one host talk through shared memory, hosts through TCP on
+         * the given network; mpirun's own daemons use the same network. */
+        DSC_TRY(push_mca(cmd, "btl", "self,vader,tcp"));
+        DSC_TRY(push_mca(cmd, "btl_tcp_if_include", opt->net));
+        DSC_TRY(push_mca(cmd, "oob_tcp_if_include", opt->net));
+    }
     for (int i = 0; i < opt->n_mpi_args; i++)
         DSC_TRY(push(cmd, opt->mpi_args[i]));
     for (int i = 0; i < opt->n_program; i++)

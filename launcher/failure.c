@@ -1,7 +1,8 @@
 /* Reading a job's output for the failed rank and the reason. Two sources:
  * Open MPI's own reports (mpirun names the first process that exited with a
  * non-zero status, died of a signal, called MPI_Abort or skipped
- * MPI_Finalize), and what a dsc program prints when it fails,
+ * MPI_Finalize, and a host whose daemon it lost), and what a dsc program
+ * prints when it fails,
  *     dsc: rank 3 failed: <message>      (the failure note)
  *     dsc-train: rank 3: <message>       (an app's error line)
  * which carries the reason. Pure text processing: no processes, no I/O.
@@ -67,12 +68,21 @@ bool dsc_launch_failure_scan(dsc_launch_failure *f, const char *line) {
         if (f->kind == DSC_LAUNCH_FAILURE_KIND_NONE) f->expect = EXPECT_EXIT_CODE;
         return report(f, DSC_LAUNCH_FAILURE_KIND_EXIT, rank, -1);
     }
-    char name[32];
+    char name[32], node[64];
     if ((p = strstr(line, "mpirun noticed that process rank ")) &&
-        sscanf(p, "mpirun noticed that process rank %d with PID %*d on node %*s exited on signal %d (%31[^)])",
-               &rank, &code, name) == 3) {
-        if (f->kind == DSC_LAUNCH_FAILURE_KIND_NONE) snprintf(f->signal_name, sizeof f->signal_name, "%s", name);
+        sscanf(p, "mpirun noticed that process rank %d with PID %*d on node %63s exited on signal %d (%31[^)])",
+               &rank, node, &code, name) == 4) {
+        if (f->kind == DSC_LAUNCH_FAILURE_KIND_NONE) {
+            snprintf(f->signal_name, sizeof f->signal_name, "%s", name);
+            snprintf(f->host, sizeof f->host, "%s", node);
+        }
         return report(f, DSC_LAUNCH_FAILURE_KIND_SIGNAL, rank, code);
+    }
+    /* "Remote daemon: [[1234,0],1] on node worker-2": the host is gone or cut off. */
+    if ((p = strstr(line, "Remote daemon: [[")) &&
+        sscanf(p, "Remote daemon: [[%*d,%*d],%*d] on node %63s", node) == 1) {
+        if (f->kind == DSC_LAUNCH_FAILURE_KIND_NONE) snprintf(f->host, sizeof f->host, "%s", node);
+        return report(f, DSC_LAUNCH_FAILURE_KIND_HOST_LOST, -1, 0);
     }
     if ((p = strstr(line, "MPI_ABORT was invoked on rank ")) &&
         sscanf(p, "MPI_ABORT was invoked on rank %d", &rank) == 1) {
@@ -95,6 +105,8 @@ void dsc_launch_failure_describe(const dsc_launch_failure *f, char *out, size_t 
     *out = '\0';
     if (f->kind == DSC_LAUNCH_FAILURE_KIND_NONE && f->n_notes == 0) return;
     int rank = f->kind != DSC_LAUNCH_FAILURE_KIND_NONE ? f->rank : f->note[0].rank;
+    char where[80] = ""; /* " on host X" when mpirun's report named it */
+    if (f->host[0] && f->name_hosts) snprintf(where, sizeof where, " on host %s", f->host);
     size_t used;
     switch (f->kind) {
     case DSC_LAUNCH_FAILURE_KIND_EXIT:
@@ -102,7 +114,14 @@ void dsc_launch_failure_describe(const dsc_launch_failure *f, char *out, size_t 
                             : (size_t)snprintf(out, len, "rank %d exited with a non-zero status", rank);
         break;
     case DSC_LAUNCH_FAILURE_KIND_SIGNAL:
-        used = (size_t)snprintf(out, len, "rank %d killed by signal %d (%s)", rank, f->code, f->signal_name);
+        used =
+            (size_t)snprintf(out, len, "rank %d%s killed by signal %d (%s)", rank, where, f->code, f->signal_name);
+        break;
+    case DSC_LAUNCH_FAILURE_KIND_HOST_LOST:
+        used = (size_t)snprintf(out, len,
+                                "mpirun lost contact with host %s (its daemon died or the network to it "
+                                "failed)",
+                                f->host);
         break;
     case DSC_LAUNCH_FAILURE_KIND_ABORT:
         used = (size_t)snprintf(out, len, "rank %d called MPI_Abort with error code %d", rank, f->code);

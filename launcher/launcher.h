@@ -54,8 +54,11 @@ typedef struct dsc_launch_options {
     const char *exclude;
     bool oversubscribe; /* allow more ranks than slots with a hostfile */
     bool dry_run;
-    const char *mpirun;    /* "mpirun" unless --mpirun PATH */
-    const char **mpi_args; /* (n_mpi_args) extra mpirun options, split on blanks */
+    const char *mpirun;       /* "mpirun" unless --mpirun PATH */
+    const char *remote_agent; /* --remote-agent: how mpirun reaches a host (ssh when NULL) */
+    const char *net;          /* --net CIDR: MPI and mpirun's own traffic only over this network */
+    bool no_host_check;       /* --no-host-check: skip asking every host before the start */
+    const char **mpi_args;    /* (n_mpi_args) extra mpirun options, split on blanks */
     int n_mpi_args;
     char **program; /* (n_program) PROGRAM ARGS... */
     int n_program;
@@ -93,16 +96,29 @@ dsc_status dsc_launch_build_command(const dsc_launch_options *opt, const dsc_lau
 char *dsc_launch_command_string(const dsc_launch_command *cmd);
 void dsc_launch_command_free(dsc_launch_command *cmd);
 
+/* ---- asking every host before the start (hostcheck.c) ------------------------ */
+
+/* True when `name` is this machine (localhost, 127.x, or its host name):
+ * mpirun starts its ranks without the remote agent. */
+bool dsc_launch_host_is_local(const char *name);
+
+/* Runs `AGENT HOST true` (AGENT: --remote-agent, split on blanks, or ssh) for
+ * every selected host that is not this machine, all at once, and waits at
+ * most timeout_s. An error names every host that failed, with the agent's
+ * last line of output or "no answer within N s". */
+dsc_status dsc_launch_check_hosts(const dsc_launch_options *opt, const dsc_launch_hosts *hosts, double timeout_s);
+
 /* ---- reading the job's output for failures (failure.c) ---------------------- */
 
 enum { DSC_LAUNCH_MAX_NOTES = 8 };
 
 typedef enum dsc_launch_failure_kind {
     DSC_LAUNCH_FAILURE_KIND_NONE = 0,
-    DSC_LAUNCH_FAILURE_KIND_EXIT,    /* non-zero exit status */
-    DSC_LAUNCH_FAILURE_KIND_SIGNAL,  /* killed by a signal */
-    DSC_LAUNCH_FAILURE_KIND_ABORT,   /* MPI_Abort */
-    DSC_LAUNCH_FAILURE_KIND_IMPROPER /* exited without MPI_Finalize */
+    DSC_LAUNCH_FAILURE_KIND_EXIT,     /* non-zero exit status */
+    DSC_LAUNCH_FAILURE_KIND_SIGNAL,   /* killed by a signal */
+    DSC_LAUNCH_FAILURE_KIND_ABORT,    /* MPI_Abort */
+    DSC_LAUNCH_FAILURE_KIND_IMPROPER, /* exited without MPI_Finalize */
+    DSC_LAUNCH_FAILURE_KIND_HOST_LOST /* mpirun lost contact with a host's daemon */
 } dsc_launch_failure_kind;
 
 /* What the output said about failed ranks: mpirun's report of the first
@@ -112,6 +128,8 @@ typedef struct dsc_launch_failure {
     int rank; /* of mpirun's report; -1 when none */
     int code; /* exit status, signal number or MPI_Abort error code */
     char signal_name[32];
+    char host[64];   /* where the failure happened, when mpirun's report names it */
+    bool name_hosts; /* the verdict names the host (a multi-host job); false after init */
     int n_notes;
     struct {
         int rank;
@@ -140,7 +158,8 @@ typedef struct dsc_launch_timing {
 /* Runs the command with its output passed through, watching for failures;
  * makes sure no process of the job survives. Returns the launcher's exit
  * status (0 only when mpirun succeeded and no rank reported a failure) and
- * prints the verdict line on failure. */
-int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing);
+ * prints the verdict line on failure, naming the failed rank's host when
+ * `name_hosts` (the job runs on a hostfile's hosts). */
+int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing, bool name_hosts);
 
 #endif

@@ -1,6 +1,7 @@
 /* dsc-launch: starts a dsc job through mpirun and reports which rank failed.
  * Parses the command line, picks hosts, sets the per-rank thread defaults,
- * then prints (--dry-run) or runs the command. Everything with logic lives in
+ * asks every remote host whether it answers, then prints (--dry-run) or runs
+ * the command. Everything with logic lives in
  * the dsc_launcher library beside this file so that tests can reach it. */
 #define _POSIX_C_SOURCE 200809L /* setenv, environ */
 #include <stdio.h>
@@ -11,6 +12,9 @@
 #include "launcher/launcher.h"
 
 extern char **environ;
+
+/* How long every remote host has to answer `AGENT HOST true` before the start. */
+static const double HOST_CHECK_S = 10.0;
 
 /* The program must exist here; with a hostfile it only has to exist on the
  * hosts (DeepSpeed assumes a shared file system), so it is not checked. */
@@ -54,6 +58,8 @@ int main(int argc, char **argv) {
     st = dsc_launch_select_hosts(&opt, &env, &hosts);
     if (!st && !opt.hostfile) st = check_program(opt.program[0]);
     if (!st) st = dsc_launch_build_command(&opt, &hosts, &env, &cmd);
+    if (!st && opt.hostfile && !opt.dry_run && !opt.no_host_check)
+        st = dsc_launch_check_hosts(&opt, &hosts, HOST_CHECK_S);
     if (st) {
         dsc_launch_hosts_free(&hosts);
         dsc_launch_options_free(&opt);
@@ -65,7 +71,7 @@ int main(int argc, char **argv) {
         printf("%s\n", line ? line : "");
     } else {
         fprintf(stderr, "dsc-launch: %s\n", line ? line : cmd.argv[0]);
-        rc = dsc_launch_run(&cmd, (dsc_launch_timing){.grace_s = 3.0, .kill_s = 2.0});
+        rc = dsc_launch_run(&cmd, (dsc_launch_timing){.grace_s = 3.0, .kill_s = 2.0}, opt.hostfile != NULL);
     }
     free(line);
     dsc_launch_command_free(&cmd);

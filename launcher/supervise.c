@@ -270,7 +270,7 @@ static int verdict(int status, const dsc_launch_failure *failure, bool watchdog,
     return 1;
 }
 
-int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing) {
+int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing, bool name_hosts) {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     install_handlers();
     stream streams[2];
@@ -281,6 +281,7 @@ int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing) {
     }
     dsc_launch_failure failure;
     dsc_launch_failure_init(&failure);
+    failure.name_hosts = name_hosts;
     double deadline = 0, kill_at = 0;
     bool forwarded = false, watchdog = false;
     int status = 0;
