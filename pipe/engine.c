@@ -290,6 +290,49 @@ dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_ru
     return NULL;
 }
 
+/* One sequence through every virtual stage in order, with one slot and the
+ * loss layer in logits mode; the shape (1, t) differs from training's, which
+ * the meta handshake announces. */
+static dsc_status forward_logits(pipe_runner *r, const dsc_tensor *tokens, dsc_tensor *logits) {
+    int V = r->P * r->v;
+    pipe_slot *slot = &r->slots[0];
+    for (int c = 0; c < r->v; c++) {
+        pipe_chunk *ch = &r->chunks[c];
+        int j = c * r->P + r->stage;
+        if (j > 0)
+            DSC_TRY(pipe_p2p_recv_activation(r->p2p, &slot->input_buf, c, (j - 1) % r->P, (j - 1) / r->P, &slot->input));
+        dsc_micro_ctx ctx = {.tokens = ch->first_virtual ? tokens : NULL, .loss_scale = 1.0f, .rng = r->o.rng};
+        DSC_TRY(pipe_p2p_wait_sends(r->p2p));
+        DSC_TRY(pipe_chunk_forward(r, ch, 0, &ctx));
+        if (j < V - 1) {
+            DSC_TRY(pipe_p2p_send_activation(r->p2p, &slot->output, c, (j + 1) % r->P, (j + 1) / r->P));
+            continue;
+        }
+        const dsc_tensor *out = &slot->output; /* (1, t, V) */
+        DSC_CHECK(out->ndim == 3 && out->shape[2] == dsc_tensor_numel(logits), DSC_ERR_INVALID,
+                  "pipeline logits: the last layer gave no (1, t, %lld) logits", (long long)dsc_tensor_numel(logits));
+        int64_t row = out->shape[2] * (out->shape[1] - 1);
+        memcpy(logits->data, (const float *)out->data + row, (size_t)out->shape[2] * sizeof(float));
+    }
+    DSC_TRY(pipe_p2p_wait_sends(r->p2p));
+    return dsc_comm_broadcast(r->o.pipe, logits, r->P - 1);
+}
+
+dsc_status dsc_pipe_runner_logits(dsc_batch_runner *base, const dsc_tensor *tokens, dsc_tensor *logits) {
+    DSC_CHECK(base && base->ops == &pipe_ops, DSC_ERR_INVALID, "pipeline logits: not a pipeline runner");
+    pipe_runner *r = (pipe_runner *)base;
+    DSC_CHECK(tokens->ndim == 2 && tokens->shape[0] == 1 && tokens->shape[1] >= 1 && tokens->shape[1] <= r->o.T,
+              DSC_ERR_INVALID, "pipeline logits: tokens must be (1, t) with 1 <= t <= %lld", (long long)r->o.T);
+    r->training = false;
+    r->M = 1;
+    pipe_p2p_begin_batch(r->p2p);
+    dsc_status s = forward_logits(r, tokens, logits);
+    dsc_status sent = pipe_p2p_wait_sends(r->p2p);
+    if (!s) return sent;
+    dsc_status_free(sent);
+    return dsc_error_wrap(s, "pipeline stage %d: logits of a %lld-token sequence", r->stage, (long long)tokens->shape[1]);
+}
+
 void dsc_pipe_runner_get_stats(const dsc_batch_runner *r, dsc_pipe_runner_stats *out) {
     *out = (dsc_pipe_runner_stats){0};
     if (!r || r->ops != &pipe_ops) return;

@@ -191,4 +191,6 @@ dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t) { return t->runne
 dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t) { return t->params; }
 const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t) { return t->module; }
 dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t) { return t->groups; }
+dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t) { return t->opt; }
+dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t) { return &t->layer_rng; }
 int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t) { return t->stage_id; }

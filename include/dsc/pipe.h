@@ -160,6 +160,11 @@ typedef struct dsc_pipe_runner_options {
  * inference schedule (v = 1) or a forward-only pass over the chunk ring. */
 dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_runner **out);
 
+/* Collective over the pipe: the logits (V floats, f32) of the last position
+ * of one sequence `tokens` (1, t), t <= T, on every stage (for generation;
+ * sampling is the caller's). */
+dsc_status dsc_pipe_runner_logits(dsc_batch_runner *r, const dsc_tensor *tokens, dsc_tensor *logits);
+
 /* What the instrumentation measured on this rank since the last reset:
  * wall time inside train_batch / eval_batch, of which compute (forward and
  * backward handlers); idle = wall - compute is the bubble plus p2p waits. */
@@ -208,6 +213,8 @@ dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t);
 dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t);
 const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t);
 dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t);
+dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t);
+dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t); /* the stream stochastic layers draw from */
 int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t);
 
 #ifdef __cplusplus

@@ -74,6 +74,21 @@ static void compare_params(dsc_param_store *got, dsc_param_store *want, double *
     }
 }
 
+/* Greedy continuation through the pipeline (every rank takes part). */
+static void pipe_greedy(dsc_pipe_trainer *t, int32_t *ids, int n_prompt, int n_new) {
+    int32_t ctx[16];
+    float logits[256];
+    dsc_tensor out = dsc_tensor_view(logits, DSC_DTYPE_F32, 1, (int64_t[]){256}, DSC_CPU);
+    for (int i = n_prompt; i < n_prompt + n_new; i++) {
+        memcpy(ctx, ids, (size_t)i * sizeof *ids);
+        dsc_tensor tokens = dsc_tensor_view(ctx, DSC_DTYPE_I32, 2, (int64_t[]){1, i}, DSC_CPU);
+        assert_ok(dsc_pipe_runner_logits(dsc_pipe_trainer_runner(t), &tokens, &out));
+        int best = 0;
+        for (int v = 1; v < 256; v++) best = logits[v] > logits[best] ? v : best;
+        ids[i] = best;
+    }
+}
+
 static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref) {
     int DP = dsc_comm_size(world) / P;
     char stages[48], sched[48], accum[48], ckpt[64], method[96], zero[48];
@@ -99,6 +114,11 @@ static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref)
         worst_loss = fmax(worst_loss, fabs(m.loss - ref->losses[s]) / fabs(ref->losses[s]));
     }
     compare_params(dsc_pipe_trainer_params(t), dsc_trainer_params(ref->trainer), &worst_param);
+    /* Generation through the stages continues a prompt as the one process does. */
+    int32_t want[12] = {72, 101, 108}, got[12] = {72, 101, 108};
+    assert_ok(dsc_trainer_generate(ref->trainer, want, 3, 9, 0.0f, 1, want));
+    pipe_greedy(t, got, 3, 9);
+    assert_memory_equal(got, want, sizeof want);
     if (dsc_comm_rank(world) == 0)
         printf("  P=%d DP=%d M=%d %-11s ckpt=%d %-6s %-12s zero %d: loss rel err %.2e, param rel err %.2e (stage 0; "
                "losses %.4f -> %.4f)\n",
