@@ -2,6 +2,7 @@
  *
  *   dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]
  *             [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]
+ *             [--resume [TAG|latest]]
  *   dsc-train CONFIG [--set key=value]... --estimate-memory RANKS
  *   dsc-train --plot METRICS.jsonl OUT.svg
  *   dsc-train --prepare TEXT OUT.tok
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsc/checkpoint.h"
 #include "dsc/comm.h"
 #include "dsc/config.h"
 #include "dsc/data.h"
@@ -35,11 +37,13 @@ typedef struct args {
     bool progress;
     bool report_memory; /* per-rank allocator accounting beside ZeRO's formula, after training */
     int estimate_ranks; /* > 0: print ZeRO's per-rank memory for this many ranks and exit */
+    const char *resume; /* checkpoint tag to resume from ("latest"); NULL: start fresh */
 } args;
 
 static void usage(FILE *fp) {
     fputs("usage: dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]\n"
           "                 [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]\n"
+          "                 [--resume [TAG|latest]]\n"
           "       dsc-train CONFIG [--set key=value]... --estimate-memory RANKS\n"
           "       dsc-train --plot METRICS.jsonl OUT.svg\n"
           "       dsc-train --prepare TEXT OUT.tok\n",
@@ -50,6 +54,12 @@ static void usage(FILE *fp) {
 static int positive(const char *text) {
     int v = atoi(text);
     return v > 0 ? v : -1;
+}
+
+/* After --resume: a tag, unless it is an option or the config file. */
+static bool is_tag(const char *word) {
+    size_t n = strlen(word);
+    return word[0] != '-' && !(n > 5 && strcmp(word + n - 5, ".json") == 0);
 }
 
 static dsc_status parse_args(int argc, char **argv, args *a) {
@@ -67,6 +77,7 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
         else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
         else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
         else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = positive(argv[++i]);
+        else if (strcmp(arg, "--resume") == 0) a->resume = has_value && is_tag(argv[i + 1]) ? argv[++i] : "latest";
         else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
         else if (!a->config) a->config = arg;
         else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
@@ -171,6 +182,15 @@ static dsc_status train(const args *a, dsc_comm *world) {
                (long long)cfg.gradient_accumulation_steps, size, cfg.model.seq_len, (long long)cfg.train.steps);
         fflush(stdout);
     }
+    dsc_checkpointer *ckpt = NULL;
+    if (!s && (a->resume || cfg.checkpoint.save_dir[0])) {
+        dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
+                                       MPI_COMM_WORLD, 1, size, moe ? cfg.moe.ep_size : 1,
+                                       dsc_trainer_rng(t), 1, rank == 0};
+        s = dsc_checkpointer_create(&co, &ckpt);
+        if (!s) dsc_engine_set_hook(dsc_trainer_engine(t), dsc_checkpointer_on_step, ckpt);
+        if (!s && a->resume) s = dsc_checkpointer_resume(ckpt, a->resume);
+    }
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
@@ -180,6 +200,7 @@ static dsc_status train(const args *a, dsc_comm *world) {
         printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d\n", cfg.moe.ep_size);
     /* ZeRO-3 gathers parameters collectively, so every rank generates and rank 0 prints. */
     else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(t, &cfg, a, rank == 0);
+    dsc_checkpointer_destroy(ckpt);
     dsc_trainer_destroy(t);
     dsc_groups_free(mw.groups);
     dsc_group_plan_free(&mw.plan);

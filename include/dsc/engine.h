@@ -218,6 +218,8 @@ dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 dsc_param_store *dsc_trainer_params(dsc_trainer *t);
 dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
 int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
+/* The stream stochastic layers draw from (part of the state a resume restores). */
+dsc_rng *dsc_trainer_rng(dsc_trainer *t);
 
 /* Continues `prompt` (n_prompt >= 1 ids) by n_new tokens, recomputing the
  * whole (cropped to seq_len) context for every token: greedy when

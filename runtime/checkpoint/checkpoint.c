@@ -3,6 +3,7 @@
  * pieces of global tensors for the tensor file, and back. */
 #include "dsc/checkpoint.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,18 @@ static dsc_status write_attrs(dsc_tfile *f, const dsc_checkpoint_state *st) {
     return NULL;
 }
 
+/* Fault injection for the crash-safety test: DSC_FAILPOINT=checkpoint_write:R
+ * kills rank R (SIGKILL) after its data is written, before the file is
+ * complete and published — the worst moment for a crash. */
+static void failpoint_after_write(MPI_Comm comm) {
+    const char *fp = getenv("DSC_FAILPOINT");
+    const char *prefix = "checkpoint_write:";
+    if (!fp || strncmp(fp, prefix, strlen(prefix)) != 0) return;
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    if (atoi(fp + strlen(prefix)) == rank) raise(SIGKILL);
+}
+
 static dsc_status write_file(const dsc_checkpoint_state *st, const char *filename) {
     holdings h = {0};
     dsc_status s = dsc_agree(st->comm, collect(st, DSC_CHECKPOINT_FULL, &h));
@@ -134,6 +147,7 @@ static dsc_status write_file(const dsc_checkpoint_state *st, const char *filenam
         s = dsc_agree(st->comm, pieces ? NULL : dsc_error(DSC_ERR_NOMEM, "checkpoint: piece list"));
         for (int i = 0; !s && i < h.count; i++) pieces[i] = h.items[i].piece;
         if (!s) s = dsc_tfile_write_all(f, pieces, h.count);
+        if (!s) failpoint_after_write(st->comm);
         if (!s) s = write_attrs(f, st);
         free(pieces);
         dsc_status closed = dsc_tfile_close(f);

@@ -167,6 +167,7 @@ void dsc_trainer_destroy(dsc_trainer *t) {
 dsc_engine *dsc_trainer_engine(dsc_trainer *t) { return t->engine; }
 dsc_param_store *dsc_trainer_params(dsc_trainer *t) { return t->params; }
 dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t) { return t->opt; }
+dsc_rng *dsc_trainer_rng(dsc_trainer *t) { return &t->layer_rng; }
 
 int64_t dsc_trainer_param_count(const dsc_trainer *t) {
     int64_t n = 0;
