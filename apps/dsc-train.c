@@ -22,6 +22,8 @@
 #include "dsc/data.h"
 #include "dsc/engine.h"
 #include "dsc/kernels.h"
+#include "dsc/pipe.h"
+#include "dsc/sampling.h"
 #include "dsc/moe.h"
 #include "dsc/topology.h"
 #include "dsc/zero.h"
@@ -88,7 +90,16 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
     return NULL;
 }
 
-static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a, bool show) {
+/* Continues a prompt: the data-parallel trainer's generation or the pipeline's. */
+typedef dsc_status (*generate_fn)(void *model, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                                  uint64_t seed, int32_t *out);
+
+static dsc_status trainer_generate(void *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                                   uint64_t seed, int32_t *out) {
+    return dsc_trainer_generate(t, prompt, n_prompt, n_new, temperature, seed, out);
+}
+
+static void print_sample(generate_fn generate, void *model, const dsc_config *cfg, const args *a, bool show) {
     size_t n_prompt = strlen(a->prompt);
     if (a->sample_tokens == 0 || n_prompt == 0) return;
     if (cfg->model.vocab_size < DSC_BYTE_VOCAB_SIZE) {
@@ -104,7 +115,7 @@ static void print_sample(dsc_trainer *t, const dsc_config *cfg, const args *a, b
     if (!s) {
         dsc_byte_tokenizer_encode(a->prompt, n_prompt, bytes);
         for (size_t i = 0; i < n_prompt; i++) ids[i] = (int32_t)bytes[i];
-        s = dsc_trainer_generate(t, ids, (int)n_prompt, a->sample_tokens, a->temperature, cfg->seed, ids);
+        s = generate(model, ids, (int)n_prompt, a->sample_tokens, a->temperature, cfg->seed, ids);
     }
     if (!s && show) {
         dsc_byte_tokenizer_decode(ids, (int64_t)n_prompt + a->sample_tokens, text, n_prompt + (size_t)a->sample_tokens + 1);
@@ -162,9 +173,91 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     return NULL;
 }
 
+/* ---- pipelines (pipeline.stages > 1): pipe/'s PP x DP trainer ------------------------ */
+
+typedef struct pipe_model {
+    dsc_pipe_trainer *trainer;
+    int64_t T, V;
+} pipe_model;
+
+/* Every rank of the pipeline computes the same logits (the last stage
+ * broadcasts them) and draws the same token from the same stream. */
+static dsc_status pipe_generate(void *model, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                                uint64_t seed, int32_t *out) {
+    const pipe_model *pm = model;
+    float *logits = malloc((size_t)pm->V * sizeof *logits);
+    dsc_sample_candidate *scratch = malloc((size_t)pm->V * sizeof *scratch);
+    dsc_status s = logits && scratch ? NULL : dsc_error(DSC_ERR_NOMEM, "generate: out of memory");
+    dsc_rng rng;
+    dsc_rng_init(&rng, seed, 0, DSC_RNG_SAMPLE);
+    dsc_sampling_params sp = {temperature > 0 ? temperature : 0.0f, 0, 1.0f, 1.0f};
+    dsc_tensor row = dsc_tensor_view(logits, DSC_DTYPE_F32, 1, &pm->V, DSC_CPU);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    for (int i = n_prompt; i < n_prompt + n_new && !s; i++) {
+        int64_t len = i < pm->T ? i : pm->T; /* the newest seq_len tokens */
+        dsc_tensor tokens = dsc_tensor_view(out + (i - len), DSC_DTYPE_I32, 2, (int64_t[]){1, len}, DSC_CPU);
+        s = dsc_pipe_runner_logits(dsc_pipe_trainer_runner(pm->trainer), &tokens, &row);
+        if (!s) s = dsc_sample(&out[i], logits, (int32_t)pm->V, &sp, NULL, 0, scratch, &rng);
+    }
+    free(logits);
+    free(scratch);
+    return s;
+}
+
+/* MoE blocks inside pipeline stages: all-to-alls over the stage's
+ * expert-parallel group. */
+static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, const void **extra) {
+    dsc_moe_build_extra *x = ctx;
+    int stage_ranks = dsc_comm_size(dsc_groups_get(groups, DSC_GROUP_KIND_DATA));
+    DSC_TRY(dsc_moe_check_parallel(cfg->moe.num_experts, cfg->moe.ep_size, stage_ranks));
+    DSC_TRY(dsc_moe_options_from_config(&cfg->moe, cfg->model.arch, &x->options));
+    DSC_TRY(dsc_moe_register_layers());
+    x->ep = dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT);
+    *extra = x;
+    return NULL;
+}
+
+static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg) {
+    int rank = dsc_comm_rank(world), size = dsc_comm_size(world), P = cfg->pipeline.stages;
+    DSC_CHECK(size % P == 0, DSC_ERR_CONFIG, "%s: the world size %d is not divisible by \"pipeline.stages\" = %d",
+              a->config, size, P);
+    DSC_TRY(dsc_comm_set_timeout(world, cfg->comm.timeout_s));
+    DSC_TRY(dsc_config_resolve_batch(cfg, size / P));
+    const bool moe = cfg->moe.num_experts > 0;
+    dsc_moe_build_extra extra = {0};
+    dsc_pipe_trainer_options po = {cfg, world, rank == 0, a->metrics, a->progress,
+                                   {moe ? pipe_moe_prepare : NULL, &extra, dsc_zero_make_optimizer}};
+    dsc_pipe_trainer *t;
+    DSC_TRY(dsc_pipe_trainer_create(&po, &t));
+    const dsc_pipe_module *m = dsc_pipe_trainer_module(t);
+    if (rank == 0) {
+        printf("dsc-train: %s, %lld parameters, %d pipeline stages x %d data-parallel ranks x %d threads; batch %lld "
+               "sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld steps\n",
+               a->config, (long long)dsc_pipe_module_unique_params(m), P, size / P, dsc_kernels_get_num_threads(),
+               (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
+               (long long)cfg->gradient_accumulation_steps, size / P, cfg->model.seq_len, (long long)cfg->train.steps);
+        dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
+        fflush(stdout);
+    }
+    dsc_status s = dsc_engine_train(dsc_pipe_trainer_engine(t));
+    pipe_model pm = {t, cfg->model.seq_len, cfg->model.vocab_size};
+    if (!s && moe && cfg->moe.ep_size > 1) {
+        if (rank == 0) printf("dsc-train: no sample: expert-parallel generation is not wired into pipelines\n");
+    } else if (!s) {
+        print_sample(pipe_generate, &pm, cfg, a, rank == 0); /* collective: every stage takes part */
+    }
+    dsc_pipe_trainer_destroy(t);
+    return s;
+}
+
 static dsc_status train(const args *a, dsc_comm *world) {
     dsc_config cfg;
     DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
+    if (cfg.pipeline.stages > 1) {
+        dsc_status s = train_pipeline(a, world, &cfg);
+        dsc_config_free(&cfg);
+        return s;
+    }
     int rank = dsc_comm_rank(world), size = dsc_comm_size(world);
     dsc_trainer *t = NULL;
     dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
@@ -199,7 +292,7 @@ static dsc_status train(const args *a, dsc_comm *world) {
     if (!s && rank == 0 && moe && cfg.moe.ep_size > 1)
         printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d\n", cfg.moe.ep_size);
     /* ZeRO-3 gathers parameters collectively, so every rank generates and rank 0 prints. */
-    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(t, &cfg, a, rank == 0);
+    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(trainer_generate, t, &cfg, a, rank == 0);
     dsc_checkpointer_destroy(ckpt);
     dsc_trainer_destroy(t);
     dsc_groups_free(mw.groups);
