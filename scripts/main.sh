@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main command: builds dsc, runs the communication self-check (process
 # groups, every collective, byte counters), then trains a small GPT
-# (configs/main.json) on data/tinyshakespeare.txt with 2 data-parallel ranks,
-# printing the falling loss, the validation loss, and a generated sample; the
-# loss curve lands in build/main-loss.svg. Extra arguments go to dsc-train
+# (configs/main.json) on data/tinyshakespeare.txt with 2 pipeline stages
+# (1F1B over 4 micro-batches; DSC_MAIN_RANKS=4 adds 2-way data parallelism),
+# printing the partition summary, the falling loss, the validation loss, and
+# a generated sample; the loss curve lands in build/main-loss.svg. Extra arguments go to dsc-train
 # (e.g. --set train.steps=100). dsc-launch builds the mpirun command (root,
 # oversubscription, one thread per rank) and names the rank that failed.
 set -euo pipefail
@@ -15,7 +16,7 @@ ranks=${DSC_MAIN_RANKS:-2}
 echo "== communication self-check ($ranks ranks)"
 "$build/bin/dsc-launch" -n "$ranks" "$build/bin/dsc-selfcheck"
 
-echo "== training a small GPT on tinyshakespeare ($ranks data-parallel ranks)"
+echo "== training a small GPT on tinyshakespeare ($ranks ranks: 2 pipeline stages x $((ranks / 2)) data-parallel)"
 tokens=$build/data/tinyshakespeare.tok
 if [ ! -f "$tokens" ] || [ "$tokens" -ot "$root/data/tinyshakespeare.txt" ]; then
   mkdir -p "$build/data"
