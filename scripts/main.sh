@@ -4,9 +4,10 @@
 # (configs/main.json) on data/tinyshakespeare.txt with 2 pipeline stages
 # (1F1B over 4 micro-batches; DSC_MAIN_RANKS=4 adds 2-way data parallelism),
 # printing the partition summary, the falling loss, the validation loss, and
-# a generated sample; the loss curve lands in build/main-loss.svg. Extra arguments go to dsc-train
-# (e.g. --set train.steps=100). dsc-launch builds the mpirun command (root,
-# oversubscription, one thread per rank) and names the rank that failed.
+# a generated sample; the loss curve lands in build/main-loss.svg. Extra
+# arguments go to dsc-train (e.g. --set train.steps=100). dsc-launch builds
+# the mpirun command (root, oversubscription, one thread per rank) and names
+# the rank that failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
