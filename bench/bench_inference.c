@@ -328,6 +328,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--requests") == 0)
             requests = atoi(argv[i + 1]);
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);
     dsc_infer_model *m = NULL;
     if (model_dir)
         die(dsc_infer_model_load(model_dir, &m));

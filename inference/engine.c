@@ -42,7 +42,8 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
                             .max_context =
                                 cfg->max_context < m->cfg.max_positions ? cfg->max_context : m->cfg.max_positions,
                             .max_tokens_per_forward = cfg->max_tokens_per_forward,
-                            .max_batch_sequences = cfg->max_batch_sequences};
+                            .max_batch_sequences = cfg->max_batch_sequences,
+                            .dtype = cfg->kv_dtype};
     dsc_status s = dsc_kv_config_validate(&e->kv);
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dsc/kernels.h"
 #include "inference/model_internal.h"
 
 dsc_status dsc_model_rope_init(dsc_infer_model *m) {
@@ -37,7 +38,8 @@ dsc_status dsc_model_rope_init(dsc_infer_model *m) {
 
 void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos) {
     int32_t hs = m->cfg.head_size, half = hs / 2;
-#pragma omp parallel for schedule(static)
+    int nt = dsc_kernels_get_num_threads();
+#pragma omp parallel for num_threads(nt) if (n > 16) schedule(static)
     for (int64_t t = 0; t < n; t++) {
         for (int32_t i = 0; i < half; i++) {
             double angle = (double)pos[t] * (double)m->inv_freq[i];

@@ -222,10 +222,11 @@ typedef struct dsc_infer_engine_config {
     int64_t max_context; /* clipped to the model's context limit */
     int32_t max_tokens_per_forward;
     int32_t max_batch_sequences;
+    dsc_dtype kv_dtype; /* DSC_DTYPE_F32 (default) or DSC_DTYPE_BF16 (half the KV memory) */
 } dsc_infer_engine_config;
 
-/* Defaults: block 16, 64 MiB of KV, 64 sequences, context = the model's
- * (at most 4096), 512 tokens and 64 sequences per forward. */
+/* Defaults: block 16, 64 MiB of f32 KV, 64 sequences, context = the
+ * model's (at most 4096), 512 tokens and 64 sequences per forward. */
 dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
 /* The engine borrows the model (it must outlive the engine). */
 dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out);

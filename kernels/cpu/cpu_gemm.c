@@ -21,7 +21,11 @@ dsc_status dsc_cpu_gemm(float *out, const float *a, const float *b, const float 
         float *o = out + i * m * n;      /* (M, N) */
         const float *ai = a + i * m * k; /* (M, K) or (K, M) */
         const float *bi = b + i * k * n; /* (K, N) or (N, K) */
-        if (m > 0 && n > 0)
+        if (m == 1 && n > 0 && k > 0)
+            /* One row (a decode step): sgemv reads b once, where sgemm would first pack all of it. */
+            cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, (int)(trans_b ? n : k),
+                        (int)(trans_b ? k : n), alpha, bi, ldb, ai, 1, beta, o, 1);
+        else if (m > 0 && n > 0)
             cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                         (int)m, (int)n, (int)k, alpha, ai, lda, bi, ldb, beta, o, (int)n);
         if (!bias) continue;

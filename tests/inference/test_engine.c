@@ -2,8 +2,9 @@
  * logits of sequences run together in ragged batches (prompt chunks and
  * decode tokens mixed, random lengths) equal each sequence run alone token
  * by token; a prompt split into chunks gives the logits of the whole
- * prompt; can_schedule / query answer with the right reason and change
- * nothing; flush returns every block; a bad token changes nothing. */
+ * prompt; a bf16 KV cache stays within bf16 error; can_schedule / query
+ * answer with the right reason and change nothing; flush returns every
+ * block; a bad token changes nothing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,41 @@ static void test_chunked_equals_whole(void **state) {
     dsc_infer_model_destroy(m);
 }
 
+/* A bf16 KV cache holds twice the tokens per byte and stays within bf16 error of f32. */
+static void test_bf16_kv_cache(void **state) {
+    (void)state;
+    dsc_infer_model *m;
+    assert_ok(dsc_infer_model_load(LLAMA, &m));
+    int32_t V = dsc_infer_model_get_config(m)->vocab_size, T = 30, tokens[30];
+    for (int t = 0; t < T; t++)
+        tokens[t] = (t * 37 + 11) % V;
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.kv_cache_bytes = 1 << 20;
+    dsc_infer_engine *f32, *bf16;
+    assert_ok(dsc_infer_engine_create(m, &ec, &f32));
+    ec.kv_dtype = DSC_DTYPE_BF16;
+    assert_ok(dsc_infer_engine_create(m, &ec, &bf16));
+    assert_int_equal(dsc_infer_engine_total_blocks(bf16), 2 * dsc_infer_engine_total_blocks(f32));
+    float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+    uint64_t uid = 3;
+    double worst = 0;
+    for (int32_t t = 0; t < T; t += 5) {
+        const int32_t *p = tokens + t;
+        int32_t c = 5;
+        assert_ok(dsc_infer_engine_put(f32, 1, &uid, &p, &c, a));
+        assert_ok(dsc_infer_engine_put(bf16, 1, &uid, &p, &c, b));
+        double r = rel_err(b, a, V);
+        if (r > worst) worst = r;
+    }
+    printf("bf16 KV cache vs f32: worst rel err %.3e over 6 chunks\n", worst);
+    assert_true(worst > 0 && worst < 2e-2);
+    free(a);
+    free(b);
+    dsc_infer_engine_destroy(f32);
+    dsc_infer_engine_destroy(bf16);
+    dsc_infer_model_destroy(m);
+}
+
 static void test_limits(void **state) {
     (void)state;
     dsc_infer_model *m;
@@ -217,6 +253,7 @@ static void test_limits(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ragged_equals_solo),
-                                       cmocka_unit_test(test_chunked_equals_whole), cmocka_unit_test(test_limits)};
+                                       cmocka_unit_test(test_chunked_equals_whole),
+                                       cmocka_unit_test(test_bf16_kv_cache), cmocka_unit_test(test_limits)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
