@@ -250,6 +250,9 @@ static bool answered(int w) {
 /* Appends "world ranks 2, 3 (host h1)" runs for the targets with verdict v;
  * returns how many there were. */
 static int list_ranks(FILE *out, const dsc_comm *c, const int *targets, const verdict *v, int n, verdict want) {
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += v[i] == want;
     int count = 0;
     const char *run_host = NULL;
     for (int i = 0; i < n; i++) {
@@ -261,7 +264,7 @@ static int list_ranks(FILE *out, const dsc_comm *c, const int *targets, const ve
             continue;
         }
         if (run_host && strcmp(run_host, host_of(w)) != 0) fprintf(out, " (host %s)", run_host);
-        fprintf(out, "%s%d", count == 0 ? "world rank " : ", ", w);
+        fprintf(out, "%s%d", count > 0 ? ", " : total > 1 ? "world ranks " : "world rank ", w);
         run_host = host_of(w);
         count++;
     }
