@@ -150,7 +150,7 @@ static dsc_status verdict(const probe *probes, int n, const char *agent_text, do
         fprintf(out, "%shost %s is unreachable: `%s %s true` ", failed++ ? "; " : "", p->host, agent_text,
                 p->host);
         if (!p->ended)
-            fprintf(out, "did not answer within %.0f s", timeout_s);
+            fprintf(out, "did not answer within %g s", timeout_s);
         else if (WIFEXITED(p->status))
             fprintf(out, "exited with status %d", WEXITSTATUS(p->status));
         else

@@ -6,8 +6,8 @@
  * bounded by the communicator's timeout: a peer that never arrives yields
  * DSC_ERR_TIMEOUT naming the operation, the communicator and (for
  * point-to-point) the peer, instead of a hang; the message also says which
- * peers had not answered and on which hosts they run (docs/comm.md, "No
- * hangs"). Every operation also counts the bytes this rank sent and
+ * peers had not answered and on which hosts they run (docs/multihost.md,
+ * "The watchdog"). Every operation also counts the bytes this rank sent and
  * received, by operation type (see docs/comm.md for the exact counting rule).
  *
  * Not here: which ranks form which group (dsc/topology.h), and anything about

@@ -6,7 +6,8 @@
 #
 #   dsc-netns.sh up PREFIX N         hosts PREFIX-h0 .. PREFIX-h<N-1> at
 #                                    10.77.0.1 .. 10.77.0.N (/24); prints the names
-#   dsc-netns.sh down PREFIX         removes every namespace of PREFIX (idempotent)
+#   dsc-netns.sh down PREFIX         removes every namespace of PREFIX and kills
+#                                    what still runs in them (idempotent)
 #   dsc-netns.sh exec HOST CMD...    runs CMD on HOST (its namespace, its host name)
 #   dsc-netns.sh link HOST up|down   the host's cable: plugs or pulls its bridge port
 #   dsc-netns.sh shape HOST DELAY_MS LOSS_PCT
@@ -58,17 +59,24 @@ up() {
     done
 }
 
+# A host goes down with whatever still runs on it.
 down() {
-    local prefix=$1 ns
+    local prefix=$1 ns pids
     for ns in $(ip netns list | awk '{print $1}'); do
-        case $ns in "$prefix"-h* | "$prefix"-sw) ip netns del "$ns" 2>/dev/null || true ;; esac
+        case $ns in
+        "$prefix"-h* | "$prefix"-sw)
+            pids=$(ip netns pids "$ns" 2>/dev/null || true)
+            [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+            ip netns del "$ns" 2>/dev/null || true
+            ;;
+        esac
     done
 }
 
-# The host's name resolves to its address inside the namespaces through
-# /etc/netns/NS/hosts, which `ip netns exec` mounts over /etc/hosts; here the
-# address is handed over directly instead, so nothing outside the namespaces
-# changes: the host name is set in a UTS namespace of the command's own.
+# The command gets the host's name in a UTS namespace of its own, so that
+# MPI_Get_processor_name and mpirun's reports name the test host. Names need
+# not resolve: mpirun hands them to the remote agent, and MPI connects to
+# addresses.
 run_on() {
     local h=$1
     shift

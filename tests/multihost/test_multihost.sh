@@ -24,7 +24,6 @@ bin=$1 mh_train=$2 helper=$3 src=$4
 netns=$src/scripts/netns/dsc-netns.sh
 agent=$src/scripts/netns/netns-agent.sh
 prefix=dscmh$$
-work=$(mktemp -d /tmp/dsc-multihost.XXXXXX)
 timeout_s=5
 failures=0
 
@@ -36,10 +35,9 @@ skip() {
 command -v ip >/dev/null && command -v unshare >/dev/null || skip "iproute2 (ip) and unshare are needed"
 ip netns add "$prefix-probe" 2>/dev/null || skip "cannot create a network namespace (ip netns add failed)"
 ip netns del "$prefix-probe"
+work=$(mktemp -d /tmp/dsc-multihost.XXXXXX)
 
-cleanup() {
-    # Processes of this test's jobs carry $prefix or $work on their command line.
-    pkill -KILL -f -- "$work" 2>/dev/null
+cleanup() { # the jobs run on the test hosts, so taking the hosts down ends them
     "$netns" down "$prefix"
     rm -rf "$work"
 }
