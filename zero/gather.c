@@ -38,8 +38,7 @@ dsc_status zero_pool_init(zero_optimizer *z) {
         int64_t room = z->z.stage3_max_live_parameters - largest;
         cap += room < second ? room : second;
     }
-    return dsc_tensor_alloc(&z->pool, DSC_DTYPE_F32, 1, &cap, dsc_params_at(z->o.params, 0)->value.device,
-                            DSC_MEM_COMM);
+    return dsc_tensor_alloc(&z->pool, DSC_DTYPE_F32, 1, &cap, z->device, DSC_MEM_COMM);
 }
 
 /* First fit among the live layers' segments; -1 when nothing fits. */
@@ -71,7 +70,7 @@ static dsc_status gather(zero_optimizer *z, int layer, int64_t at) {
     for (int r = 0; r < zl->n_runs; r++) {
         const zero_run *run = &zl->runs[r];
         float *dst = (float *)z->pool.data + at + run->at;
-        dsc_status s = zero_all_gather(z, &z->groups[run->group], dst, run->begin, run->end, false);
+        dsc_status s = zero_all_gather(z, &z->groups[run->group], dst, run->begin, run->end);
         if (s) return dsc_error_wrap(s, "gathering the parameters of layer %s", zl->layer->name);
     }
     zl->live = true;

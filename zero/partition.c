@@ -159,58 +159,62 @@ static void range_counts(const zero_group *g, int64_t a, int64_t b, int64_t *cou
         counts[r] = zero_owned(g, r, a, b);
 }
 
+/* Where this rank's share of [a, b) starts, also when it is empty: then every
+ * rank's buffers are in place or none are, which the backends' choice of
+ * algorithm must see alike on all ranks. */
+static int64_t share_start(const zero_group *g, int64_t a, int64_t b) {
+    return g->begin < a ? a : g->begin > b ? b : g->begin;
+}
+
 static const char *group_name(const zero_group *g) {
     return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense";
 }
 
 dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
                                bool accumulate) {
-    dsc_device dev = z->scratch.device;
     int64_t counts[g->size];
     if (chunk <= 0) chunk = b - a;
     for (int64_t lo = a; lo < b; lo += chunk) {
         int64_t hi = lo + chunk < b ? lo + chunk : b;
         int64_t mine = zero_owned(g, g->rank, lo, hi);
-        dsc_tensor send = flat_view(src + (lo - a), hi - lo, dev);
-        dsc_tensor recv = flat_view(z->scratch.data, mine, dev);
+        int64_t own_lo = share_start(g, lo, hi);
+        /* This rank's share of the chunk, in send's layout: where an in-place reduce-scatter leaves it. With
+         * full gradients that is the rank's range of g->grads itself. */
+        dsc_tensor in_place = flat_view(src + (own_lo - a), mine, z->device);
+        dsc_tensor recv = accumulate ? flat_view(z->scratch.data, mine, z->device) : in_place;
         if (g->comm && g->size > 1) {
+            dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
             range_counts(g, lo, hi, counts);
             dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
             if (s)
                 return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
                                       (long long)lo, (long long)hi);
         } else {
-            recv = send; /* one rank: its share is the whole chunk */
+            recv = in_place; /* one rank: the chunk is its share */
         }
-        if (mine == 0) continue;
-        int64_t own_lo = lo > g->begin ? lo : g->begin;
-        dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, dev);
-        dsc_tensor share = flat_view((float *)recv.data + (g->size > 1 ? 0 : own_lo - lo), mine, dev);
-        if (accumulate)
-            DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &share));
-        else if (dst.data != share.data)
-            DSC_TRY(dsc_tensor_copy(&dst, &share));
+        if (accumulate && mine > 0) {
+            dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, z->device);
+            DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &recv));
+        }
     }
     return NULL;
 }
 
-dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b, bool copy_send) {
-    dsc_device dev = z->scratch.device;
+dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b) {
     int64_t counts[g->size];
     int64_t mine = zero_owned(g, g->rank, a, b);
-    int64_t own_lo = a > g->begin ? a : g->begin;
-    dsc_tensor share = flat_view((float *)g->values.data + (own_lo - g->begin), mine, dev);
+    int64_t own_lo = share_start(g, a, b);
+    /* Stages 1 and 2 hold their range in dst's buffer already (an in-place all-gather); stage 3 sends it from
+     * its shard. */
+    float *share =
+        z->z.stage < 3 ? dst + (own_lo - a) : (float *)g->values.data + (mine > 0 ? own_lo - g->begin : 0);
+    dsc_tensor send = flat_view(share, mine, z->device);
     if (!g->comm || g->size == 1) {
-        dsc_tensor out = flat_view(dst + (own_lo - a), mine, dev);
-        return out.data == share.data || mine == 0 ? NULL : dsc_tensor_copy(&out, &share);
-    }
-    dsc_tensor send = share;
-    if (copy_send) {
-        send = flat_view(z->scratch.data, mine, dev);
-        if (mine > 0) DSC_TRY(dsc_tensor_copy(&send, &share));
+        dsc_tensor out = flat_view(dst + (own_lo - a), mine, z->device);
+        return out.data == send.data || mine == 0 ? NULL : dsc_tensor_copy(&out, &send);
     }
     range_counts(g, a, b, counts);
-    dsc_tensor recv = flat_view(dst, b - a, dev);
+    dsc_tensor recv = flat_view(dst, b - a, z->device);
     dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
     if (s)
         return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,

@@ -70,6 +70,7 @@ typedef struct zero_optimizer {
     dsc_zero_options z;
     bool full_grads; /* stage 1, or stage 2 under a pipeline: the store's gradient buffers stay */
     bool deferred;   /* under a pipeline: reduce only in reduce_grads, after tied reduction */
+    dsc_device device;
     int n_params;
     int n_state_kinds;
     int64_t step;
@@ -82,7 +83,7 @@ typedef struct zero_optimizer {
     int *uses, *uses_left;           /* [n_params] layers reading each parameter; not yet reported */
     int *first_bucket, *last_bucket; /* [n_params] */
     dsc_tensor staging; /* (largest layer layout) stages 2/3: one layer's gradients during its backward */
-    dsc_tensor scratch; /* (largest own share of one collective) reduce-scatter receive, all-gather send */
+    dsc_tensor scratch; /* (largest own share of one staged reduce-scatter) stages 2/3: its receive buffer */
     dsc_tensor pool;    /* (pool capacity) stage 3: gathered parameters of live layers */
 } zero_optimizer;
 
@@ -96,14 +97,15 @@ dsc_status zero_layers_init(zero_optimizer *z);
 void zero_layers_free(zero_optimizer *z);
 int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
 /* Reduce-scatters (averaging over the group) `src`, the values of flat range
- * [a, b), in chunks of at most `chunk` elements; this rank's share is copied
- * into g->grads (or added to it when `accumulate`). */
+ * [a, b), in chunks of at most `chunk` elements. Full gradients (`accumulate`
+ * false: src is the store's buffer, which holds g->grads) reduce in place;
+ * staged ones are received in the scratch buffer and added to g->grads. */
 dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
                                bool accumulate);
 /* All-gathers flat range [a, b) of the group's values into dst (b - a
- * elements), each rank sending its share from g->values; `copy_send` when
- * dst overlaps g->values (the send goes through the scratch buffer). */
-dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b, bool copy_send);
+ * elements), each rank sending its share from g->values (in place when
+ * g->values is a view of dst's buffer). */
+dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b);
 
 /* ---- gather.c (stage 3) ---- */
 dsc_status zero_pool_init(zero_optimizer *z);

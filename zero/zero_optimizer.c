@@ -194,7 +194,7 @@ static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, doub
     float *values = flat_values(z, g->id);
     for (int64_t a = 0; a < g->numel; a += per) {
         int64_t b = a + per < g->numel ? a + per : g->numel;
-        DSC_TRY(zero_all_gather(z, g, values + a, a, b, true));
+        DSC_TRY(zero_all_gather(z, g, values + a, a, b));
     }
     return NULL;
 }
@@ -289,14 +289,9 @@ static const dsc_optimizer_ops zero_ops[4] = {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
-/* The largest share this rank sends or receives in one collective. */
-static int64_t largest_share(const zero_optimizer *z) {
+/* The largest share this rank receives in one staged reduce-scatter (stages 2, 3). */
+static int64_t largest_staged_share(const zero_optimizer *z) {
     int64_t most = 0;
-    for (int k = 0; k < z->n_buckets; k++) {
-        const zero_bucket *b = &z->buckets[k];
-        int64_t n = zero_owned(&z->groups[b->group], z->groups[b->group].rank, b->begin, b->end);
-        if (n > most) most = n;
-    }
     for (int l = 0; l < z->n_layers; l++)
         for (int r = 0; r < z->layers[l].n_runs; r++) {
             const zero_run *run = &z->layers[l].runs[r];
@@ -307,15 +302,6 @@ static int64_t largest_share(const zero_optimizer *z) {
                 if (n > most) most = n;
             }
         }
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT && z->z.stage < 3; g++) {
-        const zero_group *gr = &z->groups[g];
-        int64_t per =
-            z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (gr->numel > 0 ? gr->numel : 1);
-        for (int64_t a = 0; a < gr->numel; a += per) {
-            int64_t n = zero_owned(gr, gr->rank, a, a + per < gr->numel ? a + per : gr->numel);
-            if (n > most) most = n;
-        }
-    }
     return most;
 }
 
@@ -357,7 +343,7 @@ static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
 static dsc_status setup(zero_optimizer *z) {
     z->n_params = dsc_params_count(z->o.params);
     DSC_CHECK(z->n_params > 0, DSC_ERR_INVALID, "ZeRO: the parameter store is empty");
-    dsc_device dev = dsc_params_at(z->o.params, 0)->value.device;
+    dsc_device dev = z->device = dsc_params_at(z->o.params, 0)->value.device;
     size_t n = (size_t)z->n_params;
     z->uses = calloc(n, sizeof *z->uses);
     z->uses_left = calloc(n, sizeof *z->uses_left);
@@ -380,8 +366,10 @@ static dsc_status setup(zero_optimizer *z) {
     if (!z->full_grads)
         DSC_TRY(dsc_tensor_alloc(&z->staging, DSC_DTYPE_F32, 1, &largest_layer, dev, DSC_MEM_COMM));
     if (z->z.stage == 3) DSC_TRY(zero_pool_init(z));
-    int64_t share = largest_share(z);
-    DSC_TRY(dsc_tensor_alloc(&z->scratch, DSC_DTYPE_F32, 1, &share, dev, DSC_MEM_COMM));
+    if (!z->full_grads) {
+        int64_t share = largest_staged_share(z);
+        DSC_TRY(dsc_tensor_alloc(&z->scratch, DSC_DTYPE_F32, 1, &share, dev, DSC_MEM_COMM));
+    }
     return setup_ranges(z, dev);
 }
 
