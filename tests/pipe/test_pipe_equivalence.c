@@ -26,6 +26,7 @@ enum { STEPS = 3 };
 typedef struct reference {
     int micro, tie;
     double losses[STEPS];
+    dsc_config cfg; /* the trainer's engine reads it */
     dsc_trainer *trainer;
 } reference;
 
@@ -45,16 +46,15 @@ static void reference_run(reference *ref, int micro, bool untied) {
     snprintf(accum, sizeof accum, "gradient_accumulation_steps=%d", micro);
     const char *over[] = {"model.n_layer=6", "model.qkv_bias=false", accum,
                           untied ? "model.tie_embeddings=false" : "model.tie_embeddings=true"};
-    dsc_config cfg;
-    train_fixture_config(&cfg, data_path, over, 4, 1);
-    dsc_trainer_options o = {&cfg, NULL, false, NULL, false};
+    train_fixture_config(&ref->cfg, data_path, over, 4, 1);
+    dsc_trainer_options o = {&ref->cfg, NULL, false, NULL, false};
     assert_ok(dsc_trainer_create(&o, &ref->trainer));
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics m;
         assert_ok(dsc_engine_step(dsc_trainer_engine(ref->trainer), &m));
         ref->losses[s] = m.loss;
     }
-    dsc_config_free(&cfg);
+
 }
 
 static void compare_params(dsc_param_store *got, dsc_param_store *want, double *worst) {
@@ -89,7 +89,14 @@ static void pipe_greedy(dsc_pipe_trainer *t, int32_t *ids, int n_prompt, int n_n
     }
 }
 
-static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref) {
+static int64_t activation_bytes(void) {
+    dsc_mem_stats st;
+    dsc_mem_get_stats(&st);
+    return st.current[DSC_MEM_ACTIVATIONS];
+}
+
+/* Returns this rank's activation bytes for the case (the trainer's reservations). */
+static int64_t run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref) {
     int DP = dsc_comm_size(world) / P;
     char stages[48], sched[48], accum[48], ckpt[64], method[96], zero[48];
     snprintf(stages, sizeof stages, "pipeline.stages=%d", P);
@@ -106,7 +113,9 @@ static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref)
     train_fixture_config(&cfg, data_path, over, 11, DP);
     dsc_pipe_trainer_options o = {.cfg = &cfg, .world = world, .hooks.make_optimizer = dsc_zero_make_optimizer};
     dsc_pipe_trainer *t;
+    int64_t act0 = activation_bytes();
     assert_ok(dsc_pipe_trainer_create(&o, &t));
+    int64_t act = activation_bytes() - act0;
     double worst_loss = 0, worst_param = 0;
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics m;
@@ -114,6 +123,12 @@ static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref)
         worst_loss = fmax(worst_loss, fabs(m.loss - ref->losses[s]) / fabs(ref->losses[s]));
     }
     compare_params(dsc_pipe_trainer_params(t), dsc_trainer_params(ref->trainer), &worst_param);
+    /* Evaluation: the inference schedule (v = 1) or the chunk ring (v = 2). */
+    double val, val_ref;
+    assert_ok(dsc_engine_evaluate(dsc_pipe_trainer_engine(t), &val));
+    assert_ok(dsc_engine_evaluate(dsc_trainer_engine(ref->trainer), &val_ref));
+    if (getenv("DSC_TEST_VERBOSE")) printf("    val loss %.7f vs %.7f\n", val, val_ref);
+    worst_loss = fmax(worst_loss, fabs(val - val_ref) / fabs(val_ref));
     /* Generation through the stages continues a prompt as the one process does. */
     int32_t want[12] = {72, 101, 108}, got[12] = {72, 101, 108};
     assert_ok(dsc_trainer_generate(ref->trainer, want, 3, 9, 0.0f, 1, want));
@@ -129,6 +144,7 @@ static void run_case(dsc_comm *world, int P, const pipe_case *c, reference *ref)
     assert_true(worst_param <= 1e-5);
     dsc_pipe_trainer_destroy(t);
     dsc_config_free(&cfg);
+    return act;
 }
 
 static reference *reference_for(reference *refs, int *n_refs, int micro, bool untied) {
@@ -158,16 +174,30 @@ static void test_pipeline_equals_one_process(void **state) {
     reference refs[16];
     int n_refs = 0;
     int W = dsc_comm_size(world), ran = 0;
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
     for (int P = 2; P <= 4; P *= 2) {
         if (W % P != 0 || W / P > 2) continue;
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t act[N_CASES];
+        for (int i = 0; i < N_CASES; i++) {
             reference *ref = reference_for(refs, &n_refs, cases[i].M * (W / P), cases[i].untied);
-            run_case(world, P, &cases[i], ref);
+            act[i] = run_case(world, P, &cases[i], ref);
             ran++;
         }
+        /* Checkpointing keeps fewer activations: cases 7 and 8 are cases 1 and 6 with it. */
+        int64_t saved[2] = {act[1] - act[7], act[6] - act[8]};
+        assert_true(saved[0] >= 0 && saved[1] >= 0);
+        dsc_tensor t = dsc_tensor_view(saved, DSC_DTYPE_I64, 1, (int64_t[]){2}, DSC_CPU);
+        assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_SUM));
+        if (dsc_comm_rank(world) == 0)
+            printf("  P=%d: activation checkpointing saves %lld bytes (1F1B, k=2) and %lld bytes (interleaved, k=1) "
+                   "over all ranks\n", P, (long long)saved[0], (long long)saved[1]);
+        assert_true(saved[0] > 0 && saved[1] > 0);
     }
     assert_true(ran > 0);
-    for (int i = 0; i < n_refs; i++) dsc_trainer_destroy(refs[i].trainer);
+    for (int i = 0; i < n_refs; i++) {
+        dsc_trainer_destroy(refs[i].trainer);
+        dsc_config_free(&refs[i].cfg);
+    }
     unlink(data_path);
     dsc_comm_free(world);
 }
