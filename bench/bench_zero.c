@@ -5,7 +5,8 @@
  *
  * Run on 2 ranks from the repository root (the text is tokenized per run):
  *   mpirun -np 2 build/bench/bench_zero [--layers L] [--d-model C] [--vocab V]
- *                [--seq T] [--steps N] [--text data/tinyshakespeare.txt]
+ *                [--seq T] [--steps N] [--bucket ELEMS] [--text data/tinyshakespeare.txt]
+ * --bucket sets reduce_bucket_size and allgather_bucket_size (DeepSpeed's 5e8 by default).
  * Per stage: median step time (after one warm-up step), this rank's allocator
  * accounting of parameters, gradients and optimizer state beside the ZeRO
  * formula (ratio measured / formula), the communication buffers, the peak of
@@ -24,6 +25,7 @@
 
 typedef struct bench_args {
     int layers, d_model, vocab, seq, steps;
+    int64_t bucket; /* reduce_bucket_size and allgather_bucket_size (elements) */
     const char *text;
 } bench_args;
 
@@ -54,11 +56,12 @@ static void run_stage(dsc_comm *dp, const bench_args *a, const char *data, int s
         " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": 12, \"vocab_size\": %d,"
         " \"seq_len\": %d},"
         " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003, \"weight_decay\": 0.1}},"
-        " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 5000000,"
-        " \"allgather_bucket_size\": 5000000, \"stage3_max_live_parameters\": 20000000,"
+        " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld,"
+        " \"allgather_bucket_size\": %lld, \"stage3_max_live_parameters\": 20000000,"
         " \"stage3_prefetch_bucket_size\": 10000000},"
         " \"data\": {\"path\": \"%s\", \"val_fraction\": 0.05}, \"train\": {\"steps\": %d}}",
-        a->layers, a->d_model, a->vocab, a->seq, stage, data, a->steps + 1);
+        a->layers, a->d_model, a->vocab, a->seq, stage, (long long)a->bucket, (long long)a->bucket, data,
+        a->steps + 1);
     dsc_config cfg;
     die(dsc_config_parse_string(json, "bench_zero", NULL, 0, &cfg));
     die(dsc_config_resolve_batch(&cfg, dsc_comm_size(dp)));
@@ -105,7 +108,7 @@ static void run_stage(dsc_comm *dp, const bench_args *a, const char *data, int s
 }
 
 static void parse(int argc, char **argv, bench_args *a) {
-    *a = (bench_args){12, 768, 8192, 64, 3, "data/tinyshakespeare.txt"};
+    *a = (bench_args){12, 768, 8192, 64, 3, 500000000, "data/tinyshakespeare.txt"};
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (strcmp(argv[i], "--text") == 0)
@@ -120,6 +123,8 @@ static void parse(int argc, char **argv, bench_args *a) {
             a->seq = v;
         else if (strcmp(argv[i], "--steps") == 0)
             a->steps = v;
+        else if (strcmp(argv[i], "--bucket") == 0)
+            a->bucket = atoll(argv[i + 1]);
         else
             die(dsc_error(DSC_ERR_INVALID, "unknown option %s", argv[i]));
     }
