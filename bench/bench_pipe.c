@@ -29,7 +29,9 @@ static void die(dsc_status s) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-static double now_s(void) { return MPI_Wtime(); }
+static double now_s(void) {
+    return MPI_Wtime();
+}
 
 /* Deterministic tokens, identical on both ends of the pipeline. */
 typedef struct synth_source {
@@ -61,7 +63,8 @@ static void model_config(const bench_cfg *b, dsc_model_config *mc) {
 }
 
 static void adamw(dsc_optimizer_options *oo) {
-    oo->hparams = (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
+    oo->hparams =
+        (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
 }
 
 /* Best seconds per step over 3 trials of `steps` steps. */
@@ -95,7 +98,8 @@ static double single_rank(const bench_cfg *b, int M) {
     die(dsc_model_specs(&mc, &specs, &n));
     dsc_layer **layers = calloc((size_t)n, sizeof *layers);
     dsc_build_ctx ctx = {&mc, store, DSC_CPU, NULL};
-    for (int i = 0; i < n; i++) die(dsc_layer_build(&specs[i], &ctx, &layers[i]));
+    for (int i = 0; i < n; i++)
+        die(dsc_layer_build(&specs[i], &ctx, &layers[i]));
     die(dsc_params_finalize(store));
     dsc_optimizer_options oo = {.params = store, .layers = layers, .n_layers = n};
     adamw(&oo);
@@ -107,7 +111,8 @@ static double single_rank(const bench_cfg *b, int M) {
     double t = time_steps(r, opt, M, b, NULL);
     dsc_batch_runner_destroy(r);
     dsc_optimizer_destroy(opt);
-    for (int i = 0; i < n; i++) dsc_layer_destroy(layers[i]);
+    for (int i = 0; i < n; i++)
+        dsc_layer_destroy(layers[i]);
     free(layers);
     free(specs);
     dsc_params_destroy(store);
@@ -134,13 +139,24 @@ static double pipeline(const bench_cfg *b, int M, dsc_comm *pipe, double *bubble
     die(dsc_pipe_tied_create(m, stage, pipe, store, &tied));
     int n_local;
     dsc_layer *const *local = dsc_pipe_stage_layers(stage, &n_local);
-    dsc_optimizer_options oo = {.params = store, .layers = local, .n_layers = n_local, .pipe = pipe,
-                                .counts_in_norm = dsc_pipe_tied_counts_in_norm, .counts_in_norm_ctx = tied};
+    dsc_optimizer_options oo = {.params = store,
+                                .layers = local,
+                                .n_layers = n_local,
+                                .pipe = pipe,
+                                .counts_in_norm = dsc_pipe_tied_counts_in_norm,
+                                .counts_in_norm_ctx = tied};
     adamw(&oo);
     dsc_optimizer *opt;
     die(dsc_optimizer_create_plain(&oo, &opt));
-    dsc_pipe_runner_options ro = {.module = m, .stage = stage, .pipe = pipe, .tied = tied, .optimizer = opt,
-                                  .schedule = DSC_SCHEDULE_TRAIN_1F1B, .micro_batches = M, .B = b->B, .T = b->T};
+    dsc_pipe_runner_options ro = {.module = m,
+                                  .stage = stage,
+                                  .pipe = pipe,
+                                  .tied = tied,
+                                  .optimizer = opt,
+                                  .schedule = DSC_SCHEDULE_TRAIN_1F1B,
+                                  .micro_batches = M,
+                                  .B = b->B,
+                                  .T = b->T};
     dsc_batch_runner *r;
     die(dsc_pipe_runner_create(&ro, &r));
     time_steps(r, opt, M, b, pipe); /* warm-up */
@@ -162,9 +178,12 @@ static double pipeline(const bench_cfg *b, int M, dsc_comm *pipe, double *bubble
 int main(int argc, char **argv) {
     bench_cfg b = {.steps = 3, .layers = 8, .width = 128, .B = 4, .T = 64};
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--steps") == 0) b.steps = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--layers") == 0) b.layers = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--width") == 0) b.width = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--steps") == 0)
+            b.steps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--layers") == 0)
+            b.layers = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--width") == 0)
+            b.width = atoi(argv[i + 1]);
     }
     dsc_comm *world;
     die(dsc_comm_world(NULL, &world));
@@ -177,7 +196,8 @@ int main(int argc, char **argv) {
     }
     die(dsc_nn_register_dense_layers());
     if (rank == 0)
-        printf("bench_pipe: GPT %d blocks, C=%d, T=%lld, B=%lld, V=256; %d thread(s) per rank; best of 3 x %d steps\n",
+        printf("bench_pipe: GPT %d blocks, C=%d, T=%lld, B=%lld, V=256; %d thread(s) per rank; best of 3 x %d "
+               "steps\n",
                b.layers, b.width, (long long)b.T, (long long)b.B, dsc_kernels_get_num_threads(), b.steps);
     const int Ms[] = {2, 4, 8, 16};
     double single[4], piped[4], bubble[4][2];
@@ -189,7 +209,8 @@ int main(int argc, char **argv) {
         MPI_Gather(&mine, 1, MPI_DOUBLE, bubble[i], 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     }
     if (rank == 0) {
-        printf("\n   M  1 rank tok/s  P=2 tok/s  speed-up  ideal 2M/(M+1)  bubble rank0  rank1  bound (P-1)/(M+P-1)\n");
+        printf("\n   M  1 rank tok/s  P=2 tok/s  speed-up  ideal 2M/(M+1)  bubble rank0  rank1  bound "
+               "(P-1)/(M+P-1)\n");
         for (int i = 0; i < 4; i++) {
             double tokens = (double)Ms[i] * (double)(b.B * b.T);
             printf("  %2d  %12.0f  %9.0f  %8.2f  %14.2f  %12.3f  %5.3f  %19.3f\n", Ms[i], tokens / single[i],

@@ -54,7 +54,8 @@ static dsc_status exec_load(pipe_runner *r, const dsc_instr *in) {
     pipe_slot *slot = &r->slots[in->buffer];
     dsc_batch_source *src = r->data;
     DSC_CHECK(in->micro_batch == src->consumed, DSC_ERR_INTERNAL,
-              "LoadMicroBatch of micro-batch %d, but the source is at micro-batch %d", in->micro_batch, src->consumed);
+              "LoadMicroBatch of micro-batch %d, but the source is at micro-batch %d", in->micro_batch,
+              src->consumed);
     DSC_TRY(src->next(src, &slot->tokens, &slot->targets));
     if (r->chunks[in->chunk].first_virtual) r->tokens += dsc_tensor_numel(&slot->tokens);
     return NULL;
@@ -87,12 +88,14 @@ static dsc_status exec_backward(pipe_runner *r, const dsc_instr *in) {
 }
 
 static dsc_status exec_send_activation(pipe_runner *r, const dsc_instr *in) {
-    return pipe_p2p_send_activation(r->p2p, &r->slots[in->buffer].output, in->chunk, in->peer_stage, in->peer_chunk);
+    return pipe_p2p_send_activation(r->p2p, &r->slots[in->buffer].output, in->chunk, in->peer_stage,
+                                    in->peer_chunk);
 }
 
 static dsc_status exec_recv_activation(pipe_runner *r, const dsc_instr *in) {
     pipe_slot *slot = &r->slots[in->buffer];
-    return pipe_p2p_recv_activation(r->p2p, &slot->input_buf, in->chunk, in->peer_stage, in->peer_chunk, &slot->input);
+    return pipe_p2p_recv_activation(r->p2p, &slot->input_buf, in->chunk, in->peer_stage, in->peer_chunk,
+                                    &slot->input);
 }
 
 static dsc_status exec_send_grad(pipe_runner *r, const dsc_instr *in) {
@@ -136,14 +139,15 @@ static dsc_status run_step(pipe_runner *r, const dsc_instr *ins, int n, int step
     for (int i = 0; i < n; i++) {
         const dsc_instr *in = &ins[i];
         handler h = (unsigned)in->type < DSC_INSTR_TYPE_COUNT ? handlers[in->type] : NULL;
-        DSC_CHECK(h, DSC_ERR_INTERNAL, "pipeline stage %d step %d: the executor does not understand instruction %d",
-                  r->stage, step, (int)in->type);
+        DSC_CHECK(h, DSC_ERR_INTERNAL,
+                  "pipeline stage %d step %d: the executor does not understand instruction %d", r->stage, step,
+                  (int)in->type);
         DSC_CHECK(in->buffer < r->n_slots, DSC_ERR_INTERNAL, "pipeline stage %d step %d: %s uses buffer %d of %d",
                   r->stage, step, dsc_instr_name(in->type), in->buffer, r->n_slots);
         dsc_status s = h(r, in);
         if (s)
-            return dsc_error_wrap(s, "pipeline stage %d step %d: %s(buf=%d, micro-batch %d, chunk %d)", r->stage, step,
-                                  dsc_instr_name(in->type), in->buffer, in->micro_batch, in->chunk);
+            return dsc_error_wrap(s, "pipeline stage %d step %d: %s(buf=%d, micro-batch %d, chunk %d)", r->stage,
+                                  step, dsc_instr_name(in->type), in->buffer, in->micro_batch, in->chunk);
     }
     return NULL;
 }
@@ -173,11 +177,13 @@ static dsc_status run_schedule(pipe_runner *r, dsc_schedule_kind kind) {
     dsc_schedule *sched;
     DSC_TRY(dsc_schedule_create(kind, r->M, r->P, r->stage, kind == DSC_SCHEDULE_INFERENCE ? 1 : r->v, &sched));
     int need = dsc_schedule_num_buffers(sched);
-    dsc_status s = need <= r->n_slots
-                       ? NULL
-                       : dsc_error(DSC_ERR_INVALID,
-                                   "pipeline stage %d: %d micro-batches need %d buffers, the runner was built with %d "
-                                   "(for %d micro-batches)", r->stage, r->M, need, r->n_slots, r->o.micro_batches);
+    dsc_status s =
+        need <= r->n_slots
+            ? NULL
+            : dsc_error(DSC_ERR_INVALID,
+                        "pipeline stage %d: %d micro-batches need %d buffers, the runner was built with %d "
+                        "(for %d micro-batches)",
+                        r->stage, r->M, need, r->n_slots, r->o.micro_batches);
     for (int t = 0; t < dsc_schedule_num_steps(sched) && !s; t++) {
         int n;
         const dsc_instr *ins = dsc_schedule_step(sched, t, &n);
@@ -203,8 +209,8 @@ static dsc_status share_loss(pipe_runner *r, dsc_batch_result *res) {
 }
 
 static dsc_status run_batch(pipe_runner *r, dsc_batch_source *data, dsc_batch_result *res, bool training) {
-    DSC_CHECK(data->micro_batches >= 1, DSC_ERR_INVALID, "pipeline: a batch needs at least one micro-batch, got %d",
-              data->micro_batches);
+    DSC_CHECK(data->micro_batches >= 1, DSC_ERR_INVALID,
+              "pipeline: a batch needs at least one micro-batch, got %d", data->micro_batches);
     double t0 = now_s();
     r->data = data;
     r->training = training;
@@ -212,14 +218,19 @@ static dsc_status run_batch(pipe_runner *r, dsc_batch_source *data, dsc_batch_re
     r->loss_sum = r->aux_sum = 0;
     r->tokens = 0;
     r->batch_ended = false;
-    for (int c = 0; c < r->v; c++) r->chunks[c].backwards = 0;
+    for (int c = 0; c < r->v; c++)
+        r->chunks[c].backwards = 0;
     pipe_p2p_begin_batch(r->p2p);
     dsc_status s;
-    if (training) s = run_schedule(r, r->o.schedule);
-    else s = r->v > 1 ? run_chunk_ring(r) : run_schedule(r, DSC_SCHEDULE_INFERENCE);
+    if (training)
+        s = run_schedule(r, r->o.schedule);
+    else
+        s = r->v > 1 ? run_chunk_ring(r) : run_schedule(r, DSC_SCHEDULE_INFERENCE);
     dsc_status sent = pipe_p2p_wait_sends(r->p2p);
-    if (!s) s = sent;
-    else dsc_status_free(sent);
+    if (!s)
+        s = sent;
+    else
+        dsc_status_free(sent);
     if (!s && training && !r->batch_ended)
         s = dsc_error(DSC_ERR_INTERNAL, "pipeline stage %d: the schedule ended without its batch-end instructions",
                       r->stage);
@@ -264,8 +275,8 @@ static dsc_status count_slots(const dsc_pipe_runner_options *o, int P, int stage
 
 dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_runner **out) {
     *out = NULL;
-    DSC_CHECK(o->module && o->stage && o->optimizer && o->B >= 1 && o->T >= 1 && o->micro_batches >= 1, DSC_ERR_INVALID,
-              "pipeline runner: needs a module, a stage, an optimizer, B, T and M >= 1");
+    DSC_CHECK(o->module && o->stage && o->optimizer && o->B >= 1 && o->T >= 1 && o->micro_batches >= 1,
+              DSC_ERR_INVALID, "pipeline runner: needs a module, a stage, an optimizer, B, T and M >= 1");
     int P = dsc_pipe_module_stages(o->module), v = dsc_pipe_module_chunks(o->module);
     DSC_CHECK(o->pipe && dsc_comm_size(o->pipe) == P, DSC_ERR_INVALID,
               "pipeline runner: %d stages need a pipe communicator of %d ranks", P, P);
@@ -300,7 +311,8 @@ static dsc_status forward_logits(pipe_runner *r, const dsc_tensor *tokens, dsc_t
         pipe_chunk *ch = &r->chunks[c];
         int j = c * r->P + r->stage;
         if (j > 0)
-            DSC_TRY(pipe_p2p_recv_activation(r->p2p, &slot->input_buf, c, (j - 1) % r->P, (j - 1) / r->P, &slot->input));
+            DSC_TRY(pipe_p2p_recv_activation(r->p2p, &slot->input_buf, c, (j - 1) % r->P, (j - 1) / r->P,
+                                             &slot->input));
         dsc_micro_ctx ctx = {.tokens = ch->first_virtual ? tokens : NULL, .loss_scale = 1.0f, .rng = r->o.rng};
         DSC_TRY(pipe_p2p_wait_sends(r->p2p));
         DSC_TRY(pipe_chunk_forward(r, ch, 0, &ctx));
@@ -310,7 +322,8 @@ static dsc_status forward_logits(pipe_runner *r, const dsc_tensor *tokens, dsc_t
         }
         const dsc_tensor *out = &slot->output; /* (1, t, V) */
         DSC_CHECK(out->ndim == 3 && out->shape[2] == dsc_tensor_numel(logits), DSC_ERR_INVALID,
-                  "pipeline logits: the last layer gave no (1, t, %lld) logits", (long long)dsc_tensor_numel(logits));
+                  "pipeline logits: the last layer gave no (1, t, %lld) logits",
+                  (long long)dsc_tensor_numel(logits));
         int64_t row = out->shape[2] * (out->shape[1] - 1);
         memcpy(logits->data, (const float *)out->data + row, (size_t)out->shape[2] * sizeof(float));
     }
@@ -330,7 +343,8 @@ dsc_status dsc_pipe_runner_logits(dsc_batch_runner *base, const dsc_tensor *toke
     dsc_status sent = pipe_p2p_wait_sends(r->p2p);
     if (!s) return sent;
     dsc_status_free(sent);
-    return dsc_error_wrap(s, "pipeline stage %d: logits of a %lld-token sequence", r->stage, (long long)tokens->shape[1]);
+    return dsc_error_wrap(s, "pipeline stage %d: logits of a %lld-token sequence", r->stage,
+                          (long long)tokens->shape[1]);
 }
 
 void dsc_pipe_runner_get_stats(const dsc_batch_runner *r, dsc_pipe_runner_stats *out) {

@@ -22,8 +22,8 @@
 static bool checkpointable(const pipe_chunk *c, int first, int end) {
     for (int l = first; l < end; l++) {
         if (c->layers[l]->n_params == 0) return false;
-        if (c->first_virtual && l == 0) return false;          /* reads the tokens */
-        if (c->last_virtual && l == c->n - 1) return false;    /* computes the loss */
+        if (c->first_virtual && l == 0) return false;       /* reads the tokens */
+        if (c->last_virtual && l == c->n - 1) return false; /* computes the loss */
     }
     return true;
 }
@@ -51,7 +51,8 @@ static dsc_status setup_chunk(pipe_runner *r, int index, dsc_device dev, bool *o
             seg->saved = calloc((size_t)r->n_slots, sizeof *seg->saved);
             seg->input = calloc((size_t)r->n_slots, sizeof *seg->input);
             DSC_CHECK(seg->saved && seg->input, DSC_ERR_NOMEM, "pipeline: checkpoint inputs");
-            for (int b = 0; b < r->n_slots; b++) DSC_TRY(alloc_act(&seg->saved[b], 3, act, DSC_DTYPE_F32, dev));
+            for (int b = 0; b < r->n_slots; b++)
+                DSC_TRY(alloc_act(&seg->saved[b], 3, act, DSC_DTYPE_F32, dev));
         }
         for (int l = seg->first; l < seg->end; l++)
             DSC_TRY(dsc_layer_reserve(c->layers[l], seg->checkpoint ? 1 : r->n_slots, r->o.B, r->o.T));
@@ -69,7 +70,8 @@ dsc_status pipe_runner_alloc_buffers(pipe_runner *r) {
     r->slots = calloc((size_t)r->n_slots, sizeof *r->slots);
     DSC_CHECK(r->chunks && r->slots, DSC_ERR_NOMEM, "pipeline: %d buffers", r->n_slots);
     bool out_copy = false, din_copy = false;
-    for (int c = 0; c < r->v; c++) DSC_TRY(setup_chunk(r, c, dev, &out_copy, &din_copy));
+    for (int c = 0; c < r->v; c++)
+        DSC_TRY(setup_chunk(r, c, dev, &out_copy, &din_copy));
     const int64_t tok[2] = {r->o.B, r->o.T}, act[3] = {r->o.B, r->o.T, dsc_pipe_module_width(r->o.module)};
     for (int b = 0; b < r->n_slots; b++) {
         pipe_slot *s = &r->slots[b];
@@ -86,7 +88,8 @@ void pipe_runner_free_buffers(pipe_runner *r) {
     for (int c = 0; r->chunks && c < r->v; c++) {
         for (int i = 0; i < r->chunks[c].n_segs; i++) {
             pipe_segment *seg = &r->chunks[c].segs[i];
-            for (int b = 0; seg->saved && b < r->n_slots; b++) dsc_tensor_free(&seg->saved[b]);
+            for (int b = 0; seg->saved && b < r->n_slots; b++)
+                dsc_tensor_free(&seg->saved[b]);
             free(seg->saved);
             free(seg->input);
         }

@@ -9,7 +9,7 @@
 /* A run of a chunk's layers; a checkpointed run keeps only its input per
  * slot and recomputes its layers (reserved with one slot) in backward. */
 typedef struct pipe_segment {
-    int first, end;   /* layers [first, end) of the chunk */
+    int first, end; /* layers [first, end) of the chunk */
     bool checkpoint;
     dsc_tensor *saved; /* [n_slots] (B, T, C) input storage, checkpointed runs only */
     dsc_tensor *input; /* [n_slots] views of saved with the input's shape */

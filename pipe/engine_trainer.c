@@ -47,18 +47,19 @@ static dsc_status check_config(const dsc_pipe_trainer_options *o, int world) {
               "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (hooks.make_optimizer)", src,
               cfg->zero_optimization.stage);
     DSC_CHECK(cfg->moe.num_experts == 0 || o->hooks.prepare_build, DSC_ERR_UNSUPPORTED,
-              "%s: \"moe.num_experts\" = %d needs the MoE layers (hooks.prepare_build)", src, cfg->moe.num_experts);
+              "%s: \"moe.num_experts\" = %d needs the MoE layers (hooks.prepare_build)", src,
+              cfg->moe.num_experts);
     DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG, "%s: \"data.path\" is empty", src);
     DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0 &&
-                  cfg->data_parallel_size == world / P, DSC_ERR_CONFIG,
-              "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages)", src, world / P,
-              world, P);
+                  cfg->data_parallel_size == world / P,
+              DSC_ERR_CONFIG, "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages)",
+              src, world / P, world, P);
     return NULL;
 }
 
 static dsc_status make_groups(dsc_pipe_trainer *t, const dsc_config *cfg, dsc_comm *world) {
-    dsc_parallel_dims dims = {.pp = cfg->pipeline.stages, .dp = 0, .tp = 1,
-                              .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
+    dsc_parallel_dims dims = {
+        .pp = cfg->pipeline.stages, .dp = 0, .tp = 1, .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
     DSC_TRY(dsc_groups_plan(dsc_comm_size(world), dsc_comm_rank(world), &dims, &t->plan));
     t->planned = true;
     return dsc_groups_create(world, &t->plan, &t->groups);
@@ -103,8 +104,8 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
     DSC_TRY(dsc_comm_set_timeout(pipe, cfg->pipeline.p2p_timeout_s));
     int M = (int)cfg->gradient_accumulation_steps;
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = t->mc.seq_len;
-    dsc_data_loader_options dl = {cfg->data.path, cfg->data.val_fraction, t->mc.vocab_size, B, T, M,
-                                  dsc_comm_rank(dp), dsc_comm_size(dp), cfg->seed};
+    dsc_data_loader_options dl = {cfg->data.path,    cfg->data.val_fraction, t->mc.vocab_size, B, T, M,
+                                  dsc_comm_rank(dp), dsc_comm_size(dp),      cfg->seed};
     DSC_TRY(dsc_data_loader_open(&dl, &t->data));
     DSC_TRY(build_stage(t, o));
 
@@ -124,8 +125,10 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
-    if (o->hooks.make_optimizer) DSC_TRY(o->hooks.make_optimizer(&oo, cfg, &t->opt));
-    else DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
+    if (o->hooks.make_optimizer)
+        DSC_TRY(o->hooks.make_optimizer(&oo, cfg, &t->opt));
+    else
+        DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
 
     dsc_rng_init(&t->layer_rng, cfg->seed, dsc_comm_rank(dp), DSC_RNG_GATE);
     dsc_pipe_runner_options ro = {
@@ -186,11 +189,27 @@ void dsc_pipe_trainer_destroy(dsc_pipe_trainer *t) {
     free(t);
 }
 
-dsc_engine *dsc_pipe_trainer_engine(dsc_pipe_trainer *t) { return t->engine; }
-dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t) { return t->runner; }
-dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t) { return t->params; }
-const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t) { return t->module; }
-dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t) { return t->groups; }
-dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t) { return t->opt; }
-dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t) { return &t->layer_rng; }
-int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t) { return t->stage_id; }
+dsc_engine *dsc_pipe_trainer_engine(dsc_pipe_trainer *t) {
+    return t->engine;
+}
+dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t) {
+    return t->runner;
+}
+dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t) {
+    return t->params;
+}
+const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t) {
+    return t->module;
+}
+dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t) {
+    return t->groups;
+}
+dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t) {
+    return t->opt;
+}
+dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t) {
+    return &t->layer_rng;
+}
+int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t) {
+    return t->stage_id;
+}

@@ -17,8 +17,8 @@
 
 typedef struct layer_info {
     char name[64];
-    int64_t params;         /* trainable elements the layer reads (tied ones included) */
-    int64_t act_per_token;  /* activation bytes per token per in-flight micro-batch */
+    int64_t params;        /* trainable elements the layer reads (tied ones included) */
+    int64_t act_per_token; /* activation bytes per token per in-flight micro-batch */
 } layer_info;
 
 struct dsc_pipe_module {
@@ -38,7 +38,7 @@ struct dsc_pipe_stage {
     int id, chunks;
     dsc_layer **layers; /* [n] chunk by chunk, forward order */
     int n;
-    int *chunk_start;   /* [chunks + 1] into layers */
+    int *chunk_start; /* [chunks + 1] into layers */
 };
 
 static void set_layer(dsc_pipe_layer_spec *l, const char *type, int block, const char *tied) {
@@ -60,7 +60,8 @@ dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec
         return dsc_error(DSC_ERR_NOMEM, "pipeline: layer list of %d entries", n);
     }
     for (int i = 0; i < n; i++) {
-        bool tie = mc->tie_embeddings && (strcmp(specs[i].type, "embedding") == 0 || strcmp(specs[i].type, "lm_head") == 0);
+        bool tie = mc->tie_embeddings &&
+                   (strcmp(specs[i].type, "embedding") == 0 || strcmp(specs[i].type, "lm_head") == 0);
         set_layer(&list[i], specs[i].type, specs[i].block, tie ? "embed.wte.weight" : NULL);
     }
     free(specs);
@@ -88,12 +89,15 @@ static dsc_status describe(dsc_pipe_module *m) {
         info->params = dsc_layer_param_numel(layer);
         info->act_per_token = layer->activation_bytes_per_token;
         for (int j = 0; j < layer->n_params && !s && m->layers[i].tied[0]; j++)
-            if (strcmp(layer->params[j]->name, m->layers[i].tied) == 0 && !(layer->params[j]->flags & DSC_PARAM_TIED))
-                s = dsc_error(DSC_ERR_INVALID, "pipeline: layer %d (%s) ties %s, but its parameter is not flagged tied",
-                              i, layer->name, m->layers[i].tied);
+            if (strcmp(layer->params[j]->name, m->layers[i].tied) == 0 &&
+                !(layer->params[j]->flags & DSC_PARAM_TIED))
+                s = dsc_error(DSC_ERR_INVALID,
+                              "pipeline: layer %d (%s) ties %s, but its parameter is not flagged tied", i,
+                              layer->name, m->layers[i].tied);
         dsc_layer_destroy(layer);
     }
-    for (int i = 0; i < dsc_params_count(scratch) && !s; i++) m->unique_params += dsc_param_numel(dsc_params_at(scratch, i));
+    for (int i = 0; i < dsc_params_count(scratch) && !s; i++)
+        m->unique_params += dsc_param_numel(dsc_params_at(scratch, i));
     dsc_params_destroy(scratch);
     return s;
 }
@@ -102,11 +106,13 @@ static dsc_status describe(dsc_pipe_module *m) {
  * whose type matches the regex (DeepSpeed matches the class name). */
 static dsc_status method_weights(const dsc_pipe_module *m, double *w) {
     if (strcasecmp(m->method, "parameters") == 0) {
-        for (int i = 0; i < m->n; i++) w[i] = (double)m->info[i].params;
+        for (int i = 0; i < m->n; i++)
+            w[i] = (double)m->info[i].params;
         return NULL;
     }
     DSC_CHECK(strncasecmp(m->method, "type:", 5) == 0 && m->method[5], DSC_ERR_CONFIG,
-              "pipeline.partition_method \"%s\": expected \"uniform\", \"parameters\" or \"type:REGEX\"", m->method);
+              "pipeline.partition_method \"%s\": expected \"uniform\", \"parameters\" or \"type:REGEX\"",
+              m->method);
     regex_t re;
     DSC_CHECK(regcomp(&re, m->method + 5, REG_EXTENDED | REG_ICASE | REG_NOSUB) == 0, DSC_ERR_CONFIG,
               "pipeline.partition_method \"%s\": invalid regular expression", m->method);
@@ -116,19 +122,25 @@ static dsc_status method_weights(const dsc_pipe_module *m, double *w) {
         matched += w[i] > 0;
     }
     regfree(&re);
-    DSC_CHECK(matched > 0, DSC_ERR_CONFIG, "pipeline.partition_method \"%s\": no layer type matches (types are e.g. "
-              "embedding, block, moe_block, lm_head)", m->method);
+    DSC_CHECK(matched > 0, DSC_ERR_CONFIG,
+              "pipeline.partition_method \"%s\": no layer type matches (types are e.g. "
+              "embedding, block, moe_block, lm_head)",
+              m->method);
     return NULL;
 }
 
 static dsc_status partition(dsc_pipe_module *m) {
     int parts = m->P * m->v;
-    DSC_CHECK(m->n >= parts, DSC_ERR_CONFIG,
-              "pipeline: %d stages x %d virtual stages = %d parts, but the model has only %d layers (pipeline.stages "
-              "must not exceed the layer count)", m->P, m->v, parts, m->n);
-    DSC_CHECK(m->v == 1 || m->n % parts == 0, DSC_ERR_CONFIG,
-              "pipeline: interleaving %d stages x %d virtual stages needs a layer count divisible by %d, the model "
-              "has %d layers (embedding + model.n_layer blocks + head)", m->P, m->v, parts, m->n);
+    DSC_CHECK(
+        m->n >= parts, DSC_ERR_CONFIG,
+        "pipeline: %d stages x %d virtual stages = %d parts, but the model has only %d layers (pipeline.stages "
+        "must not exceed the layer count)",
+        m->P, m->v, parts, m->n);
+    DSC_CHECK(
+        m->v == 1 || m->n % parts == 0, DSC_ERR_CONFIG,
+        "pipeline: interleaving %d stages x %d virtual stages needs a layer count divisible by %d, the model "
+        "has %d layers (embedding + model.n_layer blocks + head)",
+        m->P, m->v, parts, m->n);
     if (strcasecmp(m->method, "uniform") == 0) {
         dsc_pipe_partition_uniform(m->n, parts, m->bounds);
         return NULL;
@@ -151,9 +163,10 @@ void dsc_pipe_module_destroy(dsc_pipe_module *m) {
 
 dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_module **out) {
     *out = NULL;
-    DSC_CHECK(o->layers && o->n_layers >= 1 && o->model, DSC_ERR_INVALID, "pipeline module: needs layers and a model");
-    DSC_CHECK(o->stages >= 1 && o->chunks >= 1, DSC_ERR_CONFIG, "pipeline: stages %d and virtual stages %d must be >= 1",
-              o->stages, o->chunks);
+    DSC_CHECK(o->layers && o->n_layers >= 1 && o->model, DSC_ERR_INVALID,
+              "pipeline module: needs layers and a model");
+    DSC_CHECK(o->stages >= 1 && o->chunks >= 1, DSC_ERR_CONFIG,
+              "pipeline: stages %d and virtual stages %d must be >= 1", o->stages, o->chunks);
     dsc_pipe_module *m = calloc(1, sizeof *m);
     DSC_CHECK(m, DSC_ERR_NOMEM, "pipeline module: out of memory");
     m->n = o->n_layers;
@@ -166,7 +179,8 @@ dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_mod
     m->layers = malloc((size_t)m->n * sizeof *m->layers);
     m->info = calloc((size_t)m->n, sizeof *m->info);
     m->bounds = calloc((size_t)(m->P * m->v + 1), sizeof *m->bounds);
-    dsc_status s = m->layers && m->info && m->bounds ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline module: %d layers", m->n);
+    dsc_status s =
+        m->layers && m->info && m->bounds ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline module: %d layers", m->n);
     if (!s) memcpy(m->layers, o->layers, (size_t)m->n * sizeof *m->layers);
     if (!s) s = describe(m);
     if (!s) s = partition(m);
@@ -178,13 +192,27 @@ dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_mod
     return NULL;
 }
 
-int dsc_pipe_module_stages(const dsc_pipe_module *m) { return m->P; }
-int dsc_pipe_module_chunks(const dsc_pipe_module *m) { return m->v; }
-int dsc_pipe_module_layer_count(const dsc_pipe_module *m) { return m->n; }
-int64_t dsc_pipe_module_width(const dsc_pipe_module *m) { return m->width; }
-const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index) { return &m->layers[index]; }
-int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index) { return m->info[index].params; }
-int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m) { return m->unique_params; }
+int dsc_pipe_module_stages(const dsc_pipe_module *m) {
+    return m->P;
+}
+int dsc_pipe_module_chunks(const dsc_pipe_module *m) {
+    return m->v;
+}
+int dsc_pipe_module_layer_count(const dsc_pipe_module *m) {
+    return m->n;
+}
+int64_t dsc_pipe_module_width(const dsc_pipe_module *m) {
+    return m->width;
+}
+const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index) {
+    return &m->layers[index];
+}
+int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index) {
+    return m->info[index].params;
+}
+int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m) {
+    return m->unique_params;
+}
 
 void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end) {
     int j = chunk * m->P + stage;
@@ -193,8 +221,9 @@ void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *
 }
 
 void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t T, FILE *fp) {
-    fprintf(fp, "pipeline partition: %d layers, %lld parameters, method \"%s\", %d stages x %d chunks; "
-                "activations per micro-batch of %lld x %lld tokens\n",
+    fprintf(fp,
+            "pipeline partition: %d layers, %lld parameters, method \"%s\", %d stages x %d chunks; "
+            "activations per micro-batch of %lld x %lld tokens\n",
             m->n, (long long)m->unique_params, m->method, m->P, m->v, (long long)B, (long long)T);
     fprintf(fp, "  stage  chunk  layers      parameters  activations  names\n");
     for (int s = 0; s < m->P; s++) {
@@ -208,7 +237,8 @@ void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t 
             }
             fprintf(fp, "  %5d  %5d  [%3d, %3d)  %10lld  %8.2f MiB ", s, c, first, end, (long long)params,
                     (double)act / (1024.0 * 1024.0));
-            for (int i = first; i < end; i++) fprintf(fp, " %s", m->info[i].name);
+            for (int i = first; i < end; i++)
+                fprintf(fp, " %s", m->info[i].name);
             fputc('\n', fp);
         }
     }
@@ -218,7 +248,8 @@ void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t 
 
 void dsc_pipe_stage_destroy(dsc_pipe_stage *s) {
     if (!s) return;
-    for (int i = 0; i < s->n; i++) dsc_layer_destroy(s->layers[i]);
+    for (int i = 0; i < s->n; i++)
+        dsc_layer_destroy(s->layers[i]);
     free(s->layers);
     free(s->chunk_start);
     free(s);
@@ -227,7 +258,8 @@ void dsc_pipe_stage_destroy(dsc_pipe_stage *s) {
 dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_param_store *params, dsc_device device,
                                 dsc_pipe_stage **out) {
     *out = NULL;
-    DSC_CHECK(stage_id >= 0 && stage_id < m->P, DSC_ERR_INVALID, "pipeline: stage %d outside [0, %d)", stage_id, m->P);
+    DSC_CHECK(stage_id >= 0 && stage_id < m->P, DSC_ERR_INVALID, "pipeline: stage %d outside [0, %d)", stage_id,
+              m->P);
     dsc_pipe_stage *s = calloc(1, sizeof *s);
     DSC_CHECK(s, DSC_ERR_NOMEM, "pipeline stage: out of memory");
     s->id = stage_id;
@@ -242,8 +274,11 @@ dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_para
         s->chunk_start[c] = s->n;
         for (int i = first; i < end && !st; i++) {
             st = dsc_layer_build(&m->layers[i].spec, &ctx, &s->layers[s->n]);
-            if (st) st = dsc_error_wrap(st, "pipeline stage %d: building layer %d (%s)", stage_id, i, m->layers[i].spec.type);
-            else s->n++;
+            if (st)
+                st = dsc_error_wrap(st, "pipeline stage %d: building layer %d (%s)", stage_id, i,
+                                    m->layers[i].spec.type);
+            else
+                s->n++;
         }
     }
     if (st) {
@@ -255,7 +290,9 @@ dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_para
     return NULL;
 }
 
-int dsc_pipe_stage_id(const dsc_pipe_stage *s) { return s->id; }
+int dsc_pipe_stage_id(const dsc_pipe_stage *s) {
+    return s->id;
+}
 
 dsc_layer *const *dsc_pipe_stage_layers(const dsc_pipe_stage *s, int *count) {
     *count = s->n;

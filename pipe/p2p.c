@@ -47,7 +47,7 @@ struct pipe_p2p {
     int stage, stages, chunks;
     bool tags;    /* distinct tags per message kind and epoch (MPI); NCCL takes only tag 0 */
     int tag_base; /* 1 + TAG_KINDS * epoch */
-    edge *edges; /* [stages * chunks] by peer virtual stage */
+    edge *edges;  /* [stages * chunks] by peer virtual stage */
     dsc_comm_request **pending;
     int n_pending, cap_pending;
 };
@@ -87,11 +87,16 @@ void pipe_p2p_destroy(pipe_p2p *p) {
 }
 
 void pipe_p2p_begin_batch(pipe_p2p *p) {
-    for (int i = 0; i < p->stages * p->chunks; i++) p->edges[i].sent = p->edges[i].seen = false;
+    for (int i = 0; i < p->stages * p->chunks; i++)
+        p->edges[i].sent = p->edges[i].seen = false;
 }
 
-static edge *edge_of(pipe_p2p *p, int peer_stage, int peer_chunk) { return &p->edges[peer_chunk * p->stages + peer_stage]; }
-static int tag(const pipe_p2p *p, int kind) { return p->tags ? p->tag_base + kind : 0; }
+static edge *edge_of(pipe_p2p *p, int peer_stage, int peer_chunk) {
+    return &p->edges[peer_chunk * p->stages + peer_stage];
+}
+static int tag(const pipe_p2p *p, int kind) {
+    return p->tags ? p->tag_base + kind : 0;
+}
 
 static dsc_status post_send(pipe_p2p *p, const dsc_tensor *t, int peer, int kind) {
     if (p->n_pending == p->cap_pending) {
@@ -109,8 +114,10 @@ dsc_status pipe_p2p_wait_sends(pipe_p2p *p) {
     dsc_status first = NULL;
     for (int i = 0; i < p->n_pending; i++) {
         dsc_status s = dsc_comm_wait(&p->pending[i]);
-        if (s && !first) first = s;
-        else dsc_status_free(s);
+        if (s && !first)
+            first = s;
+        else
+            dsc_status_free(s);
     }
     p->n_pending = 0;
     return first;
@@ -118,7 +125,8 @@ dsc_status pipe_p2p_wait_sends(pipe_p2p *p) {
 
 static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t len) {
     size_t k = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && k < len; i++) k += (size_t)snprintf(buf + k, len - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+    for (int i = 0; i < ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (k < len) snprintf(buf + k, len - k, ")");
     return buf;
 }
@@ -130,24 +138,27 @@ dsc_status pipe_p2p_send_activation(pipe_p2p *p, const dsc_tensor *t, int chunk,
         int32_t *h = e->meta_out;
         memset(h, 0, sizeof e->meta_out);
         h[0] = META_MAGIC, h[1] = p->stage, h[2] = chunk, h[3] = (int32_t)t->dtype, h[4] = t->ndim;
-        for (int i = 0; i < t->ndim; i++) h[5 + i] = (int32_t)t->shape[i];
+        for (int i = 0; i < t->ndim; i++)
+            h[5 + i] = (int32_t)t->shape[i];
         dsc_tensor meta = dsc_tensor_view(h, DSC_DTYPE_I32, 1, (int64_t[]){META_LEN}, DSC_CPU);
         s = post_send(p, &meta, peer_stage, TAG_META);
         e->sent = !s;
     }
     if (!s) s = post_send(p, t, peer_stage, TAG_ACTIVATION);
-    if (s) return dsc_error_wrap(s, "pipeline stage %d chunk %d: sending activations to stage %d chunk %d", p->stage,
-                                 chunk, peer_stage, peer_chunk);
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d chunk %d: sending activations to stage %d chunk %d", p->stage,
+                              chunk, peer_stage, peer_chunk);
     return NULL;
 }
 
 /* Checks a received header against what `buf` accepts; records the shape. */
 static dsc_status check_meta(pipe_p2p *p, const int32_t *h, const dsc_tensor *buf, int chunk, int peer_stage,
                              int peer_chunk, edge *e) {
-    DSC_CHECK(h[0] == META_MAGIC && h[1] == peer_stage && h[2] == peer_chunk, DSC_ERR_INVALID,
-              "pipeline stage %d chunk %d: the activation header from stage %d chunk %d is garbled or from another "
-              "sender (magic %#x, stage %d, chunk %d): the stages disagree about the schedule", p->stage, chunk,
-              peer_stage, peer_chunk, (unsigned)h[0], h[1], h[2]);
+    DSC_CHECK(
+        h[0] == META_MAGIC && h[1] == peer_stage && h[2] == peer_chunk, DSC_ERR_INVALID,
+        "pipeline stage %d chunk %d: the activation header from stage %d chunk %d is garbled or from another "
+        "sender (magic %#x, stage %d, chunk %d): the stages disagree about the schedule",
+        p->stage, chunk, peer_stage, peer_chunk, (unsigned)h[0], h[1], h[2]);
     int ndim = h[4];
     bool ok = h[3] == (int32_t)buf->dtype && ndim == buf->ndim;
     int64_t shape[DSC_MAX_DIMS] = {0};
@@ -159,12 +170,13 @@ static dsc_status check_meta(pipe_p2p *p, const int32_t *h, const dsc_tensor *bu
     if (!ok) {
         char got[96], want[96];
         const char *dtype = (unsigned)h[3] < DSC_DTYPE_COUNT ? dsc_dtype_name((dsc_dtype)h[3]) : "unknown-dtype";
-        return dsc_error(DSC_ERR_INVALID,
-                         "pipeline stage %d chunk %d: stage %d chunk %d sends activations of shape %s %s, but stage %d "
-                         "accepts at most %s %s (the last dimension exactly): the stages' models disagree",
-                         p->stage, chunk, peer_stage, peer_chunk, shape_text(ndim > 0 && ndim <= DSC_MAX_DIMS ? ndim : 0, shape, got, sizeof got),
-                         dtype, p->stage, shape_text(buf->ndim, buf->shape, want, sizeof want),
-                         dsc_dtype_name(buf->dtype));
+        return dsc_error(
+            DSC_ERR_INVALID,
+            "pipeline stage %d chunk %d: stage %d chunk %d sends activations of shape %s %s, but stage %d "
+            "accepts at most %s %s (the last dimension exactly): the stages' models disagree",
+            p->stage, chunk, peer_stage, peer_chunk,
+            shape_text(ndim > 0 && ndim <= DSC_MAX_DIMS ? ndim : 0, shape, got, sizeof got), dtype, p->stage,
+            shape_text(buf->ndim, buf->shape, want, sizeof want), dsc_dtype_name(buf->dtype));
     }
     e->ndim = ndim;
     memcpy(e->shape, shape, sizeof shape);
@@ -188,21 +200,24 @@ static dsc_status recv_activation(pipe_p2p *p, dsc_tensor *buf, int chunk, int p
 dsc_status pipe_p2p_recv_activation(pipe_p2p *p, dsc_tensor *buf, int chunk, int peer_stage, int peer_chunk,
                                     dsc_tensor *out) {
     dsc_status s = recv_activation(p, buf, chunk, peer_stage, peer_chunk, out);
-    if (s) return dsc_error_wrap(s, "pipeline stage %d chunk %d: receiving activations from stage %d chunk %d", p->stage,
-                                 chunk, peer_stage, peer_chunk);
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d chunk %d: receiving activations from stage %d chunk %d",
+                              p->stage, chunk, peer_stage, peer_chunk);
     return NULL;
 }
 
 dsc_status pipe_p2p_send_grad(pipe_p2p *p, const dsc_tensor *t, int chunk, int peer_stage, int peer_chunk) {
     dsc_status s = post_send(p, t, peer_stage, TAG_GRAD);
-    if (s) return dsc_error_wrap(s, "pipeline stage %d chunk %d: sending gradients to stage %d chunk %d", p->stage, chunk,
-                                 peer_stage, peer_chunk);
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d chunk %d: sending gradients to stage %d chunk %d", p->stage,
+                              chunk, peer_stage, peer_chunk);
     return NULL;
 }
 
 dsc_status pipe_p2p_recv_grad(pipe_p2p *p, dsc_tensor *t, int chunk, int peer_stage, int peer_chunk) {
     dsc_status s = dsc_comm_recv(p->comm, t, peer_stage, tag(p, TAG_GRAD));
-    if (s) return dsc_error_wrap(s, "pipeline stage %d chunk %d: receiving gradients from stage %d chunk %d", p->stage,
-                                 chunk, peer_stage, peer_chunk);
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d chunk %d: receiving gradients from stage %d chunk %d",
+                              p->stage, chunk, peer_stage, peer_chunk);
     return NULL;
 }

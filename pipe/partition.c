@@ -13,13 +13,15 @@
 
 void dsc_pipe_partition_uniform(int n, int parts, int *bounds) {
     if (n <= parts) {
-        for (int p = 0; p <= parts; p++) bounds[p] = p < n ? p : n;
+        for (int p = 0; p <= parts; p++)
+            bounds[p] = p < n ? p : n;
         return;
     }
     /* The first n mod parts parts take one extra item (DeepSpeed >= 0.10.1). */
     int chunk = n / parts, extra = n % parts;
     bounds[0] = 0;
-    for (int p = 0; p < parts; p++) bounds[p + 1] = bounds[p] + chunk + (p < extra ? 1 : 0);
+    for (int p = 0; p < parts; p++)
+        bounds[p + 1] = bounds[p] + chunk + (p < extra ? 1 : 0);
 }
 
 dsc_status dsc_pipe_partition_balanced(const double *weights, int n, int parts, int *bounds) {
@@ -35,16 +37,19 @@ dsc_status dsc_pipe_partition_balanced(const double *weights, int n, int parts, 
      * heaviest part, lightest part, spread, and the start of its last part. */
     size_t cells = (size_t)(n + 1) * (size_t)(parts + 1);
     double *prefix = malloc((size_t)(n + 1) * sizeof *prefix);
-    double *hi = malloc(cells * sizeof *hi), *lo = malloc(cells * sizeof *lo), *cost = malloc(cells * sizeof *cost);
+    double *hi = malloc(cells * sizeof *hi), *lo = malloc(cells * sizeof *lo),
+           *cost = malloc(cells * sizeof *cost);
     int *from = calloc(cells, sizeof *from);
     if (!prefix || !hi || !lo || !cost || !from) {
         free(prefix), free(hi), free(lo), free(cost), free(from);
         return dsc_error(DSC_ERR_NOMEM, "partition: tables for %d items into %d parts", n, parts);
     }
 #define AT(i, j) ((size_t)(i) * (size_t)(parts + 1) + (size_t)(j))
-    for (size_t c = 0; c < cells; c++) hi[c] = lo[c] = cost[c] = INFINITY;
+    for (size_t c = 0; c < cells; c++)
+        hi[c] = lo[c] = cost[c] = INFINITY;
     prefix[0] = 0;
-    for (int i = 0; i < n; i++) prefix[i + 1] = prefix[i] + weights[i];
+    for (int i = 0; i < n; i++)
+        prefix[i + 1] = prefix[i] + weights[i];
     hi[AT(0, 0)] = 0;
     cost[AT(0, 0)] = 0;
     for (int i = 1; i <= n; i++) {
@@ -64,7 +69,8 @@ dsc_status dsc_pipe_partition_balanced(const double *weights, int n, int parts, 
         }
     }
     bounds[parts] = n;
-    for (int j = parts; j >= 1; j--) bounds[j - 1] = from[AT(bounds[j], j)];
+    for (int j = parts; j >= 1; j--)
+        bounds[j - 1] = from[AT(bounds[j], j)];
 #undef AT
     free(prefix), free(hi), free(lo), free(cost), free(from);
     return NULL;

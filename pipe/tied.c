@@ -15,9 +15,9 @@
 
 typedef struct tie_group {
     char name[DSC_PARAM_NAME_MAX];
-    dsc_comm *comm;  /* the stages holding it; NULL when this stage does not */
+    dsc_comm *comm; /* the stages holding it; NULL when this stage does not */
     dsc_param *param;
-    bool lowest;     /* this stage is the group's lowest */
+    bool lowest; /* this stage is the group's lowest */
 } tie_group;
 
 struct dsc_pipe_tied {
@@ -25,7 +25,9 @@ struct dsc_pipe_tied {
     int n;
 };
 
-static int by_name(const void *a, const void *b) { return strcmp(((const tie_group *)a)->name, ((const tie_group *)b)->name); }
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const tie_group *)a)->name, ((const tie_group *)b)->name);
+}
 
 /* The distinct tied names of the module, sorted. */
 static dsc_status collect_names(const dsc_pipe_module *m, dsc_pipe_tied *t) {
@@ -35,7 +37,8 @@ static dsc_status collect_names(const dsc_pipe_module *m, dsc_pipe_tied *t) {
     for (int i = 0; i < n; i++) {
         const char *name = dsc_pipe_module_layer(m, i)->tied;
         bool seen = !name[0];
-        for (int g = 0; g < t->n && !seen; g++) seen = strcmp(t->groups[g].name, name) == 0;
+        for (int g = 0; g < t->n && !seen; g++)
+            seen = strcmp(t->groups[g].name, name) == 0;
         if (!seen) snprintf(t->groups[t->n++].name, DSC_PARAM_NAME_MAX, "%s", name);
     }
     qsort(t->groups, (size_t)t->n, sizeof *t->groups, by_name);
@@ -50,7 +53,8 @@ static int holders(const dsc_pipe_module *m, const char *name, int *stages) {
         for (int c = 0; c < dsc_pipe_module_chunks(m) && !holds; c++) {
             int first, end;
             dsc_pipe_module_range(m, s, c, &first, &end);
-            for (int i = first; i < end && !holds; i++) holds = strcmp(dsc_pipe_module_layer(m, i)->tied, name) == 0;
+            for (int i = first; i < end && !holds; i++)
+                holds = strcmp(dsc_pipe_module_layer(m, i)->tied, name) == 0;
         }
         if (holds) stages[count++] = s;
     }
@@ -59,12 +63,14 @@ static int holders(const dsc_pipe_module *m, const char *name, int *stages) {
 
 void dsc_pipe_tied_destroy(dsc_pipe_tied *t) {
     if (!t) return;
-    for (int g = 0; g < t->n; g++) dsc_comm_free(t->groups[g].comm);
+    for (int g = 0; g < t->n; g++)
+        dsc_comm_free(t->groups[g].comm);
     free(t->groups);
     free(t);
 }
 
-static dsc_status setup(dsc_pipe_tied *t, const dsc_pipe_module *m, int stage, dsc_comm *pipe, dsc_param_store *params) {
+static dsc_status setup(dsc_pipe_tied *t, const dsc_pipe_module *m, int stage, dsc_comm *pipe,
+                        dsc_param_store *params) {
     DSC_TRY(collect_names(m, t));
     int P = dsc_pipe_module_stages(m);
     int *stages = malloc((size_t)P * sizeof *stages);
@@ -74,12 +80,14 @@ static dsc_status setup(dsc_pipe_tied *t, const dsc_pipe_module *m, int stage, d
         tie_group *tg = &t->groups[g];
         int count = holders(m, tg->name, stages);
         bool mine = false;
-        for (int i = 0; i < count; i++) mine |= stages[i] == stage;
+        for (int i = 0; i < count; i++)
+            mine |= stages[i] == stage;
         if (mine) {
             tg->param = dsc_params_find(params, tg->name);
             if (!tg->param) {
-                s = dsc_error(DSC_ERR_INVALID, "tied weights: stage %d holds a layer tied on %s, but no such parameter",
-                              stage, tg->name);
+                s = dsc_error(DSC_ERR_INVALID,
+                              "tied weights: stage %d holds a layer tied on %s, but no such parameter", stage,
+                              tg->name);
                 break;
             }
             tg->lowest = stages[0] == stage;

@@ -75,8 +75,8 @@ typedef struct dsc_pipe_module_options {
     int chunks;                   /* v model chunks per stage (interleaved schedule); 1 otherwise */
     const char *partition_method; /* "uniform", "parameters" or "type:REGEX" (POSIX ERE, case-insensitive) */
     const dsc_model_config *model;
-    const void *build_extra;      /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
-    int64_t width;                /* features per token crossing a stage boundary; 0: model->d_model */
+    const void *build_extra; /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
+    int64_t width;           /* features per token crossing a stage boundary; 0: model->d_model */
 } dsc_pipe_module_options;
 
 typedef struct dsc_pipe_module dsc_pipe_module;
@@ -144,15 +144,15 @@ bool dsc_pipe_tied_counts_in_norm(const dsc_param *param, void *ctx);
 typedef struct dsc_pipe_runner_options {
     const dsc_pipe_module *module;
     dsc_pipe_stage *stage;
-    dsc_comm *pipe;           /* stages of this pipeline (comm rank = stage); its timeout bounds every
-                                 p2p transfer (the trainer sets pipeline.p2p_timeout_s) */
-    dsc_pipe_tied *tied;      /* NULL: no tied layers */
-    dsc_optimizer *optimizer; /* layer hooks and grads_ready */
+    dsc_comm *pipe;             /* stages of this pipeline (comm rank = stage); its timeout bounds every
+                                   p2p transfer (the trainer sets pipeline.p2p_timeout_s) */
+    dsc_pipe_tied *tied;        /* NULL: no tied layers */
+    dsc_optimizer *optimizer;   /* layer hooks and grads_ready */
     dsc_schedule_kind schedule; /* DSC_SCHEDULE_TRAIN_1F1B, _GPIPE or _INTERLEAVED (chunks from the module) */
-    int micro_batches;        /* M the activation slots are sized for */
-    int64_t B, T;             /* micro-batch shape */
+    int micro_batches;          /* M the activation slots are sized for */
+    int64_t B, T;               /* micro-batch shape */
     int activation_checkpoint_interval; /* k > 0: runs of k local layers keep only their input (DeepSpeed's) */
-    dsc_rng *rng;             /* for stochastic layers; may be NULL */
+    dsc_rng *rng;                       /* for stochastic layers; may be NULL */
 } dsc_pipe_runner_options;
 
 /* Reserves the stage's layers for the schedule's buffers and returns the
@@ -194,7 +194,7 @@ typedef struct dsc_pipe_trainer_hooks {
 } dsc_pipe_trainer_hooks;
 
 typedef struct dsc_pipe_trainer_options {
-    const dsc_config *cfg;    /* batch sizes resolved for world / pipeline.stages data-parallel ranks */
+    const dsc_config *cfg; /* batch sizes resolved for world / pipeline.stages data-parallel ranks */
     dsc_comm *world;
     bool log;                 /* this rank prints the step lines */
     const char *metrics_path; /* see dsc_engine_options */

@@ -33,7 +33,7 @@ typedef struct reference {
 typedef struct pipe_case {
     const char *schedule; /* "1f1b", "gpipe", "interleaved" */
     int M;
-    int ckpt;             /* activation_checkpoint_interval */
+    int ckpt; /* activation_checkpoint_interval */
     bool untied;
     const char *method;
     int zero; /* zero_optimization.stage */
@@ -54,7 +54,6 @@ static void reference_run(reference *ref, int micro, bool untied) {
         assert_ok(dsc_engine_step(dsc_trainer_engine(ref->trainer), &m));
         ref->losses[s] = m.loss;
     }
-
 }
 
 static void compare_params(dsc_param_store *got, dsc_param_store *want, double *worst) {
@@ -84,7 +83,8 @@ static void pipe_greedy(dsc_pipe_trainer *t, int32_t *ids, int n_prompt, int n_n
         dsc_tensor tokens = dsc_tensor_view(ctx, DSC_DTYPE_I32, 2, (int64_t[]){1, i}, DSC_CPU);
         assert_ok(dsc_pipe_runner_logits(dsc_pipe_trainer_runner(t), &tokens, &out));
         int best = 0;
-        for (int v = 1; v < 256; v++) best = logits[v] > logits[best] ? v : best;
+        for (int v = 1; v < 256; v++)
+            best = logits[v] > logits[best] ? v : best;
         ids[i] = best;
     }
 }
@@ -106,9 +106,17 @@ static int64_t run_case(dsc_comm *world, int P, const pipe_case *c, reference *r
     snprintf(method, sizeof method, "pipeline.partition_method=%s", c->method);
     snprintf(zero, sizeof zero, "zero_optimization.stage=%d", c->zero);
     bool inter = strcmp(c->schedule, "interleaved") == 0;
-    const char *over[] = {"model.n_layer=6", "model.qkv_bias=false", stages, sched, accum, ckpt, method,
+    const char *over[] = {"model.n_layer=6",
+                          "model.qkv_bias=false",
+                          stages,
+                          sched,
+                          accum,
+                          ckpt,
+                          method,
                           c->untied ? "model.tie_embeddings=false" : "model.tie_embeddings=true",
-                          "pipeline.p2p_timeout_s=60", inter ? "pipeline.virtual_stages=2" : "pipeline.virtual_stages=1", zero};
+                          "pipeline.p2p_timeout_s=60",
+                          inter ? "pipeline.virtual_stages=2" : "pipeline.virtual_stages=1",
+                          zero};
     dsc_config cfg;
     train_fixture_config(&cfg, data_path, over, 11, DP);
     dsc_pipe_trainer_options o = {.cfg = &cfg, .world = world, .hooks.make_optimizer = dsc_zero_make_optimizer};
@@ -135,11 +143,11 @@ static int64_t run_case(dsc_comm *world, int P, const pipe_case *c, reference *r
     pipe_greedy(t, got, 3, 9);
     assert_memory_equal(got, want, sizeof want);
     if (dsc_comm_rank(world) == 0)
-        printf("  P=%d DP=%d M=%d %-11s ckpt=%d %-6s %-12s zero %d: loss rel err %.2e, param rel err %.2e (stage 0; "
-               "losses %.4f -> %.4f)\n",
-               P, DP, c->M, c->schedule, c->ckpt, c->untied ? "untied" : "tied", c->method, c->zero, worst_loss,
-               worst_param,
-               ref->losses[0], ref->losses[STEPS - 1]);
+        printf(
+            "  P=%d DP=%d M=%d %-11s ckpt=%d %-6s %-12s zero %d: loss rel err %.2e, param rel err %.2e (stage 0; "
+            "losses %.4f -> %.4f)\n",
+            P, DP, c->M, c->schedule, c->ckpt, c->untied ? "untied" : "tied", c->method, c->zero, worst_loss,
+            worst_param, ref->losses[0], ref->losses[STEPS - 1]);
     assert_true(worst_loss <= 1e-5);
     assert_true(worst_param <= 1e-5);
     dsc_pipe_trainer_destroy(t);
@@ -164,12 +172,12 @@ static void test_pipeline_equals_one_process(void **state) {
     snprintf(data_path, sizeof data_path, "/tmp/dsc_test_pipe_eq_%d.tok", (int)getpid());
     train_fixture_tokens(data_path, 20000);
     static const pipe_case cases[] = {
-        {"1f1b", 1, 0, false, "parameters", 0},  {"1f1b", 3, 0, false, "parameters", 0},
-        {"1f1b", 8, 0, false, "uniform", 0},     {"gpipe", 1, 0, false, "type:block", 0},
-        {"gpipe", 3, 0, false, "type:block", 0}, {"gpipe", 8, 0, false, "parameters", 0},
+        {"1f1b", 1, 0, false, "parameters", 0},     {"1f1b", 3, 0, false, "parameters", 0},
+        {"1f1b", 8, 0, false, "uniform", 0},        {"gpipe", 1, 0, false, "type:block", 0},
+        {"gpipe", 3, 0, false, "type:block", 0},    {"gpipe", 8, 0, false, "parameters", 0},
         {"interleaved", 8, 0, false, "uniform", 0}, {"1f1b", 3, 2, false, "parameters", 0},
         {"interleaved", 8, 1, false, "uniform", 0}, {"1f1b", 3, 0, true, "uniform", 0},
-        {"1f1b", 3, 0, false, "parameters", 1}, {"1f1b", 3, 0, false, "parameters", 2},
+        {"1f1b", 3, 0, false, "parameters", 1},     {"1f1b", 3, 0, false, "parameters", 2},
     };
     reference refs[16];
     int n_refs = 0;
@@ -189,8 +197,10 @@ static void test_pipeline_equals_one_process(void **state) {
         dsc_tensor t = dsc_tensor_view(saved, DSC_DTYPE_I64, 1, (int64_t[]){2}, DSC_CPU);
         assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_SUM));
         if (dsc_comm_rank(world) == 0)
-            printf("  P=%d: activation checkpointing saves %lld bytes (1F1B, k=2) and %lld bytes (interleaved, k=1) "
-                   "over all ranks\n", P, (long long)saved[0], (long long)saved[1]);
+            printf(
+                "  P=%d: activation checkpointing saves %lld bytes (1F1B, k=2) and %lld bytes (interleaved, k=1) "
+                "over all ranks\n",
+                P, (long long)saved[0], (long long)saved[1]);
         assert_true(saved[0] > 0 && saved[1] > 0);
     }
     assert_true(ran > 0);

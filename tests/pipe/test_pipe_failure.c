@@ -25,7 +25,8 @@ static const double TIMEOUT_S = 1.5;
  * a freed communicator's context to the next one created. */
 static dsc_comm *pipe_comm(dsc_comm *world) {
     int P = dsc_comm_size(world), all[MAX_P];
-    for (int i = 0; i < P; i++) all[i] = i;
+    for (int i = 0; i < P; i++)
+        all[i] = i;
     dsc_comm *pipe;
     assert_ok(dsc_comm_create_sub(world, all, P, "pipe", &pipe));
     return pipe;
@@ -35,7 +36,8 @@ static dsc_comm *pipe_comm(dsc_comm *world) {
 static dsc_status build(dsc_comm *world, bool wide_first, test_pipe *tp) {
     int P = dsc_comm_size(world);
     const char *types[MAX_P + 1];
-    for (int i = 0; i < P; i++) types[i] = "test_linear";
+    for (int i = 0; i < P; i++)
+        types[i] = "test_linear";
     if (wide_first && dsc_comm_rank(world) == 0) types[0] = "test_wide";
     types[P] = "test_mse";
     test_pipe_spec spec = {types, P + 1, "type:linear|wide", 1, DSC_SCHEDULE_TRAIN_1F1B, 2, TIMEOUT_S};
@@ -65,7 +67,8 @@ static void test_wrong_shape(void **state) {
     dsc_status s = train_once(&tp);
     char needle[96];
     if (stage == 1) {
-        expect(s, DSC_ERR_INVALID, "stage 0 chunk 0 sends activations of shape (1, 1, 2) f32, but stage 1 accepts", stage);
+        expect(s, DSC_ERR_INVALID, "stage 0 chunk 0 sends activations of shape (1, 1, 2) f32, but stage 1 accepts",
+               stage);
     } else if (stage == 0) {
         expect(s, DSC_ERR_TIMEOUT, "receiving gradients from stage 1", stage);
     } else {

@@ -10,13 +10,15 @@
 
 typedef struct test_layer {
     dsc_layer base;
-    dsc_param *w; /* (1, 1); NULL for the loss */
-    int width;    /* output features */
-    bool first;   /* reads the tokens: no input gradient */
+    dsc_param *w;        /* (1, 1); NULL for the loss */
+    int width;           /* output features */
+    bool first;          /* reads the tokens: no input gradient */
     dsc_tensor x, y, dx; /* per slot, (slots * B * T) floats each */
 } test_layer;
 
-static float *at(dsc_tensor *t, int slot, const dsc_layer *l) { return (float *)t->data + (int64_t)slot * l->max_B * l->max_T * 2; }
+static float *at(dsc_tensor *t, int slot, const dsc_layer *l) {
+    return (float *)t->data + (int64_t)slot * l->max_B * l->max_T * 2;
+}
 
 static dsc_status t_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
     test_layer *l = (test_layer *)self;
@@ -34,7 +36,8 @@ static dsc_status t_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc
     float *x = at(&l->x, slot, self), *y = at(&l->y, slot, self);
     l->first = in->ndim == 0;
     for (int64_t i = 0; i < b * t; i++)
-        x[i] = in->ndim == 0 ? (float)((const int32_t *)ctx->tokens->data)[i] : ((const float *)in->data)[i * in->shape[2]];
+        x[i] = in->ndim == 0 ? (float)((const int32_t *)ctx->tokens->data)[i]
+                             : ((const float *)in->data)[i * in->shape[2]];
     if (!l->w) { /* MSE against the targets */
         double sum = 0;
         for (int64_t i = 0; i < b * t; i++) {
@@ -48,12 +51,14 @@ static dsc_status t_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc
     }
     float w = *(const float *)l->w->value.data;
     for (int64_t i = 0; i < b * t; i++)
-        for (int k = 0; k < l->width; k++) y[i * l->width + k] = w * x[i];
+        for (int k = 0; k < l->width; k++)
+            y[i * l->width + k] = w * x[i];
     *out = dsc_tensor_view(y, DSC_DTYPE_F32, 3, (int64_t[]){b, t, l->width}, DSC_CPU);
     return NULL;
 }
 
-static dsc_status t_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din, dsc_micro_ctx *ctx) {
+static dsc_status t_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                             dsc_micro_ctx *ctx) {
     test_layer *l = (test_layer *)self;
     const dsc_tensor *ref = l->w ? dout : ctx->targets;
     int64_t b = ref->shape[0], t = ref->shape[1], n = b * t;
@@ -82,7 +87,8 @@ static void t_destroy(dsc_layer *self) {
 static const dsc_layer_ops linear_ops = {"test_linear", t_reserve, t_forward, t_backward, t_destroy};
 static const dsc_layer_ops mse_ops = {"test_mse", t_reserve, t_forward, t_backward, t_destroy};
 
-static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int width, bool loss, dsc_layer **out) {
+static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int width, bool loss,
+                       dsc_layer **out) {
     test_layer *l = calloc(1, sizeof *l);
     l->base.ops = loss ? &mse_ops : &linear_ops;
     l->width = width;
@@ -98,9 +104,15 @@ static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int
     return NULL;
 }
 
-static dsc_status linear_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) { return make(s, c, 1, false, o); }
-static dsc_status wide_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) { return make(s, c, 2, false, o); }
-static dsc_status mse_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) { return make(s, c, 1, true, o); }
+static dsc_status linear_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) {
+    return make(s, c, 1, false, o);
+}
+static dsc_status wide_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) {
+    return make(s, c, 2, false, o);
+}
+static dsc_status mse_factory(const dsc_layer_spec *s, const dsc_build_ctx *c, dsc_layer **o) {
+    return make(s, c, 1, true, o);
+}
 
 void test_pipe_register_layers(void) {
     assert_ok(dsc_layer_register("test_linear", linear_factory));
@@ -134,7 +146,8 @@ dsc_status test_pipe_build(dsc_comm *pipe, const test_pipe_spec *spec, test_pipe
         snprintf(layers[i].spec.type, sizeof layers[i].spec.type, "%s", spec->types[i]);
         layers[i].spec.block = i;
     }
-    dsc_pipe_module_options mo = {layers, spec->n, dsc_comm_size(pipe), spec->chunks, spec->method, &tp->mc, NULL, 1};
+    dsc_pipe_module_options mo = {layers, spec->n, dsc_comm_size(pipe), spec->chunks, spec->method, &tp->mc,
+                                  NULL,   1};
     DSC_TRY(dsc_pipe_module_create(&mo, &tp->module));
     DSC_TRY(dsc_params_create(&tp->store, DSC_CPU, 1));
     DSC_TRY(dsc_pipe_stage_build(tp->module, dsc_comm_rank(pipe), tp->store, DSC_CPU, &tp->stage));

@@ -26,7 +26,8 @@ static const char *config_json =
     " \"model\": {\"arch\": \"gpt-moe\", \"n_layer\": 2, \"d_model\": 16, \"n_head\": 4, \"d_ff\": 24,"
     "            \"vocab_size\": 32, \"seq_len\": 8, \"qkv_bias\": false},"
     " \"moe\": {\"num_experts\": 4, \"ep_size\": %d, \"k\": 2, \"capacity_factor\": 1.0, \"min_capacity\": 1,"
-    "          \"layer_freq\": 2, \"use_rts\": false, \"top2_2nd_expert_sampling\": false, \"aux_loss_coef\": 0.01},"
+    "          \"layer_freq\": 2, \"use_rts\": false, \"top2_2nd_expert_sampling\": false, \"aux_loss_coef\": "
+    "0.01},"
     " \"pipeline\": {\"stages\": %d, \"partition_method\": \"uniform\"},"
     " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.01}},"
     " \"train\": {\"steps\": 10}, \"data\": {\"path\": \"%s\", \"val_fraction\": 0}}";
@@ -56,7 +57,8 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     int rank = dsc_comm_rank(world);
     snprintf(token_path, sizeof token_path, "/tmp/dsc_test_pipe_moe_%d.tok", (int)getpid());
     uint32_t *ids = malloc(TOKENS * sizeof *ids);
-    for (int i = 0; i < TOKENS; i++) ids[i] = (uint32_t)((i * 7 + (i / 13) * 3) % 32);
+    for (int i = 0; i < TOKENS; i++)
+        ids[i] = (uint32_t)((i * 7 + (i / 13) * 3) % 32);
     assert_ok(dsc_token_file_write(token_path, ids, TOKENS, DSC_TOKEN_DTYPE_U16, 32));
     free(ids);
 
@@ -84,10 +86,11 @@ static void test_pp2_ep2_equals_one_process(void **state) {
         dsc_step_metrics a, b;
         assert_ok(dsc_engine_step(dsc_pipe_trainer_engine(t), &a));
         assert_ok(dsc_engine_step(dsc_trainer_engine(one), &b));
-        double rel = fmax(fabs(a.loss - b.loss) / fabs(b.loss), fabs(a.aux_loss - b.aux_loss) / fmax(fabs(b.aux_loss), 1e-6));
+        double rel = fmax(fabs(a.loss - b.loss) / fabs(b.loss),
+                          fabs(a.aux_loss - b.aux_loss) / fmax(fabs(b.aux_loss), 1e-6));
         if (rank == 0)
-            printf("  step %2d loss %.7f aux %.7f vs %.7f aux %.7f (rel %.2e)\n", s + 1, a.loss, a.aux_loss, b.loss,
-                   b.aux_loss, rel);
+            printf("  step %2d loss %.7f aux %.7f vs %.7f aux %.7f (rel %.2e)\n", s + 1, a.loss, a.aux_loss,
+                   b.loss, b.aux_loss, rel);
         worst = fmax(worst, rel);
     }
     assert_true(worst <= 1e-5);
