@@ -11,6 +11,7 @@
  *      utilisation.
  *
  * Run: build/bench/bench_inference [--model DIR] [--hf-log FILE] [--threads N] [--requests N]
+ *                                   [--batching-only 1]
  * Without --model the weights are random (same shapes). Best of 2 for the
  * throughput figures (the machine is shared). Prints, never asserts. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -301,14 +302,14 @@ static void batching(dsc_infer_model *m, int32_t n) {
     printf(
         "\nworkload: %d requests, all queued at t=0, prompts 8..128 (%lld tokens), outputs 4..64 (%lld tokens)\n",
         n, (long long)total_p, (long long)total_o);
-    serve(m, &w, "continuous, budget 256", (dsc_scheduler_config){.token_budget = 256, .kv_reserve_tokens = -1},
+    serve(m, &w, "continuous, decode-first", (dsc_scheduler_config){.token_budget = 512, .kv_reserve_tokens = -1},
           16);
     serve(m, &w, "continuous, prefill-first",
-          (dsc_scheduler_config){.token_budget = 256,
+          (dsc_scheduler_config){.token_budget = 512,
                                  .prefill_priority = DSC_PREFILL_PRIORITY_PREFILL_FIRST,
                                  .kv_reserve_tokens = -1},
           16);
-    serve(m, &w, "static batches of 16",
+    serve(m, &w, "static, batches of 16",
           (dsc_scheduler_config){.token_budget = 512, .kv_reserve_tokens = -1, .static_batching = true}, 16);
     free(w.prompt_len);
     free(w.out_len);
@@ -318,6 +319,7 @@ static void batching(dsc_infer_model *m, int32_t n) {
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *hf_log = NULL;
     int32_t requests = 32;
+    bool skip_throughput = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0)
             model_dir = argv[i + 1];
@@ -327,6 +329,8 @@ int main(int argc, char **argv) {
             dsc_kernels_set_num_threads(atoi(argv[i + 1]));
         else if (strcmp(argv[i], "--requests") == 0)
             requests = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--batching-only") == 0)
+            skip_throughput = atoi(argv[i + 1]) != 0;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     dsc_infer_model *m = NULL;
@@ -337,7 +341,7 @@ int main(int argc, char **argv) {
     printf("bench_inference: %s, %.1fM parameters (%zu MB arena), %d threads, %s weights\n",
            dsc_infer_model_arch(m), (double)dsc_infer_model_arena_bytes(m) / 4e6,
            dsc_infer_model_arena_bytes(m) >> 20, dsc_kernels_get_num_threads(), model_dir ? model_dir : "random");
-    throughput(m, hf_log);
+    if (!skip_throughput) throughput(m, hf_log);
     batching(m, requests);
     dsc_infer_model_destroy(m);
     return 0;
