@@ -270,6 +270,7 @@ dsc_status dsc_comm_test(dsc_comm_request **reqp, bool *done) {
     dsc_comm_request *req = *reqp;
     if (!req) return NULL;
     bool finished = false;
+    dsc_comm_watch_serve(); /* a rank that polls through test() answers the watchdog too */
     dsc_status s = req->comm->backend->test(req, &finished);
     if (!s && !finished && dsc_comm_now() > req->deadline)
         s = dsc_comm_timeout_error(req->comm, dsc_comm_op_name(req->op), req->peer);

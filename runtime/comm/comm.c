@@ -191,6 +191,7 @@ static dsc_status agree(dsc_comm *parent, const int *members, int count, const c
     dsc_status s = dsc_mem_alloc((void **)&claims, bytes, DSC_MEM_COMM, DSC_CPU);
     if (!s) {
         parent->deadline = dsc_comm_now() + parent->opts.timeout_s;
+        parent->seq++; /* a collective on the parent, as the watchdog counts them */
         MPI_Request req;
         s = dsc_comm_mpi_check(
             MPI_Iallgather(claim, CLAIM_FIELDS, MPI_INT, claims, CLAIM_FIELDS, MPI_INT, parent->mpi, &req),
