@@ -276,6 +276,12 @@ static dsc_status train(const args *a, dsc_comm *world) {
         fflush(stdout);
     }
     dsc_checkpointer *ckpt = NULL;
+    /* The checkpoint saves parameters from the store, which ZeRO-3 empties (it keeps shards). */
+    if (!s && (a->resume || cfg.checkpoint.save_dir[0]) && cfg.zero_optimization.stage == 3)
+        s = dsc_error(DSC_ERR_UNSUPPORTED,
+                      "%s: checkpoints of \"zero_optimization.stage\" = 3 are not supported yet (its parameters exist "
+                      "only as shards); use stage 2, or train without \"checkpoint.save_dir\" / --resume",
+                      a->config);
     if (!s && (a->resume || cfg.checkpoint.save_dir[0])) {
         dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
                                        MPI_COMM_WORLD, 1, size, moe ? cfg.moe.ep_size : 1,
