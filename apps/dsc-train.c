@@ -240,6 +240,12 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
         fflush(stdout);
     }
     dsc_status s = dsc_engine_train(dsc_pipe_trainer_engine(t));
+    if (!s && a->report_memory) {
+        dsc_param_store *ps = dsc_pipe_trainer_params(t);
+        double psi = 0; /* this stage's parameters */
+        for (int i = 0; i < dsc_params_count(ps); i++) psi += (double)dsc_param_numel(dsc_params_at(ps, i));
+        s = dsc_zero_memory_report(stdout, world, cfg->zero_optimization.stage, psi, size / P, state_bytes(cfg));
+    }
     pipe_model pm = {t, cfg->model.seq_len, cfg->model.vocab_size};
     if (!s && moe && cfg->moe.ep_size > 1) {
         if (rank == 0) printf("dsc-train: no sample: expert-parallel generation is not wired into pipelines\n");

@@ -79,15 +79,16 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
 }
 
 dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes) {
-    enum { FIELDS = DSC_MEM_CATEGORY_COUNT + 2 };
+    enum { TOTAL = DSC_MEM_CATEGORY_COUNT, PEAK, PSI, FIELDS };
     int size = comm ? dsc_comm_size(comm) : 1, rank = comm ? dsc_comm_rank(comm) : 0;
     dsc_mem_stats st;
     dsc_mem_get_stats(&st);
     int64_t mine[FIELDS];
     for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++)
         mine[c] = st.current[c];
-    mine[DSC_MEM_CATEGORY_COUNT] = st.total_current;
-    mine[DSC_MEM_CATEGORY_COUNT + 1] = st.total_peak;
+    mine[TOTAL] = st.total_current;
+    mine[PEAK] = st.total_peak;
+    mine[PSI] = (int64_t)psi;
     int64_t *all = calloc((size_t)size * FIELDS, sizeof *all);
     DSC_CHECK(all, DSC_ERR_NOMEM, "memory report of %d ranks", size);
     int64_t n = FIELDS, total = (int64_t)size * FIELDS;
@@ -99,24 +100,24 @@ dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double ps
         return s ? dsc_error_wrap(s, "gathering the memory report") : NULL;
     }
     const double MiB = 1024.0 * 1024.0;
-    dsc_zero_memory f;
-    dsc_zero_memory_formula(stage, psi, dp, state_bytes, &f);
     fprintf(fp,
-            "memory per rank (MiB, allocator accounting), ZeRO stage %d over %d data-parallel ranks, psi = %.0f\n",
-            stage, dp, psi);
-    fprintf(fp, "%-8s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params", "grads", "optim", "activ",
-            "comm", "other", "total", "peak", "states/form");
+            "memory per rank (MiB, allocator accounting), ZeRO stage %d over %d data-parallel ranks; formula = "
+            "the paper's parameters + gradients + optimizer state for the rank's psi\n",
+            stage, dp);
+    fprintf(fp, "%-6s %12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %8s\n", "rank", "psi", "params", "grads", "optim",
+            "activ", "comm", "other", "total", "peak", "formula", "ratio");
     for (int r = 0; r < size; r++) {
         const int64_t *v = all + (size_t)r * FIELDS;
+        dsc_zero_memory f;
+        dsc_zero_memory_formula(stage, (double)v[PSI], dp, state_bytes, &f);
         double states = (double)(v[DSC_MEM_PARAMS] + v[DSC_MEM_GRADS] + v[DSC_MEM_OPTIM]);
-        fprintf(fp, "%-8d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %12.4f\n", r,
-                v[DSC_MEM_PARAMS] / MiB, v[DSC_MEM_GRADS] / MiB, v[DSC_MEM_OPTIM] / MiB,
+        double want = f.params + f.grads + f.optim;
+        fprintf(fp, "%-6d %12lld %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.4f\n", r,
+                (long long)v[PSI], v[DSC_MEM_PARAMS] / MiB, v[DSC_MEM_GRADS] / MiB, v[DSC_MEM_OPTIM] / MiB,
                 v[DSC_MEM_ACTIVATIONS] / MiB, v[DSC_MEM_COMM] / MiB,
-                (v[DSC_MEM_KV_CACHE] + v[DSC_MEM_OTHER]) / MiB, v[DSC_MEM_CATEGORY_COUNT] / MiB,
-                v[DSC_MEM_CATEGORY_COUNT + 1] / MiB, states / (f.params + f.grads + f.optim));
+                (v[DSC_MEM_KV_CACHE] + v[DSC_MEM_OTHER]) / MiB, v[TOTAL] / MiB, v[PEAK] / MiB, want / MiB,
+                states / want);
     }
-    fprintf(fp, "%-8s %10.2f %10.2f %10.2f %10s %10s %10s %10.2f\n", "formula", f.params / MiB, f.grads / MiB,
-            f.optim / MiB, "-", "-", "-", (f.params + f.grads + f.optim) / MiB);
     free(all);
     return NULL;
 }

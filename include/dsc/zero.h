@@ -101,9 +101,9 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
 /* Collective over `comm`: gathers every rank's allocator accounting per
  * category (parameters, gradients, optimizer state, activations,
  * communication buffers, total and peak) and rank 0 of `comm` prints one row
- * per rank beside the formula for `stage` over `dp` ranks of Ψ = psi
- * elements (the rank's share of the model: its pipeline stage), with the
- * ratio of measured model states to the formula. */
+ * per rank beside the formula for `stage` over `dp` ranks of that rank's
+ * Ψ = psi elements (its share of the model: its pipeline stage's
+ * parameters), with the ratio of measured model states to the formula. */
 dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes);
 
 #ifdef __cplusplus
