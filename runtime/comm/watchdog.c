@@ -17,7 +17,9 @@
  * earlier query is never taken for the current one.
  *
  * State is per process (ranks are single-threaded towards MPI), shared by
- * every communicator and freed with the last one.
+ * every communicator and freed with the last one; creating it is collective
+ * over MPI_COMM_WORLD, which holds because every rank creates its first
+ * world communicator together (and, should it free all of them, its next).
  * Not here: deadlines and polling (poll.c), stopping the job (the app and
  * the launcher decide). */
 #define _POSIX_C_SOURCE 200809L /* fmemopen, nanosleep */
@@ -197,7 +199,8 @@ static void answer(int from, int64_t nonce, int64_t id) {
         snprintf(r->what, sizeof r->what, "%s", wd->wait_what);
         snprintf(r->comm, sizeof r->comm, "%s", wd->wait_comm->name);
     }
-    MPI_Isend(r, sizeof *r, MPI_BYTE, from, TAG_REPLY, wd->side, &s->r_req);
+    if (MPI_Isend(r, sizeof *r, MPI_BYTE, from, TAG_REPLY, wd->side, &s->r_req) != MPI_SUCCESS)
+        s->r_req = MPI_REQUEST_NULL; /* the asker will count this rank as silent */
 }
 
 void dsc_comm_watch_serve(void) {

@@ -172,7 +172,7 @@ check "PP x EP parameters of every rank equal one host's" \
 
 # ---- a slow, lossy link ------------------------------------------------------------------
 shaping=$("$netns" shape "$h1" 20 1)
-echo "    host 1's link: $shaping"
+check "host 1's link is slowed: $shaping" [ -n "$shaping" ]
 launch dp_slow -n 4 --include "$h0@$h1" "${dp_job[@]}" --metrics "$work/dp_slow.jsonl"
 check "DP job over a slowed link succeeds ($shaping)" [ "$rc" -eq 0 ]
 check "its losses equal one host's" same_numbers "$work/dp_slow.jsonl" "$work/dp_local.jsonl" "$loss_fields"
@@ -203,6 +203,8 @@ tail -n 12 "$work/link_down"
 check "the job stopped within comm.timeout_s + 10 s of the link going down ($after ms)" \
     [ "$after" -lt $(((timeout_s + 10) * 1000)) ]
 check "the launcher reports the failure" has "$work/link_down" "dsc-launch: job failed:"
+check "a rank names the operation and group that were stuck" \
+    line_has "$work/link_down" "dsc-launch: job failed:" "(4 ranks) timed out after $timeout_s s"
 check "a rank names the host whose ranks did not answer" line_has "$work/link_down" "did not answer" "(host $h1)"
 check "no process of the job remains" gone "$work/dp.json"
 "$netns" link "$h1" up
