@@ -173,6 +173,21 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     return NULL;
 }
 
+/* Checkpointing when the config saves or the command resumes: the engine's
+ * step hook saves, and a resume restores before training. */
+static dsc_status wire_checkpoints(const args *a, const dsc_checkpointer_options *co, dsc_checkpointer **out) {
+    *out = NULL;
+    if (!a->resume && !co->cfg->checkpoint.save_dir[0]) return NULL;
+    /* The checkpoint saves parameters from the store, which ZeRO-3 empties (it keeps shards). */
+    DSC_CHECK(co->cfg->zero_optimization.stage != 3, DSC_ERR_UNSUPPORTED,
+              "%s: checkpoints of \"zero_optimization.stage\" = 3 are not supported yet (its parameters exist "
+              "only as shards); use stage 2, or train without \"checkpoint.save_dir\" / --resume",
+              a->config);
+    DSC_TRY(dsc_checkpointer_create(co, out));
+    dsc_engine_set_hook(co->engine, dsc_checkpointer_on_step, *out);
+    return a->resume ? dsc_checkpointer_resume(*out, a->resume) : NULL;
+}
+
 /* ---- pipelines (pipeline.stages > 1): pipe/'s PP x DP trainer ------------------------ */
 
 typedef struct pipe_model {
@@ -239,7 +254,12 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
         dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
         fflush(stdout);
     }
-    dsc_status s = dsc_engine_train(dsc_pipe_trainer_engine(t));
+    dsc_checkpointer_options co = {cfg, dsc_pipe_trainer_engine(t), dsc_pipe_trainer_params(t),
+                                   dsc_pipe_trainer_optimizer(t), MPI_COMM_WORLD, P, size / P,
+                                   moe ? cfg->moe.ep_size : 1, dsc_pipe_trainer_rng(t), 1, rank == 0};
+    dsc_checkpointer *ckpt = NULL;
+    dsc_status s = wire_checkpoints(a, &co, &ckpt);
+    if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     if (!s && a->report_memory) {
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
@@ -252,6 +272,7 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     } else if (!s) {
         print_sample(pipe_generate, &pm, cfg, a, rank == 0); /* collective: every stage takes part */
     }
+    dsc_checkpointer_destroy(ckpt);
     dsc_pipe_trainer_destroy(t);
     return s;
 }
@@ -282,19 +303,11 @@ static dsc_status train(const args *a, dsc_comm *world) {
         fflush(stdout);
     }
     dsc_checkpointer *ckpt = NULL;
-    /* The checkpoint saves parameters from the store, which ZeRO-3 empties (it keeps shards). */
-    if (!s && (a->resume || cfg.checkpoint.save_dir[0]) && cfg.zero_optimization.stage == 3)
-        s = dsc_error(DSC_ERR_UNSUPPORTED,
-                      "%s: checkpoints of \"zero_optimization.stage\" = 3 are not supported yet (its parameters exist "
-                      "only as shards); use stage 2, or train without \"checkpoint.save_dir\" / --resume",
-                      a->config);
-    if (!s && (a->resume || cfg.checkpoint.save_dir[0])) {
+    if (!s) {
         dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
                                        MPI_COMM_WORLD, 1, size, moe ? cfg.moe.ep_size : 1,
                                        dsc_trainer_rng(t), 1, rank == 0};
-        s = dsc_checkpointer_create(&co, &ckpt);
-        if (!s) dsc_engine_set_hook(dsc_trainer_engine(t), dsc_checkpointer_on_step, ckpt);
-        if (!s && a->resume) s = dsc_checkpointer_resume(ckpt, a->resume);
+        s = wire_checkpoints(a, &co, &ckpt);
     }
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
     if (!s && a->report_memory)
