@@ -4,7 +4,11 @@
 #  2. layout change: a DP=2 checkpoint resumed on 1 and 4 ranks matches (<= 1e-5);
 #  3. crash safety: a rank SIGKILLed in the middle of a save leaves `latest` on the
 #     previous checkpoint, which restores and continues exactly;
-#  4. h5dump -H shows global names and global shapes.
+#  4. h5dump -H shows global names and global shapes;
+#  5. the same for PP x DP with ZeRO-1 (saved PP=2 x DP=2) restored as PP=1 x DP=4
+#     with ZeRO-2, PP=4 x DP=1 and one rank, and for ZeRO-2 resumes;
+#  6. an MoE model saved with EP=2 resumes exactly and restores with EP=1 and EP=4;
+#     PP=2 x EP=2 resumes exactly.
 # Usage: test_resume.sh BUILD_DIR SOURCE_DIR [extra dsc-train overrides...]
 set -euo pipefail
 build=$1 src=$2
@@ -16,13 +20,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DSC_PROGRESS=0
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$bin/dsc-train" --prepare "$src/data/tinyshakespeare.txt" "$work/ts.tok" >/dev/null
-common=(--set data.path="$work/ts.tok" --set train.steps=10 --set steps_per_print=1 --set train.eval_interval=0
-        --set checkpoint.save_interval=5 --set scheduler.params.warmup_num_steps=3 --set model.n_layer=2
-        --set model.d_model=64 --set model.seq_len=32 --set train_batch_size=8 --sample 0 --no-progress "$@")
+common=(--set data.path="$work/ts.tok" --sample 0 --no-progress "$@")
 train() { # NP SAVE_DIR MICRO [args...]
   local np=$1 dir=$2 micro=$3
   shift 3
-  "$bin/dsc-launch" -n "$np" "$bin/dsc-train" "$src/configs/main.json" "${common[@]}" \
+  "$bin/dsc-launch" -n "$np" "$bin/dsc-train" "$src/tests/checkpoint/resume.json" "${common[@]}" \
     --set checkpoint.save_dir="$dir" --set train_micro_batch_size_per_gpu="$micro" \
     --set gradient_accumulation_steps=null "$@"
 }
@@ -71,4 +73,41 @@ grep -A3 'DATASET "embed.wte.weight"' "$work/h5.txt" | grep -q 'SIMPLE { ( 256, 
 grep -A3 'DATASET "layers.1.mlp.fc.weight"' "$work/h5.txt" | grep -q 'SIMPLE { ( 256, 64 )' || fail "mlp.fc not (256, 64)"
 grep -q 'GROUP "optimizer"' "$work/h5.txt" || fail "no optimizer group"
 echo "   ok"
-echo "4 passed, 0 failed"
+# Resumes the checkpoint of step 5 in $1 with NP ranks and compares step 10 (<= 1e-5, or bitwise with "exact").
+resume_matches() { # REF_DIR NAME NP MICRO exact|close [args...]
+  local ref=$1 name=$2 np=$3 micro=$4 mode=$5
+  shift 5
+  seed_dir "$ref/global_step5" "$work/$name"
+  train "$np" "$work/$name" "$micro" --resume "$@" > "$work/$name.log" 2>&1 || fail "$name: $(tail -2 "$work/$name.log")"
+  local d
+  d=$(max_model_diff "$ref/global_step10" "$work/$name/global_step10")
+  if [ "$mode" = exact ]; then
+    diff <(losses < "$ref.log" | tail -5) <(losses < "$work/$name.log") > /dev/null || fail "$name: losses differ"
+    [ "$d" = 0 ] || fail "$name: parameters differ by $d"
+  else
+    awk -v d="$d" 'BEGIN { exit !(d <= 1e-5) }' || fail "$name: parameters differ by $d"
+  fi
+  echo "   $name: $np rank(s), max parameter difference at step 10: $d ($mode)"
+}
+
+echo "== 5. pipelines and ZeRO"
+pp2=(--set pipeline.stages=2 --set zero_optimization.stage=1)
+train 4 "$work/p" 2 "${pp2[@]}" > "$work/p.log" 2>&1 || fail "PP=2 x DP=2: $(tail -2 "$work/p.log")"
+resume_matches "$work/p" p_same 4 2 exact "${pp2[@]}"
+resume_matches "$work/p" p_dp4_zero2 4 2 close --set zero_optimization.stage=2
+resume_matches "$work/p" p_pp4 4 8 close --set pipeline.stages=4
+resume_matches "$work/p" p_one 1 8 close
+train 2 "$work/z" 4 --set zero_optimization.stage=2 > "$work/z.log" 2>&1 || fail "ZeRO-2: $(tail -2 "$work/z.log")"
+resume_matches "$work/z" z_same 2 4 exact --set zero_optimization.stage=2
+resume_matches "$work/z" z_zero1_dp4 4 2 close --set zero_optimization.stage=1
+
+echo "== 6. MoE (4 experts; saved with EP=2 on 4 ranks)"
+moe=(--set model.arch=gpt-moe --set moe.num_experts=4 --set moe.k=2 --set moe.layer_freq=1)
+train 4 "$work/m" 2 "${moe[@]}" --set moe.ep_size=2 > "$work/m.log" 2>&1 || fail "MoE EP=2: $(tail -2 "$work/m.log")"
+resume_matches "$work/m" m_same 4 2 exact "${moe[@]}" --set moe.ep_size=2
+resume_matches "$work/m" m_ep1 4 2 close "${moe[@]}" --set moe.ep_size=1
+resume_matches "$work/m" m_ep4 4 2 close "${moe[@]}" --set moe.ep_size=4
+pp_moe=("${moe[@]}" --set moe.ep_size=2 --set pipeline.stages=2)
+train 4 "$work/pm" 2 "${pp_moe[@]}" > "$work/pm.log" 2>&1 || fail "PP=2 x EP=2: $(tail -2 "$work/pm.log")"
+resume_matches "$work/pm" pm_same 4 2 exact "${pp_moe[@]}"
+echo "6 passed, 0 failed"
