@@ -1,6 +1,8 @@
 /* Stage 3's gathered parameters: a bounded pool holding the full values of
  * the layers that are live (the one being called, and the next one when it
- * was prefetched), all-gathered run by run from every rank's partition.
+ * was prefetched), all-gathered parameter by parameter from every rank's
+ * piece (stage 3 splits each parameter over the ranks, so every gather is
+ * balanced).
  *
  * Before a layer's call its parameters are gathered (unless prefetched) and
  * their value views pointed into the pool; the next layer in the direction of
@@ -67,10 +69,10 @@ void zero_gather_release(zero_optimizer *z, int layer) {
 
 static dsc_status gather(zero_optimizer *z, int layer, int64_t at) {
     zero_layer *zl = &z->layers[layer];
-    for (int r = 0; r < zl->n_runs; r++) {
-        const zero_run *run = &zl->runs[r];
-        float *dst = (float *)z->pool.data + at + run->at;
-        dsc_status s = zero_all_gather(z, &z->groups[run->group], dst, run->begin, run->end);
+    for (int j = 0; j < zl->layer->n_params; j++) {
+        zero_group *g = &z->groups[zl->layer->params[j]->group];
+        float *dst = (float *)z->pool.data + at + zl->param_at[j];
+        dsc_status s = zero_all_gather_param(z, g, zl->param_index[j], dst);
         if (s) return dsc_error_wrap(s, "gathering the parameters of layer %s", zl->layer->name);
     }
     zl->live = true;

@@ -35,32 +35,56 @@ static dsc_tensor flat_view(float *data, int64_t n, dsc_device device) {
     return dsc_tensor_view(data, DSC_DTYPE_F32, 1, &n, device);
 }
 
-/* The (parameter, piece) pairs of this rank's range, in flat order. */
+void dsc_zero_param_piece(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end) {
+    int64_t per = (numel + ranks - 1) / ranks;
+    *begin = rank * per < numel ? rank * per : numel;
+    *end = *begin + per < numel ? *begin + per : numel;
+}
+
+/* The (parameter, piece) pairs this rank owns, in declaration order: the
+ * intersections of its flat range with the parameters, or (split) its piece
+ * of every parameter, packed back to back. */
 static dsc_status find_pieces(zero_optimizer *z, zero_group *g) {
-    g->pieces = calloc((size_t)(z->n_params > 0 ? z->n_params : 1), sizeof *g->pieces);
-    DSC_CHECK(g->pieces, DSC_ERR_NOMEM, "ZeRO: pieces of %d parameters", z->n_params);
+    size_t n = (size_t)(z->n_params > 0 ? z->n_params : 1);
+    g->pieces = calloc(n, sizeof *g->pieces);
+    g->piece_of = malloc(n * sizeof *g->piece_of);
+    DSC_CHECK(g->pieces && g->piece_of, DSC_ERR_NOMEM, "ZeRO: pieces of %d parameters", z->n_params);
     for (int i = 0; i < z->n_params; i++) {
         dsc_param *p = dsc_params_at(z->o.params, i);
+        g->piece_of[i] = -1;
         if (p->group != g->id) continue;
-        int64_t lo = p->offset > g->begin ? p->offset : g->begin;
-        int64_t hi = p->offset + dsc_param_numel(p) < g->end ? p->offset + dsc_param_numel(p) : g->end;
-        if (hi > lo) g->pieces[g->n_pieces++] = (zero_piece){p, lo - p->offset, lo - g->begin, hi - lo};
+        int64_t lo, hi, pos;
+        if (g->split) {
+            dsc_zero_param_piece(dsc_param_numel(p), g->size, g->rank, &lo, &hi);
+            pos = g->len;
+        } else {
+            int64_t n = dsc_param_numel(p);
+            lo = g->begin > p->offset ? g->begin - p->offset : 0; /* offsets inside the parameter */
+            hi = g->end < p->offset + n ? g->end - p->offset : n;
+            pos = p->offset + lo - g->begin;
+        }
+        if (hi <= lo) continue;
+        g->piece_of[i] = g->n_pieces;
+        g->pieces[g->n_pieces++] = (zero_piece){p, lo, pos, hi - lo};
+        if (g->split) g->len += hi - lo;
     }
     return NULL;
 }
 
-dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm) {
+dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm, bool split) {
     g->id = id;
     g->comm = comm;
     g->size = comm ? dsc_comm_size(comm) : 1;
     g->rank = comm ? dsc_comm_rank(comm) : 0;
     g->numel = dsc_params_numel(z->o.params, id);
+    g->split = split;
     g->bounds = calloc((size_t)g->size + 1, sizeof *g->bounds);
     DSC_CHECK(g->bounds, DSC_ERR_NOMEM, "ZeRO: bounds of %d ranks", g->size);
     for (int r = 0; r < g->size; r++)
         dsc_zero_partition(g->numel, g->size, r, &g->bounds[r], &g->bounds[r + 1]);
     g->begin = g->bounds[g->rank];
     g->end = g->bounds[g->rank + 1];
+    g->len = split ? 0 : g->end - g->begin;
     return find_pieces(z, g);
 }
 
@@ -71,6 +95,7 @@ void zero_group_free(zero_group *g) {
         dsc_tensor_free(&g->state[k]);
     free(g->bounds);
     free(g->pieces);
+    free(g->piece_of);
     memset(g, 0, sizeof *g);
 }
 
@@ -219,5 +244,44 @@ dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t
     if (s)
         return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,
                               (long long)b);
+    return NULL;
+}
+
+static void piece_counts(const zero_group *g, int64_t numel, int64_t *counts) {
+    for (int r = 0; r < g->size; r++) {
+        int64_t lo, hi;
+        dsc_zero_param_piece(numel, g->size, r, &lo, &hi);
+        counts[r] = hi - lo;
+    }
+}
+
+dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src) {
+    const dsc_param *p = dsc_params_at(z->o.params, index);
+    int64_t n = dsc_param_numel(p), counts[g->size];
+    piece_counts(g, n, counts);
+    int64_t mine = counts[g->rank];
+    dsc_tensor send = flat_view(src, n, z->device);
+    dsc_tensor recv = flat_view(z->scratch.data, mine, z->device);
+    if (g->comm && g->size > 1) {
+        dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
+        if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);
+    } else {
+        recv = send;
+    }
+    if (mine == 0) return NULL;
+    dsc_tensor dst = flat_view((float *)g->grads.data + g->pieces[g->piece_of[index]].pos, mine, z->device);
+    return dsc_kernel_axpy(&dst, 1.0f, &recv);
+}
+
+dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
+    const dsc_param *p = dsc_params_at(z->o.params, index);
+    int64_t n = dsc_param_numel(p), counts[g->size];
+    piece_counts(g, n, counts);
+    int64_t mine = counts[g->rank];
+    float *share = (float *)g->values.data + (mine > 0 ? g->pieces[g->piece_of[index]].pos : 0);
+    dsc_tensor send = flat_view(share, mine, z->device), recv = flat_view(dst, n, z->device);
+    if (!g->comm || g->size == 1) return dsc_tensor_copy(&recv, &send);
+    dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
+    if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", p->name);
     return NULL;
 }

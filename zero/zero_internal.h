@@ -28,11 +28,14 @@ typedef struct zero_group {
     dsc_comm *comm; /* NULL: one rank */
     int size, rank;
     int64_t numel;   /* Ψ: flat length, gaps included */
-    int64_t *bounds; /* [size + 1]: rank r owns [bounds[r], bounds[r + 1]) */
+    int64_t *bounds; /* [size + 1]: rank r owns [bounds[r], bounds[r + 1]) (flat layout) */
     int64_t begin, end;
-    dsc_tensor values;   /* (end - begin): own buffer in stage 3, else a view of the store's flat values */
-    dsc_tensor grads;    /* (end - begin): own buffer in stages 2 and 3, else a view of the store's flat grads */
-    dsc_tensor state[2]; /* (end - begin): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    bool split;  /* stage 3: every parameter split over the ranks (dsc_zero_param_piece) instead of the flat cut */
+    int64_t len; /* elements this rank owns: end - begin, or the sum of its pieces when split */
+    int *piece_of; /* [n_params] split: index of each parameter's piece in `pieces`, -1 when empty or elsewhere */
+    dsc_tensor values;   /* (len): own buffer in stage 3, else a view of the store's flat values */
+    dsc_tensor grads;    /* (len): own buffer in stages 2 and 3, else a view of the store's flat grads */
+    dsc_tensor state[2]; /* (len): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
     zero_piece *pieces;
     int n_pieces;
 } zero_group;
@@ -88,7 +91,7 @@ typedef struct zero_optimizer {
 } zero_optimizer;
 
 /* ---- partition.c ---- */
-dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm);
+dsc_status zero_group_init(zero_optimizer *z, zero_group *g, dsc_param_group id, dsc_comm *comm, bool split);
 void zero_group_free(zero_group *g);
 /* Elements of [a, b) owned by `rank`. */
 int64_t zero_owned(const zero_group *g, int rank, int64_t a, int64_t b);
@@ -106,6 +109,12 @@ dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int
  * elements), each rank sending its share from g->values (in place when
  * g->values is a view of dst's buffer). */
 dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b);
+
+/* Split layout, one parameter (store index `index`): reduce-scatters its
+ * gradient `src` (all its elements), adding this rank's piece to g->grads;
+ * all-gathers its value into dst from every rank's piece. */
+dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src);
+dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst);
 
 /* ---- gather.c (stage 3) ---- */
 dsc_status zero_pool_init(zero_optimizer *z);

@@ -137,7 +137,13 @@ static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool ba
     if (backward && !z->full_grads) {
         for (int j = 0; j < layer->n_params; j++)
             layer->params[j]->grad.data = NULL;
-        for (int r = 0; r < zl->n_runs; r++) {
+        for (int j = 0; j < layer->n_params && z->z.stage == 3; j++) {
+            zero_group *g = &z->groups[layer->params[j]->group];
+            float *src = (float *)z->staging.data + zl->param_at[j];
+            dsc_status s = zero_reduce_scatter_param(z, g, zl->param_index[j], src);
+            if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
+        }
+        for (int r = 0; r < zl->n_runs && z->z.stage == 2; r++) {
             const zero_run *run = &zl->runs[r];
             dsc_status s = zero_reduce_scatter(z, &z->groups[run->group], (float *)z->staging.data + run->at,
                                                run->begin, run->end, z->o.reduce_bucket_size, true);
@@ -177,7 +183,7 @@ static dsc_status group_sum_squares(zero_optimizer *z, zero_group *g, double *ou
 }
 
 static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, double coef) {
-    if (coef < 1.0 && g->end > g->begin) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
+    if (coef < 1.0 && g->len > 0) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
     for (int i = 0; i < g->n_pieces; i++) {
         const zero_piece *pc = &g->pieces[i];
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
@@ -218,7 +224,7 @@ static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stat
         DSC_TRY(dsc_params_zero_grads(z->o.params));
     } else {
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
-            if (z->groups[g].end > z->groups[g].begin) DSC_TRY(dsc_kernel_zero(&z->groups[g].grads));
+            if (z->groups[g].len > 0) DSC_TRY(dsc_kernel_zero(&z->groups[g].grads));
     }
     *stats = (dsc_optim_stats){norm, coef, z->step};
     return NULL;
@@ -292,6 +298,10 @@ static const dsc_optimizer_ops zero_ops[4] = {
 /* The largest share this rank receives in one staged reduce-scatter (stages 2, 3). */
 static int64_t largest_staged_share(const zero_optimizer *z) {
     int64_t most = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        for (int i = 0; i < z->groups[g].n_pieces && z->groups[g].split; i++)
+            if (z->groups[g].pieces[i].numel > most) most = z->groups[g].pieces[i].numel;
+    if (z->z.stage == 3) return most;
     for (int l = 0; l < z->n_layers; l++)
         for (int r = 0; r < z->layers[l].n_runs; r++) {
             const zero_run *run = &z->layers[l].runs[r];
@@ -306,7 +316,7 @@ static int64_t largest_staged_share(const zero_optimizer *z) {
 }
 
 static dsc_status alloc_range(dsc_tensor *t, const zero_group *g, dsc_device dev, dsc_mem_category cat) {
-    int64_t n = g->end - g->begin;
+    int64_t n = g->len;
     return dsc_tensor_alloc(t, DSC_DTYPE_F32, 1, &n, dev, cat);
 }
 
@@ -325,8 +335,13 @@ static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
             DSC_TRY(alloc_range(&g->state[k], g, dev, DSC_MEM_OPTIM));
         if (z->z.stage == 3) {
             DSC_TRY(alloc_range(&g->values, g, dev, DSC_MEM_PARAMS));
-            dsc_tensor src = range_view(flat_values(z, g->id), g, dev);
-            if (g->end > g->begin) DSC_TRY(dsc_tensor_copy(&g->values, &src));
+            for (int i = 0; i < g->n_pieces; i++) {
+                const zero_piece *pc = &g->pieces[i];
+                dsc_tensor dst = piece_view(&g->values, pc);
+                dsc_tensor src = dsc_tensor_view((float *)pc->param->value.data + pc->param_offset, DSC_DTYPE_F32,
+                                                 1, &pc->numel, dev);
+                DSC_TRY(dsc_tensor_copy(&dst, &src));
+            }
         } else {
             g->values = range_view(flat_values(z, g->id), g, dev);
         }
@@ -351,8 +366,9 @@ static dsc_status setup(zero_optimizer *z) {
     z->last_bucket = calloc(n, sizeof *z->last_bucket);
     DSC_CHECK(z->uses && z->uses_left && z->first_bucket && z->last_bucket, DSC_ERR_NOMEM,
               "ZeRO: bookkeeping for %d parameters", z->n_params);
-    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_DENSE], DSC_PARAM_GROUP_DENSE, z->o.dp));
-    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp));
+    bool split = z->z.stage == 3;
+    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_DENSE], DSC_PARAM_GROUP_DENSE, z->o.dp, split));
+    DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp, split));
     DSC_TRY(zero_layers_init(z));
     for (int l = 0; l < z->n_layers; l++)
         for (int j = 0; j < z->layers[l].layer->n_params; j++)

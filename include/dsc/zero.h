@@ -5,7 +5,8 @@
  * data-parallel group, experts over the expert-data-parallel group, as
  * DeepSpeed does) is cut into one contiguous range per rank of the group, at
  * multiples of 64 elements (the store's alignment), the first ranks taking one
- * extra chunk when the chunks do not divide evenly. A rank keeps
+ * extra chunk when the chunks do not divide evenly; stage 3 instead cuts every
+ * parameter into one piece per rank. A rank keeps
  *   stage 1: optimizer state for its range (gradients reduce-scattered, the
  *            updated range all-gathered into every replica);
  *   stage 2: + gradients only for its range: each layer's backward writes into
@@ -64,9 +65,14 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
  * config's zero_optimization stage (0: plain) over the given groups. */
 dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out);
 
-/* The partitioning rule: element range [*begin, *end) of a flat buffer of
- * `numel` elements (a multiple of 64) owned by `rank` of `ranks`. */
+/* The partitioning rule of stages 1 and 2: element range [*begin, *end) of a
+ * flat buffer of `numel` elements (a multiple of 64) owned by `rank` of
+ * `ranks`. */
 void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
+/* Stage 3's rule, as DeepSpeed's: every parameter of `numel` elements is cut
+ * into ceil(numel / ranks)-element pieces, rank r holding [*begin, *end), so
+ * a layer's gathers and reductions are balanced over the ranks. */
+void dsc_zero_param_piece(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
 
 /* ---- memory ---------------------------------------------------------------------- */
 

@@ -7,8 +7,8 @@
  *  - one step moves exactly: stage 1 and 2 a reduce-scatter and an all-gather
  *    of Ψ, stage 3 a reduce-scatter and two all-gathers (forward and
  *    backward) of Ψ, per rank as docs/comm.md's counting rule gives them for
- *    this rank's partition; with 4 micro-batches stage 2 reduce-scatters 4Ψ
- *    (every micro-batch) and stage 1 still Ψ. */
+ *    this rank's partition (stage 3: its piece of every parameter); with 4 micro-batches stage 2 reduce-scatters
+ * 4Ψ (every micro-batch) and stage 1 still Ψ. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,10 +116,21 @@ static void test_comm_volume(void **state) {
             toy_train(&m, opt, &(toy_run){.steps = 1, .micro_batches = M, .lr = 1e-3}, NULL);
             dsc_comm_stats st;
             dsc_comm_get_stats(dp, &st);
-            double psi = (double)dsc_params_numel(m.store, DSC_PARAM_GROUP_DENSE);
-            int64_t begin, end;
-            dsc_zero_partition((int64_t)psi, N, r, &begin, &end);
-            double c = (double)(end - begin), e = 4.0;
+            /* Ψ and this rank's share c: the flat buffer (gaps included) and its range in stages 1 and 2; the
+             * parameters and this rank's piece of each in stage 3 */
+            double psi = 0, c = 0, e = 4.0;
+            if (stage < 3) {
+                int64_t begin, end;
+                psi = (double)dsc_params_numel(m.store, DSC_PARAM_GROUP_DENSE);
+                dsc_zero_partition((int64_t)psi, N, r, &begin, &end);
+                c = (double)(end - begin);
+            }
+            for (int i = 0; i < dsc_params_count(m.store) && stage == 3; i++) {
+                int64_t n = dsc_param_numel(dsc_params_at(m.store, i)), lo, hi;
+                dsc_zero_param_piece(n, N, r, &lo, &hi);
+                psi += (double)n;
+                c += (double)(hi - lo);
+            }
             double rs = stage == 1 ? 1 : M; /* stages 2 and 3 reduce every micro-batch's gradients */
             double ag = stage == 3 ? 2.0 * M : 1;
             char what[64];

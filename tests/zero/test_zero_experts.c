@@ -4,7 +4,8 @@
  * dsc/topology.h), each rank holds its own experts (named by global expert
  * index); the test checks which ranks own which expert state (exactly the
  * partition of the expert flat buffer over the rank's expert-data-parallel
- * group, every element owned once within it), and that stages 1-3 train the
+ * group, or in stage 3 its piece of each parameter, every element owned once
+ * within the group), and that stages 1-3 train the
  * same parameters as the plain optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,8 +70,9 @@ static dsc_optimizer *train(moe_groups *g, toy_model *m, int stage, int ep_rank,
 }
 
 /* Each exp_avg entry lies in the partition of its group's flat buffer over
- * the group's communicator; within each group every element is owned once. */
-static void check_ownership(dsc_optimizer *opt, toy_model *m, moe_groups *g) {
+ * the group's communicator (stage 3: is the rank's piece of its parameter);
+ * within each group every element is owned once. */
+static void check_ownership(dsc_optimizer *opt, toy_model *m, moe_groups *g, int stage) {
     dsc_comm *comms[2] = {g->dp, g->edp};
     for (int grp = 0; grp < 2; grp++) {
         dsc_comm *c = comms[grp];
@@ -85,7 +87,13 @@ static void check_ownership(dsc_optimizer *opt, toy_model *m, moe_groups *g) {
             if (!st.param || (int)st.param->group != grp || strncmp(st.name, "exp_avg/", 8) != 0) continue;
             assert_true((grp == 1) == (strncmp(st.param->name, "experts.", 8) == 0));
             int64_t at = st.param->offset + st.offset, n = dsc_tensor_numel(&st.local);
-            assert_true(at >= begin && at + n <= end);
+            if (stage < 3) {
+                assert_true(at >= begin && at + n <= end);
+            } else { /* stage 3: the rank's piece of the parameter */
+                int64_t lo, hi;
+                dsc_zero_param_piece(dsc_param_numel(st.param), dsc_comm_size(c), dsc_comm_rank(c), &lo, &hi);
+                assert_true(st.offset == lo && n == hi - lo);
+            }
             for (int64_t e = 0; e < n; e++)
                 owned[at + e] += 1.0f;
             mine += n;
@@ -122,7 +130,7 @@ static void test_experts_sharded_over_expert_data_parallel(void **state) {
         char what[64];
         snprintf(what, sizeof what, "stage %d, experts over %d ranks", stage, dsc_comm_size(g.edp));
         assert_true(dsc_test_max_rel_err(got, ref, total, 1e-3, what) <= 1e-6);
-        check_ownership(zero, &zm, &g);
+        check_ownership(zero, &zm, &g, stage);
         dsc_optimizer_destroy(zero);
         dsc_optimizer_destroy(plain);
         toy_model_free(&zm);
