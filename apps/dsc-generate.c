@@ -185,6 +185,20 @@ static dsc_status run(const options *o) {
         ec.max_sequences = ec.max_batch_sequences = 1;
         s = dsc_infer_engine_create(m, &ec, &e);
     }
+    int32_t max_new = o->max_new;
+    if (!s) {
+        /* The last generated token is never fed back, so a context of N holds N - prompt + 1 new tokens. */
+        int64_t room = dsc_infer_engine_kv_config(e)->max_context - n + 1;
+        if (room < 1)
+            s = dsc_error(DSC_ERR_INVALID, "the prompt (%lld tokens) fills the model's context (%lld)",
+                          (long long)n, (long long)dsc_infer_engine_kv_config(e)->max_context);
+        else if (room < max_new) {
+            fprintf(stderr,
+                    "dsc-generate: --max-new-tokens %d clamped to %lld: the model's context is %lld tokens\n",
+                    max_new, (long long)room, (long long)dsc_infer_engine_kv_config(e)->max_context);
+            max_new = (int32_t)room;
+        }
+    }
     stream st = {.tok = tok, .t0 = now_s()};
     dsc_tokenizer_stream_init(&st.state);
     if (!s) {
@@ -195,7 +209,7 @@ static dsc_status run(const options *o) {
         dsc_gen_request r = {.uid = 1,
                              .prompt = ids,
                              .n_prompt = (int32_t)n,
-                             .max_new_tokens = o->max_new,
+                             .max_new_tokens = max_new,
                              .sampling = o->sampling,
                              .seed = o->seed,
                              .stop_tokens = o->stop,
