@@ -1,13 +1,14 @@
-/* The partitioning rule and the collectives over flat ranges of partitioned
- * buffers: which rank owns which elements of a group's flat buffer, which
- * (parameter, piece) pairs a rank's range holds, how a layer's parameters map
- * onto contiguous runs of the flat buffer, and reduce-scatter / all-gather of
- * any flat range with per-rank counts (ranks whose range misses it send or
- * receive nothing).
+/* The partitioning rules and the collectives over partitioned buffers: which
+ * rank owns which elements (stages 1, 2: a contiguous range of a group's flat
+ * buffer; stage 3: a piece of every parameter), which (parameter, piece)
+ * pairs a rank holds, how a layer's parameters map onto contiguous runs of
+ * the flat buffer, and reduce-scatter / all-gather of a flat range or of one
+ * parameter with per-rank counts (ranks that own none of it send or receive
+ * nothing).
  *
- * Partitions are contiguous so that the concatenation of every rank's share
- * of a range, in rank order, is the range itself: an all-gather lands a
- * parameter in place, with no reordering copy.
+ * Both cuts are contiguous in rank order, so the concatenation of every
+ * rank's share of a range or parameter is the range or parameter itself: an
+ * all-gather lands it in place, with no reordering copy.
  *
  * Not here: when to reduce or gather (zero_optimizer.c, gather.c). */
 #include <stdlib.h>

@@ -10,8 +10,9 @@
  *    so the pipeline's tied-gradient reduction comes first;
  *  - staged gradients (stage 2, stage 3): before a layer's backward its
  *    gradient views point into a zeroed staging buffer laid out as the
- *    layer's runs; after it the runs are reduce-scattered and added to the
- *    rank's gradient range, every micro-batch. No full gradient exists.
+ *    layer's runs; after it the runs (stage 3: each parameter, split over the
+ *    ranks) are reduce-scattered and added to the rank's gradients, every
+ *    micro-batch. No full gradient exists.
  * The step then computes the global norm from the ranges (summed over each
  * group, then over expert-parallel and pipeline ranks), clips, updates each
  * (parameter, piece) of the range and, in stages 1 and 2, all-gathers the
