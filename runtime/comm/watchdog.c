@@ -46,10 +46,13 @@ typedef struct reply {
 } reply;
 
 typedef struct slot {
-    query q_out, q_in;
-    reply r_out, r_in;
+    query q_out;                      /* the query sent to this world rank */
+    reply r_out, r_in;                /* the reply sent to it, and its reply to us */
     MPI_Request q_req, r_req, in_req; /* query sent to, reply sent to, reply expected from this world rank */
 } slot;
+
+/* What a diagnosis concluded about one peer. */
+typedef enum verdict { VERDICT_SILENT, VERDICT_BEHIND, VERDICT_INSIDE, VERDICT_ASKED } verdict;
 
 typedef struct watchdog {
     int refs;
@@ -57,6 +60,8 @@ typedef struct watchdog {
     MPI_Comm side;
     char (*hosts)[HOST_CHARS]; /* (size) host of each world rank */
     slot *slots;               /* (size) */
+    int *targets;              /* (size) scratch: the members a diagnosis asks */
+    verdict *verdicts;         /* (size) scratch: what it concluded about each */
     query incoming;
     MPI_Request incoming_req; /* the posted receive for the next query */
     MPI_Status incoming_status;
@@ -91,6 +96,8 @@ static void watchdog_free(void) {
     if (wd->side != MPI_COMM_NULL) MPI_Comm_free(&wd->side);
     dsc_mem_free(wd->hosts, (size_t)wd->size * HOST_CHARS, DSC_MEM_COMM, DSC_CPU);
     dsc_mem_free(wd->slots, (size_t)wd->size * sizeof(slot), DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(wd->targets, (size_t)wd->size * sizeof(int), DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(wd->verdicts, (size_t)wd->size * sizeof(verdict), DSC_MEM_COMM, DSC_CPU);
     dsc_mem_free(wd, sizeof *wd, DSC_MEM_COMM, DSC_CPU);
     wd = NULL;
 }
@@ -107,6 +114,8 @@ static dsc_status watchdog_create(const dsc_comm *world) {
     DSC_TRY(dsc_mem_alloc((void **)&wd->hosts, n * HOST_CHARS, DSC_MEM_COMM, DSC_CPU));
     DSC_TRY(dsc_mem_alloc((void **)&wd->slots, n * sizeof(slot), DSC_MEM_COMM, DSC_CPU));
     memset(wd->slots, 0, n * sizeof(slot));
+    DSC_TRY(dsc_mem_alloc((void **)&wd->targets, n * sizeof(int), DSC_MEM_COMM, DSC_CPU));
+    DSC_TRY(dsc_mem_alloc((void **)&wd->verdicts, n * sizeof(verdict), DSC_MEM_COMM, DSC_CPU));
     for (size_t i = 0; i < n; i++)
         wd->slots[i].q_req = wd->slots[i].r_req = wd->slots[i].in_req = MPI_REQUEST_NULL;
 
@@ -219,8 +228,6 @@ void dsc_comm_watch_serve(void) {
 
 /* ---- diagnosis ------------------------------------------------------------------ */
 
-typedef enum verdict { VERDICT_SILENT, VERDICT_BEHIND, VERDICT_INSIDE, VERDICT_ASKED } verdict;
-
 /* Sends the query to world rank w and expects its reply; false when the
  * previous query to w has not even left (then w counts as silent). */
 static bool ask(int w, int64_t id) {
@@ -331,8 +338,8 @@ void dsc_comm_watch_diagnose(const dsc_comm *c, int peer, char *text, size_t len
     *text = '\0';
     if (!wd || wd->side == MPI_COMM_NULL || c->size < 2) return;
     int n = peer >= 0 ? 1 : c->size - 1;
-    int targets[n];
-    verdict v[n];
+    int *targets = wd->targets;
+    verdict *v = wd->verdicts;
     for (int i = 0, k = 0; i < c->size; i++)
         if (peer >= 0 ? i == peer : i != c->rank) targets[k++] = i;
     wd->nonce++;
