@@ -110,7 +110,8 @@ dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
 /* `send` holds size pieces back to back; piece i has counts[i] elements (NULL:
  * numel(send)/size each). Rank i receives the reduction of every rank's piece i
  * into `recv`, which has counts[i] elements. `recv` may be this rank's piece
- * of `send` (in place); no other overlap is allowed. */
+ * of `send` (in place; the rest of `send` is then left unspecified); no other
+ * overlap is allowed. */
 dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
                                    dsc_reduce_op op);
 

@@ -152,14 +152,20 @@ static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_te
     const char *what = "reduce-scatter";
     dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(send));
     bool in_place = recv->data == shift(send->data, pieces.displs[c->rank], dsc_dtype_size(send->dtype));
-    if (mpi_native(send->dtype) && !in_place && !use_ring(c, dsc_tensor_nbytes(send))) {
+    /* The algorithm depends only on what every rank shares (dtype, total
+     * size), never on one rank's buffers: ranks taking different paths hang. */
+    if (mpi_native(send->dtype) && !use_ring(c, dsc_tensor_nbytes(send))) {
         for (int i = 0; i < c->size; i++)
             st->icounts[i] = (int)pieces.counts[i];
+        /* MPI's in-place form reads the whole vector from the receive buffer
+         * and leaves this rank's piece at its start; it is moved to its slot after. */
         MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(MPI_Ireduce_scatter(send->data, recv->data, st->icounts,
+        DSC_TRY(dsc_comm_mpi_check(MPI_Ireduce_scatter(in_place ? MPI_IN_PLACE : send->data,
+                                                       in_place ? send->data : recv->data, st->icounts,
                                                        dsc_comm_mpi_type(send->dtype), mpi_op(op), c->mpi, &req),
                                    "MPI_Ireduce_scatter", c));
         DSC_TRY(dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE));
+        if (in_place) memmove(recv->data, send->data, (size_t)pieces.counts[c->rank] * dsc_dtype_size(send->dtype));
     } else {
         void *a, *b;
         DSC_TRY(ring_scratch(c, &pieces, send->dtype, &a, &b));
@@ -183,10 +189,11 @@ static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor 
             idispls[i] = (int)pieces.displs[i];
         }
         MPI_Datatype type = dsc_comm_mpi_type(recv->dtype);
-        const void *mine = send->data == own ? MPI_IN_PLACE : send->data;
+        /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
+        if (send->data != own) memmove(own, send->data, dsc_tensor_nbytes(send));
         MPI_Request req;
         DSC_TRY(dsc_comm_mpi_check(
-            MPI_Iallgatherv(mine, icounts[c->rank], type, recv->data, icounts, idispls, type, c->mpi, &req),
+            MPI_Iallgatherv(MPI_IN_PLACE, icounts[c->rank], type, recv->data, icounts, idispls, type, c->mpi, &req),
             "MPI_Iallgatherv", c));
         return dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE);
     }
