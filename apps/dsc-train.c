@@ -178,11 +178,6 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
 static dsc_status wire_checkpoints(const args *a, const dsc_checkpointer_options *co, dsc_checkpointer **out) {
     *out = NULL;
     if (!a->resume && !co->cfg->checkpoint.save_dir[0]) return NULL;
-    /* The checkpoint saves parameters from the store, which ZeRO-3 empties (it keeps shards). */
-    DSC_CHECK(co->cfg->zero_optimization.stage != 3, DSC_ERR_UNSUPPORTED,
-              "%s: checkpoints of \"zero_optimization.stage\" = 3 are not supported yet (its parameters exist "
-              "only as shards); use stage 2, or train without \"checkpoint.save_dir\" / --resume",
-              a->config);
     DSC_TRY(dsc_checkpointer_create(co, out));
     dsc_engine_set_hook(co->engine, dsc_checkpointer_on_step, *out);
     return a->resume ? dsc_checkpointer_resume(*out, a->resume) : NULL;

@@ -240,9 +240,11 @@ static int pieces_total(const zero_optimizer *z) {
     return n;
 }
 
+/* Stage 3 also lists its value pieces (after "step"): they are the only copy
+ * of the parameters, so checkpoints must read and restore them here. */
 static int zero_state_count(const dsc_optimizer *opt) {
     const zero_optimizer *z = (const zero_optimizer *)opt;
-    return z->n_state_kinds * pieces_total(z) + 1;
+    return (z->n_state_kinds + (z->z.stage == 3)) * pieces_total(z) + 1;
 }
 
 static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
@@ -255,6 +257,8 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
         out->local = dsc_tensor_view(&z->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
         return;
     }
+    bool value = index > z->n_state_kinds * per_kind;
+    if (value) index -= 1;
     int kind = index / per_kind, i = index % per_kind;
     zero_group *g = &z->groups[0];
     if (i >= g->n_pieces) {
@@ -262,11 +266,15 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
         g = &z->groups[1];
     }
     const zero_piece *pc = &g->pieces[i];
-    const char *kind_name = z->n_state_kinds == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";
+    const char *kind_name = value                 ? "value"
+                            : z->n_state_kinds == 1 ? "momentum_buffer"
+                            : kind == 0             ? "exp_avg"
+                                                    : "exp_avg_sq";
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, pc->param->name);
     out->param = pc->param;
     out->offset = pc->param_offset;
-    out->local = piece_view(&g->state[kind], pc);
+    out->local = piece_view(value ? &g->values : &g->state[kind], pc);
+    out->is_value = value;
 }
 
 static void zero_destroy(dsc_optimizer *opt) {

@@ -57,12 +57,15 @@ typedef struct dsc_optim_stats {
  * state, `param` is the parameter and `offset` the element offset of `local`
  * inside the parameter's flattened global value (0 and the full size for
  * replicated state; a shard for ZeRO). Scalars (name "step") have param NULL
- * and an i64 tensor of one element. */
+ * and an i64 tensor of one element. An optimizer that keeps parameter values
+ * only as shards (ZeRO-3) also lists those shards, with `is_value` set:
+ * checkpoints store them as the parameter itself (model/<param>). */
 typedef struct dsc_optim_state {
     char name[DSC_PARAM_NAME_MAX + 32]; /* "exp_avg/<param>", "exp_avg_sq/<param>", "momentum_buffer/<param>", "step" */
     const dsc_param *param;
     int64_t offset;
     dsc_tensor local;
+    bool is_value; /* a piece of the parameter's value, not optimizer state */
 } dsc_optim_state;
 
 typedef struct dsc_optimizer dsc_optimizer;

@@ -57,20 +57,59 @@ static dsc_status check_host(const dsc_tensor *t, const char *what) {
     return NULL;
 }
 
+static bool in_list(const dsc_param *const *list, int n, const dsc_param *p) {
+    for (int i = 0; i < n; i++)
+        if (list[i] == p) return true;
+    return false;
+}
+
+/* Parameter values the optimizer holds as shards (ZeRO-3), as model/<param>
+ * ranges; `sharded` receives the parameters they cover. */
+static dsc_status collect_value_shards(const dsc_checkpoint_state *st, holdings *h, const dsc_param ***sharded,
+                                       int *n_sharded) {
+    *sharded = NULL;
+    *n_sharded = 0;
+    int n = st->optimizer ? dsc_optimizer_state_count(st->optimizer) : 0;
+    char path[DSC_PARAM_NAME_MAX + 64];
+    for (int i = 0; i < n; i++) {
+        dsc_optim_state s;
+        dsc_optimizer_state_at(st->optimizer, i, &s);
+        if (!s.is_value) continue;
+        DSC_TRY(check_host(&s.local, s.param->name));
+        snprintf(path, sizeof path, "model/%s", s.param->name);
+        DSC_TRY(add_holding(h, path, DSC_DTYPE_F32, s.param->value.ndim, s.param->value.shape, s.offset,
+                            dsc_tensor_numel(&s.local), s.local.data));
+        if (in_list(*sharded, *n_sharded, s.param)) continue;
+        const dsc_param **grown = realloc(*sharded, (size_t)(*n_sharded + 1) * sizeof *grown);
+        DSC_CHECK(grown, DSC_ERR_NOMEM, "checkpoint: parameter list");
+        *sharded = grown;
+        (*sharded)[(*n_sharded)++] = s.param;
+    }
+    return NULL;
+}
+
 /* Everything this rank holds, in a fixed order (params, optimizer, rng). */
 static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope scope, holdings *h) {
     char path[DSC_PARAM_NAME_MAX + 64];
-    for (int i = 0; i < dsc_params_count(st->params); i++) {
+    const dsc_param **sharded;
+    int n_sharded;
+    dsc_status s = collect_value_shards(st, h, &sharded, &n_sharded);
+    for (int i = 0; !s && i < dsc_params_count(st->params); i++) {
         dsc_param *p = dsc_params_at(st->params, i);
-        DSC_TRY(check_host(&p->value, p->name));
+        if (in_list(sharded, n_sharded, p)) continue;
+        s = check_host(&p->value, p->name);
         snprintf(path, sizeof path, "model/%s", p->name);
-        DSC_TRY(add_holding(h, path, DSC_DTYPE_F32, p->value.ndim, p->value.shape, 0, dsc_tensor_numel(&p->value),
-                            p->value.data));
+        if (!s)
+            s = add_holding(h, path, DSC_DTYPE_F32, p->value.ndim, p->value.shape, 0, dsc_tensor_numel(&p->value),
+                            p->value.data);
     }
+    free(sharded);
+    DSC_TRY(s);
     if (scope == DSC_CHECKPOINT_MODEL_ONLY) return NULL;
     for (int i = 0; st->optimizer && i < dsc_optimizer_state_count(st->optimizer); i++) {
         dsc_optim_state s;
         dsc_optimizer_state_at(st->optimizer, i, &s);
+        if (s.is_value) continue;
         DSC_TRY(check_host(&s.local, s.name));
         snprintf(path, sizeof path, "optimizer/%s", s.name);
         int64_t n = dsc_tensor_numel(&s.local);

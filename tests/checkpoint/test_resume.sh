@@ -6,7 +6,8 @@
 #     previous checkpoint, which restores and continues exactly;
 #  4. h5dump -H shows global names and global shapes;
 #  5. the same for PP x DP with ZeRO-1 (saved PP=2 x DP=2) restored as PP=1 x DP=4
-#     with ZeRO-2, PP=4 x DP=1 and one rank, and for ZeRO-2 resumes;
+#     with ZeRO-2, PP=4 x DP=1 and one rank; ZeRO-2 and ZeRO-3 resume exactly and
+#     restore into other stages and rank counts;
 #  6. an MoE model saved with EP=2 resumes exactly and restores with EP=1 and EP=4;
 #     PP=2 x EP=2 resumes exactly.
 # Usage: test_resume.sh BUILD_DIR SOURCE_DIR [extra dsc-train overrides...]
@@ -100,6 +101,10 @@ resume_matches "$work/p" p_one 1 8 close
 train 2 "$work/z" 4 --set zero_optimization.stage=2 > "$work/z.log" 2>&1 || fail "ZeRO-2: $(tail -2 "$work/z.log")"
 resume_matches "$work/z" z_same 2 4 exact --set zero_optimization.stage=2
 resume_matches "$work/z" z_zero1_dp4 4 2 close --set zero_optimization.stage=1
+train 2 "$work/z3" 4 --set zero_optimization.stage=3 > "$work/z3.log" 2>&1 || fail "ZeRO-3: $(tail -2 "$work/z3.log")"
+resume_matches "$work/z3" z3_same 2 4 exact --set zero_optimization.stage=3
+resume_matches "$work/z3" z3_one_zero0 1 8 close
+resume_matches "$work/z" z2_to_zero3_dp4 4 2 close --set zero_optimization.stage=3
 
 echo "== 6. MoE (4 experts; saved with EP=2 on 4 ranks)"
 moe=(--set model.arch=gpt-moe --set moe.num_experts=4 --set moe.k=2 --set moe.layer_freq=1)
