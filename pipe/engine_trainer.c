@@ -213,3 +213,7 @@ dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t) {
 int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t) {
     return t->stage_id;
 }
+
+dsc_layer *const *dsc_pipe_trainer_layers(dsc_pipe_trainer *t, int *count) {
+    return dsc_pipe_stage_layers(t->stage, count);
+}

@@ -220,6 +220,8 @@ dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
 int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
 /* The stream stochastic layers draw from (part of the state a resume restores). */
 dsc_rng *dsc_trainer_rng(dsc_trainer *t);
+/* The model's layers on this rank, forward order. */
+dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count);
 
 /* Continues `prompt` (n_prompt >= 1 ids) by n_new tokens, recomputing the
  * whole (cropped to seq_len) context for every token: greedy when

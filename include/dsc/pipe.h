@@ -216,6 +216,8 @@ dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t);
 dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t);
 dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t); /* the stream stochastic layers draw from */
 int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t);
+/* This rank's layers (all chunks of its stage), forward order. */
+dsc_layer *const *dsc_pipe_trainer_layers(dsc_pipe_trainer *t, int *count);
 
 #ifdef __cplusplus
 }

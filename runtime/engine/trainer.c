@@ -169,6 +169,11 @@ dsc_param_store *dsc_trainer_params(dsc_trainer *t) { return t->params; }
 dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t) { return t->opt; }
 dsc_rng *dsc_trainer_rng(dsc_trainer *t) { return &t->layer_rng; }
 
+dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count) {
+    *count = t->n_layers;
+    return t->layers;
+}
+
 int64_t dsc_trainer_param_count(const dsc_trainer *t) {
     int64_t n = 0;
     for (int i = 0; i < dsc_params_count(t->params); i++) n += dsc_param_numel(dsc_params_at(t->params, i));
