@@ -146,7 +146,9 @@ static dsc_status open_tokenizer(const options *o, const dsc_infer_model *m, dsc
     *tok = NULL;
     const char *arch = dsc_infer_model_arch(m);
     if (o->tokenizer) return dsc_tokenizer_load(tok, o->tokenizer);
-    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0) return dsc_tokenizer_create_bytes(tok);
+    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
+        strcmp(arch, "mixtral") == 0)
+        return dsc_tokenizer_create_bytes(tok);
     char path[2048];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
     return file_exists(path) ? dsc_tokenizer_load(tok, path) : NULL;

@@ -26,6 +26,8 @@ int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
         return mc->max_positions;
     case DSC_DIM_E:
         return mc->n_experts;
+    case DSC_DIM_PAIR:
+        return 2;
     case DSC_DIM_NONE:
         break;
     }
@@ -38,6 +40,8 @@ bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc) 
         return mc->qkv_bias;
     case DSC_SLOT_WHEN_UNTIED:
         return !mc->tie_embeddings;
+    case DSC_SLOT_WHEN_MOE_RESIDUAL:
+        return mc->moe_residual;
     case DSC_SLOT_WHEN_ALWAYS:
         break;
     }

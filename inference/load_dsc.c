@@ -1,8 +1,8 @@
 /* Loading a dsc training checkpoint for inference: the HDF5 file's "config"
- * attribute (the training config; model.arch picks the policy "gpt" or
- * "llama") and its model/<name> datasets, read whole through the tensor
- * file layer with MPI_COMM_SELF. Optimizer, RNG and engine state are never
- * read. Not here: name mapping (model_build.c). */
+ * attribute (the training config; model.arch picks the policy "gpt",
+ * "llama", "gpt-moe" or "mixtral") and its model/<name> datasets, read
+ * whole through the tensor file layer with MPI_COMM_SELF. Optimizer, RNG
+ * and engine state are never read. Not here: name mapping (model_build.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

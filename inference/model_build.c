@@ -34,7 +34,9 @@ typedef struct build_state {
 } build_state;
 
 static const dsc_container_def *container_of(const build_state *b, int32_t c) {
-    return c < b->mc->n_layer ? b->policy->layer : b->policy->non_layer;
+    if (c >= b->mc->n_layer) return b->policy->non_layer;
+    if (b->policy->dense_layer && !dsc_model_is_moe_layer(b->mc, c)) return b->policy->dense_layer;
+    return b->policy->layer;
 }
 
 static slot_state *slot_at(build_state *b, int32_t c, int p) {
@@ -209,6 +211,8 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
     build_state b = {.policy = policy, .mc = mc, .m = m};
     b.max_params = policy->layer->n_params > policy->non_layer->n_params ? policy->layer->n_params
                                                                          : policy->non_layer->n_params;
+    if (policy->dense_layer && policy->dense_layer->n_params > b.max_params)
+        b.max_params = policy->dense_layer->n_params;
     size_t n_containers = (size_t)mc->n_layer + 1;
     if (m) {
         m->policy = policy;

@@ -138,23 +138,28 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
     return dsc_model_project(s->y, s->att, N, wo, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B), 0, mc->d_model);
 }
 
-/* h (N, C) -> y (N, C). */
-static dsc_status mlp(const dsc_infer_model *m, int32_t l, int64_t N, dsc_forward_scratch *s) {
+dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, const float *h, float *out,
+                               dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->cfg;
-    if (mc->n_experts > 0) return dsc_model_moe(m, l, N, s->h, s->y, s);
     const dsc_tensor *w1 = param(m, l, DSC_PARAM_ROLE_MLP1_W), *b1 = param(m, l, DSC_PARAM_ROLE_MLP1_B);
     dsc_tensor a = dsc_model_view2(s->ff1, N, mc->d_ff), g = dsc_model_view2(s->ff2, N, mc->d_ff);
     if (mc->family == DSC_INFER_FAMILY_GPT) {
-        DSC_TRY(dsc_model_project(s->ff2, s->h, N, w1, b1, 0, mc->d_ff));
+        DSC_TRY(dsc_model_project(s->ff2, h, N, w1, b1, 0, mc->d_ff));
         DSC_TRY(dsc_kernel_gelu_forward(&a, &g));
     } else {
-        DSC_TRY(dsc_model_project(s->ff1, s->h, N, w1, NULL, 0, mc->d_ff));
-        DSC_TRY(dsc_model_project(s->ff2, s->h, N, w1, NULL, mc->d_ff, mc->d_ff));
+        DSC_TRY(dsc_model_project(s->ff1, h, N, w1, NULL, 0, mc->d_ff));
+        DSC_TRY(dsc_model_project(s->ff2, h, N, w1, NULL, mc->d_ff, mc->d_ff));
         dsc_tensor gate = dsc_model_view2(s->ff1, N, mc->d_ff);
         DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &g));
     }
-    return dsc_model_project(s->y, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W),
+    return dsc_model_project(out, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W),
                              param(m, l, DSC_PARAM_ROLE_MLP2_B), 0, mc->d_model);
+}
+
+/* h (N, C) -> y (N, C). */
+static dsc_status mlp(const dsc_infer_model *m, int32_t l, int64_t N, dsc_forward_scratch *s) {
+    if (dsc_model_is_moe_layer(&m->cfg, l)) return dsc_model_moe(m, l, N, s->h, s->y, s);
+    return dsc_model_dense_mlp(m, l, N, s->h, s->y, s);
 }
 
 dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,

@@ -31,6 +31,10 @@ void dsc_container_target(const dsc_container_def *def, const char *target, int 
 /* The built-in policies (policy_hf.c, policy_dsc.c). */
 extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_hf_qwen2, dsc_policy_hf_mixtral,
     dsc_policy_dsc_gpt, dsc_policy_dsc_llama;
+/* dsc's MoE training architectures (policy_dsc_moe.c). */
+extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
+/* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */
+bool dsc_model_is_moe_layer(const dsc_infer_model_config *mc, int32_t layer);
 
 /* Per-forward scratch, sized once for the engine's limits (N tokens, S sequences). */
 typedef struct dsc_forward_scratch {
@@ -47,7 +51,7 @@ typedef struct dsc_forward_scratch {
     float *moe;      /* (N, C) expert output before the weighted sum */
     float *router;   /* (N, E) */
     int32_t *routes; /* (N, K) chosen experts */
-    float *weights;  /* (N, K) renormalised routing weights */
+    float *weights;  /* (N, K) combine weights of the chosen experts */
     int32_t *rows;   /* (N) tokens routed to one expert */
     int32_t *pos;    /* (N) positions as i32 */
     float *last;     /* (S, C) final hidden state of each sequence's last token */
@@ -69,7 +73,12 @@ dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tens
                              int64_t row0, int64_t rows);
 /* A (rows, cols) f32 CPU view. */
 dsc_tensor dsc_model_view2(float *p, int64_t rows, int64_t cols);
-/* The Mixtral feed-forward of one layer: h (N, C) -> out (N, C) overwritten. */
+/* The dense MLP of layer `layer` (GELU or SwiGLU by family): h (N, C) -> out (N, C). */
+dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t layer, int64_t n, const float *h, float *out,
+                               dsc_forward_scratch *s);
+/* The MoE feed-forward of one layer (routing by mc->moe_weighting, GELU
+ * experts with biases for the GPT family, SwiGLU for Llama, the PR-MoE
+ * residual when configured): h (N, C) -> out (N, C) overwritten. */
 dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t n, const float *h, float *out,
                          dsc_forward_scratch *s);
 /* RoPE on x (N, heads, HS) in place at per-token positions, with m->inv_freq. */

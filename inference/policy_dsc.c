@@ -1,71 +1,30 @@
 /* Policies for dsc's own training checkpoints ("gpt" and "llama"): the
  * model section of the saved training config becomes the inference config,
  * and the containers map dsc's parameter names (docs/models.md) to fused
- * parameters. MoE training architectures are refused by name.
+ * parameters. The MoE architectures' policies are in policy_dsc_moe.c.
  * Not here: reading HDF5 (load_dsc.c). */
 #include <string.h>
 
 #include "dsc/config.h"
-#include "inference/model_internal.h"
-
-#define ONE(n, role, when, dep, r, c)                                                                             \
-    {                                                                                                             \
-        n, role, when, false, 1, {                                                                                \
-            { dep, r, c }                                                                                         \
-        }                                                                                                         \
-    }
+#include "inference/policy_dsc.h"
 
 static const dsc_param_def gpt_params[] = {
-    ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
-    ONE("attn_norm_bias", DSC_PARAM_ROLE_ATTN_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),
-    {"qkv",
-     DSC_PARAM_ROLE_QKV_W,
-     DSC_SLOT_WHEN_ALWAYS,
-     false,
-     3,
-     {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},
-    {"qkv_bias",
-     DSC_PARAM_ROLE_QKV_B,
-     DSC_SLOT_WHEN_QKV_BIAS,
-     false,
-     3,
-     {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},
-    ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),
-    ONE("attn_out_bias", DSC_PARAM_ROLE_ATTN_OUT_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),
-    ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
-    ONE("mlp_norm_bias", DSC_PARAM_ROLE_MLP_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),
+    DSC_POLICY_DSC_GPT_ATTN_PARAMS,
     ONE("mlp_1", DSC_PARAM_ROLE_MLP1_W, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_C),
     ONE("mlp_1_bias", DSC_PARAM_ROLE_MLP1_B, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_NONE),
     ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_F),
     ONE("mlp_2_bias", DSC_PARAM_ROLE_MLP2_B, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_NONE),
 };
 static const dsc_param_mapping gpt_mappings[] = {
-    {"norm1.weight", "attn_norm.w"},      {"norm1.bias", "attn_norm_bias.b"}, {"attn.q.weight", "qkv.q"},
-    {"attn.k.weight", "qkv.k"},           {"attn.v.weight", "qkv.v"},         {"attn.q.bias", "qkv_bias.q"},
-    {"attn.k.bias", "qkv_bias.k"},        {"attn.v.bias", "qkv_bias.v"},      {"attn.o.weight", "attn_out.w"},
-    {"attn.o.bias", "attn_out_bias.b"},   {"norm2.weight", "mlp_norm.w"},     {"norm2.bias", "mlp_norm_bias.b"},
-    {"mlp.fc.weight", "mlp_1.fc"},        {"mlp.fc.bias", "mlp_1_bias.fc"},   {"mlp.proj.weight", "mlp_2.proj"},
-    {"mlp.proj.bias", "mlp_2_bias.proj"},
+    DSC_POLICY_DSC_GPT_ATTN_MAPPINGS,  {"mlp.fc.weight", "mlp_1.fc"},        {"mlp.fc.bias", "mlp_1_bias.fc"},
+    {"mlp.proj.weight", "mlp_2.proj"}, {"mlp.proj.bias", "mlp_2_bias.proj"},
 };
-static const dsc_container_def gpt_layer = {"dsc_gpt_layer", sizeof gpt_params / sizeof gpt_params[0], gpt_params,
-                                            sizeof gpt_mappings / sizeof gpt_mappings[0], gpt_mappings};
+const dsc_container_def dsc_policy_dsc_gpt_layer = {"dsc_gpt_layer", sizeof gpt_params / sizeof gpt_params[0],
+                                                    gpt_params, sizeof gpt_mappings / sizeof gpt_mappings[0],
+                                                    gpt_mappings};
 
 static const dsc_param_def llama_params[] = {
-    ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
-    {"qkv",
-     DSC_PARAM_ROLE_QKV_W,
-     DSC_SLOT_WHEN_ALWAYS,
-     false,
-     3,
-     {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},
-    {"qkv_bias",
-     DSC_PARAM_ROLE_QKV_B,
-     DSC_SLOT_WHEN_QKV_BIAS,
-     false,
-     3,
-     {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},
-    ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),
-    ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
+    DSC_POLICY_DSC_LLAMA_ATTN_PARAMS,
     {"mlp_1",
      DSC_PARAM_ROLE_MLP1_W,
      DSC_SLOT_WHEN_ALWAYS,
@@ -75,14 +34,14 @@ static const dsc_param_def llama_params[] = {
     ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "down", DSC_DIM_C, DSC_DIM_F),
 };
 static const dsc_param_mapping llama_mappings[] = {
-    {"norm1.weight", "attn_norm.w"},   {"attn.q.weight", "qkv.q"},      {"attn.k.weight", "qkv.k"},
-    {"attn.v.weight", "qkv.v"},        {"attn.q.bias", "qkv_bias.q"},   {"attn.k.bias", "qkv_bias.k"},
-    {"attn.v.bias", "qkv_bias.v"},     {"attn.o.weight", "attn_out.w"}, {"norm2.weight", "mlp_norm.w"},
-    {"mlp.gate.weight", "mlp_1.gate"}, {"mlp.up.weight", "mlp_1.up"},   {"mlp.down.weight", "mlp_2.down"},
+    DSC_POLICY_DSC_LLAMA_ATTN_MAPPINGS,
+    {"mlp.gate.weight", "mlp_1.gate"},
+    {"mlp.up.weight", "mlp_1.up"},
+    {"mlp.down.weight", "mlp_2.down"},
 };
-static const dsc_container_def llama_layer = {"dsc_llama_layer", sizeof llama_params / sizeof llama_params[0],
-                                              llama_params, sizeof llama_mappings / sizeof llama_mappings[0],
-                                              llama_mappings};
+const dsc_container_def dsc_policy_dsc_llama_layer = {
+    "dsc_llama_layer", sizeof llama_params / sizeof llama_params[0], llama_params,
+    sizeof llama_mappings / sizeof llama_mappings[0], llama_mappings};
 
 static const dsc_param_def gpt_outer_params[] = {
     ONE("embed", DSC_PARAM_ROLE_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_V, DSC_DIM_C),
@@ -96,7 +55,7 @@ static const dsc_param_mapping gpt_outer_mappings[] = {
     {"head.norm.weight", "final_norm.w"}, {"head.norm.bias", "final_norm_bias.b"},
     {"head.weight", "lm_head.w"},
 };
-static const dsc_container_def gpt_outer = {
+const dsc_container_def dsc_policy_dsc_gpt_outer = {
     "dsc_gpt_non_transformer", sizeof gpt_outer_params / sizeof gpt_outer_params[0], gpt_outer_params,
     sizeof gpt_outer_mappings / sizeof gpt_outer_mappings[0], gpt_outer_mappings};
 
@@ -110,22 +69,22 @@ static const dsc_param_mapping llama_outer_mappings[] = {
     {"head.norm.weight", "final_norm.w"},
     {"head.weight", "lm_head.w"},
 };
-static const dsc_container_def llama_outer = {
+const dsc_container_def dsc_policy_dsc_llama_outer = {
     "dsc_llama_non_transformer", sizeof llama_outer_params / sizeof llama_outer_params[0], llama_outer_params,
     sizeof llama_outer_mappings / sizeof llama_outer_mappings[0], llama_outer_mappings};
 
-/* The training config's model section, resolved by the training config parser itself. */
-static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source,
-                            dsc_model_arch want) {
+dsc_status dsc_policy_dsc_configure(dsc_infer_model_config *mc, const char *json, const char *source,
+                                    dsc_model_arch want) {
     dsc_config cfg;
     DSC_TRY(dsc_error_wrap(dsc_config_parse_string(json, source, NULL, 0, &cfg), "reading the training config"));
     const dsc_config_model *t = &cfg.model;
     dsc_status s = NULL;
     if (t->arch != want)
-        s = dsc_error(DSC_ERR_UNSUPPORTED, "%s: model.arch '%s' is not supported for inference (gpt, llama)",
-                      source, dsc_model_arch_name(t->arch));
+        s = dsc_error(DSC_ERR_UNSUPPORTED, "%s: model.arch '%s' is not the policy's '%s'", source,
+                      dsc_model_arch_name(t->arch), dsc_model_arch_name(want));
+    const bool moe = want == DSC_ARCH_GPT_MOE || want == DSC_ARCH_MIXTRAL;
     *mc = (dsc_infer_model_config){
-        .family = want == DSC_ARCH_GPT ? DSC_INFER_FAMILY_GPT : DSC_INFER_FAMILY_LLAMA,
+        .family = want == DSC_ARCH_GPT || want == DSC_ARCH_GPT_MOE ? DSC_INFER_FAMILY_GPT : DSC_INFER_FAMILY_LLAMA,
         .n_layer = t->n_layer,
         .d_model = t->d_model,
         .n_head = t->n_head,
@@ -138,17 +97,29 @@ static dsc_status configure(dsc_infer_model_config *mc, const char *json, const 
         .tie_embeddings = t->tie_embeddings,
         .norm_eps = (float)t->norm_eps,
         .rope_theta = (float)t->rope_theta, /* training keeps theta as a float */
+        .n_experts = moe ? cfg.moe.num_experts : 0,
+        .top_k = moe ? cfg.moe.k : 0,
+        .moe_layer_freq = moe ? cfg.moe.layer_freq : 0,
+        .moe_weighting = DSC_MOE_WEIGHTING_DEEPSPEED,
+        .moe_residual = moe && cfg.moe.use_residual,
     };
+    if (!s && moe &&
+        !(mc->n_experts >= 1 && mc->top_k >= 1 && mc->top_k <= mc->n_experts && mc->moe_layer_freq >= 1))
+        s = dsc_error(DSC_ERR_CONFIG,
+                      "%s: moe.k (%d) must be in [1, moe.num_experts (%d)] and moe.layer_freq (%d) >= 1", source,
+                      mc->top_k, mc->n_experts, mc->moe_layer_freq);
     dsc_config_free(&cfg);
     return s;
 }
 
 static dsc_status configure_gpt(dsc_infer_model_config *mc, const char *json, const char *source) {
-    return configure(mc, json, source, DSC_ARCH_GPT);
+    return dsc_policy_dsc_configure(mc, json, source, DSC_ARCH_GPT);
 }
 static dsc_status configure_llama(dsc_infer_model_config *mc, const char *json, const char *source) {
-    return configure(mc, json, source, DSC_ARCH_LLAMA);
+    return dsc_policy_dsc_configure(mc, json, source, DSC_ARCH_LLAMA);
 }
 
-const dsc_policy dsc_policy_dsc_gpt = {"gpt", configure_gpt, "layers.", &gpt_layer, &gpt_outer, NULL};
-const dsc_policy dsc_policy_dsc_llama = {"llama", configure_llama, "layers.", &llama_layer, &llama_outer, NULL};
+const dsc_policy dsc_policy_dsc_gpt = {
+    "gpt", configure_gpt, "layers.", &dsc_policy_dsc_gpt_layer, &dsc_policy_dsc_gpt_outer, NULL, NULL};
+const dsc_policy dsc_policy_dsc_llama = {
+    "llama", configure_llama, "layers.", &dsc_policy_dsc_llama_layer, &dsc_policy_dsc_llama_outer, NULL, NULL};

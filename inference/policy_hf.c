@@ -240,11 +240,11 @@ static dsc_status configure_mixtral(dsc_infer_model_config *mc, const char *json
     return configure(mc, json, source, HF_MIXTRAL);
 }
 
-const dsc_policy dsc_policy_hf_llama = {"LlamaForCausalLM", configure_llama, "model.layers.",
-                                        &dense_layer,       &outer,          ignored};
+const dsc_policy dsc_policy_hf_llama = {
+    "LlamaForCausalLM", configure_llama, "model.layers.", &dense_layer, &outer, ignored, NULL};
 const dsc_policy dsc_policy_hf_mistral = {
-    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &outer, ignored};
-const dsc_policy dsc_policy_hf_qwen2 = {"Qwen2ForCausalLM", configure_qwen2, "model.layers.",
-                                        &dense_layer,       &outer,          ignored};
+    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &outer, ignored, NULL};
+const dsc_policy dsc_policy_hf_qwen2 = {
+    "Qwen2ForCausalLM", configure_qwen2, "model.layers.", &dense_layer, &outer, ignored, NULL};
 const dsc_policy dsc_policy_hf_mixtral = {
-    "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &outer, ignored};
+    "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &outer, ignored, NULL};

@@ -24,6 +24,8 @@ dsc_status dsc_policy_register(const dsc_policy *policy) {
               MAX_POLICIES);
     DSC_TRY(dsc_error_wrap(dsc_container_def_validate(policy->layer), "policy %s", policy->arch));
     DSC_TRY(dsc_error_wrap(dsc_container_def_validate(policy->non_layer), "policy %s", policy->arch));
+    if (policy->dense_layer)
+        DSC_TRY(dsc_error_wrap(dsc_container_def_validate(policy->dense_layer), "policy %s", policy->arch));
     registry[n_registered++] = policy;
     return NULL;
 }
@@ -46,8 +48,9 @@ dsc_status dsc_policy_find(const char *arch, const dsc_policy **out) {
 dsc_status dsc_policy_register_builtin(void) {
     static bool done;
     if (done) return NULL;
-    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,    &dsc_policy_dsc_llama, &dsc_policy_hf_llama,
-                                   &dsc_policy_hf_mistral, &dsc_policy_hf_qwen2,  &dsc_policy_hf_mixtral};
+    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,     &dsc_policy_dsc_llama,  &dsc_policy_hf_llama,
+                                   &dsc_policy_hf_mistral,  &dsc_policy_hf_qwen2,   &dsc_policy_hf_mixtral,
+                                   &dsc_policy_dsc_gpt_moe, &dsc_policy_dsc_mixtral};
     for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
         bool present = false;
         for (int j = 0; j < n_registered; j++)

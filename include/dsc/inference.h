@@ -48,6 +48,12 @@ typedef enum dsc_rope_scaling {
     DSC_ROPE_SCALING_LLAMA3 /* Llama-3.1's frequency-dependent rescaling */
 } dsc_rope_scaling;
 
+/* Combine weights of the k chosen experts (from the router's softmax p). */
+typedef enum dsc_moe_weighting {
+    DSC_MOE_WEIGHTING_RENORMALISED = 0, /* Hugging Face Mixtral: p / sum of the chosen k's p, also for k = 1 */
+    DSC_MOE_WEIGHTING_DEEPSPEED         /* k = 1: p itself (top1gating); k >= 2: p / max(sum, 2^-23) */
+} dsc_moe_weighting;
+
 typedef struct dsc_infer_model_config {
     dsc_infer_family family;
     int32_t n_layer;
@@ -67,6 +73,12 @@ typedef struct dsc_infer_model_config {
     int64_t rope_original_max_positions;
     int32_t n_experts; /* 0: dense MLP */
     int32_t top_k;
+    /* Which layers are MoE layers: 0 or 1 every layer; n > 1 layers n-1,
+     * 2n-1, ... (dsc's moe.layer_freq); the others use the policy's
+     * dense_layer container. */
+    int32_t moe_layer_freq;
+    dsc_moe_weighting moe_weighting;
+    bool moe_residual; /* PR-MoE: a dense MLP mixed in by per-token coefficients */
 } dsc_infer_model_config;
 
 /* ---- parameters and layer containers -------------------------------------------------------
@@ -79,7 +91,8 @@ typedef enum dsc_dim {
     DSC_DIM_F,
     DSC_DIM_V,
     DSC_DIM_POS,
-    DSC_DIM_E
+    DSC_DIM_E,
+    DSC_DIM_PAIR /* 2: the PR-MoE residual's mixing coefficients */
 } dsc_dim;
 
 /* What the model forward uses a finalized parameter for. */
@@ -97,21 +110,26 @@ typedef enum dsc_param_role {
     DSC_PARAM_ROLE_MLP2_W, /* (C, F) */
     DSC_PARAM_ROLE_MLP2_B,
     DSC_PARAM_ROLE_ROUTER_W, /* (E, C) */
-    DSC_PARAM_ROLE_MOE1_W,   /* (E, 2F, C): per expert rows gate | up */
+    DSC_PARAM_ROLE_MOE1_W,   /* (E, 2F, C): per expert rows gate | up (SwiGLU); (E, F, C) fc (GELU) */
     DSC_PARAM_ROLE_MOE2_W,   /* (E, C, F) */
     DSC_PARAM_ROLE_EMBED,    /* (V, C) */
     DSC_PARAM_ROLE_POS_EMBED,
     DSC_PARAM_ROLE_FINAL_NORM_W,
     DSC_PARAM_ROLE_FINAL_NORM_B,
-    DSC_PARAM_ROLE_UNEMBED, /* (V, C); absent when tied to the embedding */
+    DSC_PARAM_ROLE_UNEMBED,    /* (V, C); absent when tied to the embedding */
+    DSC_PARAM_ROLE_MOE1_B,     /* (E, F): GELU experts' fc bias */
+    DSC_PARAM_ROLE_MOE2_B,     /* (E, C): GELU experts' proj bias */
+    DSC_PARAM_ROLE_MOE_COEF_W, /* (2, C): PR-MoE mixing logits; the residual MLP uses the MLP roles */
+    DSC_PARAM_ROLE_MOE_COEF_B, /* (2) */
     DSC_PARAM_ROLE_COUNT
 } dsc_param_role;
 
 /* When a slot exists for a given config. */
 typedef enum dsc_slot_when {
     DSC_SLOT_WHEN_ALWAYS = 0,
-    DSC_SLOT_WHEN_QKV_BIAS, /* config.qkv_bias */
-    DSC_SLOT_WHEN_UNTIED    /* !config.tie_embeddings */
+    DSC_SLOT_WHEN_QKV_BIAS,    /* config.qkv_bias */
+    DSC_SLOT_WHEN_UNTIED,      /* !config.tie_embeddings */
+    DSC_SLOT_WHEN_MOE_RESIDUAL /* config.moe_residual */
 } dsc_slot_when;
 
 #define DSC_PARAM_MAX_DEPS 4
@@ -166,6 +184,9 @@ typedef struct dsc_policy {
     const dsc_container_def *layer;
     const dsc_container_def *non_layer;
     const char *const *ignored; /* NULL-terminated names (may hold `*`) skipped at load */
+    /* The container of the layers that are not MoE layers when
+     * moe_layer_freq > 1 (dsc gpt-moe, mixtral); NULL: every layer uses `layer`. */
+    const dsc_container_def *dense_layer;
 } dsc_policy;
 
 /* Validates both containers, then adds the policy (the struct must outlive
@@ -173,7 +194,7 @@ typedef struct dsc_policy {
  * the policy and the entry; nothing is registered. */
 dsc_status dsc_policy_register(const dsc_policy *policy);
 /* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM and MixtralForCausalLM. Idempotent. */
+ * Qwen2ForCausalLM, MixtralForCausalLM, gpt-moe and mixtral. Idempotent. */
 dsc_status dsc_policy_register_builtin(void);
 /* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
 dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);

@@ -44,7 +44,7 @@ static dsc_status try_register(const char *arch, const dsc_param_mapping *mappin
     static const dsc_container_def outer = {"outer", 2, params, 4, outer_map};
     assert_true(used < 16);
     layers[used] = (dsc_container_def){"test_layer", 2, params, n, mappings};
-    policies[used] = (dsc_policy){arch, configure_never, "layers.", &layers[used], &outer, NULL};
+    policies[used] = (dsc_policy){arch, configure_never, "layers.", &layers[used], &outer, NULL, NULL};
     return dsc_policy_register(&policies[used++]);
 }
 
