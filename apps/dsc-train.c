@@ -310,7 +310,9 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     }
     pipe_model pm = {t, cfg->model.seq_len, cfg->model.vocab_size};
     if (!s && moe && cfg->moe.ep_size > 1) {
-        if (rank == 0) printf("dsc-train: no sample: expert-parallel generation is not wired into pipelines\n");
+        if (rank == 0 && a->sample_tokens > 0)
+            printf("dsc-train: no sample: expert-parallel generation is not wired into pipelines (use dsc-generate "
+                   "on the checkpoint)\n");
     } else if (!s) {
         print_sample(pipe_generate, &pm, cfg, a, rank == 0); /* collective: every stage takes part */
     }
@@ -361,8 +363,11 @@ static dsc_status train(const args *a, dsc_comm *world) {
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
                                    (double)dsc_trainer_param_count(t), size, state_bytes(&cfg));
     /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
-    if (!s && rank == 0 && moe && cfg.moe.ep_size > 1)
-        printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d\n", cfg.moe.ep_size);
+    if (!s && rank == 0 && moe && cfg.moe.ep_size > 1) {
+        if (a->sample_tokens > 0)
+            printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
+                   "checkpoint)\n", cfg.moe.ep_size);
+    }
     /* ZeRO-3 gathers parameters collectively, so every rank generates and rank 0 prints. */
     else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(trainer_generate, t, &cfg, a, rank == 0);
     dsc_checkpointer_destroy(ckpt);
