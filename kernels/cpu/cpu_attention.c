@@ -40,6 +40,21 @@ static void tile_nt(float *s, float alpha, const float *a, int64_t a_stride, con
                 (int)b_stride, 0.0f, s, TILE);
 }
 
+/* The slice of query head at q0 and kv head at kv0 (element offsets into q and k/v); the caller fills in
+ * the output / gradient pointers its pass needs. */
+static attn_slice slice_at(const float *q, const float *k, const float *v, float *lse, int64_t q0, int64_t kv0,
+                           int64_t t, int64_t hs, int64_t q_stride, int64_t kv_stride) {
+    return (attn_slice){.q = q + q0,
+                        .k = k + kv0,
+                        .v = v + kv0,
+                        .lse = lse,
+                        .t = t,
+                        .hs = hs,
+                        .q_stride = q_stride,
+                        .kv_stride = kv_stride,
+                        .scale = 1.0f / sqrtf((float)hs)};
+}
+
 static void attend_tile(const attn_slice *A, int64_t i0) {
     int64_t ni = min64(TILE, A->t - i0);
     float m[TILE], l[TILE];
@@ -136,16 +151,8 @@ dsc_status dsc_cpu_attention_forward(float *out, float *lse, const float *q, con
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
             int64_t kv0 = bi * t * kv_stride + (h / group) * hs, q0 = bi * t * q_stride + h * hs;
-            attn_slice A = {.q = q + q0,
-                            .k = k + kv0,
-                            .v = v + kv0,
-                            .o = out + q0,
-                            .lse = lse + (bi * nh + h) * t,
-                            .t = t,
-                            .hs = hs,
-                            .q_stride = q_stride,
-                            .kv_stride = kv_stride,
-                            .scale = 1.0f / sqrtf((float)hs)};
+            attn_slice A = slice_at(q, k, v, lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride, kv_stride);
+            A.o = out + q0;
             for (int64_t i0 = 0; i0 < t; i0 += TILE)
                 attend_tile(&A, i0);
         }
@@ -171,20 +178,10 @@ dsc_status dsc_cpu_attention_backward(float *dq, float *dk, float *dv, const flo
             }
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
                 int64_t q0 = bi * t * q_stride + h * hs;
-                attn_slice A = {.q = q + q0,
-                                .k = k + kv0,
-                                .v = v + kv0,
-                                .dout = dout + q0,
-                                .out = out + q0,
-                                .dq = dq + q0,
-                                .dk = dk + kv0,
-                                .dv = dv + kv0,
-                                .lse = (float *)lse + (bi * nh + h) * t,
-                                .t = t,
-                                .hs = hs,
-                                .q_stride = q_stride,
-                                .kv_stride = kv_stride,
-                                .scale = 1.0f / sqrtf((float)hs)};
+                attn_slice A =
+                    slice_at(q, k, v, (float *)lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride, kv_stride);
+                A.dout = dout + q0, A.out = out + q0;
+                A.dq = dq + q0, A.dk = dk + kv0, A.dv = dv + kv0;
                 for (int64_t i0 = 0; i0 < t; i0 += TILE)
                     attend_tile_backward(&A, i0);
             }
