@@ -145,19 +145,10 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .rng = &t->layer_rng,
     };
     DSC_TRY(dsc_pipe_runner_create(&ro, &t->runner));
-    dsc_engine_options eo = {
-        .cfg = cfg,
-        .runner = t->runner,
-        .optimizer = t->opt,
-        .data = t->data,
-        .micro_batches = M,
-        .global_tokens_per_step = cfg->train_batch_size * T,
-        .dp = dp,
-        .pipe = pipe,
-        .log = o->log,
-        .metrics_path = o->metrics_path,
-        .progress = o->progress,
-    };
+    dsc_engine_options eo;
+    dsc_engine_options_init(&eo, cfg, t->runner, t->opt, t->data, T);
+    eo.dp = dp, eo.pipe = pipe;
+    eo.log = o->log, eo.metrics_path = o->metrics_path, eo.progress = o->progress;
     return dsc_engine_create(&eo, &t->engine);
 }
 

@@ -140,6 +140,12 @@ typedef struct dsc_engine_options {
     void *hook_ctx;
 } dsc_engine_options;
 
+/* Zeroes `eo` and fills in what every trainer derives from its config the
+ * same way: the pieces, micro_batches (gradient_accumulation_steps) and
+ * global_tokens_per_step (train_batch_size * seq_len). The caller adds the
+ * groups, the logging switches and the hook. */
+void dsc_engine_options_init(dsc_engine_options *eo, const dsc_config *cfg, dsc_batch_runner *runner,
+                             dsc_optimizer *optimizer, dsc_data_loader *data, int64_t seq_len);
 dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out);
 void dsc_engine_destroy(dsc_engine *e);
 

@@ -39,6 +39,18 @@ static bool stdout_is_terminal(void) {
     return isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_RANK");
 }
 
+void dsc_engine_options_init(dsc_engine_options *eo, const dsc_config *cfg, dsc_batch_runner *runner,
+                             dsc_optimizer *optimizer, dsc_data_loader *data, int64_t seq_len) {
+    *eo = (dsc_engine_options){
+        .cfg = cfg,
+        .runner = runner,
+        .optimizer = optimizer,
+        .data = data,
+        .micro_batches = (int)cfg->gradient_accumulation_steps,
+        .global_tokens_per_step = cfg->train_batch_size * seq_len,
+    };
+}
+
 dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
     *out = NULL;
     DSC_CHECK(opts->cfg && opts->runner && opts->optimizer && opts->data, DSC_ERR_INVALID,

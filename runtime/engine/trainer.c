@@ -112,18 +112,10 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
     DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
     DSC_TRY(dsc_tensor_alloc(&t->context, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU, DSC_MEM_ACTIVATIONS));
 
-    dsc_engine_options eo = {
-        .cfg = cfg,
-        .runner = t->runner,
-        .optimizer = t->opt,
-        .data = t->data,
-        .micro_batches = M,
-        .global_tokens_per_step = cfg->train_batch_size * T,
-        .dp = o->dp,
-        .log = o->log,
-        .metrics_path = o->metrics_path,
-        .progress = o->progress,
-    };
+    dsc_engine_options eo;
+    dsc_engine_options_init(&eo, cfg, t->runner, t->opt, t->data, T);
+    eo.dp = o->dp;
+    eo.log = o->log, eo.metrics_path = o->metrics_path, eo.progress = o->progress;
     return dsc_engine_create(&eo, &t->engine);
 }
 
