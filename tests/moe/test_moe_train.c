@@ -70,23 +70,6 @@ static void load_config(dsc_config *cfg, int dp) {
     assert_ok(dsc_config_resolve_batch(cfg, dp));
 }
 
-static void model_config(const dsc_config *cfg, dsc_model_config *mc) {
-    const dsc_config_model *m = &cfg->model;
-    dsc_model_config_defaults(mc, m->arch);
-    mc->n_layer = m->n_layer;
-    mc->d_model = m->d_model;
-    mc->n_head = m->n_head;
-    mc->n_kv_head = m->n_kv_head;
-    mc->d_ff = m->d_ff;
-    mc->vocab_size = m->vocab_size;
-    mc->seq_len = m->seq_len;
-    mc->tie_embeddings = m->tie_embeddings;
-    mc->qkv_bias = m->qkv_bias;
-    mc->norm_eps = (float)m->norm_eps;
-    mc->moe_num_experts = cfg->moe.num_experts;
-    mc->moe_layer_freq = cfg->moe.layer_freq;
-}
-
 /* One training run: every piece the engine needs, with the given groups (all NULL: one process). */
 typedef struct run {
     dsc_config cfg;
@@ -104,7 +87,7 @@ static void train(run *r, dsc_comm *dp, dsc_comm *ep, dsc_comm *edp) {
     load_config(&r->cfg, dp_size);
     const dsc_config *cfg = &r->cfg;
     dsc_model_config mc;
-    model_config(cfg, &mc);
+    assert_ok(dsc_trainer_model_config(cfg, &mc));
     const int M = (int)cfg->gradient_accumulation_steps;
     const int64_t B = cfg->train_micro_batch_size_per_gpu, T = mc.seq_len;
     dsc_data_loader_options dl = {cfg->data.path, 0.0, mc.vocab_size, B, T, M, dp_rank, dp_size, cfg->seed};
@@ -123,13 +106,9 @@ static void train(run *r, dsc_comm *dp, dsc_comm *ep, dsc_comm *edp) {
     assert_ok(dsc_optimizer_create_plain(&oo, &r->opt));
     dsc_rng_init(&r->rng, cfg->seed, dp_rank, DSC_RNG_GATE);
     assert_ok(dsc_runner_create_default(r->model.layers, r->model.n, r->opt, B, T, &r->rng, &r->runner));
-    dsc_engine_options eo = {.cfg = cfg,
-                             .runner = r->runner,
-                             .optimizer = r->opt,
-                             .data = r->data,
-                             .micro_batches = M,
-                             .global_tokens_per_step = cfg->train_batch_size * T,
-                             .dp = dp};
+    dsc_engine_options eo;
+    dsc_engine_options_init(&eo, cfg, r->runner, r->opt, r->data, T);
+    eo.dp = dp;
     assert_ok(dsc_engine_create(&eo, &r->engine));
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics m;
