@@ -17,16 +17,6 @@
 #define LLAMA DSC_SOURCE_DIR "/tests/inference/fixtures/hf/llama"
 enum { NSEQ = 5, MAXLEN = 40 };
 
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double diff = 0, ref = 1e-6;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= diff)) diff = d;
-        if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
-    }
-    return diff / ref;
-}
-
 static dsc_infer_engine *make_engine(dsc_infer_model *m, int32_t block, int32_t tokens, int32_t seqs) {
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
     ec.block_size = block;
@@ -92,7 +82,8 @@ static void test_ragged_equals_solo(void **state) {
         for (int j = 0; j < n; j++) {
             int i = idx[j];
             done[i] += counts[j];
-            double r = rel_err(logits + (size_t)j * (size_t)V, ref[i] + (size_t)(done[i] - 1) * (size_t)V, V);
+            double r =
+                dsc_test_rel_err(logits + (size_t)j * (size_t)V, ref[i] + (size_t)(done[i] - 1) * (size_t)V, V);
             if (r > worst) worst = r;
         }
         left = false;
@@ -132,7 +123,7 @@ static void test_chunked_equals_whole(void **state) {
         p = tokens + t;
         assert_ok(dsc_infer_engine_put(e, 1, &b, &p, &c, chunked));
     }
-    double r = rel_err(chunked, whole, V);
+    double r = dsc_test_rel_err(chunked, whole, V);
     printf("prompt of %d in chunks of 7 vs whole: rel err %.3e\n", T, r);
     assert_true(r <= 1e-5);
     free(whole);
@@ -164,7 +155,7 @@ static void test_bf16_kv_cache(void **state) {
         int32_t c = 5;
         assert_ok(dsc_infer_engine_put(f32, 1, &uid, &p, &c, a));
         assert_ok(dsc_infer_engine_put(bf16, 1, &uid, &p, &c, b));
-        double r = rel_err(b, a, V);
+        double r = dsc_test_rel_err(b, a, V);
         if (r > worst) worst = r;
     }
     printf("bf16 KV cache vs f32: worst rel err %.3e over 6 chunks\n", worst);

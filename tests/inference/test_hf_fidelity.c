@@ -27,17 +27,6 @@ static float *read_ref(const dsc_safetensors *st, const char *name, int64_t *num
     return buf;
 }
 
-/* max |a - b| / max |b| without printing (per-row checks inside loops). */
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double diff = 0, ref = 1e-6;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= diff)) diff = d;
-        if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
-    }
-    return diff / ref;
-}
-
 static int32_t argmax(const float *x, int32_t n) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
@@ -91,7 +80,7 @@ static void check_model(const char *name) {
                 int32_t one = 1;
                 assert_ok(dsc_infer_engine_put(e, 1, &uid, &np, &one, row));
             }
-            double r = rel_err(row, gen_logits + s * V, V);
+            double r = dsc_test_rel_err(row, gen_logits + s * V, V);
             if (r > worst) worst = r;
             assert_int_equal(argmax(row, V), (int32_t)genf[s]);
         }
@@ -106,7 +95,7 @@ static void check_model(const char *name) {
             const int32_t *tp = tokens + t;
             int32_t one = 1;
             assert_ok(dsc_infer_engine_put(e, 1, &uid, &tp, &one, row));
-            double r = rel_err(row, logits + t * V, V);
+            double r = dsc_test_rel_err(row, logits + t * V, V);
             if (r > worst) worst = r;
         }
         printf("  %s prompt %d: token-by-token worst rel err %.3e\n", name, p, worst);

@@ -28,5 +28,7 @@ void dsc_test_err(dsc_status s, int code, const char *needle, const char *expr, 
 
 /* Largest relative error max|a-b| / max(max|b|, floor) over n floats; prints it with `what`. */
 double dsc_test_max_rel_err(const float *a, const float *b, int64_t n, double floor, const char *what);
+/* max |a - b| / max(|b|, 1e-6) without printing (per-row checks inside loops). */
+double dsc_test_rel_err(const float *a, const float *b, int64_t n);
 
 #endif

@@ -38,3 +38,13 @@ double dsc_test_max_rel_err(const float *a, const float *b, int64_t n, double fl
     printf("  %-40s max abs err %.3e, rel err %.3e over %lld values\n", what, max_diff, rel, (long long)n);
     return rel;
 }
+
+double dsc_test_rel_err(const float *a, const float *b, int64_t n) {
+    double diff = 0, ref = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= diff)) diff = d; /* NaN propagates as a failure */
+        if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
+    }
+    return diff / ref;
+}
