@@ -34,23 +34,29 @@ static void test_hosts(void **state) {
     dsc_comm_free(world);
 }
 
+/* World, and `sub`: every rank of it under `name`, whose waits time out after
+ * TIMEOUT_S. Skips the test on one rank (no peer to wait for). */
+static void open_comms(const char *name, dsc_comm **world, dsc_comm **sub) {
+    assert_ok(dsc_comm_world(NULL, world));
+    int p = dsc_comm_size(*world);
+    if (p < 2) {
+        dsc_comm_free(*world);
+        skip();
+    }
+    int members[16];
+    for (int i = 0; i < p; i++)
+        members[i] = i;
+    assert_ok(dsc_comm_create_sub(*world, members, p, name, sub));
+    assert_ok(dsc_comm_set_timeout(*sub, TIMEOUT_S));
+}
+
 /* The last rank stays away from dsc (it sleeps) while the others wait in an
  * all-reduce: they report it as not answering, with its host. */
 static void test_silent_peer(void **state) {
     (void)state;
-    dsc_comm *world;
-    assert_ok(dsc_comm_world(NULL, &world));
+    dsc_comm *world, *late;
+    open_comms("late", &world, &late);
     int p = dsc_comm_size(world), r = dsc_comm_rank(world);
-    if (p < 2) {
-        dsc_comm_free(world);
-        skip();
-    }
-    dsc_comm *late;
-    int members[16];
-    for (int i = 0; i < p; i++)
-        members[i] = i;
-    assert_ok(dsc_comm_create_sub(world, members, p, "late", &late));
-    assert_ok(dsc_comm_set_timeout(late, TIMEOUT_S));
     int64_t one = 1;
     float x = 1;
     dsc_tensor t = dsc_tensor_view(&x, DSC_DTYPE_F32, 1, &one, DSC_CPU);
@@ -81,19 +87,9 @@ static void test_silent_peer(void **state) {
  * what they wait for; they learn rank 0 answered and is in the barrier. */
 static void test_peer_behind(void **state) {
     (void)state;
-    dsc_comm *world;
-    assert_ok(dsc_comm_world(NULL, &world));
-    int p = dsc_comm_size(world), r = dsc_comm_rank(world);
-    if (p < 2) {
-        dsc_comm_free(world);
-        skip();
-    }
-    int members[16];
-    for (int i = 0; i < p; i++)
-        members[i] = i;
-    dsc_comm *ahead;
-    assert_ok(dsc_comm_create_sub(world, members, p, "ahead", &ahead));
-    assert_ok(dsc_comm_set_timeout(ahead, TIMEOUT_S));
+    dsc_comm *world, *ahead;
+    open_comms("ahead", &world, &ahead);
+    int r = dsc_comm_rank(world);
     assert_ok(dsc_comm_set_timeout(world, 2 * TIMEOUT_S));
     int64_t one = 1;
     float x = 0;
