@@ -24,7 +24,7 @@ const dsc_container_def dsc_policy_dsc_gpt_layer = {"dsc_gpt_layer", sizeof gpt_
                                                     gpt_mappings};
 
 static const dsc_param_def llama_params[] = {
-    DSC_POLICY_DSC_LLAMA_ATTN_PARAMS,
+    DSC_POLICY_LLAMA_ATTN_PARAMS,
     {"mlp_1",
      DSC_PARAM_ROLE_MLP1_W,
      DSC_SLOT_WHEN_ALWAYS,

@@ -1,40 +1,23 @@
 /* Private to inference/: what the dsc training-checkpoint policies share
  * (policy_dsc.c for gpt and llama, policy_dsc_moe.c for gpt-moe and
- * mixtral): the attention and norm parameters of a block and their
- * checkpoint names, the non-transformer containers, and the training
- * config -> inference config step. Not here: the feed-forward parameters,
- * which differ between dense and MoE blocks. */
+ * mixtral): the attention and norm parameters of a GPT block (a Llama
+ * block's are policy_params.h's), the checkpoint names of both, the
+ * non-transformer containers, and the training config -> inference config
+ * step. Not here: the feed-forward parameters, which differ between dense
+ * and MoE blocks. */
 #ifndef DSC_INFERENCE_POLICY_DSC_H
 #define DSC_INFERENCE_POLICY_DSC_H
 
 #include "dsc/model.h"
 #include "inference/model_internal.h"
-
-/* A parameter with one dependency. */
-#define ONE(n, role, when, dep, r, c)                                                                             \
-    {                                                                                                             \
-        n, role, when, false, 1, {                                                                                \
-            { dep, r, c }                                                                                         \
-        }                                                                                                         \
-    }
+#include "inference/policy_params.h"
 
 /* Norms and attention of a GPT block (entries of a dsc_param_def table). */
 /* clang-format off */
 #define DSC_POLICY_DSC_GPT_ATTN_PARAMS                                                                                \
     ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                 \
     ONE("attn_norm_bias", DSC_PARAM_ROLE_ATTN_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),            \
-    {"qkv",                                                                                                           \
-     DSC_PARAM_ROLE_QKV_W,                                                                                            \
-     DSC_SLOT_WHEN_ALWAYS,                                                                                            \
-     false,                                                                                                           \
-     3,                                                                                                               \
-     {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},                      \
-    {"qkv_bias",                                                                                                      \
-     DSC_PARAM_ROLE_QKV_B,                                                                                            \
-     DSC_SLOT_WHEN_QKV_BIAS,                                                                                          \
-     false,                                                                                                           \
-     3,                                                                                                               \
-     {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},             \
+    DSC_POLICY_QKV_PARAMS,                                                                                            \
     ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),                      \
     ONE("attn_out_bias", DSC_PARAM_ROLE_ATTN_OUT_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),              \
     ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                   \
@@ -46,23 +29,7 @@
     {"attn.o.bias", "attn_out_bias.b"}, {"norm2.weight", "mlp_norm.w"},                                               \
     {"norm2.bias", "mlp_norm_bias.b"}
 
-/* Norms and attention of a Llama block. */
-#define DSC_POLICY_DSC_LLAMA_ATTN_PARAMS                                                                              \
-    ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                 \
-    {"qkv",                                                                                                           \
-     DSC_PARAM_ROLE_QKV_W,                                                                                            \
-     DSC_SLOT_WHEN_ALWAYS,                                                                                            \
-     false,                                                                                                           \
-     3,                                                                                                               \
-     {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},                      \
-    {"qkv_bias",                                                                                                      \
-     DSC_PARAM_ROLE_QKV_B,                                                                                            \
-     DSC_SLOT_WHEN_QKV_BIAS,                                                                                          \
-     false,                                                                                                           \
-     3,                                                                                                               \
-     {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},             \
-    ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),                      \
-    ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE)
+/* Checkpoint names of the norms and attention of a Llama block (slots: DSC_POLICY_LLAMA_ATTN_PARAMS). */
 #define DSC_POLICY_DSC_LLAMA_ATTN_MAPPINGS                                                                            \
     {"norm1.weight", "attn_norm.w"}, {"attn.q.weight", "qkv.q"}, {"attn.k.weight", "qkv.k"},                          \
     {"attn.v.weight", "qkv.v"}, {"attn.q.bias", "qkv_bias.q"}, {"attn.k.bias", "qkv_bias.k"},                         \

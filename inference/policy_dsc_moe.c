@@ -56,7 +56,7 @@ static const dsc_container_def gpt_moe_layer = {
     sizeof gpt_moe_mappings / sizeof gpt_moe_mappings[0], gpt_moe_mappings};
 
 static const dsc_param_def mixtral_params[] = {
-    DSC_POLICY_DSC_LLAMA_ATTN_PARAMS,
+    DSC_POLICY_LLAMA_ATTN_PARAMS,
     ROUTER_AND_COEF,
     {"experts_1",
      DSC_PARAM_ROLE_MOE1_W,

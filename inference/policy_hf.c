@@ -11,28 +11,9 @@
 #include <cjson/cJSON.h>
 
 #include "inference/model_internal.h"
+#include "inference/policy_params.h"
 
 /* ---- containers ----------------------------------------------------------------------------- */
-
-#define ATTN_PARAMS                                                                                               \
-    {"attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_NONE}}},  \
-        {"qkv",                                                                                                   \
-         DSC_PARAM_ROLE_QKV_W,                                                                                    \
-         DSC_SLOT_WHEN_ALWAYS,                                                                                    \
-         false,                                                                                                   \
-         3,                                                                                                       \
-         {{"q", DSC_DIM_Q, DSC_DIM_C}, {"k", DSC_DIM_KV, DSC_DIM_C}, {"v", DSC_DIM_KV, DSC_DIM_C}}},              \
-        {"qkv_bias",                                                                                              \
-         DSC_PARAM_ROLE_QKV_B,                                                                                    \
-         DSC_SLOT_WHEN_QKV_BIAS,                                                                                  \
-         false,                                                                                                   \
-         3,                                                                                                       \
-         {{"q", DSC_DIM_Q, DSC_DIM_NONE}, {"k", DSC_DIM_KV, DSC_DIM_NONE}, {"v", DSC_DIM_KV, DSC_DIM_NONE}}},     \
-        {"attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_C, DSC_DIM_Q}}}, { \
-        "mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {                                  \
-            { "w", DSC_DIM_C, DSC_DIM_NONE }                                                                      \
-        }                                                                                                         \
-    }
 
 #define ATTN_MAPPINGS                                                                                             \
     {"input_layernorm.weight", "attn_norm.w"}, {"self_attn.q_proj.weight", "qkv.q"},                              \
@@ -43,7 +24,7 @@
     }
 
 static const dsc_param_def dense_params[] = {
-    ATTN_PARAMS,
+    DSC_POLICY_LLAMA_ATTN_PARAMS,
     {"mlp_1",
      DSC_PARAM_ROLE_MLP1_W,
      DSC_SLOT_WHEN_ALWAYS,
@@ -63,7 +44,7 @@ static const dsc_container_def dense_layer = {"llama_layer", sizeof dense_params
                                               dense_mappings};
 
 static const dsc_param_def moe_params[] = {
-    ATTN_PARAMS,
+    DSC_POLICY_LLAMA_ATTN_PARAMS,
     {"moe_gate", DSC_PARAM_ROLE_ROUTER_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"w", DSC_DIM_E, DSC_DIM_C}}},
     {"moe_mlp_1",
      DSC_PARAM_ROLE_MOE1_W,
