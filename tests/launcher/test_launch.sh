@@ -15,18 +15,8 @@ token=dsclaunch$$r$RANDOM
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 unset OMP_NUM_THREADS DSC_NUM_THREADS
-failures=0
+. "$(dirname "${BASH_SOURCE[0]}")/../support/check.sh"
 
-check() { # check DESCRIPTION CONDITION...
-    local what=$1
-    shift
-    if "$@"; then
-        echo "ok: $what"
-    else
-        echo "FAIL: $what"
-        failures=$((failures + 1))
-    fi
-}
 has_line() { grep -qxF -- "$2" "$1"; }
 no_leftovers() { ! pgrep -f "$token" >/dev/null; }
 
@@ -101,5 +91,4 @@ check "the missing program is named" has_line "$work/missing" \
     "dsc-launch: program ./no-such-program is not an executable file"
 
 pkill -KILL -f "$token" 2>/dev/null
-echo "$failures check(s) failed"
-[ "$failures" -eq 0 ]
+check_summary

@@ -25,7 +25,7 @@ netns=$src/scripts/netns/dsc-netns.sh
 agent=$src/scripts/netns/netns-agent.sh
 prefix=dscmh$$
 timeout_s=5
-failures=0
+. "$(dirname "${BASH_SOURCE[0]}")/../support/check.sh"
 
 skip() {
     echo "SKIP: $*"
@@ -49,16 +49,6 @@ h0=$prefix-h0 h1=$prefix-h1 h2=$prefix-h2
 "$netns" hostfile "$prefix" 3 2 >"$work/hosts"
 unset OMP_NUM_THREADS DSC_NUM_THREADS
 
-check() { # check DESCRIPTION CONDITION...
-    local what=$1
-    shift
-    if "$@"; then
-        echo "ok: $what"
-    else
-        echo "FAIL: $what"
-        failures=$((failures + 1))
-    fi
-}
 has() { grep -qF -- "$2" "$1"; }
 line_has() { grep -- "$2" "$1" | grep -qF -- "$3"; } # line_has FILE PATTERN TEXT
 gone() { ! pgrep -f -- "$1" >/dev/null; }
@@ -228,5 +218,4 @@ check "the launcher names the host of the killed ranks" \
     line_has "$work/killed" "dsc-launch: job failed:" "on host $h1 killed by signal 9"
 check "no process of the job remains" gone "$work/dp.json"
 
-echo "$failures check(s) failed"
-[ "$failures" -eq 0 ]
+check_summary
