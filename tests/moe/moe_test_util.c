@@ -1,9 +1,9 @@
 /* Test-only helpers of tests/moe (see moe_test_util.h). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "dsc/rng.h"
 #include "moe_test_util.h"
+#include "test_layers.h"
 
 void moe_test_options(dsc_moe_options *o, int num_experts, int k, bool drop_tokens, bool residual,
                       dsc_moe_expert_kind kind) {
@@ -42,45 +42,21 @@ dsc_status moe_test_model_build(moe_test_model *m, const dsc_model_config *mc, c
     m->mc = *mc;
     DSC_TRY(dsc_nn_register_dense_layers());
     DSC_TRY(dsc_moe_register_layers());
-    dsc_layer_spec *specs;
-    int count;
-    DSC_TRY(dsc_model_specs(&m->mc, &specs, &count));
-    dsc_status s = dsc_params_create(&m->store, DSC_CPU, seed);
-    m->layers = calloc((size_t)count, sizeof *m->layers);
-    dsc_build_ctx ctx = {.model = &m->mc, .params = m->store, .device = DSC_CPU, .extra = extra};
-    for (int i = 0; i < count && !s; i++) {
-        s = dsc_layer_build(&specs[i], &ctx, &m->layers[i]);
-        if (!s) m->n++;
-    }
-    free(specs);
-    if (!s) s = dsc_params_finalize(m->store);
-    for (int i = 0; i < m->n && !s; i++)
-        s = dsc_layer_reserve(m->layers[i], 1, B, T);
-    if (s) moe_test_model_free(m);
+    dsc_status s = dsc_test_layers_build(&m->mc, DSC_CPU, extra, seed, 1, B, T, &m->store, &m->layers, &m->n);
+    if (s) memset(m, 0, sizeof *m);
     return s;
 }
 
 void moe_test_model_free(moe_test_model *m) {
-    for (int i = 0; i < m->n; i++)
-        dsc_layer_destroy(m->layers[i]);
-    free(m->layers);
-    dsc_params_destroy(m->store);
+    dsc_test_layers_free(m->store, m->layers, m->n);
     memset(m, 0, sizeof *m);
 }
 
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, dsc_rng *rng,
-                               double *loss, double *aux) {
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+                               dsc_rng *rng, double *loss, double *aux) {
     dsc_micro_ctx ctx = {.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true, .rng = rng};
-    dsc_tensor cur = {0}, next;
-    for (int i = 0; i < m->n; i++) {
-        DSC_TRY(dsc_layer_forward(m->layers[i], 0, &cur, &next, &ctx));
-        cur = next;
-    }
-    dsc_tensor grad = {0};
-    for (int i = m->n - 1; i >= 0; i--) {
-        DSC_TRY(dsc_layer_backward(m->layers[i], 0, &grad, &next, &ctx));
-        grad = next;
-    }
+    DSC_TRY(dsc_test_layers_forward(m->layers, m->n, 0, &ctx));
+    DSC_TRY(dsc_test_layers_backward(m->layers, m->n, 0, &ctx));
     *loss = ctx.loss;
     *aux = ctx.aux_loss;
     return NULL;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "nn_test_util.h"
+#include "test_layers.h"
 #include "test_mpi.h"
 
 void test_tiny_config(dsc_model_config *mc, dsc_model_arch arch) {
@@ -23,52 +24,27 @@ dsc_status test_model_build(test_model *m, const dsc_model_config *mc, dsc_devic
     memset(m, 0, sizeof *m);
     m->mc = *mc;
     DSC_TRY(dsc_nn_register_dense_layers());
-    dsc_layer_spec *specs;
-    int count;
-    DSC_TRY(dsc_model_specs(&m->mc, &specs, &count));
-    dsc_status s = dsc_params_create(&m->store, device, seed);
-    m->layers = calloc((size_t)count, sizeof *m->layers);
-    dsc_build_ctx ctx = {.model = &m->mc, .params = m->store, .device = device};
-    for (int i = 0; i < count && !s; i++) {
-        s = dsc_layer_build(&specs[i], &ctx, &m->layers[i]);
-        if (!s) m->n++;
-    }
-    free(specs);
-    if (!s) s = dsc_params_finalize(m->store);
-    for (int i = 0; i < m->n && !s; i++)
-        s = dsc_layer_reserve(m->layers[i], slots, B, T);
-    if (s) test_model_free(m);
+    dsc_status s = dsc_test_layers_build(&m->mc, device, NULL, seed, slots, B, T, &m->store, &m->layers, &m->n);
+    if (s) memset(m, 0, sizeof *m);
     return s;
 }
 
 void test_model_free(test_model *m) {
-    for (int i = 0; i < m->n; i++)
-        dsc_layer_destroy(m->layers[i]);
-    free(m->layers);
-    dsc_params_destroy(m->store);
+    dsc_test_layers_free(m->store, m->layers, m->n);
     memset(m, 0, sizeof *m);
 }
 
 dsc_status test_model_forward(test_model *m, int slot, const dsc_tensor *tokens, const dsc_tensor *targets,
                               double *loss) {
     dsc_micro_ctx ctx = {.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true};
-    dsc_tensor cur = {0}, next;
-    for (int i = 0; i < m->n; i++) {
-        DSC_TRY(dsc_layer_forward(m->layers[i], slot, &cur, &next, &ctx));
-        cur = next;
-    }
+    DSC_TRY(dsc_test_layers_forward(m->layers, m->n, slot, &ctx));
     *loss = ctx.loss;
     return NULL;
 }
 
 dsc_status test_model_backward(test_model *m, int slot, float loss_scale) {
     dsc_micro_ctx ctx = {.loss_scale = loss_scale, .training = true};
-    dsc_tensor grad = {0}, din;
-    for (int i = m->n - 1; i >= 0; i--) {
-        DSC_TRY(dsc_layer_backward(m->layers[i], slot, &grad, &din, &ctx));
-        grad = din;
-    }
-    return NULL;
+    return dsc_test_layers_backward(m->layers, m->n, slot, &ctx);
 }
 
 /* ---- fixtures ------------------------------------------------------------------------ */
