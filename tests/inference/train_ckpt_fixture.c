@@ -117,9 +117,14 @@ double train_ckpt_prompt_error(dsc_infer_engine *e, const float *train, const in
     return worst;
 }
 
-void train_ckpt_engine_greedy(dsc_infer_engine *e, int32_t *got, int32_t n, int32_t n_new, uint64_t uid,
-                              int32_t V) {
+void train_ckpt_check_greedy(dsc_infer_engine *e, dsc_trainer *t, const int32_t *prompt, int32_t n, int32_t n_new,
+                             uint64_t uid, int32_t V) {
+    int32_t total = n + n_new;
+    int32_t *ref = malloc((size_t)total * sizeof *ref); /* (n + n_new) */
+    int32_t *got = malloc((size_t)total * sizeof *got); /* (n + n_new) */
     float *logits = malloc((size_t)V * sizeof *logits); /* (V) */
+    memcpy(got, prompt, (size_t)n * sizeof *got);
+    assert_ok(dsc_trainer_generate(t, got, n, n_new, 0.0f, 1, ref));
     const int32_t *ptr = got;
     int32_t count = n;
     for (int s = 0; s < n_new; s++) {
@@ -132,7 +137,14 @@ void train_ckpt_engine_greedy(dsc_infer_engine *e, int32_t *got, int32_t n, int3
         count = 1;
     }
     assert_ok(dsc_infer_engine_flush(e, uid));
+    char a[128], b[128];
+    dsc_byte_tokenizer_decode(ref, total, a, sizeof a);
+    dsc_byte_tokenizer_decode(got, total, b, sizeof b);
+    printf("  training: %s\n  engine:   %s\n", a, b);
+    assert_memory_equal(got, ref, (size_t)total * sizeof(int32_t));
     free(logits);
+    free(got);
+    free(ref);
 }
 
 void train_ckpt_remove_dir(const char *dir) {

@@ -41,10 +41,11 @@ float *train_ckpt_training_logits(const dsc_config *cfg, const dsc_moe_build_ext
 double train_ckpt_prompt_error(dsc_infer_engine *e, const float *train, const int32_t *prompt, int32_t n,
                                uint64_t uid, int32_t V);
 
-/* The engine's greedy continuation of got[0 .. n) into got[n .. n + n_new)
- * as sequence `uid` (flushed afterwards). */
-void train_ckpt_engine_greedy(dsc_infer_engine *e, int32_t *got, int32_t n, int32_t n_new, uint64_t uid,
-                              int32_t V);
+/* The engine's greedy continuation of prompt[0 .. n) by n_new tokens (as
+ * sequence `uid`, flushed afterwards) must equal dsc_trainer_generate's
+ * (temperature 0) token for token; both are printed as text. */
+void train_ckpt_check_greedy(dsc_infer_engine *e, dsc_trainer *t, const int32_t *prompt, int32_t n, int32_t n_new,
+                             uint64_t uid, int32_t V);
 
 /* Removes the directory tree `dir`. */
 void train_ckpt_remove_dir(const char *dir);
