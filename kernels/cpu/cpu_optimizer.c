@@ -5,12 +5,12 @@
  * (momentum 0: p -= lr*d, no buffer). One fused pass per update. */
 #include <math.h>
 
+#include "kernels/adamw_coeffs.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                          float beta2, float eps, float wd, int64_t step) {
-    float bc1 = (float)(1.0 - pow(beta1, (double)step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-    float step_size = lr / bc1, decay = 1.0f - lr * wd;
+    dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -19,7 +19,7 @@ dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] = p[i] * c.decay - c.step_size * mi / (sqrtf(vi) / c.bc2_sqrt + eps);
     }
     return NULL;
 }

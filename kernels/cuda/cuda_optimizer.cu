@@ -1,5 +1,6 @@
 /* Optimizer updates on CUDA with torch.optim semantics (see cpu_optimizer.c
  * for the formulas); bias corrections are computed once on the host. */
+#include "kernels/adamw_coeffs.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -29,8 +30,8 @@ __global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, floa
 
 dsc_status dsc_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                           float beta2, float eps, float wd, int64_t step) {
-    float bc1 = (float)(1.0 - pow(beta1, (double)step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-    LAUNCH_ELEMENTWISE(adamw_kernel, p, n, p, g, m, v, n, beta1, beta2, eps, 1.0f - lr * wd, lr / bc1, bc2_sqrt);
+    dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
+    LAUNCH_ELEMENTWISE(adamw_kernel, p, n, p, g, m, v, n, beta1, beta2, eps, c.decay, c.step_size, c.bc2_sqrt);
 }
 
 dsc_status dsc_cuda_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
