@@ -173,50 +173,6 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     return NULL;
 }
 
-/* Per-expert load of every MoE layer over the whole run, summed over all
- * ranks (each rank gates its own tokens; layers of other stages add zeros):
- * routes chosen (DeepSpeed's exp_counts), kept and dropped. Rank 0 prints. */
-static dsc_status print_expert_load(dsc_comm *world, const dsc_config *cfg, dsc_layer *const *layers, int n) {
-    int L = cfg->model.n_layer, E = cfg->moe.num_experts;
-    int64_t shape[3] = {L, E, 3};
-    dsc_tensor counts;
-    DSC_TRY(dsc_tensor_alloc(&counts, DSC_DTYPE_I64, 3, shape, DSC_CPU, DSC_MEM_OTHER));
-    int64_t *c = counts.data; /* (L, E, 3) */
-    for (int i = 0; i < n; i++) {
-        dsc_moe_stats st;
-        dsc_status s = dsc_moe_stats_get(layers[i], &st);
-        if (s) { /* not a MoE block */
-            dsc_status_free(s);
-            continue;
-        }
-        int block = -1;
-        sscanf(layers[i]->name, "layers.%d", &block);
-        for (int e = 0; block >= 0 && block < L && e < E; e++) {
-            int64_t *row = c + ((int64_t)block * E + e) * 3;
-            row[0] = st.routed[e], row[1] = st.kept[e], row[2] = st.dropped[e];
-        }
-    }
-    dsc_status s = dsc_comm_allreduce(world, &counts, DSC_REDUCE_OP_SUM);
-    if (!s && dsc_comm_rank(world) == 0) {
-        printf("per-expert load over the run (routes chosen / kept / dropped, all ranks):\n");
-        for (int l = 0; l < L; l++) {
-            int64_t total = 0;
-            for (int e = 0; e < E; e++) total += c[((int64_t)l * E + e) * 3];
-            if (total == 0) continue;
-            printf("  layers.%d:", l);
-            for (int e = 0; e < E; e++) {
-                const int64_t *row = c + ((int64_t)l * E + e) * 3;
-                printf("  e%d %lld/%lld/%lld (%.0f%%)", e, (long long)row[0], (long long)row[1], (long long)row[2],
-                       100.0 * (double)row[0] / (double)total);
-            }
-            printf("\n");
-        }
-        fflush(stdout);
-    }
-    dsc_tensor_free(&counts);
-    return s;
-}
-
 /* Checkpointing when the config saves or the command resumes: the engine's
  * step hook saves, and a resume restores before training. */
 static dsc_status wire_checkpoints(const args *a, const dsc_checkpointer_options *co, dsc_checkpointer **out) {
@@ -301,7 +257,7 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
-    if (!s && moe) s = print_expert_load(world, cfg, layers, n_layers);
+    if (!s && moe) s = dsc_moe_report_load(world, cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
     if (!s && a->report_memory) {
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
@@ -357,7 +313,7 @@ static dsc_status train(const args *a, dsc_comm *world) {
     if (!s && moe) {
         int n_layers;
         dsc_layer *const *layers = dsc_trainer_model_layers(t, &n_layers);
-        s = print_expert_load(world, &cfg, layers, n_layers);
+        s = dsc_moe_report_load(world, cfg.model.n_layer, cfg.moe.num_experts, layers, n_layers, stdout);
     }
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,

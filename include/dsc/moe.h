@@ -31,6 +31,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/comm.h"
 #include "dsc/config.h"
@@ -145,6 +146,12 @@ typedef struct dsc_moe_stats {
  * "moe_block" factory builds); anything else is DSC_ERR_INVALID. */
 dsc_status dsc_moe_stats_get(const dsc_layer *layer, dsc_moe_stats *out);
 dsc_status dsc_moe_stats_reset(dsc_layer *layer);
+
+/* Collective over `world`: sums the per-expert stats (routes chosen, kept,
+ * dropped) of the MoE layers among `layers` (this rank's, any others are
+ * skipped) over every rank and prints one line per MoE layer of the L-block
+ * model on rank 0: "layers.i:  e0 chosen/kept/dropped (share%) ...". */
+dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *layers, int n, FILE *out);
 
 /* ---- the "moe_block" layer type ------------------------------------------------------ */
 

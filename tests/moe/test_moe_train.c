@@ -19,6 +19,7 @@
  * elements whose gradient is tiny carry the f32 rounding of different
  * reduction orders into O(lr) relative steps; the losses show the
  * trajectories agree. The attention key bias is skipped (see below). */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,47 @@ static void run_free(run *r) {
     dsc_config_free(&r->cfg);
 }
 
+/* Reads "eN chosen/kept/dropped" triples from a load report. */
+static int parse_load(const char *text, long long (*triples)[3], int max) {
+    int n = 0;
+    for (const char *p = strstr(text, " e"); p && n < max; p = strstr(p + 1, " e")) {
+        int e;
+        if (sscanf(p, " e%d %lld/%lld/%lld", &e, &triples[n][0], &triples[n][1], &triples[n][2]) == 4) n++;
+    }
+    return n;
+}
+
+/* The load report of the expert-parallel run, summed over its ranks, chooses
+ * the same experts as the one-process run over the same global batch, and
+ * kept + dropped = chosen for every expert. */
+static void check_load_report(dsc_comm *world, run *par, run *one) {
+    const int rank = dsc_comm_rank(world);
+    dsc_comm *self;
+    assert_ok(dsc_comm_create_sub(world, &rank, 1, "self", &self));
+    char *text_par = NULL, *text_one = NULL;
+    size_t len_par, len_one;
+    FILE *fp = open_memstream(&text_par, &len_par), *fo = open_memstream(&text_one, &len_one);
+    const int L = par->cfg.model.n_layer, E = par->cfg.moe.num_experts;
+    assert_ok(dsc_moe_report_load(world, L, E, par->model.layers, par->model.n, fp));
+    assert_ok(dsc_moe_report_load(self, L, E, one->model.layers, one->model.n, fo));
+    fclose(fp);
+    fclose(fo);
+    if (rank == 0) {
+        printf("%s", text_par);
+        long long a[64][3], b[64][3];
+        int na = parse_load(text_par, a, 64), nb = parse_load(text_one, b, 64);
+        assert_int_equal(na, E); /* one MoE block */
+        assert_int_equal(na, nb);
+        for (int i = 0; i < na; i++) {
+            assert_int_equal(a[i][0], b[i][0]);
+            assert_int_equal(a[i][1] + a[i][2], a[i][0]);
+        }
+    }
+    free(text_par);
+    free(text_one);
+    dsc_comm_free(self);
+}
+
 static void check_case(int ep_size) {
     dsc_comm *world;
     assert_ok(dsc_comm_world(NULL, &world));
@@ -194,6 +236,8 @@ static void check_case(int ep_size) {
     /* The capacity agreement of each MoE forward, and the experts' share of the global gradient norm. */
     assert_int_equal(sep.calls[DSC_COMM_OP_ALLREDUCE], moe_forwards + STEPS);
     assert_int_equal(sep.calls[DSC_COMM_OP_ALLTOALL], 4 * moe_forwards);
+
+    check_load_report(world, &par, &one);
 
     run_free(&par);
     run_free(&one);
