@@ -2,13 +2,16 @@
  * the interesting iterations (start, inside warmup, the boundary, the decay,
  * past the end). */
 #include <math.h>
+#include <stdbool.h>
 
 #include "dsc/engine.h"
 #include "test_mpi.h"
 
 static void expect_lr(const dsc_config_scheduler *s, double base, int64_t it, double want) {
     double got = dsc_lr_schedule_at(s, base, it);
-    if (fabs(got - want) > 1e-12 * (1 + fabs(want))) fail_msg("iteration %lld: lr %.15g, expected %.15g", (long long)it, got, want);
+    bool close = fabs(got - want) <= 1e-12 * (1 + fabs(want));
+    if (!close) print_error("iteration %lld: lr %.15g, expected %.15g\n", (long long)it, got, want);
+    assert_true(close);
 }
 
 static void test_constant(void **state) {
