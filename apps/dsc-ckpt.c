@@ -4,6 +4,7 @@
  *   dsc-ckpt show CKPT                   tensors, shapes, dtypes, L2 norms
  *   dsc-ckpt diff CKPT_A CKPT_B          per-tensor max |a - b|
  *   dsc-ckpt export CKPT --model-only OUT.h5
+ *   dsc-ckpt export CKPT --format hf OUT_DIR   config.json + model.safetensors for transformers
  *
  * CKPT is a checkpoint directory (SAVE_DIR/TAG), a save directory (its
  * `latest` is followed) or a state.h5 file. Runs as one process. */
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "dsc/checkpoint.h"
+#include "dsc/hf.h"
 #include "dsc/tensor_file.h"
 
 #define CKPT_FILE "state.h5"
@@ -24,6 +26,7 @@ static void usage(void) {
                     "       dsc-ckpt show CKPT\n"
                     "       dsc-ckpt diff CKPT_A CKPT_B\n"
                     "       dsc-ckpt export CKPT --model-only OUT.h5\n"
+                    "       dsc-ckpt export CKPT --format hf OUT_DIR\n"
                     "CKPT: SAVE_DIR/TAG, SAVE_DIR (follows latest) or a state.h5 file\n");
 }
 
@@ -271,6 +274,16 @@ static dsc_status cmd_export(const char *arg, const char *out_path) {
     return s;
 }
 
+static dsc_status cmd_export_hf(const char *arg, const char *format, const char *out_dir) {
+    DSC_CHECK(strcmp(format, "hf") == 0, DSC_ERR_INVALID, "--format %s: the formats are hf", format);
+    char file[1400];
+    DSC_TRY(resolve(arg, file, sizeof file));
+    int64_t n = 0;
+    DSC_TRY(dsc_hf_export(file, out_dir, &n));
+    printf("exported %lld tensors to %s/model.safetensors and %s/config.json\n", (long long)n, out_dir, out_dir);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         usage();
@@ -288,6 +301,8 @@ int main(int argc, char **argv) {
         s = cmd_diff(argv[2], argv[3], &worst);
     } else if (strcmp(argv[1], "export") == 0 && argc == 5 && strcmp(argv[3], "--model-only") == 0) {
         s = cmd_export(argv[2], argv[4]);
+    } else if (strcmp(argv[1], "export") == 0 && argc == 6 && strcmp(argv[3], "--format") == 0) {
+        s = cmd_export_hf(argv[2], argv[4], argv[5]);
     } else {
         usage();
         rc = 2;

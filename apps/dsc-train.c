@@ -2,7 +2,7 @@
  *
  *   dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]
  *             [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]
- *             [--resume [TAG|latest]]
+ *             [--resume [TAG|latest|auto]] [--init-from-hf HF_DIR]
  *   dsc-train CONFIG [--set key=value]... --estimate-memory RANKS
  *   dsc-train --plot METRICS.jsonl OUT.svg
  *   dsc-train --prepare TEXT OUT.tok
@@ -21,6 +21,7 @@
 #include "dsc/config.h"
 #include "dsc/data.h"
 #include "dsc/engine.h"
+#include "dsc/hf.h"
 #include "dsc/kernels.h"
 #include "dsc/pipe.h"
 #include "dsc/sampling.h"
@@ -39,13 +40,14 @@ typedef struct args {
     bool progress;
     bool report_memory; /* per-rank allocator accounting beside ZeRO's formula, after training */
     int estimate_ranks; /* > 0: print ZeRO's per-rank memory for this many ranks and exit */
-    const char *resume; /* checkpoint tag to resume from ("latest"); NULL: start fresh */
+    const char *resume; /* checkpoint tag to resume from ("latest"; "auto": latest when one exists); NULL: fresh */
+    const char *init_from_hf; /* Hugging Face model directory the parameters start from */
 } args;
 
 static void usage(FILE *fp) {
     fputs("usage: dsc-train CONFIG [--set key=value]... [--metrics FILE.jsonl] [--sample N]\n"
           "                 [--prompt TEXT] [--temperature X] [--no-progress] [--report-memory]\n"
-          "                 [--resume [TAG|latest]]\n"
+          "                 [--resume [TAG|latest|auto]] [--init-from-hf HF_DIR]\n"
           "       dsc-train CONFIG [--set key=value]... --estimate-memory RANKS\n"
           "       dsc-train --plot METRICS.jsonl OUT.svg\n"
           "       dsc-train --prepare TEXT OUT.tok\n",
@@ -80,6 +82,7 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
         else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
         else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = positive(argv[++i]);
         else if (strcmp(arg, "--resume") == 0) a->resume = has_value && is_tag(argv[i + 1]) ? argv[++i] : "latest";
+        else if (strcmp(arg, "--init-from-hf") == 0 && has_value) a->init_from_hf = argv[++i];
         else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
         else if (!a->config) a->config = arg;
         else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
@@ -133,10 +136,21 @@ static int state_bytes(const dsc_config *cfg) {
     return cfg->optimizer.type == DSC_OPTIMIZER_TYPE_SGD ? 4 : 8;
 }
 
+/* The job's config: the file with --set overrides, and with --init-from-hf
+ * the model section of the Hugging Face checkpoint. */
+static dsc_status load_config(const args *a, const dsc_hf_import *hf, dsc_config *cfg) {
+    if (hf) return dsc_hf_import_config(hf, a->config, a->overrides, a->n_overrides, cfg);
+    return dsc_config_load_file(a->config, a->overrides, a->n_overrides, cfg);
+}
+
 /* ZeRO's per-rank model-state memory for every stage, from the config alone. */
 static dsc_status estimate(const args *a) {
     dsc_config cfg;
-    DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
+    dsc_hf_import *hf = NULL;
+    if (a->init_from_hf) DSC_TRY(dsc_hf_import_open(a->init_from_hf, &hf));
+    dsc_status loaded = load_config(a, hf, &cfg);
+    dsc_hf_import_close(hf);
+    DSC_TRY(loaded);
     dsc_model_config mc;
     dsc_zero_model_size size;
     dsc_status s = dsc_trainer_model_config(&cfg, &mc);
@@ -173,14 +187,42 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     return NULL;
 }
 
+/* --resume auto: whether checkpoint.save_dir has a checkpoint to resume (rank 0 looks, every rank follows). */
+static dsc_status have_checkpoint(const dsc_checkpointer_options *co, bool *found) {
+    const char *dir = co->cfg->checkpoint.save_dir;
+    DSC_CHECK(dir[0], DSC_ERR_CONFIG, "--resume auto needs \"checkpoint.save_dir\" (where to look for a checkpoint)");
+    int rank, yes = 0;
+    MPI_Comm_rank(co->comm, &rank);
+    if (rank == 0) {
+        char tag[128];
+        dsc_status s = dsc_checkpoint_latest(dir, tag, sizeof tag);
+        yes = s == NULL;
+        dsc_status_free(s);
+    }
+    MPI_Bcast(&yes, 1, MPI_INT, 0, co->comm);
+    *found = yes;
+    if (!yes && co->log) printf("dsc-train: --resume auto: no checkpoint in %s, starting fresh\n", dir);
+    return NULL;
+}
+
 /* Checkpointing when the config saves or the command resumes: the engine's
- * step hook saves, and a resume restores before training. */
-static dsc_status wire_checkpoints(const args *a, const dsc_checkpointer_options *co, dsc_checkpointer **out) {
+ * step hook saves, and a resume restores before training. Without a resume,
+ * --init-from-hf sets the parameters from the Hugging Face checkpoint. */
+static dsc_status wire_checkpoints(const args *a, dsc_hf_import *hf, const dsc_checkpointer_options *co,
+                                   dsc_checkpointer **out) {
     *out = NULL;
-    if (!a->resume && !co->cfg->checkpoint.save_dir[0]) return NULL;
-    DSC_TRY(dsc_checkpointer_create(co, out));
-    dsc_engine_set_hook(co->engine, dsc_checkpointer_on_step, *out);
-    return a->resume ? dsc_checkpointer_resume(*out, a->resume) : NULL;
+    bool resume = a->resume != NULL;
+    if (resume && strcmp(a->resume, "auto") == 0) DSC_TRY(have_checkpoint(co, &resume));
+    if (resume || co->cfg->checkpoint.save_dir[0]) {
+        DSC_TRY(dsc_checkpointer_create(co, out));
+        dsc_engine_set_hook(co->engine, dsc_checkpointer_on_step, *out);
+    }
+    if (resume) return dsc_checkpointer_resume(*out, strcmp(a->resume, "auto") == 0 ? "latest" : a->resume);
+    if (!hf) return NULL;
+    dsc_checkpoint_state st = {.comm = co->comm, .params = co->params, .optimizer = co->optimizer};
+    DSC_TRY(dsc_checkpoint_load_params(&st, dsc_hf_import_read, hf));
+    if (co->log) printf("dsc-train: parameters initialised from %s\n", a->init_from_hf);
+    return NULL;
 }
 
 /* ---- pipelines (pipeline.stages > 1): pipe/'s PP x DP trainer ------------------------ */
@@ -227,7 +269,7 @@ static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, vo
     return NULL;
 }
 
-static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg) {
+static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *world, dsc_config *cfg) {
     int rank = dsc_comm_rank(world), size = dsc_comm_size(world), P = cfg->pipeline.stages;
     DSC_CHECK(size % P == 0, DSC_ERR_CONFIG, "%s: the world size %d is not divisible by \"pipeline.stages\" = %d",
               a->config, size, P);
@@ -253,7 +295,7 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
                                    dsc_pipe_trainer_optimizer(t), MPI_COMM_WORLD, P, size / P,
                                    moe ? cfg->moe.ep_size : 1, dsc_pipe_trainer_rng(t), 1, rank == 0};
     dsc_checkpointer *ckpt = NULL;
-    dsc_status s = wire_checkpoints(a, &co, &ckpt);
+    dsc_status s = wire_checkpoints(a, hf, &co, &ckpt);
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
@@ -277,11 +319,11 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     return s;
 }
 
-static dsc_status train(const args *a, dsc_comm *world) {
+static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     dsc_config cfg;
-    DSC_TRY(dsc_config_load_file(a->config, a->overrides, a->n_overrides, &cfg));
+    DSC_TRY(load_config(a, hf, &cfg));
     if (cfg.pipeline.stages > 1) {
-        dsc_status s = train_pipeline(a, world, &cfg);
+        dsc_status s = train_pipeline(a, hf, world, &cfg);
         dsc_config_free(&cfg);
         return s;
     }
@@ -307,7 +349,7 @@ static dsc_status train(const args *a, dsc_comm *world) {
         dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
                                        MPI_COMM_WORLD, 1, size, moe ? cfg.moe.ep_size : 1,
                                        dsc_trainer_rng(t), 1, rank == 0};
-        s = wire_checkpoints(a, &co, &ckpt);
+        s = wire_checkpoints(a, hf, &co, &ckpt);
     }
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
     if (!s && moe) {
@@ -375,8 +417,11 @@ int main(int argc, char **argv) {
         return s ? 1 : 0;
     }
     dsc_comm *world = NULL;
+    dsc_hf_import *hf = NULL;
     s = dsc_comm_world(NULL, &world);
-    if (!s) s = train(&a, world);
+    if (!s && a.init_from_hf) s = dsc_hf_import_open(a.init_from_hf, &hf);
+    if (!s) s = train(&a, hf, world);
+    dsc_hf_import_close(hf);
     free(a.overrides);
     if (!s) {
         dsc_comm_free(world);

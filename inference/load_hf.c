@@ -64,18 +64,23 @@ static dsc_status hf_arch(const char *json, const char *source, char *arch, size
     return s;
 }
 
-dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out) {
+dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_infer_model_config *mc) {
     char path[2048], arch[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json;
     DSC_TRY(dsc_load_read_text(path, &json));
     dsc_status s = hf_arch(json, path, arch, sizeof arch);
+    if (!s) s = dsc_policy_find(arch, policy);
+    if (!s) s = (*policy)->configure(mc, json, path);
+    free(json);
+    return s;
+}
+
+dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out) {
     const dsc_policy *policy = NULL;
     dsc_infer_model_config mc;
     dsc_safetensors *st = NULL;
-    if (!s) s = dsc_policy_find(arch, &policy);
-    if (!s) s = policy->configure(&mc, json, path);
-    free(json);
+    dsc_status s = dsc_load_hf_config(dir, &policy, &mc);
     if (!s) s = dsc_safetensors_open(&st, dir);
     if (!s) {
         dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read};

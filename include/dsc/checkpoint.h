@@ -69,6 +69,17 @@ dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_
 dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
                                dsc_checkpoint_scope scope, char **engine_json);
 
+/* Reads elements [begin, begin + count) (row-major) of the global tensor
+ * `name` (a parameter's name, no "model/" prefix) of shape (ndim, shape) as
+ * f32 into dst: a source of initial parameter values in another format. */
+typedef dsc_status (*dsc_checkpoint_read_fn)(void *ctx, const char *name, int ndim, const int64_t *shape,
+                                             int64_t begin, int64_t count, float *dst);
+
+/* Collective. Sets st's parameters (whatever ranges this rank holds, ZeRO-3
+ * shards included) from `read`, as a model-only restore does: everything
+ * is read and agreed on every rank before any parameter changes. */
+dsc_status dsc_checkpoint_load_params(dsc_checkpoint_state *st, dsc_checkpoint_read_fn read, void *ctx);
+
 /* Complete checkpoints in save_dir, oldest step first (free() the array),
  * and the tag `latest` names; for tools. */
 dsc_status dsc_checkpoint_list(const char *save_dir, char (**tags)[128], int *count);

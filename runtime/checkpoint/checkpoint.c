@@ -321,3 +321,24 @@ dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, c
     }
     return closed;
 }
+
+dsc_status dsc_checkpoint_load_params(dsc_checkpoint_state *st, dsc_checkpoint_read_fn read, void *ctx) {
+    holdings h = {0};
+    dsc_status s = collect(st, DSC_CHECKPOINT_MODEL_ONLY, &h);
+    size_t total = 0;
+    for (int i = 0; !s && i < h.count; i++) total += (size_t)h.items[i].piece.count * sizeof(float);
+    float *staging = s ? NULL : malloc(total ? total : 1);
+    if (!s && !staging) s = dsc_error(DSC_ERR_NOMEM, "initial parameters: staging %zu bytes", total);
+    size_t at = 0;
+    for (int i = 0; !s && i < h.count; i++) {
+        const dsc_tfile_piece *p = &h.items[i].piece;
+        s = read(ctx, p->tensor.path + strlen("model/"), p->tensor.ndim, p->tensor.shape, p->begin, p->count,
+                 staging + at);
+        at += (size_t)p->count;
+    }
+    s = dsc_agree(st->comm, s);
+    if (!s) commit(&h, (const char *)staging);
+    free(staging);
+    free(h.items);
+    return s;
+}

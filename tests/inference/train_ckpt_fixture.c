@@ -37,6 +37,20 @@ void train_ckpt_config(const char *json, const char *dir, const char *const *ove
     assert_ok(dsc_config_resolve_batch(cfg, 1));
 }
 
+dsc_trainer *train_ckpt_trainer(const dsc_config *cfg, dsc_moe_build_extra *extra) {
+    *extra = (dsc_moe_build_extra){0};
+    const bool moe = cfg->moe.num_experts > 0;
+    if (moe) {
+        assert_ok(dsc_moe_options_from_config(&cfg->moe, cfg->model.arch, &extra->options));
+        assert_ok(dsc_nn_register_dense_layers());
+        assert_ok(dsc_moe_register_layers());
+    }
+    dsc_trainer_layers tl = {.build_extra = extra};
+    dsc_trainer *t;
+    assert_ok(dsc_trainer_create_with_layers(&(dsc_trainer_options){.cfg = cfg}, NULL, moe ? &tl : NULL, &t));
+    return t;
+}
+
 void train_ckpt_save(dsc_trainer *t, const dsc_config *cfg, const char *save_dir) {
     char *config_json;
     assert_ok(dsc_config_to_json(cfg, &config_json));

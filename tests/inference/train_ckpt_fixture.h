@@ -21,6 +21,10 @@
 void train_ckpt_config(const char *json, const char *dir, const char *const *overrides, int n_overrides,
                        dsc_config *cfg);
 
+/* A one-rank trainer for cfg; MoE configs (moe.num_experts > 0) get the moe/
+ * layers with *extra as their build extra (zeroed and filled here). */
+dsc_trainer *train_ckpt_trainer(const dsc_config *cfg, dsc_moe_build_extra *extra);
+
 /* Saves the trainer's parameters as tag "step4" of a one-rank layout in
  * `save_dir`, with `cfg` as the checkpoint's training config. */
 void train_ckpt_save(dsc_trainer *t, const dsc_config *cfg, const char *save_dir);
