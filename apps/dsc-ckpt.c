@@ -16,13 +16,14 @@
 #include <sys/stat.h>
 
 #include "dsc/checkpoint.h"
+#include "dsc/cli.h"
 #include "dsc/hf.h"
 #include "dsc/tensor_file.h"
 
 #define CKPT_FILE "state.h5"
 
-static void usage(void) {
-    fprintf(stderr, "usage: dsc-ckpt ls SAVE_DIR\n"
+static void usage(FILE *fp) {
+    fprintf(fp, "usage: dsc-ckpt ls SAVE_DIR\n"
                     "       dsc-ckpt show CKPT\n"
                     "       dsc-ckpt diff CKPT_A CKPT_B\n"
                     "       dsc-ckpt export CKPT --model-only OUT.h5\n"
@@ -274,8 +275,7 @@ static dsc_status cmd_export(const char *arg, const char *out_path) {
     return s;
 }
 
-static dsc_status cmd_export_hf(const char *arg, const char *format, const char *out_dir) {
-    DSC_CHECK(strcmp(format, "hf") == 0, DSC_ERR_INVALID, "--format %s: the formats are hf", format);
+static dsc_status cmd_export_hf(const char *arg, const char *out_dir) {
     char file[1400];
     DSC_TRY(resolve(arg, file, sizeof file));
     int64_t n = 0;
@@ -285,8 +285,9 @@ static dsc_status cmd_export_hf(const char *arg, const char *format, const char 
 }
 
 int main(int argc, char **argv) {
+    if (dsc_cli_info(argc, argv, argc - 1, "dsc-ckpt", usage)) return 0;
     if (argc < 3) {
-        usage();
+        usage(stderr);
         return 2;
     }
     MPI_Init(&argc, &argv);
@@ -302,9 +303,14 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[1], "export") == 0 && argc == 5 && strcmp(argv[3], "--model-only") == 0) {
         s = cmd_export(argv[2], argv[4]);
     } else if (strcmp(argv[1], "export") == 0 && argc == 6 && strcmp(argv[3], "--format") == 0) {
-        s = cmd_export_hf(argv[2], argv[4], argv[5]);
+        if (strcmp(argv[4], "hf") == 0) {
+            s = cmd_export_hf(argv[2], argv[5]);
+        } else {
+            fprintf(stderr, "dsc-ckpt: --format %s: the formats are hf\n", argv[4]);
+            rc = 2;
+        }
     } else {
-        usage();
+        usage(stderr);
         rc = 2;
     }
     if (s) {

@@ -19,35 +19,21 @@
 
 #include <cjson/cJSON.h>
 
+#include "dsc/cli.h"
 #include "dsc/moe_gate.h"
 
-static const char *usage = "usage: dsc-moe-gate --k K --capacity-factor F --min-capacity C [--eval]\n"
-                           "                    [--eval-capacity-factor F] [--no-drop-tokens]\n"
-                           "                    [--drop-policy probs|position] LOGITS.json\n";
+static void usage(FILE *fp) {
+    fputs("usage: dsc-moe-gate --k K --capacity-factor F --min-capacity C [--eval]\n"
+          "                    [--eval-capacity-factor F] [--no-drop-tokens]\n"
+          "                    [--drop-policy probs|position] LOGITS.json\n",
+          fp);
+}
 
 typedef struct options {
     dsc_moe_gate_config cfg;
     bool eval;
     const char *path;
 } options;
-
-static dsc_status parse_double(const char *flag, const char *text, double *out) {
-    char *end;
-    errno = 0;
-    *out = strtod(text, &end);
-    DSC_CHECK(errno == 0 && end != text && *end == '\0', DSC_ERR_INVALID, "%s: \"%s\" is not a number", flag,
-              text);
-    return NULL;
-}
-
-static dsc_status parse_int(const char *flag, const char *text, long long *out) {
-    char *end;
-    errno = 0;
-    *out = strtoll(text, &end, 10);
-    DSC_CHECK(errno == 0 && end != text && *end == '\0', DSC_ERR_INVALID, "%s: \"%s\" is not an integer", flag,
-              text);
-    return NULL;
-}
 
 static dsc_status parse_options(int argc, char **argv, options *opt) {
     opt->cfg = dsc_moe_gate_config_default();
@@ -56,22 +42,21 @@ static dsc_status parse_options(int argc, char **argv, options *opt) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const bool has_value = i + 1 < argc;
-        long long n;
+        int64_t n;
         if (!strcmp(a, "--eval")) {
             opt->eval = true;
         } else if (!strcmp(a, "--no-drop-tokens")) {
             opt->cfg.drop_tokens = false;
         } else if (!strcmp(a, "--k") && has_value) {
-            DSC_TRY(parse_int(a, argv[++i], &n));
-            DSC_CHECK(n >= 1 && n <= 1 << 20, DSC_ERR_INVALID, "--k: %lld is out of range", n);
+            DSC_TRY(dsc_cli_int(a, argv[++i], 1, 1 << 20, &n));
             opt->cfg.k = (int)n;
         } else if (!strcmp(a, "--min-capacity") && has_value) {
-            DSC_TRY(parse_int(a, argv[++i], &n));
+            DSC_TRY(dsc_cli_int(a, argv[++i], 0, INT64_MAX, &n));
             opt->cfg.min_capacity = n;
         } else if (!strcmp(a, "--capacity-factor") && has_value) {
-            DSC_TRY(parse_double(a, argv[++i], &opt->cfg.capacity_factor));
+            DSC_TRY(dsc_cli_double(a, argv[++i], 0, 1e9, &opt->cfg.capacity_factor));
         } else if (!strcmp(a, "--eval-capacity-factor") && has_value) {
-            DSC_TRY(parse_double(a, argv[++i], &opt->cfg.eval_capacity_factor));
+            DSC_TRY(dsc_cli_double(a, argv[++i], 0, 1e9, &opt->cfg.eval_capacity_factor));
         } else if (!strcmp(a, "--drop-policy") && has_value) {
             const char *p = argv[++i];
             DSC_CHECK(!strcmp(p, "probs") || !strcmp(p, "position"), DSC_ERR_INVALID,
@@ -243,10 +228,12 @@ done:
 }
 
 int main(int argc, char **argv) {
+    if (dsc_cli_info(argc, argv, argc - 1, "dsc-moe-gate", usage)) return 0;
     options opt = {0};
     dsc_status st = parse_options(argc, argv, &opt);
     if (st) {
-        fprintf(stderr, "dsc-moe-gate: %s\n%s", dsc_status_message(st), usage);
+        fprintf(stderr, "dsc-moe-gate: %s\n", dsc_status_message(st));
+        usage(stderr);
         dsc_status_free(st);
         return 2;
     }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsc/cli.h"
 #include "dsc/pipe_sim.h"
 #include "dsc/schedule.h"
 
@@ -27,12 +28,12 @@ typedef struct options {
     int width;
 } options;
 
-static void usage(void) {
+static void usage(FILE *fp) {
     fputs("usage: dsc-schedule train|infer|dp|gpipe|interleaved M P S [--v V]\n"
           "       dsc-schedule simulate SCHEDULE M P [--v V] [--fwd F] [--bwd B] [--p2p C] [--svg FILE] [--width N]\n"
           "  M micro-batches, P stages, S stage id; V model chunks per stage (interleaved only, default 2);\n"
           "  F, B, C forward / backward / p2p cost (default 1, 2, 0); N timeline columns (default 120)\n",
-          stderr);
+          fp);
 }
 
 static int parse_int(const char *what, const char *text, int *out) {
@@ -157,11 +158,12 @@ static int simulate(const options *o) {
 }
 
 int main(int argc, char **argv) {
+    if (dsc_cli_info(argc, argv, argc - 1, "dsc-schedule", usage)) return 0;
     options o = {.costs = {1.0, 2.0, 0.0}, .width = 120};
     const int sim = argc > 1 && strcmp(argv[1], "simulate") == 0;
     /* "KIND M P S" or "simulate KIND M P": four words after the program name. */
     if (argc < 5) {
-        usage();
+        usage(stderr);
         return 2;
     }
     const char *kind_name = argv[sim ? 2 : 1];
@@ -169,14 +171,14 @@ int main(int argc, char **argv) {
     dsc_status st = dsc_schedule_kind_from_name(kind_name, &o.kind);
     if (st) {
         fail(st);
-        usage();
+        usage(stderr);
         return 2;
     }
     if (!parse_int("M", argv[first], &o.micro_batches) || !parse_int("P", argv[first + 1], &o.stages)) return 2;
     if (!sim && !parse_int("S", argv[first + 2], &o.stage_id)) return 2;
     const int flags_at = sim ? first + 2 : first + 3;
     if (!parse_flags(argc - flags_at, argv + flags_at, sim, &o)) {
-        usage();
+        usage(stderr);
         return 2;
     }
     return sim ? simulate(&o) : print_stream(&o);

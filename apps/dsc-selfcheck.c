@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsc/cli.h"
 #include "dsc/comm.h"
 #include "dsc/topology.h"
 
@@ -234,7 +235,15 @@ static int parse_int(const char *flag, const char *value) {
     return (int)v;
 }
 
+static void usage(FILE *fp) {
+    fputs("usage: dsc-selfcheck [--pp P] [--tp T] [--ep E] [--expert-tp] [--timeout S]\n"
+          "  Run under mpirun / dsc-launch: forms the process groups for the layout (defaults from the world\n"
+          "  size), runs every collective with known data and checks results and byte counters.\n",
+          fp);
+}
+
 int main(int argc, char **argv) {
+    if (dsc_cli_info(argc, argv, argc - 1, "dsc-selfcheck", usage)) return 0;
     dsc_comm_options opts = {.timeout_s = 60, .device = DSC_CPU};
     selfcheck sc = {0};
     die(dsc_comm_world(&opts, &sc.world));
@@ -255,8 +264,10 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--expert-tp") == 0)
             dims.expert_tp = true;
         else {
-            if (rank == 0)
-                fprintf(stderr, "usage: dsc-selfcheck [--pp P] [--tp T] [--ep E] [--expert-tp] [--timeout S]\n");
+            if (rank == 0) {
+                fprintf(stderr, "dsc-selfcheck: unknown option %s\n", argv[i]);
+                usage(stderr);
+            }
             return 2;
         }
     }

@@ -5,7 +5,7 @@
  *             [--resume [TAG|latest|auto]] [--init-from-hf HF_DIR]
  *   dsc-train CONFIG [--set key=value]... --estimate-memory RANKS
  *   dsc-train --plot METRICS.jsonl OUT.svg
- *   dsc-train --prepare TEXT OUT.tok
+ *   dsc-train --prepare TEXT OUT.tok [--tokenizer tokenizer.json]
  *
  * Every rank runs the same command (mpirun / dsc-launch start them). Rank 0
  * prints the step lines, writes the metrics and, at the end, a sample
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "dsc/checkpoint.h"
+#include "dsc/cli.h"
 #include "dsc/comm.h"
 #include "dsc/config.h"
 #include "dsc/data.h"
@@ -25,6 +26,7 @@
 #include "dsc/kernels.h"
 #include "dsc/pipe.h"
 #include "dsc/sampling.h"
+#include "dsc/tokenizer.h"
 #include "dsc/moe.h"
 #include "dsc/topology.h"
 #include "dsc/zero.h"
@@ -50,14 +52,19 @@ static void usage(FILE *fp) {
           "                 [--resume [TAG|latest|auto]] [--init-from-hf HF_DIR]\n"
           "       dsc-train CONFIG [--set key=value]... --estimate-memory RANKS\n"
           "       dsc-train --plot METRICS.jsonl OUT.svg\n"
-          "       dsc-train --prepare TEXT OUT.tok\n",
+          "       dsc-train --prepare TEXT OUT.tok [--tokenizer tokenizer.json]\n"
+          "  --set key=value      override a config key (repeatable)\n"
+          "  --metrics FILE       JSON-lines metrics, one line per step (rank 0)\n"
+          "  --sample N           tokens of the sample printed after training (200; 0: none)\n"
+          "  --prompt TEXT        the sample's prompt (a newline); --temperature X (0.8; 0: greedy)\n"
+          "  --resume [TAG]       continue from checkpoint.save_dir/TAG (latest); --resume auto: from\n"
+          "                       the latest checkpoint when one exists, else start fresh\n"
+          "  --init-from-hf DIR   start from a Hugging Face Llama/Mistral/Qwen2/Mixtral checkpoint\n"
+          "  --estimate-memory N  ZeRO's per-rank memory for N ranks, without training\n"
+          "  --report-memory      measured per-rank memory after training; --no-progress: no bar\n"
+          "  --prepare            text -> token file (byte tokenizer, or a tokenizer.json)\n"
+          "  --plot               loss curve of a metrics file as SVG\n",
           fp);
-}
-
-/* A count given on the command line; -1 when it is not a positive integer. */
-static int positive(const char *text) {
-    int v = atoi(text);
-    return v > 0 ? v : -1;
 }
 
 /* After --resume: a tag, unless it is an option or the config file. */
@@ -69,27 +76,37 @@ static bool is_tag(const char *word) {
 static dsc_status parse_args(int argc, char **argv, args *a) {
     *a = (args){.sample_tokens = 200, .prompt = "\n", .temperature = 0.8f, .progress = true};
     a->overrides = calloc((size_t)argc, sizeof *a->overrides);
-    DSC_CHECK(a->overrides, DSC_ERR_NOMEM, "dsc-train: out of memory");
+    DSC_CHECK(a->overrides, DSC_ERR_NOMEM, "out of memory");
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        bool has_value = i + 1 < argc;
-        if (strcmp(arg, "--set") == 0 && has_value) a->overrides[a->n_overrides++] = argv[++i];
-        else if (strcmp(arg, "--metrics") == 0 && has_value) a->metrics = argv[++i];
-        else if (strcmp(arg, "--sample") == 0 && has_value) a->sample_tokens = atoi(argv[++i]);
-        else if (strcmp(arg, "--prompt") == 0 && has_value) a->prompt = argv[++i];
-        else if (strcmp(arg, "--temperature") == 0 && has_value) a->temperature = (float)atof(argv[++i]);
-        else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
+        static const char *const with_value[] = {"--set", "--metrics", "--sample", "--prompt", "--temperature",
+                                                 "--estimate-memory", "--init-from-hf"};
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
+            DSC_CHECK(strcmp(arg, with_value[k]) != 0 || i + 1 < argc, DSC_ERR_INVALID,
+                      "option %s needs a value", arg);
+        int64_t v;
+        double x;
+        if (strcmp(arg, "--set") == 0) a->overrides[a->n_overrides++] = argv[++i];
+        else if (strcmp(arg, "--metrics") == 0) a->metrics = argv[++i];
+        else if (strcmp(arg, "--sample") == 0) {
+            DSC_TRY(dsc_cli_int(arg, argv[++i], 0, 1 << 20, &v));
+            a->sample_tokens = (int)v;
+        } else if (strcmp(arg, "--prompt") == 0) a->prompt = argv[++i];
+        else if (strcmp(arg, "--temperature") == 0) {
+            DSC_TRY(dsc_cli_double(arg, argv[++i], 0, 100, &x));
+            a->temperature = (float)x;
+        } else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
         else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
-        else if (strcmp(arg, "--estimate-memory") == 0 && has_value) a->estimate_ranks = positive(argv[++i]);
-        else if (strcmp(arg, "--resume") == 0) a->resume = has_value && is_tag(argv[i + 1]) ? argv[++i] : "latest";
-        else if (strcmp(arg, "--init-from-hf") == 0 && has_value) a->init_from_hf = argv[++i];
-        else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "dsc-train: unknown or incomplete option %s", arg);
+        else if (strcmp(arg, "--estimate-memory") == 0) {
+            DSC_TRY(dsc_cli_int(arg, argv[++i], 1, 1 << 24, &v));
+            a->estimate_ranks = (int)v;
+        } else if (strcmp(arg, "--resume") == 0) a->resume = i + 1 < argc && is_tag(argv[i + 1]) ? argv[++i] : "latest";
+        else if (strcmp(arg, "--init-from-hf") == 0) a->init_from_hf = argv[++i];
+        else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "unknown option %s", arg);
         else if (!a->config) a->config = arg;
-        else return dsc_error(DSC_ERR_INVALID, "dsc-train: a second config file %s (the first is %s)", arg, a->config);
+        else return dsc_error(DSC_ERR_INVALID, "a second config file %s (the first is %s)", arg, a->config);
     }
-    DSC_CHECK(a->config, DSC_ERR_INVALID, "dsc-train: no config file given");
-    DSC_CHECK(a->sample_tokens >= 0, DSC_ERR_INVALID, "dsc-train: --sample must be >= 0");
-    DSC_CHECK(a->estimate_ranks >= 0, DSC_ERR_INVALID, "dsc-train: --estimate-memory needs a rank count >= 1");
+    DSC_CHECK(a->config, DSC_ERR_INVALID, "no config file given");
     return NULL;
 }
 
@@ -384,7 +401,37 @@ static bool every_rank_agrees(dsc_code code) {
            code == DSC_ERR_UNSUPPORTED;
 }
 
+static dsc_status encode_hf(void *tok, const char *text, size_t len, int32_t *ids, int64_t cap, int64_t *n_out) {
+    return dsc_tokenizer_encode(tok, text, len, ids, cap, n_out);
+}
+
+/* --prepare TEXT OUT [--tokenizer JSON]: the byte tokenizer, or a Hugging Face tokenizer.json. */
+static int prepare(int argc, char **argv) {
+    bool hf = argc == 6 && strcmp(argv[4], "--tokenizer") == 0;
+    if (argc != 4 && !hf) {
+        fprintf(stderr, "dsc-train: --prepare takes TEXT OUT.tok [--tokenizer tokenizer.json]\n");
+        usage(stderr);
+        return 2;
+    }
+    int64_t count = 0;
+    dsc_tokenizer *tok = NULL;
+    dsc_status s = hf ? dsc_tokenizer_load(&tok, argv[5]) : NULL;
+    if (!s && hf) {
+        dsc_text_encoder enc = {tok, (uint32_t)dsc_tokenizer_vocab_size(tok), encode_hf};
+        s = dsc_data_prepare_with(argv[2], argv[3], &enc, &count);
+    } else if (!s) {
+        s = dsc_data_prepare(argv[2], argv[3], &count);
+    }
+    if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+    else printf("dsc-train: wrote %lld tokens to %s%s%s\n", (long long)count, argv[3], hf ? " with " : "",
+                hf ? argv[5] : "");
+    dsc_status_free(s);
+    dsc_tokenizer_destroy(tok);
+    return s ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (dsc_cli_info(argc, argv, argc - 1, "dsc-train", usage)) return 0;
     if (argc == 4 && strcmp(argv[1], "--plot") == 0) {
         dsc_status s = dsc_metrics_plot_svg(argv[2], argv[3]);
         if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
@@ -392,18 +439,11 @@ int main(int argc, char **argv) {
         dsc_status_free(s);
         return s ? 1 : 0;
     }
-    if (argc == 4 && strcmp(argv[1], "--prepare") == 0) {
-        int64_t count = 0;
-        dsc_status s = dsc_data_prepare(argv[2], argv[3], &count);
-        if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
-        else printf("dsc-train: wrote %lld tokens to %s\n", (long long)count, argv[3]);
-        dsc_status_free(s);
-        return s ? 1 : 0;
-    }
+    if (argc >= 2 && strcmp(argv[1], "--prepare") == 0) return prepare(argc, argv);
     args a;
     dsc_status s = parse_args(argc, argv, &a);
     if (s) {
-        fprintf(stderr, "%s\n", dsc_status_message(s));
+        fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
         usage(stderr);
         dsc_status_free(s);
         free(a.overrides);

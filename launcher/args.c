@@ -12,6 +12,7 @@ const char dsc_launch_usage[] =
     "                  [--remote-agent COMMAND] [--net CIDR] [--no-host-check]\n"
     "                  [--oversubscribe] [--dry-run] [--mpirun PATH] [--mpi-args \"OPTIONS\"]\n"
     "                  [--] PROGRAM [ARGS...]\n"
+    "       dsc-launch --help | --version\n"
     "\n"
     "  -n, --np N          ranks to start (default: every slot of the hostfile)\n"
     "  -H, --hostfile FILE DeepSpeed hostfile: \"HOSTNAME slots=N\" per line, # comments;\n"
@@ -81,6 +82,10 @@ static dsc_status parse_option(int argc, char **argv, int *i, dsc_launch_options
         opt->help = true;
         return NULL;
     }
+    if (strcmp(arg, "--version") == 0) {
+        opt->version = true;
+        return NULL;
+    }
     if (strcmp(arg, "--oversubscribe") == 0) {
         opt->oversubscribe = true;
         return NULL;
@@ -147,7 +152,7 @@ dsc_status dsc_launch_parse_args(int argc, char **argv, dsc_launch_options *opt)
     }
     opt->program = argv + i;
     opt->n_program = argc - i;
-    if (opt->help) return NULL;
+    if (opt->help || opt->version) return NULL;
     dsc_status st = NULL;
     if (opt->include && opt->exclude)
         st = dsc_error(DSC_ERR_INVALID, "--include and --exclude cannot be combined");

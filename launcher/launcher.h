@@ -62,7 +62,8 @@ typedef struct dsc_launch_options {
     int n_mpi_args;
     char **program; /* (n_program) PROGRAM ARGS... */
     int n_program;
-    bool help;
+    bool help;    /* --help / -h: print the usage */
+    bool version; /* --version */
 } dsc_launch_options;
 
 /* Parses dsc-launch's arguments (argv[0] excluded). Options end at the first

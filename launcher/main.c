@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dsc/cli.h"
 #include "launcher/launcher.h"
 
 extern char **environ;
@@ -44,8 +45,9 @@ int main(int argc, char **argv) {
     dsc_launch_options opt;
     dsc_status st = dsc_launch_parse_args(argc - 1, argv + 1, &opt);
     if (st) return fail(st);
-    if (opt.help) {
-        fputs(dsc_launch_usage, stdout);
+    if (opt.help || opt.version) {
+        if (opt.help) fputs(dsc_launch_usage, stdout);
+        else printf("dsc-launch (dsc %s)\n", dsc_version());
         dsc_launch_options_free(&opt);
         return 0;
     }

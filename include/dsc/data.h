@@ -7,6 +7,13 @@
  *   u64 token count, u64 reserved (0).
  * It is memory-mapped read-only, so every rank can open the same file cheaply.
  *
+ * A Megatron-LM indexed dataset (MMapIndexedDataset: PREFIX.bin + PREFIX.idx,
+ * what Megatron-DeepSpeed's preprocess_data.py writes) opens behind the same
+ * handle when the path is PREFIX, PREFIX.bin or PREFIX.idx with the .idx
+ * present: its sequences, concatenated in index order, are the tokens (as
+ * Megatron's GPT dataset samples them). Every count, size, pointer and
+ * document index of the index is checked against both files at open.
+ *
  * The loader has no cursor: the data of (split, step, micro-batch, rank) is a
  * pure function of the file, the seed and the batch layout, so a run resumes
  * at step s from s alone and two runs with one seed read identical data. The
@@ -45,12 +52,12 @@ dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_
 
 typedef struct dsc_token_file dsc_token_file;
 
-/* Maps `path` and validates the header and the size. */
+/* Maps `path` and validates the header and the size (or a Megatron dataset, above). */
 dsc_status dsc_token_file_open(const char *path, dsc_token_file **out);
 void dsc_token_file_close(dsc_token_file *f);
 int64_t dsc_token_file_count(const dsc_token_file *f);
-dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f);
-uint32_t dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown */
+dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f); /* Megatron: U16 for 1-2 byte ids, else U32 */
+uint32_t dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown (always for Megatron) */
 const char *dsc_token_file_path(const dsc_token_file *f);
 /* Tokens [pos, pos + n) as i32 into out (n entries). An id >= vocab_limit is
  * DSC_ERR_CORRUPT naming the file, the token position and the id. */
@@ -69,6 +76,21 @@ size_t dsc_byte_tokenizer_decode(const int32_t *ids, int64_t n, char *out, size_
  * writes a uint16 token file to `token_path`; *count (may be NULL) receives
  * the number of tokens. */
 dsc_status dsc_data_prepare(const char *text_path, const char *token_path, int64_t *count);
+
+/* A tokenizer seen by the prepare step: encodes len bytes of text into ids
+ * (room for cap; more needed is an error), *n_out the ids written; every id
+ * < vocab_size. */
+typedef struct dsc_text_encoder {
+    void *ctx;
+    uint32_t vocab_size;
+    dsc_status (*encode)(void *ctx, const char *text, size_t len, int32_t *ids, int64_t cap, int64_t *n_out);
+} dsc_text_encoder;
+
+/* As dsc_data_prepare with another tokenizer: the whole text is encoded at
+ * once (so pre-tokenization sees it as one string) and written as uint16
+ * when vocab_size <= 65536, else uint32. */
+dsc_status dsc_data_prepare_with(const char *text_path, const char *token_path, const dsc_text_encoder *enc,
+                                 int64_t *count);
 
 /* ---- the distributed sampler ------------------------------------------------- */
 

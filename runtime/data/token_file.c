@@ -3,8 +3,9 @@
  * The header layout is documented in dsc/data.h. Reading validates the header
  * and the file size once at open, and token ids against the vocabulary on
  * every read (so a bad id is reported with its position, however large the
- * file). Not here: tokenizing text (tokenizer.c) or choosing positions
- * (loader.c). */
+ * file). A Megatron indexed dataset (PREFIX.bin + PREFIX.idx) opens behind
+ * the same handle through megatron.c. Not here: tokenizing text
+ * (tokenizer.c) or choosing positions (loader.c). */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include "dsc/data.h"
 
@@ -17,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/data/megatron.h"
+
 struct dsc_token_file {
     char *path;
     void *map;        /* the whole file */
@@ -25,6 +28,7 @@ struct dsc_token_file {
     int64_t count;
     dsc_token_dtype dtype;
     uint32_t vocab;
+    dsc_megatron *megatron; /* non-NULL: a Megatron dataset, read through it */
 };
 
 typedef struct token_header {
@@ -73,7 +77,8 @@ dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_
 
 static dsc_status validate_header(const char *path, const token_header *h, size_t file_bytes) {
     DSC_CHECK(h->magic == DSC_TOKEN_FILE_MAGIC, DSC_ERR_CORRUPT,
-              "token file %s: not a dsc token file (bad magic 0x%08x; make one with dsc-prepare)", path, h->magic);
+              "token file %s: not a dsc token file (bad magic 0x%08x; make one with dsc-train --prepare, or give a "
+              "Megatron dataset as PREFIX with PREFIX.bin and PREFIX.idx)", path, h->magic);
     DSC_CHECK(h->version == DSC_TOKEN_FILE_VERSION, DSC_ERR_CORRUPT,
               "token file %s: version %u, this dsc reads version %u", path, h->version, DSC_TOKEN_FILE_VERSION);
     DSC_CHECK(h->bytes_per_token == 2 || h->bytes_per_token == 4, DSC_ERR_CORRUPT,
@@ -85,8 +90,26 @@ static dsc_status validate_header(const char *path, const token_header *h, size_
     return NULL;
 }
 
+static dsc_status open_megatron(const char *path, const char *prefix, dsc_token_file **out) {
+    dsc_megatron *m;
+    DSC_TRY(dsc_megatron_open(prefix, &m));
+    dsc_token_file *f = calloc(1, sizeof *f);
+    char *path_copy = f ? strdup(path) : NULL;
+    if (!path_copy) {
+        free(f);
+        dsc_megatron_close(m);
+        return dsc_error(DSC_ERR_NOMEM, "Megatron dataset %s: out of memory", path);
+    }
+    dsc_token_dtype dtype = dsc_megatron_item_bytes(m) <= 2 ? DSC_TOKEN_DTYPE_U16 : DSC_TOKEN_DTYPE_U32;
+    *f = (dsc_token_file){.path = path_copy, .count = dsc_megatron_count(m), .dtype = dtype, .megatron = m};
+    *out = f;
+    return NULL;
+}
+
 dsc_status dsc_token_file_open(const char *path, dsc_token_file **out) {
     *out = NULL;
+    char prefix[1024];
+    if (dsc_megatron_detect(path, prefix, sizeof prefix)) return open_megatron(path, prefix, out);
     int fd = open(path, O_RDONLY);
     DSC_CHECK(fd >= 0, DSC_ERR_IO, "data file %s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -118,14 +141,15 @@ dsc_status dsc_token_file_open(const char *path, dsc_token_file **out) {
         return s;
     }
     *f = (dsc_token_file){path_copy, map, bytes, (const char *)map + DSC_TOKEN_FILE_HEADER_BYTES,
-                          (int64_t)h.count, (dsc_token_dtype)h.bytes_per_token, h.vocab_size};
+                          (int64_t)h.count, (dsc_token_dtype)h.bytes_per_token, h.vocab_size, NULL};
     *out = f;
     return NULL;
 }
 
 void dsc_token_file_close(dsc_token_file *f) {
     if (!f) return;
-    munmap(f->map, f->map_bytes);
+    dsc_megatron_close(f->megatron);
+    if (f->map) munmap(f->map, f->map_bytes);
     free(f->path);
     free(f);
 }
@@ -136,6 +160,7 @@ uint32_t dsc_token_file_vocab(const dsc_token_file *f) { return f->vocab; }
 const char *dsc_token_file_path(const dsc_token_file *f) { return f->path; }
 
 dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit, int32_t *out) {
+    if (f->megatron) return dsc_megatron_read(f->megatron, pos, n, vocab_limit, out);
     DSC_CHECK(pos >= 0 && n >= 0 && pos + n <= f->count, DSC_ERR_INVALID,
               "token file %s: read of [%lld, %lld) is outside its %lld tokens", f->path, (long long)pos,
               (long long)(pos + n), (long long)f->count);

@@ -1,8 +1,10 @@
 /* The byte-level tokenizer (token = byte value, vocabulary 256) and the
- * prepare step that turns a text file into a token file with it.
+ * prepare step that turns a text file into a token file with it or with any
+ * encoder a caller plugs in (dsc-train passes the inference tokenizer of a
+ * Hugging Face tokenizer.json).
  *
  * Deliberately the simplest tokenizer that trains a model on any text; not
- * here: BPE or any learned vocabulary. */
+ * here: BPE or any learned vocabulary (inference/tokenizer*.c). */
 #include "dsc/data.h"
 
 #include <errno.h>
@@ -44,20 +46,37 @@ static dsc_status read_text(const char *path, char **text, size_t *len) {
     return NULL;
 }
 
-dsc_status dsc_data_prepare(const char *text_path, const char *token_path, int64_t *count) {
+static dsc_status encode_bytes(void *ctx, const char *text, size_t len, int32_t *ids, int64_t cap, int64_t *n_out) {
+    (void)ctx;
+    DSC_CHECK((int64_t)len <= cap, DSC_ERR_INVALID, "byte tokenizer: %zu bytes need %zu ids, room for %lld", len, len,
+              (long long)cap);
+    for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
+    *n_out = (int64_t)len;
+    return NULL;
+}
+
+dsc_status dsc_data_prepare_with(const char *text_path, const char *token_path, const dsc_text_encoder *enc,
+                                 int64_t *count) {
     char *text = NULL;
     size_t len = 0;
     DSC_TRY(read_text(text_path, &text, &len));
-    uint32_t *ids = malloc((len ? len : 1) * sizeof *ids);
-    if (!ids) {
-        free(text);
-        return dsc_error(DSC_ERR_NOMEM, "preparing %s: no memory for %zu tokens", text_path, len);
-    }
-    dsc_byte_tokenizer_encode(text, len, ids);
+    int64_t cap = (int64_t)len + 2, n = 0; /* dsc/tokenizer.h: len + 2 ids always suffice */
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    dsc_status s = ids ? enc->encode(enc->ctx, text, len, ids, cap, &n)
+                       : dsc_error(DSC_ERR_NOMEM, "preparing %s: no memory for %lld tokens", text_path, (long long)cap);
     free(text);
-    dsc_status s = dsc_token_file_write(token_path, ids, (int64_t)len, DSC_TOKEN_DTYPE_U16, DSC_BYTE_VOCAB_SIZE);
+    /* ids are >= 0: reuse the buffer as the writer's unsigned ids */
+    uint32_t *u = (uint32_t *)ids;
+    for (int64_t i = 0; !s && i < n; i++) u[i] = (uint32_t)ids[i];
+    dsc_token_dtype dtype = enc->vocab_size <= 65536 ? DSC_TOKEN_DTYPE_U16 : DSC_TOKEN_DTYPE_U32;
+    if (!s) s = dsc_error_wrap(dsc_token_file_write(token_path, u, n, dtype, enc->vocab_size), "preparing %s", text_path);
     free(ids);
     DSC_TRY(s);
-    if (count) *count = (int64_t)len;
+    if (count) *count = n;
     return NULL;
+}
+
+dsc_status dsc_data_prepare(const char *text_path, const char *token_path, int64_t *count) {
+    const dsc_text_encoder bytes = {NULL, DSC_BYTE_VOCAB_SIZE, encode_bytes};
+    return dsc_data_prepare_with(text_path, token_path, &bytes, count);
 }

@@ -39,7 +39,8 @@ static dsc_status check_supported(const dsc_config *cfg, bool can_shard, bool ha
               "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/), and the trainer was given none "
               "(dsc_trainer_create_with_layers)", src, cfg->moe.num_experts);
     DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG,
-              "%s: \"data.path\" is empty; set it to a token file (make one with dsc-prepare TEXT OUT)", src);
+              "%s: \"data.path\" is empty; set it to a token file (make one with dsc-train --prepare TEXT OUT) or a "
+              "Megatron dataset prefix", src);
     DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0, DSC_ERR_CONFIG,
               "%s: batch sizes are not resolved (call dsc_config_resolve_batch first)", src);
     return NULL;

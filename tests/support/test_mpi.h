@@ -31,4 +31,7 @@ double dsc_test_max_rel_err(const float *a, const float *b, int64_t n, double fl
 /* max |a - b| / max(|b|, 1e-6) without printing (per-row checks inside loops). */
 double dsc_test_rel_err(const float *a, const float *b, int64_t n);
 
+/* The whole file `path`, NUL-terminated (fails the test when unreadable); free() it. */
+char *dsc_test_read_file(const char *path);
+
 #endif

@@ -1,6 +1,7 @@
-/* Status assertions and numeric comparison for cmocka tests. */
+/* Status assertions, numeric comparison and file reading for cmocka tests. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_mpi.h"
@@ -47,4 +48,18 @@ double dsc_test_rel_err(const float *a, const float *b, int64_t n) {
         if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
     }
     return diff / ref;
+}
+
+char *dsc_test_read_file(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+    text[size] = '\0';
+    return text;
 }
