@@ -1,10 +1,13 @@
 /* dsc_infer_model_load: tells a Hugging Face directory (config.json) from a
  * dsc checkpoint (a state.h5, a checkpoint tag directory, or a save_dir
- * with a `latest` file) and hands it to the matching loader. */
+ * with a `latest` file) and hands it to the matching loader; and the
+ * tokenizer that goes with a loaded model. */
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "dsc/checkpoint.h"
+#include "dsc/tokenizer.h"
 #include "inference/load.h"
 
 static bool exists(const char *path) {
@@ -27,4 +30,18 @@ dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out) {
               "%s holds neither config.json (Hugging Face), state.h5 nor latest (dsc checkpoint)", path);
     DSC_TRY(dsc_checkpoint_path(path, "latest", file, sizeof file));
     return dsc_load_dsc(file, out);
+}
+
+dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
+                                          dsc_tokenizer **out) {
+    *out = NULL;
+    if (tokenizer) return dsc_tokenizer_load(out, tokenizer);
+    const char *arch = dsc_infer_model_arch(m);
+    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
+        strcmp(arch, "mixtral") == 0)
+        return dsc_tokenizer_create_bytes(out);
+    char file[2048];
+    snprintf(file, sizeof file, "%s/tokenizer.json", path);
+    struct stat st;
+    return stat(file, &st) == 0 && S_ISREG(st.st_mode) ? dsc_tokenizer_load(out, file) : NULL;
 }

@@ -31,6 +31,7 @@
 #include "dsc/sampling.h"
 #include "dsc/status.h"
 #include "dsc/tensor.h"
+#include "dsc/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -224,6 +225,11 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
  * for HDF5, so MPI must be initialised for dsc checkpoints. */
 dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out);
 void dsc_infer_model_destroy(dsc_infer_model *m);
+/* The tokenizer of a model loaded from `path`: `tokenizer` (a tokenizer.json)
+ * when given; the byte tokenizer for dsc checkpoints; path/tokenizer.json
+ * for Hugging Face directories; *out NULL (no error) when there is none. */
+dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
+                                          dsc_tokenizer **out);
 const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
 const char *dsc_infer_model_arch(const dsc_infer_model *m);
@@ -336,6 +342,23 @@ dsc_status dsc_scheduler_run(dsc_scheduler *s);
 const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s);
 /* Seconds from submit to first token of uid (negative when none yet). */
 double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid);
+/* Inside the token callback only: the logits row (V) the reported token was
+ * sampled from (before temperature and filters); NULL elsewhere. */
+const float *dsc_scheduler_token_logits(const dsc_scheduler *s);
+
+typedef struct dsc_scheduler_counts {
+    int32_t waiting;   /* queued, including preempted ones */
+    int32_t preempted; /* waiting again after a recompute preemption */
+    int32_t running;
+    int32_t finished; /* done but not yet released */
+} dsc_scheduler_counts;
+
+dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s);
+/* Forgets uid whatever its state (waiting, running, finished), freeing its
+ * KV blocks: how a server cancels a request, and how it drops a finished
+ * one (finished requests are otherwise kept, e.g. for dsc_scheduler_ttft).
+ * Not from inside the token callback. An unknown uid is DSC_ERR_INVALID. */
+dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid);
 
 #ifdef __cplusplus
 }
