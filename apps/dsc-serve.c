@@ -22,7 +22,7 @@
 typedef struct options {
     const char *model, *tokenizer;
     dsc_serve_config serve;
-    int64_t max_model_len, kv_cache_mib;
+    int64_t max_model_len, kv_cache_bytes;
     int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve;
     bool bf16_kv, static_batching, prefill_first, eos_given;
 } options;
@@ -47,7 +47,7 @@ static void usage(void) {
             "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
             "  --seed N                     seed of requests that give none (+ request number)\n"
             "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
-            "  --kv-cache-mib N             KV cache memory (64)   --kv-dtype f32|bf16\n"
+            "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
             "  --block-size N               tokens per KV block (16)\n"
             "  --max-num-seqs N             sequences in the engine at once (64)\n"
             "  --max-num-batched-tokens N   tokens per forward (512)\n"
@@ -96,7 +96,7 @@ static const char *base_name(const char *path) {
 }
 
 static bool parse_args(int argc, char **argv, options *o) {
-    *o = (options){.serve = dsc_serve_config_default(), .kv_cache_mib = -1, .kv_reserve = -1};
+    *o = (options){.serve = dsc_serve_config_default(), .kv_cache_bytes = -1, .kv_reserve = -1};
     if (argc < 2 || argv[1][0] == '-') return false;
     o->model = argv[1];
     o->serve.model_name = base_name(o->model);
@@ -135,8 +135,8 @@ static bool parse_args(int argc, char **argv, options *o) {
             ok = parse_int(v, 0, INT64_MAX, &x) && ((o->serve.seed = (uint64_t)x), true);
         else if (strcmp(a, "--max-model-len") == 0)
             ok = parse_int(v, 1, INT32_MAX, &o->max_model_len);
-        else if (strcmp(a, "--kv-cache-mib") == 0)
-            ok = parse_int(v, 1, 1 << 20, &o->kv_cache_mib);
+        else if (strcmp(a, "--kv-cache-bytes") == 0)
+            ok = parse_int(v, 1, INT64_MAX, &o->kv_cache_bytes);
         else if (strcmp(a, "--kv-dtype") == 0)
             ok = (o->bf16_kv = strcmp(v, "bf16") == 0) || strcmp(v, "f32") == 0;
         else if (strcmp(a, "--block-size") == 0)
@@ -198,7 +198,7 @@ static dsc_status serve(options *o) {
     if (!s) {
         dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
         if (o->max_model_len > 0) ec.max_context = o->max_model_len;
-        if (o->kv_cache_mib > 0) ec.kv_cache_bytes = o->kv_cache_mib << 20;
+        if (o->kv_cache_bytes > 0) ec.kv_cache_bytes = o->kv_cache_bytes;
         if (o->block_size > 0) ec.block_size = o->block_size;
         if (o->max_num_seqs > 0) ec.max_sequences = ec.max_batch_sequences = o->max_num_seqs;
         if (o->max_batched_tokens > 0) ec.max_tokens_per_forward = o->max_batched_tokens;

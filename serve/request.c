@@ -144,6 +144,10 @@ static bool parse_prompt(const cJSON *v, serve_params *p, serve_error *err) {
         serve_error_set(err, 400, name, "'prompt' must be a string, a token-id array or a list of either");
         return false;
     }
+    if (cJSON_IsArray(v) && !v->child) {
+        serve_error_set(err, 400, name, "'prompt' is empty");
+        return false;
+    }
     if (count < 1 || count > SERVE_MAX_PROMPTS) {
         serve_error_set(err, 400, name, "'prompt' holds %d prompts; 1 to %d are accepted", count, SERVE_MAX_PROMPTS);
         return false;

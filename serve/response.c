@@ -201,16 +201,17 @@ static void add_event(serve_buf *out, cJSON *root) {
     free(s);
 }
 
-/* One chunk for seq carrying text, and optionally a token and a finish reason. */
+/* One chunk for seq carrying text, and optionally a token (ev) and a finish
+ * reason; `role` starts chat's assistant message. */
 static void chunk(const dsc_server *srv, const serve_job *job, int32_t seq, const char *text, size_t len,
-                  const serve_event *ev, bool first, serve_buf *out) {
+                  const serve_event *ev, bool role, serve_buf *out) {
     bool chat = job->p.kind == SERVE_KIND_CHAT;
     cJSON *root = envelope(srv, job, true);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", seq);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
-        if (first) cJSON_AddStringToObject(d, "role", "assistant");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
         add_text(d, "content", text, len);
     } else {
         add_text(c, "text", text, len);
@@ -229,23 +230,24 @@ static void chunk(const dsc_server *srv, const serve_job *job, int32_t seq, cons
         cJSON_AddStringToObject(c, "finish_reason", finish_name(ev->finish));
     else
         cJSON_AddNullToObject(c, "finish_reason");
-    if (job->p.return_token_ids) {
-        if (first)
+    if (job->p.return_token_ids && ev) {
+        if (ev->first)
             cJSON_AddItemToObject(c, "prompt_token_ids",
                                   ids_array(job->p.prompts[seq].ids, job->p.prompts[seq].n_ids));
-        cJSON_AddItemToObject(c, "token_ids", ids_array(ev ? &ev->token : NULL, ev && ev->token >= 0 ? 1 : 0));
+        cJSON_AddItemToObject(c, "token_ids", ids_array(&ev->token, ev->token >= 0 ? 1 : 0));
     }
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
     cJSON_AddItemToArray(choices, c);
     add_event(out, root);
 }
 
+/* Chat's role and an echoed prompt come before the tokens, one chunk per sequence. */
 void serve_sse_begin(const dsc_server *srv, const serve_job *job, serve_buf *out) {
     for (int32_t i = 0; i < job->n_seqs; i++) {
         serve_buf text = {0};
         if (job->p.echo) echo_text(srv, job, i, &text);
-        if (job->p.kind == SERVE_KIND_CHAT || job->p.echo || job->p.return_token_ids)
-            chunk(srv, job, i, text.p, text.len, NULL, true, out);
+        if (job->p.kind == SERVE_KIND_CHAT || job->p.echo)
+            chunk(srv, job, i, text.p, text.len, NULL, job->p.kind == SERVE_KIND_CHAT, out);
         serve_buf_free(&text);
     }
 }

@@ -128,6 +128,7 @@ typedef struct serve_event {
     size_t off, len;
     int32_t top; /* index into job->tops of 1 + logprobs entries: the token's own, then the top ones */
     serve_finish finish;
+    bool first; /* the sequence's first event */
 } serve_event;
 
 typedef enum serve_admission { SERVE_ADMISSION_PENDING = 0, SERVE_ADMISSION_OK, SERVE_ADMISSION_FAILED } serve_admission;
