@@ -17,23 +17,12 @@
 #include <time.h>
 
 #include "serve/serve_internal.h"
+#include "serve/strbuf.h"
 
 double serve_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static bool grow(void **buf, int32_t *cap, int32_t need, size_t size) {
-    if (need <= *cap) return true;
-    int32_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    void *p = realloc(*buf, (size_t)c * size);
-    if (!p) return false;
-    *buf = p;
-    *cap = c;
-    return true;
 }
 
 static serve_job *find_seq(const dsc_server *srv, uint64_t uid, int32_t *seq) {
@@ -58,7 +47,7 @@ static bool is_stop_token(const dsc_server *srv, const serve_job *job, int32_t t
 
 /* The token's log-probability, then the top `n` (id, log-probability). */
 static bool add_logprobs(serve_job *job, const float *row, int32_t V, int32_t token, int32_t n) {
-    if (!grow((void **)&job->tops, &job->cap_tops, job->n_tops + 1 + n, sizeof *job->tops)) return false;
+    if (!serve_grow((void **)&job->tops, &job->cap_tops, job->n_tops + 1 + n, sizeof *job->tops)) return false;
     serve_logprob *lp = job->tops + job->n_tops;
     float max = -INFINITY;
     for (int32_t v = 0; v < V; v++)
@@ -83,7 +72,7 @@ static bool add_logprobs(serve_job *job, const float *row, int32_t V, int32_t to
 }
 
 static bool add_event(serve_job *job, serve_event ev) {
-    if (!grow((void **)&job->events, &job->cap_events, job->n_events + 1, sizeof *job->events)) return false;
+    if (!serve_grow((void **)&job->events, &job->cap_events, job->n_events + 1, sizeof *job->events)) return false;
     job->events[job->n_events++] = ev;
     return true;
 }
@@ -137,7 +126,7 @@ static dsc_status plan_new_jobs(dsc_server *srv, int32_t *first_new) {
     *first_new = srv->n_active;
     while (srv->inbox) {
         serve_job *job = srv->inbox;
-        DSC_CHECK(grow((void **)&srv->active, &srv->cap_active, srv->n_active + 1, sizeof *srv->active),
+        DSC_CHECK(serve_grow((void **)&srv->active, &srv->cap_active, srv->n_active + 1, sizeof *srv->active),
                   DSC_ERR_NOMEM, "active request list");
         srv->inbox = job->next;
         job->next = NULL;

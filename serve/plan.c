@@ -5,24 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Grows *buf (count elements of size `size`, capacity *cap) to hold `need`. */
-static bool grow(void **buf, int64_t *cap, int64_t need, size_t size) {
-    if (need <= *cap) return true;
-    int64_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    void *p = realloc(*buf, (size_t)c * size);
-    if (!p) return false;
-    *buf = p;
-    *cap = c;
-    return true;
-}
+#include "serve/strbuf.h"
 
 dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r) {
-    int64_t cap_s = p->cap_submits;
-    bool ok = grow((void **)&p->submits, &cap_s, p->n_submits + 1, sizeof *p->submits) &&
-              grow((void **)&p->ids, &p->cap_ids, p->n_ids + r->n_prompt + r->n_stop, sizeof *p->ids);
-    p->cap_submits = (int32_t)cap_s;
+    bool ok = serve_grow((void **)&p->submits, &p->cap_submits, p->n_submits + 1, sizeof *p->submits) &&
+              serve_grow((void **)&p->ids, &p->cap_ids, p->n_ids + r->n_prompt + r->n_stop, sizeof *p->ids);
     DSC_CHECK(ok, DSC_ERR_NOMEM, "batch plan: request %llu", (unsigned long long)r->uid);
     serve_plan_submit *s = &p->submits[p->n_submits++];
     *s = (serve_plan_submit){.uid = r->uid,
@@ -40,10 +27,8 @@ dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r) {
 }
 
 dsc_status serve_plan_add_cancel(serve_plan *p, uint64_t uid) {
-    int64_t cap = p->cap_cancels;
-    bool ok = grow((void **)&p->cancels, &cap, p->n_cancels + 1, sizeof *p->cancels);
-    p->cap_cancels = (int32_t)cap;
-    DSC_CHECK(ok, DSC_ERR_NOMEM, "batch plan: cancel of %llu", (unsigned long long)uid);
+    DSC_CHECK(serve_grow((void **)&p->cancels, &p->cap_cancels, p->n_cancels + 1, sizeof *p->cancels),
+              DSC_ERR_NOMEM, "batch plan: cancel of %llu", (unsigned long long)uid);
     p->cancels[p->n_cancels++] = uid;
     return NULL;
 }

@@ -34,11 +34,13 @@ typedef struct serve_plan_submit {
 
 typedef struct serve_plan {
     serve_plan_submit *submits;
-    int32_t n_submits, cap_submits;
+    int32_t n_submits;
+    int64_t cap_submits;
     int32_t *ids; /* prompts and stop tokens of the submits */
     int64_t n_ids, cap_ids;
     uint64_t *cancels;
-    int32_t n_cancels, cap_cancels;
+    int32_t n_cancels;
+    int64_t cap_cancels;
     bool stop; /* the last plan: every rank leaves its loop */
 } serve_plan;
 

@@ -146,9 +146,11 @@ typedef struct serve_job {
     serve_admission admission;
     serve_error error; /* when admission failed or the engine failed */
     serve_event *events;
-    int32_t n_events, cap_events;
+    int32_t n_events;
+    int64_t cap_events;
     serve_logprob *tops;
-    int32_t n_tops, cap_tops;
+    int32_t n_tops;
+    int64_t cap_tops;
     int32_t n_finished; /* sequences with a finish reason */
     bool cancel;        /* asked by the HTTP side (client gone) */
     bool done;          /* every sequence released by the step loop */
@@ -185,7 +187,8 @@ struct dsc_server {
     /* guarded by mu: */
     serve_job *inbox, *inbox_tail;
     serve_job **active;
-    int32_t n_active, cap_active;
+    int32_t n_active;
+    int64_t cap_active;
     int32_t in_flight;
     uint64_t n_requests;
     bool draining;

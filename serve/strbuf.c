@@ -1,4 +1,5 @@
-/* serve_buf: append-only byte strings with a sticky out-of-memory flag. */
+/* serve_buf: append-only byte strings with a sticky out-of-memory flag;
+ * serve_grow: doubling arrays. */
 #include "serve/strbuf.h"
 
 #include <stdarg.h>
@@ -58,4 +59,16 @@ void serve_buf_printf(serve_buf *b, const char *fmt, ...) {
 void serve_buf_free(serve_buf *b) {
     free(b->p);
     *b = (serve_buf){0};
+}
+
+bool serve_grow(void **buf, int64_t *cap, int64_t need, size_t size) {
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *p = realloc(*buf, (size_t)c * size);
+    if (!p) return false;
+    *buf = p;
+    *cap = c;
+    return true;
 }

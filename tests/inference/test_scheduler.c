@@ -102,12 +102,11 @@ static dsc_status collect(void *user, uint64_t uid, int32_t token, bool finished
     return NULL;
 }
 
-static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_scheduler **out) {
+/* Clears the results and submits the NREQ requests of the workload, greedy. */
+static void submit_all(dsc_scheduler *s) {
     memset(W.got, 0, sizeof W.got);
     memset(W.n_got, 0, sizeof W.n_got);
     memset(W.finished, 0, sizeof W.finished);
-    dsc_scheduler *s;
-    assert_ok(dsc_scheduler_create(e, cfg, collect, &W, &s));
     for (int i = 0; i < NREQ; i++) {
         dsc_gen_request r = {.uid = (uint64_t)i,
                              .prompt = W.prompt[i],
@@ -116,6 +115,12 @@ static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_c
                              .sampling = dsc_sampling_params_greedy()};
         assert_ok(dsc_scheduler_submit(s, &r));
     }
+}
+
+static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_scheduler **out) {
+    dsc_scheduler *s;
+    assert_ok(dsc_scheduler_create(e, cfg, collect, &W, &s));
+    submit_all(s);
     assert_ok(dsc_scheduler_run(s));
     for (int i = 0; i < NREQ; i++) {
         assert_true(W.finished[i]);
@@ -269,18 +274,9 @@ static void test_release_mid_run(void **state) {
     dsc_infer_engine *e = make_engine(0);
     dsc_scheduler_config cfg = dsc_scheduler_config_default(e);
     cfg.token_budget = 16;
-    memset(W.n_got, 0, sizeof W.n_got);
-    memset(W.finished, 0, sizeof W.finished);
     cancel_ctx c = {.V = dsc_infer_engine_vocab_size(e)};
     assert_ok(dsc_scheduler_create(e, &cfg, check_logits, &c, &c.s));
-    for (int i = 0; i < NREQ; i++) {
-        dsc_gen_request r = {.uid = (uint64_t)i,
-                             .prompt = W.prompt[i],
-                             .n_prompt = W.n_prompt[i],
-                             .max_new_tokens = W.max_new[i],
-                             .sampling = dsc_sampling_params_greedy()};
-        assert_ok(dsc_scheduler_submit(c.s, &r));
-    }
+    submit_all(c.s);
     assert_null(dsc_scheduler_token_logits(c.s));
     bool idle;
     assert_ok(dsc_scheduler_step(c.s, &idle));

@@ -122,3 +122,28 @@ int32_t st_generate(const int32_t *prompt, int32_t n_prompt, const char *options
     assert_true(n >= n_prompt);
     return n - n_prompt;
 }
+
+void st_read_stream(serve_client *cl, st_stream *out) {
+    *out = (st_stream){.prompt_tokens = -1, .completion_tokens = -1};
+    const char *data;
+    while (!serve_client_event(cl, &data) && data) {
+        if (strcmp(data, "[DONE]") == 0) {
+            out->done_seen = true;
+            return;
+        }
+        cJSON *r = cJSON_Parse(data);
+        const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+        const cJSON *u = cJSON_GetObjectItem(r, "usage"), *f = cJSON_GetObjectItem(choice, "finish_reason");
+        if (choice) out->chunks++;
+        const cJSON *ids = cJSON_GetObjectItem(choice, "token_ids");
+        for (const cJSON *e = ids ? ids->child : NULL; e; e = e->next)
+            if (out->n_ids < 64) out->ids[out->n_ids++] = (int32_t)e->valuedouble;
+        if (cJSON_IsString(f)) snprintf(out->finish, sizeof out->finish, "%s", f->valuestring);
+        if (cJSON_IsObject(u)) {
+            out->prompt_tokens = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+            out->completion_tokens = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+        }
+        if (cJSON_GetObjectItem(r, "error")) out->error_seen = true;
+        cJSON_Delete(r);
+    }
+}

@@ -7,8 +7,10 @@
 #define DSC_TESTS_SERVE_TEST_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "serve/client.h"
 #include "serve/spawn.h"
 
 #define ST_KEY "test-key-123"
@@ -28,6 +30,19 @@ double st_metric(int port, const char *name);
 /* Waits (at most 20 s) until the server has no request in flight, no
  * sequence queued or running and no KV block used. */
 void st_wait_idle(int port);
+/* What a client saw of a /v1/completions event stream. */
+typedef struct st_stream {
+    int32_t ids[64]; /* token_ids of the chunks (return_token_ids), the first 64 */
+    int32_t n_ids;
+    int chunks; /* chunks with a choice */
+    int prompt_tokens, completion_tokens; /* from the usage chunk (include_usage), else -1 */
+    char finish[16];
+    bool done_seen, error_seen;
+} st_stream;
+
+/* Reads the stream to its end ([DONE], the connection's end or an error). */
+void st_read_stream(serve_client *cl, st_stream *out);
+
 /* dsc-generate's tokens for (prompt, options): n ids into out. */
 int32_t st_generate(const int32_t *prompt, int32_t n_prompt, const char *options, int32_t *out, int32_t cap);
 

@@ -86,26 +86,15 @@ static void *run_case(void *arg) {
         snprintf(c->finish, sizeof c->finish, "%s", cJSON_IsString(f) ? f->valuestring : "?");
         cJSON_Delete(r);
     } else {
-        const char *data;
-        while (!serve_client_event(cl, &data) && data) {
-            if (strcmp(data, "[DONE]") == 0) {
-                c->done_seen = true;
-                break;
-            }
-            cJSON *r = cJSON_Parse(data);
-            const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
-            const cJSON *u = cJSON_GetObjectItem(r, "usage");
-            if (choice) {
-                c->chunks++;
-                collect_ids(cJSON_GetObjectItem(choice, "token_ids"), c);
-                const cJSON *f = cJSON_GetObjectItem(choice, "finish_reason");
-                if (cJSON_IsString(f)) snprintf(c->finish, sizeof c->finish, "%s", f->valuestring);
-            } else if (cJSON_IsObject(u)) {
-                c->prompt_tokens = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
-                c->completion_tokens = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
-            }
-            cJSON_Delete(r);
-        }
+        st_stream st;
+        st_read_stream(cl, &st);
+        memcpy(c->got, st.ids, (size_t)st.n_ids * sizeof *st.ids);
+        c->n_got = st.n_ids;
+        c->chunks = st.chunks;
+        c->prompt_tokens = st.prompt_tokens;
+        c->completion_tokens = st.completion_tokens;
+        c->done_seen = st.done_seen;
+        snprintf(c->finish, sizeof c->finish, "%s", st.finish);
     }
     serve_client_close(cl);
     return NULL;

@@ -24,7 +24,7 @@ typedef struct call {
     int port, max_tokens;
     bool stream;
     int status, completion_tokens, tokens_seen;
-    bool done_seen, error_seen, first_seen;
+    bool done_seen, error_seen;
     char finish[16];
 } call;
 
@@ -50,25 +50,13 @@ static void *run_call(void *arg) {
         serve_client_close(cl);
         return NULL;
     }
-    const char *data;
-    while (!serve_client_event(cl, &data) && data) {
-        if (strcmp(data, "[DONE]") == 0) {
-            c->done_seen = true;
-            break;
-        }
-        cJSON *r = cJSON_Parse(data);
-        const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
-        const cJSON *u = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "usage"), "completion_tokens");
-        const cJSON *f = cJSON_GetObjectItem(choice, "finish_reason");
-        if (choice) {
-            c->tokens_seen++;
-            c->first_seen = true;
-        }
-        if (cJSON_IsString(f)) snprintf(c->finish, sizeof c->finish, "%s", f->valuestring);
-        if (cJSON_IsNumber(u)) c->completion_tokens = u->valueint;
-        if (cJSON_GetObjectItem(r, "error")) c->error_seen = true;
-        cJSON_Delete(r);
-    }
+    st_stream st;
+    st_read_stream(cl, &st);
+    c->tokens_seen = st.chunks;
+    c->completion_tokens = st.completion_tokens;
+    c->done_seen = st.done_seen;
+    c->error_seen = st.error_seen;
+    snprintf(c->finish, sizeof c->finish, "%s", st.finish);
     serve_client_close(cl);
     return NULL;
 }
@@ -76,7 +64,7 @@ static void *run_call(void *arg) {
 enum { N = 4 };
 
 /* Starts N requests of max_tokens (even ones streaming), waits for the
- * first token of call 0, then sends SIGTERM; returns after the calls ended. */
+ * first generated token, then sends SIGTERM; returns after the calls ended. */
 static void sigterm_during(serve_proc *p, call *calls, int max_tokens) {
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
@@ -84,7 +72,7 @@ static void sigterm_during(serve_proc *p, call *calls, int max_tokens) {
         assert_int_equal(pthread_create(&th[i], NULL, run_call, &calls[i]), 0);
         usleep(20000); /* queued in this order */
     }
-    for (int i = 0; i < 3000 && !__atomic_load_n(&calls[0].first_seen, __ATOMIC_SEQ_CST); i++)
+    for (int i = 0; i < 3000 && st_metric(p->port, "dsc_generation_tokens_total") == 0; i++)
         usleep(1000);
     assert_true(st_metric(p->port, "dsc_num_requests_in_flight") == N);
     assert_int_equal(kill(p->pid, SIGTERM), 0);
