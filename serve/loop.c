@@ -111,7 +111,7 @@ dsc_status serve_loop_on_token(void *user, uint64_t uid, int32_t token, bool fin
         serve_event ev = {.seq = i, .token = token, .off = before, .len = q->text.visible - before, .finish = f,
                           .top = job->n_tops, .first = q->n_gen == 1};
         if (!st && job->p.logprobs >= 0 && row &&
-            !add_logprobs(job, row, srv->vocab, token, job->p.logprobs))
+            !add_logprobs(job, row, dsc_infer_engine_logits_width(srv->engine), token, job->p.logprobs))
             st = dsc_error(DSC_ERR_NOMEM, "logprobs of request %s", job->id);
         if (!st && !add_event(job, ev)) st = dsc_error(DSC_ERR_NOMEM, "events of request %s", job->id);
         if (f != SERVE_FINISH_NONE) finish_seq(srv, job, q, f);
