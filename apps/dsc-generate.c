@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "dsc/cli.h"
@@ -266,24 +265,6 @@ static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finishe
     return finished ? emit(st, r, "\n", 1) : NULL;
 }
 
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* The byte tokenizer for dsc models, tokenizer.json for HF ones, or none. */
-static dsc_status open_tokenizer(const options *o, const dsc_infer_model *m, dsc_tokenizer **tok) {
-    *tok = NULL;
-    const char *arch = dsc_infer_model_arch(m);
-    if (o->tokenizer) return dsc_tokenizer_load(tok, o->tokenizer);
-    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
-        strcmp(arch, "mixtral") == 0)
-        return dsc_tokenizer_create_bytes(tok);
-    char path[2048];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
-    return file_exists(path) ? dsc_tokenizer_load(tok, path) : NULL;
-}
-
 /* Prompt r as ids (with --bos) into ids (room for cap); *n its length. */
 static dsc_status prompt_ids(const options *o, dsc_tokenizer *tok, int r, int32_t *ids, int64_t cap, int64_t *n) {
     const prompt *p = &o->prompts[r];
@@ -383,7 +364,7 @@ static dsc_status run(const options *o) {
     double t0 = now_s();
     int64_t longest = 0;
     if (!s) s = dsc_infer_model_load(o->model, &m);
-    if (!s) s = open_tokenizer(o, m, &tok);
+    if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
     if (!s) s = tokenize_all(o, tok, &b, &longest);
     double t_load = now_s();

@@ -106,7 +106,7 @@ dsc_status dsc_hf_import_open(const char *dir, dsc_hf_import **out) {
     DSC_CHECK(imp, DSC_ERR_NOMEM, "%s: out of memory", dir);
     snprintf(imp->dir, sizeof imp->dir, "%s", dir);
     const dsc_policy *policy;
-    dsc_status s = dsc_load_hf_config(dir, &policy, &imp->mc);
+    dsc_status s = dsc_load_hf_config(dir, &policy, &imp->mc, NULL);
     if (!s) s = check_trainable(&imp->mc, dir);
     if (!s) {
         imp->arch = imp->mc.n_experts ? DSC_ARCH_MIXTRAL : DSC_ARCH_LLAMA;

@@ -20,13 +20,21 @@ static void st_describe(void *impl, int64_t i, const char **name, int *ndim, int
     memcpy(shape, t.shape, (size_t)t.ndim * sizeof *shape);
 }
 
-static dsc_status st_read(void *impl, int64_t i, float *dst, int64_t numel) {
+static dsc_status st_read_span(void *impl, int64_t i, int64_t offset, int64_t count, float *dst) {
     dsc_safetensors_tensor t;
     dsc_safetensors_at(impl, i, &t);
     DSC_CHECK(t.dtype == DSC_DTYPE_F32 || t.dtype == DSC_DTYPE_BF16 || t.dtype == DSC_DTYPE_F16,
               DSC_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (f32, bf16 and f16 are supported)", t.file, t.name,
               t.dtype_name);
-    return dsc_safetensors_read_f32(impl, t.name, dst, numel);
+    return dsc_safetensors_read_f32_range(impl, t.name, offset, count, dst);
+}
+
+static dsc_status st_read(void *impl, int64_t i, float *dst, int64_t numel) {
+    dsc_safetensors_tensor t;
+    dsc_safetensors_at(impl, i, &t);
+    DSC_CHECK(numel == t.numel, DSC_ERR_INVALID, "%s: tensor %s has %lld elements, destination %lld", t.file, t.name,
+              (long long)t.numel, (long long)numel);
+    return st_read_span(impl, i, 0, numel, dst);
 }
 
 dsc_status dsc_load_read_text(const char *path, char **out) {
@@ -64,28 +72,32 @@ static dsc_status hf_arch(const char *json, const char *source, char *arch, size
     return s;
 }
 
-dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_infer_model_config *mc) {
+dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_infer_model_config *mc, char **json) {
     char path[2048], arch[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *json;
-    DSC_TRY(dsc_load_read_text(path, &json));
-    dsc_status s = hf_arch(json, path, arch, sizeof arch);
+    char *text;
+    DSC_TRY(dsc_load_read_text(path, &text));
+    dsc_status s = hf_arch(text, path, arch, sizeof arch);
     if (!s) s = dsc_policy_find(arch, policy);
-    if (!s) s = (*policy)->configure(mc, json, path);
-    free(json);
+    if (!s) s = (*policy)->configure(mc, text, path);
+    if (s || !json) free(text);
+    else *json = text;
     return s;
 }
 
-dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out) {
+dsc_status dsc_load_hf(const char *dir, const dsc_load_request *req) {
+    char path[2048], *json = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
     const dsc_policy *policy = NULL;
     dsc_infer_model_config mc;
     dsc_safetensors *st = NULL;
-    dsc_status s = dsc_load_hf_config(dir, &policy, &mc);
+    dsc_status s = dsc_load_hf_config(dir, &policy, &mc, &json);
     if (!s) s = dsc_safetensors_open(&st, dir);
     if (!s) {
-        dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read};
-        s = dsc_error_wrap(dsc_infer_model_build(policy, &mc, &src, out), "loading %s", dir);
+        dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read, st_read_span};
+        s = dsc_error_wrap(dsc_load_finish(policy, &mc, &src, json, path, req), "loading %s", dir);
     }
+    free(json);
     dsc_safetensors_close(st);
     return s;
 }

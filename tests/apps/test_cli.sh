@@ -59,6 +59,7 @@ bad '--k: "two" is not an integer' "$bin/dsc-moe-gate" --k two --capacity-factor
 bad '--capacity-factor: -1 is outside' "$bin/dsc-moe-gate" --k 2 --capacity-factor -1 --min-capacity 1 x.json
 bad '--format onnx: the formats are hf' "$bin/dsc-ckpt" export ckpt --format onnx out
 bad '--pp expects a positive integer, got "x"' "$bin/dsc-selfcheck" --pp x
+bad 'bad value for --port: 99999' "$bin/dsc-serve" model --port 99999
 
 # 3. programs named in messages: "... dsc-NAME ..." inside C string literals.
 named=$(cd "$src" && grep -rhoE '"([^"\\]|\\.)*"' --include=*.c apps launcher core runtime kernels pipe moe zero inference \
