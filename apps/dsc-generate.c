@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "dsc/comm.h"
@@ -156,24 +155,6 @@ static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finishe
     return NULL;
 }
 
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* The byte tokenizer for dsc models, tokenizer.json for HF ones, or none. */
-static dsc_status open_tokenizer(const options *o, const dsc_infer_model *m, dsc_tokenizer **tok) {
-    *tok = NULL;
-    const char *arch = dsc_infer_model_arch(m);
-    if (o->tokenizer) return dsc_tokenizer_load(tok, o->tokenizer);
-    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
-        strcmp(arch, "mixtral") == 0)
-        return dsc_tokenizer_create_bytes(tok);
-    char path[2048];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
-    return file_exists(path) ? dsc_tokenizer_load(tok, path) : NULL;
-}
-
 /* --print-plan: the sharding plan, from the checkpoint's header and config alone. */
 static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
     dsc_tp_plan *plan;
@@ -209,7 +190,7 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *
     tp.comm = world;
     bool lead = !world || dsc_comm_rank(world) == 0;
     if (!s) s = dsc_infer_model_load_tp(o->model, world ? &tp : NULL, &m);
-    if (!s) s = open_tokenizer(o, m, &tok);
+    if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s && o->bos >= 0) ids[n++] = o->bos;
     if (!s && o->tokens) {
         int32_t k;
