@@ -10,7 +10,11 @@
  * repeated, --prompts-file with one prompt per line, `-` for stdin) are
  * submitted together to the scheduler, which batches them continuously;
  * each output is then printed whole, in the order the prompts were given.
- * One prompt streams its tokens as they come. Runs as one process. */
+ * One prompt streams its tokens as they come. Runs as one process, or as
+ * one tensor-parallel group with --tp N under `dsc-launch -n N` (every rank
+ * loads its shard and runs the same scheduler; rank 0 prints). --config
+ * reads DeepSpeed inference config keys (tensor_parallel.tp_size,
+ * tp_grain_size, partition_config, max_out_tokens, min_out_tokens). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <errno.h>
 #include <mpi.h>
@@ -20,6 +24,7 @@
 #include <time.h>
 
 #include "dsc/cli.h"
+#include "dsc/comm.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
 #include "dsc/tokenizer.h"
@@ -33,15 +38,16 @@ typedef struct prompt {
 } prompt;
 
 typedef struct options {
-    const char *model, *tokenizer;
+    const char *model, *tokenizer, *config;
     prompt *prompts;
     int n_prompts;
     char **inputs; /* prompt files and stdin read into memory (the prompts point into them) */
     int n_inputs;
-    int32_t max_new, stop[MAX_STOP], n_stop, bos;
+    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp;
+    int64_t grain;
     dsc_sampling_params sampling;
     uint64_t seed;
-    bool quiet;
+    bool quiet, print_plan;
 } options;
 
 /* What one request has printed (or, with several, collected). */
@@ -56,6 +62,7 @@ typedef struct run_state {
     dsc_tokenizer *tok;
     output *outs;
     bool streaming; /* one request: print as tokens come */
+    bool print;     /* rank 0 of the tensor-parallel group prints */
     int64_t n;
     double t0, first;
 } run_state;
@@ -74,6 +81,11 @@ static void usage(FILE *fp) {
           "  --bos ID                prepend this id to every prompt\n"
           "  --tokenizer PATH        tokenizer.json (default: MODEL/tokenizer.json when present)\n"
           "  --quiet                 no statistics on stderr\n"
+          "  --tp N                  tensor parallelism over N ranks (run under dsc-launch -n N)\n"
+          "  --tp-grain G            tp_grain_size: MLP and vocabulary cuts in multiples of G (64)\n"
+          "  --print-plan            print the sharding plan for --tp N and exit (no ranks needed)\n"
+          "  --config FILE           DeepSpeed inference config (tensor_parallel, max_out_tokens,\n"
+          "                          min_out_tokens); command-line --tp / --tp-grain win\n"
           "  --help, --version\n"
           "MODEL: a Hugging Face directory or a dsc checkpoint (SAVE_DIR, SAVE_DIR/TAG, state.h5).\n"
           "Several prompts run as one continuous batch; their outputs print in order, one per line.\n",
@@ -158,8 +170,8 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
     o->model = argv[1];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--quiet") == 0) {
-            o->quiet = true;
+        if (strcmp(a, "--quiet") == 0 || strcmp(a, "--print-plan") == 0) {
+            *(a[2] == 'q' ? &o->quiet : &o->print_plan) = true;
             continue;
         }
         DSC_CHECK(i + 1 < argc, DSC_ERR_INVALID, "option %s needs a value", a);
@@ -184,6 +196,13 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
             }
         } else if (strcmp(a, "--tokenizer") == 0) {
             o->tokenizer = v;
+        } else if (strcmp(a, "--config") == 0) {
+            o->config = v;
+        } else if (strcmp(a, "--tp") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
+            o->tp = (int32_t)k;
+        } else if (strcmp(a, "--tp-grain") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, INT64_MAX, &o->grain));
         } else if (strcmp(a, "--max-new-tokens") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, MAX_IDS, &k));
             o->max_new = (int32_t)k;
@@ -212,7 +231,10 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
             return dsc_error(DSC_ERR_INVALID, "unknown option %s", a);
         }
     }
-    DSC_CHECK(o->n_prompts > 0, DSC_ERR_INVALID, "no prompt: give --prompt, --tokens or --prompts-file");
+    if (o->print_plan)
+        DSC_CHECK(o->tp >= 1 || o->config, DSC_ERR_INVALID, "--print-plan needs --tp N or --config FILE");
+    else
+        DSC_CHECK(o->n_prompts > 0, DSC_ERR_INVALID, "no prompt: give --prompt, --tokens or --prompts-file");
     return NULL;
 }
 
@@ -224,6 +246,7 @@ static void options_free(options *o) {
 
 /* Prints (one request) or collects (several) text of request r. */
 static dsc_status emit(run_state *st, int r, const char *text, size_t len) {
+    if (!st->print) return NULL;
     if (st->streaming) {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
@@ -312,17 +335,25 @@ static dsc_status tokenize_all(const options *o, dsc_tokenizer *tok, batch *b, i
     return NULL;
 }
 
-/* The last generated token is never fed back, so a context of N holds N - prompt + 1 new tokens. */
-static dsc_status clamp_new_tokens(const options *o, dsc_infer_engine *e, batch *b) {
-    int64_t ctx = dsc_infer_engine_kv_config(e)->max_context;
+/* The last generated token is never fed back, so a context of N holds N - prompt + 1 new tokens;
+ * the KV cache holds total blocks x block size tokens. */
+static dsc_status clamp_new_tokens(const options *o, const dsc_infer_ds_config *c, dsc_infer_engine *e, batch *b,
+                                   bool lead) {
+    const dsc_kv_config *kv = dsc_infer_engine_kv_config(e);
+    int64_t ctx = kv->max_context, cache = (int64_t)dsc_infer_engine_total_blocks(e) * kv->block_size;
+    if (cache < ctx) ctx = cache;
     for (int r = 0; r < o->n_prompts; r++) {
         int64_t room = ctx - b->n[r] + 1;
-        DSC_CHECK(room >= 1, DSC_ERR_INVALID, "prompt %d (%lld tokens) fills the model's context (%lld)", r + 1,
-                  (long long)b->n[r], (long long)ctx);
+        DSC_CHECK(room >= 1 && room >= c->min_out_tokens, DSC_ERR_INVALID,
+                  "prompt %d: min_out_tokens %lld: after the %lld-token prompt the context (%lld tokens, "
+                  "max_out_tokens %lld) and the KV cache (%lld tokens) leave room for %lld new tokens",
+                  r + 1, (long long)c->min_out_tokens, (long long)b->n[r], (long long)kv->max_context,
+                  (long long)c->max_out_tokens, (long long)cache, (long long)(room > 0 ? room : 0));
         b->max_new[r] = o->max_new;
         if (room < o->max_new) {
-            fprintf(stderr, "dsc-generate: prompt %d: --max-new-tokens %d clamped to %lld: the model's context is "
-                            "%lld tokens\n", r + 1, o->max_new, (long long)room, (long long)ctx);
+            if (lead)
+                fprintf(stderr, "dsc-generate: prompt %d: --max-new-tokens %d clamped to %lld: the context holds "
+                                "%lld tokens\n", r + 1, o->max_new, (long long)room, (long long)ctx);
             b->max_new[r] = (int32_t)room;
         }
     }
@@ -348,22 +379,48 @@ static dsc_status generate(const options *o, dsc_infer_engine *e, run_state *st,
     }
     st->t0 = now_s();
     if (!s) s = dsc_scheduler_run(sched);
-    for (int r = 0; !s && !st->streaming && r < o->n_prompts; r++) fwrite(st->outs[r].text, 1, st->outs[r].len, stdout);
+    for (int r = 0; !s && st->print && !st->streaming && r < o->n_prompts; r++)
+        fwrite(st->outs[r].text, 1, st->outs[r].len, stdout);
     dsc_scheduler_destroy(sched);
     return s;
 }
 
-static dsc_status run(const options *o) {
+/* --print-plan: the sharding plan, from the checkpoint's header and config alone. */
+static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
+    dsc_tp_plan *plan;
+    DSC_TRY(dsc_infer_model_plan(o->model, &c->tp, &plan));
+    dsc_tp_plan_print(plan, stdout);
+    dsc_tp_plan_destroy(plan);
+    return NULL;
+}
+
+/* The tensor-parallel group: the whole world, which must have tp_size ranks (one group per launch). */
+static dsc_status tp_group(const dsc_infer_ds_config *c, dsc_comm **world) {
+    *world = NULL;
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (c->tp.tp_size == 1 && size == 1) return NULL;
+    DSC_CHECK(c->tp.tp_size == size, DSC_ERR_CONFIG,
+              "tensor_parallel.tp_size %d with %d ranks: dsc-generate runs one tensor-parallel group, so launch it "
+              "with dsc-launch -n %d",
+              c->tp.tp_size, size, c->tp.tp_size);
+    return dsc_comm_world(NULL, world);
+}
+
+static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *world) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
     const int R = o->n_prompts;
     batch b = {calloc((size_t)R, sizeof *b.ids), calloc((size_t)R, sizeof *b.n), calloc((size_t)R, sizeof *b.max_new)};
-    run_state st = {.outs = calloc((size_t)R, sizeof *st.outs), .streaming = R == 1};
+    const bool lead = !world || dsc_comm_rank(world) == 0;
+    run_state st = {.outs = calloc((size_t)R, sizeof *st.outs), .streaming = R == 1, .print = lead};
     dsc_status s = b.ids && b.n && b.max_new && st.outs ? NULL : dsc_error(DSC_ERR_NOMEM, "%d prompts", R);
     double t0 = now_s();
     int64_t longest = 0;
-    if (!s) s = dsc_infer_model_load(o->model, &m);
+    dsc_infer_tp tp = c->tp;
+    tp.comm = world;
+    if (!s) s = dsc_infer_model_load_tp(o->model, world ? &tp : NULL, &m);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
     if (!s) s = tokenize_all(o, tok, &b, &longest);
@@ -371,20 +428,21 @@ static dsc_status run(const options *o) {
     if (!s) {
         dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
         if (longest + o->max_new > ec.max_context) ec.max_context = longest + o->max_new; /* clipped by the engine */
+        if (o->config && c->max_out_tokens < ec.max_context) ec.max_context = c->max_out_tokens;
         ec.max_sequences = ec.max_batch_sequences = R < ec.max_sequences ? R : ec.max_sequences;
         s = dsc_infer_engine_create(m, &ec, &e);
     }
-    if (!s) s = clamp_new_tokens(o, e, &b);
+    if (!s) s = clamp_new_tokens(o, c, e, &b, lead);
     for (int r = 0; r < R; r++) dsc_tokenizer_stream_init(&st.outs[r].state);
     if (!s) s = generate(o, e, &st, &b);
-    if (!s && !o->quiet) {
+    if (!s && !o->quiet && lead) {
         double end = now_s(), decode = end - st.first;
         fprintf(stderr,
                 "[%s: loaded in %.2f s; %d prompt%s, longest %lld tokens, first token after %.3f s; %lld tokens, "
-                "%.1f tokens/s after the first; %d threads]\n",
+                "%.1f tokens/s after the first; %d threads; tp %d, %.3f s in all-reduces]\n",
                 dsc_infer_model_arch(m), t_load - t0, R, R == 1 ? "" : "s", (long long)longest, st.first - st.t0,
                 (long long)st.n, st.n > 1 && decode > 0 ? (double)(st.n - 1) / decode : 0.0,
-                dsc_kernels_get_num_threads());
+                dsc_kernels_get_num_threads(), world ? dsc_comm_size(world) : 1, dsc_infer_model_comm_seconds(m));
     }
     for (int r = 0; r < R; r++) {
         if (b.ids) free(b.ids[r]);
@@ -411,7 +469,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     MPI_Init(&argc, &argv);
-    s = run(&o);
+    dsc_infer_ds_config c;
+    dsc_comm *world = NULL;
+    s = dsc_infer_ds_config_load(o.config, &c);
+    if (!s && o.tp > 0) c.tp.tp_size = o.tp;
+    if (!s && o.grain > 0) c.tp.grain = o.grain;
+    if (!s && o.print_plan)
+        s = print_plan(&o, &c);
+    else if (!s) {
+        s = tp_group(&c, &world);
+        if (!s) s = run(&o, &c, world);
+    }
+    dsc_infer_ds_config_free(&c);
+    dsc_comm_free(world);
     int rc = 0;
     if (s) {
         fprintf(stderr, "dsc-generate: %s\n", dsc_status_message(s));
