@@ -242,8 +242,8 @@ static dsc_status serve(options *o) {
 int main(int argc, char **argv) {
     if (dsc_cli_info(argc, argv, argc - 1, "dsc-serve", usage)) return 0;
     options o;
-    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        usage();
+    if (argc == 2 && strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
         return 0;
     }
     if (!parse_args(argc, argv, &o)) {
