@@ -169,7 +169,8 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
     DSC_TRY(dsc_groups_create(world, &w->plan, &w->groups));
     w->extra.ep = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT);
-    w->layers = (dsc_trainer_layers){&w->extra, dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), w->extra.ep};
+    w->layers = (dsc_trainer_layers){
+        .build_extra = &w->extra, .expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), .ep = w->extra.ep};
     return NULL;
 }
 
