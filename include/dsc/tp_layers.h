@@ -33,6 +33,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/comm.h"
 #include "dsc/config.h"
@@ -83,6 +84,9 @@ typedef struct dsc_tp_wiring {
  * types. Pass dsc_tp_wiring_dp as the trainer's data-parallel group. */
 dsc_status dsc_tp_wire(const dsc_config *cfg, dsc_comm *world, dsc_tp_wiring *w);
 dsc_comm *dsc_tp_wiring_dp(const dsc_tp_wiring *w);
+/* The partition summary: every tensor rank's heads and widths and the
+ * shapes of its pieces, for cfg's model at tensor_parallel.autotp_size. */
+dsc_status dsc_tp_print_shards(FILE *f, const dsc_config *cfg);
 void dsc_tp_wiring_free(dsc_tp_wiring *w);
 
 #ifdef __cplusplus
