@@ -151,7 +151,7 @@ static void print_sample(generate_fn generate, void *model, const dsc_config *cf
 }
 
 static int state_bytes(const dsc_config *cfg) {
-    return cfg->optimizer.type == DSC_OPTIMIZER_TYPE_SGD ? 4 : 8;
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type);
 }
 
 /* The job's config: the file with --set overrides, and with --init-from-hf

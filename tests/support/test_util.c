@@ -63,3 +63,19 @@ char *dsc_test_read_file(const char *path) {
     text[size] = '\0';
     return text;
 }
+
+bool dsc_test_doc_block_is(const char *path, const char *name, const char *text) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    static char doc[1 << 18];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    char open[64], close[64];
+    snprintf(open, sizeof open, "<!-- %s:begin -->\n", name);
+    snprintf(close, sizeof close, "<!-- %s:end -->", name);
+    const char *begin = strstr(doc, open), *end = strstr(doc, close);
+    if (!begin || !end || begin > end) return false;
+    begin += strlen(open);
+    return (size_t)(end - begin) == strlen(text) && strncmp(begin, text, strlen(text)) == 0;
+}
