@@ -20,6 +20,7 @@
 #ifndef DSC_OPTIMIZER_H
 #define DSC_OPTIMIZER_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,7 +44,7 @@ typedef struct dsc_optim_hparams {
 } dsc_optim_hparams;
 
 /* The config's optimizer section and gradient_clipping as hparams. */
-void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
+DSC_API void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
 
 /* What one step did. */
 typedef struct dsc_optim_stats {
@@ -122,17 +123,17 @@ typedef struct dsc_optimizer_options {
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce
  * (a bucket is reduced as soon as grads_ready has seen all of its
  * parameters), averaging by the group size. */
-dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
+DSC_API dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
 
 /* ---- wrappers (skip NULL hooks) ---------------------------------------------- */
-dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
-dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
-dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
-dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
-dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
-int dsc_optimizer_state_count(const dsc_optimizer *opt);
-void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
-void dsc_optimizer_destroy(dsc_optimizer *opt);
+DSC_API dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+DSC_API dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+DSC_API dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
+DSC_API dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
+DSC_API dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
+DSC_API int dsc_optimizer_state_count(const dsc_optimizer *opt);
+DSC_API void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
+DSC_API void dsc_optimizer_destroy(dsc_optimizer *opt);
 
 /* ---- pieces shared by optimizer implementations --------------------------------- */
 
@@ -140,17 +141,17 @@ void dsc_optimizer_destroy(dsc_optimizer *opt);
  * state tensors (exp_avg and exp_avg_sq for AdamW; momentum_buffer in state0
  * for SGD, state1 unused) have equal element counts. `decay` selects weight
  * decay; `step` is 1-based. */
-dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *grad,
+DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *grad,
                             dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step);
 
 /* Clipping coefficient for a global norm: clip / (norm + 1e-6) when clipping is
  * on and norm exceeds clip, else 1 (PyTorch's clip_grad_norm_). */
-double dsc_optim_clip_coef(double norm, double clip);
+DSC_API double dsc_optim_clip_coef(double norm, double clip);
 
 /* Completes a global norm from this rank's sums of squares: sums `expert_sq`
  * over `ep`, adds `dense_sq`, sums over `pipe` (either comm may be NULL), and
  * returns the square root. Every rank of the groups gets the same value. */
-dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
+DSC_API dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
 
 #ifdef __cplusplus
 }
