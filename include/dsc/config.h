@@ -267,16 +267,12 @@ DSC_API dsc_status dsc_config_to_json(const dsc_config *cfg, char **json);
  * Markdown, as it appears in docs/config.md; free() the result. */
 DSC_API dsc_status dsc_config_reference_markdown(char **markdown);
 
-<<<<<<< HEAD
-DSC_API void dsc_config_free(dsc_config *cfg);
-=======
 /* DeepSpeed's config keys with what dsc does with each (implemented,
  * implemented by design, or refused with the reason and the alternative), as
  * the Markdown table in docs/config.md; free() the result. */
 DSC_API dsc_status dsc_config_deepspeed_markdown(char **markdown);
 
 DSC_API void dsc_config_free(dsc_config *cfg);
->>>>>>> main
 
 #ifdef __cplusplus
 }

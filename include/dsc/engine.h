@@ -43,16 +43,11 @@ extern "C" {
  * evaluated at 0-based `iteration` (DeepSpeed's last_batch_iteration); the
  * engine uses iteration n - 1 for step n. `base_lr` is optimizer.params.lr
  * (constant and WarmupCosineLR scale it; the Warmup{,Decay}LR schedules use
-<<<<<<< HEAD
- * warmup_min_lr / warmup_max_lr instead). */
-DSC_API double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
-=======
  * warmup_min_lr / warmup_max_lr, OneCycle and LRRangeTest their own bounds). */
 DSC_API double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
 /* OneCycle with cycle_momentum sets the optimizer's betas at each step, as
  * DeepSpeed does: (momentum, 0.99). False (betas untouched) for the others. */
 DSC_API bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1, double *beta2);
->>>>>>> main
 
 /* ---- the data a runner consumes ----------------------------------------------------- */
 

@@ -204,14 +204,9 @@ typedef struct dsc_policy {
  * the policy and the entry; nothing is registered. */
 DSC_API dsc_status dsc_policy_register(const dsc_policy *policy);
 /* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
-<<<<<<< HEAD
- * Qwen2ForCausalLM, MixtralForCausalLM, gpt-moe and mixtral. Idempotent. */
-DSC_API dsc_status dsc_policy_register_builtin(void);
-=======
  * Qwen2ForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, gpt-moe and
  * mixtral. Idempotent. */
 DSC_API dsc_status dsc_policy_register_builtin(void);
->>>>>>> main
 /* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
 DSC_API dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);
 
