@@ -32,6 +32,10 @@ void ref_adamw(double *p, const double *g, double *m, double *v, int64_t n, doub
                double eps, double wd, int64_t step);
 void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd,
              int64_t step);
+/* Lion step; LAMB's update direction (u may alias g). */
+void ref_lion(double *p, const double *g, double *m, int64_t n, double lr, double beta1, double beta2, double wd);
+void ref_lamb_direction(double *u, const double *p, const double *g, double *m, double *v, int64_t n, double beta1,
+                        double beta2, double eps, double wd);
 
 /* Gradients (ref_backward.c): dbias, dw, db, dwte, dwpe accumulate; the others are overwritten. */
 void ref_bias_grad(double *dbias, const double *dy, int64_t n, int64_t oc);
