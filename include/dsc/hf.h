@@ -17,13 +17,16 @@
  * (dsc_checkpoint_load_params), so any (PP, DP, EP, ZeRO) layout starts
  * from it.
  *
- * Parameter names on both sides: docs/models.md and docs/checkpoint.md. */
+ * Parameter names on both sides: docs/models.md and docs/checkpoint.md.
+ * Thread-safety: an import handle is read-only after open; reads from
+ * several threads are safe, open/close are not concurrent with them. */
 #ifndef DSC_HF_H
 #define DSC_HF_H
 
 #include <stdint.h>
 
 #include "dsc/config.h"
+#include "dsc/api.h"
 #include "dsc/status.h"
 
 #ifdef __cplusplus
@@ -34,7 +37,7 @@ extern "C" {
  * checkpoint file `ckpt_file`. out_dir is created when missing; existing
  * files in it are never overwritten. *n_tensors (may be NULL) receives the
  * number of tensors written. One process. */
-dsc_status dsc_hf_export(const char *ckpt_file, const char *out_dir, int64_t *n_tensors);
+DSC_API dsc_status dsc_hf_export(const char *ckpt_file, const char *out_dir, int64_t *n_tensors);
 
 typedef struct dsc_hf_import dsc_hf_import;
 
@@ -43,8 +46,8 @@ typedef struct dsc_hf_import dsc_hf_import;
  * training cannot build exactly (RoPE scaling, a head size other than
  * hidden_size / num_attention_heads, a top-1 Mixtral router) is
  * DSC_ERR_UNSUPPORTED naming the key. */
-dsc_status dsc_hf_import_open(const char *dir, dsc_hf_import **out);
-void dsc_hf_import_close(dsc_hf_import *imp);
+DSC_API dsc_status dsc_hf_import_open(const char *dir, dsc_hf_import **out);
+DSC_API void dsc_hf_import_close(dsc_hf_import *imp);
 
 /* Loads the training config `path` with `overrides` (--set) and the model
  * section the checkpoint implies (model.arch, shapes, rope_theta,
@@ -52,14 +55,14 @@ void dsc_hf_import_close(dsc_hf_import *imp);
  * the file or an override sets to another value than the checkpoint's is
  * DSC_ERR_CONFIG naming both values; model.seq_len above the checkpoint's
  * context is DSC_ERR_CONFIG too. */
-dsc_status dsc_hf_import_config(const dsc_hf_import *imp, const char *path, const char *const *overrides,
+DSC_API dsc_status dsc_hf_import_config(const dsc_hf_import *imp, const char *path, const char *const *overrides,
                                 int n_overrides, dsc_config *cfg);
 
 /* A dsc_checkpoint_read_fn: elements [begin, begin + count) (row-major) of
  * the dsc parameter `name` of shape (ndim, shape), converted to f32. A name
  * without a Hugging Face tensor or a shape that differs is an error naming
  * both names and shapes. */
-dsc_status dsc_hf_import_read(void *imp, const char *name, int ndim, const int64_t *shape, int64_t begin,
+DSC_API dsc_status dsc_hf_import_read(void *imp, const char *name, int ndim, const int64_t *shape, int64_t begin,
                               int64_t count, float *dst);
 
 #ifdef __cplusplus
