@@ -255,8 +255,8 @@ static dsc_status parse_hf(dsc_infer_model_config *mc, const cJSON *root, const 
 
 static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source, hf_variant variant) {
     cJSON *root = cJSON_Parse(json);
-    DSC_CHECK(root && cJSON_IsObject(root), DSC_ERR_CORRUPT, "%s: not a JSON object (cJSON_Parse failed)", source);
-    dsc_status s = parse_hf(mc, root, source, variant);
+    dsc_status s = cJSON_IsObject(root) ? parse_hf(mc, root, source, variant)
+                                        : dsc_error(DSC_ERR_CORRUPT, "%s: not a JSON object", source);
     cJSON_Delete(root);
     return s;
 }

@@ -15,6 +15,7 @@
  * prompt, so the oldest request always progresses and every request
  * finishes (a request that could not fit the whole cache alone is refused
  * at submit). Not here: the forward (engine) or sampling rules (sampling.c). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

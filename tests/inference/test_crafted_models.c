@@ -70,6 +70,11 @@ static void test_config_numbers_are_range_checked(void **state) {
     load_fails(", \"num_key_value_heads\": 8", DSC_ERR_CONFIG, "num_key_value_heads = 8 is outside [1, 4]");
     load_fails(", \"rms_norm_eps\": 0", DSC_ERR_CONFIG, "rms_norm_eps = 0 is outside");
     load_fails(", \"rope_theta\": -1", DSC_ERR_CONFIG, "rope_theta = -1 is outside");
+    /* JSON that is not an object (found by fuzz_hf_config: it leaked the parsed value). */
+    const dsc_policy *p;
+    assert_ok(dsc_policy_find("LlamaForCausalLM", &p));
+    dsc_infer_model_config mc;
+    assert_err(p->configure(&mc, "[1, 2]", "config.json"), DSC_ERR_CORRUPT, "config.json: not a JSON object");
     const char *llama3 = ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": %s, "
                          "\"high_freq_factor\": 4, \"original_max_position_embeddings\": %s}";
     char extra[512];
