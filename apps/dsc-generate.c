@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "dsc/inference.h"
@@ -136,36 +135,6 @@ static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finishe
     return NULL;
 }
 
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* The byte tokenizer for dsc models, tokenizer.json for HF ones, or none.
- * A tokenizer.json with ids the model has no rows for is refused here,
- * naming both sizes, rather than when one of those ids is first fed. */
-static dsc_status open_tokenizer(const options *o, const dsc_infer_model *m, dsc_tokenizer **tok) {
-    *tok = NULL;
-    const char *arch = dsc_infer_model_arch(m);
-    if (!o->tokenizer && (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
-                          strcmp(arch, "mixtral") == 0))
-        return dsc_tokenizer_create_bytes(tok);
-    char path[2048];
-    snprintf(path, sizeof path, "%s", o->tokenizer ? o->tokenizer : "");
-    if (!o->tokenizer) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
-        if (!file_exists(path)) return NULL;
-    }
-    DSC_TRY(dsc_tokenizer_load(tok, path));
-    int32_t V = dsc_infer_model_get_config(m)->vocab_size;
-    if (dsc_tokenizer_vocab_size(*tok) <= V) return NULL;
-    dsc_status s = dsc_error(DSC_ERR_CORRUPT, "tokenizer %s: ids reach %d, outside the model's vocabulary of %d", path,
-                             dsc_tokenizer_vocab_size(*tok) - 1, V);
-    dsc_tokenizer_destroy(*tok);
-    *tok = NULL;
-    return s;
-}
-
 static dsc_status run(const options *o) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
@@ -176,7 +145,7 @@ static dsc_status run(const options *o) {
     dsc_status s = ids ? NULL : dsc_error(DSC_ERR_NOMEM, "prompt buffer");
     double t0 = now_s();
     if (!s) s = dsc_infer_model_load(o->model, &m);
-    if (!s) s = open_tokenizer(o, m, &tok);
+    if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s && o->bos >= 0) ids[n++] = o->bos;
     if (!s && o->tokens) {
         int32_t k;

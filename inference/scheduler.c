@@ -14,7 +14,14 @@
  * to the front of the queue with prompt + generated tokens as its new
  * prompt, so the oldest request always progresses and every request
  * finishes (a request that could not fit the whole cache alone is refused
- * at submit). Not here: the forward (engine) or sampling rules (sampling.c). */
+ * at submit).
+ *
+ * Under tensor parallelism every rank runs this same scheduler on the same
+ * requests: its decisions depend only on the requests, the engine's block
+ * counts (equal on all ranks) and the sampled tokens (equal on all ranks,
+ * dsc_infer_engine_sample), never on the clock, so all ranks compose the
+ * same batches with no broadcast. Not here: the forward (engine) or
+ * sampling rules (sampling.c). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +43,8 @@ typedef struct request {
     req_state state;
     int64_t order; /* queue position while waiting (preempted go first), admission order while running */
     double submit_time, first_token_time;
-    int32_t chunk; /* tokens scheduled in the current forward */
+    int32_t chunk;  /* tokens scheduled in the current forward */
+    bool preempted; /* waiting again after a preemption */
 } request;
 
 struct dsc_scheduler {
@@ -53,8 +61,8 @@ struct dsc_scheduler {
     const int32_t **ptrs;
     int32_t *counts;
     request **batch;
-    float *logits; /* (max_batch_sequences, V) */
-    dsc_sample_candidate *scratch;
+    float *logits; /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
+    const float *cb_logits; /* (W) the row of the token being reported, only during the callback */
 };
 
 static double now_s(void) {
@@ -93,15 +101,14 @@ dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config 
               kv->max_tokens_per_forward);
     dsc_scheduler *s = calloc(1, sizeof *s);
     DSC_CHECK(s, DSC_ERR_NOMEM, "scheduler");
-    int32_t S = kv->max_batch_sequences, V = dsc_infer_engine_vocab_size(e);
+    int32_t S = kv->max_batch_sequences, W = dsc_infer_engine_logits_width(e);
     *s = (dsc_scheduler){.engine = e, .cfg = *cfg, .cb = cb, .user = user};
     s->uids = malloc((size_t)S * sizeof *s->uids);
     s->ptrs = malloc((size_t)S * sizeof *s->ptrs);
     s->counts = malloc((size_t)S * sizeof *s->counts);
     s->batch = malloc((size_t)S * sizeof *s->batch);
-    s->logits = malloc((size_t)S * (size_t)V * sizeof *s->logits);
-    s->scratch = malloc((size_t)V * sizeof *s->scratch);
-    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits || !s->scratch) {
+    s->logits = malloc((size_t)S * (size_t)W * sizeof *s->logits);
+    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits) {
         dsc_scheduler_destroy(s);
         return dsc_error(DSC_ERR_NOMEM, "scheduler buffers for %d sequences", S);
     }
@@ -126,7 +133,6 @@ void dsc_scheduler_destroy(dsc_scheduler *s) {
     free(s->counts);
     free(s->batch);
     free(s->logits);
-    free(s->scratch);
     free(s);
 }
 
@@ -225,6 +231,7 @@ static void admit(dsc_scheduler *s) {
         int64_t available = dsc_infer_engine_free_blocks(s->engine) - owed_blocks(s);
         if (blocks_for(s, reserved_tokens(s, r)) > available) return;
         r->state = REQ_RUNNING;
+        r->preempted = false;
         r->order = s->admitted++;
     }
 }
@@ -240,6 +247,7 @@ static dsc_status preempt_newest(dsc_scheduler *s) {
     if (newest->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, newest->uid));
     newest->n_cached = 0;
     newest->state = REQ_WAITING;
+    newest->preempted = true;
     newest->order = --s->front;
     s->stats.preemptions++;
     return NULL;
@@ -312,8 +320,8 @@ static bool is_stop(const request *r, int32_t tok) {
 
 /* Samples the next token of r from its logits row and streams it. */
 static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
-    int32_t V = dsc_infer_engine_vocab_size(s->engine), tok;
-    DSC_TRY(dsc_sample(&tok, row, V, &r->sampling, r->tokens, total_tokens(r), s->scratch, &r->rng));
+    int32_t tok;
+    DSC_TRY(dsc_infer_engine_sample(s->engine, row, &r->sampling, r->tokens, total_tokens(r), &r->rng, &tok));
     r->tokens[total_tokens(r)] = tok;
     r->n_generated++;
     s->stats.tokens_generated++;
@@ -323,7 +331,10 @@ static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
         DSC_TRY(dsc_infer_engine_flush(s->engine, r->uid));
         r->state = REQ_DONE;
     }
-    return s->cb ? s->cb(s->user, r->uid, tok, done) : NULL;
+    s->cb_logits = row;
+    dsc_status st = s->cb ? s->cb(s->user, r->uid, tok, done) : NULL;
+    s->cb_logits = NULL;
+    return st;
 }
 
 dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
@@ -340,12 +351,12 @@ dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
         DSC_TRY(compose(s, &n, &starved));
     }
     DSC_TRY(dsc_infer_engine_put(s->engine, n, s->uids, s->ptrs, s->counts, s->logits));
-    int32_t tokens = 0, V = dsc_infer_engine_vocab_size(s->engine);
+    int32_t tokens = 0, W = dsc_infer_engine_logits_width(s->engine);
     for (int32_t i = 0; i < n; i++) {
         request *r = s->batch[i];
         tokens += r->chunk;
         r->n_cached += r->chunk;
-        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)V));
+        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)W));
     }
     int32_t total = dsc_infer_engine_total_blocks(s->engine);
     double util = (double)(total - dsc_infer_engine_free_blocks(s->engine)) / total;
@@ -370,4 +381,33 @@ const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s) {
 double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid) {
     const request *r = find(s, uid);
     return r && r->first_token_time >= 0 ? r->first_token_time - r->submit_time : -1.0;
+}
+
+const float *dsc_scheduler_token_logits(const dsc_scheduler *s) {
+    return s->cb_logits;
+}
+
+dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s) {
+    dsc_scheduler_counts c = {0};
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        const request *r = s->reqs[i];
+        c.waiting += r->state == REQ_WAITING;
+        c.preempted += r->state == REQ_WAITING && r->preempted;
+        c.running += r->state == REQ_RUNNING;
+        c.finished += r->state == REQ_DONE;
+    }
+    return c;
+}
+
+dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid) {
+    int32_t i = 0;
+    while (i < s->n_reqs && s->reqs[i]->uid != uid)
+        i++;
+    DSC_CHECK(i < s->n_reqs, DSC_ERR_INVALID, "scheduler: release of unknown request %llu", (unsigned long long)uid);
+    request *r = s->reqs[i];
+    /* A finished request was flushed when it ended; any other holds KV once it has cached tokens. */
+    if (r->state != REQ_DONE && r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, uid));
+    request_free(r);
+    s->reqs[i] = s->reqs[--s->n_reqs];
+    return NULL;
 }
