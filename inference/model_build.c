@@ -5,6 +5,9 @@
  * or ignored), and finalizes parameters by converting each dependency to f32
  * and stacking it at its rows (q | k | v, gate | up, per expert). Every
  * unmapped, misshapen, duplicated or missing tensor is an error naming it.
+ * The sizes come from a file, so they are distrusted: every product and sum
+ * is overflow-checked, and every tensor is checked against the config
+ * before the arena is allocated (so it is never larger than the checkpoint).
  * Not here: where tensors come from (load_*.c) or the forward. */
 #include <math.h>
 #include <stdint.h>

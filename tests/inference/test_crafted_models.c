@@ -150,7 +150,7 @@ static dsc_status build(const dsc_infer_model_config *mc) {
     assert_ok(dsc_policy_find("LlamaForCausalLM", &p));
     dsc_safetensors *st;
     assert_ok(dsc_safetensors_open(&st, LLAMA));
-    dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read};
+    dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read, NULL};
     dsc_mem_stats before, after;
     dsc_mem_get_stats(&before);
     dsc_infer_model *m = NULL;
