@@ -214,6 +214,13 @@ static dsc_status pipe_generate(void *model, const int32_t *prompt, int n_prompt
     return s;
 }
 
+/* " (N held per expert-parallel rank)" when expert parallelism splits the
+ * model's `total` parameters so that each rank holds `per_rank`; "" otherwise. */
+static void held_per_rank(int64_t total, int64_t per_rank, char *buf, size_t len) {
+    buf[0] = '\0';
+    if (per_rank != total) snprintf(buf, len, " (%lld held per expert-parallel rank)", (long long)per_rank);
+}
+
 /* MoE blocks inside pipeline stages: all-to-alls over the stage's
  * expert-parallel group. */
 static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, const void **extra) {
@@ -241,9 +248,11 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     DSC_TRY(dsc_pipe_trainer_create(&po, &t));
     const dsc_pipe_module *m = dsc_pipe_trainer_module(t);
     if (rank == 0) {
-        printf("dsc-train: %s, %lld parameters, %d pipeline stages x %d data-parallel ranks x %d threads; batch %lld "
-               "sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_pipe_module_unique_params(m), P, size / P, dsc_kernels_get_num_threads(),
+        char held[96];
+        held_per_rank(dsc_pipe_module_unique_params(m), dsc_pipe_module_rank_params(m), held, sizeof held);
+        printf("dsc-train: %s, %lld parameters%s, %d pipeline stages x %d data-parallel ranks x %d threads; batch "
+               "%lld sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld steps\n",
+               a->config, (long long)dsc_pipe_module_unique_params(m), held, P, size / P, dsc_kernels_get_num_threads(),
                (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
                (long long)cfg->gradient_accumulation_steps, size / P, cfg->model.seq_len, (long long)cfg->train.steps);
         dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
@@ -295,9 +304,11 @@ static dsc_status train(const args *a, dsc_comm *world) {
     if (!s && moe) s = moe_wire(&cfg, world, &mw);
     if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, moe ? &mw.layers : NULL, &t);
     if (!s && rank == 0) {
-        printf("dsc-train: %s, %lld parameters, %d data-parallel ranks x %d threads; batch %lld sequences = "
+        char held[96];
+        held_per_rank(dsc_trainer_model_param_count(t), dsc_trainer_param_count(t), held, sizeof held);
+        printf("dsc-train: %s, %lld parameters%s, %d data-parallel ranks x %d threads; batch %lld sequences = "
                "%lld micro x %lld accumulation x %d ranks, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_trainer_param_count(t), size, dsc_kernels_get_num_threads(),
+               a->config, (long long)dsc_trainer_model_param_count(t), held, size, dsc_kernels_get_num_threads(),
                (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
                (long long)cfg.gradient_accumulation_steps, size, cfg.model.seq_len, (long long)cfg.train.steps);
         fflush(stdout);

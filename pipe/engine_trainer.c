@@ -81,6 +81,7 @@ static dsc_status build_stage(dsc_pipe_trainer *t, const dsc_pipe_trainer_option
         .partition_method = cfg->pipeline.partition_method,
         .model = &t->mc,
         .build_extra = extra,
+        .expert_parallel = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 1,
     };
     dsc_status s = dsc_pipe_module_create(&mo, &t->module);
     free(layers);

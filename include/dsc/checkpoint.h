@@ -21,6 +21,7 @@
 
 #include <mpi.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/config.h"
 #include "dsc/engine.h"
@@ -68,6 +69,16 @@ dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_
  * engine state. */
 dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
                                dsc_checkpoint_scope scope, char **engine_json);
+
+/* Not collective (rank 0 of a job, or a tool): repairs what a crash left in
+ * save_dir so that `latest` can be resumed. A tag newer than the one latest
+ * names (by the step in its name) is the save a crash stopped between its
+ * publication and latest's update: newest first, each is verified (the file
+ * opens, its step matches, every tensor's checksums hold) and the first sound
+ * one adopted as latest; a damaged one is set aside as <tag>.damaged, never
+ * deleted. Each repair is reported on `log` (may be NULL). An error when
+ * nothing can be resumed (no latest and no sound tag). */
+dsc_status dsc_checkpoint_recover(const char *save_dir, FILE *log);
 
 /* Complete checkpoints in save_dir, oldest step first (free() the array),
  * and the tag `latest` names; for tools. */

@@ -113,7 +113,7 @@ typedef struct dsc_config_zero {
     int stage;
     int64_t reduce_bucket_size;    /* elements */
     int64_t allgather_bucket_size; /* elements */
-    bool overlap_comm;             /* resolved: true for stage 3, else false, when null */
+    bool overlap_comm;             /* always false: true is refused (not supported yet); null: false */
     bool contiguous_gradients;
     int64_t stage3_prefetch_bucket_size;
     int64_t stage3_max_live_parameters;

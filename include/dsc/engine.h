@@ -223,7 +223,10 @@ void dsc_trainer_destroy(dsc_trainer *t);
 dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 dsc_param_store *dsc_trainer_params(dsc_trainer *t);
 dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
-int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
+int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameter elements this rank holds, each once */
+/* Parameter elements of the whole model: with expert parallelism, every
+ * expert of the group (this rank holds 1/ep of them). */
+int64_t dsc_trainer_model_param_count(const dsc_trainer *t);
 /* The stream stochastic layers draw from (part of the state a resume restores). */
 dsc_rng *dsc_trainer_rng(dsc_trainer *t);
 /* The model's layers on this rank, forward order. */

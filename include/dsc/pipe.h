@@ -77,6 +77,7 @@ typedef struct dsc_pipe_module_options {
     const dsc_model_config *model;
     const void *build_extra; /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
     int64_t width;           /* features per token crossing a stage boundary; 0: model->d_model */
+    int expert_parallel;     /* ranks splitting each MoE layer's experts (moe.ep_size); 0 or 1: none */
 } dsc_pipe_module_options;
 
 typedef struct dsc_pipe_module dsc_pipe_module;
@@ -97,10 +98,14 @@ int64_t dsc_pipe_module_width(const dsc_pipe_module *m);
 const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index);
 /* Layers [*first, *end) of chunk `chunk` of stage `stage`. */
 void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end);
-/* Trainable parameter elements of every layer (tied copies each counted) and
- * of the model with each parameter once. */
+/* Trainable parameter elements of every layer as one rank holds it (tied
+ * copies each counted; a MoE layer's local experts), of the whole model with
+ * each parameter once (every expert), and of the model as the ranks of one
+ * expert-parallel group each hold it (the local experts only; equal to the
+ * whole model without expert parallelism). */
 int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index);
 int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m);
+int64_t dsc_pipe_module_rank_params(const dsc_pipe_module *m);
 
 /* The partition summary: per stage its layers (per chunk), parameters and
  * estimated activation bytes per micro-batch of (B, T) tokens. */

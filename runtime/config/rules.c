@@ -36,8 +36,7 @@ static dsc_status resolve_auto(const cJSON *root, const char *src, dsc_config *c
     }
     if (is_auto(root, "model.tie_embeddings")) m->tie_embeddings = arch_is_gpt(m->arch);
     if (is_auto(root, "model.qkv_bias")) m->qkv_bias = arch_is_gpt(m->arch);
-    if (is_auto(root, "zero_optimization.overlap_comm"))
-        c->zero_optimization.overlap_comm = c->zero_optimization.stage == 3;
+    if (is_auto(root, "zero_optimization.overlap_comm")) c->zero_optimization.overlap_comm = false;
     if (c->scheduler.params.total_num_steps == 0) c->scheduler.params.total_num_steps = c->train.steps;
     return NULL;
 }
@@ -124,7 +123,45 @@ static dsc_status check_scheduler(const char *src, const dsc_config_scheduler *s
     return NULL;
 }
 
+/* DeepSpeed keys whose value asks for something dsc does not do: refused
+ * with the reason rather than accepted and ignored. */
+static dsc_status check_refused(const char *src, const dsc_config *c) {
+    DSC_CHECK(!c->zero_optimization.overlap_comm, DSC_ERR_CONFIG,
+              "%s: \"zero_optimization.overlap_comm\" true is not supported yet: dsc's gradient collectives are "
+              "blocking, so reduction interleaves with backward but never overlaps it (overlap comes with the "
+              "performance work); set it to false or null",
+              src);
+    DSC_CHECK(c->zero_optimization.contiguous_gradients, DSC_ERR_CONFIG,
+              "%s: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient "
+              "in one contiguous flat buffer per parameter group, always; set it to true or leave it out",
+              src);
+    DSC_CHECK(c->comm.backend != DSC_COMM_BACKEND_KIND_NCCL, DSC_ERR_CONFIG,
+              "%s: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU, where ranks "
+              "talk over MPI (NCCL carries CUDA tensors, and \"auto\" picks it for them); use \"auto\" or "
+              "\"mpi\"",
+              src);
+    return NULL;
+}
+
+/* checkpoint.tag names saves: a plain directory name, with "{step}" when
+ * more than one save is made (each save needs its own name). */
+static dsc_status check_tag(const char *src, const dsc_config_checkpoint *k) {
+    const char *tag = k->tag;
+    if (!tag[0]) return NULL;
+    DSC_CHECK(strlen(tag) < 96 && !strchr(tag, '/') && tag[0] != '.' && strcmp(tag, "latest") != 0,
+              DSC_ERR_CONFIG,
+              "%s: \"checkpoint.tag\" \"%s\" must be a plain directory name (no '/', not starting with '.', not "
+              "\"latest\", under 96 characters)",
+              src, tag);
+    DSC_CHECK(k->save_interval == 0 || strstr(tag, "{step}"), DSC_ERR_CONFIG,
+              "%s: \"checkpoint.tag\" \"%s\" would name every save of \"checkpoint.save_interval\" %lld the "
+              "same; put \"{step}\" in it (e.g. \"%s_{step}\")",
+              src, tag, (long long)k->save_interval, tag);
+    return NULL;
+}
+
 static dsc_status check_loop(const char *src, const dsc_config *c) {
+    DSC_TRY(check_tag(src, &c->checkpoint));
     DSC_CHECK(c->checkpoint.save_interval == 0 || c->checkpoint.save_dir[0], DSC_ERR_CONFIG,
               "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
               (long long)c->checkpoint.save_interval);
@@ -140,6 +177,7 @@ dsc_status dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config
     DSC_TRY(check_moe(src, cfg));
     DSC_TRY(check_pipeline(src, &cfg->pipeline));
     DSC_TRY(check_scheduler(src, &cfg->scheduler));
+    DSC_TRY(check_refused(src, cfg));
     return check_loop(src, cfg);
 }
 

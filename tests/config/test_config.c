@@ -69,7 +69,7 @@ static void test_deepspeed_style_file(void **state) {
     assert_int_equal(c.scheduler.type, DSC_LR_SCHEDULE_WARMUP_COSINE_LR);
     assert_int_equal(c.scheduler.params.total_num_steps, 5000);
     assert_int_equal(c.zero_optimization.stage, 3);
-    assert_true(c.zero_optimization.overlap_comm); /* null: true for stage 3 */
+    assert_false(c.zero_optimization.overlap_comm); /* null: false (true is refused) */
     assert_int_equal(c.zero_optimization.reduce_bucket_size, 500000000);
     assert_int_equal(c.model.arch, DSC_MODEL_ARCH_MIXTRAL);
     assert_false(c.model.qkv_bias);
@@ -103,7 +103,7 @@ static void test_overrides(void **state) {
 
     assert_ok(dsc_config_apply_override(&c, "zero_optimization={\"stage\": 3}"));
     assert_int_equal(c.zero_optimization.stage, 3);
-    assert_true(c.zero_optimization.overlap_comm);
+    assert_false(c.zero_optimization.overlap_comm);
     assert_ok(dsc_config_apply_override(&c, "model.n_layer=2"));
     assert_int_equal(c.model.n_layer, 2);
     assert_int_equal(c.pipeline.stages, 4); /* earlier overrides persist */
@@ -337,6 +337,12 @@ static const bad_case bad_cases[] = {
      "config.json: \"checkpoint.save_interval\" 100 needs \"checkpoint.save_dir\""},
     {"evaluation without held-out data", "{\"train\": {\"eval_interval\": 50}}", NULL,
      "config.json: \"train.eval_interval\" 50 needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)"},
+    {"overlap_comm, which dsc does not do yet", "{\"zero_optimization\": {\"stage\": 2, \"overlap_comm\": true}}",
+     NULL, "config.json: \"zero_optimization.overlap_comm\" true is not supported yet: dsc's gradient collectives"},
+    {"non-contiguous gradients", "{}", "zero_optimization.contiguous_gradients=false",
+     "config.json: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient"},
+    {"NCCL for a CPU training job", "{\"comm\": {\"backend\": \"nccl\"}}", NULL,
+     "config.json: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU"},
     {"override of an unknown key", "{}", "optimizer.parms.lr=1",
      "config.json: --set \"optimizer.parms.lr=1\": unknown key \"optimizer.parms\" (did you mean "
      "\"optimizer.params\"?)"},

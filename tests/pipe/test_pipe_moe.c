@@ -7,7 +7,9 @@
  * same parameters within 2e-3 of each tensor's largest value (AdamW turns
  * f32 rounding of different reduction orders into O(lr) steps on elements
  * with tiny gradients; tests/moe/test_moe_train.c uses the same bound). The
- * attention key bias is off (its gradient is exactly zero). */
+ * attention key bias is off (its gradient is exactly zero). The partition
+ * counts the whole model's parameters (every expert, as the one process
+ * holds them), and separately what one expert-parallel rank holds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +82,15 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     dsc_pipe_trainer *t;
     assert_ok(dsc_pipe_trainer_create(&po, &t));
     assert_int_equal(dsc_comm_size(dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_EXPERT)), 2);
+    const dsc_pipe_module *module = dsc_pipe_trainer_module(t);
+    const int64_t whole = dsc_trainer_param_count(one);
+    if (rank == 0)
+        printf("  parameters: %lld in the module (%lld per expert-parallel rank), %lld in one process\n",
+               (long long)dsc_pipe_module_unique_params(module), (long long)dsc_pipe_module_rank_params(module),
+               (long long)whole);
+    assert_int_equal(dsc_pipe_module_unique_params(module), whole);
+    assert_int_equal(dsc_trainer_model_param_count(one), whole);
+    assert_true(dsc_pipe_module_rank_params(module) < whole); /* half the experts */
 
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
