@@ -130,6 +130,10 @@ typedef struct dsc_layer_ops {
      * so a pipeline stage can still send it after later backwards ran. */
     dsc_status (*backward)(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din, dsc_micro_ctx *ctx);
     void (*destroy)(dsc_layer *self);
+    /* Optional: frees what reserve allocated (no forward pending); reserve
+     * again before the next forward. A checkpointed block holds its
+     * feed-forward layer's activations only while it runs (runtime/nn/block.c). */
+    void (*release)(dsc_layer *self);
 } dsc_layer_ops;
 
 /* Implementations embed this as their first member. */
@@ -146,6 +150,9 @@ struct dsc_layer {
 };
 
 dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
+/* Frees the layer's reserved activations when its type can (ops->release);
+ * returns whether it did. */
+bool dsc_layer_release(dsc_layer *layer);
 dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
 dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
                               dsc_micro_ctx *ctx);

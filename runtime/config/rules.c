@@ -135,6 +135,10 @@ static dsc_status check_refused(const char *src, const dsc_config *c) {
               "%s: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient "
               "in one contiguous flat buffer per parameter group, always; set it to true or leave it out",
               src);
+    DSC_CHECK(c->zero_optimization.stage3_param_persistence_threshold == 0, DSC_ERR_CONFIG,
+              "%s: \"zero_optimization.stage3_param_persistence_threshold\" %lld is not supported yet: ZeRO-3 in "
+              "dsc partitions every parameter, however small; set it to 0",
+              src, (long long)c->zero_optimization.stage3_param_persistence_threshold);
     DSC_CHECK(c->comm.backend != DSC_COMM_BACKEND_KIND_NCCL, DSC_ERR_CONFIG,
               "%s: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU, where ranks "
               "talk over MPI (NCCL carries CUDA tensors, and \"auto\" picks it for them); use \"auto\" or "

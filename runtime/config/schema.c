@@ -53,7 +53,7 @@ static const dsc_config_key schema[] = {
     INT("steps_per_print", steps_per_print, "10", 1, I53, 0, "Log loss and throughput every this many steps."),
     INT("seed", seed, "1234", 0, I53, 0, "Seed of every random stream (per rank and purpose)."),
     BOOL("wall_clock_breakdown", wall_clock_breakdown, "false", 0,
-         "Log forward / backward / communication / optimizer times per step."),
+         "Print each logged step's time in forward, backward, p2p, reduce and optimizer (rank 0)."),
     FLOAT("gradient_clipping", gradient_clipping, "0", 0, INF, 0,
           "Clip the global gradient norm to this value; 0 disables clipping."),
 
@@ -71,7 +71,7 @@ static const dsc_config_key schema[] = {
     BOOL("model.tie_embeddings", model.tie_embeddings, "null", NUL,
          "Share the token embedding with the output head; null: true for gpt/gpt-moe, false for llama/mixtral."),
     BOOL("model.activation_checkpointing", model.activation_checkpointing, "false", 0,
-         "Keep only block inputs in forward and recompute activations in backward."),
+         "Blocks keep only input/output; intermediates exist while a block runs (recomputed in backward)."),
     FLOAT("model.rope_theta", model.rope_theta, "10000", 0, INF, GT, "RoPE base (llama, mixtral)."),
     FLOAT("model.norm_eps", model.norm_eps, "1e-05", 0, INF, GT, "Epsilon of LayerNorm / RMSNorm."),
     BOOL("model.qkv_bias", model.qkv_bias, "null", NUL,
@@ -124,8 +124,8 @@ static const dsc_config_key schema[] = {
     INT("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters, "1000000000",
         0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
     INT("zero_optimization.stage3_param_persistence_threshold",
-        zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
-        "Stage 3: parameters with fewer elements stay unpartitioned."),
+        zero_optimization.stage3_param_persistence_threshold, "0", 0, I53, 0,
+        "Stage 3: every parameter is partitioned; a threshold > 0 (keep small ones whole) is refused."),
 
     SECTION("pipeline", "Pipeline parallelism."),
     INT("pipeline.stages", pipeline.stages, "1", 1, I32, 0, "Pipeline stages P; 1 disables pipelining."),

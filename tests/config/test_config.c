@@ -341,6 +341,8 @@ static const bad_case bad_cases[] = {
      NULL, "config.json: \"zero_optimization.overlap_comm\" true is not supported yet: dsc's gradient collectives"},
     {"non-contiguous gradients", "{}", "zero_optimization.contiguous_gradients=false",
      "config.json: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient"},
+    {"ZeRO-3 parameters kept whole", "{}", "zero_optimization.stage3_param_persistence_threshold=100000",
+     "config.json: \"zero_optimization.stage3_param_persistence_threshold\" 100000 is not supported yet"},
     {"NCCL for a CPU training job", "{\"comm\": {\"backend\": \"nccl\"}}", NULL,
      "config.json: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU"},
     {"override of an unknown key", "{}", "optimizer.parms.lr=1",

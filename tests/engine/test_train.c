@@ -126,6 +126,7 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     char line[512];
     int steps = 0, vals = 0;
     while (fgets(line, sizeof line, fp)) {
+        assert_null(strstr(line, "\"time_ms\"")); /* wall_clock_breakdown is off */
         steps += strstr(line, "\"grad_norm\"") != NULL && strstr(line, "\"tokens_per_s\"") != NULL;
         vals += strstr(line, "\"val_loss\"") != NULL;
     }
@@ -151,6 +152,80 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     dsc_config_free(&cfg);
     unlink(metrics);
     unlink(svg);
+}
+
+/* Activation checkpointing on the default runner: an 8-block model holds one
+ * block's intermediates at a time instead of 8, measured by the allocator's
+ * accounting (what the layers reserve, and the peak during a step), with
+ * bitwise the same losses. */
+static void test_activation_checkpointing_saves_memory(void **state) {
+    (void)state;
+    int64_t reserved[2], peak[2];
+    double loss[2][2];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        const char *over[] = {"model.n_layer=8", ckpt ? "model.activation_checkpointing=true"
+                                                      : "model.activation_checkpointing=false"};
+        dsc_mem_stats before, after;
+        dsc_mem_get_stats(&before);
+        dsc_config cfg;
+        dsc_trainer *t;
+        assert_ok(make(data, over, 2, &cfg, &t, NULL));
+        dsc_mem_get_stats(&after);
+        reserved[ckpt] = after.current[DSC_MEM_ACTIVATIONS] - before.current[DSC_MEM_ACTIVATIONS];
+        dsc_mem_reset_peaks();
+        for (int s = 0; s < 2; s++) {
+            dsc_step_metrics m;
+            assert_ok(dsc_engine_step(dsc_trainer_engine(t), &m));
+            loss[ckpt][s] = m.loss;
+        }
+        dsc_mem_get_stats(&after);
+        peak[ckpt] = after.peak[DSC_MEM_ACTIVATIONS] - before.current[DSC_MEM_ACTIVATIONS];
+        printf("  activation checkpointing %s: activations reserved %lld bytes, peak in a step %lld bytes\n",
+               ckpt ? "on " : "off", (long long)reserved[ckpt], (long long)peak[ckpt]);
+        dsc_trainer_destroy(t);
+        dsc_config_free(&cfg);
+    }
+    assert_true(loss[0][0] == loss[1][0] && loss[0][1] == loss[1][1]);
+    assert_true(2 * reserved[1] < reserved[0]);
+    assert_true(2 * peak[1] < peak[0]);
+}
+
+/* wall_clock_breakdown: every step reports its time per phase (the default
+ * runner has no p2p), the phases fit in the step, and the metrics file
+ * carries them only when the key is on. */
+static void test_wall_clock_breakdown(void **state) {
+    (void)state;
+    char metrics[160];
+    snprintf(metrics, sizeof metrics, "/tmp/dsc_test_train_wcb_%d.jsonl", (int)getpid());
+    const char *over[] = {"wall_clock_breakdown=true", "train.steps=3"};
+    dsc_config cfg;
+    dsc_trainer *t;
+    assert_ok(make(data, over, 2, &cfg, &t, metrics));
+    dsc_step_metrics m;
+    assert_ok(dsc_engine_step(dsc_trainer_engine(t), &m));
+    double sum = 0;
+    for (int p = 0; p < DSC_PHASE_COUNT; p++) {
+        printf("  %-9s %.3f ms\n", dsc_phase_name((dsc_phase)p), 1e3 * m.phase_s[p]);
+        sum += m.phase_s[p];
+    }
+    assert_true(m.phase_s[DSC_PHASE_FORWARD] > 0 && m.phase_s[DSC_PHASE_BACKWARD] > 0);
+    assert_true(m.phase_s[DSC_PHASE_OPTIMIZER] > 0 && m.phase_s[DSC_PHASE_REDUCE] >= 0);
+    assert_true(m.phase_s[DSC_PHASE_P2P] == 0);
+    assert_true(sum <= m.step_s);
+    assert_ok(dsc_engine_train(dsc_trainer_engine(t)));
+    FILE *fp = fopen(metrics, "r");
+    assert_non_null(fp);
+    char line[1024];
+    int timed = 0;
+    while (fgets(line, sizeof line, fp))
+        timed += strstr(line, "\"time_ms\": {\"step\": ") && strstr(line, "\"forward\": ") &&
+                 strstr(line, "\"backward\": ") && strstr(line, "\"p2p\": ") && strstr(line, "\"reduce\": ") &&
+                 strstr(line, "\"optimizer\": ");
+    fclose(fp);
+    assert_int_equal(timed, 2); /* the steps dsc_engine_train ran */
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    unlink(metrics);
 }
 
 static void test_bad_inputs(void **state) {
@@ -210,6 +285,8 @@ int main(void) {
         cmocka_unit_test(test_bitwise_deterministic),
         cmocka_unit_test(test_resume_from_state),
         cmocka_unit_test(test_train_eval_metrics_plot_generate),
+        cmocka_unit_test(test_wall_clock_breakdown),
+        cmocka_unit_test(test_activation_checkpointing_saves_memory),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

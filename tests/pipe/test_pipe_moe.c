@@ -93,6 +93,7 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     assert_true(dsc_pipe_module_rank_params(module) < whole); /* half the experts */
 
     double worst = 0;
+    dsc_step_metrics last = {0};
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics a, b;
         assert_ok(dsc_engine_step(dsc_pipe_trainer_engine(t), &a));
@@ -103,8 +104,15 @@ static void test_pp2_ep2_equals_one_process(void **state) {
             printf("  step %2d loss %.7f aux %.7f vs %.7f aux %.7f (rel %.2e)\n", s + 1, a.loss, a.aux_loss,
                    b.loss, b.aux_loss, rel);
         worst = fmax(worst, rel);
+        last = a;
     }
     assert_true(worst <= 1e-5);
+    /* Every step times its phases; stages exchange activations and gradients. */
+    assert_true(last.phase_s[DSC_PHASE_FORWARD] > 0 && last.phase_s[DSC_PHASE_BACKWARD] > 0);
+    assert_true(last.phase_s[DSC_PHASE_P2P] > 0 && last.phase_s[DSC_PHASE_OPTIMIZER] > 0);
+    double phases = 0;
+    for (int p = 0; p < DSC_PHASE_COUNT; p++) phases += last.phase_s[p];
+    assert_true(phases <= last.step_s);
     dsc_param_store *got = dsc_pipe_trainer_params(t), *want = dsc_trainer_params(one);
     double pworst = 0;
     for (int i = 0; i < dsc_params_count(got); i++) {
