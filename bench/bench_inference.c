@@ -100,7 +100,7 @@ static dsc_infer_model *random_model(void) {
             snprintf(n, sizeof n, "model.layers.%d.%s", l, per_layer[j].name);
             add(r, n, per_layer[j].rows, per_layer[j].cols);
         }
-    dsc_tensor_source src = {r, r->count, rs_describe, rs_read};
+    dsc_tensor_source src = {r, r->count, rs_describe, rs_read, NULL};
     dsc_infer_model *m;
     die(dsc_infer_model_build(p, &mc, &src, &m));
     free(r);

@@ -3,10 +3,15 @@
  * sized once from the engine config. put() runs exactly one forward over a
  * ragged batch and returns each sequence's last-token logits; query() and
  * can_schedule() answer without side effects; flush() frees a sequence.
+ * Under tensor parallelism every rank runs the same engine over its shard:
+ * the KV cache holds the rank's KV heads only, and every rank gets the same
+ * number of blocks (sized for the rank with the most KV heads), so the same
+ * calls make the same block decisions everywhere.
  * Not here: which requests to run (scheduler.c) or sampling. */
 #include <stdlib.h>
 
 #include "inference/model_internal.h"
+#include "inference/sampling_internal.h"
 
 struct dsc_infer_engine {
     dsc_infer_model *model;
@@ -15,6 +20,7 @@ struct dsc_infer_engine {
     dsc_kv_state *state;
     dsc_ragged_batch batch;
     dsc_forward_scratch scratch;
+    dsc_sample_candidate *candidates; /* (shard V + V): a rank's own candidates, then the merged ones */
 };
 
 dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m) {
@@ -34,7 +40,7 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
     DSC_CHECK(e, DSC_ERR_NOMEM, "inference engine");
     e->model = m;
     e->kv = (dsc_kv_config){.num_layers = m->cfg.n_layer,
-                            .num_kv_heads = m->cfg.n_kv_head,
+                            .num_kv_heads = m->shard.n_kv_head,
                             .head_size = m->cfg.head_size,
                             .block_size = cfg->block_size,
                             .kv_cache_bytes = cfg->kv_cache_bytes,
@@ -45,12 +51,25 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
                             .max_batch_sequences = cfg->max_batch_sequences,
                             .dtype = cfg->kv_dtype};
     dsc_status s = dsc_kv_config_validate(&e->kv);
+    if (!s && m->tp_comm) {
+        /* Every rank gets the block count of the rank holding the most KV heads, so
+         * all ranks make the same KV and scheduling decisions without talking. */
+        dsc_kv_config widest = e->kv;
+        widest.num_kv_heads = m->tp_max_kv_heads;
+        int64_t blocks = cfg->kv_cache_bytes / (int64_t)dsc_kv_config_block_bytes(&widest);
+        e->kv.kv_cache_bytes = blocks * (int64_t)dsc_kv_config_block_bytes(&e->kv);
+        if (blocks < 1) s = dsc_kv_config_validate(&widest); /* names the budget that is too small */
+    }
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
     if (!s) s = dsc_ragged_batch_init(&e->batch, &e->kv);
     if (!s)
-        s = dsc_forward_scratch_init(&e->scratch, &m->cfg, e->kv.max_tokens_per_forward,
+        s = dsc_forward_scratch_init(&e->scratch, &m->shard, e->kv.max_tokens_per_forward,
                                      e->kv.max_batch_sequences);
+    if (!s) {
+        e->candidates = malloc(((size_t)m->shard.vocab_size + (size_t)m->cfg.vocab_size) * sizeof *e->candidates);
+        if (!e->candidates) s = dsc_error(DSC_ERR_NOMEM, "sampling candidates for %d tokens", m->cfg.vocab_size);
+    }
     if (s) {
         dsc_infer_engine_destroy(e);
         return dsc_error_wrap(s, "creating the inference engine for %s", m->policy->arch);
@@ -61,6 +80,7 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
 
 void dsc_infer_engine_destroy(dsc_infer_engine *e) {
     if (!e) return;
+    free(e->candidates);
     dsc_forward_scratch_free(&e->scratch);
     dsc_ragged_batch_free(&e->batch);
     dsc_kv_state_destroy(e->state);
@@ -73,6 +93,18 @@ const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e) {
 }
 int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e) {
     return e->model->cfg.vocab_size;
+}
+int32_t dsc_infer_engine_logits_width(const dsc_infer_engine *e) {
+    return e->model->shard.vocab_size;
+}
+
+dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const dsc_sampling_params *params,
+                                   const int32_t *history, int64_t n_history, dsc_rng *rng, int32_t *token) {
+    const dsc_infer_model *m = e->model;
+    if (!m->tp_comm)
+        return dsc_sample(token, row, m->cfg.vocab_size, params, history, n_history, e->candidates, rng);
+    dsc_sample_shard shard = {m->tp_comm, m->vocab0, m->shard.vocab_size, m->cfg.vocab_size};
+    return dsc_sample_sharded(token, row, &shard, params, history, n_history, e->candidates, rng);
 }
 
 dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,

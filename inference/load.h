@@ -5,10 +5,23 @@
 
 #include "dsc/inference.h"
 
+/* What a loader is asked for: the model (*model, whole or this rank's
+ * shard) or only the tensor-parallel plan (*plan, no weights read). */
+typedef struct dsc_load_request {
+    const dsc_infer_tp *tp; /* NULL: one rank */
+    dsc_infer_model **model;
+    dsc_tp_plan **plan;
+} dsc_load_request;
+
 /* A Hugging Face directory (config.json + safetensors). */
-dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out);
+dsc_status dsc_load_hf(const char *dir, const dsc_load_request *req);
 /* A dsc training checkpoint file (state.h5), model parameters only. */
-dsc_status dsc_load_dsc(const char *file, dsc_infer_model **out);
+dsc_status dsc_load_dsc(const char *file, const dsc_load_request *req);
+/* What every loader ends with (load_tp.c): the plan when asked for, else
+ * the model built from src, sharded when req->tp has more than one rank.
+ * config_json (NULL for none) may carry base_model_tp_plan. */
+dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
+                           const char *config_json, const char *source, const dsc_load_request *req);
 /* A whole text file, NUL-terminated; free() it. */
 dsc_status dsc_load_read_text(const char *path, char **out);
 

@@ -38,19 +38,23 @@ static void h5_describe(void *impl, int64_t i, const char **name, int *ndim, int
     memcpy(shape, e->shape, (size_t)e->ndim * sizeof *shape);
 }
 
-static dsc_status h5_read(void *impl, int64_t i, float *dst, int64_t numel) {
+static dsc_status h5_read_span(void *impl, int64_t i, int64_t offset, int64_t count, float *dst) {
     h5_source *h = impl;
     const dsc_tfile_entry *e = &h->entries[i];
-    if (e->dtype == DSC_DTYPE_F32) return dsc_tfile_read_range(h->f, e->path, 0, numel, dst);
+    if (e->dtype == DSC_DTYPE_F32) return dsc_tfile_read_range(h->f, e->path, offset, count, dst);
     DSC_CHECK(e->dtype == DSC_DTYPE_BF16 || e->dtype == DSC_DTYPE_F16, DSC_ERR_UNSUPPORTED,
               "%s: tensor %s has dtype %s", dsc_tfile_name(h->f), e->path, dsc_dtype_name(e->dtype));
-    uint16_t *half = malloc((size_t)numel * sizeof *half);
+    uint16_t *half = malloc((size_t)(count > 0 ? count : 1) * sizeof *half);
     DSC_CHECK(half, DSC_ERR_NOMEM, "reading %s", e->path);
-    dsc_status s = dsc_tfile_read_range(h->f, e->path, 0, numel, half);
-    for (int64_t k = 0; !s && k < numel; k++)
+    dsc_status s = dsc_tfile_read_range(h->f, e->path, offset, count, half);
+    for (int64_t k = 0; !s && k < count; k++)
         dst[k] = e->dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(half[k]) : dsc_f16_to_f32(half[k]);
     free(half);
     return s;
+}
+
+static dsc_status h5_read(void *impl, int64_t i, float *dst, int64_t numel) {
+    return h5_read_span(impl, i, 0, numel, dst);
 }
 
 /* model.arch of the training config. */
@@ -68,7 +72,7 @@ static dsc_status config_arch(const char *json, const char *source, char *arch, 
     return s;
 }
 
-dsc_status dsc_load_dsc(const char *file, dsc_infer_model **out) {
+dsc_status dsc_load_dsc(const char *file, const dsc_load_request *req) {
     h5_source h = {0};
     DSC_TRY(dsc_tfile_open(MPI_COMM_SELF, file, &h.f));
     char *json = NULL, arch[64];
@@ -80,8 +84,8 @@ dsc_status dsc_load_dsc(const char *file, dsc_infer_model **out) {
     if (!s) s = policy->configure(&mc, json, file);
     if (!s) s = dsc_tfile_list(h.f, "model", collect, &h);
     if (!s) {
-        dsc_tensor_source src = {&h, h.count, h5_describe, h5_read};
-        s = dsc_error_wrap(dsc_infer_model_build(policy, &mc, &src, out), "loading %s", file);
+        dsc_tensor_source src = {&h, h.count, h5_describe, h5_read, h5_read_span};
+        s = dsc_error_wrap(dsc_load_finish(policy, &mc, &src, NULL, file, req), "loading %s", file);
     }
     free(json);
     free(h.entries);

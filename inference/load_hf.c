@@ -20,13 +20,21 @@ static void st_describe(void *impl, int64_t i, const char **name, int *ndim, int
     memcpy(shape, t.shape, (size_t)t.ndim * sizeof *shape);
 }
 
-static dsc_status st_read(void *impl, int64_t i, float *dst, int64_t numel) {
+static dsc_status st_read_span(void *impl, int64_t i, int64_t offset, int64_t count, float *dst) {
     dsc_safetensors_tensor t;
     dsc_safetensors_at(impl, i, &t);
     DSC_CHECK(t.dtype == DSC_DTYPE_F32 || t.dtype == DSC_DTYPE_BF16 || t.dtype == DSC_DTYPE_F16,
               DSC_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (f32, bf16 and f16 are supported)", t.file, t.name,
               t.dtype_name);
-    return dsc_safetensors_read_f32(impl, t.name, dst, numel);
+    return dsc_safetensors_read_f32_range(impl, t.name, offset, count, dst);
+}
+
+static dsc_status st_read(void *impl, int64_t i, float *dst, int64_t numel) {
+    dsc_safetensors_tensor t;
+    dsc_safetensors_at(impl, i, &t);
+    DSC_CHECK(numel == t.numel, DSC_ERR_INVALID, "%s: tensor %s has %lld elements, destination %lld", t.file, t.name,
+              (long long)t.numel, (long long)numel);
+    return st_read_span(impl, i, 0, numel, dst);
 }
 
 dsc_status dsc_load_read_text(const char *path, char **out) {
@@ -64,7 +72,7 @@ static dsc_status hf_arch(const char *json, const char *source, char *arch, size
     return s;
 }
 
-dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out) {
+dsc_status dsc_load_hf(const char *dir, const dsc_load_request *req) {
     char path[2048], arch[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *json;
@@ -75,12 +83,12 @@ dsc_status dsc_load_hf(const char *dir, dsc_infer_model **out) {
     dsc_safetensors *st = NULL;
     if (!s) s = dsc_policy_find(arch, &policy);
     if (!s) s = policy->configure(&mc, json, path);
-    free(json);
     if (!s) s = dsc_safetensors_open(&st, dir);
     if (!s) {
-        dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read};
-        s = dsc_error_wrap(dsc_infer_model_build(policy, &mc, &src, out), "loading %s", dir);
+        dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read, st_read_span};
+        s = dsc_error_wrap(dsc_load_finish(policy, &mc, &src, json, path, req), "loading %s", dir);
     }
+    free(json);
     dsc_safetensors_close(st);
     return s;
 }

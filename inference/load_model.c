@@ -1,6 +1,7 @@
-/* dsc_infer_model_load: tells a Hugging Face directory (config.json) from a
- * dsc checkpoint (a state.h5, a checkpoint tag directory, or a save_dir
- * with a `latest` file) and hands it to the matching loader. */
+/* dsc_infer_model_load (whole, sharded, or only the plan): tells a Hugging
+ * Face directory (config.json) from a dsc checkpoint (a state.h5, a
+ * checkpoint tag directory, or a save_dir with a `latest` file) and hands
+ * it to the matching loader. */
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -12,19 +13,34 @@ static bool exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
-dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out) {
-    *out = NULL;
+static dsc_status load(const char *path, const dsc_load_request *req) {
     struct stat st;
     DSC_CHECK(stat(path, &st) == 0, DSC_ERR_IO, "model path %s does not exist", path);
-    if (!S_ISDIR(st.st_mode)) return dsc_load_dsc(path, out);
+    if (!S_ISDIR(st.st_mode)) return dsc_load_dsc(path, req);
     char file[2048];
     snprintf(file, sizeof file, "%s/config.json", path);
-    if (exists(file)) return dsc_load_hf(path, out);
+    if (exists(file)) return dsc_load_hf(path, req);
     snprintf(file, sizeof file, "%s/state.h5", path);
-    if (exists(file)) return dsc_load_dsc(file, out);
+    if (exists(file)) return dsc_load_dsc(file, req);
     snprintf(file, sizeof file, "%s/latest", path);
     DSC_CHECK(exists(file), DSC_ERR_IO,
               "%s holds neither config.json (Hugging Face), state.h5 nor latest (dsc checkpoint)", path);
     DSC_TRY(dsc_checkpoint_path(path, "latest", file, sizeof file));
-    return dsc_load_dsc(file, out);
+    return dsc_load_dsc(file, req);
+}
+
+dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out) {
+    *out = NULL;
+    dsc_load_request req = {.tp = tp, .model = out};
+    return load(path, &req);
+}
+
+dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out) {
+    return dsc_infer_model_load_tp(path, NULL, out);
+}
+
+dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out) {
+    *out = NULL;
+    dsc_load_request req = {.tp = tp, .plan = out};
+    return load(path, &req);
 }

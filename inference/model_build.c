@@ -216,7 +216,7 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
     size_t n_containers = (size_t)mc->n_layer + 1;
     if (m) {
         m->policy = policy;
-        m->cfg = *mc;
+        m->cfg = m->shard = *mc; /* the TP loader widens cfg to the whole model's */
         m->params = calloc(n_containers * DSC_PARAM_ROLE_COUNT, sizeof *m->params);
         b.slots = calloc(n_containers * (size_t)b.max_params, sizeof *b.slots);
     }

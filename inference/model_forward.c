@@ -4,8 +4,11 @@
  * RoPE at each token's own position, paged attention that also writes the
  * KV cache) and pre-norm MLP (GELU, SwiGLU from the fused gate|up
  * parameter, or the MoE feed-forward), and finally the norm and unembedding
- * of each sequence's last token only. Compute goes through the shared
- * kernels; this file only wires views together. Not here: KV bookkeeping
+ * of each sequence's last token only. Under tensor parallelism the widths
+ * are the rank's shard (m->shard), the attention output and the MLP are
+ * summed over the group (row-parallel), and the logits are the rank's
+ * vocabulary slice. Compute goes through the shared kernels; this file only
+ * wires views together. Not here: KV bookkeeping
  * (the engine) or MoE routing (model_moe.c). */
 #include <stdlib.h>
 #include <string.h>
@@ -90,11 +93,13 @@ static dsc_status norm(const dsc_infer_model *m, float *out, const float *x, int
     return dsc_kernel_rmsnorm_forward(&ov, NULL, &xv, w, m->cfg.norm_eps);
 }
 
-static dsc_status embed(const dsc_infer_model *m, const dsc_ragged_batch *batch, float *x, int32_t *pos) {
+/* Token rows (vocabulary-parallel under TP: the rank holding a token's row
+ * writes it, the others zeros, and the sum is the row), then positions. */
+static dsc_status embed(dsc_infer_model *m, const dsc_ragged_batch *batch, float *x, int32_t *pos) {
     const dsc_infer_model_config *mc = &m->cfg;
     const dsc_tensor *wte = param(m, mc->n_layer, DSC_PARAM_ROLE_EMBED);
     const dsc_tensor *wpe = param(m, mc->n_layer, DSC_PARAM_ROLE_POS_EMBED);
-    int64_t C = mc->d_model;
+    int64_t C = mc->d_model, v0 = m->vocab0, nv = m->shard.vocab_size;
     for (int32_t t = 0; t < batch->n_tokens; t++) {
         int32_t id = batch->tokens[t];
         int64_t p = batch->positions[t];
@@ -103,19 +108,23 @@ static dsc_status embed(const dsc_infer_model *m, const dsc_ragged_batch *batch,
         DSC_CHECK(p < mc->max_positions, DSC_ERR_INVALID, "position %lld beyond the model's %lld positions",
                   (long long)p, (long long)mc->max_positions);
         pos[t] = (int32_t)p;
-        memcpy(x + t * C, (const float *)wte->data + (int64_t)id * C, (size_t)C * sizeof *x);
-        if (wpe) {
-            const float *row = (const float *)wpe->data + p * C;
-            for (int64_t i = 0; i < C; i++)
-                x[t * C + i] += row[i];
-        }
+        if (id >= v0 && id < v0 + nv)
+            memcpy(x + t * C, (const float *)wte->data + (id - v0) * C, (size_t)C * sizeof *x);
+        else
+            memset(x + t * C, 0, (size_t)C * sizeof *x);
+    }
+    DSC_TRY(dsc_model_tp_allreduce(m, x, batch->n_tokens));
+    for (int32_t t = 0; wpe && t < batch->n_tokens; t++) {
+        const float *row = (const float *)wpe->data + (int64_t)batch->positions[t] * C;
+        for (int64_t i = 0; i < C; i++)
+            x[t * C + i] += row[i];
     }
     return NULL;
 }
 
 static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragged_batch *batch,
                             dsc_kv_cache *cache, dsc_forward_scratch *s) {
-    const dsc_infer_model_config *mc = &m->cfg;
+    const dsc_infer_model_config *mc = &m->shard;
     int64_t N = batch->n_tokens, Q = (int64_t)mc->n_head * mc->head_size,
             KV = (int64_t)mc->n_kv_head * mc->head_size;
     const dsc_tensor *w = param(m, l, DSC_PARAM_ROLE_QKV_W), *b = param(m, l, DSC_PARAM_ROLE_QKV_B);
@@ -135,12 +144,13 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
     DSC_TRY(dsc_kv_cache_layer(cache, l, &layer_cache));
     DSC_TRY(dsc_paged_attention_forward(&out, &q, &k, &v, batch, &layer_cache));
     const dsc_tensor *wo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W);
-    return dsc_model_project(s->y, s->att, N, wo, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B), 0, mc->d_model);
+    return dsc_model_project(s->y, s->att, N, wo, dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B)), 0,
+                             mc->d_model);
 }
 
 dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, const float *h, float *out,
                                dsc_forward_scratch *s) {
-    const dsc_infer_model_config *mc = &m->cfg;
+    const dsc_infer_model_config *mc = &m->shard;
     const dsc_tensor *w1 = param(m, l, DSC_PARAM_ROLE_MLP1_W), *b1 = param(m, l, DSC_PARAM_ROLE_MLP1_B);
     dsc_tensor a = dsc_model_view2(s->ff1, N, mc->d_ff), g = dsc_model_view2(s->ff2, N, mc->d_ff);
     if (mc->family == DSC_INFER_FAMILY_GPT) {
@@ -153,7 +163,7 @@ dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, c
         DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &g));
     }
     return dsc_model_project(out, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W),
-                             param(m, l, DSC_PARAM_ROLE_MLP2_B), 0, mc->d_model);
+                             dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, mc->d_model);
 }
 
 /* h (N, C) -> y (N, C). */
@@ -162,7 +172,7 @@ static dsc_status mlp(const dsc_infer_model *m, int32_t l, int64_t N, dsc_forwar
     return dsc_model_dense_mlp(m, l, N, s->h, s->y, s);
 }
 
-dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
+dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
                              dsc_forward_scratch *s, float *logits) {
     const dsc_infer_model_config *mc = &m->cfg;
     int64_t N = batch->n_tokens, S = batch->n_seqs, C = mc->d_model;
@@ -175,10 +185,12 @@ dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *b
         DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_ATTN_NORM_W),
                      param(m, l, DSC_PARAM_ROLE_ATTN_NORM_B)));
         DSC_TRY(attention(m, l, batch, cache, s));
+        DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
         DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
         DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_MLP_NORM_W),
                      param(m, l, DSC_PARAM_ROLE_MLP_NORM_B)));
         DSC_TRY(mlp(m, l, N, s));
+        DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
         DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
     }
     for (int64_t i = 0; i < S; i++)
@@ -188,5 +200,5 @@ dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *b
                  param(m, L, DSC_PARAM_ROLE_FINAL_NORM_B)));
     const dsc_tensor *unembed = param(m, L, DSC_PARAM_ROLE_UNEMBED);
     if (!unembed) unembed = param(m, L, DSC_PARAM_ROLE_EMBED);
-    return dsc_model_project(logits, s->h, S, unembed, NULL, 0, mc->vocab_size);
+    return dsc_model_project(logits, s->h, S, unembed, NULL, 0, m->shard.vocab_size);
 }

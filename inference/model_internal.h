@@ -9,12 +9,23 @@
 
 struct dsc_infer_model {
     const dsc_policy *policy;
-    dsc_infer_model_config cfg;
+    dsc_infer_model_config cfg;   /* the whole model's */
+    dsc_infer_model_config shard; /* this rank's widths (heads, F, vocabulary rows); == cfg without TP */
+    dsc_comm *tp_comm;            /* tensor-parallel group; NULL: one rank */
+    int tp_rank;
+    int64_t vocab0;           /* first vocabulary row of the shard */
+    int32_t tp_max_kv_heads;  /* the most KV heads any rank holds: sizes KV blocks alike on all ranks */
+    double tp_comm_seconds;   /* time in the all-reduces */
     void *arena; /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
     float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */
 };
+
+/* Sums a row-parallel partial result (N, C) over the tensor-parallel group (a no-op without TP). */
+dsc_status dsc_model_tp_allreduce(dsc_infer_model *m, float *x, int64_t n);
+/* A row-parallel bias: added by TP rank 0 only, so the all-reduce counts it once. */
+const dsc_tensor *dsc_model_row_bias(const dsc_infer_model *m, const dsc_tensor *b);
 
 /* Extent of a symbolic dimension for a config. */
 int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d);
@@ -63,9 +74,9 @@ dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_mode
                                     int64_t max_seqs);
 void dsc_forward_scratch_free(dsc_forward_scratch *s);
 
-/* Logits (n_seqs, V) of each sequence's last token of `batch`, writing
- * every token's K and V into the cache. */
-dsc_status dsc_model_forward(const dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
+/* Logits (n_seqs, shard V) of each sequence's last token of `batch`,
+ * writing every token's K and V into the cache. */
+dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
                              dsc_forward_scratch *s, float *logits);
 /* y (n, rows) = x (n, cols) @ W[row0 : row0 + rows]^T (+ b[row0 : row0 + rows]):
  * a projection through a block of rows of a fused (R, cols) parameter. */

@@ -12,7 +12,10 @@
  * drops: this equals training with moe.drop_tokens = false. moe/'s training
  * gate (dsc/moe_gate.h) is not used: it sizes expert capacity, assigns
  * slots and computes auxiliary losses for the all-to-all dispatch, none of
- * which inference needs, and its noise is training-only anyway. Tokens are
+ * which inference needs, and its noise is training-only anyway. Under
+ * tensor parallelism each expert's F is the rank's slice, the router is
+ * whole, and the result is a partial sum (expert biases on TP rank 0 only)
+ * that the forward all-reduces. Tokens are
  * grouped per expert so each expert runs as GEMMs over its own rows.
  * N tokens, E experts, K top-k, C width, F expert width. */
 #include <float.h>
@@ -65,8 +68,9 @@ typedef struct expert_params {
 } expert_params;
 
 /* Expert e on its n gathered rows: s->moe (n, C) -> s->moe (n, C). */
-static dsc_status expert_forward(const dsc_infer_model_config *mc, const expert_params *x, int32_t e, int64_t n,
+static dsc_status expert_forward(const dsc_infer_model *m, const expert_params *x, int32_t e, int64_t n,
                                  dsc_forward_scratch *s) {
+    const dsc_infer_model_config *mc = &m->shard;
     int64_t C = mc->d_model, F = mc->d_ff;
     dsc_tensor a = dsc_model_view2(s->ff1, n, F), u = dsc_model_view2(s->ff2, n, F);
     dsc_tensor down = dsc_model_view2((float *)x->w2.data + (int64_t)e * C * F, C, F);
@@ -77,7 +81,7 @@ static dsc_status expert_forward(const dsc_infer_model_config *mc, const expert_
         DSC_TRY(dsc_model_project(s->ff2, s->moe, n, &fc, &b1, 0, F));
         DSC_TRY(dsc_kernel_gelu_forward(&a, &u));
         /* The gathered input is no longer needed: the expert output reuses it. */
-        return dsc_model_project(s->moe, s->ff1, n, &down, &b2, 0, C);
+        return dsc_model_project(s->moe, s->ff1, n, &down, dsc_model_row_bias(m, &b2), 0, C);
     }
     dsc_tensor up_gate = dsc_model_view2((float *)x->w1.data + (int64_t)e * 2 * F * C, 2 * F, C);
     DSC_TRY(dsc_model_project(s->ff1, s->moe, n, &up_gate, NULL, 0, F));
@@ -106,7 +110,7 @@ static dsc_status residual(const dsc_infer_model *m, int32_t layer, int64_t N, c
 
 dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t N, const float *h, float *out,
                          dsc_forward_scratch *s) {
-    const dsc_infer_model_config *mc = &m->cfg;
+    const dsc_infer_model_config *mc = &m->shard;
     int32_t E = mc->n_experts, K = mc->top_k;
     int64_t C = mc->d_model;
     dsc_tensor router;
@@ -133,7 +137,7 @@ dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t N, con
                     n++;
                 }
         if (n == 0) continue;
-        DSC_TRY(expert_forward(mc, &x, e, n, s));
+        DSC_TRY(expert_forward(m, &x, e, n, s));
         for (int64_t i = 0; i < n; i++) {
             int64_t t = s->rows[i];
             float w = 0;

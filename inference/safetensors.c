@@ -485,21 +485,31 @@ static double load_element(const uint8_t *p, const st_dtype *d) {
     return d->dsc == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(h) : dsc_f16_to_f32(h);
 }
 
-dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name, float *dst, int64_t numel) {
+dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset, int64_t count,
+                                          float *dst) {
     const st_entry *e = lookup(st, name);
     DSC_CHECK(e, DSC_ERR_INVALID, "safetensors: no tensor named %s", name);
     const st_dtype *d = &DTYPES[e->dtype];
     const char *file = st->files[e->file].path;
-    DSC_CHECK(numel == e->numel, DSC_ERR_INVALID, "safetensors %s: tensor %s has %lld elements, destination %lld",
-              file, name, (long long)e->numel, (long long)numel);
+    DSC_CHECK(offset >= 0 && count >= 0 && offset <= e->numel && count <= e->numel - offset, DSC_ERR_INVALID,
+              "safetensors %s: elements [%lld, +%lld) are outside tensor %s of %lld", file, (long long)offset,
+              (long long)count, name, (long long)e->numel);
     DSC_CHECK(d->kind != ST_OTHER, DSC_ERR_UNSUPPORTED, "safetensors %s: tensor %s: no f32 conversion from %s",
               file, name, d->name);
-    const uint8_t *src = st->files[e->file].data + e->begin;
+    const uint8_t *src = st->files[e->file].data + e->begin + (size_t)offset * d->size;
     if (d->dsc == DSC_DTYPE_F32) {
-        memcpy(dst, src, (size_t)numel * sizeof(float));
+        memcpy(dst, src, (size_t)count * sizeof(float));
         return NULL;
     }
-    for (int64_t i = 0; i < numel; i++)
+    for (int64_t i = 0; i < count; i++)
         dst[i] = (float)load_element(src + (size_t)i * d->size, d);
     return NULL;
+}
+
+dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name, float *dst, int64_t numel) {
+    const st_entry *e = lookup(st, name);
+    DSC_CHECK(e, DSC_ERR_INVALID, "safetensors: no tensor named %s", name);
+    DSC_CHECK(numel == e->numel, DSC_ERR_INVALID, "safetensors %s: tensor %s has %lld elements, destination %lld",
+              st->files[e->file].path, name, (long long)e->numel, (long long)numel);
+    return dsc_safetensors_read_f32_range(st, name, 0, numel, dst);
 }

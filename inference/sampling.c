@@ -7,13 +7,13 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "dsc/sampling.h"
+#include "inference/sampling_internal.h"
 
 dsc_sampling_params dsc_sampling_params_greedy(void) {
     return (dsc_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 1.0f};
 }
 
-static dsc_status check_params(const dsc_sampling_params *p, int32_t V) {
+dsc_status dsc_sample_check_params(const dsc_sampling_params *p, int32_t V) {
     DSC_CHECK(V > 0, DSC_ERR_INVALID, "sampling: vocabulary size must be > 0, got %d", V);
     DSC_CHECK(isfinite(p->temperature) && p->temperature >= 0.0f, DSC_ERR_INVALID,
               "sampling: temperature must be finite and >= 0, got %g", (double)p->temperature);
@@ -28,25 +28,26 @@ static dsc_status check_params(const dsc_sampling_params *p, int32_t V) {
 /* Penalises each distinct history token once (HF gathers and scatters, so a
  * token seen twice is still penalised once): a visited candidate's id is
  * negated while the loop runs, then restored. */
-static dsc_status apply_repetition_penalty(dsc_sample_candidate *c, int32_t V, float penalty,
-                                           const int32_t *history, int64_t n) {
+dsc_status dsc_sample_penalize(dsc_sample_candidate *c, int64_t v0, int32_t nv, int32_t V, float penalty,
+                               const int32_t *history, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         DSC_CHECK(history[i] >= 0 && history[i] < V, DSC_ERR_INVALID,
                   "sampling: history token %lld is id %d, outside [0, %d)", (long long)i, history[i], V);
     if (penalty == 1.0f) return NULL;
     for (int64_t i = 0; i < n; i++) {
-        dsc_sample_candidate *x = &c[history[i]];
+        if (history[i] < v0 || history[i] >= v0 + nv) continue;
+        dsc_sample_candidate *x = &c[history[i] - v0];
         if (x->id < 0) continue;
         x->logit = x->logit > 0.0f ? x->logit / penalty : x->logit * penalty;
         x->id = -1 - x->id;
     }
     for (int64_t i = 0; i < n; i++)
-        c[history[i]].id = history[i];
+        if (history[i] >= v0 && history[i] < v0 + nv) c[history[i] - v0].id = history[i];
     return NULL;
 }
 
 /* Descending logit, ties to the lower id, NaN last. */
-static int by_logit_desc(const void *pa, const void *pb) {
+int dsc_sample_compare(const void *pa, const void *pb) {
     const dsc_sample_candidate *a = pa, *b = pb;
     if (a->logit > b->logit || (isnan(b->logit) && !isnan(a->logit))) return -1;
     if (a->logit < b->logit || (isnan(a->logit) && !isnan(b->logit))) return 1;
@@ -59,21 +60,21 @@ static void swap(dsc_sample_candidate *a, dsc_sample_candidate *b) {
     *b = t;
 }
 
-/* Moves the k first candidates of c[0, n) in by_logit_desc order to c[0, k),
+/* Moves the k first candidates of c[0, n) in dsc_sample_compare order to c[0, k),
  * unordered (quickselect with a median-of-three pivot): top-k and the head of
  * the nucleus never need the whole vocabulary sorted. */
 static void select_first(dsc_sample_candidate *c, int32_t n, int32_t k) {
     int32_t lo = 0, hi = n - 1;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo) / 2;
-        if (by_logit_desc(&c[mid], &c[lo]) < 0) swap(&c[mid], &c[lo]);
-        if (by_logit_desc(&c[hi], &c[lo]) < 0) swap(&c[hi], &c[lo]);
-        if (by_logit_desc(&c[hi], &c[mid]) < 0) swap(&c[hi], &c[mid]);
+        if (dsc_sample_compare(&c[mid], &c[lo]) < 0) swap(&c[mid], &c[lo]);
+        if (dsc_sample_compare(&c[hi], &c[lo]) < 0) swap(&c[hi], &c[lo]);
+        if (dsc_sample_compare(&c[hi], &c[mid]) < 0) swap(&c[hi], &c[mid]);
         dsc_sample_candidate pivot = c[mid];
         swap(&c[mid], &c[hi]);
         int32_t store = lo;
         for (int32_t i = lo; i < hi; i++)
-            if (by_logit_desc(&c[i], &pivot) < 0) swap(&c[i], &c[store++]);
+            if (dsc_sample_compare(&c[i], &pivot) < 0) swap(&c[i], &c[store++]);
         swap(&c[store], &c[hi]);
         if (store == k || store == k - 1) return;
         if (store < k)
@@ -83,14 +84,28 @@ static void select_first(dsc_sample_candidate *c, int32_t n, int32_t k) {
     }
 }
 
-/* Brings the first n_keep candidates (by_logit_desc) to the front, sorted. */
-static void sort_first(dsc_sample_candidate *c, int32_t n, int32_t n_keep) {
+/* Brings the first n_keep candidates (dsc_sample_compare) to the front, sorted. */
+void dsc_sample_sort_first(dsc_sample_candidate *c, int32_t n, int32_t n_keep) {
     if (n_keep < n) select_first(c, n, n_keep);
-    qsort(c, (size_t)n_keep, sizeof *c, by_logit_desc);
+    qsort(c, (size_t)n_keep, sizeof *c, dsc_sample_compare);
+}
+
+int32_t dsc_sample_top_k(dsc_sample_candidate *c, int32_t n, int32_t k) {
+    if (k >= n) {
+        qsort(c, (size_t)n, sizeof *c, dsc_sample_compare);
+        return n;
+    }
+    dsc_sample_sort_first(c, n, k);
+    /* HF keeps every token tied with the k-th logit. */
+    int32_t kept = k;
+    for (int32_t i = k; i < n; i++)
+        if (c[i].logit == c[k - 1].logit) swap(&c[i], &c[kept++]);
+    qsort(c, (size_t)kept, sizeof *c, dsc_sample_compare);
+    return kept;
 }
 
 /* Index of the largest logit (lowest index among equals); -1 if none is > -inf. */
-static int32_t argmax(const dsc_sample_candidate *c, int32_t n) {
+int32_t dsc_sample_argmax(const dsc_sample_candidate *c, int32_t n) {
     int32_t best = -1;
     for (int32_t i = 0; i < n; i++)
         if (c[i].logit > -INFINITY && (best < 0 || c[i].logit > c[best].logit)) best = i;
@@ -98,7 +113,7 @@ static int32_t argmax(const dsc_sample_candidate *c, int32_t n) {
 }
 
 /* Draws from exp(logit - max) over c[0, n), overwriting logits with weights. */
-static int32_t draw(dsc_sample_candidate *c, int32_t n, float max, dsc_rng *rng) {
+int32_t dsc_sample_draw(dsc_sample_candidate *c, int32_t n, float max, dsc_rng *rng) {
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         c[i].logit = isnan(c[i].logit) ? 0.0f : expf(c[i].logit - max);
@@ -117,11 +132,11 @@ static int32_t draw(dsc_sample_candidate *c, int32_t n, float max, dsc_rng *rng)
 
 dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *p,
                       const int32_t *history, int64_t n_history, dsc_sample_candidate *c, dsc_rng *rng) {
-    DSC_TRY(check_params(p, V));
+    DSC_TRY(dsc_sample_check_params(p, V));
     for (int32_t i = 0; i < V; i++)
         c[i] = (dsc_sample_candidate){logits[i], i};
-    DSC_TRY(apply_repetition_penalty(c, V, p->repetition_penalty, history, n_history));
-    int32_t best = argmax(c, V);
+    DSC_TRY(dsc_sample_penalize(c, 0, V, V, p->repetition_penalty, history, n_history));
+    int32_t best = dsc_sample_argmax(c, V);
     DSC_CHECK(best >= 0, DSC_ERR_NUMERIC, "sampling: no finite logit among %d", V);
     if (p->temperature == 0.0f) {
         *token_out = best;
@@ -131,14 +146,7 @@ dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const 
     for (int32_t i = 0; i < V; i++)
         c[i].logit /= p->temperature;
     int32_t n = V;
-    if (p->top_k > 0 && p->top_k < V) {
-        sort_first(c, V, p->top_k);
-        /* HF keeps every token tied with the k-th logit. */
-        n = p->top_k;
-        for (int32_t i = n; i < V; i++)
-            if (c[i].logit == c[p->top_k - 1].logit) swap(&c[i], &c[n++]);
-        qsort(c, (size_t)n, sizeof *c, by_logit_desc);
-    }
+    if (p->top_k > 0 && p->top_k < V) n = dsc_sample_top_k(c, V, p->top_k);
     if (p->top_p < 1.0f) {
         /* Smallest sorted prefix whose mass reaches top_p, found by sorting
          * growing chunks: each chunk precedes everything after it. */
@@ -150,13 +158,13 @@ dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const 
             if (keep == sorted) {
                 int32_t chunk = sorted > 256 ? sorted : 256;
                 if (chunk > n - sorted) chunk = n - sorted;
-                sort_first(c + sorted, n - sorted, chunk);
+                dsc_sample_sort_first(c + sorted, n - sorted, chunk);
                 sorted += chunk;
             }
             cum += exp((double)c[keep++].logit - max);
         }
         n = keep > 0 ? keep : 1;
     }
-    *token_out = draw(c, n, max, rng);
+    *token_out = dsc_sample_draw(c, n, max, rng);
     return NULL;
 }

@@ -14,7 +14,14 @@
  * to the front of the queue with prompt + generated tokens as its new
  * prompt, so the oldest request always progresses and every request
  * finishes (a request that could not fit the whole cache alone is refused
- * at submit). Not here: the forward (engine) or sampling rules (sampling.c). */
+ * at submit).
+ *
+ * Under tensor parallelism every rank runs this same scheduler on the same
+ * requests: its decisions depend only on the requests, the engine's block
+ * counts (equal on all ranks) and the sampled tokens (equal on all ranks,
+ * dsc_infer_engine_sample), never on the clock, so all ranks compose the
+ * same batches with no broadcast. Not here: the forward (engine) or
+ * sampling rules (sampling.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -52,8 +59,7 @@ struct dsc_scheduler {
     const int32_t **ptrs;
     int32_t *counts;
     request **batch;
-    float *logits; /* (max_batch_sequences, V) */
-    dsc_sample_candidate *scratch;
+    float *logits; /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
 };
 
 static double now_s(void) {
@@ -92,15 +98,14 @@ dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config 
               kv->max_tokens_per_forward);
     dsc_scheduler *s = calloc(1, sizeof *s);
     DSC_CHECK(s, DSC_ERR_NOMEM, "scheduler");
-    int32_t S = kv->max_batch_sequences, V = dsc_infer_engine_vocab_size(e);
+    int32_t S = kv->max_batch_sequences, W = dsc_infer_engine_logits_width(e);
     *s = (dsc_scheduler){.engine = e, .cfg = *cfg, .cb = cb, .user = user};
     s->uids = malloc((size_t)S * sizeof *s->uids);
     s->ptrs = malloc((size_t)S * sizeof *s->ptrs);
     s->counts = malloc((size_t)S * sizeof *s->counts);
     s->batch = malloc((size_t)S * sizeof *s->batch);
-    s->logits = malloc((size_t)S * (size_t)V * sizeof *s->logits);
-    s->scratch = malloc((size_t)V * sizeof *s->scratch);
-    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits || !s->scratch) {
+    s->logits = malloc((size_t)S * (size_t)W * sizeof *s->logits);
+    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits) {
         dsc_scheduler_destroy(s);
         return dsc_error(DSC_ERR_NOMEM, "scheduler buffers for %d sequences", S);
     }
@@ -125,7 +130,6 @@ void dsc_scheduler_destroy(dsc_scheduler *s) {
     free(s->counts);
     free(s->batch);
     free(s->logits);
-    free(s->scratch);
     free(s);
 }
 
@@ -311,8 +315,8 @@ static bool is_stop(const request *r, int32_t tok) {
 
 /* Samples the next token of r from its logits row and streams it. */
 static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
-    int32_t V = dsc_infer_engine_vocab_size(s->engine), tok;
-    DSC_TRY(dsc_sample(&tok, row, V, &r->sampling, r->tokens, total_tokens(r), s->scratch, &r->rng));
+    int32_t tok;
+    DSC_TRY(dsc_infer_engine_sample(s->engine, row, &r->sampling, r->tokens, total_tokens(r), &r->rng, &tok));
     r->tokens[total_tokens(r)] = tok;
     r->n_generated++;
     s->stats.tokens_generated++;
@@ -339,12 +343,12 @@ dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
         DSC_TRY(compose(s, &n, &starved));
     }
     DSC_TRY(dsc_infer_engine_put(s->engine, n, s->uids, s->ptrs, s->counts, s->logits));
-    int32_t tokens = 0, V = dsc_infer_engine_vocab_size(s->engine);
+    int32_t tokens = 0, W = dsc_infer_engine_logits_width(s->engine);
     for (int32_t i = 0; i < n; i++) {
         request *r = s->batch[i];
         tokens += r->chunk;
         r->n_cached += r->chunk;
-        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)V));
+        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)W));
     }
     int32_t total = dsc_infer_engine_total_blocks(s->engine);
     double util = (double)(total - dsc_infer_engine_free_blocks(s->engine)) / total;

@@ -1,9 +1,12 @@
 /* dsc/backend.h — a compute device as a table of functions.
  *
- * One table per device type (CPU always, CUDA when built), chosen once by
- * dsc_backend_get; the rest of dsc never branches on the device type. The
- * memory half of the table serves the allocator; `kernels` points to the
- * operation table declared in dsc/kernels.h. */
+ * One table per device type (CPU always, CUDA when built). Each backend
+ * registers its table when the library loads; dsc_backend_get finds it by
+ * device, so the rest of dsc never branches on the device type. The memory
+ * half of the table serves the allocator; `kernels` points to the operation
+ * table declared in dsc/kernels.h. The registry is process-global, written
+ * only while the library loads and read-only afterwards, so lookups are
+ * thread-safe. */
 #ifndef DSC_BACKEND_H
 #define DSC_BACKEND_H
 
@@ -29,8 +32,13 @@ typedef struct dsc_backend {
     dsc_status (*memcpy_from_host)(void *dst, const void *src, size_t bytes, int index);
     dsc_status (*memcpy_device)(void *dst, const void *src, size_t bytes, int index);
     dsc_status (*synchronize)(int index);
+    /* Devices of this type present; NULL when any index is accepted (cpu). */
+    int (*device_count)(void);
     const struct dsc_kernel_ops *kernels;
 } dsc_backend;
+
+/* Installs the table for `type`; called by each backend when the library loads. */
+void dsc_backend_register(dsc_device_type type, const dsc_backend *backend);
 
 /* The backend for `device`; an error names the device when it is not built in
  * or not present. */

@@ -14,9 +14,12 @@
  * found by architecture name in a registry whose registration validates
  * every mapping table.
  *
+ * Models load whole or as one tensor-parallel shard per rank (the plan is
+ * dsc/tp.h's); a sharded engine samples over the vocabulary-parallel logits
+ * without gathering a whole row on any rank.
+ *
  * Not here: the KV cache, ragged batches and paged attention (dsc/kv_cache.h),
- * tokenizers (dsc/tokenizer.h), sampling (dsc/sampling.h), tensor
- * parallelism and pipeline serving.
+ * tokenizers (dsc/tokenizer.h), sampling rules (dsc/sampling.h), pipeline serving.
  *
  * Dimension letters: C model width, NH query heads, NKV key/value heads, HS
  * head size, Q = NH*HS, KV = NKV*HS, F feed-forward width, V vocabulary,
@@ -27,10 +30,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dsc/comm.h"
 #include "dsc/kv_cache.h"
 #include "dsc/sampling.h"
 #include "dsc/status.h"
 #include "dsc/tensor.h"
+#include "dsc/tp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -209,6 +214,9 @@ typedef struct dsc_tensor_source {
     /* Name and shape of tensor i; name valid while the source lives. */
     void (*describe)(void *impl, int64_t i, const char **name, int *ndim, int64_t *shape);
     dsc_status (*read_f32)(void *impl, int64_t i, float *dst, int64_t numel);
+    /* Elements [offset, offset + count) of tensor i in row-major order; what
+     * a tensor-parallel rank reads its shard with (NULL: the source cannot). */
+    dsc_status (*read_f32_span)(void *impl, int64_t i, int64_t offset, int64_t count, float *dst);
 } dsc_tensor_source;
 
 /* Builds the containers of `policy` for `mc`, lays the arena out, maps every
@@ -223,6 +231,31 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
  * or a state.h5; model parameters only). Single-process: uses MPI_COMM_SELF
  * for HDF5, so MPI must be initialised for dsc checkpoints. */
 dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out);
+
+/* Tensor parallelism (AutoTP, dsc/tp.h): each rank of `comm` loads only
+ * its shard (query/KV heads, feed-forward columns and vocabulary rows of
+ * the plan) from the memory-mapped safetensors or the HDF5 checkpoint; the
+ * forward all-reduces row-parallel outputs over `comm` and returns this
+ * rank's vocabulary slice of the logits. The plan's rules are
+ * partition_config (`rules`), the model's base_model_tp_plan when
+ * config.json carries one, the policy's declaration and the name rules; a
+ * rule that contradicts the policy's forward is DSC_ERR_CONFIG naming the
+ * tensor. Every rank of `comm` must call it (the shards differ). */
+typedef struct dsc_infer_tp {
+    dsc_comm *comm; /* the tensor-parallel group (the topology's `model` axis); NULL: one rank */
+    int tp_size;    /* without comm: the degree to plan for (dsc_infer_model_plan); else ignored */
+    int64_t grain;  /* tp_grain_size; <= 0 means 64 */
+    const dsc_tp_rule *rules;
+    int n_rules;
+} dsc_infer_tp;
+
+dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);
+/* The plan alone (no ranks, no weights read): what --print-plan prints. */
+dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);
+/* This rank's vocabulary rows [*v0, *v0 + *nv) (the whole vocabulary without TP). */
+void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t *nv);
+/* Seconds this rank spent in tensor-parallel all-reduces since the load. */
+double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
 void dsc_infer_model_destroy(dsc_infer_model *m);
 const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
@@ -254,9 +287,17 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
 void dsc_infer_engine_destroy(dsc_infer_engine *e);
 const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
 int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);
+/* Columns of the logits put() writes: the vocabulary, or this rank's slice of it under TP. */
+int32_t dsc_infer_engine_logits_width(const dsc_infer_engine *e);
+/* The next token from one row of put()'s logits (logits_width values):
+ * dsc_sample's rules; under TP every rank of the group calls it with its
+ * slice and the same params, history and rng state, and all get the same
+ * token (candidates are merged across ranks, never a whole row). */
+dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const dsc_sampling_params *params,
+                                   const int32_t *history, int64_t n_history, dsc_rng *rng, int32_t *token);
 
 /* One forward over a ragged batch: n distinct uids, tokens[i] (counts[i] ids)
- * appended to each sequence; logits (n, V) of each sequence's last new
+ * appended to each sequence; logits (n, logits_width) of each sequence's last new
  * token. A batch that does not fit is an error naming the reason
  * (dsc_sched_result) and changes nothing. */
 dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,

@@ -28,7 +28,7 @@ typedef enum dsc_mem_category {
     DSC_MEM_CATEGORY_COUNT
 } dsc_mem_category;
 
-typedef enum dsc_device_type { DSC_DEVICE_CPU = 0, DSC_DEVICE_CUDA = 1 } dsc_device_type;
+typedef enum dsc_device_type { DSC_DEVICE_CPU = 0, DSC_DEVICE_CUDA = 1, DSC_DEVICE_TYPE_COUNT } dsc_device_type;
 
 typedef struct dsc_device {
     dsc_device_type type;

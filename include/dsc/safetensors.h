@@ -60,6 +60,10 @@ dsc_status dsc_safetensors_view(const dsc_safetensors *st, const char *name, dsc
 /* Converts tensor `name` (F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL) to
  * f32 into dst, which holds `numel` floats; numel must equal the tensor's. */
 dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name, float *dst, int64_t numel);
+/* Elements [offset, offset + count) of tensor `name` (row-major) as f32: only
+ * those bytes of the mapping are touched (a tensor-parallel shard). */
+dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset, int64_t count,
+                                          float *dst);
 
 /* Writes n CPU tensors (f32, bf16, f16, i32, i64, u8) named names[i] into a
  * new file at `path` (written to path.tmp, then renamed), with n_meta

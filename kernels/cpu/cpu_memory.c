@@ -1,9 +1,10 @@
 /* Host memory for the CPU backend: aligned, zero-filled, and copies that are
- * plain memcpy. The kernel table is defined with the kernels. */
+ * plain memcpy; and the registration of the CPU table when the library loads.
+ * The kernel table is defined with the kernels. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_backend.h"
+#include "dsc/backend.h"
 
 static dsc_status cpu_alloc(void **ptr, size_t bytes, int index) {
     (void)index;
@@ -32,7 +33,7 @@ static dsc_status cpu_synchronize(int index) {
 
 extern const struct dsc_kernel_ops dsc_cpu_kernel_ops;
 
-const dsc_backend dsc_cpu_backend = {
+static const dsc_backend cpu_backend = {
     .name = "cpu",
     .mem_alloc = cpu_alloc,
     .mem_free = cpu_free,
@@ -42,3 +43,7 @@ const dsc_backend dsc_cpu_backend = {
     .synchronize = cpu_synchronize,
     .kernels = &dsc_cpu_kernel_ops,
 };
+
+__attribute__((constructor)) static void register_cpu_backend(void) {
+    dsc_backend_register(DSC_DEVICE_CPU, &cpu_backend);
+}

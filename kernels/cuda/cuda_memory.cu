@@ -1,8 +1,9 @@
-/* CUDA device memory and copies for the CUDA backend. Every CUDA call is
- * checked and turned into a dsc_status naming the call and the device. */
+/* CUDA device memory and copies for the CUDA backend, and the registration
+ * of its table when the library loads. Every CUDA call is checked and turned
+ * into a dsc_status naming the call and the device. */
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_backend.h"
+#include "dsc/backend.h"
 
 #define CUDA_TRY(call, index)                                                                        \
     do {                                                                                             \
@@ -44,24 +45,19 @@ static dsc_status cuda_synchronize(int index) {
     return NULL;
 }
 
-extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops;
-
-static const dsc_backend cuda_backend = {
-    "cuda", cuda_alloc, cuda_free, cuda_to_host, cuda_from_host, cuda_device_copy, cuda_synchronize,
-    &dsc_cuda_kernel_ops,
-};
-
-extern "C" int dsc_cuda_count_devices(void) {
+static int cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
 
-extern "C" dsc_status dsc_cuda_backend_get(int index, const dsc_backend **out) {
-    int n = dsc_cuda_count_devices();
-    *out = NULL;
-    if (index < 0 || index >= n)
-        return dsc_error(DSC_ERR_UNSUPPORTED, "device cuda:%d requested but %d CUDA device(s) are present", index, n);
-    *out = &cuda_backend;
-    return NULL;
+extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops;
+
+static const dsc_backend cuda_backend = {
+    "cuda", cuda_alloc, cuda_free, cuda_to_host, cuda_from_host, cuda_device_copy, cuda_synchronize,
+    cuda_device_count, &dsc_cuda_kernel_ops,
+};
+
+__attribute__((constructor)) static void register_cuda_backend(void) {
+    dsc_backend_register(DSC_DEVICE_CUDA, &cuda_backend);
 }

@@ -11,6 +11,7 @@
  * While it sleeps, a waiting rank answers its peers' watchdog queries, and a
  * timeout error carries the watchdog's diagnosis of the peers (watchdog.c).
  * Not here: what is being waited for (the backends post the operations). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include <stdio.h>
 #include <time.h>
 

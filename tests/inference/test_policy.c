@@ -166,7 +166,7 @@ static dsc_status build_edited(const char *drop, const char *add, const char *re
         if (!drop || strcmp(t.name, drop) != 0) e.index[e.n_kept++] = i;
     }
     if (add) e.index[e.n_kept++] = -1;
-    dsc_tensor_source src = {&e, e.n_kept, edit_describe, edit_read};
+    dsc_tensor_source src = {&e, e.n_kept, edit_describe, edit_read, NULL};
     dsc_status s = dsc_infer_model_build(p, &mc, &src, out);
     free(e.index);
     dsc_safetensors_close(e.st);

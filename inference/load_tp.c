@@ -1,0 +1,225 @@
+/* Loading one tensor-parallel shard per rank: the plan (dsc/tp.h) over the
+ * checkpoint's tensors, each declared by the policy's container (a
+ * dependency with rows Q / KV / F is column-parallel by those heads or
+ * columns, one with cols Q / F row-parallel, rows V vocabulary-parallel,
+ * anything else replicated), with partition_config and config.json's
+ * base_model_tp_plan ahead of it; then the model is built for the rank's
+ * widths from a source that reports local shapes and reads only the rank's
+ * spans of each tensor. A rule that would split a tensor otherwise than the
+ * policy's forward computes it is refused, naming both.
+ * Not here: the forward's collectives (model_tp.c) or the plan rules (tp/). */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "inference/load.h"
+#include "inference/model_internal.h"
+
+/* The dependency checkpoint tensor `name` sets under the policy, or NULL. */
+static const dsc_param_dep *dependency_of(const dsc_policy *p, const dsc_infer_model_config *mc, const char *name) {
+    const char *rel = name;
+    int32_t layer = -1;
+    size_t plen = strlen(p->layer_prefix);
+    if (strncmp(name, p->layer_prefix, plen) == 0) {
+        char *end;
+        long l = strtol(name + plen, &end, 10);
+        if (end == name + plen || *end != '.' || l < 0 || l >= mc->n_layer) return NULL;
+        layer = (int32_t)l;
+        rel = end + 1;
+    }
+    const dsc_container_def *def = p->non_layer;
+    if (layer >= 0)
+        def = p->dense_layer && !dsc_model_is_moe_layer(mc, layer) ? p->dense_layer : p->layer;
+    int64_t index;
+    const dsc_param_mapping *map = dsc_container_match(def, rel, &index);
+    if (!map) return NULL;
+    int param, dep;
+    dsc_container_target(def, map->target, &param, &dep);
+    return param >= 0 && dep >= 0 ? &def->params[param].deps[dep] : NULL;
+}
+
+static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
+    const struct {
+        dsc_dim dim;
+        dsc_tp_unit unit;
+    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS}, {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS}, {DSC_DIM_F, DSC_TP_UNIT_FF}};
+    for (int i = 0; i < 3; i++)
+        if (dep->rows == heads[i].dim) {
+            *unit = heads[i].unit;
+            return DSC_TP_KIND_COLUMN;
+        }
+    if (dep->rows == DSC_DIM_V) {
+        *unit = DSC_TP_UNIT_VOCAB;
+        return DSC_TP_KIND_VOCAB;
+    }
+    for (int i = 0; i < 3; i++)
+        if (dep->cols == heads[i].dim && dep->cols != DSC_DIM_KV) {
+            *unit = heads[i].unit;
+            return DSC_TP_KIND_ROW;
+        }
+    *unit = DSC_TP_UNIT_NONE;
+    return DSC_TP_KIND_REPLICATE;
+}
+
+/* config.json's base_model_tp_plan as rules (patterns point into root). */
+static dsc_status model_plan_rules(const cJSON *root, const char *source, dsc_tp_rule **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    const cJSON *plan = root ? cJSON_GetObjectItemCaseSensitive(root, "base_model_tp_plan") : NULL;
+    if (!plan || cJSON_IsNull(plan)) return NULL;
+    DSC_CHECK(cJSON_IsObject(plan), DSC_ERR_CONFIG, "%s: base_model_tp_plan must be an object", source);
+    int count = cJSON_GetArraySize(plan);
+    dsc_tp_rule *rules = calloc((size_t)(count > 0 ? count : 1), sizeof *rules);
+    DSC_CHECK(rules, DSC_ERR_NOMEM, "%s: base_model_tp_plan", source);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, plan) {
+        const char *v = cJSON_IsString(item) ? item->valuestring : "";
+        dsc_tp_kind k = DSC_TP_KIND_UNDECLARED;
+        if (strcmp(v, "colwise") == 0 || strcmp(v, "colwise_rep") == 0 || strcmp(v, "local_colwise") == 0)
+            k = DSC_TP_KIND_COLUMN;
+        if (strcmp(v, "rowwise") == 0 || strcmp(v, "rowwise_rep") == 0 || strcmp(v, "local_rowwise") == 0 ||
+            strcmp(v, "embedding_rowwise") == 0)
+            k = DSC_TP_KIND_ROW;
+        if (k == DSC_TP_KIND_UNDECLARED) {
+            free(rules);
+            return dsc_error(DSC_ERR_UNSUPPORTED,
+                             "%s: base_model_tp_plan[\"%s\"] = \"%s\" is not supported (colwise or rowwise)", source,
+                             item->string, v);
+        }
+        rules[(*n)++] = (dsc_tp_rule){item->string, k};
+    }
+    *out = rules;
+    return NULL;
+}
+
+/* ---- the shard source: local shapes, only the rank's spans read ---------------------------- */
+
+typedef struct shard_source {
+    const dsc_tensor_source *inner;
+    const dsc_tp_plan *plan; /* entry i is source tensor i */
+    int rank;
+} shard_source;
+
+static void shard_describe(void *impl, int64_t i, const char **name, int *ndim, int64_t *shape) {
+    shard_source *s = impl;
+    s->inner->describe(s->inner->impl, i, name, ndim, shape);
+    dsc_tp_plan_local_shape(s->plan, i, s->rank, shape);
+}
+
+static dsc_status shard_read(void *impl, int64_t i, float *dst, int64_t numel) {
+    shard_source *s = impl;
+    const dsc_tp_entry *e = dsc_tp_plan_entry(s->plan, i);
+    if (e->axis < 0) return s->inner->read_f32(s->inner->impl, i, dst, numel);
+    const dsc_tp_span *sp;
+    int n = dsc_tp_plan_spans(s->plan, i, s->rank, &sp);
+    int64_t outer = 1, inner = 1, pos = 0;
+    for (int d = 0; d < e->axis; d++)
+        outer *= e->shape[d];
+    for (int d = e->axis + 1; d < e->ndim; d++)
+        inner *= e->shape[d];
+    for (int64_t o = 0; o < outer; o++)
+        for (int k = 0; k < n; k++) {
+            int64_t count = sp[k].count * inner;
+            DSC_CHECK(pos + count <= numel, DSC_ERR_INTERNAL, "shard of %s overflows its %lld elements", e->name,
+                      (long long)numel);
+            DSC_TRY(s->inner->read_f32_span(s->inner->impl, i, (o * e->shape[e->axis] + sp[k].start) * inner, count,
+                                            dst + pos));
+            pos += count;
+        }
+    DSC_CHECK(pos == numel, DSC_ERR_INTERNAL, "shard of %s has %lld elements, the model expects %lld", e->name,
+              (long long)pos, (long long)numel);
+    return NULL;
+}
+
+/* ---- plan, check, build ----------------------------------------------------------------------- */
+
+static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
+                            const cJSON *root, const char *source, const dsc_infer_tp *tp, int size,
+                            dsc_tp_plan **out) {
+    dsc_tp_param *params = calloc((size_t)(src->count > 0 ? src->count : 1), sizeof *params);
+    DSC_CHECK(params, DSC_ERR_NOMEM, "tensor-parallel plan of %lld tensors", (long long)src->count);
+    for (int64_t i = 0; i < src->count; i++) {
+        dsc_tp_param *p = &params[i];
+        src->describe(src->impl, i, &p->name, &p->ndim, p->shape);
+        const dsc_param_dep *dep = dependency_of(policy, mc, p->name);
+        if (dep) p->declared = declared_kind(dep, &p->unit);
+    }
+    dsc_tp_rule *model_rules = NULL;
+    int n_model = 0;
+    dsc_status s = model_plan_rules(root, source, &model_rules, &n_model);
+    dsc_tp_dims dims = {.n_head = mc->n_head,
+                        .n_kv_head = mc->n_kv_head,
+                        .head_size = mc->head_size,
+                        .d_ff = mc->d_ff,
+                        .vocab_size = mc->vocab_size,
+                        .n_experts = mc->n_experts};
+    dsc_tp_options o = {.tp_size = size,
+                        .grain = tp ? tp->grain : 0,
+                        .user = tp ? tp->rules : NULL,
+                        .n_user = tp ? tp->n_rules : 0,
+                        .model_plan = model_rules,
+                        .n_model_plan = n_model};
+    if (!s) s = dsc_tp_plan_create(params, src->count, &dims, &o, out);
+    /* The forward computes each tensor as the policy declares it; a rule may only agree. */
+    for (int64_t i = 0; !s && i < src->count; i++) {
+        const dsc_tp_entry *e = dsc_tp_plan_entry(*out, i);
+        const dsc_tp_param *p = &params[i];
+        if (p->declared == DSC_TP_KIND_UNDECLARED || e->source == DSC_TP_SOURCE_POLICY) continue;
+        dsc_tp_kind want = p->declared;
+        if (want == DSC_TP_KIND_ROW && p->ndim == 1) want = DSC_TP_KIND_REPLICATE;
+        if (e->kind != want || (want != DSC_TP_KIND_REPLICATE && e->unit != p->unit))
+            s = dsc_error(DSC_ERR_CONFIG,
+                          "tensor parallelism: %s makes %s %s (%s), but policy %s computes it as %s (%s)",
+                          dsc_tp_source_name(e->source), e->name, dsc_tp_kind_name(e->kind), dsc_tp_unit_name(e->unit),
+                          policy->arch, dsc_tp_kind_name(want), dsc_tp_unit_name(p->unit));
+    }
+    if (s && *out) {
+        dsc_tp_plan_destroy(*out);
+        *out = NULL;
+    }
+    free(model_rules);
+    free(params);
+    return s;
+}
+
+dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
+                           const char *config_json, const char *source, const dsc_load_request *req) {
+    const dsc_infer_tp *tp = req->tp;
+    int size = !tp ? 1 : tp->comm ? dsc_comm_size(tp->comm) : tp->tp_size;
+    DSC_CHECK(size >= 1, DSC_ERR_CONFIG, "tensor_parallel.tp_size must be >= 1, got %d", size);
+    if (!req->plan && size == 1) return dsc_infer_model_build(policy, mc, src, req->model);
+    DSC_CHECK(req->plan || tp->comm, DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
+    DSC_CHECK(req->plan || src->read_f32_span, DSC_ERR_UNSUPPORTED, "%s: this tensor source cannot read shards",
+              source);
+    cJSON *root = config_json ? cJSON_Parse(config_json) : NULL;
+    dsc_tp_plan *plan = NULL;
+    dsc_status s = make_plan(policy, mc, src, root, source, tp, size, &plan);
+    cJSON_Delete(root);
+    if (s || req->plan) {
+        if (req->plan) *req->plan = plan;
+        return s;
+    }
+    int rank = dsc_comm_rank(tp->comm);
+    const dsc_tp_shard *sh = dsc_tp_plan_shard(plan, rank);
+    dsc_infer_model_config local = *mc;
+    local.n_head = sh->nq;
+    local.n_kv_head = sh->nkv;
+    local.d_ff = (int32_t)sh->nf;
+    local.vocab_size = (int32_t)sh->nv;
+    shard_source ss = {src, plan, rank};
+    dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};
+    s = dsc_infer_model_build(policy, &local, &wrapped, req->model);
+    if (!s) {
+        dsc_infer_model *m = *req->model;
+        m->cfg = *mc;
+        m->shard = local;
+        m->tp_comm = tp->comm;
+        m->tp_rank = rank;
+        m->vocab0 = sh->v0;
+        for (int r = 0; r < size; r++)
+            if (dsc_tp_plan_shard(plan, r)->nkv > m->tp_max_kv_heads) m->tp_max_kv_heads = dsc_tp_plan_shard(plan, r)->nkv;
+    }
+    dsc_tp_plan_destroy(plan);
+    return s ? dsc_error_wrap(s, "tensor-parallel rank %d of %d", rank, size) : NULL;
+}

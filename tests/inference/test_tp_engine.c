@@ -1,0 +1,319 @@
+/* Tensor-parallel inference equals one process: every rank loads the whole
+ * model (the reference) and its TP shard over the world (tp = world size),
+ * runs the same ragged prompt batch and greedy decode steps on both, and
+ * the shard's vocabulary slices of the logits, gathered here for the check
+ * only, must equal the whole model's within 1e-5 relative, with the same
+ * greedy tokens. Models: the Hugging Face fixtures (Llama GQA, Qwen2 with
+ * biases and tied embeddings, Mistral, Mixtral; 2 KV heads, so TP 3 is
+ * refused with the numbers) and two written here with random weights for
+ * the uneven cases: 6 heads (2,2,1,1 at TP 4), intermediate 50 and vocab
+ * 101; and a Qwen2 with one KV head (replicated on every rank). The
+ * vocabulary-parallel sampler is checked against dsc_sample on the same
+ * rows (greedy, temperature, top-k, top-p, repetition penalty), and the
+ * weight memory of a rank against replicated + 1/tp of the rest. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dsc/inference.h"
+#include "dsc/memory.h"
+#include "dsc/safetensors.h"
+#include "test_mpi.h"
+
+#define FIXTURES DSC_SOURCE_DIR "/tests/inference/fixtures/hf/"
+static const double TOL = 1e-5;
+
+/* ---- synthetic checkpoints ----------------------------------------------------------------- */
+
+typedef struct synth {
+    const char *arch;
+    int C, NH, NKV, HS, F, V, L;
+    bool qkv_bias, tied;
+} synth;
+
+static uint64_t lcg = 12345;
+static float urand(float scale) {
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return scale * ((float)(lcg >> 40) / (float)(1ull << 24) * 2.0f - 1.0f);
+}
+
+typedef struct tensors {
+    char names[64][96];
+    const char *ptrs[64];
+    dsc_tensor t[64];
+    float *data[64];
+    int n;
+} tensors;
+
+static void add(tensors *w, const char *name, int64_t a, int64_t b, float center, float scale) {
+    int i = w->n++;
+    snprintf(w->names[i], sizeof w->names[i], "%s", name);
+    w->ptrs[i] = w->names[i];
+    int64_t shape[2] = {a, b}, n = b ? a * b : a;
+    w->data[i] = malloc((size_t)n * sizeof(float));
+    for (int64_t k = 0; k < n; k++)
+        w->data[i][k] = center + urand(scale);
+    w->t[i] = dsc_tensor_view(w->data[i], DSC_DTYPE_F32, b ? 2 : 1, shape, DSC_CPU);
+}
+
+/* A Hugging Face directory with config.json and random weights. */
+static void write_synth(const char *dir, const synth *s) {
+    mkdir(dir, 0755);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
+            "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+            "\"vocab_size\": %d, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
+            "\"tie_word_embeddings\": %s, \"hidden_act\": \"silu\"}\n",
+            s->arch, s->C, s->F, s->L, s->NH, s->NKV, s->HS, s->V, s->tied ? "true" : "false");
+    fclose(f);
+    tensors w = {.n = 0};
+    int64_t Q = (int64_t)s->NH * s->HS, KV = (int64_t)s->NKV * s->HS;
+    float a = 0.25f;
+    add(&w, "model.embed_tokens.weight", s->V, s->C, 0, 1.0f);
+    add(&w, "model.norm.weight", s->C, 0, 1.0f, 0.1f);
+    if (!s->tied) add(&w, "lm_head.weight", s->V, s->C, 0, a);
+    for (int l = 0; l < s->L; l++) {
+        char n[96];
+#define ADD(suffix, r, c, center, scale)                                                                          \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                       \
+    add(&w, n, r, c, center, scale)
+        ADD("input_layernorm.weight", s->C, 0, 1.0f, 0.1f);
+        ADD("post_attention_layernorm.weight", s->C, 0, 1.0f, 0.1f);
+        ADD("self_attn.q_proj.weight", Q, s->C, 0, a);
+        ADD("self_attn.k_proj.weight", KV, s->C, 0, a);
+        ADD("self_attn.v_proj.weight", KV, s->C, 0, a);
+        ADD("self_attn.o_proj.weight", s->C, Q, 0, a);
+        if (s->qkv_bias) {
+            ADD("self_attn.q_proj.bias", Q, 0, 0, a);
+            ADD("self_attn.k_proj.bias", KV, 0, 0, a);
+            ADD("self_attn.v_proj.bias", KV, 0, 0, a);
+        }
+        ADD("mlp.gate_proj.weight", s->F, s->C, 0, a);
+        ADD("mlp.up_proj.weight", s->F, s->C, 0, a);
+        ADD("mlp.down_proj.weight", s->C, s->F, 0, a);
+#undef ADD
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_ok(dsc_safetensors_write(path, w.n, w.ptrs, w.t, 0, NULL));
+    for (int i = 0; i < w.n; i++)
+        free(w.data[i]);
+}
+
+/* Rank 0 writes, the others wait: one directory per world size (ctest runs them side by side). */
+static void synth_dir(char *dir, size_t len, const char *name, const synth *s) {
+    int size, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    snprintf(dir, len, DSC_BINARY_DIR "/tests/inference/tp_%s_np%d", name, size);
+    if (rank == 0) write_synth(dir, s);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* ---- the comparison -------------------------------------------------------------------------- */
+
+typedef struct run {
+    dsc_infer_model *m;
+    dsc_infer_engine *e;
+    float *logits;
+} run;
+
+static void open_run(run *r, const char *dir, dsc_comm *comm) {
+    dsc_infer_tp tp = {.comm = comm};
+    assert_ok(dsc_infer_model_load_tp(dir, comm ? &tp : NULL, &r->m));
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(r->m);
+    ec.block_size = 4;
+    ec.kv_cache_bytes = 1 << 20;
+    ec.max_sequences = ec.max_batch_sequences = 4;
+    assert_ok(dsc_infer_engine_create(r->m, &ec, &r->e));
+    r->logits = malloc((size_t)4 * (size_t)dsc_infer_engine_logits_width(r->e) * sizeof(float));
+}
+
+static void close_run(run *r) {
+    free(r->logits);
+    dsc_infer_engine_destroy(r->e);
+    dsc_infer_model_destroy(r->m);
+}
+
+/* The TP logits (n, nv) of every rank, assembled into (n, V). */
+static void assemble(dsc_comm *comm, const run *r, int32_t n, float *full) {
+    int tp = dsc_comm_size(comm);
+    int64_t v0, nv, mine[2];
+    dsc_infer_model_vocab_shard(r->m, &v0, &nv);
+    mine[0] = v0;
+    mine[1] = nv;
+    int64_t *all = malloc((size_t)tp * 2 * sizeof *all), *counts = malloc((size_t)tp * sizeof *counts), two = 2,
+            V = dsc_infer_engine_vocab_size(r->e);
+    dsc_tensor s = dsc_tensor_view(mine, DSC_DTYPE_I64, 1, &two, DSC_CPU);
+    int64_t all_n = 2 * tp;
+    dsc_tensor a = dsc_tensor_view(all, DSC_DTYPE_I64, 1, &all_n, DSC_CPU);
+    assert_ok(dsc_comm_allgather(comm, &s, &a, NULL));
+    for (int k = 0; k < tp; k++)
+        counts[k] = n * all[2 * k + 1];
+    int64_t local = n * nv, total = n * V;
+    float *blocks = malloc((size_t)total * sizeof *blocks);
+    dsc_tensor ls = dsc_tensor_view(r->logits, DSC_DTYPE_F32, 1, &local, DSC_CPU);
+    dsc_tensor bs = dsc_tensor_view(blocks, DSC_DTYPE_F32, 1, &total, DSC_CPU);
+    assert_ok(dsc_comm_allgather(comm, &ls, &bs, counts));
+    int64_t at = 0;
+    for (int k = 0; k < tp; k++)
+        for (int32_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < all[2 * k + 1]; j++)
+                full[i * V + all[2 * k] + j] = blocks[at++];
+    free(blocks);
+    free(all);
+    free(counts);
+}
+
+/* The sharded sampler against dsc_sample on the same row. */
+static void check_sampler(run *r, const float *local_row, const float *full_row, int32_t V, const int32_t *history,
+                          int64_t n_history) {
+    const dsc_sampling_params ps[] = {
+        {0.0f, 0, 1.0f, 1.0f},  {0.8f, 0, 1.0f, 1.0f}, {0.8f, 5, 1.0f, 1.0f},
+        {0.8f, 0, 0.7f, 1.0f}, {1.2f, 20, 0.9f, 1.3f}, {0.5f, 0, 0.95f, 1.3f},
+    };
+    dsc_sample_candidate *scratch = malloc((size_t)V * sizeof *scratch);
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++)
+        for (uint64_t seed = 1; seed <= 8; seed++) {
+            dsc_rng a, b;
+            dsc_rng_init(&a, seed, 0, DSC_RNG_SAMPLE);
+            dsc_rng_init(&b, seed, 0, DSC_RNG_SAMPLE);
+            int32_t want, got;
+            assert_ok(dsc_sample(&want, full_row, V, &ps[k], history, n_history, scratch, &a));
+            assert_ok(dsc_infer_engine_sample(r->e, local_row, &ps[k], history, n_history, &b, &got));
+            if (want != got)
+                fail_msg("sampler case %zu seed %llu: dsc_sample %d, sharded %d", k, (unsigned long long)seed, want,
+                         got);
+        }
+    free(scratch);
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void compare(const char *dir, const char *what) {
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    run ref, tp;
+    open_run(&ref, dir, NULL);
+    open_run(&tp, dir, world);
+    int32_t V = dsc_infer_engine_vocab_size(ref.e);
+    float *full = malloc((size_t)4 * (size_t)V * sizeof *full);
+    int32_t p1[] = {3, 17, 42, 8, 99 % V}, p2[] = {5, 1, 60 % V}, hist[2][16];
+    memcpy(hist[0], p1, sizeof p1);
+    memcpy(hist[1], p2, sizeof p2);
+    int64_t len[2] = {5, 3};
+    const int32_t *toks[2] = {p1, p2};
+    int32_t counts[2] = {5, 3}, next[2];
+    uint64_t uids[2] = {11, 12};
+    double worst = 0;
+    for (int step = 0; step < 5; step++) {
+        assert_ok(dsc_infer_engine_put(ref.e, 2, uids, toks, counts, ref.logits));
+        assert_ok(dsc_infer_engine_put(tp.e, 2, uids, toks, counts, tp.logits));
+        assemble(world, &tp, 2, full);
+        char label[160];
+        snprintf(label, sizeof label, "%s tp %d step %d logits", what, dsc_comm_size(world), step);
+        double err = dsc_test_max_rel_err(full, ref.logits, 2 * (int64_t)V, 1e-3, label);
+        worst = err > worst ? err : worst;
+        assert_true(err <= TOL);
+        int64_t v0, nv;
+        dsc_infer_model_vocab_shard(tp.m, &v0, &nv);
+        for (int i = 0; i < 2; i++) {
+            dsc_sampling_params g = dsc_sampling_params_greedy();
+            assert_ok(dsc_infer_engine_sample(tp.e, tp.logits + i * nv, &g, NULL, 0, NULL, &next[i]));
+            assert_int_equal(next[i], argmax(ref.logits + (int64_t)i * V, V));
+            if (step == 0) check_sampler(&tp, tp.logits + i * nv, full + (int64_t)i * V, V, hist[i], len[i]);
+            hist[i][len[i]++] = next[i];
+            toks[i] = &hist[i][len[i] - 1];
+            counts[i] = 1;
+        }
+    }
+    printf("%s at tp %d: worst logits error %.2e, greedy tokens equal\n", what, dsc_comm_size(world), worst);
+    free(full);
+    close_run(&tp);
+    close_run(&ref);
+    dsc_comm_free(world);
+}
+
+static void test_fixtures(void **state) {
+    (void)state;
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char *names[] = {"llama", "qwen2", "mistral", "mixtral"};
+    for (int i = 0; i < 4; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, FIXTURES "%s", names[i]);
+        if (size == 3) { /* 2 KV heads over 3 ranks: not a multiple */
+            dsc_comm *world;
+            dsc_infer_model *m;
+            assert_ok(dsc_comm_world(NULL, &world));
+            dsc_infer_tp tp = {.comm = world};
+            assert_err(dsc_infer_model_load_tp(dir, &tp, &m), DSC_ERR_CONFIG, "2 KV heads over 3 ranks");
+            dsc_comm_free(world);
+            continue;
+        }
+        compare(dir, names[i]);
+    }
+}
+
+static void test_uneven(void **state) {
+    (void)state;
+    char dir[512];
+    synth six = {"LlamaForCausalLM", 48, 6, 6, 8, 50, 101, 2, false, false};
+    synth_dir(dir, sizeof dir, "uneven", &six);
+    compare(dir, "llama 6 heads, F 50, V 101");
+    synth one = {"Qwen2ForCausalLM", 32, 4, 1, 8, 37, 97, 2, true, true};
+    synth_dir(dir, sizeof dir, "one_kv", &one);
+    compare(dir, "qwen2 1 KV head, F 37, V 97, tied");
+}
+
+/* Per-rank weight memory: replicated + 1/tp of the rest (dims divisible by 2, 3 and 4). */
+static void test_memory(void **state) {
+    (void)state;
+    char dir[512];
+    synth big = {"LlamaForCausalLM", 256, 12, 12, 16, 768, 1536, 2, false, false};
+    synth_dir(dir, sizeof dir, "memory", &big);
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int tp = dsc_comm_size(world);
+    int64_t C = big.C, Q = (int64_t)big.NH * big.HS, rep = (2 * big.L + 1) * C;
+    int64_t rest = 2 * (int64_t)big.V * C + big.L * (4 * Q * C + 3 * (int64_t)big.F * C);
+    double want = 4.0 * ((double)rep + (double)rest / tp);
+    dsc_mem_stats before, after;
+    dsc_mem_get_stats(&before);
+    dsc_infer_model *m;
+    dsc_infer_tp opts = {.comm = world};
+    assert_ok(dsc_infer_model_load_tp(dir, &opts, &m));
+    dsc_mem_get_stats(&after);
+    double got = (double)(after.current[DSC_MEM_PARAMS] - before.current[DSC_MEM_PARAMS]);
+    printf("weight memory at tp %d: %.0f bytes measured, %.0f by the formula (whole model %.0f), ratio %.4f\n", tp, got,
+           want, 4.0 * (double)(rep + rest), got / want);
+    assert_true(got >= want * 0.95 && got <= want * 1.05);
+    /* the KV cache holds the rank's heads only */
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.kv_cache_bytes = 1 << 20;
+    dsc_infer_engine *e;
+    assert_ok(dsc_infer_engine_create(m, &ec, &e));
+    assert_int_equal(dsc_infer_engine_kv_config(e)->num_kv_heads, big.NKV / tp);
+    dsc_infer_engine_destroy(e);
+    dsc_infer_model_destroy(m);
+    dsc_comm_free(world);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_uneven),
+        cmocka_unit_test(test_memory),
+    };
+    return DSC_RUN_MPI_TESTS(tests);
+}
