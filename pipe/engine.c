@@ -114,38 +114,28 @@ static dsc_status exec_batch_end(pipe_runner *r, const dsc_instr *in) {
     return NULL;
 }
 
-static const handler handlers[DSC_INSTR_TYPE_COUNT] = {
-    [DSC_INSTR_LOAD_MICRO_BATCH] = exec_load,
-    [DSC_INSTR_FORWARD_PASS] = exec_forward,
-    [DSC_INSTR_BACKWARD_PASS] = exec_backward,
-    [DSC_INSTR_SEND_ACTIVATION] = exec_send_activation,
-    [DSC_INSTR_RECV_ACTIVATION] = exec_recv_activation,
-    [DSC_INSTR_SEND_GRAD] = exec_send_grad,
-    [DSC_INSTR_RECV_GRAD] = exec_recv_grad,
-    [DSC_INSTR_REDUCE_TIED_GRADS] = exec_reduce_tied,
-    [DSC_INSTR_REDUCE_GRADS] = exec_batch_end,
-    [DSC_INSTR_OPTIMIZER_STEP] = exec_batch_end,
-};
-
-/* The phase of the step's time an instruction's handler counts toward
- * (wall_clock_breakdown); -1: not a phase of its own. */
-static const int instr_phase[DSC_INSTR_TYPE_COUNT] = {
-    [DSC_INSTR_LOAD_MICRO_BATCH] = -1,
-    [DSC_INSTR_FORWARD_PASS] = DSC_PHASE_FORWARD,
-    [DSC_INSTR_BACKWARD_PASS] = DSC_PHASE_BACKWARD,
-    [DSC_INSTR_SEND_ACTIVATION] = DSC_PHASE_P2P,
-    [DSC_INSTR_RECV_ACTIVATION] = DSC_PHASE_P2P,
-    [DSC_INSTR_SEND_GRAD] = DSC_PHASE_P2P,
-    [DSC_INSTR_RECV_GRAD] = DSC_PHASE_P2P,
-    [DSC_INSTR_REDUCE_TIED_GRADS] = DSC_PHASE_REDUCE,
-    [DSC_INSTR_REDUCE_GRADS] = -1,
-    [DSC_INSTR_OPTIMIZER_STEP] = -1,
+/* Each instruction's handler, and the phase of the step's time it counts
+ * toward (wall_clock_breakdown; -1: not a phase of its own). */
+static const struct {
+    handler run;
+    int phase;
+} handlers[DSC_INSTR_TYPE_COUNT] = {
+    [DSC_INSTR_LOAD_MICRO_BATCH] = {exec_load, -1},
+    [DSC_INSTR_FORWARD_PASS] = {exec_forward, DSC_PHASE_FORWARD},
+    [DSC_INSTR_BACKWARD_PASS] = {exec_backward, DSC_PHASE_BACKWARD},
+    [DSC_INSTR_SEND_ACTIVATION] = {exec_send_activation, DSC_PHASE_P2P},
+    [DSC_INSTR_RECV_ACTIVATION] = {exec_recv_activation, DSC_PHASE_P2P},
+    [DSC_INSTR_SEND_GRAD] = {exec_send_grad, DSC_PHASE_P2P},
+    [DSC_INSTR_RECV_GRAD] = {exec_recv_grad, DSC_PHASE_P2P},
+    [DSC_INSTR_REDUCE_TIED_GRADS] = {exec_reduce_tied, DSC_PHASE_REDUCE},
+    [DSC_INSTR_REDUCE_GRADS] = {exec_batch_end, -1},
+    [DSC_INSTR_OPTIMIZER_STEP] = {exec_batch_end, -1},
 };
 
 static dsc_status run_step(pipe_runner *r, const dsc_instr *ins, int n, int step) {
     for (int i = 0; i < n; i++) {
         const dsc_instr *in = &ins[i];
-        handler h = (unsigned)in->type < DSC_INSTR_TYPE_COUNT ? handlers[in->type] : NULL;
+        handler h = (unsigned)in->type < DSC_INSTR_TYPE_COUNT ? handlers[in->type].run : NULL;
         DSC_CHECK(h, DSC_ERR_INTERNAL,
                   "pipeline stage %d step %d: the executor does not understand instruction %d", r->stage, step,
                   (int)in->type);
@@ -153,7 +143,7 @@ static dsc_status run_step(pipe_runner *r, const dsc_instr *ins, int n, int step
                   r->stage, step, dsc_instr_name(in->type), in->buffer, r->n_slots);
         double t0 = dsc_time_now();
         dsc_status s = h(r, in);
-        if (instr_phase[in->type] >= 0) r->phase_s[instr_phase[in->type]] += dsc_time_now() - t0;
+        if (handlers[in->type].phase >= 0) r->phase_s[handlers[in->type].phase] += dsc_time_now() - t0;
         if (s)
             return dsc_error_wrap(s, "pipeline stage %d step %d: %s(buf=%d, micro-batch %d, chunk %d)", r->stage,
                                   step, dsc_instr_name(in->type), in->buffer, in->micro_batch, in->chunk);

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dsc/data.h"
+#include "nn_test_util.h"
 #include "test_mpi.h"
 #include "train_fixture.h"
 
@@ -154,6 +156,62 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     unlink(svg);
 }
 
+/* dsc_engine_evaluate against PyTorch: the fixture's GPT weights and tokens
+ * (tests/ref/make_eval_fixture.py) give the validation loss PyTorch computed
+ * in float64 over the same val windows, within 1e-5 relative. */
+static void test_evaluate_matches_pytorch(void **state) {
+    (void)state;
+    fixture f;
+    fixture_load(&f, "eval_gpt");
+    const fixture_array *tok = fixture_get(&f, "tokens"), *want = fixture_get(&f, "val_loss");
+    assert_non_null(tok);
+    assert_non_null(want);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/dsc_test_eval_%d.tok", (int)getpid());
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((const int32_t *)tok->data)[i];
+    assert_ok(dsc_token_file_write(path, ids, tok->numel, DSC_TOKEN_DTYPE_U16, (int64_t)fixture_meta(&f, "vocab_size")));
+    free(ids);
+    char set[6][64];
+    snprintf(set[0], sizeof set[0], "model.n_head=%d", (int)fixture_meta(&f, "n_head"));
+    snprintf(set[1], sizeof set[1], "model.d_ff=%d", (int)fixture_meta(&f, "d_ff"));
+    snprintf(set[2], sizeof set[2], "model.vocab_size=%d", (int)fixture_meta(&f, "vocab_size"));
+    snprintf(set[3], sizeof set[3], "data.val_fraction=%g", fixture_meta(&f, "val_fraction"));
+    snprintf(set[4], sizeof set[4], "train.eval_iters=%d", (int)fixture_meta(&f, "eval_iters"));
+    snprintf(set[5], sizeof set[5], "model.n_layer=%d", (int)fixture_meta(&f, "n_layer"));
+    const char *over[6] = {set[0], set[1], set[2], set[3], set[4], set[5]};
+    dsc_config cfg;
+    dsc_trainer *t;
+    assert_ok(make(path, over, 6, &cfg, &t, NULL));
+    assert_int_equal(cfg.model.d_model, (int)fixture_meta(&f, "d_model"));
+    assert_int_equal(cfg.model.seq_len, (int)fixture_meta(&f, "seq_len"));
+    assert_int_equal(cfg.train_micro_batch_size_per_gpu, (int)fixture_meta(&f, "micro"));
+    assert_int_equal(cfg.gradient_accumulation_steps, (int)fixture_meta(&f, "accumulation"));
+    assert_true(cfg.model.tie_embeddings && cfg.model.qkv_bias);
+    dsc_param_store *ps = dsc_trainer_params(t);
+    int in_fixture = 0;
+    for (int i = 0; i < f.n_arrays; i++) in_fixture += strncmp(f.arrays[i].name, "param/", 6) == 0;
+    assert_int_equal(in_fixture, dsc_params_count(ps)); /* the same parameters, both ways */
+    for (int i = 0; i < dsc_params_count(ps); i++) {
+        dsc_param *p = dsc_params_at(ps, i);
+        char name[200];
+        snprintf(name, sizeof name, "param/%s", p->name);
+        const fixture_array *a = fixture_get(&f, name);
+        if (!a) fail_msg("fixture has no %s", name);
+        assert_int_equal(a->numel, dsc_param_numel(p));
+        memcpy(p->value.data, a->data, (size_t)a->numel * sizeof(float));
+    }
+    double val;
+    assert_ok(dsc_engine_evaluate(dsc_trainer_engine(t), &val));
+    double ref = ((const float *)want->data)[0], rel = fabs(val - ref) / ref;
+    printf("  val loss %.9f, PyTorch %.9f (rel %.2e)\n", val, ref, rel);
+    assert_true(rel <= 1e-5);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    fixture_free(&f);
+    unlink(path);
+}
+
 /* Activation checkpointing on the default runner: an 8-block model holds one
  * block's intermediates at a time instead of 8, measured by the allocator's
  * accounting (what the layers reserve, and the peak during a step), with
@@ -285,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_bitwise_deterministic),
         cmocka_unit_test(test_resume_from_state),
         cmocka_unit_test(test_train_eval_metrics_plot_generate),
+        cmocka_unit_test(test_evaluate_matches_pytorch),
         cmocka_unit_test(test_wall_clock_breakdown),
         cmocka_unit_test(test_activation_checkpointing_saves_memory),
         cmocka_unit_test(test_bad_inputs),
