@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "dsc/inference.h"
@@ -136,24 +135,6 @@ static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finishe
     return NULL;
 }
 
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* The byte tokenizer for dsc models, tokenizer.json for HF ones, or none. */
-static dsc_status open_tokenizer(const options *o, const dsc_infer_model *m, dsc_tokenizer **tok) {
-    *tok = NULL;
-    const char *arch = dsc_infer_model_arch(m);
-    if (o->tokenizer) return dsc_tokenizer_load(tok, o->tokenizer);
-    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
-        strcmp(arch, "mixtral") == 0)
-        return dsc_tokenizer_create_bytes(tok);
-    char path[2048];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
-    return file_exists(path) ? dsc_tokenizer_load(tok, path) : NULL;
-}
-
 static dsc_status run(const options *o) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
@@ -164,7 +145,7 @@ static dsc_status run(const options *o) {
     dsc_status s = ids ? NULL : dsc_error(DSC_ERR_NOMEM, "prompt buffer");
     double t0 = now_s();
     if (!s) s = dsc_infer_model_load(o->model, &m);
-    if (!s) s = open_tokenizer(o, m, &tok);
+    if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s && o->bos >= 0) ids[n++] = o->bos;
     if (!s && o->tokens) {
         int32_t k;

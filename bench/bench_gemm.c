@@ -12,7 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "dsc/backend.h"
 #include "dsc/kernels.h"
 
 typedef struct gemm_shape {
@@ -52,20 +51,20 @@ static dsc_tensor matrix(int64_t rows, int64_t cols, dsc_device dev) {
 }
 
 /* Best GFLOP/s of 3 batches; each batch repeats the call for at least ~0.2 s. */
-static double measure(const gemm_shape *s, dsc_device dev, const dsc_backend *backend) {
+static double measure(const gemm_shape *s, dsc_device dev) {
     dsc_tensor a = s->trans_a ? matrix(s->k, s->m, dev) : matrix(s->m, s->k, dev);
     dsc_tensor b = s->trans_b ? matrix(s->n, s->k, dev) : matrix(s->k, s->n, dev);
     dsc_tensor out = matrix(s->m, s->n, dev);
     double flops = 2.0 * (double)s->m * (double)s->n * (double)s->k, best = 0;
     die(dsc_kernel_gemm(&out, &a, &b, NULL, s->trans_a, s->trans_b, 1.0f, 0.0f)); /* warm-up */
-    die(backend->synchronize(dev.index));
+    die(dsc_device_synchronize(dev));
     for (int trial = 0; trial < 3; trial++) {
         int reps = 0;
         double t0 = now(), t;
         do {
             die(dsc_kernel_gemm(&out, &a, &b, NULL, s->trans_a, s->trans_b, 1.0f, 0.0f));
             reps++;
-            die(backend->synchronize(dev.index));
+            die(dsc_device_synchronize(dev));
             t = now() - t0;
         } while (t < 0.2);
         double gflops = flops * reps / t / 1e9;
@@ -75,12 +74,12 @@ static double measure(const gemm_shape *s, dsc_device dev, const dsc_backend *ba
     return best;
 }
 
-static void run(dsc_device dev, const dsc_backend *backend) {
+static void run(dsc_device dev) {
     const gemm_shape square = {"square       2048x2048x2048", 2048, 2048, 2048, false, false};
-    double peak = measure(&square, dev, backend);
+    double peak = measure(&square, dev);
     printf("  %-28s %10.1f GFLOP/s  (reference)\n", square.name, peak);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        double g = measure(&shapes[i], dev, backend);
+        double g = measure(&shapes[i], dev);
         printf("  %-28s %10.1f GFLOP/s  vs %8.1f  ratio %.2f\n", shapes[i].name, g, peak, g / peak);
     }
 }
@@ -98,18 +97,19 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const dsc_backend *backend;
-    die(dsc_backend_get(dev, &backend));
-    printf("bench_gemm on %s: dsc_kernel_gemm vs the same backend's 2048^3 square GEMM\n", backend->name);
+    char name[32];
+    die(dsc_device_synchronize(dev)); /* fails when the device is not built in or not present */
+    printf("bench_gemm on %s: dsc_kernel_gemm vs the same backend's 2048^3 square GEMM\n",
+           dsc_device_name(dev, name, sizeof name));
     if (dev.type == DSC_DEVICE_CUDA) {
-        run(dev, backend);
+        run(dev);
         return 0;
     }
     for (const char *p = threads; *p;) {
         int nt = atoi(p);
         dsc_kernels_set_num_threads(nt);
         printf(" threads %d\n", dsc_kernels_get_num_threads());
-        run(dev, backend);
+        run(dev);
         p = strchr(p, ',');
         if (!p) break;
         p++;

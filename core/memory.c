@@ -2,7 +2,7 @@
  * atomics: a rank is a process, and OpenMP threads may allocate concurrently. */
 #include "dsc/memory.h"
 
-#include "dsc/backend.h"
+#include "core/backend.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,7 +31,7 @@ dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, ds
     const dsc_backend *backend;
     DSC_TRY(dsc_backend_get(device, &backend));
     if (bytes == 0) return NULL;
-    dsc_status s = backend->mem_alloc(ptr, bytes, device.index);
+    dsc_status s = backend->iface->mem_alloc(backend, ptr, bytes);
     if (s) {
         char dev[32];
         return dsc_error_wrap(s, "allocating %zu bytes of %s on %s", bytes,
@@ -46,7 +46,7 @@ void dsc_mem_free(void *ptr, size_t bytes, dsc_mem_category category, dsc_device
     const dsc_backend *backend;
     dsc_status s = dsc_backend_get(device, &backend);
     DSC_ASSERT(s == NULL); /* it was allocated there, so the backend exists */
-    backend->mem_free(ptr, device.index);
+    backend->iface->mem_free(backend, ptr);
     dsc_mem_account(category, -(int64_t)bytes);
 }
 

@@ -2,7 +2,7 @@
  * tensors lives in kernels/, not here. */
 #include "dsc/tensor.h"
 
-#include "dsc/backend.h"
+#include "core/backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -166,13 +166,13 @@ static dsc_status copy_same_dtype(dsc_tensor *dst, const dsc_tensor *src) {
     }
     if (src->device.type == DSC_DEVICE_CPU) {
         DSC_TRY(dsc_backend_get(dst->device, &backend));
-        return backend->memcpy_from_host(dst->data, src->data, bytes, dst->device.index);
+        return backend->iface->memcpy_from_host(backend, dst->data, src->data, bytes);
     }
     DSC_TRY(dsc_backend_get(src->device, &backend));
-    if (dst->device.type == DSC_DEVICE_CPU) return backend->memcpy_to_host(dst->data, src->data, bytes, src->device.index);
+    if (dst->device.type == DSC_DEVICE_CPU) return backend->iface->memcpy_to_host(backend, dst->data, src->data, bytes);
     DSC_CHECK(dst->device.index == src->device.index, DSC_ERR_UNSUPPORTED,
               "copy between cuda:%d and cuda:%d", src->device.index, dst->device.index);
-    return backend->memcpy_device(dst->data, src->data, bytes, src->device.index);
+    return backend->iface->memcpy_device(backend, dst->data, src->data, bytes);
 }
 
 dsc_status dsc_tensor_copy(dsc_tensor *dst, const dsc_tensor *src) {

@@ -1,11 +1,13 @@
 /* dsc_infer_model_load (whole, sharded, or only the plan): tells a Hugging
  * Face directory (config.json) from a dsc checkpoint (a state.h5, a
  * checkpoint tag directory, or a save_dir with a `latest` file) and hands
- * it to the matching loader. */
+ * it to the matching loader; and the tokenizer that goes with a model. */
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "dsc/checkpoint.h"
+#include "dsc/tokenizer.h"
 #include "inference/load.h"
 
 static bool exists(const char *path) {
@@ -43,4 +45,18 @@ dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp
     *out = NULL;
     dsc_load_request req = {.tp = tp, .plan = out};
     return load(path, &req);
+}
+
+dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
+                                          dsc_tokenizer **out) {
+    *out = NULL;
+    if (tokenizer) return dsc_tokenizer_load(out, tokenizer);
+    const char *arch = dsc_infer_model_arch(m);
+    if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
+        strcmp(arch, "mixtral") == 0)
+        return dsc_tokenizer_create_bytes(out);
+    char file[2048];
+    snprintf(file, sizeof file, "%s/tokenizer.json", path);
+    struct stat st;
+    return stat(file, &st) == 0 && S_ISREG(st.st_mode) ? dsc_tokenizer_load(out, file) : NULL;
 }

@@ -42,7 +42,8 @@ typedef struct request {
     req_state state;
     int64_t order; /* queue position while waiting (preempted go first), admission order while running */
     double submit_time, first_token_time;
-    int32_t chunk; /* tokens scheduled in the current forward */
+    int32_t chunk;  /* tokens scheduled in the current forward */
+    bool preempted; /* waiting again after a preemption */
 } request;
 
 struct dsc_scheduler {
@@ -60,6 +61,7 @@ struct dsc_scheduler {
     int32_t *counts;
     request **batch;
     float *logits; /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
+    const float *cb_logits; /* (W) the row of the token being reported, only during the callback */
 };
 
 static double now_s(void) {
@@ -228,6 +230,7 @@ static void admit(dsc_scheduler *s) {
         int64_t available = dsc_infer_engine_free_blocks(s->engine) - owed_blocks(s);
         if (blocks_for(s, reserved_tokens(s, r)) > available) return;
         r->state = REQ_RUNNING;
+        r->preempted = false;
         r->order = s->admitted++;
     }
 }
@@ -243,6 +246,7 @@ static dsc_status preempt_newest(dsc_scheduler *s) {
     if (newest->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, newest->uid));
     newest->n_cached = 0;
     newest->state = REQ_WAITING;
+    newest->preempted = true;
     newest->order = --s->front;
     s->stats.preemptions++;
     return NULL;
@@ -326,7 +330,10 @@ static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
         DSC_TRY(dsc_infer_engine_flush(s->engine, r->uid));
         r->state = REQ_DONE;
     }
-    return s->cb ? s->cb(s->user, r->uid, tok, done) : NULL;
+    s->cb_logits = row;
+    dsc_status st = s->cb ? s->cb(s->user, r->uid, tok, done) : NULL;
+    s->cb_logits = NULL;
+    return st;
 }
 
 dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
@@ -373,4 +380,33 @@ const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s) {
 double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid) {
     const request *r = find(s, uid);
     return r && r->first_token_time >= 0 ? r->first_token_time - r->submit_time : -1.0;
+}
+
+const float *dsc_scheduler_token_logits(const dsc_scheduler *s) {
+    return s->cb_logits;
+}
+
+dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s) {
+    dsc_scheduler_counts c = {0};
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        const request *r = s->reqs[i];
+        c.waiting += r->state == REQ_WAITING;
+        c.preempted += r->state == REQ_WAITING && r->preempted;
+        c.running += r->state == REQ_RUNNING;
+        c.finished += r->state == REQ_DONE;
+    }
+    return c;
+}
+
+dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid) {
+    int32_t i = 0;
+    while (i < s->n_reqs && s->reqs[i]->uid != uid)
+        i++;
+    DSC_CHECK(i < s->n_reqs, DSC_ERR_INVALID, "scheduler: release of unknown request %llu", (unsigned long long)uid);
+    request *r = s->reqs[i];
+    /* A finished request was flushed when it ended; any other holds KV once it has cached tokens. */
+    if (r->state != REQ_DONE && r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, uid));
+    request_free(r);
+    s->reqs[i] = s->reqs[--s->n_reqs];
+    return NULL;
 }

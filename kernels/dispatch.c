@@ -34,7 +34,7 @@ dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *arg
     DSC_CHECK(first, DSC_ERR_INVALID, "%s: no tensor arguments", op);
     dsc_status s = dsc_backend_get(first->t->device, &call->backend);
     if (s) return dsc_error_wrap(s, "%s", op);
-    call->ops = call->backend->kernels;
+    call->ops = call->backend->iface->kernels;
     return NULL;
 }
 
@@ -68,7 +68,7 @@ dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, cons
 
 dsc_status kernel_unsupported(const kernel_call *call, const char *entry) {
     return dsc_error(DSC_ERR_UNSUPPORTED, "%s: the %s backend does not implement %s", call->op,
-                     call->backend->name, entry);
+                     call->backend->iface->name, entry);
 }
 
 dsc_status kernel_wrap(const kernel_call *call, dsc_status s) {

@@ -5,7 +5,7 @@
 #ifndef DSC_KERNELS_DISPATCH_H
 #define DSC_KERNELS_DISPATCH_H
 
-#include "dsc/backend.h"
+#include "core/backend.h"
 #include "dsc/kernels.h"
 
 /* One argument of a kernel call; optional arguments may be NULL. */
@@ -21,7 +21,8 @@ typedef struct kernel_arg {
 #define KOPT(t) {#t, (t), true}
 // clang-format on
 
-/* The resolved call: operation name, backend and its table. */
+/* The resolved call: operation name, the backend object of the arguments'
+ * device and its operation table. */
 typedef struct kernel_call {
     const char *op;
     const dsc_backend *backend;
@@ -50,9 +51,10 @@ dsc_status kernel_unsupported(const kernel_call *call, const char *entry);
 /* Prefixes a backend failure with the operation's name. */
 dsc_status kernel_wrap(const kernel_call *call, dsc_status s);
 
-/* Calls table entry `entry` of the resolved backend, or reports it missing. */
+/* Calls table entry `entry` of the resolved backend (which it receives as
+ * its first argument), or reports it missing. */
 #define KERNEL_RUN(call, entry, ...)                                                                              \
-    ((call)->ops->entry ? kernel_wrap((call), (call)->ops->entry(__VA_ARGS__))                                    \
+    ((call)->ops->entry ? kernel_wrap((call), (call)->ops->entry((call)->backend, __VA_ARGS__))                   \
                         : kernel_unsupported((call), #entry))
 
 /* Data pointers of (possibly NULL) tensors. */

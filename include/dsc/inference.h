@@ -35,6 +35,7 @@
 #include "dsc/sampling.h"
 #include "dsc/status.h"
 #include "dsc/tensor.h"
+#include "dsc/tokenizer.h"
 #include "dsc/tp.h"
 
 #ifdef __cplusplus
@@ -257,6 +258,11 @@ void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t 
 /* Seconds this rank spent in tensor-parallel all-reduces since the load. */
 double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
 void dsc_infer_model_destroy(dsc_infer_model *m);
+/* The tokenizer of a model loaded from `path`: `tokenizer` (a tokenizer.json)
+ * when given; the byte tokenizer for dsc checkpoints; path/tokenizer.json
+ * for Hugging Face directories; *out NULL (no error) when there is none. */
+dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
+                                          dsc_tokenizer **out);
 const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
 const char *dsc_infer_model_arch(const dsc_infer_model *m);
@@ -377,6 +383,24 @@ dsc_status dsc_scheduler_run(dsc_scheduler *s);
 const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s);
 /* Seconds from submit to first token of uid (negative when none yet). */
 double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid);
+/* Inside the token callback only: the logits row the reported token was
+ * sampled from (before temperature and filters; the engine's logits width,
+ * this rank's vocabulary slice under TP); NULL elsewhere. */
+const float *dsc_scheduler_token_logits(const dsc_scheduler *s);
+
+typedef struct dsc_scheduler_counts {
+    int32_t waiting;   /* queued, including preempted ones */
+    int32_t preempted; /* waiting again after a recompute preemption */
+    int32_t running;
+    int32_t finished; /* done but not yet released */
+} dsc_scheduler_counts;
+
+dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s);
+/* Forgets uid whatever its state (waiting, running, finished), freeing its
+ * KV blocks: how a server cancels a request, and how it drops a finished
+ * one (finished requests are otherwise kept, e.g. for dsc_scheduler_ttft).
+ * Not from inside the token callback. An unknown uid is DSC_ERR_INVALID. */
+dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid);
 
 #ifdef __cplusplus
 }

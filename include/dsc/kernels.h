@@ -2,8 +2,8 @@
  *
  * One function per operation over dsc_tensors. Each public function checks
  * dtypes and shapes once (errors name the operation and the argument), then
- * calls the backend chosen by the tensors' device through dsc_kernel_ops;
- * backends see raw pointers and extents only. All tensors of one call must
+ * calls the backend of the tensors' device (its operation table is private,
+ * core/backend.h); backends see raw pointers and extents only. All tensors of one call must
  * live on the same device. Kernels never allocate: scratch space, when an
  * operation needs it, is passed in by the caller.
  *
@@ -137,56 +137,6 @@ dsc_status dsc_kernel_add(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor
 dsc_status dsc_kernel_zero(dsc_tensor *x);
 /* True when every element is finite. */
 dsc_status dsc_kernel_all_finite(bool *out, const dsc_tensor *x);
-
-/* The backend operation table (raw pointers and extents, validated already). */
-struct dsc_kernel_ops {
-    dsc_status (*gemm)(float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
-                       int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta);
-    dsc_status (*linear_backward_bias)(float *dbias, const float *dy, int64_t n, int64_t oc);
-    dsc_status (*layernorm_forward)(float *out, float *mean, float *rstd, const float *x, const float *w,
-                                    const float *b, int64_t n, int64_t c, float eps);
-    dsc_status (*layernorm_backward)(float *dx, float *dw, float *db, const float *dout, const float *x,
-                                     const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
-    dsc_status (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
-                                  float eps);
-    dsc_status (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                   const float *rstd, int64_t n, int64_t c);
-    dsc_status (*gelu_forward)(float *out, const float *x, int64_t n);
-    dsc_status (*gelu_backward)(float *dx, const float *dout, const float *x, int64_t n);
-    dsc_status (*silu_forward)(float *out, const float *x, int64_t n);
-    dsc_status (*silu_backward)(float *dx, const float *dout, const float *x, int64_t n);
-    dsc_status (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
-    dsc_status (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                  int64_t n);
-    dsc_status (*softmax)(float *out, const float *x, int64_t n, int64_t c);
-    dsc_status (*attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
-                                    int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-    dsc_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                     const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                     int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-    dsc_status (*rope)(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
-                       float theta, bool inverse);
-    dsc_status (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                    int64_t n, int64_t t, int64_t v, int64_t c);
-    dsc_status (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                     int64_t t, int64_t v, int64_t c);
-    dsc_status (*cross_entropy_forward)(float *losses, const float *logits, const int32_t *targets, int64_t n,
-                                        int64_t v);
-    dsc_status (*cross_entropy_backward)(float *dlogits, const float *logits, const int32_t *targets, int64_t n,
-                                         int64_t v, float dloss);
-    dsc_status (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                        float eps, float wd, int64_t step);
-    dsc_status (*sgd)(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
-                      int64_t step);
-    dsc_status (*sum_squares)(double *out, const float *x, int64_t n);
-    dsc_status (*sum)(double *out, const float *x, int64_t n);
-    dsc_status (*scale)(float *x, float s, int64_t n);
-    dsc_status (*axpy)(float *y, float a, const float *x, int64_t n);
-    dsc_status (*add)(float *out, const float *a, const float *b, int64_t n);
-    dsc_status (*all_finite)(bool *out, const float *x, int64_t n);
-    /* Sets x to +0.0 whatever it held (scale by 0 would keep NaN). */
-    dsc_status (*zero)(float *x, int64_t n);
-};
 
 #ifdef __cplusplus
 }

@@ -59,6 +59,11 @@ void dsc_mem_reset_peaks(void);
 const char *dsc_mem_category_name(dsc_mem_category category);
 const char *dsc_device_name(dsc_device device, char *buf, size_t len); /* "cpu", "cuda:1" */
 
+/* Number of CUDA devices visible (0 when CUDA is not built or none is present). */
+int dsc_cuda_device_count(void);
+/* Waits until all work queued on `device` is done (nothing to wait for on the CPU). */
+dsc_status dsc_device_synchronize(dsc_device device);
+
 #ifdef __cplusplus
 }
 #endif

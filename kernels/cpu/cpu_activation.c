@@ -17,7 +17,8 @@ static inline float fast_tanh(float u) {
     return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f;
 }
 
-dsc_status dsc_cpu_gelu_forward(float *out, const float *x, int64_t n) {
+dsc_status dsc_cpu_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -27,7 +28,8 @@ dsc_status dsc_cpu_gelu_forward(float *out, const float *x, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -40,7 +42,8 @@ dsc_status dsc_cpu_gelu_backward(float *dx, const float *dout, const float *x, i
     return NULL;
 }
 
-dsc_status dsc_cpu_silu_forward(float *out, const float *x, int64_t n) {
+dsc_status dsc_cpu_silu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -54,7 +57,8 @@ static inline float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-dsc_status dsc_cpu_silu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -62,7 +66,8 @@ dsc_status dsc_cpu_silu_backward(float *dx, const float *dout, const float *x, i
     return NULL;
 }
 
-dsc_status dsc_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -70,8 +75,9 @@ dsc_status dsc_cpu_swiglu_forward(float *out, const float *gate, const float *up
     return NULL;
 }
 
-dsc_status dsc_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                    int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -82,7 +88,8 @@ dsc_status dsc_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, 
     return NULL;
 }
 
-dsc_status dsc_cpu_softmax(float *out, const float *x, int64_t n, int64_t c) {
+dsc_status dsc_cpu_softmax(const dsc_backend *backend, float *out, const float *x, int64_t n, int64_t c) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t r = 0; r < n; r++) {

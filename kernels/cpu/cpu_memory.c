@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsc/backend.h"
+#include "core/backend.h"
 
-static dsc_status cpu_alloc(void **ptr, size_t bytes, int index) {
-    (void)index;
+static dsc_status cpu_alloc(const dsc_backend *backend, void **ptr, size_t bytes) {
+    (void)backend;
     size_t rounded = (bytes + DSC_MEM_ALIGN - 1) / DSC_MEM_ALIGN * DSC_MEM_ALIGN;
     *ptr = aligned_alloc(DSC_MEM_ALIGN, rounded);
     if (!*ptr) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes failed", bytes);
@@ -15,25 +15,25 @@ static dsc_status cpu_alloc(void **ptr, size_t bytes, int index) {
     return NULL;
 }
 
-static void cpu_free(void *ptr, int index) {
-    (void)index;
+static void cpu_free(const dsc_backend *backend, void *ptr) {
+    (void)backend;
     free(ptr);
 }
 
-static dsc_status cpu_copy(void *dst, const void *src, size_t bytes, int index) {
-    (void)index;
+static dsc_status cpu_copy(const dsc_backend *backend, void *dst, const void *src, size_t bytes) {
+    (void)backend;
     memmove(dst, src, bytes);
     return NULL;
 }
 
-static dsc_status cpu_synchronize(int index) {
-    (void)index;
+static dsc_status cpu_synchronize(const dsc_backend *backend) {
+    (void)backend;
     return NULL;
 }
 
 extern const struct dsc_kernel_ops dsc_cpu_kernel_ops;
 
-static const dsc_backend cpu_backend = {
+static const dsc_backend_iface cpu_iface = {
     .name = "cpu",
     .mem_alloc = cpu_alloc,
     .mem_free = cpu_free,
@@ -45,5 +45,5 @@ static const dsc_backend cpu_backend = {
 };
 
 __attribute__((constructor)) static void register_cpu_backend(void) {
-    dsc_backend_register(DSC_DEVICE_CPU, &cpu_backend);
+    dsc_backend_register(DSC_DEVICE_CPU, &cpu_iface);
 }

@@ -8,8 +8,9 @@
 #include "kernels/adamw_coeffs.h"
 #include "kernels/cpu/cpu_kernels.h"
 
-dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                          float beta2, float eps, float wd, int64_t step) {
+    (void)backend;
     dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -24,8 +25,9 @@ dsc_status dsc_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n
     return NULL;
 }
 
-dsc_status dsc_cpu_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
+dsc_status dsc_cpu_sgd(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
                        int64_t step) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
     bool first = step == 1;
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)

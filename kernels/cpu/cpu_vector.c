@@ -4,7 +4,8 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 
-dsc_status dsc_cpu_sum_squares(double *out, const float *x, int64_t n) {
+dsc_status dsc_cpu_sum_squares(const dsc_backend *backend, double *out, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
@@ -14,7 +15,8 @@ dsc_status dsc_cpu_sum_squares(double *out, const float *x, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_sum(double *out, const float *x, int64_t n) {
+dsc_status dsc_cpu_sum(const dsc_backend *backend, double *out, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
@@ -24,7 +26,8 @@ dsc_status dsc_cpu_sum(double *out, const float *x, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_scale(float *x, float s, int64_t n) {
+dsc_status dsc_cpu_scale(const dsc_backend *backend, float *x, float s, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -32,7 +35,8 @@ dsc_status dsc_cpu_scale(float *x, float s, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_axpy(float *y, float a, const float *x, int64_t n) {
+dsc_status dsc_cpu_axpy(const dsc_backend *backend, float *y, float a, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -40,7 +44,8 @@ dsc_status dsc_cpu_axpy(float *y, float a, const float *x, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_add(float *out, const float *a, const float *b, int64_t n) {
+dsc_status dsc_cpu_add(const dsc_backend *backend, float *out, const float *a, const float *b, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -48,7 +53,8 @@ dsc_status dsc_cpu_add(float *out, const float *a, const float *b, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_all_finite(bool *out, const float *x, int64_t n) {
+dsc_status dsc_cpu_all_finite(const dsc_backend *backend, bool *out, const float *x, int64_t n) {
+    (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int bad = 0;
     /* x - x is 0 for finite x and NaN for inf or NaN; no early exit keeps it a plain reduction. */
@@ -59,7 +65,8 @@ dsc_status dsc_cpu_all_finite(bool *out, const float *x, int64_t n) {
     return NULL;
 }
 
-dsc_status dsc_cpu_zero(float *x, int64_t n) {
+dsc_status dsc_cpu_zero(const dsc_backend *backend, float *x, int64_t n) {
+    (void)backend;
     if (n > 0) memset(x, 0, (size_t)n * sizeof *x);
     return NULL;
 }

@@ -68,31 +68,31 @@ __global__ void softmax_kernel(float *out, const float *x, int64_t n, int64_t c)
         out[row * c + i] = expf(xr[i] - mx) * inv;
 }
 
-dsc_status dsc_cuda_gelu_forward(float *out, const float *x, int64_t n) {
-    LAUNCH_ELEMENTWISE(gelu_forward_kernel, out, n, out, x, n);
+dsc_status dsc_cuda_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(gelu_forward_kernel, backend, n, out, x, n);
 }
-dsc_status dsc_cuda_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
-    LAUNCH_ELEMENTWISE(gelu_backward_kernel, dx, n, dx, dout, x, n);
+dsc_status dsc_cuda_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(gelu_backward_kernel, backend, n, dx, dout, x, n);
 }
-dsc_status dsc_cuda_silu_forward(float *out, const float *x, int64_t n) {
-    LAUNCH_ELEMENTWISE(silu_forward_kernel, out, n, out, x, n);
+dsc_status dsc_cuda_silu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(silu_forward_kernel, backend, n, out, x, n);
 }
-dsc_status dsc_cuda_silu_backward(float *dx, const float *dout, const float *x, int64_t n) {
-    LAUNCH_ELEMENTWISE(silu_backward_kernel, dx, n, dx, dout, x, n);
+dsc_status dsc_cuda_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(silu_backward_kernel, backend, n, dx, dout, x, n);
 }
-dsc_status dsc_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
-    LAUNCH_ELEMENTWISE(swiglu_forward_kernel, out, n, out, gate, up, n);
+dsc_status dsc_cuda_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n) {
+    LAUNCH_ELEMENTWISE(swiglu_forward_kernel, backend, n, out, gate, up, n);
 }
-dsc_status dsc_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+dsc_status dsc_cuda_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate,
                                     const float *up, int64_t n) {
-    LAUNCH_ELEMENTWISE(swiglu_backward_kernel, dgate, n, dgate, dup, dout, gate, up, n);
+    LAUNCH_ELEMENTWISE(swiglu_backward_kernel, backend, n, dgate, dup, dout, gate, up, n);
 }
 
-dsc_status dsc_cuda_softmax(float *out, const float *x, int64_t n, int64_t c) {
+dsc_status dsc_cuda_softmax(const dsc_backend *backend, float *out, const float *x, int64_t n, int64_t c) {
     if (n == 0 || c == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(out, &device));
-    softmax_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK>>>(out, x, n, c);
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    softmax_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(out, x, n, c);
     CUDA_LAUNCHED(softmax_kernel);
     return NULL;
 }

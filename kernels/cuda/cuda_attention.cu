@@ -123,35 +123,35 @@ static dsc_status check_head_size(int64_t hs) {
     return NULL;
 }
 
-dsc_status dsc_cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+dsc_status dsc_cuda_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
                                       int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     DSC_TRY(check_head_size(hs));
     if (b * t * nh == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(out, &device));
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     bool done;
-    DSC_TRY(dsc_cuda_flash_attention_forward(out, lse, q, k, v, b, t, nh, nkv, hs, &done));
+    DSC_TRY(dsc_cuda_flash_attention_forward(backend, out, lse, q, k, v, b, t, nh, nkv, hs, &done));
     if (done) return NULL;
-    attention_forward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK>>>(out, lse, q, k, v, b, t, nh, nkv, hs,
+    attention_forward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK, 0, cx->stream>>>(out, lse, q, k, v, b, t, nh, nkv, hs,
                                                                            1.0f / sqrtf((float)hs));
     CUDA_LAUNCHED(attention_forward_kernel);
     return NULL;
 }
 
-dsc_status dsc_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+dsc_status dsc_cuda_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                        const float *k, const float *v, const float *out, const float *lse,
                                        int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
     DSC_TRY(check_head_size(hs));
     if (b * t * nh == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(dq, &device));
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     bool done;
-    DSC_TRY(dsc_cuda_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, &done));
+    DSC_TRY(dsc_cuda_flash_attention_backward(backend, dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, &done));
     if (done) return NULL;
     size_t kv_bytes = (size_t)(b * t * nkv * hs) * sizeof(float);
-    CUDA_CALL(cudaMemsetAsync(dk, 0, kv_bytes));
-    CUDA_CALL(cudaMemsetAsync(dv, 0, kv_bytes));
-    attention_backward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK>>>(
+    CUDA_CALL(cudaMemsetAsync(dk, 0, kv_bytes, cx->stream));
+    CUDA_CALL(cudaMemsetAsync(dv, 0, kv_bytes, cx->stream));
+    attention_backward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK, 0, cx->stream>>>(
         dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, 1.0f / sqrtf((float)hs));
     CUDA_LAUNCHED(attention_backward_kernel);
     return NULL;
@@ -171,8 +171,8 @@ __global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int6
     }
 }
 
-dsc_status dsc_cuda_rope(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
+dsc_status dsc_cuda_rope(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
                          int64_t hs, float theta, bool inverse) {
-    LAUNCH_ELEMENTWISE(rope_kernel, out, b * t * nh * (hs / 2), out, x, pos, b, t, nh, hs, (double)theta,
+    LAUNCH_ELEMENTWISE(rope_kernel, backend, b * t * nh * (hs / 2), out, x, pos, b, t, nh, hs, (double)theta,
                        inverse ? -1.0 : 1.0);
 }

@@ -1,8 +1,8 @@
 /* Shared pieces of the CUDA kernels: error-check macros that turn CUDA and
  * cuBLAS failures into statuses naming the call or kernel, the per-device
- * context (cuBLAS handle and a small result scratch, both created lazily on
- * first use and kept for the process), launch-size helpers and warp/block
- * reductions. It holds no operation. */
+ * context behind a CUDA backend object (compute stream, cuBLAS handle and a
+ * small result scratch, created once with the object), launch-size helpers
+ * and warp/block reductions. It holds no operation. */
 #ifndef DSC_KERNELS_CUDA_COMMON_CUH
 #define DSC_KERNELS_CUDA_COMMON_CUH
 
@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "core/backend.h"
 #include "dsc/kernels.h"
 
 #define CUDA_CALL(call)                                                                                           \
@@ -41,11 +42,19 @@ typedef struct cuda_scratch {
     int first_bad_id; /* the id found there */
 } cuda_scratch;
 
-/* Makes the device holding `ptr` current (kernels run where their data is). */
-dsc_status dsc_cuda_enter(const void *ptr, int *device);
-/* The device's cuBLAS handle and scratch, created on first use. */
-dsc_status dsc_cuda_blas(int device, cublasHandle_t *out);
-dsc_status dsc_cuda_scratch(int device, cuda_scratch **out);
+/* The context of one device (dsc_backend.ctx). Every kernel, copy and
+ * cuBLAS call of the backend goes to `stream`. */
+typedef struct cuda_context {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas; /* bound to stream */
+    cuda_scratch *scratch;
+} cuda_context;
+
+/* Creates backend->ctx and backend->stream for backend->device (the init entry of the CUDA table). */
+dsc_status dsc_cuda_context_create(dsc_backend *backend);
+/* Makes the backend's device current and returns its context. */
+dsc_status dsc_cuda_enter(const dsc_backend *backend, cuda_context **cx);
 
 #define CUDA_BLOCK 256
 #define WARPS_PER_BLOCK (CUDA_BLOCK / 32)
@@ -94,13 +103,13 @@ __device__ __forceinline__ float block_reduce(float x, bool is_max) {
 #define GRID_STRIDE(i, n)                                                                                         \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-/* Enters the device of `out` and launches an elementwise kernel over n elements. */
-#define LAUNCH_ELEMENTWISE(kernel, out, n, ...)                                                                   \
+/* Enters the backend's device and launches an elementwise kernel over n elements on its stream. */
+#define LAUNCH_ELEMENTWISE(kernel, backend, n, ...)                                                               \
     do {                                                                                                          \
         if ((n) == 0) return NULL;                                                                                \
-        int device_;                                                                                              \
-        DSC_TRY(dsc_cuda_enter((out), &device_));                                                                 \
-        kernel<<<cuda_blocks(n), CUDA_BLOCK>>>(__VA_ARGS__);                                                      \
+        cuda_context *cx_;                                                                                        \
+        DSC_TRY(dsc_cuda_enter((backend), &cx_));                                                                 \
+        kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, cx_->stream>>>(__VA_ARGS__);                                      \
         CUDA_LAUNCHED(kernel);                                                                                    \
         return NULL;                                                                                              \
     } while (0)

@@ -1,56 +1,54 @@
-/* Per-device state of the CUDA backend: one cuBLAS handle and one small
- * scratch struct per device, created lazily under a lock the first time a
- * kernel on that device needs them and kept until the process exits (the only
- * allocations the CUDA kernels ever cause). Kernels run on the device that
- * holds their data, found from the output pointer. */
-#include <pthread.h>
+/* The context of a CUDA backend object: one compute stream, one cuBLAS
+ * handle bound to it and one small scratch struct per device, created when
+ * the device's backend object is created (core/backend.c, once per device,
+ * under the registry's lock) and kept until the process exits (the only
+ * allocations the CUDA kernels ever cause). Kernels run on the device of the
+ * backend object they are given, which comes from the tensors' device field;
+ * nothing here inspects a pointer. */
+#include <stdlib.h>
 
 #include "dsc/memory.h"
 #include "kernels/cuda/cuda_common.cuh"
 
-#define MAX_DEVICES 64
-
-static struct {
-    cublasHandle_t blas;
-    cuda_scratch *scratch;
-} contexts[MAX_DEVICES];
-static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
-
-dsc_status dsc_cuda_enter(const void *ptr, int *device) {
-    cudaPointerAttributes attr;
-    CUDA_CALL(cudaPointerGetAttributes(&attr, ptr));
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return dsc_error(DSC_ERR_INVALID, "CUDA kernel argument %p is not device memory", ptr);
-    if (attr.device < 0 || attr.device >= MAX_DEVICES)
-        return dsc_error(DSC_ERR_UNSUPPORTED, "cuda:%d is beyond the %d devices dsc supports", attr.device,
-                         MAX_DEVICES);
-    *device = attr.device;
-    CUDA_CALL(cudaSetDevice(attr.device));
+/* The stream is created blocking (not cudaStreamNonBlocking): work that still
+ * goes to the legacy default stream (cudaFree, other libraries) stays ordered
+ * with it. Communication streams are ordered by events (docs/kernels.md). */
+static dsc_status create(cuda_context *cx) {
+    CUDA_CALL(cudaSetDevice(cx->device));
+    CUDA_CALL(cudaStreamCreate(&cx->stream));
+    CUBLAS_CALL(cublasCreate(&cx->blas));
+    CUBLAS_CALL(cublasSetStream(cx->blas, cx->stream));
+    CUDA_CALL(cudaMalloc((void **)&cx->scratch, sizeof(cuda_scratch)));
+    dsc_mem_account(DSC_MEM_OTHER, (int64_t)sizeof(cuda_scratch));
     return NULL;
 }
 
-/* Creates what is missing for `device` (current already); caller holds the lock. */
-static dsc_status create_context(int device) {
-    if (!contexts[device].blas) CUBLAS_CALL(cublasCreate(&contexts[device].blas));
-    if (!contexts[device].scratch) {
-        CUDA_CALL(cudaMalloc((void **)&contexts[device].scratch, sizeof(cuda_scratch)));
-        dsc_mem_account(DSC_MEM_OTHER, (int64_t)sizeof(cuda_scratch));
+static void destroy(cuda_context *cx) {
+    if (cx->scratch) {
+        cudaFree(cx->scratch);
+        dsc_mem_account(DSC_MEM_OTHER, -(int64_t)sizeof(cuda_scratch));
     }
+    if (cx->blas) cublasDestroy(cx->blas);
+    if (cx->stream) cudaStreamDestroy(cx->stream);
+    free(cx);
+}
+
+dsc_status dsc_cuda_context_create(dsc_backend *backend) {
+    cuda_context *cx = (cuda_context *)calloc(1, sizeof *cx);
+    if (!cx) return dsc_error(DSC_ERR_NOMEM, "allocating the CUDA context of cuda:%d", backend->device.index);
+    cx->device = backend->device.index;
+    dsc_status s = create(cx);
+    if (s) {
+        destroy(cx);
+        return s;
+    }
+    backend->ctx = cx;
+    backend->stream = cx->stream;
     return NULL;
 }
 
-dsc_status dsc_cuda_blas(int device, cublasHandle_t *out) {
-    pthread_mutex_lock(&contexts_lock);
-    dsc_status s = create_context(device);
-    *out = contexts[device].blas;
-    pthread_mutex_unlock(&contexts_lock);
-    return dsc_error_wrap(s, "creating the CUDA context of cuda:%d", device);
-}
-
-dsc_status dsc_cuda_scratch(int device, cuda_scratch **out) {
-    pthread_mutex_lock(&contexts_lock);
-    dsc_status s = create_context(device);
-    *out = contexts[device].scratch;
-    pthread_mutex_unlock(&contexts_lock);
-    return dsc_error_wrap(s, "creating the CUDA context of cuda:%d", device);
+dsc_status dsc_cuda_enter(const dsc_backend *backend, cuda_context **cx) {
+    *cx = (cuda_context *)backend->ctx;
+    CUDA_CALL(cudaSetDevice((*cx)->device));
+    return NULL;
 }

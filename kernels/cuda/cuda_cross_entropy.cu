@@ -47,22 +47,26 @@ __global__ void cross_entropy_backward_kernel(float *dlogits, const float *logit
         d[j] = expf(row[j] - mx) * inv - (j == target ? dloss : 0.0f);
 }
 
-dsc_status dsc_cuda_cross_entropy_forward(float *losses, const float *logits, const int32_t *targets, int64_t n,
+dsc_status dsc_cuda_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits, const int32_t *targets, int64_t n,
                                           int64_t v) {
-    DSC_TRY(dsc_cuda_check_ids(targets, n, v, true, "target"));
+    DSC_TRY(dsc_cuda_check_ids(backend, targets, n, v, true, "target"));
     if (n == 0) return NULL;
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     DSC_CHECK(n <= INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA cross-entropy: %lld rows exceed the grid", (long long)n);
-    cross_entropy_forward_kernel<<<(unsigned int)n, CUDA_BLOCK>>>(losses, logits, targets, v);
+    cross_entropy_forward_kernel<<<(unsigned int)n, CUDA_BLOCK, 0, cx->stream>>>(losses, logits, targets, v);
     CUDA_LAUNCHED(cross_entropy_forward_kernel);
     return NULL;
 }
 
-dsc_status dsc_cuda_cross_entropy_backward(float *dlogits, const float *logits, const int32_t *targets, int64_t n,
+dsc_status dsc_cuda_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits, const int32_t *targets, int64_t n,
                                            int64_t v, float dloss) {
-    DSC_TRY(dsc_cuda_check_ids(targets, n, v, true, "target"));
+    DSC_TRY(dsc_cuda_check_ids(backend, targets, n, v, true, "target"));
     if (n == 0) return NULL;
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     DSC_CHECK(n <= INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA cross-entropy: %lld rows exceed the grid", (long long)n);
-    cross_entropy_backward_kernel<<<(unsigned int)n, CUDA_BLOCK>>>(dlogits, logits, targets, v, dloss);
+    cross_entropy_backward_kernel<<<(unsigned int)n, CUDA_BLOCK, 0, cx->stream>>>(dlogits, logits, targets, v, dloss);
     CUDA_LAUNCHED(cross_entropy_backward_kernel);
     return NULL;
 }

@@ -21,19 +21,19 @@ __global__ void read_bad_id_kernel(cuda_scratch *scratch, const int32_t *ids) {
     if (scratch->first_bad != INT32_MAX) scratch->first_bad_id = ids[scratch->first_bad];
 }
 
-dsc_status dsc_cuda_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool allow_negative,
+dsc_status dsc_cuda_check_ids(const dsc_backend *backend, const int32_t *ids, int64_t n, int64_t limit, bool allow_negative,
                               const char *what) {
     if (n == 0) return NULL;
     DSC_CHECK(n < INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA id check: %lld ids exceed 32-bit positions", (long long)n);
-    int device;
-    cuda_scratch *scratch, result;
-    DSC_TRY(dsc_cuda_enter(ids, &device));
-    DSC_TRY(dsc_cuda_scratch(device, &scratch));
-    reset_ids_kernel<<<1, 1>>>(scratch);
-    check_ids_kernel<<<cuda_blocks(n), CUDA_BLOCK>>>(scratch, ids, n, limit, allow_negative);
-    read_bad_id_kernel<<<1, 1>>>(scratch, ids);
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    cuda_scratch *scratch = cx->scratch, result;
+    reset_ids_kernel<<<1, 1, 0, cx->stream>>>(scratch);
+    check_ids_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(scratch, ids, n, limit, allow_negative);
+    read_bad_id_kernel<<<1, 1, 0, cx->stream>>>(scratch, ids);
     CUDA_LAUNCHED(check_ids_kernel);
-    CUDA_CALL(cudaMemcpy(&result, scratch, sizeof result, cudaMemcpyDeviceToHost));
+    CUDA_CALL(cudaMemcpyAsync(&result, scratch, sizeof result, cudaMemcpyDeviceToHost, cx->stream));
+    CUDA_CALL(cudaStreamSynchronize(cx->stream));
     DSC_CHECK(result.first_bad == INT32_MAX, DSC_ERR_INVALID, "%s id %d at position %d is outside [0, %lld)", what,
               result.first_bad_id, result.first_bad, (long long)limit);
     return NULL;
@@ -56,14 +56,14 @@ __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float 
     }
 }
 
-dsc_status dsc_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+dsc_status dsc_cuda_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                       int64_t n, int64_t t, int64_t v, int64_t c) {
-    DSC_TRY(dsc_cuda_check_ids(tokens, n, v, false, "token"));
-    LAUNCH_ELEMENTWISE(embedding_forward_kernel, out, n * c, out, tokens, wte, wpe, n, t, c);
+    DSC_TRY(dsc_cuda_check_ids(backend, tokens, n, v, false, "token"));
+    LAUNCH_ELEMENTWISE(embedding_forward_kernel, backend, n * c, out, tokens, wte, wpe, n, t, c);
 }
 
-dsc_status dsc_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+dsc_status dsc_cuda_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                        int64_t n, int64_t t, int64_t v, int64_t c) {
-    DSC_TRY(dsc_cuda_check_ids(tokens, n, v, false, "token"));
-    LAUNCH_ELEMENTWISE(embedding_backward_kernel, dwte, n * c, dwte, dwpe, dout, tokens, n, t, c);
+    DSC_TRY(dsc_cuda_check_ids(backend, tokens, n, v, false, "token"));
+    LAUNCH_ELEMENTWISE(embedding_backward_kernel, backend, n * c, dwte, dwpe, dout, tokens, n, t, c);
 }

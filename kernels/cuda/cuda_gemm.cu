@@ -29,38 +29,36 @@ __global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64
     }
 }
 
-dsc_status dsc_cuda_gemm(float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
+dsc_status dsc_cuda_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
                          int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta) {
     if (batch == 0 || m == 0 || n == 0) return NULL;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
         return dsc_error(DSC_ERR_UNSUPPORTED,
                          "cublasSgemmStridedBatched: extents (%lld, %lld, %lld) exceed 32 bits", (long long)m,
                          (long long)n, (long long)k);
-    int device;
-    cublasHandle_t handle;
-    DSC_TRY(dsc_cuda_enter(out, &device));
-    DSC_TRY(dsc_cuda_blas(device, &handle));
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n); /* row lengths as stored */
     if (lda < 1) lda = 1;
     if (ldb < 1) ldb = 1;
-    CUBLAS_CALL(cublasSgemmStridedBatched(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+    CUBLAS_CALL(cublasSgemmStridedBatched(cx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, b,
                                           ldb, k * n, a, lda, m * k, &beta, out, (int)n, m * n, (int)batch));
     if (bias) {
-        add_bias_kernel<<<cuda_blocks(batch * m * n), CUDA_BLOCK>>>(out, bias, batch * m, n);
+        add_bias_kernel<<<cuda_blocks(batch * m * n), CUDA_BLOCK, 0, cx->stream>>>(out, bias, batch * m, n);
         CUDA_LAUNCHED(add_bias_kernel);
     }
     return NULL;
 }
 
-dsc_status dsc_cuda_linear_backward_bias(float *dbias, const float *dy, int64_t n, int64_t oc) {
+dsc_status dsc_cuda_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n, int64_t oc) {
     if (oc == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(dbias, &device));
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
     if (n == 0) return NULL;
     int64_t chunk = cuda_row_chunk(n);
     dim3 grid((unsigned int)((oc + 31) / 32), (unsigned int)((n + chunk - 1) / chunk));
-    bias_grad_kernel<<<grid, CUDA_BLOCK>>>(dbias, dy, n, oc, chunk);
+    bias_grad_kernel<<<grid, CUDA_BLOCK, 0, cx->stream>>>(dbias, dy, n, oc, chunk);
     CUDA_LAUNCHED(bias_grad_kernel);
     return NULL;
 }

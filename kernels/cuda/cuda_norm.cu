@@ -74,49 +74,49 @@ __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, 
     if (db) atomicAdd(db + col, acc_b);
 }
 
-static dsc_status norm_forward(float *out, float *mean, float *rstd, const float *x, const float *w,
+static dsc_status norm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
                                const float *b, int64_t n, int64_t c, float eps, bool centre) {
     if (n == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(out, &device));
-    norm_forward_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK>>>(out, mean, rstd, x, w, b, n, c, eps, centre);
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    norm_forward_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(out, mean, rstd, x, w, b, n, c, eps, centre);
     CUDA_LAUNCHED(norm_forward_kernel);
     return NULL;
 }
 
-static dsc_status norm_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+static dsc_status norm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                                 const float *shift, const float *rstd, int64_t n, int64_t c) {
     if (n == 0 || c == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(dx, &device));
-    norm_input_grad_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK>>>(dx, dout, x, w, shift, rstd, n, c);
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    norm_input_grad_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(dx, dout, x, w, shift, rstd, n, c);
     CUDA_LAUNCHED(norm_input_grad_kernel);
     if (dw || db) {
         int64_t chunk = cuda_row_chunk(n);
         dim3 grid((unsigned int)((c + 31) / 32), (unsigned int)((n + chunk - 1) / chunk));
-        norm_param_grad_kernel<<<grid, CUDA_BLOCK>>>(dw, db, dout, x, shift, rstd, n, c, chunk);
+        norm_param_grad_kernel<<<grid, CUDA_BLOCK, 0, cx->stream>>>(dw, db, dout, x, shift, rstd, n, c, chunk);
         CUDA_LAUNCHED(norm_param_grad_kernel);
     }
     return NULL;
 }
 
-dsc_status dsc_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *w,
+dsc_status dsc_cuda_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
                                       const float *b, int64_t n, int64_t c, float eps) {
-    return norm_forward(out, mean, rstd, x, w, b, n, c, eps, true);
+    return norm_forward(backend, out, mean, rstd, x, w, b, n, c, eps, true);
 }
 
-dsc_status dsc_cuda_layernorm_backward(float *dx, float *dw, float *db, const float *dout, const float *x,
+dsc_status dsc_cuda_layernorm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x,
                                        const float *w, const float *mean, const float *rstd, int64_t n,
                                        int64_t c) {
-    return norm_backward(dx, dw, db, dout, x, w, mean, rstd, n, c);
+    return norm_backward(backend, dx, dw, db, dout, x, w, mean, rstd, n, c);
 }
 
-dsc_status dsc_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
+dsc_status dsc_cuda_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
                                     float eps) {
-    return norm_forward(out, NULL, rstd, x, w, NULL, n, c, eps, false);
+    return norm_forward(backend, out, NULL, rstd, x, w, NULL, n, c, eps, false);
 }
 
-dsc_status dsc_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+dsc_status dsc_cuda_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout, const float *x, const float *w,
                                      const float *rstd, int64_t n, int64_t c) {
-    return norm_backward(dx, dw, NULL, dout, x, w, NULL, rstd, n, c);
+    return norm_backward(backend, dx, dw, NULL, dout, x, w, NULL, rstd, n, c);
 }

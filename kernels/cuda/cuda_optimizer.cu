@@ -28,13 +28,13 @@ __global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, floa
     }
 }
 
-dsc_status dsc_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+dsc_status dsc_cuda_adamw(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                           float beta2, float eps, float wd, int64_t step) {
     dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
-    LAUNCH_ELEMENTWISE(adamw_kernel, p, n, p, g, m, v, n, beta1, beta2, eps, c.decay, c.step_size, c.bc2_sqrt);
+    LAUNCH_ELEMENTWISE(adamw_kernel, backend, n, p, g, m, v, n, beta1, beta2, eps, c.decay, c.step_size, c.bc2_sqrt);
 }
 
-dsc_status dsc_cuda_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
+dsc_status dsc_cuda_sgd(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
                         int64_t step) {
-    LAUNCH_ELEMENTWISE(sgd_kernel, p, n, p, g, buf, n, lr, momentum, wd, step == 1);
+    LAUNCH_ELEMENTWISE(sgd_kernel, backend, n, p, g, buf, n, lr, momentum, wd, step == 1);
 }

@@ -25,41 +25,41 @@ __global__ void finite_kernel(cuda_scratch *scratch, const float *x, int64_t n) 
 
 /* Clears the scratch, runs a reduction into it and copies it back. */
 /* kind: 0 sum, 1 sum of squares, 2 finiteness flag. */
-static dsc_status reduce(const float *x, int64_t n, int kind, cuda_scratch *result) {
-    int device;
-    cuda_scratch *scratch;
-    DSC_TRY(dsc_cuda_enter(x, &device));
-    DSC_TRY(dsc_cuda_scratch(device, &scratch));
-    CUDA_CALL(cudaMemsetAsync(scratch, 0, sizeof *scratch));
+static dsc_status reduce(const dsc_backend *backend, const float *x, int64_t n, int kind, cuda_scratch *result) {
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    cuda_scratch *scratch = cx->scratch;
+    CUDA_CALL(cudaMemsetAsync(scratch, 0, sizeof *scratch, cx->stream));
     unsigned int blocks = cuda_blocks(n) < 1024 ? cuda_blocks(n) : 1024;
     if (kind == 2) {
-        finite_kernel<<<blocks, CUDA_BLOCK>>>(scratch, x, n);
+        finite_kernel<<<blocks, CUDA_BLOCK, 0, cx->stream>>>(scratch, x, n);
         CUDA_LAUNCHED(finite_kernel);
     } else {
-        sum_kernel<<<blocks, CUDA_BLOCK>>>(scratch, x, n, kind == 1);
+        sum_kernel<<<blocks, CUDA_BLOCK, 0, cx->stream>>>(scratch, x, n, kind == 1);
         CUDA_LAUNCHED(sum_kernel);
     }
-    CUDA_CALL(cudaMemcpy(result, scratch, sizeof *result, cudaMemcpyDeviceToHost));
+    CUDA_CALL(cudaMemcpyAsync(result, scratch, sizeof *result, cudaMemcpyDeviceToHost, cx->stream));
+    CUDA_CALL(cudaStreamSynchronize(cx->stream));
     return NULL;
 }
 
-dsc_status dsc_cuda_sum_squares(double *out, const float *x, int64_t n) {
+dsc_status dsc_cuda_sum_squares(const dsc_backend *backend, double *out, const float *x, int64_t n) {
     cuda_scratch r = {};
-    if (n > 0) DSC_TRY(reduce(x, n, 1, &r));
+    if (n > 0) DSC_TRY(reduce(backend, x, n, 1, &r));
     *out = r.acc;
     return NULL;
 }
 
-dsc_status dsc_cuda_sum(double *out, const float *x, int64_t n) {
+dsc_status dsc_cuda_sum(const dsc_backend *backend, double *out, const float *x, int64_t n) {
     cuda_scratch r = {};
-    if (n > 0) DSC_TRY(reduce(x, n, 0, &r));
+    if (n > 0) DSC_TRY(reduce(backend, x, n, 0, &r));
     *out = r.acc;
     return NULL;
 }
 
-dsc_status dsc_cuda_all_finite(bool *out, const float *x, int64_t n) {
+dsc_status dsc_cuda_all_finite(const dsc_backend *backend, bool *out, const float *x, int64_t n) {
     cuda_scratch r = {};
-    if (n > 0) DSC_TRY(reduce(x, n, 2, &r));
+    if (n > 0) DSC_TRY(reduce(backend, x, n, 2, &r));
     *out = r.flag == 0;
     return NULL;
 }
@@ -74,20 +74,20 @@ __global__ void add_kernel(float *out, const float *a, const float *b, int64_t n
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
-dsc_status dsc_cuda_scale(float *x, float s, int64_t n) {
-    LAUNCH_ELEMENTWISE(scale_kernel, x, n, x, s, n);
+dsc_status dsc_cuda_scale(const dsc_backend *backend, float *x, float s, int64_t n) {
+    LAUNCH_ELEMENTWISE(scale_kernel, backend, n, x, s, n);
 }
-dsc_status dsc_cuda_axpy(float *y, float a, const float *x, int64_t n) {
-    LAUNCH_ELEMENTWISE(axpy_kernel, y, n, y, a, x, n);
+dsc_status dsc_cuda_axpy(const dsc_backend *backend, float *y, float a, const float *x, int64_t n) {
+    LAUNCH_ELEMENTWISE(axpy_kernel, backend, n, y, a, x, n);
 }
-dsc_status dsc_cuda_add(float *out, const float *a, const float *b, int64_t n) {
-    LAUNCH_ELEMENTWISE(add_kernel, out, n, out, a, b, n);
+dsc_status dsc_cuda_add(const dsc_backend *backend, float *out, const float *a, const float *b, int64_t n) {
+    LAUNCH_ELEMENTWISE(add_kernel, backend, n, out, a, b, n);
 }
 
-dsc_status dsc_cuda_zero(float *x, int64_t n) {
+dsc_status dsc_cuda_zero(const dsc_backend *backend, float *x, int64_t n) {
     if (n == 0) return NULL;
-    int device;
-    DSC_TRY(dsc_cuda_enter(x, &device));
-    CUDA_CALL(cudaMemsetAsync(x, 0, (size_t)n * sizeof *x));
+    cuda_context *cx;
+    DSC_TRY(dsc_cuda_enter(backend, &cx));
+    CUDA_CALL(cudaMemsetAsync(x, 0, (size_t)n * sizeof *x, cx->stream));
     return NULL;
 }

@@ -10,6 +10,11 @@
  * operation) and the dsc communicator refuses further work. The unique id
  * travels over the communicator's MPI twin. Uneven reduce-scatter and
  * all-gather are grouped ncclReduce / ncclBroadcast calls, one per piece.
+ * Ordering with compute (docs/comm.md): every operation first makes the
+ * communicator's stream wait for an event recorded on the device's compute
+ * stream (the backend object's), so it sees what the kernels before it
+ * wrote; and the compute stream waits for the event recorded after the
+ * operation, so kernels after it see what it delivered.
  * Not here: argument checks, deadlines and byte counting (collectives.c). */
 #ifdef DSC_HAVE_CUDA
 
@@ -17,12 +22,15 @@
 #include <nccl.h>
 #include <stdio.h>
 
+#include "core/backend.h"
 #include "runtime/comm/comm_internal.h"
 
 typedef struct nccl_state {
     ncclComm_t comm;
-    cudaStream_t stream;
-    cudaEvent_t done; /* recorded after each collective */
+    cudaStream_t stream;  /* this communicator's */
+    cudaStream_t compute; /* the device's compute stream (its backend object's) */
+    cudaEvent_t ready;    /* recorded on compute before each operation */
+    cudaEvent_t done;     /* recorded after each collective */
 } nccl_state;
 
 static dsc_status nccl_check(ncclResult_t r, const char *call, const dsc_comm *c) {
@@ -44,6 +52,23 @@ static ncclDataType_t nccl_type(dsc_dtype dtype) {
 
 static ncclRedOp_t nccl_op(dsc_reduce_op op) {
     return op == DSC_REDUCE_OP_MAX ? ncclMax : op == DSC_REDUCE_OP_AVG ? ncclAvg : ncclSum;
+}
+
+/* ---- ordering with the compute stream ------------------------------------------- */
+
+/* Called before an operation is issued: the communicator's stream waits for
+ * everything queued so far on the compute stream (the producers of its data). */
+static dsc_status after_compute(dsc_comm *c) {
+    nccl_state *st = c->impl;
+    DSC_TRY(cuda_check(cudaEventRecord(st->ready, st->compute), "cudaEventRecord", c));
+    return cuda_check(cudaStreamWaitEvent(st->stream, st->ready, 0), "cudaStreamWaitEvent", c);
+}
+
+/* Called once `event` (recorded after an operation) is reached: later
+ * kernels on the compute stream wait for it. */
+static dsc_status compute_after(dsc_comm *c, cudaEvent_t event) {
+    nccl_state *st = c->impl;
+    return cuda_check(cudaStreamWaitEvent(st->compute, event, 0), "cudaStreamWaitEvent", c);
 }
 
 /* ---- waiting ---------------------------------------------------------------- */
@@ -91,6 +116,7 @@ static dsc_status finish_on_stream(dsc_comm *c, const char *what, int peer, nccl
     if (!s) s = cuda_check(cudaEventRecord(st->done, st->stream), "cudaEventRecord", c);
     event_wait w = {c, st->done};
     if (!s) s = dsc_comm_poll(c, what, peer, c->deadline, test_event, &w);
+    if (!s) s = compute_after(c, st->done);
     return s ? give_up(c, s) : NULL;
 }
 
@@ -100,8 +126,12 @@ static dsc_status nccl_init(dsc_comm *c) {
     nccl_state *st;
     DSC_TRY(dsc_mem_alloc((void **)&st, sizeof *st, DSC_MEM_COMM, DSC_CPU));
     c->impl = st;
+    const dsc_backend *device;
+    DSC_TRY(dsc_backend_get(c->opts.device, &device));
+    st->compute = (cudaStream_t)device->stream;
     DSC_TRY(cuda_check(cudaSetDevice(c->opts.device.index), "cudaSetDevice", c));
     DSC_TRY(cuda_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate", c));
+    DSC_TRY(cuda_check(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming), "cudaEventCreate", c));
     DSC_TRY(cuda_check(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), "cudaEventCreate", c));
     ncclUniqueId id;
     if (c->rank == 0) DSC_TRY(nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", c));
@@ -120,6 +150,7 @@ static void nccl_fini(dsc_comm *c) {
     nccl_state *st = c->impl;
     if (st->comm) ncclCommDestroy(st->comm);
     if (st->done) cudaEventDestroy(st->done);
+    if (st->ready) cudaEventDestroy(st->ready);
     if (st->stream) cudaStreamDestroy(st->stream);
     dsc_mem_free(st, sizeof *st, DSC_MEM_COMM, DSC_CPU);
     c->impl = NULL;
@@ -129,6 +160,7 @@ static void nccl_fini(dsc_comm *c) {
 
 static dsc_status nccl_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
     nccl_state *st = c->impl;
+    DSC_TRY(after_compute(c));
     ncclResult_t r = ncclAllReduce(t->data, t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), nccl_op(op),
                                    st->comm, st->stream);
     return finish_on_stream(c, "all-reduce", -1, r, "ncclAllReduce");
@@ -144,6 +176,7 @@ static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_t
                                       dsc_reduce_op op) {
     nccl_state *st = c->impl;
     ncclDataType_t type = nccl_type(send->dtype);
+    DSC_TRY(after_compute(c));
     if (even(c, counts))
         return finish_on_stream(c, "reduce-scatter", -1,
                                 ncclReduceScatter(send->data, recv->data, (size_t)dsc_tensor_numel(recv), type,
@@ -164,6 +197,7 @@ static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_t
 static dsc_status nccl_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
     nccl_state *st = c->impl;
     ncclDataType_t type = nccl_type(send->dtype);
+    DSC_TRY(after_compute(c));
     if (even(c, counts))
         return finish_on_stream(
             c, "all-gather", -1,
@@ -191,6 +225,7 @@ static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int6
     DSC_CHECK(send_counts[c->rank] == recv_counts[c->rank], DSC_ERR_INVALID,
               "all-to-all on communicator \"%s\": %lld elements sent to self but %lld expected", c->name,
               (long long)send_counts[c->rank], (long long)recv_counts[c->rank]);
+    DSC_TRY(after_compute(c));
     /* The own piece is a device copy, enqueued before the group so that no
      * CUDA call enters the stream while the non-blocking group is in flight. */
     for (int j = 0; j < c->rank; j++) {
@@ -220,6 +255,7 @@ static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int6
 
 static dsc_status nccl_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
     nccl_state *st = c->impl;
+    DSC_TRY(after_compute(c));
     return finish_on_stream(c, "broadcast", -1,
                             ncclBroadcast(t->data, t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), root,
                                           st->comm, st->stream),
@@ -244,6 +280,7 @@ static dsc_status nccl_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag
     nccl_state *st = c->impl;
     DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "send on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
               tag);
+    DSC_TRY(after_compute(c));
     return post_p2p(
         c, req, ncclSend(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
         "ncclSend");
@@ -253,6 +290,7 @@ static dsc_status nccl_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_
     nccl_state *st = c->impl;
     DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "recv on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
               tag);
+    DSC_TRY(after_compute(c));
     return post_p2p(
         c, req, ncclRecv(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
         "ncclRecv");
@@ -262,8 +300,10 @@ static dsc_status nccl_test(dsc_comm_request *req, bool *done) {
     event_wait w = {req->comm, (cudaEvent_t)req->impl};
     DSC_TRY(test_event(&w, done));
     if (*done) {
+        dsc_status s = compute_after(req->comm, w.event);
         cudaEventDestroy(w.event);
         req->impl = NULL;
+        return s;
     }
     return NULL;
 }

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "comm_test_util.h"
-#include "dsc/backend.h"
+#include "dsc/memory.h"
 #include "test_mpi.h"
 
 static void test_world(void **state) {

@@ -5,7 +5,10 @@
  * priority, static batching, and a KV cache so small that an optimistic
  * reservation must preempt (recompute) requests. No forward exceeds the
  * budget, every block is returned, stop tokens and max_new_tokens end
- * requests, seeded sampling repeats, impossible requests are refused. */
+ * requests, seeded sampling repeats, impossible requests are refused.
+ * Releasing requests mid-run (how a server cancels) frees their blocks and
+ * leaves the others' tokens unchanged; the callback sees the logits row of
+ * each token. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,12 +102,11 @@ static dsc_status collect(void *user, uint64_t uid, int32_t token, bool finished
     return NULL;
 }
 
-static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_scheduler **out) {
+/* Clears the results and submits the NREQ requests of the workload, greedy. */
+static void submit_all(dsc_scheduler *s) {
     memset(W.got, 0, sizeof W.got);
     memset(W.n_got, 0, sizeof W.n_got);
     memset(W.finished, 0, sizeof W.finished);
-    dsc_scheduler *s;
-    assert_ok(dsc_scheduler_create(e, cfg, collect, &W, &s));
     for (int i = 0; i < NREQ; i++) {
         dsc_gen_request r = {.uid = (uint64_t)i,
                              .prompt = W.prompt[i],
@@ -113,6 +115,12 @@ static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_c
                              .sampling = dsc_sampling_params_greedy()};
         assert_ok(dsc_scheduler_submit(s, &r));
     }
+}
+
+static const dsc_scheduler_stats *run(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_scheduler **out) {
+    dsc_scheduler *s;
+    assert_ok(dsc_scheduler_create(e, cfg, collect, &W, &s));
+    submit_all(s);
     assert_ok(dsc_scheduler_run(s));
     for (int i = 0; i < NREQ; i++) {
         assert_true(W.finished[i]);
@@ -247,9 +255,60 @@ static void test_stop_sampling_and_refusals(void **state) {
     dsc_infer_engine_destroy(e);
 }
 
+typedef struct cancel_ctx {
+    dsc_scheduler *s;
+    int32_t V;
+    int calls, argmax_matches;
+} cancel_ctx;
+
+static dsc_status check_logits(void *user, uint64_t uid, int32_t token, bool finished) {
+    cancel_ctx *c = user;
+    const float *row = dsc_scheduler_token_logits(c->s);
+    c->calls++;
+    c->argmax_matches += row && argmax(row, c->V) == token;
+    return collect(&W, uid, token, finished);
+}
+
+static void test_release_mid_run(void **state) {
+    (void)state;
+    dsc_infer_engine *e = make_engine(0);
+    dsc_scheduler_config cfg = dsc_scheduler_config_default(e);
+    cfg.token_budget = 16;
+    cancel_ctx c = {.V = dsc_infer_engine_vocab_size(e)};
+    assert_ok(dsc_scheduler_create(e, &cfg, check_logits, &c, &c.s));
+    submit_all(c.s);
+    assert_null(dsc_scheduler_token_logits(c.s));
+    bool idle;
+    assert_ok(dsc_scheduler_step(c.s, &idle));
+    assert_ok(dsc_scheduler_step(c.s, &idle));
+    dsc_scheduler_counts n = dsc_scheduler_get_counts(c.s);
+    assert_int_equal(n.waiting + n.running + n.finished, NREQ);
+    assert_true(n.running > 0);
+    assert_true(dsc_infer_engine_free_blocks(e) < dsc_infer_engine_total_blocks(e));
+    /* Cancel the odd requests, whatever their state. */
+    for (int i = 1; i < NREQ; i += 2)
+        assert_ok(dsc_scheduler_release(c.s, (uint64_t)i));
+    assert_err(dsc_scheduler_release(c.s, 1), DSC_ERR_INVALID, "unknown request 1");
+    assert_ok(dsc_scheduler_run(c.s));
+    for (int i = 0; i < NREQ; i += 2) {
+        assert_true(W.finished[i]);
+        assert_int_equal(W.n_got[i], W.n_expect[i]);
+        assert_memory_equal(W.got[i], W.expect[i], (size_t)W.n_got[i] * sizeof(int32_t));
+        assert_ok(dsc_scheduler_release(c.s, (uint64_t)i));
+    }
+    n = dsc_scheduler_get_counts(c.s);
+    assert_int_equal(n.waiting + n.running + n.finished, 0);
+    assert_int_equal(dsc_infer_engine_free_blocks(e), dsc_infer_engine_total_blocks(e));
+    assert_int_equal(c.argmax_matches, c.calls);
+    printf("released 5 of %d mid-run; the other 5 unchanged; %d tokens saw their logits row\n", NREQ, c.calls);
+    dsc_scheduler_destroy(c.s);
+    dsc_infer_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_continuous_batching_equals_solo),
                                        cmocka_unit_test(test_preemption_keeps_every_request_finishing),
-                                       cmocka_unit_test(test_stop_sampling_and_refusals)};
+                                       cmocka_unit_test(test_stop_sampling_and_refusals),
+                                       cmocka_unit_test(test_release_mid_run)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

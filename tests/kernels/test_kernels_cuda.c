@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dsc/backend.h"
+#include "dsc/memory.h"
 #include "kernel_test_util.h"
 
 #define GPU ((dsc_device){DSC_DEVICE_CUDA, 0})

@@ -1,7 +1,7 @@
 /* Argument checking of the public kernel API: every error names the function
  * and the offending argument (or token position), and nothing is written
  * when an id is out of range. */
-#include "dsc/backend.h"
+#include "dsc/memory.h"
 #include "kernel_test_util.h"
 
 static void test_bad_token_id_names_id_and_position(void **state) {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsc/backend.h"
+#include "dsc/memory.h"
 #include "dsc/kernels.h"
 #include "nn_test_util.h"
 #include "test_mpi.h"

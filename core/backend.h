@@ -1,0 +1,129 @@
+/* core/backend.h — PRIVATE (not installed): a compute device as an object.
+ *
+ * A backend type (CPU always, CUDA when built) is a table of functions: the
+ * memory half serves the allocator and tensor copies, `kernels` is the
+ * operation table the public wrappers in kernels/ call. Each backend type
+ * registers its table when the library loads (kernels/cpu/cpu_memory.c,
+ * kernels/cuda/cuda_memory.cu); core knows none of them.
+ *
+ * A backend object (dsc_backend) is one device of a type with its context:
+ * the device, the compute stream every operation on that device runs on
+ * (CUDA; NULL on the CPU), and the type's private state (cuBLAS handle,
+ * scratch). dsc_backend_get creates it once, the first time the device is
+ * named, and keeps it for the life of the process; every later lookup of the
+ * device returns the same object. Nothing finds a device from a pointer:
+ * the device comes from the tensor's `device` field.
+ *
+ * Thread-safety: the registry is process-global. Types are registered while
+ * the library loads (before main); dsc_backend_get may be called from any
+ * thread (creation is serialised by a lock). Operations on one backend object
+ * are ordered by its stream; callers that share a device between threads
+ * order their own work. */
+#ifndef DSC_CORE_BACKEND_H
+#define DSC_CORE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsc/memory.h"
+#include "dsc/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsc_backend dsc_backend;
+struct dsc_kernel_ops;
+
+/* What one backend type provides. */
+typedef struct dsc_backend_iface {
+    const char *name;
+    /* Devices of this type present; NULL when the type has one device that any index names (cpu). */
+    int (*device_count)(void);
+    /* Creates the context of backend->device (stream, handles, scratch) into backend->stream and
+     * backend->ctx; called once per device. NULL when there is nothing to create. */
+    dsc_status (*init)(dsc_backend *backend);
+    /* Zero-filled, DSC_MEM_ALIGN-aligned memory on the backend's device. */
+    dsc_status (*mem_alloc)(const dsc_backend *backend, void **ptr, size_t bytes);
+    void (*mem_free)(const dsc_backend *backend, void *ptr);
+    /* Copies between this device and the host (complete on return) or within the device (ordered on
+     * the compute stream). */
+    dsc_status (*memcpy_to_host)(const dsc_backend *backend, void *dst, const void *src, size_t bytes);
+    dsc_status (*memcpy_from_host)(const dsc_backend *backend, void *dst, const void *src, size_t bytes);
+    dsc_status (*memcpy_device)(const dsc_backend *backend, void *dst, const void *src, size_t bytes);
+    /* Waits until everything queued on the compute stream is done. */
+    dsc_status (*synchronize)(const dsc_backend *backend);
+    const struct dsc_kernel_ops *kernels;
+} dsc_backend_iface;
+
+/* One device of a backend type and its context. */
+struct dsc_backend {
+    const dsc_backend_iface *iface;
+    dsc_device device;
+    void *stream; /* the compute stream (cudaStream_t) of this device; NULL on the CPU */
+    void *ctx;    /* the type's private context */
+};
+
+/* Installs the table for `type`; called by each backend type when the library loads. */
+void dsc_backend_register(dsc_device_type type, const dsc_backend_iface *iface);
+
+/* The backend object of `device`, created on first use; an error names the device when its type is
+ * not built in, the device is not present, or its context cannot be created. */
+dsc_status dsc_backend_get(dsc_device device, const dsc_backend **out);
+
+/* The operation table of a backend type: raw pointers and extents, validated
+ * already by the public wrappers (kernels/), on the device of `backend`. */
+struct dsc_kernel_ops {
+    dsc_status (*gemm)(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
+                       int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta);
+    dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n, int64_t oc);
+    dsc_status (*layernorm_forward)(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
+                                    const float *b, int64_t n, int64_t c, float eps);
+    dsc_status (*layernorm_backward)(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x,
+                                     const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
+    dsc_status (*rmsnorm_forward)(const dsc_backend *backend, float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
+                                  float eps);
+    dsc_status (*rmsnorm_backward)(const dsc_backend *backend, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                   const float *rstd, int64_t n, int64_t c);
+    dsc_status (*gelu_forward)(const dsc_backend *backend, float *out, const float *x, int64_t n);
+    dsc_status (*gelu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n);
+    dsc_status (*silu_forward)(const dsc_backend *backend, float *out, const float *x, int64_t n);
+    dsc_status (*silu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n);
+    dsc_status (*swiglu_forward)(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n);
+    dsc_status (*swiglu_backward)(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                  int64_t n);
+    dsc_status (*softmax)(const dsc_backend *backend, float *out, const float *x, int64_t n, int64_t c);
+    dsc_status (*attention_forward)(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
+                                    int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+    dsc_status (*attention_backward)(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *out, const float *lse, int64_t b,
+                                     int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+    dsc_status (*rope)(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
+                       float theta, bool inverse);
+    dsc_status (*embedding_forward)(const dsc_backend *backend, float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                    int64_t n, int64_t t, int64_t v, int64_t c);
+    dsc_status (*embedding_backward)(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
+                                     int64_t t, int64_t v, int64_t c);
+    dsc_status (*cross_entropy_forward)(const dsc_backend *backend, float *losses, const float *logits, const int32_t *targets, int64_t n,
+                                        int64_t v);
+    dsc_status (*cross_entropy_backward)(const dsc_backend *backend, float *dlogits, const float *logits, const int32_t *targets, int64_t n,
+                                         int64_t v, float dloss);
+    dsc_status (*adamw)(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, int64_t step);
+    dsc_status (*sgd)(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
+                      int64_t step);
+    dsc_status (*sum_squares)(const dsc_backend *backend, double *out, const float *x, int64_t n);
+    dsc_status (*sum)(const dsc_backend *backend, double *out, const float *x, int64_t n);
+    dsc_status (*scale)(const dsc_backend *backend, float *x, float s, int64_t n);
+    dsc_status (*axpy)(const dsc_backend *backend, float *y, float a, const float *x, int64_t n);
+    dsc_status (*add)(const dsc_backend *backend, float *out, const float *a, const float *b, int64_t n);
+    dsc_status (*all_finite)(const dsc_backend *backend, bool *out, const float *x, int64_t n);
+    /* Sets x to +0.0 whatever it held (scale by 0 would keep NaN). */
+    dsc_status (*zero)(const dsc_backend *backend, float *x, int64_t n);
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif
