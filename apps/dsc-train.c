@@ -26,6 +26,7 @@
 #include "dsc/sampling.h"
 #include "dsc/moe.h"
 #include "dsc/topology.h"
+#include "dsc/tp_layers.h"
 #include "dsc/zero.h"
 
 typedef struct args {
@@ -169,7 +170,8 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
     DSC_TRY(dsc_groups_create(world, &w->plan, &w->groups));
     w->extra.ep = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT);
-    w->layers = (dsc_trainer_layers){&w->extra, dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), w->extra.ep};
+    w->layers = (dsc_trainer_layers){
+        .build_extra = &w->extra, .expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), .ep = w->extra.ep};
     return NULL;
 }
 
@@ -236,6 +238,10 @@ static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, vo
 
 static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg) {
     int rank = dsc_comm_rank(world), size = dsc_comm_size(world), P = cfg->pipeline.stages;
+    DSC_CHECK(cfg->tensor_parallel.autotp_size == 1, DSC_ERR_UNSUPPORTED,
+              "%s: \"tensor_parallel.autotp_size\" = %d with \"pipeline.stages\" = %d: tensor parallelism is not "
+              "wired into pipeline stages yet (run it with pipeline.stages = 1)",
+              a->config, cfg->tensor_parallel.autotp_size, P);
     DSC_CHECK(size % P == 0, DSC_ERR_CONFIG, "%s: the world size %d is not divisible by \"pipeline.stages\" = %d",
               a->config, size, P);
     DSC_TRY(dsc_comm_set_timeout(world, cfg->comm.timeout_s));
@@ -297,26 +303,38 @@ static dsc_status train(const args *a, dsc_comm *world) {
     int rank = dsc_comm_rank(world), size = dsc_comm_size(world);
     dsc_trainer *t = NULL;
     dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
-    if (!s) s = dsc_config_resolve_batch(&cfg, size);
-    dsc_trainer_options to = {&cfg, world, rank == 0, a->metrics, a->progress};
+    const int tp = cfg.tensor_parallel.autotp_size, dp = size / (tp > 0 ? tp : 1);
     const bool moe = cfg.moe.num_experts > 0;
+    if (!s && moe && tp > 1)
+        s = dsc_error(DSC_ERR_UNSUPPORTED,
+                      "%s: \"tensor_parallel.autotp_size\" = %d with \"moe.num_experts\" = %d: MoE layers with "
+                      "tensor parallelism are not wired yet",
+                      a->config, tp, cfg.moe.num_experts);
+    dsc_tp_wiring tw = {0};
+    if (!s && tp > 1) s = dsc_tp_wire(&cfg, world, &tw);
+    if (!s) s = dsc_config_resolve_batch(&cfg, dp);
+    dsc_trainer_options to = {&cfg, tp > 1 ? dsc_tp_wiring_dp(&tw) : world, rank == 0, a->metrics, a->progress};
     moe_wiring mw = {0};
     if (!s && moe) s = moe_wire(&cfg, world, &mw);
-    if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, moe ? &mw.layers : NULL, &t);
+    const dsc_trainer_layers *layers = moe ? &mw.layers : tp > 1 ? &tw.layers : NULL;
+    if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, layers, &t);
     if (!s && rank == 0) {
         char held[96];
         held_per_rank(dsc_trainer_model_param_count(t), dsc_trainer_param_count(t), held, sizeof held);
-        printf("dsc-train: %s, %lld parameters%s, %d data-parallel ranks x %d threads; batch %lld sequences = "
-               "%lld micro x %lld accumulation x %d ranks, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_trainer_model_param_count(t), held, size, dsc_kernels_get_num_threads(),
+        /* Tensor parallelism shards the store, so its count is rank 0's shard. */
+        printf("dsc-train: %s, %lld parameters%s%s, %d tensor-parallel x %d data-parallel ranks x %d threads; "
+               "batch %lld sequences = %lld micro x %lld accumulation x %d replicas, seq_len %d; %lld steps\n",
+               a->config, (long long)dsc_trainer_model_param_count(t), tp > 1 ? " on rank 0" : "", held, tp, dp,
+               dsc_kernels_get_num_threads(),
                (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
-               (long long)cfg.gradient_accumulation_steps, size, cfg.model.seq_len, (long long)cfg.train.steps);
+               (long long)cfg.gradient_accumulation_steps, dp, cfg.model.seq_len, (long long)cfg.train.steps);
+        if (tp > 1) s = dsc_tp_print_shards(stdout, &cfg);
         fflush(stdout);
     }
     dsc_checkpointer *ckpt = NULL;
     if (!s) {
         dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
-                                       MPI_COMM_WORLD, 1, size, moe ? cfg.moe.ep_size : 1,
+                                       MPI_COMM_WORLD, 1, dp, moe ? cfg.moe.ep_size : 1,
                                        dsc_trainer_rng(t), 1, rank == 0};
         s = wire_checkpoints(a, &co, &ckpt);
     }
@@ -328,17 +346,20 @@ static dsc_status train(const args *a, dsc_comm *world) {
     }
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
-                                   (double)dsc_trainer_param_count(t), size, state_bytes(&cfg));
+                                   (double)dsc_trainer_param_count(t), dp, state_bytes(&cfg));
     /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
     if (!s && rank == 0 && moe && cfg.moe.ep_size > 1) {
         if (a->sample_tokens > 0)
             printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
                    "checkpoint)\n", cfg.moe.ep_size);
     }
-    /* ZeRO-3 gathers parameters collectively, so every rank generates and rank 0 prints. */
-    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3)) print_sample(trainer_generate, t, &cfg, a, rank == 0);
+    /* ZeRO-3 gathers parameters and tensor-parallel layers reduce collectively, so every rank generates and
+     * rank 0 prints. */
+    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3 || tp > 1))
+        print_sample(trainer_generate, t, &cfg, a, rank == 0);
     dsc_checkpointer_destroy(ckpt);
     dsc_trainer_destroy(t);
+    dsc_tp_wiring_free(&tw);
     dsc_groups_free(mw.groups);
     dsc_group_plan_free(&mw.plan);
     dsc_config_free(&cfg);

@@ -97,7 +97,7 @@ static double single_rank(const bench_cfg *b, int M) {
     int n;
     die(dsc_model_specs(&mc, &specs, &n));
     dsc_layer **layers = calloc((size_t)n, sizeof *layers);
-    dsc_build_ctx ctx = {&mc, store, DSC_CPU, NULL};
+    dsc_build_ctx ctx = {.model = &mc, .params = store, .device = DSC_CPU};
     for (int i = 0; i < n; i++)
         die(dsc_layer_build(&specs[i], &ctx, &layers[i]));
     die(dsc_params_finalize(store));

@@ -159,7 +159,8 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
                         .user = tp ? tp->rules : NULL,
                         .n_user = tp ? tp->n_rules : 0,
                         .model_plan = model_rules,
-                        .n_model_plan = n_model};
+                        .n_model_plan = n_model,
+                        .no_name_rules = tp && tp->no_name_rules};
     if (!s) s = dsc_tp_plan_create(params, src->count, &dims, &o, out);
     /* The forward computes each tensor as the policy declares it; a rule may only agree. */
     for (int64_t i = 0; !s && i < src->count; i++) {

@@ -113,9 +113,9 @@ static dsc_status rules_compile(const dsc_tp_options *o, rules *r) {
     DSC_CHECK(r->user, DSC_ERR_NOMEM, "partition_config (%d rules)", o->n_user);
     for (int i = 0; i < o->n_user; i++) {
         const dsc_tp_rule *u = &o->user[i];
-        if (u->kind != DSC_TP_KIND_COLUMN && u->kind != DSC_TP_KIND_ROW) {
+        if (u->kind != DSC_TP_KIND_COLUMN && u->kind != DSC_TP_KIND_ROW && u->kind != DSC_TP_KIND_REPLICATE) {
             r->n_user = i;
-            return dsc_error(DSC_ERR_CONFIG, "partition_config: rule '%s' must be column or row", u->pattern);
+            return dsc_error(DSC_ERR_CONFIG, "partition_config: rule '%s' must be column, row or skip", u->pattern);
         }
         int rc = regcomp(&r->user[i], u->pattern, REG_EXTENDED | REG_NOSUB);
         if (rc != 0) {
@@ -139,7 +139,7 @@ static void rules_free(rules *r) {
 static dsc_tp_kind decide(const dsc_tp_options *o, const rules *r, const dsc_tp_param *p, const char *module,
                           dsc_tp_rule_source *src) {
     for (int i = 0; i < r->n_user; i++)
-        if (regexec(&r->user[i], module, 0, NULL, 0) == 0) {
+        if (regexec(&r->user[i], p->name, 0, NULL, 0) == 0) {
             *src = DSC_TP_SOURCE_USER;
             return o->user[i].kind;
         }
@@ -155,8 +155,8 @@ static dsc_tp_kind decide(const dsc_tp_options *o, const rules *r, const dsc_tp_
     const char *last = last_component(module);
     *src = DSC_TP_SOURCE_NAME;
     if (in_list(last, VOCAB_NAMES)) return DSC_TP_KIND_VOCAB;
-    if (in_list(last, ROW_NAMES)) return DSC_TP_KIND_ROW;
-    if (in_list(last, COLUMN_NAMES)) return DSC_TP_KIND_COLUMN;
+    if (!o->no_name_rules && in_list(last, ROW_NAMES)) return DSC_TP_KIND_ROW;
+    if (!o->no_name_rules && in_list(last, COLUMN_NAMES)) return DSC_TP_KIND_COLUMN;
     *src = DSC_TP_SOURCE_DEFAULT;
     /* Vectors (norms) and known whole matrices replicate; an unknown matrix is not guessed at. */
     return p->ndim == 1 || in_list(last, REPLICATED_NAMES) ? DSC_TP_KIND_REPLICATE : DSC_TP_KIND_UNDECLARED;

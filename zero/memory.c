@@ -29,7 +29,7 @@ dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_siz
     /* Declaring parameters allocates nothing until finalize, so a 70B model costs only its layer structs. */
     dsc_param_store *store = NULL;
     dsc_status s = dsc_params_create(&store, DSC_CPU, 0);
-    dsc_build_ctx ctx = {mc, store, DSC_CPU, NULL};
+    dsc_build_ctx ctx = {.model = mc, .params = store, .device = DSC_CPU};
     for (int i = 0; i < count && !s; i++) {
         dsc_layer *layer = NULL;
         s = dsc_layer_build(&specs[i], &ctx, &layer);

@@ -129,6 +129,13 @@ typedef struct dsc_config_pipeline {
     double p2p_timeout_s;
 } dsc_config_pipeline;
 
+/* DeepSpeed's tensor_parallel section (AutoTP training). */
+typedef struct dsc_config_tp {
+    int autotp_size;        /* tensor-parallel degree; 1 disables */
+    bool sequence_parallel; /* Megatron sequence parallelism (refused: not implemented) */
+    int64_t tp_grain_size;  /* widths split in multiples of this */
+} dsc_config_tp;
+
 typedef struct dsc_config_moe {
     int num_experts; /* 0: no MoE layers */
     int ep_size;
@@ -185,6 +192,7 @@ typedef struct dsc_config {
     double gradient_clipping; /* 0: no clipping */
     dsc_config_zero zero_optimization;
     dsc_config_pipeline pipeline;
+    dsc_config_tp tensor_parallel;
     dsc_config_moe moe;
     dsc_config_checkpoint checkpoint;
     dsc_config_comm comm;

@@ -28,6 +28,7 @@
 #include "dsc/comm.h"
 #include "dsc/config.h"
 #include "dsc/data.h"
+#include "dsc/model.h"
 #include "dsc/nn.h"
 #include "dsc/optimizer.h"
 #include "dsc/status.h"
@@ -235,6 +236,15 @@ typedef struct dsc_trainer_layers {
     const void *build_extra;
     dsc_comm *expert_dp; /* expert-data-parallel group; NULL: no reduction */
     dsc_comm *ep;        /* expert-parallel group; the gradient norm sums over it; may be NULL */
+    /* Tensor parallelism (tp/), zero without it: the build context's `tp`
+     * and `attention` (dsc/model.h), the group the gradient norm also sums
+     * over (the tensor group), and which parameters count in this rank's part
+     * of the norm (replicated ones on one rank of the group only). */
+    const void *tp;
+    dsc_layer_factory attention;
+    dsc_comm *model;
+    bool (*counts_in_norm)(const dsc_param *param, void *ctx);
+    void *counts_in_norm_ctx;
 } dsc_trainer_layers;
 
 /* As dsc_trainer_create_with_optimizer for a model with layers from above

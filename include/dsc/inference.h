@@ -248,11 +248,34 @@ typedef struct dsc_infer_tp {
     int64_t grain;  /* tp_grain_size; <= 0 means 64 */
     const dsc_tp_rule *rules;
     int n_rules;
+    bool no_name_rules; /* partition_config.use_default_specs = false */
 } dsc_infer_tp;
 
 dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);
 /* The plan alone (no ranks, no weights read): what --print-plan prints. */
 dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);
+/* The keys of a DeepSpeed inference config (init_inference / the JSON file
+ * of `dsc-generate --config`) that dsc implements:
+ *   tensor_parallel.tp_size, tensor_parallel.tp_grain_size (64),
+ *   tensor_parallel.partition_config: {use_default_specs (true), layer_specs:
+ *     [{patterns: [regex, ...], partition_type: "column" | "row" | "skip"}]},
+ *   max_out_tokens (1024): the most tokens (prompt + generated) a sequence holds,
+ *   min_out_tokens (1): generation fails with an error naming the numbers
+ *     when the context or the KV cache cannot hold this many new tokens.
+ * Any other key is DSC_ERR_UNSUPPORTED naming it (layer_specs' shape and
+ * partition_dim too: dsc derives fused layouts from the model's sizes). */
+typedef struct dsc_infer_ds_config {
+    dsc_infer_tp tp; /* comm left NULL; tp_size, grain, rules */
+    int64_t max_out_tokens, min_out_tokens;
+    dsc_tp_rule *owned_rules;
+    char **owned_patterns;
+} dsc_infer_ds_config;
+
+dsc_status dsc_infer_ds_config_parse(const char *json, const char *source, dsc_infer_ds_config *out);
+/* Reads and parses the file `path` (NULL: the defaults). */
+dsc_status dsc_infer_ds_config_load(const char *path, dsc_infer_ds_config *out);
+void dsc_infer_ds_config_free(dsc_infer_ds_config *c);
+
 /* This rank's vocabulary rows [*v0, *v0 + *nv) (the whole vocabulary without TP). */
 void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t *nv);
 /* Seconds this rank spent in tensor-parallel all-reduces since the load. */

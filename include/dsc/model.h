@@ -63,17 +63,26 @@ typedef struct dsc_layer_spec {
  * every moe_layer_freq-th block of MoE archs), lm_head. Release with free(). */
 dsc_status dsc_model_specs(const dsc_model_config *mc, dsc_layer_spec **specs, int *count);
 
+typedef struct dsc_build_ctx dsc_build_ctx;
+typedef dsc_status (*dsc_layer_factory)(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+
 /* Everything a factory needs to build one layer on this rank. */
-typedef struct dsc_build_ctx {
+struct dsc_build_ctx {
     const dsc_model_config *model;
     dsc_param_store *params;
     dsc_device device;
     const void *extra; /* subsystem-specific (e.g. moe/'s layer options and groups) */
-} dsc_build_ctx;
-
-typedef dsc_status (*dsc_layer_factory)(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+    /* Tensor parallelism (tp/), NULL without it. With `tp` set,
+     * dsc_layer_build builds "tp_<type>" where that type is registered
+     * (tp/'s embedding, block and LM head) and "<type>" otherwise, and every
+     * block (moe_block's too) builds its attention with `attention`: a layer
+     * mapping norm1's (B, T, C) output to the attention output, split by heads. */
+    const void *tp;
+    dsc_layer_factory attention;
+};
 
 dsc_status dsc_layer_register(const char *type, dsc_layer_factory factory);
+/* Builds spec's layer type (its "tp_" variant when ctx->tp is set and the variant is registered). */
 dsc_status dsc_layer_build(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
 /* Registers "embedding", "block" and "lm_head". Idempotent. */
 dsc_status dsc_nn_register_dense_layers(void);

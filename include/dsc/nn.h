@@ -47,6 +47,17 @@ typedef enum dsc_param_init {
     DSC_INIT_ONES
 } dsc_param_init;
 
+/* Where a tensor-parallel rank's piece sits in the global tensor: this rank
+ * holds [start, start + value.shape[axis]) along `axis` of a tensor of shape
+ * `global` (every other extent equal). axis -1: the whole tensor (global ==
+ * value's shape). Checkpoints store the global tensor and this rank's ranges
+ * of it, so any tensor-parallel degree restores any other. */
+typedef struct dsc_param_shard {
+    int axis;
+    int64_t start;
+    int64_t global[DSC_MAX_DIMS];
+} dsc_param_shard;
+
 typedef struct dsc_param {
     char name[DSC_PARAM_NAME_MAX]; /* global name, e.g. "layers.7.attn.qkv.weight" */
     dsc_tensor value;              /* f32, this rank's copy (a view into the flat buffer) */
@@ -56,6 +67,7 @@ typedef struct dsc_param {
     int64_t offset;                /* element offset of value/grad inside the group's flat buffer */
     dsc_param_init init;
     float init_std;
+    dsc_param_shard shard; /* axis -1 unless declared with dsc_params_declare_shard */
 } dsc_param;
 
 typedef struct dsc_param_store dsc_param_store;
@@ -69,6 +81,16 @@ void dsc_params_destroy(dsc_param_store *store);
  * after dsc_params_finalize. */
 dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim, const int64_t *shape,
                               uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
+/* Declares this rank's piece [start, start + count) along `axis` of a global
+ * tensor of shape `global` (tensor parallelism). Its initial values are that
+ * piece of the values the whole tensor gets, so a sharded model starts from
+ * the weights of the unsharded one. Redeclaring the same piece returns the
+ * same parameter (tied weights); another piece is an error. */
+dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim, const int64_t *global,
+                                    int axis, int64_t start, int64_t count, uint32_t flags, dsc_param_init init,
+                                    float init_std, dsc_param **out);
+/* Elements of the global tensor a (possibly sharded) parameter is part of. */
+int64_t dsc_param_global_numel(const dsc_param *param);
 /* Allocates the flat buffers (params and grads categories), points every
  * parameter at its slice, and initialises values. Initial values depend only
  * on (seed, name), never on the parallel layout. */
@@ -148,6 +170,19 @@ struct dsc_layer {
     int slots;
     int64_t max_B, max_T;
 };
+
+/* `count` f32 activation buffers of one shape, for a layer's slots
+ * (released with dsc_buffers_free, which also takes a partial table). */
+dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
+void dsc_buffers_free(dsc_tensor **bufs, int count);
+
+/* y (N, OC) = x (N, C) @ w^T + bias with w (OC, C); bias may be NULL. Tensors of any
+ * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
+dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
+/* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
+ * when `accumulate` (how one input feeding several linears sums its gradient). */
+dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
+                                     const dsc_tensor *dy, const dsc_tensor *x);
 
 dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
 /* Frees the layer's reserved activations when its type can (ops->release);

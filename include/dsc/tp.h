@@ -88,11 +88,12 @@ typedef struct dsc_tp_param {
     dsc_tp_unit unit;     /* with a declared kind: its unit (DSC_TP_UNIT_NONE: inferred) */
 } dsc_tp_param;
 
-/* A user or model rule: parameters whose name (without .weight / .bias)
- * matches `pattern` get `kind` (DSC_TP_KIND_COLUMN or DSC_TP_KIND_ROW).
- * partition_config patterns are POSIX extended regexes searched in the name;
- * base_model_tp_plan patterns are matched against the name's tail with `*`
- * standing for one decimal index. */
+/* A user or model rule: matching parameters get `kind` (DSC_TP_KIND_COLUMN,
+ * DSC_TP_KIND_ROW, or DSC_TP_KIND_REPLICATE for partition_config's "skip").
+ * partition_config patterns are POSIX extended regexes searched in the full
+ * parameter name (DeepSpeed's `.*\.o_proj\.weight$`); base_model_tp_plan
+ * patterns are matched against the tail of the module name (the name
+ * without .weight / .bias) with `*` standing for one decimal index. */
 typedef struct dsc_tp_rule {
     const char *pattern;
     dsc_tp_kind kind;
@@ -105,6 +106,7 @@ typedef struct dsc_tp_options {
     int n_user;
     const dsc_tp_rule *model_plan;
     int n_model_plan;
+    bool no_name_rules; /* partition_config.use_default_specs = false: AutoTP's row/column names are off */
 } dsc_tp_options;
 
 /* A range [start, start + count) along a tensor's split axis. */

@@ -50,6 +50,30 @@ static dsc_status add_holding(holdings *h, const char *path, dsc_dtype dtype, in
     return NULL;
 }
 
+/* Elements [begin, begin + count) of a parameter's local flattening (its
+ * value, or per-parameter state of its shape) as ranges of the global tensor
+ * at `path`: one range when the parameter is whole; for a tensor-parallel
+ * piece, one per index of the axes before the split axis, where the piece's
+ * rows are contiguous in the global tensor. */
+static dsc_status add_param_range(holdings *h, const char *path, dsc_dtype dtype, const dsc_param *p, int64_t begin,
+                                  int64_t count, void *live) {
+    const int nd = p->value.ndim, a = p->shard.axis;
+    if (a < 0) return add_holding(h, path, dtype, nd, p->shard.global, begin, count, live);
+    int64_t inner = 1;
+    for (int i = a + 1; i < nd; i++)
+        inner *= p->shard.global[i];
+    const int64_t run = p->value.shape[a] * inner, stride = p->shard.global[a] * inner;
+    const size_t elem = dsc_dtype_size(dtype);
+    for (int64_t at = begin; at < begin + count;) {
+        const int64_t o = at / run, within = at % run, n = run - within < begin + count - at ? run - within
+                                                                                             : begin + count - at;
+        DSC_TRY(add_holding(h, path, dtype, nd, p->shard.global, o * stride + p->shard.start * inner + within, n,
+                            (char *)live + (size_t)(at - begin) * elem));
+        at += n;
+    }
+    return NULL;
+}
+
 static dsc_status check_host(const dsc_tensor *t, const char *what) {
     DSC_CHECK(t->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
               "checkpoint: %s lives on a GPU; checkpoints of device tensors go through a host copy that dsc does "
@@ -77,8 +101,8 @@ static dsc_status collect_value_shards(const dsc_checkpoint_state *st, holdings 
         if (!s.is_value) continue;
         DSC_TRY(check_host(&s.local, s.param->name));
         snprintf(path, sizeof path, "model/%s", s.param->name);
-        DSC_TRY(add_holding(h, path, DSC_DTYPE_F32, s.param->value.ndim, s.param->value.shape, s.offset,
-                            dsc_tensor_numel(&s.local), s.local.data));
+        DSC_TRY(add_param_range(h, path, DSC_DTYPE_F32, s.param, s.offset, dsc_tensor_numel(&s.local),
+                                s.local.data));
         if (in_list(*sharded, *n_sharded, s.param)) continue;
         const dsc_param **grown = realloc(*sharded, (size_t)(*n_sharded + 1) * sizeof *grown);
         DSC_CHECK(grown, DSC_ERR_NOMEM, "checkpoint: parameter list");
@@ -100,8 +124,7 @@ static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope s
         s = check_host(&p->value, p->name);
         snprintf(path, sizeof path, "model/%s", p->name);
         if (!s)
-            s = add_holding(h, path, DSC_DTYPE_F32, p->value.ndim, p->value.shape, 0, dsc_tensor_numel(&p->value),
-                            p->value.data);
+            s = add_param_range(h, path, DSC_DTYPE_F32, p, 0, dsc_tensor_numel(&p->value), p->value.data);
     }
     free(sharded);
     DSC_TRY(s);
@@ -114,8 +137,7 @@ static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope s
         snprintf(path, sizeof path, "optimizer/%s", s.name);
         int64_t n = dsc_tensor_numel(&s.local);
         if (s.param)
-            DSC_TRY(add_holding(h, path, s.local.dtype, s.param->value.ndim, s.param->value.shape, s.offset, n,
-                                s.local.data));
+            DSC_TRY(add_param_range(h, path, s.local.dtype, s.param, s.offset, n, s.local.data));
         else
             DSC_TRY(add_holding(h, path, s.local.dtype, 1, &n, 0, n, s.local.data));
     }

@@ -46,8 +46,10 @@ dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_che
     c->o = *opts;
     int world;
     MPI_Comm_size(opts->comm, &world);
-    snprintf(c->layout, sizeof c->layout, "{\"world\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d}",
-             world, opts->pp, opts->dp, opts->ep, opts->cfg->zero_optimization.stage);
+    snprintf(c->layout, sizeof c->layout,
+             "{\"world\": %d, \"pp\": %d, \"tp\": %d, \"dp\": %d, \"ep\": %d, \"zero_stage\": %d}", world,
+             opts->pp, opts->cfg->tensor_parallel.autotp_size, opts->dp, opts->ep,
+             opts->cfg->zero_optimization.stage);
     dsc_status s = dsc_config_to_json(opts->cfg, &c->config_json);
     if (!s) s = dsc_checkpoint_model_signature(opts->cfg, &c->signature);
     if (s) {

@@ -180,6 +180,10 @@ dsc_status dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config
     DSC_TRY(check_model(src, &cfg->model));
     DSC_TRY(check_moe(src, cfg));
     DSC_TRY(check_pipeline(src, &cfg->pipeline));
+    DSC_CHECK(!cfg->tensor_parallel.sequence_parallel, DSC_ERR_UNSUPPORTED,
+              "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet (tensor parallelism runs "
+              "with replicated norms and all-reduces); set it to false",
+              src);
     DSC_TRY(check_scheduler(src, &cfg->scheduler));
     DSC_TRY(check_refused(src, cfg));
     return check_loop(src, cfg);

@@ -140,6 +140,14 @@ static const dsc_config_key schema[] = {
     FLOAT("pipeline.p2p_timeout_s", pipeline.p2p_timeout_s, "300", 0, INF, GT,
           "Seconds a stage waits for a peer's activation or gradient before failing."),
 
+    SECTION("tensor_parallel", "Tensor parallelism in training (DeepSpeed's AutoTP keys)."),
+    INT("tensor_parallel.autotp_size", tensor_parallel.autotp_size, "1", 1, I32, 0,
+        "Tensor-parallel degree: attention split by heads, MLP by width, vocabulary-parallel embedding and loss."),
+    BOOL("tensor_parallel.sequence_parallel", tensor_parallel.sequence_parallel, "false", 0,
+         "Megatron sequence parallelism; true is refused (not implemented)."),
+    INT("tensor_parallel.tp_grain_size", tensor_parallel.tp_grain_size, "64", 1, I53, 0,
+        "Feed-forward and vocabulary widths are split in multiples of this (DeepSpeed's tp_grain_size)."),
+
     SECTION("moe", "Mixture of experts (DeepSpeed's MoE layer arguments)."),
     INT("moe.num_experts", moe.num_experts, "0", 0, I32, 0, "Experts E per MoE layer; 0 for dense models."),
     INT("moe.ep_size", moe.ep_size, "1", 1, I32, 0, "Expert-parallel group size; must divide num_experts."),

@@ -73,7 +73,7 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
     DSC_TRY(dsc_model_specs(&t->mc, &specs, &count));
     t->layers = calloc((size_t)count, sizeof *t->layers);
     dsc_status s = t->layers ? NULL : dsc_error(DSC_ERR_NOMEM, "trainer: %d layers", count);
-    dsc_build_ctx ctx = {&t->mc, t->params, DSC_CPU, t->ext.build_extra};
+    dsc_build_ctx ctx = {.model = &t->mc, .params = t->params, .device = DSC_CPU, .extra = t->ext.build_extra, .tp = t->ext.tp, .attention = t->ext.attention};
     for (int i = 0; i < count && !s; i++) {
         s = dsc_layer_build(&specs[i], &ctx, &t->layers[i]);
         if (!s) t->n_layers++;
@@ -103,6 +103,9 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .dp = o->dp,
         .expert_dp = t->ext.expert_dp,
         .ep = t->ext.ep,
+        .pipe = t->ext.model,
+        .counts_in_norm = t->ext.counts_in_norm,
+        .counts_in_norm_ctx = t->ext.counts_in_norm_ctx,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);

@@ -41,12 +41,12 @@ dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_sto
 }
 
 void nn_attention_free(nn_attention *a) {
-    nn_buffers_free(&a->q, a->slots);
-    nn_buffers_free(&a->k, a->slots);
-    nn_buffers_free(&a->v, a->slots);
-    nn_buffers_free(&a->att, a->slots);
-    nn_buffers_free(&a->lse, a->slots);
-    nn_buffers_free(&a->scratch, 4);
+    dsc_buffers_free(&a->q, a->slots);
+    dsc_buffers_free(&a->k, a->slots);
+    dsc_buffers_free(&a->v, a->slots);
+    dsc_buffers_free(&a->att, a->slots);
+    dsc_buffers_free(&a->lse, a->slots);
+    dsc_buffers_free(&a->scratch, 4);
     dsc_tensor_free(&a->positions);
     a->slots = 0;
 }
@@ -67,13 +67,13 @@ dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T
     nn_attention_free(a);
     a->slots = slots;
     const int64_t q_shape[4] = {B, T, a->NH, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS};
-    dsc_status s = nn_buffers_alloc(&a->q, slots, 4, q_shape, device);
-    if (!s) s = nn_buffers_alloc(&a->k, slots, 4, kv_shape, device);
-    if (!s) s = nn_buffers_alloc(&a->v, slots, 4, kv_shape, device);
-    if (!s) s = nn_buffers_alloc(&a->att, slots, 4, q_shape, device);
-    if (!s) s = nn_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NH, T}, device);
+    dsc_status s = dsc_buffers_alloc(&a->q, slots, 4, q_shape, device);
+    if (!s) s = dsc_buffers_alloc(&a->k, slots, 4, kv_shape, device);
+    if (!s) s = dsc_buffers_alloc(&a->v, slots, 4, kv_shape, device);
+    if (!s) s = dsc_buffers_alloc(&a->att, slots, 4, q_shape, device);
+    if (!s) s = dsc_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NH, T}, device);
     /* datt and dq need (B, T, C); dk and dv fit in the same size since KV <= C. */
-    if (!s) s = nn_buffers_alloc(&a->scratch, 4, 3, (int64_t[]){B, T, a->C}, device);
+    if (!s) s = dsc_buffers_alloc(&a->scratch, 4, 3, (int64_t[]){B, T, a->C}, device);
     if (!s && a->rope) s = reserve_positions(a, T, device);
     if (s) nn_attention_free(a);
     return s;
@@ -102,15 +102,15 @@ static attn_views slot_views(const nn_attention *a, int slot, int64_t b, int64_t
 dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, dsc_tensor *y) {
     const int64_t b = x->shape[0], t = x->shape[1];
     attn_views w = slot_views(a, slot, b, t);
-    DSC_TRY(nn_linear_forward(&w.q, x, a->wq, a->bq));
-    DSC_TRY(nn_linear_forward(&w.k, x, a->wk, a->bk));
-    DSC_TRY(nn_linear_forward(&w.v, x, a->wv, a->bv));
+    DSC_TRY(dsc_param_linear_forward(&w.q, x, a->wq, a->bq));
+    DSC_TRY(dsc_param_linear_forward(&w.k, x, a->wk, a->bk));
+    DSC_TRY(dsc_param_linear_forward(&w.v, x, a->wv, a->bv));
     if (a->rope) {
         DSC_TRY(dsc_kernel_rope(&w.q, &w.q, &w.pos, a->rope_theta, false));
         DSC_TRY(dsc_kernel_rope(&w.k, &w.k, &w.pos, a->rope_theta, false));
     }
     DSC_TRY(dsc_kernel_attention_forward(&w.att, &w.lse, &w.q, &w.k, &w.v));
-    return nn_linear_forward(y, &w.att, a->wo, a->bo);
+    return dsc_param_linear_forward(y, &w.att, a->wo, a->bo);
 }
 
 dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x, const dsc_tensor *dy,
@@ -122,13 +122,13 @@ dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x,
     dsc_tensor dq = nn_view(&a->scratch[1], 4, q_shape);
     dsc_tensor dk = nn_view(&a->scratch[2], 4, kv_shape);
     dsc_tensor dv = nn_view(&a->scratch[3], 4, kv_shape);
-    DSC_TRY(nn_linear_backward(&datt, false, a->wo, a->bo, dy, &w.att));
+    DSC_TRY(dsc_param_linear_backward(&datt, false, a->wo, a->bo, dy, &w.att));
     DSC_TRY(dsc_kernel_attention_backward(&dq, &dk, &dv, &datt, &w.q, &w.k, &w.v, &w.att, &w.lse));
     if (a->rope) {
         DSC_TRY(dsc_kernel_rope(&dq, &dq, &w.pos, a->rope_theta, true));
         DSC_TRY(dsc_kernel_rope(&dk, &dk, &w.pos, a->rope_theta, true));
     }
-    DSC_TRY(nn_linear_backward(dx, false, a->wq, a->bq, &dq, x));
-    DSC_TRY(nn_linear_backward(dx, true, a->wk, a->bk, &dk, x));
-    return nn_linear_backward(dx, true, a->wv, a->bv, &dv, x);
+    DSC_TRY(dsc_param_linear_backward(dx, false, a->wq, a->bq, &dq, x));
+    DSC_TRY(dsc_param_linear_backward(dx, true, a->wk, a->bk, &dk, x));
+    return dsc_param_linear_backward(dx, true, a->wv, a->bv, &dv, x);
 }

@@ -7,15 +7,17 @@
  * the block runs: reserved with one slot at the start of its forward and of
  * its backward (which first re-runs the forward) and freed at the end, so a
  * model of L checkpointed blocks holds one block's intermediates at a time
- * instead of L (an ffn without dsc_layer_release, the MoE layer, keeps its
- * one slot reserved). This trades an allocation per block run for the
- * memory; the recompute costs one more forward per backward. The kernels
+ * instead of L (a sub-layer without dsc_layer_release, such as the MoE layer
+ * or tp/'s attention, keeps its one slot reserved). This trades an allocation
+ * per block run for the memory; the recompute costs one more forward per
+ * backward. The kernels
  * are deterministic and the recompute replays the layer stream (ctx->rng)
  * from where the slot's forward found it, so the recomputed activations
  * (random gate noise included), and hence the gradients, are bitwise those of
  * the plain path; the recompute's reported losses (ctx->aux_loss) are
  * dropped, as the forward reported them already. The block does not know what its ffn
- * is (dense MLP here, MoE in moe/). */
+ * is (dense MLP here, MoE in moe/), nor, when the build context brings an
+ * attention factory, what its attention is (split by heads in tp/). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@ typedef struct block_layer {
     dsc_layer base;
     nn_norm norm1, norm2;
     nn_attention attn;
+    dsc_layer *attn_layer; /* the build context's attention (tp/), replacing attn; NULL: attn */
     dsc_layer *ffn;
     bool checkpoint;
     int64_t C;
@@ -44,39 +47,47 @@ typedef struct block_layer {
     dsc_tensor *scratch;     /* [2] (B, T, C): attention output (forward) or dh (backward); dresid */
 } block_layer;
 
-/* Frees the intermediates (and, when checkpointing, the ffn's activations). */
+/* A sub-layer whose activations follow the block's intermediates: with
+ * checkpointing only when it can release them. */
+static bool follows_inner(const block_layer *k, const dsc_layer *sub) {
+    return !k->checkpoint || sub->ops->release;
+}
+
+/* Frees the intermediates (and, when checkpointing, the sub-layers' activations they can release). */
 static void inner_free(block_layer *k) {
-    nn_buffers_free(&k->h1, k->inner_slots);
-    nn_buffers_free(&k->resid, k->inner_slots);
-    nn_buffers_free(&k->h2, k->inner_slots);
-    nn_buffers_free(&k->scratch, 2);
+    dsc_buffers_free(&k->h1, k->inner_slots);
+    dsc_buffers_free(&k->resid, k->inner_slots);
+    dsc_buffers_free(&k->h2, k->inner_slots);
+    dsc_buffers_free(&k->scratch, 2);
     nn_norm_free(&k->norm1);
     nn_norm_free(&k->norm2);
-    nn_attention_free(&k->attn);
+    if (!k->attn_layer) nn_attention_free(&k->attn);
+    if (k->checkpoint && k->attn_layer) dsc_layer_release(k->attn_layer);
     if (k->checkpoint) dsc_layer_release(k->ffn);
     k->inner_slots = 0;
 }
 
 /* Reserves the intermediates for `inner` component slots. */
 static dsc_status inner_reserve(block_layer *k, int inner) {
-    const int64_t shape[3] = {k->B, k->T, k->C};
+    const int64_t B = k->B, T = k->T, shape[3] = {B, T, k->C};
     k->inner_slots = inner;
-    dsc_status s = nn_buffers_alloc(&k->h1, inner, 3, shape, k->device);
-    if (!s) s = nn_buffers_alloc(&k->resid, inner, 3, shape, k->device);
-    if (!s) s = nn_buffers_alloc(&k->h2, inner, 3, shape, k->device);
-    if (!s) s = nn_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
-    if (!s) s = nn_norm_reserve(&k->norm1, inner, k->B, k->T, k->device);
-    if (!s) s = nn_attention_reserve(&k->attn, inner, k->B, k->T, k->device);
-    if (!s) s = nn_norm_reserve(&k->norm2, inner, k->B, k->T, k->device);
-    if (!s && (!k->checkpoint || k->ffn->ops->release)) s = dsc_layer_reserve(k->ffn, inner, k->B, k->T);
+    dsc_status s = dsc_buffers_alloc(&k->h1, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->h2, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
+    if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
+    if (!s && !k->attn_layer) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
+    if (!s && k->attn_layer && follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, inner, B, T);
+    if (!s) s = nn_norm_reserve(&k->norm2, inner, B, T, k->device);
+    if (!s && follows_inner(k, k->ffn)) s = dsc_layer_reserve(k->ffn, inner, B, T);
     if (s) inner_free(k);
     return s;
 }
 
 static void release(block_layer *k) {
-    nn_buffers_free(&k->x, k->nslots);
-    nn_buffers_free(&k->out, k->nslots);
-    nn_buffers_free(&k->din, k->nslots);
+    dsc_buffers_free(&k->x, k->nslots);
+    dsc_buffers_free(&k->out, k->nslots);
+    dsc_buffers_free(&k->din, k->nslots);
     free(k->bt);
     k->bt = NULL;
     free(k->rng_at);
@@ -95,12 +106,13 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     k->bt = calloc((size_t)slots, sizeof *k->bt);
     k->rng_at = calloc((size_t)slots, sizeof *k->rng_at);
     dsc_status s = k->bt && k->rng_at ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
-    if (!s) s = nn_buffers_alloc(&k->x, slots, 3, shape, k->device);
-    if (!s) s = nn_buffers_alloc(&k->out, slots, 3, shape, k->device);
-    if (!s) s = nn_buffers_alloc(&k->din, slots, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->x, slots, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->out, slots, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->din, slots, 3, shape, k->device);
     if (!s && !k->checkpoint) s = inner_reserve(k, slots);
-    /* An ffn that cannot release keeps its one slot for the block's lifetime. */
-    if (!s && k->checkpoint && !k->ffn->ops->release) s = dsc_layer_reserve(k->ffn, 1, B, T);
+    /* Checkpointing: a sub-layer that cannot release keeps its one slot for the block's lifetime. */
+    if (!s && k->attn_layer && !follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, 1, B, T);
+    if (!s && !follows_inner(k, k->ffn)) s = dsc_layer_reserve(k->ffn, 1, B, T);
     if (s) release(k);
     return s;
 }
@@ -110,7 +122,8 @@ static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_t
     dsc_tensor h1 = nn_view(&k->h1[cs], 3, x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
     dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_view(&k->scratch[0], 3, x->shape);
     DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
-    DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
+    if (k->attn_layer) DSC_TRY(dsc_layer_forward(k->attn_layer, cs, &h1, &a, ctx));
+    else DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
     DSC_TRY(dsc_kernel_add(&resid, x, &a));
     DSC_TRY(nn_norm_forward(&k->norm2, cs, &resid, &h2));
     dsc_tensor m;
@@ -183,7 +196,8 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
     DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));
     DSC_TRY(dsc_kernel_add(&dresid, &dresid, dout));
-    DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
+    if (k->attn_layer) DSC_TRY(dsc_layer_backward(k->attn_layer, cs, &dresid, &dh, ctx));
+    else DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
     DSC_TRY(nn_norm_backward(&k->norm1, cs, &x, &dh, &dx));
     DSC_TRY(dsc_kernel_add(&dx, &dx, &dresid));
     k->bt[slot][0] = 0;
@@ -194,6 +208,7 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
 static void block_destroy(dsc_layer *self) {
     block_layer *k = (block_layer *)self;
     release(k);
+    dsc_layer_destroy(k->attn_layer);
     dsc_layer_destroy(k->ffn);
     free(k);
 }
@@ -210,15 +225,16 @@ static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_
     snprintf(prefix, sizeof prefix, "%s.norm1", k->base.name);
     DSC_TRY(nn_norm_init(&k->norm1, &list, store, prefix, mc));
     snprintf(prefix, sizeof prefix, "%s.attn", k->base.name);
-    DSC_TRY(nn_attention_init(&k->attn, &list, store, prefix, mc));
+    if (!k->attn_layer) DSC_TRY(nn_attention_init(&k->attn, &list, store, prefix, mc));
     snprintf(prefix, sizeof prefix, "%s.norm2", k->base.name);
     DSC_TRY(nn_norm_init(&k->norm2, &list, store, prefix, mc));
     /* The ffn's list has no fixed bound (a MoE layer holds every local expert's tensors). */
-    const int n = list.n + k->ffn->n_params;
+    const int n_attn = k->attn_layer ? k->attn_layer->n_params : 0, n = list.n + n_attn + k->ffn->n_params;
     dsc_param **all = malloc((size_t)n * sizeof *all);
     DSC_CHECK(all, DSC_ERR_NOMEM, "%s: parameter list of %d", k->base.name, n);
     memcpy(all, list.items, (size_t)list.n * sizeof *all);
-    memcpy(all + list.n, k->ffn->params, (size_t)k->ffn->n_params * sizeof *all);
+    if (n_attn) memcpy(all + list.n, k->attn_layer->params, (size_t)n_attn * sizeof *all);
+    memcpy(all + list.n + n_attn, k->ffn->params, (size_t)k->ffn->n_params * sizeof *all);
     dsc_status s = dsc_layer_set_params(&k->base, all, n);
     free(all);
     return s;
@@ -236,12 +252,16 @@ dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx
     if (spec->block < 0 || spec->block >= mc->n_layer)
         s = dsc_error(DSC_ERR_INVALID, "block index %d outside [0, %d) (model.n_layer)", spec->block, mc->n_layer);
     if (!s && !ffn) s = nn_mlp_create(mc, ctx->params, ctx->device, spec->block, &ffn);
+    dsc_layer *attn = NULL;
+    if (!s && ctx->attention) s = ctx->attention(spec, ctx, &attn);
     block_layer *k = s ? NULL : calloc(1, sizeof *k);
     if (!s && !k) s = dsc_error(DSC_ERR_NOMEM, "block %d", spec->block);
     if (s) {
+        dsc_layer_destroy(attn);
         dsc_layer_destroy(ffn);
         return s;
     }
+    k->attn_layer = attn;
     k->base.ops = &block_ops;
     snprintf(k->base.name, sizeof k->base.name, "layers.%d", spec->block);
     k->ffn = ffn;
@@ -258,9 +278,11 @@ dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx
     int64_t per_token = 3 * k->C;
     if (!k->checkpoint)
         per_token += 3 * k->C + nn_norm_saved_floats_per_token(&k->norm1) +
-                     nn_norm_saved_floats_per_token(&k->norm2) + nn_attention_saved_floats_per_token(&k->attn);
+                     nn_norm_saved_floats_per_token(&k->norm2) +
+                     (attn ? 0 : nn_attention_saved_floats_per_token(&k->attn));
     k->base.activation_bytes_per_token =
-        per_token * (int64_t)sizeof(float) + (k->checkpoint ? 0 : ffn->activation_bytes_per_token);
+        per_token * (int64_t)sizeof(float) +
+        (k->checkpoint ? 0 : ffn->activation_bytes_per_token + (attn ? attn->activation_bytes_per_token : 0));
     *out = &k->base;
     return NULL;
 }

@@ -28,7 +28,7 @@ static void release(embedding_layer *e) {
         dsc_tensor_free(&e->tokens[i]);
     free(e->tokens);
     e->tokens = NULL;
-    nn_buffers_free(&e->out, e->nslots);
+    dsc_buffers_free(&e->out, e->nslots);
     free(e->bt);
     e->bt = NULL;
     e->nslots = 0;
@@ -45,7 +45,7 @@ static dsc_status embedding_reserve(dsc_layer *self, int slots, int64_t B, int64
     dsc_status s = e->tokens && e->bt ? NULL : dsc_error(DSC_ERR_NOMEM, "slot tables of %d entries", slots);
     for (int i = 0; i < slots && !s; i++)
         s = dsc_tensor_alloc(&e->tokens[i], DSC_DTYPE_I32, 2, (int64_t[]){B, T}, e->device, DSC_MEM_ACTIVATIONS);
-    if (!s) s = nn_buffers_alloc(&e->out, slots, 3, (int64_t[]){B, T, e->C}, e->device);
+    if (!s) s = dsc_buffers_alloc(&e->out, slots, 3, (int64_t[]){B, T, e->C}, e->device);
     if (s) release(e);
     return s;
 }

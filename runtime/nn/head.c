@@ -49,10 +49,10 @@ static void free_table(dsc_tensor **t, int n) {
 static void release(head_layer *h) {
     free(h->state);
     h->state = NULL;
-    nn_buffers_free(&h->x, h->nslots);
-    nn_buffers_free(&h->normed, h->nslots);
-    nn_buffers_free(&h->din, h->nslots);
-    nn_buffers_free(&h->losses, h->nslots);
+    dsc_buffers_free(&h->x, h->nslots);
+    dsc_buffers_free(&h->normed, h->nslots);
+    dsc_buffers_free(&h->din, h->nslots);
+    dsc_buffers_free(&h->losses, h->nslots);
     free_table(&h->targets, h->nslots);
     dsc_tensor_free(&h->logits);
     dsc_tensor_free(&h->host_targets);
@@ -72,10 +72,10 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     dsc_status s = h->state && h->targets ? NULL : dsc_error(DSC_ERR_NOMEM, "slot tables of %d entries", slots);
     for (int i = 0; i < slots && !s; i++)
         s = dsc_tensor_alloc(&h->targets[i], DSC_DTYPE_I32, 2, bt, h->device, DSC_MEM_ACTIVATIONS);
-    if (!s) s = nn_buffers_alloc(&h->x, slots, 3, c_shape, h->device);
-    if (!s) s = nn_buffers_alloc(&h->normed, slots, 3, c_shape, h->device);
-    if (!s) s = nn_buffers_alloc(&h->din, slots, 3, c_shape, h->device);
-    if (!s) s = nn_buffers_alloc(&h->losses, slots, 2, bt, h->device);
+    if (!s) s = dsc_buffers_alloc(&h->x, slots, 3, c_shape, h->device);
+    if (!s) s = dsc_buffers_alloc(&h->normed, slots, 3, c_shape, h->device);
+    if (!s) s = dsc_buffers_alloc(&h->din, slots, 3, c_shape, h->device);
+    if (!s) s = dsc_buffers_alloc(&h->losses, slots, 2, bt, h->device);
     if (!s)
         s = dsc_tensor_alloc(&h->logits, DSC_DTYPE_F32, 3, (int64_t[]){B, T, h->V}, h->device,
                              DSC_MEM_ACTIVATIONS);
@@ -90,7 +90,7 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
 static dsc_status compute_logits(head_layer *h, int slot, const dsc_tensor *normed, dsc_tensor *logits) {
     *logits = nn_view(&h->logits, 3, (int64_t[]){normed->shape[0], normed->shape[1], h->V});
     h->logits_slot = -1;
-    DSC_TRY(nn_linear_forward(logits, normed, h->w, NULL));
+    DSC_TRY(dsc_param_linear_forward(logits, normed, h->w, NULL));
     h->logits_slot = slot;
     h->logits_bt[0] = normed->shape[0];
     h->logits_bt[1] = normed->shape[1];
@@ -163,7 +163,7 @@ static dsc_status head_backward(dsc_layer *self, int slot, const dsc_tensor *dou
     const float dloss = st->n_valid ? ctx->loss_scale / (float)st->n_valid : 0.0f;
     DSC_TRY(dsc_kernel_cross_entropy_backward(&dlogits, &dlogits, &targets, dloss));
     dsc_tensor dnormed = nn_view(&h->dnormed, 3, shape), dx = nn_view(&h->din[slot], 3, shape);
-    DSC_TRY(nn_linear_backward(&dnormed, false, h->w, NULL, &logits, &normed));
+    DSC_TRY(dsc_param_linear_backward(&dnormed, false, h->w, NULL, &logits, &normed));
     DSC_TRY(nn_norm_backward(&h->norm, slot, &x, &dnormed, &dx));
     st->b = 0;
     *din = dx;

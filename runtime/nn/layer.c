@@ -3,6 +3,7 @@
  *
  * It knows no layer type: dense layers register themselves through
  * dsc_nn_register_dense_layers (models.c), moe/ registers its own. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,7 +121,13 @@ dsc_status dsc_layer_register(const char *type, dsc_layer_factory factory) {
 
 dsc_status dsc_layer_build(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out) {
     *out = NULL;
-    int i = registry_find(spec->type);
+    int i = -1;
+    if (ctx->tp) {
+        char variant[DSC_LAYER_TYPE_MAX + 4];
+        snprintf(variant, sizeof variant, "tp_%s", spec->type);
+        i = registry_find(variant);
+    }
+    if (i < 0) i = registry_find(spec->type);
     if (i < 0) {
         char known[MAX_LAYER_TYPES * (DSC_LAYER_TYPE_MAX + 2)] = "";
         for (int j = 0; j < registry_count; j++) {

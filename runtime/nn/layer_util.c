@@ -21,20 +21,20 @@ dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *p
     return NULL;
 }
 
-dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device) {
+dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device) {
     *bufs = calloc((size_t)count, sizeof **bufs);
     DSC_CHECK(*bufs, DSC_ERR_NOMEM, "activation buffer table of %d entries", count);
     for (int i = 0; i < count; i++) {
         dsc_status s = dsc_tensor_alloc(&(*bufs)[i], DSC_DTYPE_F32, ndim, shape, device, DSC_MEM_ACTIVATIONS);
         if (s) {
-            nn_buffers_free(bufs, i);
+            dsc_buffers_free(bufs, i);
             return s;
         }
     }
     return NULL;
 }
 
-void nn_buffers_free(dsc_tensor **bufs, int count) {
+void dsc_buffers_free(dsc_tensor **bufs, int count) {
     if (!*bufs) return;
     for (int i = 0; i < count; i++)
         dsc_tensor_free(&(*bufs)[i]);
@@ -59,13 +59,13 @@ dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols) {
 }
 
 /* Linear operands as matrices: rows of in_features (C) and out_features (OC) from w (OC, C). */
-dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias) {
+dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor y2 = nn_matrix(y, OC), x2 = nn_matrix(x, C);
     return dsc_kernel_linear_forward(&y2, &x2, &w->value, bias ? &bias->value : NULL);
 }
 
-dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
+dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
                               const dsc_tensor *x) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor dx2 = nn_matrix(dx, C), dy2 = nn_matrix(dy, OC), x2 = nn_matrix(x, C);

@@ -43,11 +43,11 @@ static void release(mlp_layer *m) {
     m->nslots = 0;
     free(m->in);
     m->in = NULL;
-    nn_buffers_free(&m->pre, slots);
-    nn_buffers_free(&m->up, slots);
-    nn_buffers_free(&m->act, slots);
-    nn_buffers_free(&m->shared, 2);
-    nn_buffers_free(&m->scratch, scratch_count(m));
+    dsc_buffers_free(&m->pre, slots);
+    dsc_buffers_free(&m->up, slots);
+    dsc_buffers_free(&m->act, slots);
+    dsc_buffers_free(&m->shared, 2);
+    dsc_buffers_free(&m->scratch, scratch_count(m));
 }
 
 static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
@@ -57,11 +57,11 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     const int64_t f_shape[3] = {B, T, m->F}, c_shape[3] = {B, T, m->C};
     m->in = calloc((size_t)slots, sizeof *m->in);
     dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
-    if (!s) s = nn_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
-    if (!s && m->gated) s = nn_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
-    if (!s) s = nn_buffers_alloc(&m->act, slots, 3, f_shape, m->device);
-    if (!s) s = nn_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
-    if (!s) s = nn_buffers_alloc(&m->scratch, scratch_count(m), 3, f_shape, m->device);
+    if (!s) s = dsc_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
+    if (!s && m->gated) s = dsc_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
+    if (!s) s = dsc_buffers_alloc(&m->act, slots, 3, f_shape, m->device);
+    if (!s) s = dsc_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
+    if (!s) s = dsc_buffers_alloc(&m->scratch, scratch_count(m), 3, f_shape, m->device);
     if (s) release(m);
     return s;
 }
@@ -75,15 +75,15 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     m->in[slot] = *in;
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
     *out = nn_view(&m->shared[0], 3, in->shape);
-    DSC_TRY(nn_linear_forward(&pre, in, m->w_in, m->b_in));
+    DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, m->b_in));
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
-        DSC_TRY(nn_linear_forward(&up, in, m->w_up, NULL));
+        DSC_TRY(dsc_param_linear_forward(&up, in, m->w_up, NULL));
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
-    return nn_linear_forward(out, &act, m->w_out, m->b_out);
+    return dsc_param_linear_forward(out, &act, m->w_out, m->b_out);
 }
 
 static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
@@ -97,15 +97,15 @@ static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
     dsc_tensor dact = nn_view(&m->scratch[0], 3, f_shape), dpre = nn_view(&m->scratch[1], 3, f_shape);
     *din = nn_view(&m->shared[1], 3, in->shape);
-    DSC_TRY(nn_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
+    DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_view(&m->scratch[2], 3, f_shape);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
-        DSC_TRY(nn_linear_backward(din, false, m->w_in, NULL, &dpre, in));
-        DSC_TRY(nn_linear_backward(din, true, m->w_up, NULL, &dup, in));
+        DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, NULL, &dpre, in));
+        DSC_TRY(dsc_param_linear_backward(din, true, m->w_up, NULL, &dup, in));
     } else {
         DSC_TRY(dsc_kernel_gelu_backward(&dpre, &dact, &pre));
-        DSC_TRY(nn_linear_backward(din, false, m->w_in, m->b_in, &dpre, in));
+        DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, m->b_in, &dpre, in));
     }
     m->in[slot] = (dsc_tensor){0};
     return NULL;

@@ -31,22 +31,11 @@ typedef struct nn_param_list {
 dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
                       const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
 
-/* `count` f32 activation buffers of one shape (released with nn_buffers_free). */
-dsc_status nn_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
-void nn_buffers_free(dsc_tensor **bufs, int count);
 /* The leading elements of `buf` seen with another (smaller or equal) shape. */
 dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape);
 /* `t` as a matrix (numel / cols, cols); nn_rows keeps the last dimension as cols. */
 dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols);
 dsc_tensor nn_rows(const dsc_tensor *t);
-
-/* y (N, OC) = x (N, C) @ w^T + bias with w (OC, C); bias may be NULL. Tensors of any
- * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
-dsc_status nn_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
-/* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
- * when `accumulate` (how one input feeding several linears sums its gradient). */
-dsc_status nn_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
-                              const dsc_tensor *x);
 
 /* Checks that `in` is (b, t, C) f32 with b <= max_B, t <= max_T. */
 dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C);

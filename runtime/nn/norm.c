@@ -19,18 +19,18 @@ dsc_status nn_norm_init(nn_norm *n, nn_param_list *list, dsc_param_store *store,
 }
 
 void nn_norm_free(nn_norm *n) {
-    nn_buffers_free(&n->mean, n->slots);
-    nn_buffers_free(&n->rstd, n->slots);
+    dsc_buffers_free(&n->mean, n->slots);
+    dsc_buffers_free(&n->rstd, n->slots);
     n->slots = 0;
 }
 
 dsc_status nn_norm_reserve(nn_norm *n, int slots, int64_t B, int64_t T, dsc_device device) {
     nn_norm_free(n);
     const int64_t shape[1] = {B * T};
-    if (n->bias) DSC_TRY(nn_buffers_alloc(&n->mean, slots, 1, shape, device));
-    dsc_status s = nn_buffers_alloc(&n->rstd, slots, 1, shape, device);
+    if (n->bias) DSC_TRY(dsc_buffers_alloc(&n->mean, slots, 1, shape, device));
+    dsc_status s = dsc_buffers_alloc(&n->rstd, slots, 1, shape, device);
     if (s) {
-        nn_buffers_free(&n->mean, slots);
+        dsc_buffers_free(&n->mean, slots);
         return s;
     }
     n->slots = slots;

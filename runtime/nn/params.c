@@ -104,9 +104,46 @@ dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim
     p->offset = -1;
     p->init = init;
     p->init_std = init_std;
+    p->shard.axis = -1;
+    memcpy(p->shard.global, shape, (size_t)ndim * sizeof *shape);
     store->params[store->count++] = p;
     *out = p;
     return NULL;
+}
+
+dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim, const int64_t *global,
+                                    int axis, int64_t start, int64_t count, uint32_t flags, dsc_param_init init,
+                                    float init_std, dsc_param **out) {
+    *out = NULL;
+    DSC_CHECK(ndim >= 1 && ndim <= DSC_MAX_DIMS && axis >= 0 && axis < ndim, DSC_ERR_INVALID,
+              "parameter %s: shard axis %d of a rank-%d tensor", name ? name : "", axis, ndim);
+    DSC_CHECK(start >= 0 && count >= 1 && start + count <= global[axis], DSC_ERR_INVALID,
+              "parameter %s: shard [%lld, %lld) outside its global extent %lld along axis %d", name ? name : "",
+              (long long)start, (long long)(start + count), (long long)global[axis], axis);
+    int64_t local[DSC_MAX_DIMS];
+    memcpy(local, global, (size_t)ndim * sizeof *local);
+    local[axis] = count;
+    const bool existed = name && dsc_params_find(store, name) != NULL;
+    dsc_param *p;
+    DSC_TRY(dsc_params_declare(store, name, ndim, local, flags, init, init_std, &p));
+    if (existed) {
+        DSC_CHECK(p->shard.axis == axis && p->shard.start == start, DSC_ERR_INVALID,
+                  "parameter %s declared as the shard at %lld along axis %d, but it exists as the shard at %lld "
+                  "along axis %d", name, (long long)start, axis, (long long)p->shard.start, p->shard.axis);
+    } else {
+        p->shard.axis = axis;
+        p->shard.start = start;
+        memcpy(p->shard.global, global, (size_t)ndim * sizeof *global);
+    }
+    *out = p;
+    return NULL;
+}
+
+int64_t dsc_param_global_numel(const dsc_param *param) {
+    int64_t n = 1;
+    for (int i = 0; i < param->value.ndim; i++)
+        n *= param->shard.global[i];
+    return n;
 }
 
 /* FNV-1a: a stable hash of the name, mixed into the seed of its stream. */
@@ -115,6 +152,20 @@ static uint64_t name_hash(const char *name) {
     for (const unsigned char *c = (const unsigned char *)name; *c; c++)
         h = (h ^ *c) * 0x100000001b3ULL;
     return h;
+}
+
+/* Compacts the global values in `host` to this shard's piece, in place: per
+ * index of the leading axes, the shard's run of axis x trailing elements. */
+static void keep_piece(const dsc_param *p, float *host) {
+    const int a = p->shard.axis;
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < a; i++)
+        outer *= p->shard.global[i];
+    for (int i = a + 1; i < p->value.ndim; i++)
+        inner *= p->shard.global[i];
+    const int64_t run = p->value.shape[a] * inner, stride = p->shard.global[a] * inner;
+    for (int64_t o = 0; o < outer; o++)
+        memmove(host + o * run, host + o * stride + p->shard.start * inner, (size_t)run * sizeof *host);
 }
 
 static dsc_status init_values(const dsc_param_store *store, dsc_param *p, float *host) {
@@ -129,8 +180,12 @@ static dsc_status init_values(const dsc_param_store *store, dsc_param *p, float 
     case DSC_INIT_NORMAL: {
         dsc_rng rng;
         dsc_rng_init(&rng, store->seed ^ name_hash(p->name), 0, DSC_RNG_INIT);
-        for (int64_t i = 0; i < n; i++)
+        /* A shard draws the whole tensor's stream and keeps its piece: the
+         * same weights at every tensor-parallel degree. */
+        int64_t total = dsc_param_global_numel(p);
+        for (int64_t i = 0; i < total; i++)
             host[i] = (float)(p->init_std * dsc_rng_normal(&rng));
+        if (p->shard.axis >= 0) keep_piece(p, host);
         break;
     }
     default:
@@ -145,10 +200,10 @@ dsc_status dsc_params_finalize(dsc_param_store *store) {
     int64_t largest = 0;
     for (int i = 0; i < store->count; i++) {
         dsc_param *p = store->params[i];
-        int64_t n = dsc_param_numel(p);
+        int64_t n = dsc_param_numel(p), whole = dsc_param_global_numel(p);
         p->offset = store->numel[p->group];
         store->numel[p->group] += (n + PARAM_ALIGN_ELEMS - 1) / PARAM_ALIGN_ELEMS * PARAM_ALIGN_ELEMS;
-        if (n > largest) largest = n;
+        if (whole > largest) largest = whole;
     }
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         int64_t shape[1] = {store->numel[g]};

@@ -7,7 +7,9 @@
  * biases and tied embeddings, Mistral, Mixtral; 2 KV heads, so TP 3 is
  * refused with the numbers) and two written here with random weights for
  * the uneven cases: 6 heads (2,2,1,1 at TP 4), intermediate 50 and vocab
- * 101; and a Qwen2 with one KV head (replicated on every rank). The
+ * 101; and a Qwen2 with one KV head (replicated on every rank); and
+ * test_dsc_moe's HDF5 checkpoints (GPT MoE with biases and learned
+ * positions, dsc Mixtral) when their directory is given. The
  * vocabulary-parallel sampler is checked against dsc_sample on the same
  * rows (greedy, temperature, top-k, top-p, repetition penalty), and the
  * weight memory of a rank against replicated + 1/tp of the rest. */
@@ -244,24 +246,30 @@ static void compare(const char *dir, const char *what) {
     dsc_comm_free(world);
 }
 
-static void test_fixtures(void **state) {
-    (void)state;
+/* compare(), except that a model with 2 KV heads at TP 3 must be refused with the numbers. */
+static void compare_or_refused(const char *dir, const char *what) {
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    dsc_infer_tp plan_only = {.tp_size = size};
+    dsc_tp_plan *plan = NULL;
+    dsc_status s = dsc_infer_model_plan(dir, &plan_only, &plan);
+    dsc_tp_plan_destroy(plan);
+    if (s && size == 3) {
+        assert_err(s, DSC_ERR_CONFIG, "2 KV heads over 3 ranks: with fewer KV heads than ranks, tp_size must be");
+        printf("%s at tp 3: refused (2 KV heads over 3 ranks)\n", what);
+        return;
+    }
+    assert_ok(s);
+    compare(dir, what);
+}
+
+static void test_fixtures(void **state) {
+    (void)state;
     const char *names[] = {"llama", "qwen2", "mistral", "mixtral"};
     for (int i = 0; i < 4; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, FIXTURES "%s", names[i]);
-        if (size == 3) { /* 2 KV heads over 3 ranks: not a multiple */
-            dsc_comm *world;
-            dsc_infer_model *m;
-            assert_ok(dsc_comm_world(NULL, &world));
-            dsc_infer_tp tp = {.comm = world};
-            assert_err(dsc_infer_model_load_tp(dir, &tp, &m), DSC_ERR_CONFIG, "2 KV heads over 3 ranks");
-            dsc_comm_free(world);
-            continue;
-        }
-        compare(dir, names[i]);
+        compare_or_refused(dir, names[i]);
     }
 }
 
@@ -274,6 +282,21 @@ static void test_uneven(void **state) {
     synth one = {"Qwen2ForCausalLM", 32, 4, 1, 8, 37, 97, 2, true, true};
     synth_dir(dir, sizeof dir, "one_kv", &one);
     compare(dir, "qwen2 1 KV head, F 37, V 97, tied");
+}
+
+static const char *dsc_ckpt_dir; /* argv[1]: test_dsc_moe's kept checkpoints (gpt-moe, mixtral) */
+
+/* dsc HDF5 checkpoints: GPT MoE (LayerNorm, learned positions, biases on
+ * every row-parallel output and expert) and dsc's Mixtral. */
+static void test_dsc_checkpoints(void **state) {
+    (void)state;
+    if (!dsc_ckpt_dir) skip();
+    const char *names[] = {"gpt-moe", "mixtral"};
+    for (int i = 0; i < 2; i++) {
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s/%s", dsc_ckpt_dir, names[i]);
+        compare_or_refused(dir, names[i]);
+    }
 }
 
 /* Per-rank weight memory: replicated + 1/tp of the rest (dims divisible by 2, 3 and 4). */
@@ -309,10 +332,12 @@ static void test_memory(void **state) {
     dsc_comm_free(world);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    dsc_ckpt_dir = argc > 1 ? argv[1] : NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_uneven),
+        cmocka_unit_test(test_dsc_checkpoints),
         cmocka_unit_test(test_memory),
     };
     return DSC_RUN_MPI_TESTS(tests);

@@ -70,7 +70,7 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     dsc_moe_build_extra one_extra = {0};
     assert_ok(dsc_moe_options_from_config(&one_cfg.moe, one_cfg.model.arch, &one_extra.options));
     assert_ok(dsc_moe_register_layers());
-    dsc_trainer_layers one_layers = {&one_extra, NULL, NULL};
+    dsc_trainer_layers one_layers = {.build_extra = &one_extra};
     dsc_trainer_options to = {&one_cfg, NULL, false, NULL, false};
     dsc_trainer *one;
     assert_ok(dsc_trainer_create_with_layers(&to, NULL, &one_layers, &one));

@@ -201,7 +201,7 @@ static void test_rule_order(void **state) {
         {.name = "model.layers.0.mlp.mystery.weight", .ndim = 2, .shape = {C, C}},
     };
     dsc_tp_dims d = dims(4, 4, 4, 24, 50);
-    dsc_tp_rule user[] = {{"layers\\.1\\.mlp\\.fc_in$", DSC_TP_KIND_COLUMN}};
+    dsc_tp_rule user[] = {{"layers\\.1\\.mlp\\.fc_in\\.weight$", DSC_TP_KIND_COLUMN}};
     dsc_tp_rule plan[] = {{"layers.*.mlp.fc_in", DSC_TP_KIND_COLUMN}, {"layers.*.mlp.up_proj", DSC_TP_KIND_ROW}};
     dsc_tp_options o = {.tp_size = 2, .grain = 1, .user = user, .n_user = 1, .model_plan = plan, .n_model_plan = 2};
     dsc_tp_plan *pl;
@@ -216,6 +216,13 @@ static void test_rule_order(void **state) {
     assert_int_equal(up->source, DSC_TP_SOURCE_MODEL_PLAN); /* the model's plan wins over the policy */
     assert_int_equal(up->kind, DSC_TP_KIND_ROW);
     assert_int_equal(up->axis, 1);
+    dsc_tp_plan_destroy(pl);
+    /* use_default_specs = false: AutoTP's names no longer place an undeclared o_proj */
+    dsc_tp_param o_proj = {.name = "model.layers.0.self_attn.o_proj.weight", .ndim = 2, .shape = {C, C}};
+    dsc_tp_options bare = {.tp_size = 2, .no_name_rules = true};
+    assert_err(dsc_tp_plan_create(&o_proj, 1, &d, &bare, &pl), DSC_ERR_CONFIG, "o_proj.weight (16, 16) as undeclared");
+    bare.no_name_rules = false;
+    assert_ok(dsc_tp_plan_create(&o_proj, 1, &d, &bare, &pl));
     dsc_tp_plan_destroy(pl);
     dsc_tp_rule bad[] = {{"(", DSC_TP_KIND_COLUMN}};
     o.user = bad;

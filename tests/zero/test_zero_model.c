@@ -48,7 +48,7 @@ static void gpt_init(gpt *g, dsc_comm *dp, int stage) {
     int count;
     assert_ok(dsc_model_specs(&g->mc, &specs, &count));
     assert_true(count <= 16);
-    dsc_build_ctx ctx = {&g->mc, g->store, DSC_CPU, NULL};
+    dsc_build_ctx ctx = {.model = &g->mc, .params = g->store, .device = DSC_CPU};
     for (int i = 0; i < count; i++)
         assert_ok(dsc_layer_build(&specs[i], &ctx, &g->layers[g->n_layers++]));
     free(specs);

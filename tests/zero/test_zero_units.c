@@ -66,7 +66,7 @@ static void test_model_size_matches_built_model(void **state) {
     dsc_layer_spec *specs;
     int count;
     assert_ok(dsc_model_specs(&mc, &specs, &count));
-    dsc_build_ctx ctx = {&mc, store, DSC_CPU, NULL};
+    dsc_build_ctx ctx = {.model = &mc, .params = store, .device = DSC_CPU};
     double largest = 0;
     for (int i = 0; i < count; i++) {
         dsc_layer *layer;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Tensor-parallel checkpoints reshard: a checkpoint saved at TP=2 (step 5 of
+# 10) resumes at TP=2 bitwise, and at TP=4 and on one rank with the losses of
+# steps 6-10 equal to continuing unchanged (as printed) and parameters within
+# 1e-5; h5dump shows the global shapes. Through dsc-train and dsc-launch.
+# Usage: test_tp_resume.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+bin=$build/bin
+work=$(mktemp -d "$build/test_tp_resume.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DSC_PROGRESS=0
+source "$src/tests/support/check.sh"
+
+"$bin/dsc-train" --prepare "$src/data/tinyshakespeare.txt" "$work/ts.tok" >/dev/null
+train() { # NP TP SAVE_DIR [args...]
+  local np=$1 tp=$2 dir=$3
+  shift 3
+  "$bin/dsc-launch" -n "$np" "$bin/dsc-train" "$src/tests/checkpoint/resume.json" --set data.path="$work/ts.tok" \
+    --sample 0 --no-progress --set checkpoint.save_dir="$dir" --set tensor_parallel.autotp_size="$tp" \
+    --set tensor_parallel.tp_grain_size=8 "$@"
+}
+losses() { grep -E '^step +[0-9]+/10 \|' | sed -E 's/ \| [0-9]+ tok\/s.*//'; }
+max_model_diff() { "$bin/dsc-ckpt" diff "$1" "$2" | awk '$1 ~ /^model\// { if ($NF + 0 > m) m = $NF + 0 } END { printf "%g", m + 0 }'; }
+seed_dir() { mkdir -p "$2" && cp -r "$1" "$2/" && basename "$1" > "$2/latest"; }
+small() { awk -v d="$1" 'BEGIN { exit !(d <= 1e-5) }'; }
+
+train 2 2 "$work/a" > "$work/a.log" 2>&1 || { tail -5 "$work/a.log"; exit 1; }
+check "the TP=2 run prints each rank's shard" grep -q "tp rank 1: q heads \[2, 4)" "$work/a.log"
+h5dump -H "$work/a/global_step10/state.h5" > "$work/h5.txt"
+global_fc() { grep -A3 'DATASET "layers.1.mlp.fc.weight"' "$work/h5.txt" | grep -q 'SIMPLE { ( 256, 64 )'; }
+check "the checkpoint holds global shapes" global_fc
+for case in "tp2 2 2" "tp4 4 4" "one 1 1"; do
+  read -r name np tp <<< "$case"
+  seed_dir "$work/a/global_step5" "$work/$name"
+  train "$np" "$tp" "$work/$name" --resume > "$work/$name.log" 2>&1 || { tail -5 "$work/$name.log"; exit 1; }
+  check "$name: resumed" grep -q "resumed from" "$work/$name.log"
+  check "$name: losses of steps 6-10 equal continuing at TP=2" \
+    diff <(losses < "$work/a.log" | tail -5) <(losses < "$work/$name.log")
+  d=$(max_model_diff "$work/a/global_step10" "$work/$name/global_step10")
+  echo "   $name ($np rank(s), TP=$tp): max parameter difference at step 10: $d"
+  if [ "$name" = tp2 ]; then check "tp2: bitwise" [ "$d" = 0 ]; else check "$name: parameters within 1e-5" small "$d"; fi
+done
+check_summary

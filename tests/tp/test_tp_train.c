@@ -1,0 +1,248 @@
+/* Tensor-parallel training equals one process: on N ranks (tp = N, or
+ * tp = N/2 x dp 2 with ZeRO-1 and ZeRO-2), 10 steps of a tiny GPT (tied
+ * embeddings, biases) and of a GQA Llama whose KV heads do not divide
+ * evenly over the ranks give the losses (<= 1e-6 relative) and parameters
+ * (every rank's piece of every tensor, <= 1e-5) of the same model trained by
+ * one process on the same data, computed on every rank. And the
+ * communication counters follow Megatron-LM's formula: per block and
+ * micro-batch, forward one all-reduce of (b, t, C) after the attention and
+ * one after the MLP, backward the same; the vocabulary-parallel embedding
+ * one, the LM head's cross-entropy two (maxima; sums) and its backward one. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsc/comm.h"
+#include "dsc/tp_layers.h"
+#include "dsc/zero.h"
+#include "test_mpi.h"
+#include "tests/engine/train_fixture.h"
+
+enum { STEPS = 10 };
+
+typedef struct run_result {
+    double losses[STEPS];
+    dsc_trainer *t;
+    dsc_tp_wiring w;
+    dsc_config cfg;
+} run_result;
+
+/* Trains STEPS steps: on `world` with tensor parallelism x data parallelism
+ * of the given degree, or (world NULL) alone, accumulating the micro-batches
+ * of `dp` replicas (the same global batch). */
+static void run(dsc_comm *world, int dp, const char *data, const char *const *over, int n, run_result *r) {
+    memset(r, 0, sizeof *r);
+    const char *all[16];
+    memcpy(all, over, (size_t)n * sizeof *all);
+    all[n++] = "train.steps=10";
+    char accum[64];
+    snprintf(accum, sizeof accum, "gradient_accumulation_steps=%d", 2 * dp);
+    if (!world) {
+        all[n++] = "tensor_parallel.autotp_size=1";
+        all[n++] = "zero_optimization.stage=0";
+        all[n++] = accum;
+        dp = 1;
+    }
+    train_fixture_config(&r->cfg, data, all, n, dp);
+    dsc_trainer_options o = {&r->cfg, NULL, false, NULL, false};
+    const dsc_trainer_layers *layers = NULL;
+    if (world) {
+        assert_ok(dsc_tp_wire(&r->cfg, world, &r->w));
+        o.dp = dsc_tp_wiring_dp(&r->w);
+        layers = &r->w.layers;
+    }
+    assert_ok(dsc_trainer_create_with_layers(&o, dsc_zero_make_optimizer, layers, &r->t));
+    for (int s = 0; s < STEPS; s++) {
+        dsc_step_metrics m;
+        assert_ok(dsc_engine_step(dsc_trainer_engine(r->t), &m));
+        r->losses[s] = m.loss;
+    }
+}
+
+static void finish(run_result *r) {
+    dsc_trainer_destroy(r->t);
+    dsc_tp_wiring_free(&r->w);
+    dsc_config_free(&r->cfg);
+}
+
+/* Largest |piece - the reference's slice| over every parameter. */
+static double worst_param_diff(dsc_trainer *tp, dsc_trainer *one, int64_t *compared) {
+    dsc_param_store *a = dsc_trainer_params(tp), *b = dsc_trainer_params(one);
+    double worst = 0;
+    *compared = 0;
+    for (int i = 0; i < dsc_params_count(a); i++) {
+        const dsc_param *p = dsc_params_at(a, i), *q = dsc_params_find(b, p->name);
+        assert_non_null(q);
+        assert_int_equal(dsc_param_global_numel(p), dsc_param_numel(q));
+        const int ax = p->shard.axis < 0 ? 0 : p->shard.axis;
+        const int64_t start = p->shard.axis < 0 ? 0 : p->shard.start;
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < ax; d++) outer *= p->shard.global[d];
+        for (int d = ax + 1; d < p->value.ndim; d++) inner *= p->shard.global[d];
+        const int64_t run = p->value.shape[ax] * inner, stride = p->shard.global[ax] * inner;
+        const float *x = p->value.data, *y = q->value.data;
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t k = 0; k < run; k++)
+                worst = fmax(worst, fabs((double)x[o * run + k] - (double)y[o * stride + start * inner + k]));
+        *compared += dsc_param_numel(p);
+    }
+    return worst;
+}
+
+static void check_equivalence(const char *what, const char *const *over, int n) {
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    char data[128];
+    snprintf(data, sizeof data, "/tmp/dsc_test_tp_train_%d.tok", (int)getpid());
+    train_fixture_tokens(data, 20000);
+    dsc_config probe;
+    train_fixture_config(&probe, data, over, n, 1);
+    const int dp = dsc_comm_size(world) / probe.tensor_parallel.autotp_size;
+    dsc_config_free(&probe);
+    run_result one, tp;
+    run(NULL, dp, data, over, n, &one);
+    run(world, dp, data, over, n, &tp);
+    double worst_loss = 0;
+    for (int s = 0; s < STEPS; s++)
+        worst_loss = fmax(worst_loss, fabs(tp.losses[s] - one.losses[s]) / fabs(one.losses[s]));
+    int64_t compared;
+    double worst = worst_param_diff(tp.t, one.t, &compared);
+    if (dsc_comm_rank(world) == 0)
+        printf("  %s on %d ranks (tp %d x dp %d) vs 1 process, %d steps: max relative loss diff %.3e (loss %.4f -> %.4f), "
+               "max |param diff| %.3e over %lld elements of rank 0\n",
+               what, dsc_comm_size(world), tp.cfg.tensor_parallel.autotp_size, dp, STEPS, worst_loss, one.losses[0],
+               one.losses[STEPS - 1], worst, (long long)compared);
+    assert_true(worst_loss <= 1e-6);
+    assert_true(worst <= 1e-5);
+    assert_true(one.losses[STEPS - 1] < one.losses[0]); /* it learns */
+    finish(&tp);
+    finish(&one);
+    unlink(data);
+    dsc_comm_free(world);
+}
+
+static char tp_all[64]; /* tensor_parallel.autotp_size = the world size */
+
+static void set_tp_all(void) {
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    snprintf(tp_all, sizeof tp_all, "tensor_parallel.autotp_size=%d", dsc_comm_size(world));
+    dsc_comm_free(world);
+}
+
+static void test_gpt(void **state) {
+    (void)state;
+    set_tp_all();
+    const char *over[] = {tp_all, "model.n_head=4", "model.d_model=32", "model.d_ff=72",
+                          "tensor_parallel.tp_grain_size=8"};
+    check_equivalence("GPT (tied embeddings, biases)", over, 5);
+}
+
+static void test_llama_gqa_uneven(void **state) {
+    (void)state;
+    set_tp_all();
+    /* 10 query heads in 5 KV groups: 3 + 2 KV groups on 2 ranks, 2 + 1 + 1 + 1 on 4. */
+    const char *over[] = {tp_all,           "model.arch=\"llama\"",       "model.n_head=10",
+                          "model.n_kv_head=5", "model.d_model=40",        "model.d_ff=36",
+                          "tensor_parallel.tp_grain_size=1"};
+    check_equivalence("GQA Llama, uneven heads", over, 7);
+}
+
+static void test_with_zero(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    const int size = dsc_comm_size(world);
+    dsc_comm_free(world);
+    if (size < 4) skip();
+    char half[64];
+    snprintf(half, sizeof half, "tensor_parallel.autotp_size=%d", size / 2);
+    for (int stage = 1; stage <= 2; stage++) {
+        char zs[64], what[64];
+        snprintf(zs, sizeof zs, "zero_optimization.stage=%d", stage);
+        snprintf(what, sizeof what, "GPT, tp %d x dp 2, ZeRO-%d", size / 2, stage);
+        const char *over[] = {half, zs, "model.n_head=4", "model.d_model=32", "model.d_ff=72",
+                              "tensor_parallel.tp_grain_size=8"};
+        check_equivalence(what, over, 6);
+    }
+}
+
+/* All-reduces and bytes on the tensor group since the last reset. */
+static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
+    dsc_comm_stats st;
+    dsc_comm_get_stats(c, &st);
+    *calls = st.calls[DSC_COMM_OP_ALLREDUCE];
+    *bytes = st.bytes_sent[DSC_COMM_OP_ALLREDUCE];
+    dsc_comm_reset_stats(c);
+}
+
+static void test_megatron_counts(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    char data[128];
+    snprintf(data, sizeof data, "/tmp/dsc_test_tp_count_%d.tok", (int)getpid());
+    train_fixture_tokens(data, 20000);
+    set_tp_all();
+    const char *over[] = {tp_all, "model.n_head=4", "model.d_model=32", "model.d_ff=72"};
+    run_result r;
+    run(world, 1, data, over, 4, &r);
+    dsc_comm *g = r.w.extra.group;
+    const int64_t b = 2, t = 16, C = 32;
+    /* The bytes of one all-reduce of (b, t, C) on this group, measured. */
+    dsc_tensor probe;
+    assert_ok(dsc_tensor_alloc(&probe, DSC_DTYPE_F32, 3, (int64_t[]){b, t, C}, DSC_CPU, DSC_MEM_OTHER));
+    int64_t calls, bytes, one;
+    counted(g, &calls, &bytes);
+    assert_ok(dsc_comm_allreduce(g, &probe, DSC_REDUCE_OP_SUM));
+    counted(g, &calls, &one);
+    int n_layers;
+    dsc_layer *const *layers = dsc_trainer_model_layers(r.t, &n_layers);
+    dsc_tensor tokens, targets;
+    assert_ok(dsc_tensor_alloc(&tokens, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&targets, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
+    for (int64_t i = 0; i < b * t; i++) ((int32_t *)tokens.data)[i] = (int32_t)(i * 7 % 256);
+    for (int64_t i = 0; i < b * t; i++) ((int32_t *)targets.data)[i] = (int32_t)(i * 5 % 256);
+    dsc_micro_ctx ctx = {.tokens = &tokens, .targets = &targets, .loss_scale = 1.0f, .training = true};
+    dsc_tensor x = {0}, y;
+    for (int l = 0; l < n_layers; l++) {
+        assert_ok(dsc_layer_forward(layers[l], 0, &x, &y, &ctx));
+        counted(g, &calls, &bytes);
+        const int want = l == 0 ? 1 : l == n_layers - 1 ? 2 : 2; /* embedding; head max + sums; block attn + MLP */
+        assert_int_equal(calls, want);
+        if (l > 0 && l < n_layers - 1) assert_int_equal(bytes, 2 * one);
+        if (l == 0) assert_int_equal(bytes, one);
+        x = y;
+    }
+    dsc_tensor dy = {0}, dx;
+    for (int l = n_layers - 1; l >= 0; l--) {
+        assert_ok(dsc_layer_backward(layers[l], 0, &dy, &dx, &ctx));
+        counted(g, &calls, &bytes);
+        const int want = l == 0 ? 0 : l == n_layers - 1 ? 1 : 2; /* head: input gradient; block: attn + MLP */
+        assert_int_equal(calls, want);
+        if (l > 0) assert_int_equal(bytes, (l == n_layers - 1 ? 1 : 2) * one);
+        dy = dx;
+    }
+    if (dsc_comm_rank(world) == 0)
+        printf("  per block and micro-batch (%lld x %lld x %lld): forward 2 all-reduces, backward 2, %lld bytes each "
+               "on this rank\n",
+               (long long)b, (long long)t, (long long)C, (long long)one);
+    dsc_tensor_free(&probe);
+    dsc_tensor_free(&tokens);
+    dsc_tensor_free(&targets);
+    finish(&r);
+    unlink(data);
+    dsc_comm_free(world);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt),
+        cmocka_unit_test(test_llama_gqa_uneven),
+        cmocka_unit_test(test_with_zero),
+        cmocka_unit_test(test_megatron_counts),
+    };
+    return DSC_RUN_MPI_TESTS(tests);
+}

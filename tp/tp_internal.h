@@ -1,0 +1,41 @@
+/* tp/ private: what the tensor-parallel layers share — buffer
+ * views, parameter declaration (whole or as a piece of the global tensor)
+ * and the all-reduce over the tensor group.
+ *
+ * Dimension letters: B, T reserved batch and sequence; b, t the running
+ * micro-batch; C channels; HS head size; nq, nkv this rank's query and KV
+ * heads; nf this rank's feed-forward width; nv its vocabulary rows. */
+#ifndef DSC_TP_INTERNAL_H
+#define DSC_TP_INTERNAL_H
+
+#include "dsc/model.h"
+#include "dsc/tp_layers.h"
+
+/* Enough for attention (8), an MLP (5) or a head (3). */
+#define TP_MAX_LAYER_PARAMS 16
+
+typedef struct tp_param_list {
+    dsc_param *items[TP_MAX_LAYER_PARAMS];
+    int n;
+} tp_param_list;
+
+/* Declares "<prefix>.<leaf>": the piece [start, start + count) along `axis`
+ * of the global `shape`, or (axis -1) the whole tensor, replicated. */
+dsc_status tp_declare(tp_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
+                      const int64_t *shape, int axis, int64_t start, int64_t count, uint32_t flags,
+                      dsc_param_init init, float init_std, dsc_param **out);
+
+/* The leading elements of `buf` seen with `shape`. */
+dsc_tensor tp_view(const dsc_tensor *buf, int ndim, const int64_t *shape);
+
+/* Sums `t` over the tensor group in place (a no-op for one rank). */
+dsc_status tp_allreduce(const dsc_tp_build_extra *x, dsc_tensor *t);
+/* The build context's wiring, or an error naming the layer type. */
+dsc_status tp_extra_of(const dsc_build_ctx *ctx, const char *type, const dsc_tp_build_extra **out);
+
+/* The MLP of block `block` split by width (tp_block's feed-forward part). */
+dsc_status tp_mlp_create(const dsc_build_ctx *ctx, int block, dsc_layer **out);
+dsc_status tp_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+dsc_status tp_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+
+#endif
