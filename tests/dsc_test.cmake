@@ -1,10 +1,11 @@
 # dsc_test(): how every test directory declares its tests (included by
 # tests/CMakeLists.txt, and by tests/support/missing_source/ which checks that a
 # missing source stops the configure step).
-# dsc_test(NAME SOURCES... [NP n1 n2 ...] [TIMEOUT s] [ARGS ...])
+# dsc_test(NAME SOURCES... [INTERNAL] [NP n1 n2 ...] [TIMEOUT s] [ARGS ...])
 #   Without NP: a unit test. With NP: one ctest per rank count, NAME_npN.
+#   INTERNAL: the test calls functions no installed header declares.
 function(dsc_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;NP;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "INTERNAL" "TIMEOUT" "SOURCES;NP;ARGS;LABELS" ${ARGN})
   # A test whose source is missing is a configure error, never a silently dropped test.
   foreach(src ${T_SOURCES})
     if(NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${src})
@@ -12,7 +13,12 @@ function(dsc_test name)
     endif()
   endforeach()
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE dsc_test_support)
+  if(T_INTERNAL)
+    target_link_libraries(${name} PRIVATE dsc_test_support_internal)
+    dsc_link_internals(${name})
+  else()
+    target_link_libraries(${name} PRIVATE dsc_test_support)
+  endif()
   target_compile_definitions(${name} PRIVATE DSC_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                                              DSC_BINARY_DIR="${CMAKE_BINARY_DIR}")
   if(NOT T_TIMEOUT)
