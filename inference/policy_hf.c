@@ -126,7 +126,7 @@ static dsc_status parse_rope_scaling(dsc_infer_model_config *mc, const cJSON *ro
     DSC_CHECK(cJSON_IsString(type), DSC_ERR_CONFIG, "%s: rope_scaling needs rope_type", source);
     DSC_CHECK(strcmp(type->valuestring, "llama3") == 0, DSC_ERR_UNSUPPORTED,
               "%s: rope_scaling.rope_type '%s' is not supported (only 'llama3')", source, type->valuestring);
-    double orig;
+    double orig = 0; /* set by get_num; initialised for gcc -O3, which cannot see it */
     mc->rope_scaling = DSC_ROPE_SCALING_LLAMA3;
     DSC_TRY(get_num(rs, source, "factor", 8.0, &mc->rope_factor));
     DSC_TRY(get_num(rs, source, "low_freq_factor", 1.0, &mc->rope_low_freq_factor));
@@ -140,7 +140,7 @@ static dsc_status parse_rope_scaling(dsc_infer_model_config *mc, const cJSON *ro
 
 static dsc_status parse_hf(dsc_infer_model_config *mc, const cJSON *root, const char *source, hf_variant variant) {
     json_reader r = {root, source};
-    int64_t v;
+    int64_t v = 0; /* set by get_int; initialised for gcc -O3, which cannot see it */
     *mc = (dsc_infer_model_config){.family = DSC_INFER_FAMILY_LLAMA};
     DSC_TRY(get_int(&r, "hidden_size", true, 0, &v));
     mc->d_model = (int32_t)v;

@@ -118,7 +118,7 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
     dsc_batch_result res;
     dsc_status s = e->o.runner->ops->train_batch(e->o.runner, &src.base, &res);
     if (s) return dsc_error_wrap(s, "step %lld", (long long)n);
-    double loss, aux;
+    double loss = 0, aux = 0; /* set by average_loss; initialised for gcc -O3, which cannot see it */
     DSC_TRY(average_loss(e, &res, &loss, &aux));
     DSC_CHECK(isfinite(loss) && isfinite(aux), DSC_ERR_NUMERIC,
               "step %lld: the loss is %g (aux %g); stopping before the optimizer step, parameters are those "
@@ -155,7 +155,7 @@ dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss) {
         dsc_batch_result res;
         dsc_status s = e->o.runner->ops->eval_batch(e->o.runner, &src.base, &res);
         if (s) return dsc_error_wrap(s, "evaluation batch %d of %d", i + 1, iters);
-        double loss, aux;
+        double loss = 0, aux = 0; /* as above */
         DSC_TRY(average_loss(e, &res, &loss, &aux));
         sum += loss;
     }
