@@ -70,6 +70,13 @@ dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_c
  * element once. */
 bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
 
+/* For groups with a model axis (dsc_groups_create of a plan with tp > 1):
+ * fills `ctx` (a dsc_tp_build_extra that outlives the model) with this
+ * rank's shard of cfg's model over the tensor group, registers the layer
+ * types and sets out's tp, attention, model (the tensor group) and norm rule.
+ * It is the pipeline trainer's hooks.prepare_tp. */
+dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {
     dsc_group_plan plan;       /* pipe 1 x data x model, DeepSpeed's axis order */

@@ -42,7 +42,7 @@ for case in "tp2 2 2" "tp4 4 4" "one 1 1"; do
   echo "   $name ($np rank(s), TP=$tp): max parameter difference at step 10: $d"
   if [ "$name" = tp2 ]; then check "tp2: bitwise" [ "$d" = 0 ]; else check "$name: parameters within 1e-5" small "$d"; fi
 done
-gen() { # NP: greedy tokens of the TP=2 checkpoint at tensor parallelism NP
+gen() { # NP: sampled tokens (seed 5) of the TP=2 checkpoint at tensor parallelism NP
   "$bin/dsc-launch" -n "$1" "$bin/dsc-generate" "$work/a" --tp "$1" --tokens 72,101,108,108,111 --max-new-tokens 16 \
     --temperature 1 --seed 5 --quiet 2> "$work/gen$1.err"
 }
