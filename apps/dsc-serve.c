@@ -237,6 +237,10 @@ static dsc_status serve(options *o) {
 
 int main(int argc, char **argv) {
     options o;
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage();
+        return 0;
+    }
     if (!parse_args(argc, argv, &o)) {
         usage();
         return 2;
