@@ -256,10 +256,10 @@ static dsc_status train_pipeline(const args *a, dsc_comm *world, dsc_config *cfg
     const dsc_pipe_module *m = dsc_pipe_trainer_module(t);
     dsc_status s = NULL;
     if (rank == 0) {
-        printf("dsc-train: %s, %lld parameters, %d pipeline stages x %d tensor-parallel x %d data-parallel ranks x %d "
+        printf("dsc-train: %s, %lld parameters, %d pipeline stages x %d data-parallel ranks x %d tensor-parallel x %d "
                "threads; batch %lld sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld "
                "steps\n",
-               a->config, (long long)dsc_pipe_module_unique_params(m), P, tp, dp, dsc_kernels_get_num_threads(),
+               a->config, (long long)dsc_pipe_module_unique_params(m), P, dp, tp, dsc_kernels_get_num_threads(),
                (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
                (long long)cfg->gradient_accumulation_steps, dp, cfg->model.seq_len, (long long)cfg->train.steps);
         dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
