@@ -131,7 +131,7 @@ static void print_sample(generate_fn generate, void *model, const dsc_config *cf
 }
 
 static int state_bytes(const dsc_config *cfg) {
-    return cfg->optimizer.type == DSC_OPTIMIZER_TYPE_SGD ? 4 : 8;
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type);
 }
 
 /* ZeRO's per-rank model-state memory for every stage, from the config alone. */

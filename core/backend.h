@@ -113,6 +113,10 @@ struct dsc_kernel_ops {
                         float eps, float wd, int64_t step);
     dsc_status (*sgd)(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
                       int64_t step);
+    dsc_status (*lion)(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr, float beta1,
+                       float beta2, float wd);
+    dsc_status (*lamb_direction)(const dsc_backend *backend, float *u, const float *p, const float *g, float *m, float *v,
+                                 int64_t n, float beta1, float beta2, float eps, float wd);
     dsc_status (*sum_squares)(const dsc_backend *backend, double *out, const float *x, int64_t n);
     dsc_status (*sum)(const dsc_backend *backend, double *out, const float *x, int64_t n);
     dsc_status (*scale)(const dsc_backend *backend, float *x, float s, int64_t n);

@@ -34,11 +34,19 @@ static dsc_status make_status(dsc_code code, const char *prefix, const char *bod
 }
 
 dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap) {
-    char body[2048];
-    vsnprintf(body, sizeof body, fmt, ap);
+    /* Measured first: a config with many problems reports them all in one message. */
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, again);
+    va_end(again);
+    char *body = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!body) return static_status();
+    vsnprintf(body, (size_t)n + 1, fmt, ap);
     char prefix[32] = "";
     if (current_rank >= 0) snprintf(prefix, sizeof prefix, "rank %d: ", current_rank);
-    return make_status(code == DSC_OK ? DSC_ERR_INTERNAL : code, prefix, body);
+    dsc_status s = make_status(code == DSC_OK ? DSC_ERR_INTERNAL : code, prefix, body);
+    free(body);
+    return s;
 }
 
 dsc_status dsc_error(dsc_code code, const char *fmt, ...) {
@@ -64,9 +72,9 @@ dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...) {
         size_t plen = strlen(prefix);
         if (strncmp(body, prefix, plen) == 0) body += plen;
     }
-    char joined[3200];
-    snprintf(joined, sizeof joined, "%s%s: %s", prefix, context, body);
-    dsc_status s = make_status(inner->code, "", joined);
+    char head[1100];
+    snprintf(head, sizeof head, "%s%s: ", prefix, context);
+    dsc_status s = make_status(inner->code, head, body);
     dsc_status_free(inner);
     return s;
 }

@@ -1,5 +1,5 @@
-/* Public optimizer updates over flat f32 vectors: AdamW and SGD with momentum,
- * with torch.optim semantics. Shapes may differ as long as element counts
+/* Public optimizer updates over flat f32 vectors: AdamW and SGD with momentum
+ * (torch.optim semantics), Lion and the direction of LAMB (DeepSpeed's). Shapes may differ as long as element counts
  * agree, so a parameter can be updated through a flat view of its state. */
 #include "kernels/dispatch.h"
 
@@ -40,4 +40,29 @@ dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor 
     DSC_CHECK(step >= 1, DSC_ERR_INVALID, "dsc_kernel_sgd: step %lld is not 1-based", (long long)step);
     return KERNEL_RUN(&call, sgd, param->data, grad->data, momentum == 0 ? NULL : kernel_f32(momentum_buf),
                       dsc_tensor_numel(param), lr, momentum, weight_decay, step);
+}
+
+dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr, float beta1,
+                           float beta2, float weight_decay) {
+    kernel_call call;
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_lion", KARG(param), KARG(grad), KARG(exp_avg)));
+    DSC_TRY(expect_same_numel(&call, param, "param", param));
+    DSC_TRY(expect_same_numel(&call, grad, "grad", param));
+    DSC_TRY(expect_same_numel(&call, exp_avg, "exp_avg", param));
+    return KERNEL_RUN(&call, lion, param->data, grad->data, exp_avg->data, dsc_tensor_numel(param), lr, beta1, beta2,
+                      weight_decay);
+}
+
+dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
+                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2, float eps,
+                                     float weight_decay) {
+    kernel_call call;
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_lamb_direction", KARG(update), KARG(param), KARG(grad), KARG(exp_avg),
+                         KARG(exp_avg_sq)));
+    DSC_TRY(expect_same_numel(&call, update, "update", param));
+    DSC_TRY(expect_same_numel(&call, grad, "grad", param));
+    DSC_TRY(expect_same_numel(&call, exp_avg, "exp_avg", param));
+    DSC_TRY(expect_same_numel(&call, exp_avg_sq, "exp_avg_sq", param));
+    return KERNEL_RUN(&call, lamb_direction, update->data, param->data, grad->data, exp_avg->data, exp_avg_sq->data,
+                      dsc_tensor_numel(param), beta1, beta2, eps, weight_decay);
 }

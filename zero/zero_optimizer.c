@@ -183,9 +183,52 @@ static dsc_status group_sum_squares(zero_optimizer *z, zero_group *g, double *ou
     return NULL;
 }
 
+static int store_index(zero_optimizer *z, const dsc_param *param) {
+    for (int i = 0; i < z->n_params; i++)
+        if (dsc_params_at(z->o.params, i) == param) return i;
+    return 0; /* every piece is of a stored parameter */
+}
+
+/* Lamb's trust ratio is per parameter, and a parameter's pieces may sit on
+ * several ranks: the pieces' sums of squares are added up per parameter over
+ * the group before any piece is updated. */
+static dsc_status lamb_group(zero_optimizer *z, zero_group *g, double lr) {
+    float *sums = calloc((size_t)2 * (size_t)z->n_params + 1, sizeof *sums); /* (n_params, 2): ||p||^2, ||u||^2 */
+    DSC_CHECK(sums, DSC_ERR_NOMEM, "ZeRO Lamb: norms of %d parameters", z->n_params);
+    dsc_status s = NULL;
+    for (int i = 0; i < g->n_pieces && !s; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor m = piece_view(&g->state[0], pc), v = piece_view(&g->state[1], pc);
+        double w_sq = 0, u_sq = 0;
+        s = dsc_optim_lamb_direction(&z->o.hparams, &value, &grad, &m, &v, !(pc->param->flags & DSC_PARAM_NO_DECAY),
+                                     &w_sq, &u_sq);
+        int k = store_index(z, pc->param);
+        sums[2 * k] += (float)w_sq;
+        sums[2 * k + 1] += (float)u_sq;
+    }
+    if (!s && g->comm && g->size > 1) {
+        int64_t n = 2 * (int64_t)z->n_params;
+        dsc_tensor t = dsc_tensor_view(sums, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+        s = dsc_comm_allreduce(g->comm, &t, DSC_REDUCE_OP_SUM);
+    }
+    for (int i = 0; i < g->n_pieces && !s; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        int k = store_index(z, pc->param);
+        s = dsc_optim_lamb_apply(&z->o.hparams, &value, &grad, (float)lr, z->step, sums[2 * k], sums[2 * k + 1]);
+    }
+    free(sums);
+    return s;
+}
+
 static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, double coef) {
     if (coef < 1.0 && g->len > 0) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
-    for (int i = 0; i < g->n_pieces; i++) {
+    if (z->o.hparams.type == DSC_OPTIMIZER_TYPE_LAMB) {
+        dsc_status s = lamb_group(z, g, lr);
+        if (s) return dsc_error_wrap(s, "step %lld: Lamb update", (long long)z->step);
+    }
+    for (int i = 0; i < g->n_pieces && z->o.hparams.type != DSC_OPTIMIZER_TYPE_LAMB; i++) {
         const zero_piece *pc = &g->pieces[i];
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
         dsc_tensor s0 = piece_view(&g->state[0], pc);
@@ -266,10 +309,7 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
         g = &z->groups[1];
     }
     const zero_piece *pc = &g->pieces[i];
-    const char *kind_name = value                 ? "value"
-                            : z->n_state_kinds == 1 ? "momentum_buffer"
-                            : kind == 0             ? "exp_avg"
-                                                    : "exp_avg_sq";
+    const char *kind_name = value ? "value" : dsc_optim_state_name(z->o.hparams.type, kind);
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, pc->param->name);
     out->param = pc->param;
     out->offset = pc->param_offset;
@@ -293,13 +333,18 @@ static void zero_destroy(dsc_optimizer *opt) {
     free(z);
 }
 
+static void zero_set_betas(dsc_optimizer *opt, float beta1, float beta2) {
+    self_of(opt)->o.hparams.beta1 = beta1;
+    self_of(opt)->o.hparams.beta2 = beta2;
+}
+
 static const dsc_optimizer_ops zero_ops[4] = {
     [1] = {"zero1", NULL, NULL, zero_grads_ready, zero_reduce_grads, zero_step, zero_state_count, zero_state_at,
-           zero_destroy},
+           zero_destroy, zero_set_betas},
     [2] = {"zero2", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
-           zero_state_count, zero_state_at, zero_destroy},
+           zero_state_count, zero_state_at, zero_destroy, zero_set_betas},
     [3] = {"zero3", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
-           zero_state_count, zero_state_at, zero_destroy},
+           zero_state_count, zero_state_at, zero_destroy, zero_set_betas},
 };
 
 /* ---- setup ------------------------------------------------------------------------------ */
@@ -384,7 +429,7 @@ static dsc_status setup(zero_optimizer *z) {
             z->uses[z->layers[l].param_index[j]]++;
     if (z->full_grads) DSC_TRY(make_buckets(z));
     reset_batch(z);
-    z->n_state_kinds = z->o.hparams.type == DSC_OPTIMIZER_TYPE_SGD ? 1 : 2;
+    z->n_state_kinds = dsc_optim_state_kinds(z->o.hparams.type);
     int64_t largest_layer = 0;
     for (int l = 0; l < z->n_layers; l++)
         if (z->layers[l].numel > largest_layer) largest_layer = z->layers[l].numel;

@@ -34,14 +34,29 @@ extern "C" {
 #define DSC_MODEL_ARCH_GPT_MOE DSC_ARCH_GPT_MOE /* GPT with MoE MLPs every moe.layer_freq layers */
 #define DSC_MODEL_ARCH_MIXTRAL DSC_ARCH_MIXTRAL /* Llama with MoE MLPs */
 
-typedef enum dsc_optimizer_type { DSC_OPTIMIZER_TYPE_ADAMW = 0, DSC_OPTIMIZER_TYPE_SGD } dsc_optimizer_type;
+/* DeepSpeed's optimizer names (case-insensitive in the file). */
+typedef enum dsc_optimizer_type {
+    DSC_OPTIMIZER_TYPE_ADAMW = 0, /* torch.optim.AdamW */
+    DSC_OPTIMIZER_TYPE_SGD,       /* with momentum */
+    DSC_OPTIMIZER_TYPE_ADAM,      /* DeepSpeed's Adam: AdamW when adam_w_mode, else L2 added to the gradient */
+    DSC_OPTIMIZER_TYPE_LAMB,      /* DeepSpeed's FusedLamb: Adam direction scaled by a clamped trust ratio */
+    DSC_OPTIMIZER_TYPE_LION       /* sign of interpolated momentum, decoupled weight decay */
+} dsc_optimizer_type;
+
+typedef enum dsc_offload_device {
+    DSC_OFFLOAD_DEVICE_NONE = 0,
+    DSC_OFFLOAD_DEVICE_CPU,
+    DSC_OFFLOAD_DEVICE_NVME /* refused */
+} dsc_offload_device;
 
 /* DeepSpeed's scheduler names; "constant" keeps optimizer.params.lr. */
 typedef enum dsc_lr_schedule {
     DSC_LR_SCHEDULE_CONSTANT = 0,
     DSC_LR_SCHEDULE_WARMUP_LR,       /* warmup_min_lr -> warmup_max_lr, then constant */
     DSC_LR_SCHEDULE_WARMUP_DECAY_LR, /* ... then linear decay to 0 at total_num_steps */
-    DSC_LR_SCHEDULE_WARMUP_COSINE_LR /* ratio warmup to lr, cosine to cos_min_ratio * lr */
+    DSC_LR_SCHEDULE_WARMUP_COSINE_LR, /* ratio warmup to lr, cosine to cos_min_ratio * lr */
+    DSC_LR_SCHEDULE_ONE_CYCLE,        /* triangle cycle_min_lr -> cycle_max_lr -> cycle_min_lr, then decay */
+    DSC_LR_SCHEDULE_LR_RANGE_TEST     /* lr_range_test_min_lr growing linearly (or in stairs) */
 } dsc_lr_schedule;
 
 typedef enum dsc_warmup_type { DSC_WARMUP_TYPE_LOG = 0, DSC_WARMUP_TYPE_LINEAR } dsc_warmup_type;
@@ -93,6 +108,10 @@ typedef struct dsc_config_optimizer {
         double eps;
         double weight_decay;
         double momentum;
+        bool adam_w_mode;     /* Adam: decoupled weight decay (AdamW) instead of L2 */
+        bool bias_correction; /* Adam, AdamW, Lamb */
+        double max_coeff;     /* Lamb: trust ratio clamp */
+        double min_coeff;
     } params;
 } dsc_config_optimizer;
 
@@ -106,6 +125,17 @@ typedef struct dsc_config_scheduler {
         dsc_warmup_type warmup_type;
         double warmup_min_ratio;
         double cos_min_ratio;
+        /* OneCycle */
+        double cycle_min_lr, cycle_max_lr, decay_lr_rate;
+        int64_t cycle_first_step_size, cycle_second_step_size; /* resolved: second = first when null */
+        int64_t cycle_first_stair_count, cycle_second_stair_count; /* resolved: second = first when null */
+        int64_t decay_step_size;
+        bool cycle_momentum; /* cycle the optimizer's beta1 (momentum) opposite to the lr */
+        double cycle_min_mom, cycle_max_mom, decay_mom_rate;
+        /* LRRangeTest */
+        double lr_range_test_min_lr, lr_range_test_step_rate;
+        int64_t lr_range_test_step_size;
+        bool lr_range_test_staircase;
     } params;
 } dsc_config_scheduler;
 
@@ -118,6 +148,9 @@ typedef struct dsc_config_zero {
     int64_t stage3_prefetch_bucket_size;
     int64_t stage3_max_live_parameters;
     int64_t stage3_param_persistence_threshold;
+    dsc_offload_device offload_optimizer; /* offload_optimizer.device (cpu_offload: true means cpu) */
+    dsc_offload_device offload_param;     /* offload_param.device */
+    bool cpu_offload;                     /* DeepSpeed's legacy spelling of offload_optimizer cpu */
 } dsc_config_zero;
 
 typedef struct dsc_config_pipeline {
@@ -232,6 +265,11 @@ dsc_status dsc_config_to_json(const dsc_config *cfg, char **json);
 /* The reference table of every key (path, type, default, meaning) as
  * Markdown, as it appears in docs/config.md; free() the result. */
 dsc_status dsc_config_reference_markdown(char **markdown);
+
+/* DeepSpeed's config keys with what dsc does with each (implemented,
+ * implemented by design, or refused with the reason and the alternative), as
+ * the Markdown table in docs/config.md; free() the result. */
+dsc_status dsc_config_deepspeed_markdown(char **markdown);
 
 void dsc_config_free(dsc_config *cfg);
 

@@ -38,12 +38,15 @@ extern "C" {
 #endif
 
 /* ---- learning-rate schedule ------------------------------------------------------
- * DeepSpeed's schedulers (constant, WarmupLR, WarmupDecayLR, WarmupCosineLR)
+ * DeepSpeed's schedulers (constant, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)
  * evaluated at 0-based `iteration` (DeepSpeed's last_batch_iteration); the
  * engine uses iteration n - 1 for step n. `base_lr` is optimizer.params.lr
  * (constant and WarmupCosineLR scale it; the Warmup{,Decay}LR schedules use
- * warmup_min_lr / warmup_max_lr instead). */
+ * warmup_min_lr / warmup_max_lr, OneCycle and LRRangeTest their own bounds). */
 double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
+/* OneCycle with cycle_momentum sets the optimizer's betas at each step, as
+ * DeepSpeed does: (momentum, 0.99). False (betas untouched) for the others. */
+bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1, double *beta2);
 
 /* ---- the data a runner consumes ----------------------------------------------------- */
 

@@ -127,6 +127,19 @@ dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tenso
 dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *momentum_buf, float lr,
                           float momentum, float weight_decay, int64_t step);
 
+/* Lion (Chen et al. 2023, DeepSpeed's FusedLion): c = b1*m + (1-b1)*g;
+ * p = p*(1 - lr*wd) - lr*sign(c); m = b2*m + (1-b2)*g. */
+dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr, float beta1,
+                           float beta2, float weight_decay);
+/* The first half of LAMB as DeepSpeed's FusedLamb computes it: m and v
+ * updated as in Adam (no bias correction here), then
+ * update = m / (sqrt(v) + eps) + wd * p. `update` may alias `grad`. The
+ * caller scales update by the trust ratio ||p|| / ||update|| of the whole
+ * parameter (which may span ranks) and applies it with dsc_kernel_axpy. */
+dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
+                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2, float eps,
+                                     float weight_decay);
+
 /* ---- reductions and elementwise helpers (f32, any shape) --------------------------- */
 /* Sum of squares in double precision (the global gradient norm is sqrt of the sum over tensors). */
 dsc_status dsc_kernel_sum_squares(double *out, const dsc_tensor *x);

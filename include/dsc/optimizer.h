@@ -35,12 +35,21 @@ extern "C" {
 
 /* Hyper-parameters of the update, independent of how state is laid out. */
 typedef struct dsc_optim_hparams {
-    dsc_optimizer_type type; /* AdamW or SGD */
-    float beta1, beta2, eps; /* AdamW */
-    float momentum;          /* SGD */
-    float weight_decay;      /* not applied to DSC_PARAM_NO_DECAY parameters */
-    double clip_norm;        /* global gradient-norm clipping; 0 disables */
+    dsc_optimizer_type type;  /* AdamW, SGD, Adam, Lamb, Lion */
+    float beta1, beta2, eps;  /* Adam family, Lion (betas) */
+    float momentum;           /* SGD */
+    float weight_decay;       /* not applied to DSC_PARAM_NO_DECAY parameters */
+    double clip_norm;         /* global gradient-norm clipping; 0 disables */
+    bool l2_decay;            /* Adam with adam_w_mode false: weight_decay * p joins the gradient */
+    bool no_bias_correction;  /* Adam family with bias_correction false */
+    float max_coeff, min_coeff; /* Lamb's trust-ratio clamp */
 } dsc_optim_hparams;
+
+/* State tensors per parameter element: 2 (exp_avg, exp_avg_sq) for the Adam
+ * family and Lamb, 1 for SGD (momentum_buffer) and Lion (exp_avg). */
+int dsc_optim_state_kinds(dsc_optimizer_type type);
+/* The checkpoint name of state tensor `kind` ("exp_avg", "exp_avg_sq", "momentum_buffer"). */
+const char *dsc_optim_state_name(dsc_optimizer_type type, int kind);
 
 /* The config's optimizer section and gradient_clipping as hparams. */
 void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
@@ -93,6 +102,8 @@ typedef struct dsc_optimizer_ops {
     int (*state_count)(const dsc_optimizer *opt);
     void (*state_at)(dsc_optimizer *opt, int index, dsc_optim_state *out);
     void (*destroy)(dsc_optimizer *opt);
+    /* Optional: replaces beta1 / beta2 for the following steps (OneCycle's momentum cycling). */
+    void (*set_betas)(dsc_optimizer *opt, float beta1, float beta2);
 } dsc_optimizer_ops;
 
 /* Implementations embed this as their first member. */
@@ -130,18 +141,32 @@ dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
 dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
 dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
 dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
+/* Sets the betas of the following steps where the implementation has them. */
+void dsc_optimizer_set_betas(dsc_optimizer *opt, float beta1, float beta2);
 int dsc_optimizer_state_count(const dsc_optimizer *opt);
 void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
 void dsc_optimizer_destroy(dsc_optimizer *opt);
 
 /* ---- pieces shared by optimizer implementations --------------------------------- */
 
-/* The update of one contiguous piece of a parameter: value, grad and the
- * state tensors (exp_avg and exp_avg_sq for AdamW; momentum_buffer in state0
- * for SGD, state1 unused) have equal element counts. `decay` selects weight
- * decay; `step` is 1-based. */
-dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *grad,
-                            dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step);
+/* The update of one whole parameter (or, for every type but Lamb, any
+ * contiguous piece of one): value, grad and the state tensors (exp_avg and
+ * exp_avg_sq for the Adam family and Lamb; momentum_buffer / exp_avg in state0
+ * for SGD / Lion, state1 unused) have equal element counts. `decay` selects
+ * weight decay; `step` is 1-based. The gradient is scratch afterwards. */
+dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad, dsc_tensor *state0,
+                            dsc_tensor *state1, float lr, bool decay, int64_t step);
+
+/* Lamb in two halves, for optimizers whose pieces split a parameter over
+ * ranks: the direction of a piece is written over its gradient and the
+ * piece's sums of squares of value and direction are ADDED to *w_sq, *u_sq;
+ * once those are summed over the parameter's pieces (all ranks), apply
+ * updates each piece with the parameter's trust ratio. */
+dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tensor *value, dsc_tensor *grad,
+                                    dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, bool decay, double *w_sq,
+                                    double *u_sq);
+dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
+                                int64_t step, double w_sq, double u_sq);
 
 /* Clipping coefficient for a global norm: clip / (norm + 1e-6) when clipping is
  * on and norm exceeds clip, else 1 (PyTorch's clip_grad_norm_). */

@@ -97,25 +97,31 @@ const cJSON *dsc_config_lookup(const cJSON *root, const char *path) {
     return node;
 }
 
-/* Unknown keys, duplicated keys and sections that are not objects. */
-static dsc_status check_keys(const cJSON *object, const char *path, const char *source) {
+/* Unknown keys, duplicated keys and sections that are not objects, all
+ * recorded. A key the schema lacks may be one of DeepSpeed's (deepspeed.c). */
+static void check_keys(const cJSON *object, const char *path, const char *source, dsc_config_issues *is) {
     for (const cJSON *child = object->child; child; child = child->next) {
         char full[256];
         snprintf(full, sizeof full, "%s%s%s", path, *path ? "." : "", child->string);
-        for (const cJSON *prev = object->child; prev != child; prev = prev->next)
-            if (strcmp(prev->string, child->string) == 0)
-                return dsc_error(DSC_ERR_CONFIG, "%s: duplicate key \"%s\"", source, full);
+        bool duplicate = false;
+        for (const cJSON *prev = object->child; prev != child && !duplicate; prev = prev->next)
+            duplicate = strcmp(prev->string, child->string) == 0;
+        if (duplicate) {
+            dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, "%s: duplicate key \"%s\"", source, full));
+            continue;
+        }
         const dsc_config_key *key = dsc_config_schema_find(full);
         if (!key) {
-            char hint[512];
-            dsc_config_suggest(path, child->string, hint, sizeof hint);
-            return dsc_error(DSC_ERR_CONFIG, "%s: unknown key \"%s\"%s", source, full, hint);
+            dsc_config_check_not_in_schema(path, child, source, is);
+            continue;
         }
         if (key->kind != DSC_CONFIG_KIND_OBJECT) continue;
-        if (!cJSON_IsObject(child)) return type_error(source, key, child);
-        DSC_TRY(check_keys(child, full, source));
+        if (!cJSON_IsObject(child)) {
+            dsc_config_issue(is, type_error(source, key, child));
+            continue;
+        }
+        check_keys(child, full, source, is);
     }
-    return NULL;
 }
 
 static dsc_status check_range(const char *source, const dsc_config_key *key, const char *index, double v) {
@@ -152,7 +158,13 @@ static dsc_status set_enum(const char *source, const dsc_config_key *key, const 
 
 static dsc_status set_value(const char *source, const dsc_config_key *key, const cJSON *value, dsc_config *cfg) {
     char *field = (char *)cfg + key->offset;
-    if (cJSON_IsNull(value) && (key->flags & DSC_CONFIG_NULLABLE)) return NULL; /* zero = auto */
+    bool is_auto = cJSON_IsString(value) && strcmp(value->valuestring, "auto") == 0;
+    if ((cJSON_IsNull(value) || is_auto) && (key->flags & DSC_CONFIG_NULLABLE)) return NULL; /* zero = auto */
+    if (is_auto && key->kind != DSC_CONFIG_KIND_STRING && key->kind != DSC_CONFIG_KIND_ENUM)
+        return dsc_error(DSC_ERR_CONFIG,
+                         "%s: \"%s\" is \"auto\", which dsc cannot derive for this key (no Hugging Face "
+                         "TrainingArguments here); give a value",
+                         source, key->path);
     switch (key->kind) {
     case DSC_CONFIG_KIND_OBJECT:
         return NULL;
@@ -213,8 +225,12 @@ void dsc_config_free_fields(dsc_config *cfg) {
 }
 
 dsc_status dsc_config_check_value(const char *source, const dsc_config_key *key, const cJSON *value) {
-    if (key->kind == DSC_CONFIG_KIND_OBJECT)
-        return cJSON_IsObject(value) ? check_keys(value, key->path, source) : type_error(source, key, value);
+    if (key->kind == DSC_CONFIG_KIND_OBJECT) {
+        if (!cJSON_IsObject(value)) return type_error(source, key, value);
+        dsc_config_issues is = {.source = source};
+        check_keys(value, key->path, source, &is);
+        return dsc_config_issues_finish(&is);
+    }
     dsc_config scratch;
     memset(&scratch, 0, sizeof scratch);
     dsc_status st = set_value(source, key, value, &scratch);
@@ -222,31 +238,41 @@ dsc_status dsc_config_check_value(const char *source, const dsc_config_key *key,
     return st;
 }
 
-static dsc_status set_all(const cJSON *root, const char *source, dsc_config *cfg) {
+static dsc_status set_default(const dsc_config_key *key, dsc_config *cfg) {
+    cJSON *def = cJSON_Parse(key->def);
+    DSC_CHECK(def, DSC_ERR_INTERNAL, "default of config key \"%s\" is not JSON: %s", key->path, key->def);
+    dsc_status st = set_value("the schema", key, def, cfg);
+    cJSON_Delete(def);
+    return st;
+}
+
+/* Every value, or its default when missing or wrong (so the rules still see a
+ * consistent struct and report their own problems). */
+static void set_all(const cJSON *root, const char *source, dsc_config *cfg, dsc_config_issues *is) {
     size_t count;
     const dsc_config_key *keys = dsc_config_schema(&count);
     for (size_t i = 0; i < count; i++) {
         if (keys[i].kind == DSC_CONFIG_KIND_OBJECT) continue;
         const cJSON *value = dsc_config_lookup(root, keys[i].path);
-        if (value) {
-            DSC_TRY(set_value(source, &keys[i], value, cfg));
-            continue;
+        dsc_status st = value ? set_value(source, &keys[i], value, cfg) : NULL;
+        if (!value || st) {
+            dsc_config_issue(is, st);
+            dsc_config_issue(is, set_default(&keys[i], cfg));
         }
-        cJSON *def = cJSON_Parse(keys[i].def);
-        DSC_CHECK(def, DSC_ERR_INTERNAL, "default of config key \"%s\" is not JSON: %s", keys[i].path,
-                  keys[i].def);
-        dsc_status st = set_value(source, &keys[i], def, cfg);
-        cJSON_Delete(def);
-        DSC_TRY(st);
     }
-    return NULL;
 }
 
 dsc_status dsc_config_build(const cJSON *root, const char *source, dsc_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    dsc_status st = check_keys(root, "", source);
-    if (!st) st = set_all(root, source, cfg);
-    if (!st) st = dsc_config_apply_rules(root, source, cfg);
+    dsc_config_issues is = {.source = source};
+    cJSON *tree = cJSON_Duplicate(root, 1);
+    DSC_CHECK(tree, DSC_ERR_NOMEM, "%s: copying the config", source);
+    dsc_config_resolve_hf_auto(tree, source, &is);
+    check_keys(tree, "", source, &is);
+    set_all(tree, source, cfg, &is);
+    dsc_config_apply_rules(tree, source, cfg, &is);
+    cJSON_Delete(tree);
+    dsc_status st = dsc_config_issues_finish(&is);
     if (st) dsc_config_free_fields(cfg);
     return st;
 }

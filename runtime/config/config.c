@@ -49,7 +49,8 @@ static dsc_status parse_json(const char *text, const char *source, cJSON **root)
 }
 
 /* Checks that every part of `path` is a known key and that only the last
- * one may be a value; returns the key for the whole path. */
+ * one may be a value; returns the key for the whole path, or NULL for a key
+ * inside one of DeepSpeed's sections (deepspeed_keys.c), which the build checks. */
 static dsc_status check_path(const char *source, const char *path, const dsc_config_key **key) {
     char prefix[256];
     size_t parent = 0;
@@ -62,6 +63,7 @@ static dsc_status check_path(const char *source, const char *path, const dsc_con
         DSC_CHECK(!*key || (*key)->kind == DSC_CONFIG_KIND_OBJECT, DSC_ERR_CONFIG,
                   "%s: \"%s\" is a value, not a section, so \"%s\" does not exist", source, (*key)->path, path);
         *key = dsc_config_schema_find(prefix);
+        if (!*key && dsc_config_deepspeed_find(prefix)) return NULL; /* DeepSpeed's: checked when the tree is built */
         if (!*key) {
             char hint[512], parent_path[256];
             snprintf(parent_path, sizeof parent_path, "%.*s", (int)parent, path);
@@ -115,7 +117,7 @@ static dsc_status override_tree(cJSON *root, const char *who, const char *assign
     cJSON *value = cJSON_ParseWithOpts(eq + 1, NULL, 1);
     if (!value) value = cJSON_CreateString(eq + 1);
     DSC_CHECK(value, DSC_ERR_NOMEM, "%s: parsing the value", who);
-    dsc_status st = dsc_config_check_value(who, key, value);
+    dsc_status st = key ? dsc_config_check_value(who, key, value) : NULL;
     if (st) {
         cJSON_Delete(value);
         return st;

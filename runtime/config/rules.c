@@ -10,6 +10,12 @@
 
 #include "runtime/config/config_impl.h"
 
+/* Records a violated rule and goes on, so that one run lists every problem. */
+#define REQUIRE(is, cond, ...)                                                                                  \
+    do {                                                                                                        \
+        if (!(cond)) dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, __VA_ARGS__));                              \
+    } while (0)
+
 static int is_auto(const cJSON *root, const char *path) {
     const cJSON *v = dsc_config_lookup(root, path);
     return !v || cJSON_IsNull(v);
@@ -26,125 +32,141 @@ static int arch_is_gpt(dsc_model_arch a) {
     return a == DSC_MODEL_ARCH_GPT || a == DSC_MODEL_ARCH_GPT_MOE;
 }
 
-static dsc_status resolve_auto(const cJSON *root, const char *src, dsc_config *c) {
+static void resolve_auto(const cJSON *root, const char *src, dsc_config *c, dsc_config_issues *is) {
     dsc_config_model *m = &c->model;
     if (m->n_kv_head == 0) m->n_kv_head = m->n_head;
     if (m->d_ff == 0) {
-        DSC_CHECK(m->d_model <= INT_MAX / 4, DSC_ERR_CONFIG,
-                  "%s: \"model.d_ff\" = 4 * \"model.d_model\" %d overflows", src, m->d_model);
-        m->d_ff = 4 * m->d_model;
+        REQUIRE(is, m->d_model <= INT_MAX / 4, "%s: \"model.d_ff\" = 4 * \"model.d_model\" %d overflows", src,
+                m->d_model);
+        m->d_ff = m->d_model <= INT_MAX / 4 ? 4 * m->d_model : m->d_model;
     }
     if (is_auto(root, "model.tie_embeddings")) m->tie_embeddings = arch_is_gpt(m->arch);
     if (is_auto(root, "model.qkv_bias")) m->qkv_bias = arch_is_gpt(m->arch);
     if (is_auto(root, "zero_optimization.overlap_comm"))
         c->zero_optimization.overlap_comm = c->zero_optimization.stage == 3;
     if (c->scheduler.params.total_num_steps == 0) c->scheduler.params.total_num_steps = c->train.steps;
-    return NULL;
+    if (is_auto(root, "scheduler.params.cycle_second_step_size"))
+        c->scheduler.params.cycle_second_step_size = c->scheduler.params.cycle_first_step_size;
+    if (is_auto(root, "scheduler.params.cycle_second_stair_count"))
+        c->scheduler.params.cycle_second_stair_count = c->scheduler.params.cycle_first_stair_count;
 }
 
-static dsc_status check_model(const char *src, const dsc_config_model *m) {
-    DSC_CHECK(m->d_model % m->n_head == 0, DSC_ERR_CONFIG,
+static void check_offload(const char *src, const dsc_config_zero *z, dsc_config_issues *is) {
+    const char *why = "is supported by DeepSpeed, not by dsc: NVMe offload needs asynchronous NVMe I/O, which dsc "
+                      "does not have; use device \"cpu\" or \"none\"";
+    REQUIRE(is, z->offload_optimizer != DSC_OFFLOAD_DEVICE_NVME, "%s: \"zero_optimization.offload_optimizer.device\" "
+            "\"nvme\" %s", src, why);
+    REQUIRE(is, z->offload_param != DSC_OFFLOAD_DEVICE_NVME, "%s: \"zero_optimization.offload_param.device\" "
+            "\"nvme\" %s", src, why);
+}
+
+static void check_model(const char *src, const dsc_config_model *m, dsc_config_issues *is) {
+    REQUIRE(is, m->d_model % m->n_head == 0,
               "%s: \"model.d_model\" %d is not divisible by \"model.n_head\" %d", src, m->d_model, m->n_head);
-    DSC_CHECK(m->n_head % m->n_kv_head == 0, DSC_ERR_CONFIG,
+    REQUIRE(is, m->n_head % m->n_kv_head == 0,
               "%s: \"model.n_head\" %d is not divisible by \"model.n_kv_head\" %d", src, m->n_head, m->n_kv_head);
+    if (m->d_model % m->n_head) return; /* no head size to check */
     int head_size = m->d_model / m->n_head;
-    DSC_CHECK(
-        arch_is_gpt(m->arch) || head_size % 2 == 0, DSC_ERR_CONFIG,
+    REQUIRE(is, arch_is_gpt(m->arch) || head_size % 2 == 0,
         "%s: head size \"model.d_model\" %d / \"model.n_head\" %d = %d must be even for RoPE (model.arch \"%s\")",
         src, m->d_model, m->n_head, head_size, choice("model.arch", (int)m->arch));
-    return NULL;
 }
 
-static dsc_status check_moe(const char *src, const dsc_config *c) {
+static void check_moe(const char *src, const dsc_config *c, dsc_config_issues *is) {
     const dsc_config_moe *e = &c->moe;
     const char *arch = choice("model.arch", (int)c->model.arch);
     if (!arch_has_moe(c->model.arch)) {
-        DSC_CHECK(e->num_experts == 0, DSC_ERR_CONFIG,
+        REQUIRE(is, e->num_experts == 0,
                   "%s: \"moe.num_experts\" is %d but model.arch \"%s\" has no MoE layers (use \"gpt-moe\" or "
                   "\"mixtral\")",
                   src, e->num_experts, arch);
-        return NULL;
+        return;
     }
-    DSC_CHECK(e->num_experts >= 1, DSC_ERR_CONFIG, "%s: model.arch \"%s\" needs \"moe.num_experts\" >= 1", src,
-              arch);
-    DSC_CHECK(e->k <= e->num_experts, DSC_ERR_CONFIG, "%s: \"moe.k\" %d exceeds \"moe.num_experts\" %d", src, e->k,
+    if (e->num_experts < 1) { /* the other rules are about the experts there are */
+        dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, "%s: model.arch \"%s\" needs \"moe.num_experts\" >= 1", src,
+                                       arch));
+        return;
+    }
+    REQUIRE(is, e->k <= e->num_experts, "%s: \"moe.k\" %d exceeds \"moe.num_experts\" %d", src, e->k,
               e->num_experts);
-    DSC_CHECK(e->num_experts % e->ep_size == 0, DSC_ERR_CONFIG,
+    REQUIRE(is, e->num_experts % e->ep_size == 0,
               "%s: \"moe.num_experts\" %d is not divisible by \"moe.ep_size\" %d", src, e->num_experts,
               e->ep_size);
-    DSC_CHECK(e->noisy_gate_policy != DSC_MOE_NOISY_GATE_RSAMPLE || e->k == 1, DSC_ERR_CONFIG,
+    REQUIRE(is, e->noisy_gate_policy != DSC_MOE_NOISY_GATE_RSAMPLE || e->k == 1,
               "%s: \"moe.noisy_gate_policy\" \"RSample\" works only with \"moe.k\" 1, got %d", src, e->k);
-    DSC_CHECK(e->layer_freq <= c->model.n_layer, DSC_ERR_CONFIG,
+    REQUIRE(is, e->layer_freq <= c->model.n_layer,
               "%s: \"moe.layer_freq\" %d exceeds \"model.n_layer\" %d, so no layer would have experts", src,
               e->layer_freq, c->model.n_layer);
-    return NULL;
 }
 
-static dsc_status check_partition_method(const char *src, const char *method) {
-    if (strcmp(method, "uniform") == 0 || strcmp(method, "parameters") == 0) return NULL;
-    DSC_CHECK(
-        strncmp(method, "type:", 5) == 0 && method[5], DSC_ERR_CONFIG,
-        "%s: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or \"type:REGEX\", got \"%s\"", src,
-        method);
+static void check_partition_method(const char *src, const char *method, dsc_config_issues *is) {
+    if (strcmp(method, "uniform") == 0 || strcmp(method, "parameters") == 0) return;
+    if (strncmp(method, "type:", 5) != 0 || !method[5]) {
+        dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG,
+                                       "%s: \"pipeline.partition_method\" must be \"uniform\", \"parameters\" or "
+                                       "\"type:REGEX\", got \"%s\"",
+                                       src, method));
+        return;
+    }
     regex_t re;
     int rc = regcomp(&re, method + 5, REG_EXTENDED | REG_ICASE | REG_NOSUB);
     if (rc == 0) {
         regfree(&re);
-        return NULL;
+        return;
     }
     char why[128];
     regerror(rc, &re, why, sizeof why);
-    return dsc_error(DSC_ERR_CONFIG,
-                     "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s", src,
-                     method + 5, why);
+    dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG,
+                                   "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s",
+                                   src, method + 5, why));
 }
 
-static dsc_status check_pipeline(const char *src, const dsc_config_pipeline *p) {
+static void check_pipeline(const char *src, const dsc_config_pipeline *p, dsc_config_issues *is) {
     int interleaved = p->schedule == DSC_PIPE_SCHEDULE_KIND_INTERLEAVED;
-    DSC_CHECK(!interleaved || p->virtual_stages >= 2, DSC_ERR_CONFIG,
+    REQUIRE(is, !interleaved || p->virtual_stages >= 2,
               "%s: \"pipeline.schedule\" \"interleaved\" needs \"pipeline.virtual_stages\" >= 2, got %d", src,
               p->virtual_stages);
-    DSC_CHECK(interleaved || p->virtual_stages == 1, DSC_ERR_CONFIG,
+    REQUIRE(is, interleaved || p->virtual_stages == 1,
               "%s: \"pipeline.virtual_stages\" %d needs \"pipeline.schedule\" \"interleaved\", got \"%s\"", src,
               p->virtual_stages, choice("pipeline.schedule", (int)p->schedule));
-    return check_partition_method(src, p->partition_method);
+    check_partition_method(src, p->partition_method, is);
 }
 
-static dsc_status check_scheduler(const char *src, const dsc_config_scheduler *s) {
+static void check_scheduler(const char *src, const dsc_config_scheduler *s, dsc_config_issues *is) {
     const char *name = choice("scheduler.type", (int)s->type);
     int decays = s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR || s->type == DSC_LR_SCHEDULE_WARMUP_COSINE_LR;
-    DSC_CHECK(
-        !decays || s->params.warmup_num_steps <= s->params.total_num_steps, DSC_ERR_CONFIG,
+    REQUIRE(is, !decays || s->params.warmup_num_steps <= s->params.total_num_steps,
         "%s: \"scheduler.params.warmup_num_steps\" %lld exceeds \"scheduler.params.total_num_steps\" %lld (%s)",
         src, (long long)s->params.warmup_num_steps, (long long)s->params.total_num_steps, name);
     int warms_lr = s->type == DSC_LR_SCHEDULE_WARMUP_LR || s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR;
-    DSC_CHECK(!warms_lr || s->params.warmup_min_lr <= s->params.warmup_max_lr, DSC_ERR_CONFIG,
+    REQUIRE(is, !warms_lr || s->params.warmup_min_lr <= s->params.warmup_max_lr,
               "%s: \"scheduler.params.warmup_min_lr\" %g exceeds \"scheduler.params.warmup_max_lr\" %g (%s)", src,
               s->params.warmup_min_lr, s->params.warmup_max_lr, name);
-    return NULL;
 }
 
-static dsc_status check_loop(const char *src, const dsc_config *c) {
-    DSC_CHECK(c->checkpoint.save_interval == 0 || c->checkpoint.save_dir[0], DSC_ERR_CONFIG,
+static void check_loop(const char *src, const dsc_config *c, dsc_config_issues *is) {
+    REQUIRE(is, c->checkpoint.save_interval == 0 || c->checkpoint.save_dir[0],
               "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
               (long long)c->checkpoint.save_interval);
-    DSC_CHECK(c->train.eval_interval == 0 || c->data.val_fraction > 0, DSC_ERR_CONFIG,
+    REQUIRE(is, c->train.eval_interval == 0 || c->data.val_fraction > 0,
               "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)",
               src, (long long)c->train.eval_interval);
-    return NULL;
 }
 
-dsc_status dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg) {
-    DSC_TRY(resolve_auto(root, src, cfg));
-    DSC_TRY(check_model(src, &cfg->model));
-    DSC_TRY(check_moe(src, cfg));
-    DSC_TRY(check_pipeline(src, &cfg->pipeline));
-    DSC_CHECK(!cfg->tensor_parallel.sequence_parallel, DSC_ERR_UNSUPPORTED,
-              "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet (tensor parallelism runs "
-              "with replicated norms and all-reduces); set it to false",
-              src);
-    DSC_TRY(check_scheduler(src, &cfg->scheduler));
-    return check_loop(src, cfg);
+void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg, dsc_config_issues *is) {
+    resolve_auto(root, src, cfg, is);
+    check_model(src, &cfg->model, is);
+    check_moe(src, cfg, is);
+    check_pipeline(src, &cfg->pipeline, is);
+    if (cfg->tensor_parallel.sequence_parallel)
+        dsc_config_issue(is, dsc_error(DSC_ERR_UNSUPPORTED,
+                                       "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet "
+                                       "(tensor parallelism runs with replicated norms and all-reduces); set it to "
+                                       "false",
+                                       src));
+    check_scheduler(src, &cfg->scheduler, is);
+    check_offload(src, &cfg->zero_optimization, is);
+    check_loop(src, cfg, is);
 }
 
 /* "x is not divisible by a * data-parallel size d = a*d", the message for a

@@ -35,8 +35,10 @@
 /* Enum names; the index is the C enum value. Matching is case-insensitive so
  * DeepSpeed's spelling ("AdamW") is accepted. */
 static const char *const archs[] = {"gpt", "llama", "gpt-moe", "mixtral", NULL};
-static const char *const optimizers[] = {"adamw", "sgd", NULL};
-static const char *const lr_schedules[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
+static const char *const optimizers[] = {"adamw", "sgd", "adam", "lamb", "lion", NULL};
+static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
+static const char *const lr_schedules[] = {"constant",       "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
+                                           "OneCycle",       "LRRangeTest", NULL};
 static const char *const warmup_types[] = {"log", "linear", NULL};
 static const char *const pipe_schedules[] = {"1f1b", "gpipe", "interleaved", NULL};
 static const char *const noisy_gates[] = {"null", "Jitter", "RSample", NULL};
@@ -79,7 +81,7 @@ static const dsc_config_key schema[] = {
 
     SECTION("optimizer", "DeepSpeed's optimizer section."),
     ENUM("optimizer.type", optimizer.type, "\"adamw\"", optimizers, 0,
-         "adamw (decoupled weight decay) or sgd (with momentum); case-insensitive."),
+         "adamw, adam (adam_w_mode), lamb, lion or sgd (with momentum); DeepSpeed's names, case-insensitive."),
     SECTION("optimizer.params", "Hyper-parameters of the optimizer."),
     FLOAT("optimizer.params.lr", optimizer.params.lr, "0.001", 0, INF, 0,
           "Learning rate (the peak for the warmup schedulers)."),
@@ -88,10 +90,18 @@ static const dsc_config_key schema[] = {
     FLOAT("optimizer.params.weight_decay", optimizer.params.weight_decay, "0.01", 0, INF, 0,
           "Decoupled weight decay (adamw) or L2 penalty (sgd)."),
     FLOAT("optimizer.params.momentum", optimizer.params.momentum, "0", 0, 1, LT, "SGD momentum."),
+    BOOL("optimizer.params.adam_w_mode", optimizer.params.adam_w_mode, "true", 0,
+         "adam: decoupled weight decay (AdamW); false adds weight_decay * p to the gradient (L2)."),
+    BOOL("optimizer.params.bias_correction", optimizer.params.bias_correction, "true", 0,
+         "adam, adamw, lamb: divide the moments by 1 - beta^t."),
+    FLOAT("optimizer.params.max_coeff", optimizer.params.max_coeff, "10", 0, INF, GT,
+          "lamb: upper clamp of the trust ratio ||p|| / ||update||."),
+    FLOAT("optimizer.params.min_coeff", optimizer.params.min_coeff, "0.01", 0, INF, 0,
+          "lamb: lower clamp of the trust ratio."),
 
     SECTION("scheduler", "DeepSpeed's learning-rate scheduler section."),
     ENUM("scheduler.type", scheduler.type, "\"constant\"", lr_schedules, 0,
-         "constant, WarmupLR, WarmupDecayLR or WarmupCosineLR (DeepSpeed's semantics)."),
+         "constant, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest (DeepSpeed's semantics)."),
     SECTION("scheduler.params", "Parameters of the scheduler; each type reads the ones it needs."),
     INT("scheduler.params.warmup_num_steps", scheduler.params.warmup_num_steps, "1000", 0, I53, 0,
         "Steps of warmup."),
@@ -107,6 +117,38 @@ static const dsc_config_key schema[] = {
           "Warmup starts at this fraction of lr (WarmupCosineLR)."),
     FLOAT("scheduler.params.cos_min_ratio", scheduler.params.cos_min_ratio, "0.0001", 0, 1, 0,
           "Cosine ends at this fraction of lr (WarmupCosineLR)."),
+    FLOAT("scheduler.params.cycle_min_lr", scheduler.params.cycle_min_lr, "0.01", 0, INF, 0,
+          "OneCycle: lr at the start and end of the cycle."),
+    FLOAT("scheduler.params.cycle_max_lr", scheduler.params.cycle_max_lr, "0.1", 0, INF, 0,
+          "OneCycle: lr at the top of the cycle."),
+    FLOAT("scheduler.params.decay_lr_rate", scheduler.params.decay_lr_rate, "0", 0, INF, 0,
+          "OneCycle: after the cycle lr = cycle_min_lr / (1 + rate * steps / decay_step_size); 0 keeps it."),
+    INT("scheduler.params.cycle_first_step_size", scheduler.params.cycle_first_step_size, "2000", 1, I53, 0,
+        "OneCycle: steps from cycle_min_lr up to cycle_max_lr."),
+    INT("scheduler.params.cycle_second_step_size", scheduler.params.cycle_second_step_size, "null", 0, I53, NUL,
+        "OneCycle: steps back down; null: cycle_first_step_size."),
+    INT("scheduler.params.cycle_first_stair_count", scheduler.params.cycle_first_stair_count, "0", 0, I53, 0,
+        "OneCycle: stairs on the way up; 0 is a straight line."),
+    INT("scheduler.params.cycle_second_stair_count", scheduler.params.cycle_second_stair_count, "null", 0, I53, NUL,
+        "OneCycle: stairs on the way down; null: cycle_first_stair_count."),
+    INT("scheduler.params.decay_step_size", scheduler.params.decay_step_size, "0", 0, I53, 0,
+        "OneCycle: steps per unit of post-cycle decay; 0: no decay."),
+    BOOL("scheduler.params.cycle_momentum", scheduler.params.cycle_momentum, "true", 0,
+         "OneCycle: cycle beta1 (momentum) from cycle_max_mom down and back, with beta2 0.99, as DeepSpeed."),
+    FLOAT("scheduler.params.cycle_min_mom", scheduler.params.cycle_min_mom, "0.8", 0, 1, LT,
+          "OneCycle: momentum at the top of the lr cycle."),
+    FLOAT("scheduler.params.cycle_max_mom", scheduler.params.cycle_max_mom, "0.9", 0, 1, LT,
+          "OneCycle: momentum at the start and end of the cycle."),
+    FLOAT("scheduler.params.decay_mom_rate", scheduler.params.decay_mom_rate, "0", 0, INF, 0,
+          "OneCycle: after the cycle momentum = cycle_max_mom * (1 + rate * steps / decay_step_size)."),
+    FLOAT("scheduler.params.lr_range_test_min_lr", scheduler.params.lr_range_test_min_lr, "0.001", 0, INF, 0,
+          "LRRangeTest: the starting lr."),
+    INT("scheduler.params.lr_range_test_step_size", scheduler.params.lr_range_test_step_size, "2000", 1, I53, 0,
+        "LRRangeTest: steps per unit of increase."),
+    FLOAT("scheduler.params.lr_range_test_step_rate", scheduler.params.lr_range_test_step_rate, "1", 0, INF, 0,
+          "LRRangeTest: lr = min_lr * (1 + rate * step / step_size)."),
+    BOOL("scheduler.params.lr_range_test_staircase", scheduler.params.lr_range_test_staircase, "false", 0,
+         "LRRangeTest: grow in whole steps of step_size instead of continuously."),
 
     SECTION("zero_optimization", "ZeRO sharding (DeepSpeed's keys; sizes in elements)."),
     INT("zero_optimization.stage", zero_optimization.stage, "0", 0, 3, DSC_CONFIG_LISTED,
@@ -126,6 +168,14 @@ static const dsc_config_key schema[] = {
     INT("zero_optimization.stage3_param_persistence_threshold",
         zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
         "Stage 3: parameters with fewer elements stay unpartitioned."),
+    SECTION("zero_optimization.offload_optimizer", "Where the optimizer state lives (DeepSpeed's ZeRO-Offload)."),
+    ENUM("zero_optimization.offload_optimizer.device", zero_optimization.offload_optimizer, "\"none\"",
+         offload_devices, 0, "none or cpu (a CPU job's state is in host memory already); nvme is refused."),
+    SECTION("zero_optimization.offload_param", "Where stage 3 keeps parameter shards (DeepSpeed's ZeRO-Infinity)."),
+    ENUM("zero_optimization.offload_param.device", zero_optimization.offload_param, "\"none\"", offload_devices, 0,
+         "none or cpu (a CPU job's parameters are in host memory already); nvme is refused."),
+    BOOL("zero_optimization.cpu_offload", zero_optimization.cpu_offload, "false", 0,
+         "DeepSpeed's legacy spelling of offload_optimizer.device cpu."),
 
     SECTION("pipeline", "Pipeline parallelism."),
     INT("pipeline.stages", pipeline.stages, "1", 1, I32, 0, "Pipeline stages P; 1 disables pipelining."),

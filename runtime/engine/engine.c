@@ -109,6 +109,9 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
     int64_t index = e->steps_done, n = index + 1;
     double t0 = now_s();
     double lr = dsc_lr_schedule_at(&cfg->scheduler, cfg->optimizer.params.lr, index);
+    double beta1, beta2;
+    if (dsc_lr_schedule_betas(&cfg->scheduler, index, &beta1, &beta2))
+        dsc_optimizer_set_betas(e->o.optimizer, (float)beta1, (float)beta2);
 
     dsc_loader_source src;
     dsc_loader_source_init(&src, e->o.data, DSC_DATA_SPLIT_TRAIN, index, e->o.micro_batches);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dsc/engine.h"
+#include "dsc/log.h"
 #include "dsc/model.h"
 
 struct dsc_trainer {
@@ -83,9 +84,21 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
     return dsc_params_finalize(t->params);
 }
 
+/* DeepSpeed's offload moves state from the GPU to host memory; this trainer
+ * keeps everything in host memory, so the request is met as it stands. */
+static void note_offload(const dsc_config *cfg) {
+    const dsc_config_zero *z = &cfg->zero_optimization;
+    if (z->offload_optimizer == DSC_OFFLOAD_DEVICE_CPU || z->offload_param == DSC_OFFLOAD_DEVICE_CPU || z->cpu_offload)
+        dsc_log_rank0(DSC_LOG_INFO,
+                      "%s: offload to \"cpu\": this job trains on the CPU, so its optimizer state and parameters "
+                      "are in host memory already",
+                      cfg->source ? cfg->source : "config");
+}
+
 static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimizer_maker make_optimizer) {
     const dsc_config *cfg = o->cfg;
     DSC_TRY(check_supported(cfg, make_optimizer != NULL, t->ext.build_extra != NULL));
+    note_offload(cfg);
     DSC_TRY(dsc_trainer_model_config(cfg, &t->mc));
     int dp_rank = o->dp ? dsc_comm_rank(o->dp) : 0, dp_size = o->dp ? dsc_comm_size(o->dp) : 1;
     int M = (int)cfg->gradient_accumulation_steps;

@@ -1,11 +1,13 @@
 /* The optimizer interface's wrappers and the pieces every implementation
- * shares: hyper-parameters from the config, the per-piece AdamW / SGD update,
+ * shares: hyper-parameters from the config, the update rules (AdamW, Adam
+ * with DeepSpeed's adam_w_mode, Lamb as DeepSpeed's FusedLamb, Lion, SGD),
  * the clipping coefficient and the global-norm reduction.
  *
  * Not here: any state layout or gradient reduction (plain.c; zero/). */
 #include "dsc/optimizer.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "dsc/kernels.h"
 
@@ -19,14 +21,80 @@ void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp)
         .momentum = (float)o->params.momentum,
         .weight_decay = (float)o->params.weight_decay,
         .clip_norm = cfg->gradient_clipping,
+        .l2_decay = o->type == DSC_OPTIMIZER_TYPE_ADAM && !o->params.adam_w_mode,
+        .no_bias_correction = !o->params.bias_correction,
+        .max_coeff = (float)o->params.max_coeff,
+        .min_coeff = (float)o->params.min_coeff,
     };
 }
 
-dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *grad,
-                            dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step) {
+int dsc_optim_state_kinds(dsc_optimizer_type type) {
+    return type == DSC_OPTIMIZER_TYPE_SGD || type == DSC_OPTIMIZER_TYPE_LION ? 1 : 2;
+}
+
+const char *dsc_optim_state_name(dsc_optimizer_type type, int kind) {
+    if (type == DSC_OPTIMIZER_TYPE_SGD) return "momentum_buffer";
+    return kind == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/* Without bias correction the Adam kernel must see 1 - beta^t = 1, which is
+ * its value for t large enough that beta^t underflows to 0 in double. */
+static int64_t adam_step(const dsc_optim_hparams *hp, int64_t step) {
+    return hp->no_bias_correction ? INT64_MAX : step;
+}
+
+dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tensor *value, dsc_tensor *grad,
+                                    dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, bool decay, double *w_sq,
+                                    double *u_sq) {
+    DSC_TRY(dsc_kernel_lamb_direction(grad, value, grad, exp_avg, exp_avg_sq, hp->beta1, hp->beta2, hp->eps,
+                                      decay ? hp->weight_decay : 0.0f));
+    double w, u;
+    DSC_TRY(dsc_kernel_sum_squares(&w, value));
+    DSC_TRY(dsc_kernel_sum_squares(&u, grad));
+    *w_sq += w;
+    *u_sq += u;
+    return NULL;
+}
+
+dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
+                                int64_t step, double w_sq, double u_sq) {
+    /* FusedLamb: the bias corrections scale the step, not the moments inside the direction */
+    double step_size = lr;
+    if (!hp->no_bias_correction)
+        step_size = lr * sqrt(1.0 - pow(hp->beta2, (double)step)) / (1.0 - pow(hp->beta1, (double)step));
+    double trust = 1.0;
+    if (w_sq > 0 && u_sq > 0) {
+        trust = sqrt(w_sq) / sqrt(u_sq);
+        trust = trust > hp->max_coeff ? hp->max_coeff : trust < hp->min_coeff ? hp->min_coeff : trust;
+    }
+    return dsc_kernel_axpy(value, (float)(-step_size * trust), direction);
+}
+
+dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad, dsc_tensor *state0,
+                            dsc_tensor *state1, float lr, bool decay, int64_t step) {
     float wd = decay ? hp->weight_decay : 0.0f;
-    if (hp->type == DSC_OPTIMIZER_TYPE_SGD) return dsc_kernel_sgd(value, grad, state0, lr, hp->momentum, wd, step);
-    return dsc_kernel_adamw(value, grad, state0, state1, lr, hp->beta1, hp->beta2, hp->eps, wd, step);
+    switch (hp->type) {
+    case DSC_OPTIMIZER_TYPE_SGD: return dsc_kernel_sgd(value, grad, state0, lr, hp->momentum, wd, step);
+    case DSC_OPTIMIZER_TYPE_LION: return dsc_kernel_lion(value, grad, state0, lr, hp->beta1, hp->beta2, wd);
+    case DSC_OPTIMIZER_TYPE_LAMB: {
+        double w_sq = 0, u_sq = 0;
+        DSC_TRY(dsc_optim_lamb_direction(hp, value, grad, state0, state1, decay, &w_sq, &u_sq));
+        return dsc_optim_lamb_apply(hp, value, grad, lr, step, w_sq, u_sq);
+    }
+    case DSC_OPTIMIZER_TYPE_ADAM:
+    case DSC_OPTIMIZER_TYPE_ADAMW:
+        if (hp->l2_decay && wd != 0.0f) { /* torch.optim.Adam's weight_decay: g += wd * p */
+            DSC_TRY(dsc_kernel_axpy(grad, wd, value));
+            wd = 0.0f;
+        }
+        return dsc_kernel_adamw(value, grad, state0, state1, lr, hp->beta1, hp->beta2, hp->eps, wd,
+                                adam_step(hp, step));
+    }
+    return dsc_error(DSC_ERR_INTERNAL, "optimizer type %d has no update rule", (int)hp->type);
+}
+
+void dsc_optimizer_set_betas(dsc_optimizer *opt, float beta1, float beta2) {
+    if (opt->ops->set_betas) opt->ops->set_betas(opt, beta1, beta2);
 }
 
 double dsc_optim_clip_coef(double norm, double clip) {

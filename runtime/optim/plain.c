@@ -152,7 +152,7 @@ static void plain_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) 
     }
     int kind = index / p->n_params;
     dsc_param *param = dsc_params_at(p->o.params, index % p->n_params);
-    const char *kind_name = p->n_state_kinds == 1 ? "momentum_buffer" : kind == 0 ? "exp_avg" : "exp_avg_sq";
+    const char *kind_name = dsc_optim_state_name(p->o.hparams.type, kind);
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, param->name);
     out->param = param;
     out->offset = 0;
@@ -171,6 +171,11 @@ static void plain_destroy(dsc_optimizer *opt) {
     free(p);
 }
 
+static void plain_set_betas(dsc_optimizer *opt, float beta1, float beta2) {
+    self_of(opt)->o.hparams.beta1 = beta1;
+    self_of(opt)->o.hparams.beta2 = beta2;
+}
+
 static const dsc_optimizer_ops plain_ops = {
     .name = "plain",
     .before_layer = NULL,
@@ -181,6 +186,7 @@ static const dsc_optimizer_ops plain_ops = {
     .state_count = plain_state_count,
     .state_at = plain_state_at,
     .destroy = plain_destroy,
+    .set_betas = plain_set_betas,
 };
 
 /* Elements per bucket of a group of `numel` elements: `size`, or the whole
@@ -237,7 +243,7 @@ static dsc_status setup(plain_optimizer *p) {
         }
     }
     DSC_TRY(make_buckets(p, p->o.reduce_bucket_size));
-    p->n_state_kinds = p->o.hparams.type == DSC_OPTIMIZER_TYPE_SGD ? 1 : 2;
+    p->n_state_kinds = dsc_optim_state_kinds(p->o.hparams.type);
     for (int k = 0; k < p->n_state_kinds; k++) {
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
             dsc_tensor values, grads;

@@ -73,7 +73,7 @@ static dsc_optimizer *make_opt_hp(fixture *f, int64_t bucket, dsc_optim_hparams 
 }
 
 static dsc_optimizer *make_opt(fixture *f, int64_t bucket, double clip) {
-    return make_opt_hp(f, bucket, (dsc_optim_hparams){DSC_OPTIMIZER_TYPE_ADAMW, 0.9f, 0.95f, 1e-8f, 0.0f, 0.1f, clip});
+    return make_opt_hp(f, bucket, (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip_norm = clip});
 }
 
 static void fixture_free(fixture *f) {
@@ -198,7 +198,7 @@ static void test_sgd_momentum(void **state) {
     fixture_init(&f);
     int size = dsc_comm_size(f.world);
     const double lr = 0.1, mom = 0.9, wd = 0.01;
-    dsc_optimizer *opt = make_opt_hp(&f, 30, (dsc_optim_hparams){DSC_OPTIMIZER_TYPE_SGD, 0, 0, 0, (float)mom, (float)wd, 0});
+    dsc_optimizer *opt = make_opt_hp(&f, 30, (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_SGD, .momentum = (float)mom, .weight_decay = (float)wd});
     double p[260], buf[260];
     for (int64_t i = 0; i < sizes[2]; i++) p[i] = ((float *)f.p[2]->value.data)[i];
     for (int64_t step = 1; step <= 3; step++) {

@@ -5,6 +5,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +28,10 @@ void dsc_test_err(dsc_status s, int code, const char *needle, const char *expr, 
 #define assert_err(expr, code, needle) dsc_test_err((expr), (code), (needle), #expr, __FILE__, __LINE__)
 
 /* Largest relative error max|a-b| / max(max|b|, floor) over n floats; prints it with `what`. */
+/* Whether the text between "<!-- NAME:begin -->\n" and "<!-- NAME:end -->" in
+ * the file at `path` is `text` (generated tables kept in the docs). */
+bool dsc_test_doc_block_is(const char *path, const char *name, const char *text);
+
 double dsc_test_max_rel_err(const float *a, const float *b, int64_t n, double floor, const char *what);
 /* max |a - b| / max(|b|, 1e-6) without printing (per-row checks inside loops). */
 double dsc_test_rel_err(const float *a, const float *b, int64_t n);

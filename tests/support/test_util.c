@@ -1,6 +1,7 @@
 /* Status assertions and numeric comparison for cmocka tests. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_mpi.h"
@@ -47,4 +48,20 @@ double dsc_test_rel_err(const float *a, const float *b, int64_t n) {
         if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
     }
     return diff / ref;
+}
+
+bool dsc_test_doc_block_is(const char *path, const char *name, const char *text) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    static char doc[1 << 18];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    char open[64], close[64];
+    snprintf(open, sizeof open, "<!-- %s:begin -->\n", name);
+    snprintf(close, sizeof close, "<!-- %s:end -->", name);
+    const char *begin = strstr(doc, open), *end = strstr(doc, close);
+    if (!begin || !end || begin > end) return false;
+    begin += strlen(open);
+    return (size_t)(end - begin) == strlen(text) && strncmp(begin, text, strlen(text)) == 0;
 }

@@ -5,7 +5,9 @@
  * same parameters (<= 1e-6 relative) and optimizer state; the checkpoint view
  * of the shards covers every element exactly once across ranks. Also the
  * pipeline's hook order (1F1B interleaving, reduction deferred) for stages 1
- * and 2, and the refusal of stage 3 with a pipeline. */
+ * and 2, and the refusal of stage 3 with a pipeline. The other update rules
+ * (Adam with L2 decay, Lamb, whose trust ratio needs norms of parameters split
+ * over ranks, and Lion) match the plain optimizer in every stage too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +22,19 @@ typedef struct variant {
     int64_t max_live, prefetch;
     int pipeline_stages;
     bool interleave;
+    dsc_optimizer_type type;
 } variant;
 
-static void train(dsc_comm *dp, const dsc_zero_options *zo, int64_t reduce_bucket, const toy_run *run, float *out,
-                  dsc_optimizer **keep, toy_model *m) {
+static void train(dsc_comm *dp, const dsc_zero_options *zo, int64_t reduce_bucket, dsc_optimizer_type type,
+                  const toy_run *run, float *out, dsc_optimizer **keep, toy_model *m) {
     toy_spec spec;
     toy_spec_default(&spec);
     toy_model_init(m, &spec, dsc_comm_rank(dp));
     dsc_optimizer_options o = toy_options(m, dp);
     o.reduce_bucket_size = reduce_bucket;
+    o.hparams.type = type;
+    o.hparams.l2_decay = type == DSC_OPTIMIZER_TYPE_ADAM;
+    o.hparams.max_coeff = 10.0f, o.hparams.min_coeff = 0.01f;
     dsc_optimizer *opt;
     assert_ok(dsc_zero_create(&o, zo, &opt));
     bool clipped;
@@ -91,7 +97,7 @@ static void run_variant(dsc_comm *dp, const variant *v) {
     assert_non_null(got);
     dsc_optimizer *plain, *zero;
     dsc_zero_options z0 = {.stage = 0, .pipeline_stages = 1};
-    train(dp, &z0, 0, &run, ref, &plain, &pm);
+    train(dp, &z0, 0, v->type, &run, ref, &plain, &pm);
     dsc_zero_options zo = {
         .stage = v->stage,
         .pipeline_stages = v->pipeline_stages,
@@ -99,10 +105,10 @@ static void run_variant(dsc_comm *dp, const variant *v) {
         .stage3_max_live_parameters = v->max_live,
         .stage3_prefetch_bucket_size = v->prefetch,
     };
-    train(dp, &zo, v->reduce_bucket, &run, got, &zero, &zm);
+    train(dp, &zo, v->reduce_bucket, v->type, &run, got, &zero, &zm);
     char what[128];
-    snprintf(what, sizeof what, "stage %d, dp %d, M %d, buckets %lld/%lld%s", v->stage, dsc_comm_size(dp),
-             v->micro_batches, (long long)v->reduce_bucket, (long long)v->allgather_bucket,
+    snprintf(what, sizeof what, "type %d, stage %d, dp %d, M %d, buckets %lld/%lld%s", (int)v->type, v->stage,
+             dsc_comm_size(dp), v->micro_batches, (long long)v->reduce_bucket, (long long)v->allgather_bucket,
              v->interleave ? ", 1F1B" : "");
     assert_true(dsc_test_max_rel_err(got, ref, total, 1e-3, what) <= 1e-6);
     check_states(dp, zero, &zm, plain);
@@ -121,9 +127,20 @@ static void test_stages_match_plain(void **state) {
     for (int stage = 1; stage <= 3; stage++)
         for (int M = 1; M <= 4; M += 3) {
             /* one bucket per group, then small buckets that split parameters */
-            run_variant(dp, &(variant){stage, M, 0, 0, 1 << 30, 1 << 30, 1, false});
-            run_variant(dp, &(variant){stage, M, 300, 500, 0, 0, 1, false});
+            run_variant(dp, &(variant){stage, M, 0, 0, 1 << 30, 1 << 30, 1, false, DSC_OPTIMIZER_TYPE_ADAMW});
+            run_variant(dp, &(variant){stage, M, 300, 500, 0, 0, 1, false, DSC_OPTIMIZER_TYPE_ADAMW});
         }
+    dsc_comm_free(dp);
+}
+
+static void test_rules_match_plain(void **state) {
+    (void)state;
+    dsc_comm *dp;
+    assert_ok(dsc_comm_world(NULL, &dp));
+    const dsc_optimizer_type types[] = {DSC_OPTIMIZER_TYPE_ADAM, DSC_OPTIMIZER_TYPE_LAMB, DSC_OPTIMIZER_TYPE_LION};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (int stage = 1; stage <= 3; stage++) /* small buckets: parameters split over ranks */
+            run_variant(dp, &(variant){stage, 1, 300, 500, 0, 0, 1, false, types[t]});
     dsc_comm_free(dp);
 }
 
@@ -132,10 +149,10 @@ static void test_pipeline_order(void **state) {
     dsc_comm *dp;
     assert_ok(dsc_comm_world(NULL, &dp));
     for (int stage = 1; stage <= 2; stage++) {
-        run_variant(dp, &(variant){stage, 4, 700, 0, 0, 0, 2, true});
-        run_variant(dp, &(variant){stage, 4, 0, 0, 0, 0, 1, true}); /* per-micro-batch reduction, same order */
+        run_variant(dp, &(variant){stage, 4, 700, 0, 0, 0, 2, true, DSC_OPTIMIZER_TYPE_ADAMW});
+        run_variant(dp, &(variant){stage, 4, 0, 0, 0, 0, 1, true, DSC_OPTIMIZER_TYPE_ADAMW}); /* per-micro-batch reduction, same order */
     }
-    run_variant(dp, &(variant){3, 4, 0, 0, 1 << 30, 1 << 30, 1, true});
+    run_variant(dp, &(variant){3, 4, 0, 0, 1 << 30, 1 << 30, 1, true, DSC_OPTIMIZER_TYPE_ADAMW});
     dsc_comm_free(dp);
 }
 
@@ -162,6 +179,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_check),
         cmocka_unit_test(test_stages_match_plain),
+        cmocka_unit_test(test_rules_match_plain),
         cmocka_unit_test(test_pipeline_order),
     };
     return DSC_RUN_MPI_TESTS(tests);
