@@ -143,10 +143,21 @@ static dsc_status estimate(const args *a) {
     dsc_status s = dsc_trainer_model_config(&cfg, &mc);
     if (!s) s = dsc_zero_model_size_of(&mc, &size);
     int pp = cfg.pipeline.stages, ep = cfg.moe.ep_size > 0 ? cfg.moe.ep_size : 1;
-    if (!s && a->estimate_ranks % pp != 0)
-        s = dsc_error(DSC_ERR_CONFIG, "--estimate-memory %d: not a multiple of pipeline.stages = %d",
-                      a->estimate_ranks, pp);
-    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / pp, pp, ep, state_bytes(&cfg));
+    const int tp = cfg.tensor_parallel.autotp_size;
+    if (!s && a->estimate_ranks % (pp * tp) != 0)
+        s = dsc_error(DSC_ERR_CONFIG,
+                      "--estimate-memory %d: world = pp x tp x dp, and %d is not a multiple of pipeline.stages %d x "
+                      "tensor_parallel.autotp_size %d",
+                      a->estimate_ranks, a->estimate_ranks, pp, tp);
+    if (!s && tp > 1) {
+        /* A tensor rank holds the replicated parameters and 1/tp of the rest; ZeRO then shards that over dp. */
+        const double whole = size.params;
+        size.params = dsc_tp_params_per_rank(&mc, whole, tp);
+        size.largest_layer /= tp;
+        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated)\n", tp, size.params,
+               whole, dsc_tp_replicated_params(&mc));
+    }
+    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / (pp * tp), pp, ep, state_bytes(&cfg));
     dsc_config_free(&cfg);
     return s;
 }

@@ -70,6 +70,12 @@ dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_c
  * element once. */
 bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
 
+/* Parameters every rank of the tensor group holds whole (norms, row-parallel
+ * biases, learned positions), and one rank's share of a model of psi
+ * parameters: (psi - replicated) / tp + replicated. Dense models. */
+double dsc_tp_replicated_params(const dsc_model_config *mc);
+double dsc_tp_params_per_rank(const dsc_model_config *mc, double psi, int tp);
+
 /* For groups with a model axis (dsc_groups_create of a plan with tp > 1):
  * fills `ctx` (a dsc_tp_build_extra that outlives the model) with this
  * rank's shard of cfg's model over the tensor group, registers the layer
