@@ -173,6 +173,16 @@ static void test_with_zero(void **state) {
     }
 }
 
+/* The world, a token file at `data` and tp_all, for a test named `tag`. */
+static dsc_comm *open_job(char *data, size_t len, const char *tag) {
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    snprintf(data, len, "/tmp/dsc_test_tp_%s_%d.tok", tag, (int)getpid());
+    train_fixture_tokens(data, 20000);
+    set_tp_all();
+    return world;
+}
+
 /* All-reduces and bytes on the tensor group since the last reset. */
 static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
     dsc_comm_stats st;
@@ -184,12 +194,8 @@ static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
 
 static void test_megatron_counts(void **state) {
     (void)state;
-    dsc_comm *world;
-    assert_ok(dsc_comm_world(NULL, &world));
     char data[128];
-    snprintf(data, sizeof data, "/tmp/dsc_test_tp_count_%d.tok", (int)getpid());
-    train_fixture_tokens(data, 20000);
-    set_tp_all();
+    dsc_comm *world = open_job(data, sizeof data, "count");
     const char *over[] = {tp_all, "model.n_head=4", "model.d_model=32", "model.d_ff=72"};
     run_result r;
     run(world, 1, data, over, 4, &r);
@@ -249,12 +255,8 @@ static int64_t model_state_bytes(void) {
 
 static void test_memory_formula(void **state) {
     (void)state;
-    dsc_comm *world;
-    assert_ok(dsc_comm_world(NULL, &world));
     char data[128];
-    snprintf(data, sizeof data, "/tmp/dsc_test_tp_mem_%d.tok", (int)getpid());
-    train_fixture_tokens(data, 20000);
-    set_tp_all();
+    dsc_comm *world = open_job(data, sizeof data, "mem");
     /* Wide enough that the 64-element alignment of each parameter is small beside it. */
     const char *over[] = {tp_all, "model.n_head=4", "model.d_model=128", "model.d_ff=512", "model.n_layer=2"};
     const int64_t before = model_state_bytes();
