@@ -28,6 +28,10 @@ int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
         return mc->n_experts;
     case DSC_DIM_PAIR:
         return 2;
+    case DSC_DIM_QKV:
+        return ((int64_t)mc->n_head + 2 * (int64_t)mc->n_kv_head) * mc->head_size;
+    case DSC_DIM_F2:
+        return 2 * (int64_t)mc->d_ff;
     case DSC_DIM_NONE:
         break;
     }

@@ -1,8 +1,9 @@
 /* Loading one tensor-parallel shard per rank: the plan (dsc/tp.h) over the
  * checkpoint's tensors, each declared by the policy's container (a
  * dependency with rows Q / KV / F is column-parallel by those heads or
- * columns, one with cols Q / F row-parallel, rows V vocabulary-parallel,
- * anything else replicated), with partition_config and config.json's
+ * columns, fused rows QKV / 2F by each block's heads or columns, one with
+ * cols Q / F row-parallel, rows V vocabulary-parallel, anything else
+ * replicated), with partition_config and config.json's
  * base_model_tp_plan ahead of it; then the model is built for the rank's
  * widths from a source that reports local shapes and reads only the rank's
  * spans of each tensor. A rule that would split a tensor otherwise than the
@@ -43,8 +44,12 @@ static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
     const struct {
         dsc_dim dim;
         dsc_tp_unit unit;
-    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS}, {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS}, {DSC_DIM_F, DSC_TP_UNIT_FF}};
-    for (int i = 0; i < 3; i++)
+    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS},
+                 {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS},
+                 {DSC_DIM_F, DSC_TP_UNIT_FF},
+                 {DSC_DIM_QKV, DSC_TP_UNIT_QKV},
+                 {DSC_DIM_F2, DSC_TP_UNIT_GATE_UP}};
+    for (int i = 0; i < 5; i++)
         if (dep->rows == heads[i].dim) {
             *unit = heads[i].unit;
             return DSC_TP_KIND_COLUMN;

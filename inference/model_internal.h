@@ -42,6 +42,9 @@ void dsc_container_target(const dsc_container_def *def, const char *target, int 
 /* The built-in policies (policy_hf.c, policy_dsc.c). */
 extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_hf_qwen2, dsc_policy_hf_mixtral,
     dsc_policy_dsc_gpt, dsc_policy_dsc_llama;
+/* Phi-3 (policy_hf_phi3.c) and the embedding / final norm / LM head container it shares with Llama. */
+extern const dsc_policy dsc_policy_hf_phi3;
+extern const dsc_container_def dsc_policy_hf_outer;
 /* dsc's MoE training architectures (policy_dsc_moe.c). */
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
 /* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */

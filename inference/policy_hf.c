@@ -74,7 +74,7 @@ static const dsc_param_mapping outer_mappings[] = {
     {"model.norm.weight", "final_norm.w"},
     {"lm_head.weight", "lm_head.w"},
 };
-static const dsc_container_def outer = {"llama_non_transformer", sizeof outer_params / sizeof outer_params[0],
+const dsc_container_def dsc_policy_hf_outer = {"llama_non_transformer", sizeof outer_params / sizeof outer_params[0],
                                         outer_params, sizeof outer_mappings / sizeof outer_mappings[0],
                                         outer_mappings};
 
@@ -222,10 +222,10 @@ static dsc_status configure_mixtral(dsc_infer_model_config *mc, const char *json
 }
 
 const dsc_policy dsc_policy_hf_llama = {
-    "LlamaForCausalLM", configure_llama, "model.layers.", &dense_layer, &outer, ignored, NULL};
+    "LlamaForCausalLM", configure_llama, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
 const dsc_policy dsc_policy_hf_mistral = {
-    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &outer, ignored, NULL};
+    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
 const dsc_policy dsc_policy_hf_qwen2 = {
-    "Qwen2ForCausalLM", configure_qwen2, "model.layers.", &dense_layer, &outer, ignored, NULL};
+    "Qwen2ForCausalLM", configure_qwen2, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
 const dsc_policy dsc_policy_hf_mixtral = {
-    "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &outer, ignored, NULL};
+    "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &dsc_policy_hf_outer, ignored, NULL};

@@ -98,7 +98,9 @@ typedef enum dsc_dim {
     DSC_DIM_V,
     DSC_DIM_POS,
     DSC_DIM_E,
-    DSC_DIM_PAIR /* 2: the PR-MoE residual's mixing coefficients */
+    DSC_DIM_PAIR, /* 2: the PR-MoE residual's mixing coefficients */
+    DSC_DIM_QKV,  /* Q + 2 KV: a checkpoint's fused [q | k | v] (Phi-3 qkv_proj) */
+    DSC_DIM_F2    /* 2 F: a checkpoint's fused [gate | up] (Phi-3 gate_up_proj) */
 } dsc_dim;
 
 /* What the model forward uses a finalized parameter for. */
@@ -200,7 +202,8 @@ typedef struct dsc_policy {
  * the policy and the entry; nothing is registered. */
 dsc_status dsc_policy_register(const dsc_policy *policy);
 /* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM, MixtralForCausalLM, gpt-moe and mixtral. Idempotent. */
+ * Qwen2ForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, gpt-moe and
+ * mixtral. Idempotent. */
 dsc_status dsc_policy_register_builtin(void);
 /* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
 dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);

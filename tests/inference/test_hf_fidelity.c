@@ -1,6 +1,7 @@
 /* Fidelity of the inference engine against Hugging Face transformers: tiny
  * random-weight Llama (Llama-3 RoPE scaling), Mistral, Qwen2 (q/k/v biases,
- * tied embeddings) and Mixtral (top-2 MoE) checkpoints made by
+ * tied embeddings), Mixtral (top-2 MoE) and Phi-3 (fused qkv_proj and
+ * gate_up_proj) checkpoints made by
  * tests/ref/make_hf_fixtures.py are loaded with dsc's loader; for every
  * prompt the logits of a whole-prompt forward, of the prompt fed one token
  * at a time through the KV cache, and of 6 greedy decode steps must match
@@ -130,9 +131,14 @@ static void test_mixtral(void **state) {
     (void)state;
     check_model("mixtral");
 }
+static void test_phi3(void **state) {
+    (void)state;
+    check_model("phi3");
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama), cmocka_unit_test(test_mistral),
-                                       cmocka_unit_test(test_qwen2), cmocka_unit_test(test_mixtral)};
+                                       cmocka_unit_test(test_qwen2), cmocka_unit_test(test_mixtral),
+                                       cmocka_unit_test(test_phi3)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,8 @@
 dsc's inference fidelity test (tests/inference/test_hf_fidelity.c).
 
 Builds LlamaForCausalLM (with Llama-3 RoPE scaling), MistralForCausalLM,
-Qwen2ForCausalLM (q/k/v biases, tied embeddings) and MixtralForCausalLM
-(4 experts, top-2), each with 2 layers, hidden 32, 4 query heads, 2 KV heads
+Qwen2ForCausalLM (q/k/v biases, tied embeddings), MixtralForCausalLM
+(4 experts, top-2) and Phi3ForCausalLM (fused qkv_proj and gate_up_proj), each with 2 layers, hidden 32, 4 query heads, 2 KV heads
 (GQA), vocab 128, in float32, saves them with save_pretrained (config.json +
 model.safetensors) under tests/inference/fixtures/hf/<name>/, and writes
 ref.safetensors beside each with, for three prompts p:
@@ -19,13 +19,16 @@ imports with it and the first with Llama-3 rope scaling):
   /usr/bin/python3 -m venv --system-site-packages /work/venv-hf
   /work/venv-hf/bin/pip install 'transformers==4.43.4' safetensors
   /work/venv-hf/bin/python tests/ref/make_hf_fixtures.py
+Names on the command line remake only those fixtures (phi3 was made with
+transformers 4.55: PYTHONPATH=/opt/tf4 /opt/venv/bin/python tests/ref/make_hf_fixtures.py phi3).
 """
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "inference", "fixtures", "hf")
 COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -43,6 +46,8 @@ def models():
     yield "qwen2", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=True))
     yield "mixtral", MixtralForCausalLM(MixtralConfig(**COMMON, rope_theta=10000.0, num_local_experts=4,
                                                       num_experts_per_tok=2, sliding_window=None))
+    yield "phi3", Phi3ForCausalLM(Phi3Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=False,
+                                             pad_token_id=None, bos_token_id=1, eos_token_id=2))
 
 
 def randomize(model, gen):
@@ -57,7 +62,10 @@ def randomize(model, gen):
 
 def main():
     torch.manual_seed(0)
+    only = set(sys.argv[1:])
     for i, (name, model) in enumerate(models()):
+        if only and name not in only:
+            continue
         gen = torch.Generator().manual_seed(100 + i)
         randomize(model, gen)
         model.eval()
