@@ -19,6 +19,7 @@
 #ifndef DSC_CHECKPOINT_H
 #define DSC_CHECKPOINT_H
 
+#include "dsc/api.h"
 #include <mpi.h>
 #include <stdint.h>
 
@@ -59,23 +60,23 @@ typedef enum dsc_checkpoint_scope {
  * publishes it (then `latest`) only when every rank succeeded; keeps the
  * newest `keep_last` checkpoints (0 keeps all). An existing tag is never
  * overwritten. */
-dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_dir, const char *tag,
+DSC_API dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_dir, const char *tag,
                                int keep_last);
 
 /* Collective. Restores from save_dir/<tag> (`tag` NULL or "latest" follows
  * the latest file) into st's live tensors. On success st->global_step is the
  * saved step and *engine_json (when not NULL) a malloc'd copy of the saved
  * engine state. */
-dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
+DSC_API dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
                                dsc_checkpoint_scope scope, char **engine_json);
 
 /* Complete checkpoints in save_dir, oldest step first (free() the array),
  * and the tag `latest` names; for tools. */
-dsc_status dsc_checkpoint_list(const char *save_dir, char (**tags)[128], int *count);
-dsc_status dsc_checkpoint_latest(const char *save_dir, char *tag, size_t len);
+DSC_API dsc_status dsc_checkpoint_list(const char *save_dir, char (**tags)[128], int *count);
+DSC_API dsc_status dsc_checkpoint_latest(const char *save_dir, char *tag, size_t len);
 
 /* The path of a checkpoint's file ("latest" resolved), for tools. */
-dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len);
+DSC_API dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path, size_t len);
 
 /* ---- checkpointing a training run -------------------------------------------------
  * Saves every checkpoint.save_interval steps and after the last step into
@@ -97,17 +98,17 @@ typedef struct dsc_checkpointer_options {
     bool log;                     /* this rank prints "saved ..." lines */
 } dsc_checkpointer_options;
 
-dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_checkpointer **out);
-void dsc_checkpointer_destroy(dsc_checkpointer *c);
+DSC_API dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_checkpointer **out);
+DSC_API void dsc_checkpointer_destroy(dsc_checkpointer *c);
 /* Collective: restores the full state from checkpoint.save_dir/<tag> ("latest"
  * or NULL follows latest) and moves the engine to the saved step. */
-dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag);
+DSC_API dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag);
 /* Collective: saves now as global_step<N> (N = steps done). */
-dsc_status dsc_checkpointer_save(dsc_checkpointer *c);
+DSC_API dsc_status dsc_checkpointer_save(dsc_checkpointer *c);
 /* The engine hook: saves when the step is a multiple of save_interval or the last. */
-dsc_status dsc_checkpointer_on_step(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
+DSC_API dsc_status dsc_checkpointer_on_step(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
 /* The model signature of a config: architecture and shapes, layout-independent. */
-dsc_status dsc_checkpoint_model_signature(const dsc_config *cfg, char **json);
+DSC_API dsc_status dsc_checkpoint_model_signature(const dsc_config *cfg, char **json);
 
 #ifdef __cplusplus
 }

@@ -10,11 +10,18 @@
  * "The watchdog"). Every operation also counts the bytes this rank sent and
  * received, by operation type (see docs/comm.md for the exact counting rule).
  *
+ * Thread-safety: MPI is initialised MPI_THREAD_FUNNELED, so every call on
+ * communicators comes from the thread that created the world; the
+ * watchdog's registry of live communicators is process-global and relies on
+ * that. On a CUDA device, NCCL operations are ordered against the device's
+ * compute stream by events (docs/comm.md, "Ordering with compute").
+ *
  * Not here: which ranks form which group (dsc/topology.h), and anything about
  * what the tensors mean. */
 #ifndef DSC_COMM_H
 #define DSC_COMM_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -66,7 +73,7 @@ typedef struct dsc_comm_options {
  * The world communicator: initialises MPI (MPI_THREAD_FUNNELED) unless it is
  * already initialised, makes MPI return errors instead of aborting, and sets
  * the rank that prefixes dsc error messages. `opts` may be NULL (cpu, 300 s). */
-dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
+DSC_API dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
 
 /* A sub-communicator of `parent`, collective over every rank of the parent.
  * Each rank passes the parent ranks of the group it joins (including itself);
@@ -74,30 +81,30 @@ dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
  * on their lists: a rank whose list is invalid or disagrees with its members'
  * lists makes every rank return an error. The child inherits the parent's
  * options. */
-dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name, dsc_comm **out);
+DSC_API dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name, dsc_comm **out);
 
-void dsc_comm_free(dsc_comm *c);
+DSC_API void dsc_comm_free(dsc_comm *c);
 
 /* Finalises MPI if dsc_comm_world initialised it; call after freeing every communicator. */
-dsc_status dsc_comm_finalize(void);
+DSC_API dsc_status dsc_comm_finalize(void);
 
-int dsc_comm_rank(const dsc_comm *c);
-int dsc_comm_size(const dsc_comm *c);
-const char *dsc_comm_name(const dsc_comm *c);
-const char *dsc_comm_backend_name(const dsc_comm *c); /* "mpi" or "nccl" */
+DSC_API int dsc_comm_rank(const dsc_comm *c);
+DSC_API int dsc_comm_size(const dsc_comm *c);
+DSC_API const char *dsc_comm_name(const dsc_comm *c);
+DSC_API const char *dsc_comm_backend_name(const dsc_comm *c); /* "mpi" or "nccl" */
 /* The world rank of this communicator's rank `rank`. */
-int dsc_comm_world_rank(const dsc_comm *c, int rank);
+DSC_API int dsc_comm_world_rank(const dsc_comm *c, int rank);
 /* The host this communicator's rank `rank` runs on (MPI_Get_processor_name,
  * gathered when the world communicator was created). */
-const char *dsc_comm_host(const dsc_comm *c, int rank);
+DSC_API const char *dsc_comm_host(const dsc_comm *c, int rank);
 
-double dsc_comm_timeout(const dsc_comm *c);
-dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s);
+DSC_API double dsc_comm_timeout(const dsc_comm *c);
+DSC_API dsc_status dsc_comm_set_timeout(dsc_comm *c, double timeout_s);
 
-void dsc_comm_get_stats(const dsc_comm *c, dsc_comm_stats *out);
-void dsc_comm_reset_stats(dsc_comm *c);
-const char *dsc_comm_op_name(dsc_comm_op op);     /* "all-reduce", ... */
-const char *dsc_reduce_op_name(dsc_reduce_op op); /* "sum", "avg", "max" */
+DSC_API void dsc_comm_get_stats(const dsc_comm *c, dsc_comm_stats *out);
+DSC_API void dsc_comm_reset_stats(dsc_comm *c);
+DSC_API const char *dsc_comm_op_name(dsc_comm_op op);     /* "all-reduce", ... */
+DSC_API const char *dsc_reduce_op_name(dsc_reduce_op op); /* "sum", "avg", "max" */
 
 /* ---- collectives (blocking, bounded by the timeout) --------------------------
  * All ranks of the communicator call the same operation with tensors of the
@@ -105,35 +112,35 @@ const char *dsc_reduce_op_name(dsc_reduce_op op); /* "sum", "avg", "max" */
  * counts. */
 
 /* In place: every rank ends with the elementwise reduction of all ranks' `t`. */
-dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
+DSC_API dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
 
 /* `send` holds size pieces back to back; piece i has counts[i] elements (NULL:
  * numel(send)/size each). Rank i receives the reduction of every rank's piece i
  * into `recv`, which has counts[i] elements. `recv` may be this rank's piece
  * of `send` (in place; the rest of `send` is then left unspecified); no other
  * overlap is allowed. */
-dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+DSC_API dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
                                    dsc_reduce_op op);
 
 /* Rank i contributes `send` (counts[i] elements; NULL: all equal); every rank
  * receives all pieces back to back in rank order in `recv`. `send` may be this
  * rank's piece of `recv` (in place); no other overlap is allowed. */
-dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+DSC_API dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
 
 /* `send` and `recv` hold size equal pieces; piece j of `send` goes to rank j
  * and arrives as piece i (this rank) of rank j's `recv`. */
-dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv);
+DSC_API dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv);
 
 /* As all-to-all with per-peer counts: send_counts[j] elements go to rank j,
  * recv_counts[j] elements arrive from rank j; pieces are back to back in rank
  * order and may be empty. A count that disagrees with the peer's is an error. */
-dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
+DSC_API dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
                               const int64_t *recv_counts);
 
 /* Root's `t` is copied into every rank's `t`. */
-dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root);
+DSC_API dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root);
 
-dsc_status dsc_comm_barrier(dsc_comm *c);
+DSC_API dsc_status dsc_comm_barrier(dsc_comm *c);
 
 /* ---- point to point ------------------------------------------------------------
  * Non-blocking: the tensor must stay alive and untouched until the request
@@ -143,14 +150,14 @@ dsc_status dsc_comm_barrier(dsc_comm *c);
  * message must have exactly numel(t) elements; any other size is an error.
  * A request that fails or times out is given up (a receive is cancelled) and
  * freed as well. */
-dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
-dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
-dsc_status dsc_comm_wait(dsc_comm_request **req);
-dsc_status dsc_comm_test(dsc_comm_request **req, bool *done);
+DSC_API dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
+DSC_API dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
+DSC_API dsc_status dsc_comm_wait(dsc_comm_request **req);
+DSC_API dsc_status dsc_comm_test(dsc_comm_request **req, bool *done);
 
 /* Blocking forms: post and wait. */
-dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);
-dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag);
+DSC_API dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);
+DSC_API dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #ifndef DSC_CONFIG_H
 #define DSC_CONFIG_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -250,37 +251,37 @@ typedef struct dsc_config {
 
 /* Loads `path` and applies `overrides` ("a.b.c=value", in order). On error
  * *cfg is left zeroed (nothing to free). */
-dsc_status dsc_config_load_file(const char *path, const char *const *overrides, int n_overrides, dsc_config *cfg);
+DSC_API dsc_status dsc_config_load_file(const char *path, const char *const *overrides, int n_overrides, dsc_config *cfg);
 
 /* As load_file, from JSON text; `source` names it in messages ("config.json"). */
-dsc_status dsc_config_parse_string(const char *json, const char *source, const char *const *overrides,
+DSC_API dsc_status dsc_config_parse_string(const char *json, const char *source, const char *const *overrides,
                                    int n_overrides, dsc_config *cfg);
 
 /* Applies one "a.b.c=value" override. The value is parsed as JSON when it is
  * valid JSON, else taken as a string, and checked against the schema. On
  * error *cfg is unchanged. Resets the batch resolution (call resolve again). */
-dsc_status dsc_config_apply_override(dsc_config *cfg, const char *assignment);
+DSC_API dsc_status dsc_config_apply_override(dsc_config *cfg, const char *assignment);
 
 /* DeepSpeed's batch rule, batch = micro * accumulation * dp_size: given any
  * two of the three (or one: the missing ones default as in DeepSpeed), derive
  * the rest; all must agree. The message lists the numbers that disagree. */
-dsc_status dsc_config_resolve_batch(dsc_config *cfg, int dp_size);
+DSC_API dsc_status dsc_config_resolve_batch(dsc_config *cfg, int dp_size);
 
 /* The complete effective configuration (every key, defaults and resolved
  * values included) as indented JSON, for checkpoints; free() the result.
  * Parsing it again gives the same struct. */
-dsc_status dsc_config_to_json(const dsc_config *cfg, char **json);
+DSC_API dsc_status dsc_config_to_json(const dsc_config *cfg, char **json);
 
 /* The reference table of every key (path, type, default, meaning) as
  * Markdown, as it appears in docs/config.md; free() the result. */
-dsc_status dsc_config_reference_markdown(char **markdown);
+DSC_API dsc_status dsc_config_reference_markdown(char **markdown);
 
 /* DeepSpeed's config keys with what dsc does with each (implemented,
  * implemented by design, or refused with the reason and the alternative), as
  * the Markdown table in docs/config.md; free() the result. */
-dsc_status dsc_config_deepspeed_markdown(char **markdown);
+DSC_API dsc_status dsc_config_deepspeed_markdown(char **markdown);
 
-void dsc_config_free(dsc_config *cfg);
+DSC_API void dsc_config_free(dsc_config *cfg);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #ifndef DSC_DATA_H
 #define DSC_DATA_H
 
+#include "dsc/api.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,35 +41,35 @@ typedef enum dsc_token_dtype { DSC_TOKEN_DTYPE_U16 = 2, DSC_TOKEN_DTYPE_U32 = 4 
 
 /* Writes `count` tokens as `dtype`; a token that does not fit the dtype or is
  * >= vocab_size (when vocab_size > 0) is an error naming its position. */
-dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_t count, dsc_token_dtype dtype,
+DSC_API dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_t count, dsc_token_dtype dtype,
                                 uint32_t vocab_size);
 
 typedef struct dsc_token_file dsc_token_file;
 
 /* Maps `path` and validates the header and the size. */
-dsc_status dsc_token_file_open(const char *path, dsc_token_file **out);
-void dsc_token_file_close(dsc_token_file *f);
-int64_t dsc_token_file_count(const dsc_token_file *f);
-dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f);
-uint32_t dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown */
-const char *dsc_token_file_path(const dsc_token_file *f);
+DSC_API dsc_status dsc_token_file_open(const char *path, dsc_token_file **out);
+DSC_API void dsc_token_file_close(dsc_token_file *f);
+DSC_API int64_t dsc_token_file_count(const dsc_token_file *f);
+DSC_API dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f);
+DSC_API uint32_t dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown */
+DSC_API const char *dsc_token_file_path(const dsc_token_file *f);
 /* Tokens [pos, pos + n) as i32 into out (n entries). An id >= vocab_limit is
  * DSC_ERR_CORRUPT naming the file, the token position and the id. */
-dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit, int32_t *out);
+DSC_API dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit, int32_t *out);
 
 /* ---- byte-level tokenizer (vocab 256: token = byte value) -------------------- */
 
 #define DSC_BYTE_VOCAB_SIZE 256
 
-void dsc_byte_tokenizer_encode(const char *text, size_t len, uint32_t *ids); /* ids has len entries */
+DSC_API void dsc_byte_tokenizer_encode(const char *text, size_t len, uint32_t *ids); /* ids has len entries */
 /* Writes the bytes of ids (each in [0, 256)) to out, NUL-terminated, at most
  * cap - 1 bytes; returns the number written. Ids outside the range print '?'. */
-size_t dsc_byte_tokenizer_decode(const int32_t *ids, int64_t n, char *out, size_t cap);
+DSC_API size_t dsc_byte_tokenizer_decode(const int32_t *ids, int64_t n, char *out, size_t cap);
 
 /* Reads the text file `text_path`, encodes it with the byte tokenizer and
  * writes a uint16 token file to `token_path`; *count (may be NULL) receives
  * the number of tokens. */
-dsc_status dsc_data_prepare(const char *text_path, const char *token_path, int64_t *count);
+DSC_API dsc_status dsc_data_prepare(const char *text_path, const char *token_path, int64_t *count);
 
 /* ---- the distributed sampler ------------------------------------------------- */
 
@@ -93,22 +94,22 @@ typedef struct dsc_data_loader dsc_data_loader;
 
 /* Opens the token file; a split too short for one sequence of T + 1 tokens is
  * an error naming the split and the numbers. */
-dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_loader **out);
-void dsc_data_loader_close(dsc_data_loader *dl);
+DSC_API dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_loader **out);
+DSC_API void dsc_data_loader_close(dsc_data_loader *dl);
 
 /* Fills this rank's micro-batch `micro` (0 <= micro < M) of global batch
  * `step`: tokens (B, T) i32 = the sequence, targets (B, T) i32 = the same
  * sequence shifted by one. */
-dsc_status dsc_data_loader_fill(dsc_data_loader *dl, dsc_data_split split, int64_t step, int micro,
+DSC_API dsc_status dsc_data_loader_fill(dsc_data_loader *dl, dsc_data_split split, int64_t step, int micro,
                                 dsc_tensor *tokens, dsc_tensor *targets);
 
 /* The first token position (in the file) of global sample k of a split, and
  * the epoch it belongs to (train split; the val split has one pass per
  * evaluation). For tests and for reporting. */
-int64_t dsc_data_loader_sample_start(const dsc_data_loader *dl, dsc_data_split split, int64_t k);
-int64_t dsc_data_loader_epoch(const dsc_data_loader *dl, int64_t step);
+DSC_API int64_t dsc_data_loader_sample_start(const dsc_data_loader *dl, dsc_data_split split, int64_t k);
+DSC_API int64_t dsc_data_loader_epoch(const dsc_data_loader *dl, int64_t step);
 /* Number of distinct sequences per epoch of a split. */
-int64_t dsc_data_loader_windows(const dsc_data_loader *dl, dsc_data_split split);
+DSC_API int64_t dsc_data_loader_windows(const dsc_data_loader *dl, dsc_data_split split);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,7 @@
 #ifndef DSC_ENGINE_H
 #define DSC_ENGINE_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,10 +44,10 @@ extern "C" {
  * engine uses iteration n - 1 for step n. `base_lr` is optimizer.params.lr
  * (constant and WarmupCosineLR scale it; the Warmup{,Decay}LR schedules use
  * warmup_min_lr / warmup_max_lr, OneCycle and LRRangeTest their own bounds). */
-double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
+DSC_API double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
 /* OneCycle with cycle_momentum sets the optimizer's betas at each step, as
  * DeepSpeed does: (momentum, 0.99). False (betas untouched) for the others. */
-bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1, double *beta2);
+DSC_API bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1, double *beta2);
 
 /* ---- the data a runner consumes ----------------------------------------------------- */
 
@@ -69,7 +70,7 @@ typedef struct dsc_loader_source {
     int64_t step;
 } dsc_loader_source;
 
-void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split, int64_t step,
+DSC_API void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split, int64_t step,
                             int micro_batches);
 
 /* ---- batch runners ------------------------------------------------------------------- */
@@ -104,9 +105,9 @@ struct dsc_batch_runner {
  * accumulation). Reserves the layers' activations for (B, T). `rng` (may be
  * NULL) is handed to stochastic layers. The layer array is copied; the
  * layers stay the caller's. */
-dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc_optimizer *opt, int64_t B,
+DSC_API dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc_optimizer *opt, int64_t B,
                                      int64_t T, dsc_rng *rng, dsc_batch_runner **out);
-void dsc_batch_runner_destroy(dsc_batch_runner *r);
+DSC_API void dsc_batch_runner_destroy(dsc_batch_runner *r);
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
@@ -148,29 +149,29 @@ typedef struct dsc_engine_options {
  * same way: the pieces, micro_batches (gradient_accumulation_steps) and
  * global_tokens_per_step (train_batch_size * seq_len). The caller adds the
  * groups, the logging switches and the hook. */
-void dsc_engine_options_init(dsc_engine_options *eo, const dsc_config *cfg, dsc_batch_runner *runner,
+DSC_API void dsc_engine_options_init(dsc_engine_options *eo, const dsc_config *cfg, dsc_batch_runner *runner,
                              dsc_optimizer *optimizer, dsc_data_loader *data, int64_t seq_len);
-dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out);
-void dsc_engine_destroy(dsc_engine *e);
+DSC_API dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out);
+DSC_API void dsc_engine_destroy(dsc_engine *e);
 
 /* Runs steps until train.steps have been taken in total. */
-dsc_status dsc_engine_train(dsc_engine *e);
+DSC_API dsc_status dsc_engine_train(dsc_engine *e);
 /* Mean loss over train.eval_iters batches of the val split (every rank gets it). */
-dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss);
+DSC_API dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss);
 /* Runs one step; `m` (may be NULL) receives its metrics. */
-dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m);
+DSC_API dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m);
 
 /* Steps taken so far; setting it (on restore) moves the data position and
  * the LR schedule, which depend on nothing else. */
-int64_t dsc_engine_steps_done(const dsc_engine *e);
-void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps);
+DSC_API int64_t dsc_engine_steps_done(const dsc_engine *e);
+DSC_API void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps);
 /* Replaces the step-end hook (for wiring done after creation, e.g. by a
  * checkpointer attached to a trainer's engine). */
-void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx);
+DSC_API void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx);
 
 /* Reads a metrics JSONL file and writes an SVG of train loss (and val loss
  * when present) against step. */
-dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
+DSC_API dsc_status dsc_metrics_plot_svg(const char *metrics_path, const char *svg_path);
 
 /* ---- a data-parallel trainer built from a config ------------------------------------------
  * The wiring dsc-train, the benchmarks and the tests share: parameter store,
@@ -200,11 +201,11 @@ typedef struct dsc_trainer_options {
 
 /* The model section of a config as the model configuration the trainer
  * builds (estimators use it without building anything). */
-dsc_status dsc_trainer_model_config(const dsc_config *cfg, dsc_model_config *mc);
-dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
+DSC_API dsc_status dsc_trainer_model_config(const dsc_config *cfg, dsc_model_config *mc);
+DSC_API dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
 /* As dsc_trainer_create, with the optimizer from `make_optimizer` (NULL: the
  * plain optimizer, and zero stages are refused). */
-dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+DSC_API dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
                                              dsc_trainer **out);
 
 /* What a folder above the runtime adds to the trainer's model, so that the
@@ -230,23 +231,23 @@ typedef struct dsc_trainer_layers {
 /* As dsc_trainer_create_with_optimizer for a model with layers from above
  * the runtime; `layers` NULL builds dense models only (a config with
  * moe.num_experts > 0 then is DSC_ERR_UNSUPPORTED). */
-dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
+DSC_API dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
                                           const dsc_trainer_layers *layers, dsc_trainer **out);
-void dsc_trainer_destroy(dsc_trainer *t);
-dsc_engine *dsc_trainer_engine(dsc_trainer *t);
-dsc_param_store *dsc_trainer_params(dsc_trainer *t);
-dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
-int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
+DSC_API void dsc_trainer_destroy(dsc_trainer *t);
+DSC_API dsc_engine *dsc_trainer_engine(dsc_trainer *t);
+DSC_API dsc_param_store *dsc_trainer_params(dsc_trainer *t);
+DSC_API dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
+DSC_API int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
 /* The stream stochastic layers draw from (part of the state a resume restores). */
-dsc_rng *dsc_trainer_rng(dsc_trainer *t);
+DSC_API dsc_rng *dsc_trainer_rng(dsc_trainer *t);
 /* The model's layers on this rank, forward order. */
-dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count);
+DSC_API dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count);
 
 /* Continues `prompt` (n_prompt >= 1 ids) by n_new tokens, recomputing the
  * whole (cropped to seq_len) context for every token: greedy when
  * temperature <= 0, else sampling from softmax(logits / temperature) with a
  * stream seeded by `seed`. out receives n_prompt + n_new ids. */
-dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+DSC_API dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                                 uint64_t seed, int32_t *out);
 
 #ifdef __cplusplus

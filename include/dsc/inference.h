@@ -12,7 +12,8 @@
  * a Policy parses the architecture's config, chooses the containers and
  * names the transformer-layer prefix and the ignored tensors; policies are
  * found by architecture name in a registry whose registration validates
- * every mapping table.
+ * every mapping table. The policy registry is process-global and unlocked:
+ * register policies from one thread before engines are created from others.
  *
  * Models load whole or as one tensor-parallel shard per rank (the plan is
  * dsc/tp.h's); a sharded engine samples over the vocabulary-parallel logits
@@ -27,6 +28,7 @@
 #ifndef DSC_INFERENCE_H
 #define DSC_INFERENCE_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -179,7 +181,7 @@ typedef struct dsc_container_def {
  * is mapped exactly once, per-expert targets have exactly one `*` in the
  * source and others none, slot names and roles are distinct. The error
  * names the container and the entry. */
-dsc_status dsc_container_def_validate(const dsc_container_def *def);
+DSC_API dsc_status dsc_container_def_validate(const dsc_container_def *def);
 
 /* ---- policies and their registry ------------------------------------------------------------ */
 typedef struct dsc_policy {
@@ -200,13 +202,13 @@ typedef struct dsc_policy {
 /* Validates both containers, then adds the policy (the struct must outlive
  * the registry). An invalid table or a taken name is DSC_ERR_INVALID naming
  * the policy and the entry; nothing is registered. */
-dsc_status dsc_policy_register(const dsc_policy *policy);
+DSC_API dsc_status dsc_policy_register(const dsc_policy *policy);
 /* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
  * Qwen2ForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, gpt-moe and
  * mixtral. Idempotent. */
-dsc_status dsc_policy_register_builtin(void);
+DSC_API dsc_status dsc_policy_register_builtin(void);
 /* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
-dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);
+DSC_API dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);
 
 /* ---- models ----------------------------------------------------------------------------------- */
 typedef struct dsc_infer_model dsc_infer_model;
@@ -228,13 +230,13 @@ typedef struct dsc_tensor_source {
  * DSC_ERR_CORRUPT naming it; a shape mismatch names tensor, expected and
  * found), finalizes, and checks nothing is missing (naming the first
  * checkpoint tensor that is). */
-dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
+DSC_API dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
                                  const dsc_tensor_source *src, dsc_infer_model **out);
 /* Loads a Hugging Face directory (config.json + model.safetensors or a
  * sharded index), or a dsc training checkpoint (save_dir, save_dir/<tag>,
  * or a state.h5; model parameters only). Single-process: uses MPI_COMM_SELF
  * for HDF5, so MPI must be initialised for dsc checkpoints. */
-dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out);
+DSC_API dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out);
 
 /* Tensor parallelism (AutoTP, dsc/tp.h): each rank of `comm` loads only
  * its shard (query/KV heads, feed-forward columns and vocabulary rows of
@@ -254,9 +256,9 @@ typedef struct dsc_infer_tp {
     bool no_name_rules; /* partition_config.use_default_specs = false */
 } dsc_infer_tp;
 
-dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);
+DSC_API dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);
 /* The plan alone (no ranks, no weights read): what --print-plan prints. */
-dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);
+DSC_API dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);
 /* The keys of a DeepSpeed inference config (init_inference / the JSON file
  * of `dsc-generate --config`) that dsc implements:
  *   tensor_parallel.tp_size, tensor_parallel.tp_grain_size (64),
@@ -274,29 +276,29 @@ typedef struct dsc_infer_ds_config {
     char **owned_patterns;
 } dsc_infer_ds_config;
 
-dsc_status dsc_infer_ds_config_parse(const char *json, const char *source, dsc_infer_ds_config *out);
+DSC_API dsc_status dsc_infer_ds_config_parse(const char *json, const char *source, dsc_infer_ds_config *out);
 /* Reads and parses the file `path` (NULL: the defaults). */
-dsc_status dsc_infer_ds_config_load(const char *path, dsc_infer_ds_config *out);
-void dsc_infer_ds_config_free(dsc_infer_ds_config *c);
+DSC_API dsc_status dsc_infer_ds_config_load(const char *path, dsc_infer_ds_config *out);
+DSC_API void dsc_infer_ds_config_free(dsc_infer_ds_config *c);
 
 /* This rank's vocabulary rows [*v0, *v0 + *nv) (the whole vocabulary without TP). */
-void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t *nv);
+DSC_API void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t *nv);
 /* Seconds this rank spent in tensor-parallel all-reduces since the load. */
-double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
-void dsc_infer_model_destroy(dsc_infer_model *m);
+DSC_API double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
+DSC_API void dsc_infer_model_destroy(dsc_infer_model *m);
 /* The tokenizer of a model loaded from `path`: `tokenizer` (a tokenizer.json)
  * when given; the byte tokenizer for dsc checkpoints; path/tokenizer.json
  * for Hugging Face directories; *out NULL (no error) when there is none. */
-dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
+DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
                                           dsc_tokenizer **out);
-const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
+DSC_API const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
-const char *dsc_infer_model_arch(const dsc_infer_model *m);
+DSC_API const char *dsc_infer_model_arch(const dsc_infer_model *m);
 /* Bytes of the finalized weight arena. */
-size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
+DSC_API size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
 /* A finalized parameter of layer `layer` (-1: the non-transformer
  * container), as a view into the arena; DSC_ERR_INVALID when absent. */
-dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role, dsc_tensor *out);
+DSC_API dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role, dsc_tensor *out);
 
 /* ---- engine ----------------------------------------------------------------------------------------- */
 typedef struct dsc_infer_engine dsc_infer_engine;
@@ -313,40 +315,40 @@ typedef struct dsc_infer_engine_config {
 
 /* Defaults: block 16, 64 MiB of f32 KV, 64 sequences, context = the
  * model's (at most 4096), 512 tokens and 64 sequences per forward. */
-dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
+DSC_API dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
 /* The engine borrows the model (it must outlive the engine). */
-dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out);
-void dsc_infer_engine_destroy(dsc_infer_engine *e);
-const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
-int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);
+DSC_API dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out);
+DSC_API void dsc_infer_engine_destroy(dsc_infer_engine *e);
+DSC_API const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
+DSC_API int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);
 /* Columns of the logits put() writes: the vocabulary, or this rank's slice of it under TP. */
-int32_t dsc_infer_engine_logits_width(const dsc_infer_engine *e);
+DSC_API int32_t dsc_infer_engine_logits_width(const dsc_infer_engine *e);
 /* The next token from one row of put()'s logits (logits_width values):
  * dsc_sample's rules; under TP every rank of the group calls it with its
  * slice and the same params, history and rng state, and all get the same
  * token (candidates are merged across ranks, never a whole row). */
-dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const dsc_sampling_params *params,
+DSC_API dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const dsc_sampling_params *params,
                                    const int32_t *history, int64_t n_history, dsc_rng *rng, int32_t *token);
 
 /* One forward over a ragged batch: n distinct uids, tokens[i] (counts[i] ids)
  * appended to each sequence; logits (n, logits_width) of each sequence's last new
  * token. A batch that does not fit is an error naming the reason
  * (dsc_sched_result) and changes nothing. */
-dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
+DSC_API dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
                                 const int32_t *counts, float *logits);
 /* Side-effect free: whether the batch (uids, lengths) could run now. */
-dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
+DSC_API dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
                                                const int64_t *lengths, int32_t n);
 /* Side-effect free: how many of max_tokens fit for uid with at most
  * max_blocks new blocks, and the blocks they need. */
-void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
+DSC_API void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
                             int64_t *tokens_out, int32_t *blocks_out);
 /* Frees uid's KV blocks and slot; an unknown uid is DSC_ERR_INVALID. */
-dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid);
-int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e);
-int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e);
+DSC_API dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid);
+DSC_API int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e);
+DSC_API int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e);
 /* Tokens in the cache for uid (0 when untracked). */
-int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid);
+DSC_API int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid);
 
 /* ---- scheduler (Dynamic SplitFuse continuous batching) -------------------------------------- */
 typedef struct dsc_scheduler dsc_scheduler;
@@ -368,7 +370,7 @@ typedef struct dsc_scheduler_config {
     bool static_batching;
 } dsc_scheduler_config;
 
-dsc_scheduler_config dsc_scheduler_config_default(const dsc_infer_engine *e);
+DSC_API dsc_scheduler_config dsc_scheduler_config_default(const dsc_infer_engine *e);
 
 typedef struct dsc_gen_request {
     uint64_t uid;
@@ -395,24 +397,24 @@ typedef struct dsc_scheduler_stats {
     double kv_utilisation_peak;
 } dsc_scheduler_stats;
 
-dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_token_callback cb,
+DSC_API dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_token_callback cb,
                                 void *user, dsc_scheduler **out);
-void dsc_scheduler_destroy(dsc_scheduler *s);
+DSC_API void dsc_scheduler_destroy(dsc_scheduler *s);
 /* Queues a request. A uid in use, an empty prompt, or a request that could
  * never fit (prompt + max_new_tokens beyond max_context or the whole KV
  * cache) is DSC_ERR_INVALID naming the uid and the reason. */
-dsc_status dsc_scheduler_submit(dsc_scheduler *s, const dsc_gen_request *req);
+DSC_API dsc_status dsc_scheduler_submit(dsc_scheduler *s, const dsc_gen_request *req);
 /* One forward; *idle is set when nothing was left to run. */
-dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle);
+DSC_API dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle);
 /* Steps until every submitted request has finished. */
-dsc_status dsc_scheduler_run(dsc_scheduler *s);
-const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s);
+DSC_API dsc_status dsc_scheduler_run(dsc_scheduler *s);
+DSC_API const dsc_scheduler_stats *dsc_scheduler_get_stats(const dsc_scheduler *s);
 /* Seconds from submit to first token of uid (negative when none yet). */
-double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid);
+DSC_API double dsc_scheduler_ttft(const dsc_scheduler *s, uint64_t uid);
 /* Inside the token callback only: the logits row the reported token was
  * sampled from (before temperature and filters; the engine's logits width,
  * this rank's vocabulary slice under TP); NULL elsewhere. */
-const float *dsc_scheduler_token_logits(const dsc_scheduler *s);
+DSC_API const float *dsc_scheduler_token_logits(const dsc_scheduler *s);
 
 typedef struct dsc_scheduler_counts {
     int32_t waiting;   /* queued, including preempted ones */
@@ -421,12 +423,12 @@ typedef struct dsc_scheduler_counts {
     int32_t finished; /* done but not yet released */
 } dsc_scheduler_counts;
 
-dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s);
+DSC_API dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s);
 /* Forgets uid whatever its state (waiting, running, finished), freeing its
  * KV blocks: how a server cancels a request, and how it drops a finished
  * one (finished requests are otherwise kept, e.g. for dsc_scheduler_ttft).
  * Not from inside the token callback. An unknown uid is DSC_ERR_INVALID. */
-dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid);
+DSC_API dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid);
 
 #ifdef __cplusplus
 }

@@ -15,10 +15,17 @@
  *
  * Dimension letters: N rows (B*T tokens), C channels, OC output channels,
  * B batch, T sequence, NH query heads, NKV key/value heads, HS head size,
- * V vocabulary, BT batch count of a batched GEMM. */
+ * V vocabulary, BT batch count of a batched GEMM.
+ *
+ * Thread-safety: calls on distinct tensors may come from several threads.
+ * On a CUDA device every call is queued on that device's one compute stream
+ * (in the order the calls are made); results that come back to the host
+ * (sums, finiteness, id errors) synchronise it. dsc_kernels_set_num_threads
+ * sets one process-global count: call it before starting threads. */
 #ifndef DSC_KERNELS_H
 #define DSC_KERNELS_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -30,53 +37,53 @@ extern "C" {
 #endif
 
 /* Threads used by CPU kernels: DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores. */
-void dsc_kernels_set_num_threads(int n);
-int dsc_kernels_get_num_threads(void);
+DSC_API void dsc_kernels_set_num_threads(int n);
+DSC_API int dsc_kernels_get_num_threads(void);
 
 /* ---- matrix products ------------------------------------------------------
  * out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows).
  * 2-D: a (M, K) or (K, M) when trans_a; b (K, N) or (N, K) when trans_b; out (M, N).
  * 3-D: the same per leading batch index (BT, ., .) — a batched GEMM; bias (N) or NULL.
  * beta = 1 accumulates into out. */
-dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b, const dsc_tensor *bias,
+DSC_API dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b, const dsc_tensor *bias,
                            bool trans_a, bool trans_b, float alpha, float beta);
 
 /* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC).
  * x and y may also be (..., C) and (..., OC) with equal leading dimensions. */
-dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
+DSC_API dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                      const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
  * dbias (OC) += sum_rows dy (NULL to skip). */
-dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
+DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
                                       const dsc_tensor *x, const dsc_tensor *w);
 
 /* ---- normalisation --------------------------------------------------------
  * x, out (N, C) (or (..., C), N = numel / C); weight (C); bias (C) or NULL;
  * mean, rstd (N) saved for backward (may be NULL in forward when no backward
  * follows). In backward dx is overwritten; dweight, dbias accumulate (NULL to skip). */
-dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
+DSC_API dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
                                         const dsc_tensor *weight, const dsc_tensor *bias, float eps);
-dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
+DSC_API dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
                                          const dsc_tensor *dout, const dsc_tensor *x, const dsc_tensor *weight,
                                          const dsc_tensor *mean, const dsc_tensor *rstd);
 /* RMSNorm: out = x * rstd * weight; rstd (N) saved. */
-dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const dsc_tensor *x,
+DSC_API dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const dsc_tensor *x,
                                       const dsc_tensor *weight, float eps);
-dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweight, const dsc_tensor *dout,
+DSC_API dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweight, const dsc_tensor *dout,
                                        const dsc_tensor *x, const dsc_tensor *weight, const dsc_tensor *rstd);
 
 /* ---- activations (elementwise, any shape) ----------------------------------
  * GELU is the tanh approximation (GPT-2's). SwiGLU: out = silu(gate) * up. */
-dsc_status dsc_kernel_gelu_forward(dsc_tensor *out, const dsc_tensor *x);
-dsc_status dsc_kernel_gelu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
-dsc_status dsc_kernel_silu_forward(dsc_tensor *out, const dsc_tensor *x);
-dsc_status dsc_kernel_silu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
-dsc_status dsc_kernel_swiglu_forward(dsc_tensor *out, const dsc_tensor *gate, const dsc_tensor *up);
-dsc_status dsc_kernel_swiglu_backward(dsc_tensor *dgate, dsc_tensor *dup, const dsc_tensor *dout,
+DSC_API dsc_status dsc_kernel_gelu_forward(dsc_tensor *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_gelu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_silu_forward(dsc_tensor *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_silu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_swiglu_forward(dsc_tensor *out, const dsc_tensor *gate, const dsc_tensor *up);
+DSC_API dsc_status dsc_kernel_swiglu_backward(dsc_tensor *dgate, dsc_tensor *dup, const dsc_tensor *dout,
                                       const dsc_tensor *gate, const dsc_tensor *up);
 
 /* Row softmax over the last dimension: x, out (N, C); out may alias x. */
-dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
 
 /* ---- attention --------------------------------------------------------------
  * Causal self-attention with online softmax over key blocks, so no more than a
@@ -84,10 +91,10 @@ dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
  * query head h reads key/value head h / (NH / NKV).
  * q, out (B, T, NH, HS); k, v (B, T, NKV, HS); lse (B, NH, T) log-sum-exp of
  * each query row, saved for backward. Scale is 1/sqrt(HS). */
-dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
+DSC_API dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
                                         const dsc_tensor *v);
 /* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS) are overwritten. */
-dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_tensor *dv, const dsc_tensor *dout,
+DSC_API dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_tensor *dv, const dsc_tensor *dout,
                                          const dsc_tensor *q, const dsc_tensor *k, const dsc_tensor *v,
                                          const dsc_tensor *out, const dsc_tensor *lse);
 
@@ -96,16 +103,16 @@ dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_ten
  * (i, i + HS/2) as Llama / Hugging Face do; freq_i = theta^(-2i/HS).
  * `inverse` rotates by the negative angle, which is RoPE's backward.
  * out may alias x. */
-dsc_status dsc_kernel_rope(dsc_tensor *out, const dsc_tensor *x, const dsc_tensor *positions, float theta,
+DSC_API dsc_status dsc_kernel_rope(dsc_tensor *out, const dsc_tensor *x, const dsc_tensor *positions, float theta,
                            bool inverse);
 
 /* ---- embeddings ---------------------------------------------------------------
  * tokens (B, T) i32; wte (V, C); wpe (Tmax, C) or NULL; out (B, T, C).
  * Token ids outside [0, V) are an error naming the first bad id. */
-dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
+DSC_API dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
                                         const dsc_tensor *wpe);
 /* dwte (V, C) and dwpe (Tmax, C) (NULL to skip) accumulate by scatter-add. */
-dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
+DSC_API dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
                                          const dsc_tensor *tokens);
 
 /* ---- fused softmax + cross-entropy ------------------------------------------------
@@ -113,43 +120,43 @@ dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, con
  * losses (N) per-row loss.
  * Backward: dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss; dlogits
  * may alias logits (saves a (N, V) buffer). */
-dsc_status dsc_kernel_cross_entropy_forward(dsc_tensor *losses, const dsc_tensor *logits,
+DSC_API dsc_status dsc_kernel_cross_entropy_forward(dsc_tensor *losses, const dsc_tensor *logits,
                                             const dsc_tensor *targets);
-dsc_status dsc_kernel_cross_entropy_backward(dsc_tensor *dlogits, const dsc_tensor *logits,
+DSC_API dsc_status dsc_kernel_cross_entropy_backward(dsc_tensor *dlogits, const dsc_tensor *logits,
                                              const dsc_tensor *targets, float dloss);
 
 /* ---- optimizer updates (flat f32 vectors of equal length) ------------------------
  * AdamW with bias correction at `step` (1-based); decoupled weight decay. */
-dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq,
+DSC_API dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq,
                             float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
 /* SGD with momentum (PyTorch semantics: buf = momentum*buf + grad (+wd*param);
  * first step buf = grad); momentum 0 is plain SGD. */
-dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *momentum_buf, float lr,
+DSC_API dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *momentum_buf, float lr,
                           float momentum, float weight_decay, int64_t step);
 
 /* Lion (Chen et al. 2023, DeepSpeed's FusedLion): c = b1*m + (1-b1)*g;
  * p = p*(1 - lr*wd) - lr*sign(c); m = b2*m + (1-b2)*g. */
-dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr, float beta1,
+DSC_API dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr, float beta1,
                            float beta2, float weight_decay);
 /* The first half of LAMB as DeepSpeed's FusedLamb computes it: m and v
  * updated as in Adam (no bias correction here), then
  * update = m / (sqrt(v) + eps) + wd * p. `update` may alias `grad`. The
  * caller scales update by the trust ratio ||p|| / ||update|| of the whole
  * parameter (which may span ranks) and applies it with dsc_kernel_axpy. */
-dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
+DSC_API dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
                                      dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2, float eps,
                                      float weight_decay);
 
 /* ---- reductions and elementwise helpers (f32, any shape) --------------------------- */
 /* Sum of squares in double precision (the global gradient norm is sqrt of the sum over tensors). */
-dsc_status dsc_kernel_sum_squares(double *out, const dsc_tensor *x);
-dsc_status dsc_kernel_sum(double *out, const dsc_tensor *x);
-dsc_status dsc_kernel_scale(dsc_tensor *x, float s);                            /* x *= s */
-dsc_status dsc_kernel_axpy(dsc_tensor *y, float a, const dsc_tensor *x);       /* y += a*x */
-dsc_status dsc_kernel_add(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b); /* out = a + b */
-dsc_status dsc_kernel_zero(dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_sum_squares(double *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_sum(double *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_scale(dsc_tensor *x, float s);                            /* x *= s */
+DSC_API dsc_status dsc_kernel_axpy(dsc_tensor *y, float a, const dsc_tensor *x);       /* y += a*x */
+DSC_API dsc_status dsc_kernel_add(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b); /* out = a + b */
+DSC_API dsc_status dsc_kernel_zero(dsc_tensor *x);
 /* True when every element is finite. */
-dsc_status dsc_kernel_all_finite(bool *out, const dsc_tensor *x);
+DSC_API dsc_status dsc_kernel_all_finite(bool *out, const dsc_tensor *x);
 
 #ifdef __cplusplus
 }

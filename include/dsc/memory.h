@@ -4,10 +4,16 @@
  * category, so memory claims (ZeRO's formulas, KV-cache budgets) are proven
  * from counters rather than estimated. Counters are per process (= per rank)
  * and track current and peak bytes per category and in total. Callers pass
- * the size and category back on free, as ggml-style explicit ownership. */
+ * the size and category back on free, as ggml-style explicit ownership.
+ *
+ * Thread-safety: the counters are process-global atomics, so allocation,
+ * accounting and dsc_mem_get_stats are safe from any thread (a snapshot is
+ * not atomic across categories). Allocation on a device creates its backend
+ * object on first use, under the registry's lock (core/backend.h). */
 #ifndef DSC_MEMORY_H
 #define DSC_MEMORY_H
 
+#include "dsc/api.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,21 +54,21 @@ typedef struct dsc_mem_stats {
 #define DSC_MEM_ALIGN 256
 
 /* Zero-filled allocation of `bytes` on `device`, counted under `category`. */
-dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, dsc_device device);
-void dsc_mem_free(void *ptr, size_t bytes, dsc_mem_category category, dsc_device device);
+DSC_API dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, dsc_device device);
+DSC_API void dsc_mem_free(void *ptr, size_t bytes, dsc_mem_category category, dsc_device device);
 
 /* For memory obtained elsewhere (e.g. a library's buffers) that should still be counted. */
-void dsc_mem_account(dsc_mem_category category, int64_t delta_bytes);
+DSC_API void dsc_mem_account(dsc_mem_category category, int64_t delta_bytes);
 
-void dsc_mem_get_stats(dsc_mem_stats *out);
-void dsc_mem_reset_peaks(void);
-const char *dsc_mem_category_name(dsc_mem_category category);
-const char *dsc_device_name(dsc_device device, char *buf, size_t len); /* "cpu", "cuda:1" */
+DSC_API void dsc_mem_get_stats(dsc_mem_stats *out);
+DSC_API void dsc_mem_reset_peaks(void);
+DSC_API const char *dsc_mem_category_name(dsc_mem_category category);
+DSC_API const char *dsc_device_name(dsc_device device, char *buf, size_t len); /* "cpu", "cuda:1" */
 
 /* Number of CUDA devices visible (0 when CUDA is not built or none is present). */
-int dsc_cuda_device_count(void);
+DSC_API int dsc_cuda_device_count(void);
 /* Waits until all work queued on `device` is done (nothing to wait for on the CPU). */
-dsc_status dsc_device_synchronize(dsc_device device);
+DSC_API dsc_status dsc_device_synchronize(dsc_device device);
 
 #ifdef __cplusplus
 }

@@ -4,10 +4,15 @@
  * to factories. The runtime registers the dense types ("embedding", "block",
  * "lm_head"); moe/ registers "moe_block"; apps call the registration
  * functions they need. The pipeline cuts the spec list into stages and builds
- * only its stage's layers, so each rank allocates only what it runs. */
+ * only its stage's layers, so each rank allocates only what it runs.
+ *
+ * Thread-safety: the layer-type registry is process-global and unlocked:
+ * register types from one thread before any thread builds models; lookups
+ * afterwards only read it. */
 #ifndef DSC_MODEL_H
 #define DSC_MODEL_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -46,11 +51,11 @@ typedef struct dsc_model_config {
 } dsc_model_config;
 
 /* Defaults for an architecture (GPT-2 small-ish shapes scaled down). */
-void dsc_model_config_defaults(dsc_model_config *mc, dsc_model_arch arch);
+DSC_API void dsc_model_config_defaults(dsc_model_config *mc, dsc_model_arch arch);
 /* Checks the shape relations (C % NH, NH % NKV, HS even for RoPE, ...). */
-dsc_status dsc_model_config_validate(const dsc_model_config *mc);
-const char *dsc_model_arch_name(dsc_model_arch arch);
-dsc_status dsc_model_arch_from_name(const char *name, dsc_model_arch *out);
+DSC_API dsc_status dsc_model_config_validate(const dsc_model_config *mc);
+DSC_API const char *dsc_model_arch_name(dsc_model_arch arch);
+DSC_API dsc_status dsc_model_arch_from_name(const char *name, dsc_model_arch *out);
 
 #define DSC_LAYER_TYPE_MAX 32
 
@@ -61,7 +66,7 @@ typedef struct dsc_layer_spec {
 
 /* The ordered spec list of a model: embedding, n_layer blocks ("moe_block" for
  * every moe_layer_freq-th block of MoE archs), lm_head. Release with free(). */
-dsc_status dsc_model_specs(const dsc_model_config *mc, dsc_layer_spec **specs, int *count);
+DSC_API dsc_status dsc_model_specs(const dsc_model_config *mc, dsc_layer_spec **specs, int *count);
 
 typedef struct dsc_build_ctx dsc_build_ctx;
 typedef dsc_status (*dsc_layer_factory)(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
@@ -81,11 +86,11 @@ struct dsc_build_ctx {
     dsc_layer_factory attention;
 };
 
-dsc_status dsc_layer_register(const char *type, dsc_layer_factory factory);
+DSC_API dsc_status dsc_layer_register(const char *type, dsc_layer_factory factory);
 /* Builds spec's layer type (its "tp_" variant when ctx->tp is set and the variant is registered). */
-dsc_status dsc_layer_build(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+DSC_API dsc_status dsc_layer_build(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
 /* Registers "embedding", "block" and "lm_head". Idempotent. */
-dsc_status dsc_nn_register_dense_layers(void);
+DSC_API dsc_status dsc_nn_register_dense_layers(void);
 
 /* The pre-norm transformer block of spec->block, x + attn(norm1(x)) then
  * x + ffn(norm2(x)), with `ffn` as its feed-forward part: a layer mapping
@@ -96,19 +101,19 @@ dsc_status dsc_nn_register_dense_layers(void);
  * copy. With activation checkpointing the block runs ffn on slot 0 only
  * (reserved with one slot) and calls its forward a second time, for the same
  * micro-batch, inside backward. */
-dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
+DSC_API dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
                             dsc_layer **out);
 
 /* The feed-forward layer of a block made by dsc_block_create (how moe/ finds
  * its MoE layer inside a "moe_block"), or NULL when `layer` is not a block. */
-dsc_layer *dsc_block_ffn(const dsc_layer *layer);
+DSC_API dsc_layer *dsc_block_ffn(const dsc_layer *layer);
 
 /* Logits (b, t, V) of the lm_head's last forward on `slot`, as a view. A
  * forward with ctx->targets == NULL computes logits only (no loss; *out is
  * the logits view), which is what generation needs. The view is gone once
  * the slot's backward ran (the gradient overwrites it) or another slot's
  * forward reused the buffer; asking then is an error. */
-dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits);
+DSC_API dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,7 @@
 #ifndef DSC_MOE_H
 #define DSC_MOE_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,21 +72,21 @@ typedef struct dsc_moe_experts dsc_moe_experts;
 /* Declares the parameters "<prefix>[.<index>].{fc,proj}.{weight,bias}" (GELU)
  * or "...{gate,up,down}.weight" (SwiGLU), kind by kind so that a kind's
  * tensors of consecutive experts lie back to back in the flat buffer. */
-dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix, dsc_param_store *store,
+DSC_API dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix, dsc_param_store *store,
                                   dsc_device device, dsc_moe_experts **out);
-void dsc_moe_experts_destroy(dsc_moe_experts *x);
+DSC_API void dsc_moe_experts_destroy(dsc_moe_experts *x);
 /* Activation storage for `slots` pending calls of at most `rows` rows per FFN.
  * Call after dsc_params_finalize. */
-dsc_status dsc_moe_experts_reserve(dsc_moe_experts *x, int slots, int64_t rows);
+DSC_API dsc_status dsc_moe_experts_reserve(dsc_moe_experts *x, int slots, int64_t rows);
 /* out (count, R, M) = FFN_e(in (count, R, M)) for every e. `in` must stay
  * unchanged until the slot's backward (the bank keeps a view). */
-dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tensor *in, dsc_tensor *out);
+DSC_API dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tensor *in, dsc_tensor *out);
 /* din (count, R, M) is overwritten; parameter gradients accumulate
  * grad_scale times the gradient of sum(dout * out). */
-dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
+DSC_API dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
                                     float grad_scale);
-int dsc_moe_experts_param_count(const dsc_moe_experts *x);
-dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x);
+DSC_API int dsc_moe_experts_param_count(const dsc_moe_experts *x);
+DSC_API dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x);
 
 /* ---- the MoE layer ---------------------------------------------------------------- */
 
@@ -99,18 +100,18 @@ typedef struct dsc_moe_options {
 /* The config's moe section as layer options: GELU experts for gpt-moe,
  * SwiGLU for mixtral; errors name the config key (moe.k > moe.num_experts,
  * moe.capacity_factor <= 0, ...). */
-dsc_status dsc_moe_options_from_config(const dsc_config_moe *cfg, dsc_model_arch arch, dsc_moe_options *out);
+DSC_API dsc_status dsc_moe_options_from_config(const dsc_config_moe *cfg, dsc_model_arch arch, dsc_moe_options *out);
 
 /* Checks an expert-parallel layout before any group exists: ep_size >= 1
  * dividing both the number of experts and the ranks that share experts
  * (`ranks`: the world, or one pipeline stage). */
-dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks);
+DSC_API dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks);
 
 /* The MoE feed-forward layer of block `block`, named "layers.<block>.moe",
  * with the experts of this rank's position in `ep` (NULL or size 1: all E
  * experts local). Widths and initialisation come from `mc` (d_model, d_ff,
  * init_std, n_layer). */
-dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config *mc, int block,
+DSC_API dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config *mc, int block,
                                 dsc_param_store *store, dsc_device device, dsc_comm *ep, dsc_layer **out);
 
 /* Where the layer's time goes (forward and backward together). */
@@ -123,7 +124,7 @@ typedef enum dsc_moe_phase {
     DSC_MOE_PHASE_COUNT
 } dsc_moe_phase;
 
-const char *dsc_moe_phase_name(dsc_moe_phase phase); /* "gate", "dispatch", ... */
+DSC_API const char *dsc_moe_phase_name(dsc_moe_phase phase); /* "gate", "dispatch", ... */
 
 /* Per-expert load of the layer's forwards (training and eval) on THIS rank's
  * tokens since the last reset, and the time per phase; the arrays are the
@@ -144,14 +145,14 @@ typedef struct dsc_moe_stats {
 
 /* `layer` is a MoE layer or a block whose feed-forward part is one (what the
  * "moe_block" factory builds); anything else is DSC_ERR_INVALID. */
-dsc_status dsc_moe_stats_get(const dsc_layer *layer, dsc_moe_stats *out);
-dsc_status dsc_moe_stats_reset(dsc_layer *layer);
+DSC_API dsc_status dsc_moe_stats_get(const dsc_layer *layer, dsc_moe_stats *out);
+DSC_API dsc_status dsc_moe_stats_reset(dsc_layer *layer);
 
 /* Collective over `world`: sums the per-expert stats (routes chosen, kept,
  * dropped) of the MoE layers among `layers` (this rank's, any others are
  * skipped) over every rank and prints one line per MoE layer of the L-block
  * model on rank 0: "layers.i:  e0 chosen/kept/dropped (share%) ...". */
-dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *layers, int n, FILE *out);
+DSC_API dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *layers, int n, FILE *out);
 
 /* ---- the "moe_block" layer type ------------------------------------------------------ */
 
@@ -163,7 +164,7 @@ typedef struct dsc_moe_build_extra {
 
 /* Registers "moe_block": a pre-norm block (dsc_block_create) whose
  * feed-forward part is the MoE layer. Idempotent. */
-dsc_status dsc_moe_register_layers(void);
+DSC_API dsc_status dsc_moe_register_layers(void);
 
 #ifdef __cplusplus
 }

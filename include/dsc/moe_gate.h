@@ -20,6 +20,7 @@
 #ifndef DSC_MOE_GATE_H
 #define DSC_MOE_GATE_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -56,16 +57,16 @@ typedef struct dsc_moe_gate_config {
 /* DeepSpeed's MoE defaults: k=1, capacity factors 1.0, min_capacity 4,
  * drop_tokens, probs policy, no noise, use_rts and second-expert sampling on;
  * aux_loss_coef 0.01 (Megatron-DeepSpeed's recommendation), z-loss off. */
-dsc_moe_gate_config dsc_moe_gate_config_default(void);
+DSC_API dsc_moe_gate_config dsc_moe_gate_config_default(void);
 
 /* Checks the configuration against E experts; the error names the field. */
-dsc_status dsc_moe_gate_config_validate(const dsc_moe_gate_config *cfg, int64_t num_experts);
+DSC_API dsc_status dsc_moe_gate_config_validate(const dsc_moe_gate_config *cfg, int64_t num_experts);
 
 /* Configured capacity in drop mode for S tokens and E experts:
  * ceil(S/E * f) computed in float32 as DeepSpeed does, f = the capacity
  * factor (eval factor when !training) times 1 (k=1), 2 (k=2) or k (k>=3),
  * raised to min_capacity. The config must be valid. */
-int64_t dsc_moe_gate_capacity(const dsc_moe_gate_config *cfg, int64_t num_tokens, int64_t num_experts,
+DSC_API int64_t dsc_moe_gate_capacity(const dsc_moe_gate_config *cfg, int64_t num_tokens, int64_t num_experts,
                               bool training);
 
 /* Routes of one forward pass, token-major. Allocate with
@@ -96,8 +97,8 @@ typedef struct dsc_moe_gate_result {
     size_t bytes;
 } dsc_moe_gate_result;
 
-dsc_status dsc_moe_gate_result_alloc(dsc_moe_gate_result *res, int64_t max_tokens, int64_t num_experts, int k);
-void dsc_moe_gate_result_free(dsc_moe_gate_result *res);
+DSC_API dsc_status dsc_moe_gate_result_alloc(dsc_moe_gate_result *res, int64_t max_tokens, int64_t num_experts, int k);
+DSC_API void dsc_moe_gate_result_free(dsc_moe_gate_result *res);
 
 /* No-drop mode: called with the local largest expert load in *capacity; it
  * must replace it with the capacity agreed over the expert-parallel group
@@ -113,7 +114,7 @@ typedef struct dsc_moe_gate_capacity_hook {
  * (RSample, random token selection, second-expert sampling), which draw
  * from `rng` (a DSC_RNG_GATE stream); rng may be NULL when none is enabled.
  * `hook` may be NULL (single rank: the local load is the capacity). */
-dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits, bool training,
+DSC_API dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits, bool training,
                                 dsc_rng *rng, const dsc_moe_gate_capacity_hook *hook, dsc_moe_gate_result *res);
 
 /* Gradient of the router logits, overwriting d_logits (S, E) f32, for
@@ -124,7 +125,7 @@ dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor
  * capacity, counts and routing are constants, as under autograd in DeepSpeed:
  * l_aux gets gradient only through the mean gate probabilities. `res` must
  * come from dsc_moe_gate_forward on the same logits and config. */
-dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits,
+DSC_API dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits,
                                  const dsc_moe_gate_result *res, const dsc_tensor *d_weight, double d_loss,
                                  dsc_tensor *d_logits);
 
@@ -132,7 +133,7 @@ dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tenso
  * U[0.99, 1.01]. The layer calls it when noisy_gate_policy is JITTER and it
  * is training, computes logits = (x * noise) @ Wg^T, and keeps `noise` for
  * the backward pass (dx = (d_logits @ Wg) * noise). */
-dsc_status dsc_moe_gate_jitter(dsc_rng *rng, dsc_tensor *noise);
+DSC_API dsc_status dsc_moe_gate_jitter(dsc_rng *rng, dsc_tensor *noise);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #ifndef DSC_NN_H
 #define DSC_NN_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -72,48 +73,48 @@ typedef struct dsc_param {
 
 typedef struct dsc_param_store dsc_param_store;
 
-dsc_status dsc_params_create(dsc_param_store **out, dsc_device device, uint64_t seed);
-void dsc_params_destroy(dsc_param_store *store);
+DSC_API dsc_status dsc_params_create(dsc_param_store **out, dsc_device device, uint64_t seed);
+DSC_API void dsc_params_destroy(dsc_param_store *store);
 
 /* Declares a parameter. Declaring an existing name with the same shape returns
  * the same parameter (that is how tied weights are shared inside one stage);
  * a different shape is an error naming the parameter. Views are valid only
  * after dsc_params_finalize. */
-dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim, const int64_t *shape,
+DSC_API dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim, const int64_t *shape,
                               uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
 /* Declares this rank's piece [start, start + count) along `axis` of a global
  * tensor of shape `global` (tensor parallelism). Its initial values are that
  * piece of the values the whole tensor gets, so a sharded model starts from
  * the weights of the unsharded one. Redeclaring the same piece returns the
  * same parameter (tied weights); another piece is an error. */
-dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim, const int64_t *global,
+DSC_API dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim, const int64_t *global,
                                     int axis, int64_t start, int64_t count, uint32_t flags, dsc_param_init init,
                                     float init_std, dsc_param **out);
 /* Elements of the global tensor a (possibly sharded) parameter is part of. */
-int64_t dsc_param_global_numel(const dsc_param *param);
+DSC_API int64_t dsc_param_global_numel(const dsc_param *param);
 /* Allocates the flat buffers (params and grads categories), points every
  * parameter at its slice, and initialises values. Initial values depend only
  * on (seed, name), never on the parallel layout. */
-dsc_status dsc_params_finalize(dsc_param_store *store);
+DSC_API dsc_status dsc_params_finalize(dsc_param_store *store);
 
-int dsc_params_count(const dsc_param_store *store);
-dsc_param *dsc_params_at(dsc_param_store *store, int index); /* declaration order */
-dsc_param *dsc_params_find(dsc_param_store *store, const char *name);
+DSC_API int dsc_params_count(const dsc_param_store *store);
+DSC_API dsc_param *dsc_params_at(dsc_param_store *store, int index); /* declaration order */
+DSC_API dsc_param *dsc_params_find(dsc_param_store *store, const char *name);
 /* Flat views of one group's values and grads (numel 0 when the group is empty).
  * Each parameter starts at a multiple of 64 elements (256 bytes, aligned for
  * vector loads on every backend); the gaps are zero in values and grads and
  * stay zero under any elementwise optimizer, so the flat buffers can be
  * reduced and partitioned as a whole. */
-void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *values, dsc_tensor *grads);
-int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
-int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
-dsc_status dsc_params_zero_grads(dsc_param_store *store);
+DSC_API void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *values, dsc_tensor *grads);
+DSC_API int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
+DSC_API int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
+DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
 /* Frees a group's flat value and/or gradient buffer after finalize, for an
  * optimizer that keeps them elsewhere (ZeRO-2 keeps gradient shards, ZeRO-3
  * parameter shards too). The parameters' views of a released buffer get data
  * NULL, which the optimizer repoints around layer calls; dsc_params_flat then
  * returns data NULL for it and dsc_params_zero_grads skips it. */
-dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads);
+DSC_API dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads);
 
 /* ---- layers -------------------------------------------------------------------------- */
 
@@ -164,25 +165,25 @@ struct dsc_layer {
 
 /* `count` f32 activation buffers of one shape, for a layer's slots
  * (released with dsc_buffers_free, which also takes a partial table). */
-dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
-void dsc_buffers_free(dsc_tensor **bufs, int count);
+DSC_API dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
+DSC_API void dsc_buffers_free(dsc_tensor **bufs, int count);
 
 /* y (N, OC) = x (N, C) @ w^T + bias with w (OC, C); bias may be NULL. Tensors of any
  * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
-dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
+DSC_API dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
-dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
+DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
                                      const dsc_tensor *dy, const dsc_tensor *x);
 
-dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
-dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
-dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
+DSC_API dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
+DSC_API dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
+DSC_API dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
                               dsc_micro_ctx *ctx);
-void dsc_layer_destroy(dsc_layer *layer);
+DSC_API void dsc_layer_destroy(dsc_layer *layer);
 /* Records the parameters a layer reads (copied array). */
-dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n);
-int64_t dsc_layer_param_numel(const dsc_layer *layer);
+DSC_API dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n);
+DSC_API int64_t dsc_layer_param_numel(const dsc_layer *layer);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #ifndef DSC_OPTIMIZER_H
 #define DSC_OPTIMIZER_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -47,12 +48,12 @@ typedef struct dsc_optim_hparams {
 
 /* State tensors per parameter element: 2 (exp_avg, exp_avg_sq) for the Adam
  * family and Lamb, 1 for SGD (momentum_buffer) and Lion (exp_avg). */
-int dsc_optim_state_kinds(dsc_optimizer_type type);
+DSC_API int dsc_optim_state_kinds(dsc_optimizer_type type);
 /* The checkpoint name of state tensor `kind` ("exp_avg", "exp_avg_sq", "momentum_buffer"). */
-const char *dsc_optim_state_name(dsc_optimizer_type type, int kind);
+DSC_API const char *dsc_optim_state_name(dsc_optimizer_type type, int kind);
 
 /* The config's optimizer section and gradient_clipping as hparams. */
-void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
+DSC_API void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp);
 
 /* What one step did. */
 typedef struct dsc_optim_stats {
@@ -133,19 +134,19 @@ typedef struct dsc_optimizer_options {
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce
  * (a bucket is reduced as soon as grads_ready has seen all of its
  * parameters), averaging by the group size. */
-dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
+DSC_API dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
 
 /* ---- wrappers (skip NULL hooks) ---------------------------------------------- */
-dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
-dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
-dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
-dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
-dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
+DSC_API dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+DSC_API dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
+DSC_API dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
+DSC_API dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
+DSC_API dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
 /* Sets the betas of the following steps where the implementation has them. */
-void dsc_optimizer_set_betas(dsc_optimizer *opt, float beta1, float beta2);
-int dsc_optimizer_state_count(const dsc_optimizer *opt);
-void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
-void dsc_optimizer_destroy(dsc_optimizer *opt);
+DSC_API void dsc_optimizer_set_betas(dsc_optimizer *opt, float beta1, float beta2);
+DSC_API int dsc_optimizer_state_count(const dsc_optimizer *opt);
+DSC_API void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out);
+DSC_API void dsc_optimizer_destroy(dsc_optimizer *opt);
 
 /* ---- pieces shared by optimizer implementations --------------------------------- */
 
@@ -154,7 +155,7 @@ void dsc_optimizer_destroy(dsc_optimizer *opt);
  * exp_avg_sq for the Adam family and Lamb; momentum_buffer / exp_avg in state0
  * for SGD / Lion, state1 unused) have equal element counts. `decay` selects
  * weight decay; `step` is 1-based. The gradient is scratch afterwards. */
-dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad, dsc_tensor *state0,
+DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad, dsc_tensor *state0,
                             dsc_tensor *state1, float lr, bool decay, int64_t step);
 
 /* Lamb in two halves, for optimizers whose pieces split a parameter over
@@ -162,20 +163,20 @@ dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_
  * piece's sums of squares of value and direction are ADDED to *w_sq, *u_sq;
  * once those are summed over the parameter's pieces (all ranks), apply
  * updates each piece with the parameter's trust ratio. */
-dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tensor *value, dsc_tensor *grad,
+DSC_API dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tensor *value, dsc_tensor *grad,
                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, bool decay, double *w_sq,
                                     double *u_sq);
-dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
+DSC_API dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
                                 int64_t step, double w_sq, double u_sq);
 
 /* Clipping coefficient for a global norm: clip / (norm + 1e-6) when clipping is
  * on and norm exceeds clip, else 1 (PyTorch's clip_grad_norm_). */
-double dsc_optim_clip_coef(double norm, double clip);
+DSC_API double dsc_optim_clip_coef(double norm, double clip);
 
 /* Completes a global norm from this rank's sums of squares: sums `expert_sq`
  * over `ep`, adds `dense_sq`, sums over `pipe` (either comm may be NULL), and
  * returns the square root. Every rank of the groups gets the same value. */
-dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
+DSC_API dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
 
 #ifdef __cplusplus
 }

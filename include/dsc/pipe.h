@@ -19,6 +19,7 @@
 #ifndef DSC_PIPE_H
 #define DSC_PIPE_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,12 +46,12 @@ extern "C" {
 
 /* Stages 0..r-1 get ceil(n/parts) items and the rest floor(n/parts), r = n mod
  * parts; with n <= parts, part p holds item p and the tail parts are empty. */
-void dsc_pipe_partition_uniform(int n, int parts, int *bounds);
+DSC_API void dsc_pipe_partition_uniform(int n, int parts, int *bounds);
 
 /* Contiguous parts of >= 1 item each minimising (heaviest part - lightest
  * part), ties going to the later split point (an O(n^2 parts) dynamic
  * program); falls back to uniform when n <= parts. Weights must be >= 0. */
-dsc_status dsc_pipe_partition_balanced(const double *weights, int n, int parts, int *bounds);
+DSC_API dsc_status dsc_pipe_partition_balanced(const double *weights, int n, int parts, int *bounds);
 
 /* ---- the module ------------------------------------------------------------------- */
 
@@ -66,7 +67,7 @@ typedef struct dsc_pipe_layer_spec {
 /* A model's list: embedding, blocks (moe_block where the model has them),
  * lm_head; with tie_embeddings the embedding and the head are tied on
  * "embed.wte.weight". Release with free(). */
-dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec **layers, int *count);
+DSC_API dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec **layers, int *count);
 
 typedef struct dsc_pipe_module_options {
     const dsc_pipe_layer_spec *layers;
@@ -87,24 +88,24 @@ typedef struct dsc_pipe_module dsc_pipe_module;
  * virtual stage j = c * P + s is chunk c of stage s. More stages than
  * layers, or (v > 1) a layer count not divisible by P * v, is
  * DSC_ERR_CONFIG naming the numbers. The same on every rank. */
-dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_module **out);
-void dsc_pipe_module_destroy(dsc_pipe_module *m);
+DSC_API dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_module **out);
+DSC_API void dsc_pipe_module_destroy(dsc_pipe_module *m);
 
-int dsc_pipe_module_stages(const dsc_pipe_module *m);
-int dsc_pipe_module_chunks(const dsc_pipe_module *m);
-int dsc_pipe_module_layer_count(const dsc_pipe_module *m);
-int64_t dsc_pipe_module_width(const dsc_pipe_module *m);
-const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index);
+DSC_API int dsc_pipe_module_stages(const dsc_pipe_module *m);
+DSC_API int dsc_pipe_module_chunks(const dsc_pipe_module *m);
+DSC_API int dsc_pipe_module_layer_count(const dsc_pipe_module *m);
+DSC_API int64_t dsc_pipe_module_width(const dsc_pipe_module *m);
+DSC_API const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index);
 /* Layers [*first, *end) of chunk `chunk` of stage `stage`. */
-void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end);
+DSC_API void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end);
 /* Trainable parameter elements of every layer (tied copies each counted) and
  * of the model with each parameter once. */
-int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index);
-int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m);
+DSC_API int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index);
+DSC_API int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m);
 
 /* The partition summary: per stage its layers (per chunk), parameters and
  * estimated activation bytes per micro-batch of (B, T) tokens. */
-void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t T, FILE *fp);
+DSC_API void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t T, FILE *fp);
 
 /* ---- the stage: the layers one rank builds ------------------------------------------ */
 
@@ -112,14 +113,14 @@ typedef struct dsc_pipe_stage dsc_pipe_stage;
 
 /* Builds the layers of stage `stage_id` (every chunk) into `params`, which
  * the caller finalizes afterwards. */
-dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_param_store *params, dsc_device device,
+DSC_API dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_param_store *params, dsc_device device,
                                 dsc_pipe_stage **out);
-void dsc_pipe_stage_destroy(dsc_pipe_stage *s);
-int dsc_pipe_stage_id(const dsc_pipe_stage *s);
+DSC_API void dsc_pipe_stage_destroy(dsc_pipe_stage *s);
+DSC_API int dsc_pipe_stage_id(const dsc_pipe_stage *s);
 /* Every local layer, chunk by chunk in forward order (for the optimizer). */
-dsc_layer *const *dsc_pipe_stage_layers(const dsc_pipe_stage *s, int *count);
+DSC_API dsc_layer *const *dsc_pipe_stage_layers(const dsc_pipe_stage *s, int *count);
 /* The layers of one chunk, in forward order. */
-dsc_layer *const *dsc_pipe_stage_chunk(const dsc_pipe_stage *s, int chunk, int *count);
+DSC_API dsc_layer *const *dsc_pipe_stage_chunk(const dsc_pipe_stage *s, int chunk, int *count);
 
 /* ---- tied weights --------------------------------------------------------------------- */
 
@@ -128,16 +129,16 @@ typedef struct dsc_pipe_tied dsc_pipe_tied;
 /* Collective over `pipe` (the stages of one pipeline, comm rank = stage):
  * for each tied name, in sorted order, a communicator over the stages
  * holding it. Each tied parameter must be in `params` on those stages. */
-dsc_status dsc_pipe_tied_create(const dsc_pipe_module *m, const dsc_pipe_stage *stage, dsc_comm *pipe,
+DSC_API dsc_status dsc_pipe_tied_create(const dsc_pipe_module *m, const dsc_pipe_stage *stage, dsc_comm *pipe,
                                 dsc_param_store *params, dsc_pipe_tied **out);
-void dsc_pipe_tied_destroy(dsc_pipe_tied *t);
+DSC_API void dsc_pipe_tied_destroy(dsc_pipe_tied *t);
 /* Copies each tied value from the group's lowest stage (after init or restore). */
-dsc_status dsc_pipe_tied_sync_values(dsc_pipe_tied *t);
+DSC_API dsc_status dsc_pipe_tied_sync_values(dsc_pipe_tied *t);
 /* Sums each tied gradient over its group (ReduceTiedGrads). */
-dsc_status dsc_pipe_tied_reduce_grads(dsc_pipe_tied *t);
+DSC_API dsc_status dsc_pipe_tied_reduce_grads(dsc_pipe_tied *t);
 /* dsc_optimizer_options.counts_in_norm: a tied parameter counts only on its
  * group's lowest stage, so the global norm sees it once. ctx is the tied set. */
-bool dsc_pipe_tied_counts_in_norm(const dsc_param *param, void *ctx);
+DSC_API bool dsc_pipe_tied_counts_in_norm(const dsc_param *param, void *ctx);
 
 /* ---- the runner (executor) ------------------------------------------------------------- */
 
@@ -158,12 +159,12 @@ typedef struct dsc_pipe_runner_options {
 /* Reserves the stage's layers for the schedule's buffers and returns the
  * runner. train_batch runs the train schedule; eval_batch runs DeepSpeed's
  * inference schedule (v = 1) or a forward-only pass over the chunk ring. */
-dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_runner **out);
+DSC_API dsc_status dsc_pipe_runner_create(const dsc_pipe_runner_options *o, dsc_batch_runner **out);
 
 /* Collective over the pipe: the logits (V floats, f32) of the last position
  * of one sequence `tokens` (1, t), t <= T, on every stage (for generation;
  * sampling is the caller's). */
-dsc_status dsc_pipe_runner_logits(dsc_batch_runner *r, const dsc_tensor *tokens, dsc_tensor *logits);
+DSC_API dsc_status dsc_pipe_runner_logits(dsc_batch_runner *r, const dsc_tensor *tokens, dsc_tensor *logits);
 
 /* What the instrumentation measured on this rank since the last reset:
  * wall time inside train_batch / eval_batch, of which compute (forward and
@@ -174,8 +175,8 @@ typedef struct dsc_pipe_runner_stats {
 } dsc_pipe_runner_stats;
 
 /* `r` must be a pipeline runner. */
-void dsc_pipe_runner_get_stats(const dsc_batch_runner *r, dsc_pipe_runner_stats *out);
-void dsc_pipe_runner_reset_stats(dsc_batch_runner *r);
+DSC_API void dsc_pipe_runner_get_stats(const dsc_batch_runner *r, dsc_pipe_runner_stats *out);
+DSC_API void dsc_pipe_runner_reset_stats(dsc_batch_runner *r);
 
 /* ---- the PP x DP trainer ----------------------------------------------------------------- */
 
@@ -206,18 +207,18 @@ typedef struct dsc_pipe_trainer_options {
  * rank's stage, tied groups, optimizer, runner, data loader and engine.
  * Collective over `world`. A world size not divisible by pipeline.stages is
  * DSC_ERR_CONFIG naming both. */
-dsc_status dsc_pipe_trainer_create(const dsc_pipe_trainer_options *opts, dsc_pipe_trainer **out);
-void dsc_pipe_trainer_destroy(dsc_pipe_trainer *t);
-dsc_engine *dsc_pipe_trainer_engine(dsc_pipe_trainer *t);
-dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t);
-dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t);
-const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t);
-dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t);
-dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t);
-dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t); /* the stream stochastic layers draw from */
-int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t);
+DSC_API dsc_status dsc_pipe_trainer_create(const dsc_pipe_trainer_options *opts, dsc_pipe_trainer **out);
+DSC_API void dsc_pipe_trainer_destroy(dsc_pipe_trainer *t);
+DSC_API dsc_engine *dsc_pipe_trainer_engine(dsc_pipe_trainer *t);
+DSC_API dsc_batch_runner *dsc_pipe_trainer_runner(dsc_pipe_trainer *t);
+DSC_API dsc_param_store *dsc_pipe_trainer_params(dsc_pipe_trainer *t);
+DSC_API const dsc_pipe_module *dsc_pipe_trainer_module(const dsc_pipe_trainer *t);
+DSC_API dsc_groups *dsc_pipe_trainer_groups(dsc_pipe_trainer *t);
+DSC_API dsc_optimizer *dsc_pipe_trainer_optimizer(dsc_pipe_trainer *t);
+DSC_API dsc_rng *dsc_pipe_trainer_rng(dsc_pipe_trainer *t); /* the stream stochastic layers draw from */
+DSC_API int dsc_pipe_trainer_stage_id(const dsc_pipe_trainer *t);
 /* This rank's layers (all chunks of its stage), forward order. */
-dsc_layer *const *dsc_pipe_trainer_layers(dsc_pipe_trainer *t, int *count);
+DSC_API dsc_layer *const *dsc_pipe_trainer_layers(dsc_pipe_trainer *t, int *count);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #ifndef DSC_PIPE_SIM_H
 #define DSC_PIPE_SIM_H
 
+#include "dsc/api.h"
 #include <stddef.h>
 #include <stdio.h>
 
@@ -60,9 +61,9 @@ typedef struct dsc_pipe_sim_result {
  * of one pipeline. A send whose peer is waiting on a different message, or
  * streams that block forever, give DSC_ERR_INVALID naming the stages, steps
  * and instructions. */
-dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int num_stages, const dsc_pipe_sim_costs *costs,
+DSC_API dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int num_stages, const dsc_pipe_sim_costs *costs,
                             dsc_pipe_sim_result *out);
-void dsc_pipe_sim_free(dsc_pipe_sim_result *result);
+DSC_API void dsc_pipe_sim_free(dsc_pipe_sim_result *result);
 
 /* Closed forms of the whole pipeline for kind/M/P/v under `costs`; exact
  * for the simulator when p2p == 0 (docs/schedules.md derives them). */
@@ -70,17 +71,17 @@ typedef struct dsc_pipe_sim_bounds {
     double makespan;
     double bubble;
 } dsc_pipe_sim_bounds;
-dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int micro_batches, int stages, int chunks,
+DSC_API dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int micro_batches, int stages, int chunks,
                                     const dsc_pipe_sim_costs *costs, dsc_pipe_sim_bounds *out);
 /* Closed form of peak_live on stage `stage_id` (always exact). */
-int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks);
+DSC_API int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks);
 
 /* One row per stage, at most max_width columns: 'F'/'B' forward/backward
  * ('f'/'b' on odd model chunks), '.' idle; time is scaled down to fit, and
  * each column shows what fills most of it ('.' when idle half or more). */
-dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *result, int max_width, FILE *out);
+DSC_API dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *result, int max_width, FILE *out);
 /* The same timeline as an SVG drawing written to `path`. */
-dsc_status dsc_pipe_sim_write_svg(const dsc_pipe_sim_result *result, const char *title, const char *path);
+DSC_API dsc_status dsc_pipe_sim_write_svg(const dsc_pipe_sim_result *result, const char *title, const char *path);
 
 #ifdef __cplusplus
 }

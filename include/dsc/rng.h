@@ -2,10 +2,14 @@
  *
  * xoshiro256** seeded through splitmix64, so streams for different ranks and
  * purposes are independent and a run is reproducible from its seed alone.
- * The state is a plain struct so checkpoints can save and restore it. */
+ * The state is a plain struct so checkpoints can save and restore it.
+ *
+ * Thread-safety: there is no global state; a stream must not be shared
+ * between threads without the caller's lock (give each thread its own). */
 #ifndef DSC_RNG_H
 #define DSC_RNG_H
 
+#include "dsc/api.h"
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -24,14 +28,14 @@ typedef struct dsc_rng {
     uint64_t s[4];
 } dsc_rng;
 
-void dsc_rng_init(dsc_rng *rng, uint64_t seed, int rank, dsc_rng_purpose purpose);
-uint64_t dsc_rng_u64(dsc_rng *rng);
+DSC_API void dsc_rng_init(dsc_rng *rng, uint64_t seed, int rank, dsc_rng_purpose purpose);
+DSC_API uint64_t dsc_rng_u64(dsc_rng *rng);
 /* Uniform in [0, 1). */
-double dsc_rng_uniform(dsc_rng *rng);
+DSC_API double dsc_rng_uniform(dsc_rng *rng);
 /* Uniform integer in [0, n); n > 0. */
-uint64_t dsc_rng_below(dsc_rng *rng, uint64_t n);
+DSC_API uint64_t dsc_rng_below(dsc_rng *rng, uint64_t n);
 /* Standard normal (Box-Muller). */
-double dsc_rng_normal(dsc_rng *rng);
+DSC_API double dsc_rng_normal(dsc_rng *rng);
 
 #ifdef __cplusplus
 }

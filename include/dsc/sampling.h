@@ -11,6 +11,7 @@
 #ifndef DSC_SAMPLING_H
 #define DSC_SAMPLING_H
 
+#include "dsc/api.h"
 #include <stdint.h>
 
 #include "dsc/rng.h"
@@ -28,7 +29,7 @@ typedef struct dsc_sampling_params {
 } dsc_sampling_params;
 
 /* Greedy decoding: temperature 0, every filter off. */
-dsc_sampling_params dsc_sampling_params_greedy(void);
+DSC_API dsc_sampling_params dsc_sampling_params_greedy(void);
 
 typedef struct dsc_sample_candidate {
     float logit;
@@ -39,7 +40,7 @@ typedef struct dsc_sample_candidate {
  * feeds the repetition penalty; scratch (V) is overwritten. Invalid params
  * or history ids outside [0, V) are DSC_ERR_INVALID; a row with no finite
  * logit is DSC_ERR_NUMERIC. */
-dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *params,
+DSC_API dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *params,
                       const int32_t *history, int64_t n_history, dsc_sample_candidate *scratch, dsc_rng *rng);
 
 #ifdef __cplusplus

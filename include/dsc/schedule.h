@@ -16,6 +16,7 @@
 #ifndef DSC_SCHEDULE_H
 #define DSC_SCHEDULE_H
 
+#include "dsc/api.h"
 #include <stdio.h>
 
 #include "dsc/status.h"
@@ -65,30 +66,30 @@ typedef struct dsc_schedule dsc_schedule;
  * DSC_SCHEDULE_INTERLEAVED, which needs v >= 2, stages >= 2 and
  * micro_batches a multiple of stages. Bad arguments give DSC_ERR_INVALID
  * naming the numbers. */
-dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks,
+DSC_API dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks,
                                dsc_schedule **out);
-void dsc_schedule_destroy(dsc_schedule *sched);
+DSC_API void dsc_schedule_destroy(dsc_schedule *sched);
 
-dsc_schedule_kind dsc_schedule_get_kind(const dsc_schedule *sched);
-int dsc_schedule_micro_batches(const dsc_schedule *sched);
-int dsc_schedule_stages(const dsc_schedule *sched);
-int dsc_schedule_stage_id(const dsc_schedule *sched);
-int dsc_schedule_chunks(const dsc_schedule *sched);
+DSC_API dsc_schedule_kind dsc_schedule_get_kind(const dsc_schedule *sched);
+DSC_API int dsc_schedule_micro_batches(const dsc_schedule *sched);
+DSC_API int dsc_schedule_stages(const dsc_schedule *sched);
+DSC_API int dsc_schedule_stage_id(const dsc_schedule *sched);
+DSC_API int dsc_schedule_chunks(const dsc_schedule *sched);
 
 /* Number of steps; the same on every stage of one pipeline. */
-int dsc_schedule_num_steps(const dsc_schedule *sched);
+DSC_API int dsc_schedule_num_steps(const dsc_schedule *sched);
 /* The instructions of step `t` and their count; NULL and 0 when t is not in [0, num_steps). */
-const dsc_instr *dsc_schedule_step(const dsc_schedule *sched, int t, int *count);
+DSC_API const dsc_instr *dsc_schedule_step(const dsc_schedule *sched, int t, int *count);
 /* Buffer slots the executor must provide (DeepSpeed's num_pipe_buffers). */
-int dsc_schedule_num_buffers(const dsc_schedule *sched);
+DSC_API int dsc_schedule_num_buffers(const dsc_schedule *sched);
 
 /* Writes the canonical text form: "step <t>:" then " Name(buf=<b>)" per
  * buffer instruction and " Name()" per batch-end instruction, one line per step. */
-dsc_status dsc_schedule_print(const dsc_schedule *sched, FILE *out);
+DSC_API dsc_status dsc_schedule_print(const dsc_schedule *sched, FILE *out);
 
-const char *dsc_instr_name(dsc_instr_type type);             /* "ForwardPass" */
-const char *dsc_schedule_kind_name(dsc_schedule_kind kind);  /* "train", "infer", "dp", "gpipe", "interleaved" */
-dsc_status dsc_schedule_kind_from_name(const char *name, dsc_schedule_kind *out);
+DSC_API const char *dsc_instr_name(dsc_instr_type type);             /* "ForwardPass" */
+DSC_API const char *dsc_schedule_kind_name(dsc_schedule_kind kind);  /* "train", "infer", "dp", "gpipe", "interleaved" */
+DSC_API dsc_status dsc_schedule_kind_from_name(const char *name, dsc_schedule_kind *out);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 #ifndef DSC_SERVE_H
 #define DSC_SERVE_H
 
+#include "dsc/api.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,26 +50,26 @@ typedef struct dsc_serve_config {
     uint64_t seed; /* seeds of requests that give none: seed + request number */
 } dsc_serve_config;
 
-dsc_serve_config dsc_serve_config_default(void);
+DSC_API dsc_serve_config dsc_serve_config_default(void);
 
 typedef struct dsc_server dsc_server;
 
 /* Borrows the engine and tokenizer (NULL: token-id prompts only, empty
  * text); copies cfg's strings; creates the scheduler and starts listening. A bad option or an
  * address that cannot be bound is an error naming it. */
-dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_config *sched, dsc_tokenizer *tok,
+DSC_API dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_config *sched, dsc_tokenizer *tok,
                              const dsc_serve_config *cfg, dsc_server **out);
 /* The port listened on. */
-int dsc_server_port(const dsc_server *srv);
+DSC_API int dsc_server_port(const dsc_server *srv);
 /* The chat template in use ("llama-3", ...), NULL when chat is refused. */
-const char *dsc_server_chat_template(const dsc_server *srv);
+DSC_API const char *dsc_server_chat_template(const dsc_server *srv);
 /* Runs the step loop until a stop request has drained: new connections are
  * refused, in-flight requests finish (or are cancelled after the drain
  * timeout). An engine error ends it (every waiting client gets a 500). */
-dsc_status dsc_server_run(dsc_server *srv);
+DSC_API dsc_status dsc_server_run(dsc_server *srv);
 /* Async-signal-safe: asks dsc_server_run to drain and return. */
-void dsc_server_request_stop(dsc_server *srv);
-void dsc_server_destroy(dsc_server *srv);
+DSC_API void dsc_server_request_stop(dsc_server *srv);
+DSC_API void dsc_server_destroy(dsc_server *srv);
 
 #ifdef __cplusplus
 }

@@ -4,10 +4,16 @@
  * message is formatted once, at the failure site, and is prefixed with the
  * rank ("rank 3: ...") so that logs from many processes stay readable.
  * Callers either propagate it (DSC_TRY) or consume it (dsc_status_free).
- * Library code never exits; only apps decide what an error means. */
+ * Library code never exits; only apps decide what an error means.
+ *
+ * Thread-safety: creating, wrapping and freeing statuses is safe from any
+ * thread. The rank prefix is one process-global value: set it once
+ * (dsc_set_rank, done by the communicator at start-up) before threads that
+ * report errors exist; it is read without a lock. */
 #ifndef DSC_STATUS_H
 #define DSC_STATUS_H
 
+#include "dsc/api.h"
 #include <stdarg.h>
 
 #ifdef __cplusplus
@@ -33,23 +39,23 @@ typedef enum dsc_code {
 typedef struct dsc_status_s *dsc_status;
 
 /* Creates an error with a printf-style message; never returns NULL. */
-dsc_status dsc_error(dsc_code code, const char *fmt, ...)
+DSC_API dsc_status dsc_error(dsc_code code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap);
+DSC_API dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap);
 
 /* Prefixes context to an existing error ("loading checkpoint x: <inner>"),
  * consuming it. Returns NULL when inner is NULL. */
-dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...)
+DSC_API dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-dsc_code dsc_status_code(dsc_status s);
-const char *dsc_status_message(dsc_status s); /* "ok" for NULL */
-const char *dsc_code_name(dsc_code code);
-void dsc_status_free(dsc_status s);
+DSC_API dsc_code dsc_status_code(dsc_status s);
+DSC_API const char *dsc_status_message(dsc_status s); /* "ok" for NULL */
+DSC_API const char *dsc_code_name(dsc_code code);
+DSC_API void dsc_status_free(dsc_status s);
 
 /* The rank that prefixes messages; -1 (the default) prints no prefix. */
-void dsc_set_rank(int rank);
-int dsc_get_rank(void);
+DSC_API void dsc_set_rank(int rank);
+DSC_API int dsc_get_rank(void);
 
 #define DSC_TRY(expr)                                                          \
     do {                                                                       \
@@ -71,7 +77,7 @@ int dsc_get_rank(void);
     } while (0)
 
 /* Internal invariants (bugs, not bad input): prints file:line and rank. */
-void dsc_assert_fail(const char *expr, const char *file, int line);
+DSC_API void dsc_assert_fail(const char *expr, const char *file, int line);
 #define DSC_ASSERT(cond)                                                       \
     do {                                                                       \
         if (!(cond)) dsc_assert_fail(#cond, __FILE__, __LINE__);               \

@@ -2,10 +2,14 @@
  *
  * A dsc_tensor is a plain struct (callers may put it on the stack or inside
  * layers); `owner` says whether dsc_tensor_free releases the data. There are
- * no strides: contiguous row-major is all dsc needs, and kernels stay simple. */
+ * no strides: contiguous row-major is all dsc needs, and kernels stay simple.
+ *
+ * Thread-safety: functions on distinct tensors are safe from any thread;
+ * nothing here locks a tensor that two threads write. */
 #ifndef DSC_TENSOR_H
 #define DSC_TENSOR_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,44 +43,44 @@ typedef struct dsc_tensor {
     bool owner;
 } dsc_tensor;
 
-size_t dsc_dtype_size(dsc_dtype dtype);
-const char *dsc_dtype_name(dsc_dtype dtype);                 /* "f32", "bf16", ... */
-dsc_status dsc_dtype_from_name(const char *name, dsc_dtype *out);
-bool dsc_dtype_is_float(dsc_dtype dtype);
+DSC_API size_t dsc_dtype_size(dsc_dtype dtype);
+DSC_API const char *dsc_dtype_name(dsc_dtype dtype);                 /* "f32", "bf16", ... */
+DSC_API dsc_status dsc_dtype_from_name(const char *name, dsc_dtype *out);
+DSC_API bool dsc_dtype_is_float(dsc_dtype dtype);
 
 /* Allocates a zero-filled tensor. `shape` has `ndim` entries, each >= 0. */
-dsc_status dsc_tensor_alloc(dsc_tensor *t, dsc_dtype dtype, int ndim, const int64_t *shape,
+DSC_API dsc_status dsc_tensor_alloc(dsc_tensor *t, dsc_dtype dtype, int ndim, const int64_t *shape,
                             dsc_device device, dsc_mem_category category);
 /* Releases owned data and resets the struct to empty; safe on empty tensors. */
-void dsc_tensor_free(dsc_tensor *t);
+DSC_API void dsc_tensor_free(dsc_tensor *t);
 
 /* A non-owning view of existing memory. */
-dsc_tensor dsc_tensor_view(void *data, dsc_dtype dtype, int ndim, const int64_t *shape,
+DSC_API dsc_tensor dsc_tensor_view(void *data, dsc_dtype dtype, int ndim, const int64_t *shape,
                            dsc_device device);
 /* The same memory with another shape of equal element count. */
-dsc_status dsc_tensor_reshape(const dsc_tensor *t, int ndim, const int64_t *shape, dsc_tensor *out);
+DSC_API dsc_status dsc_tensor_reshape(const dsc_tensor *t, int ndim, const int64_t *shape, dsc_tensor *out);
 /* Rows [row0, row0+rows) of the first dimension, as a view. */
-dsc_tensor dsc_tensor_rows(const dsc_tensor *t, int64_t row0, int64_t rows);
+DSC_API dsc_tensor dsc_tensor_rows(const dsc_tensor *t, int64_t row0, int64_t rows);
 
-int64_t dsc_tensor_numel(const dsc_tensor *t);
-size_t dsc_tensor_nbytes(const dsc_tensor *t);
-bool dsc_tensor_same_shape(const dsc_tensor *a, const dsc_tensor *b);
+DSC_API int64_t dsc_tensor_numel(const dsc_tensor *t);
+DSC_API size_t dsc_tensor_nbytes(const dsc_tensor *t);
+DSC_API bool dsc_tensor_same_shape(const dsc_tensor *a, const dsc_tensor *b);
 /* "(4, 16) f32 cpu" into buf. */
-const char *dsc_tensor_describe(const dsc_tensor *t, char *buf, size_t len);
+DSC_API const char *dsc_tensor_describe(const dsc_tensor *t, char *buf, size_t len);
 
 /* Checks dtype, rank and shape (-1 in `shape` matches any extent); the error
  * names `what` and shows expected vs actual. */
-dsc_status dsc_tensor_expect(const dsc_tensor *t, const char *what, dsc_dtype dtype, int ndim,
+DSC_API dsc_status dsc_tensor_expect(const dsc_tensor *t, const char *what, dsc_dtype dtype, int ndim,
                              const int64_t *shape);
 
 /* Copies src into dst (same shape); converts dtype between f32/bf16/f16 on the CPU. */
-dsc_status dsc_tensor_copy(dsc_tensor *dst, const dsc_tensor *src);
+DSC_API dsc_status dsc_tensor_copy(dsc_tensor *dst, const dsc_tensor *src);
 
 /* Scalar conversions for half types (round to nearest even). */
-uint16_t dsc_f32_to_bf16(float x);
-float dsc_bf16_to_f32(uint16_t x);
-uint16_t dsc_f32_to_f16(float x);
-float dsc_f16_to_f32(uint16_t x);
+DSC_API uint16_t dsc_f32_to_bf16(float x);
+DSC_API float dsc_bf16_to_f32(uint16_t x);
+DSC_API uint16_t dsc_f32_to_f16(float x);
+DSC_API float dsc_f16_to_f32(uint16_t x);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 #ifndef DSC_TENSOR_FILE_H
 #define DSC_TENSOR_FILE_H
 
+#include "dsc/api.h"
 #include <mpi.h>
 #include <stdint.h>
 
@@ -39,10 +40,10 @@ typedef struct dsc_tfile_entry {
 } dsc_tfile_entry;
 
 /* Collective over comm. create fails if the file exists (nothing is ever overwritten). */
-dsc_status dsc_tfile_create(MPI_Comm comm, const char *filename, dsc_tfile **out);
-dsc_status dsc_tfile_open(MPI_Comm comm, const char *filename, dsc_tfile **out);
+DSC_API dsc_status dsc_tfile_create(MPI_Comm comm, const char *filename, dsc_tfile **out);
+DSC_API dsc_status dsc_tfile_open(MPI_Comm comm, const char *filename, dsc_tfile **out);
 /* Collective. Flushes (create mode), closes and frees; safe on NULL. */
-dsc_status dsc_tfile_close(dsc_tfile *f);
+DSC_API dsc_status dsc_tfile_close(dsc_tfile *f);
 
 /* The part of a tensor one rank holds: elements [begin, begin + count) of
  * the row-major flattening of the global tensor. */
@@ -56,30 +57,30 @@ typedef struct dsc_tfile_piece {
 /* Collective: defines the union of every rank's tensors (one path described
  * differently by two ranks is an error naming both) and writes every
  * distinct range once, with its checksum. Call once per file. */
-dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int count);
+DSC_API dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int count);
 
 /* Independent: reads elements [begin, begin + count) of `path` into data,
  * verifying the checksum of every written segment the range touches; a
  * mismatch or a range no segment covers is DSC_ERR_CORRUPT naming file,
  * tensor and elements. */
-dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, void *data);
+DSC_API dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t begin, int64_t count, void *data);
 
 /* Looks a dataset up: DSC_ERR_CORRUPT naming file and path when missing. */
-dsc_status dsc_tfile_describe(dsc_tfile *f, const char *path, dsc_tfile_entry *out);
+DSC_API dsc_status dsc_tfile_describe(dsc_tfile *f, const char *path, dsc_tfile_entry *out);
 /* Checks a dataset against an expected dtype and shape; errors name file, path, expected and found. */
-dsc_status dsc_tfile_expect(dsc_tfile *f, const char *path, dsc_dtype dtype, int ndim, const int64_t *shape);
+DSC_API dsc_status dsc_tfile_expect(dsc_tfile *f, const char *path, dsc_dtype dtype, int ndim, const int64_t *shape);
 /* Calls fn for every dataset under group `prefix` ("model"), in name order. */
-dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix,
+DSC_API dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix,
                           dsc_status (*fn)(const dsc_tfile_entry *entry, void *user), void *user);
 
 /* Root attributes. Writers are collective with identical values on every rank. */
-dsc_status dsc_tfile_set_attr_int(dsc_tfile *f, const char *name, int64_t value);
-dsc_status dsc_tfile_set_attr_string(dsc_tfile *f, const char *name, const char *value);
-dsc_status dsc_tfile_get_attr_int(dsc_tfile *f, const char *name, int64_t *value);
+DSC_API dsc_status dsc_tfile_set_attr_int(dsc_tfile *f, const char *name, int64_t value);
+DSC_API dsc_status dsc_tfile_set_attr_string(dsc_tfile *f, const char *name, const char *value);
+DSC_API dsc_status dsc_tfile_get_attr_int(dsc_tfile *f, const char *name, int64_t *value);
 /* Returns a malloc'd string the caller frees. */
-dsc_status dsc_tfile_get_attr_string(dsc_tfile *f, const char *name, char **value);
+DSC_API dsc_status dsc_tfile_get_attr_string(dsc_tfile *f, const char *name, char **value);
 
-const char *dsc_tfile_name(const dsc_tfile *f);
+DSC_API const char *dsc_tfile_name(const dsc_tfile *f);
 
 #ifdef __cplusplus
 }

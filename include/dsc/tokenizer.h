@@ -17,6 +17,7 @@
 #ifndef DSC_TOKENIZER_H
 #define DSC_TOKENIZER_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,29 +31,29 @@ extern "C" {
 typedef struct dsc_tokenizer dsc_tokenizer;
 
 /* The byte tokenizer: id i <-> byte i, vocabulary 256. */
-dsc_status dsc_tokenizer_create_bytes(dsc_tokenizer **out);
+DSC_API dsc_status dsc_tokenizer_create_bytes(dsc_tokenizer **out);
 /* A Hugging Face tokenizer.json. Missing file: DSC_ERR_IO; malformed:
  * DSC_ERR_CORRUPT; a model, normalizer, pre-tokenizer or regex dsc does not
  * implement: DSC_ERR_UNSUPPORTED naming it. */
-dsc_status dsc_tokenizer_load(dsc_tokenizer **out, const char *path);
-void dsc_tokenizer_destroy(dsc_tokenizer *tok);
+DSC_API dsc_status dsc_tokenizer_load(dsc_tokenizer **out, const char *path);
+DSC_API void dsc_tokenizer_destroy(dsc_tokenizer *tok);
 
 /* One more than the largest id. */
-int32_t dsc_tokenizer_vocab_size(const dsc_tokenizer *tok);
+DSC_API int32_t dsc_tokenizer_vocab_size(const dsc_tokenizer *tok);
 /* The id of a token given as its vocabulary string (e.g. "<|endoftext|>",
  * "<s>"), or -1. */
-int32_t dsc_tokenizer_token_id(const dsc_tokenizer *tok, const char *token);
+DSC_API int32_t dsc_tokenizer_token_id(const dsc_tokenizer *tok, const char *token);
 
 /* Encodes len bytes of text into ids (capacity cap). *n_out is the number of
  * ids the text needs; when it exceeds cap the call fails with DSC_ERR_INVALID
  * naming it (no id is lost silently; retry with a larger buffer). len + 2
  * ids always suffice for a text without added tokens. */
-dsc_status dsc_tokenizer_encode(const dsc_tokenizer *tok, const char *text, size_t len, int32_t *ids, int64_t cap,
+DSC_API dsc_status dsc_tokenizer_encode(const dsc_tokenizer *tok, const char *text, size_t len, int32_t *ids, int64_t cap,
                                 int64_t *n_out);
 /* Decodes n ids into out (capacity cap, NUL-terminated); *len_out is the text
  * length without the NUL. Too small a buffer or an id outside the vocabulary is
  * DSC_ERR_INVALID. */
-dsc_status dsc_tokenizer_decode(const dsc_tokenizer *tok, const int32_t *ids, int64_t n, char *out, size_t cap,
+DSC_API dsc_status dsc_tokenizer_decode(const dsc_tokenizer *tok, const int32_t *ids, int64_t n, char *out, size_t cap,
                                 size_t *len_out);
 
 /* Incremental decoding of one sequence; zero-initialise or call _init. */
@@ -62,14 +63,14 @@ typedef struct dsc_tokenizer_stream {
     bool started; /* whether any text was produced (SentencePiece strips one leading space) */
 } dsc_tokenizer_stream;
 
-void dsc_tokenizer_stream_init(dsc_tokenizer_stream *s);
+DSC_API void dsc_tokenizer_stream_init(dsc_tokenizer_stream *s);
 /* Appends id and writes to out (capacity cap, NUL-terminated) the text that
  * became complete; *len_out may be 0 while a character is still partial. */
-dsc_status dsc_tokenizer_decode_next(const dsc_tokenizer *tok, dsc_tokenizer_stream *s, int32_t id, char *out,
+DSC_API dsc_status dsc_tokenizer_decode_next(const dsc_tokenizer *tok, dsc_tokenizer_stream *s, int32_t id, char *out,
                                      size_t cap, size_t *len_out);
 /* Ends the stream: writes whatever bytes are still pending (an incomplete
  * character at the very end) and resets it. */
-dsc_status dsc_tokenizer_decode_finish(dsc_tokenizer_stream *s, char *out, size_t cap, size_t *len_out);
+DSC_API dsc_status dsc_tokenizer_decode_finish(dsc_tokenizer_stream *s, char *out, size_t cap, size_t *len_out);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #ifndef DSC_TOPOLOGY_H
 #define DSC_TOPOLOGY_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 
 #include "dsc/comm.h"
@@ -43,28 +44,28 @@ typedef struct dsc_group_list {
 /* ---- topology ----------------------------------------------------------------- */
 
 /* Axis names must be distinct and non-empty; every dim >= 1. */
-dsc_status dsc_topology_init(dsc_topology *t, int naxes, const char *const *axes, const int *dims);
+DSC_API dsc_status dsc_topology_init(dsc_topology *t, int naxes, const char *const *axes, const int *dims);
 /* Axes (pipe, data, model) with dims (pp, dp, tp). Note the order: DeepSpeed's
  * constructor takes (num_pp, num_mp, num_dp) but its axes are pipe, data, model. */
-dsc_status dsc_topology_pipe_data_model(dsc_topology *t, int pp, int dp, int tp);
+DSC_API dsc_status dsc_topology_pipe_data_model(dsc_topology *t, int pp, int dp, int tp);
 
-int dsc_topology_world_size(const dsc_topology *t);
-int dsc_topology_axis(const dsc_topology *t, const char *axis); /* index, or -1 */
-int dsc_topology_dim(const dsc_topology *t, const char *axis);  /* 0 when the axis is absent */
+DSC_API int dsc_topology_world_size(const dsc_topology *t);
+DSC_API int dsc_topology_axis(const dsc_topology *t, const char *axis); /* index, or -1 */
+DSC_API int dsc_topology_dim(const dsc_topology *t, const char *axis);  /* 0 when the axis is absent */
 
 /* coord has naxes entries, in axis order. */
-dsc_status dsc_topology_coord(const dsc_topology *t, int rank, int *coord);
-dsc_status dsc_topology_rank(const dsc_topology *t, const int *coord, int *rank);
+DSC_API dsc_status dsc_topology_coord(const dsc_topology *t, int rank, int *coord);
+DSC_API dsc_status dsc_topology_rank(const dsc_topology *t, const int *coord, int *rank);
 
 /* DeepSpeed's get_axis_comm_lists: one group per combination of the other
  * axes (in row-major order), each holding the ranks along `axis` in
  * increasing coordinate. An unknown axis gives an empty list (count 0). */
-dsc_status dsc_topology_axis_lists(const dsc_topology *t, const char *axis, dsc_group_list *out);
+DSC_API dsc_status dsc_topology_axis_lists(const dsc_topology *t, const char *axis, dsc_group_list *out);
 
-const int *dsc_group_list_at(const dsc_group_list *l, int group);
+DSC_API const int *dsc_group_list_at(const dsc_group_list *l, int group);
 /* The index of the group holding `rank`, or -1. */
-int dsc_group_list_find(const dsc_group_list *l, int rank);
-void dsc_group_list_free(dsc_group_list *l);
+DSC_API int dsc_group_list_find(const dsc_group_list *l, int rank);
+DSC_API void dsc_group_list_free(dsc_group_list *l);
 
 /* ---- groups --------------------------------------------------------------------- */
 
@@ -100,18 +101,18 @@ typedef struct dsc_group_plan {
 
 /* Pure: every group of every kind for (world_size, dims), and which of them
  * `rank` belongs to. Sizes that do not divide are errors naming the numbers. */
-dsc_status dsc_groups_plan(int world_size, int rank, const dsc_parallel_dims *dims, dsc_group_plan *out);
-void dsc_group_plan_free(dsc_group_plan *p);
+DSC_API dsc_status dsc_groups_plan(int world_size, int rank, const dsc_parallel_dims *dims, dsc_group_plan *out);
+DSC_API void dsc_group_plan_free(dsc_group_plan *p);
 /* The members (world ranks, in communicator order) of the rank's group of kind k. */
-const int *dsc_group_plan_members(const dsc_group_plan *p, dsc_group_kind k, int *count);
-const char *dsc_group_kind_name(dsc_group_kind k); /* "world", "pipe", "data-parallel", ... */
+DSC_API const int *dsc_group_plan_members(const dsc_group_plan *p, dsc_group_kind k, int *count);
+DSC_API const char *dsc_group_kind_name(dsc_group_kind k); /* "world", "pipe", "data-parallel", ... */
 
 /* The calling rank's communicators, one per kind, named by dsc_group_kind_name.
  * Collective over `world`, whose size and rank must match the plan's. */
 typedef struct dsc_groups dsc_groups;
-dsc_status dsc_groups_create(dsc_comm *world, const dsc_group_plan *plan, dsc_groups **out);
-dsc_comm *dsc_groups_get(const dsc_groups *g, dsc_group_kind k);
-void dsc_groups_free(dsc_groups *g);
+DSC_API dsc_status dsc_groups_create(dsc_comm *world, const dsc_group_plan *plan, dsc_groups **out);
+DSC_API dsc_comm *dsc_groups_get(const dsc_groups *g, dsc_group_kind k);
+DSC_API void dsc_groups_free(dsc_groups *g);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@
 #ifndef DSC_TP_H
 #define DSC_TP_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,12 +126,12 @@ typedef struct dsc_tp_shard {
 
 /* Pure: rank's heads and widths for (dims, tp_size, grain). Impossible
  * splits are DSC_ERR_CONFIG naming the numbers. */
-dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, int rank, dsc_tp_shard *out);
+DSC_API dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, int rank, dsc_tp_shard *out);
 /* Pure: rank's piece [*start, *start + *count) of `total` split into
  * grain-aligned widths (DeepSpeed's tp_shard rule: whole grains spread
  * evenly, the last rank also takes total % grain; near-even elements when
  * total < grain * tp_size). total < tp_size is DSC_ERR_CONFIG naming `what`. */
-dsc_status dsc_tp_split_width(int64_t total, int tp_size, int64_t grain, int rank, const char *what,
+DSC_API dsc_status dsc_tp_split_width(int64_t total, int tp_size, int64_t grain, int rank, const char *what,
                               int64_t *start, int64_t *count);
 
 typedef struct dsc_tp_plan dsc_tp_plan;
@@ -149,25 +150,25 @@ typedef struct dsc_tp_entry {
 
 /* Builds the plan; every tensor gets a decision or the error lists the
  * tensors that could not be placed (name, shape, why). */
-dsc_status dsc_tp_plan_create(const dsc_tp_param *params, int64_t n, const dsc_tp_dims *dims,
+DSC_API dsc_status dsc_tp_plan_create(const dsc_tp_param *params, int64_t n, const dsc_tp_dims *dims,
                               const dsc_tp_options *opts, dsc_tp_plan **out);
-void dsc_tp_plan_destroy(dsc_tp_plan *p);
-int dsc_tp_plan_size(const dsc_tp_plan *p); /* tp_size */
-int64_t dsc_tp_plan_count(const dsc_tp_plan *p);
-const dsc_tp_entry *dsc_tp_plan_entry(const dsc_tp_plan *p, int64_t i);
+DSC_API void dsc_tp_plan_destroy(dsc_tp_plan *p);
+DSC_API int dsc_tp_plan_size(const dsc_tp_plan *p); /* tp_size */
+DSC_API int64_t dsc_tp_plan_count(const dsc_tp_plan *p);
+DSC_API const dsc_tp_entry *dsc_tp_plan_entry(const dsc_tp_plan *p, int64_t i);
 /* The index of tensor `name`, or -1. */
-int64_t dsc_tp_plan_find(const dsc_tp_plan *p, const char *name);
+DSC_API int64_t dsc_tp_plan_find(const dsc_tp_plan *p, const char *name);
 /* The spans rank holds of tensor i (*spans valid while the plan lives). */
-int dsc_tp_plan_spans(const dsc_tp_plan *p, int64_t i, int rank, const dsc_tp_span **spans);
+DSC_API int dsc_tp_plan_spans(const dsc_tp_plan *p, int64_t i, int rank, const dsc_tp_span **spans);
 /* Rank's shape of tensor i. */
-void dsc_tp_plan_local_shape(const dsc_tp_plan *p, int64_t i, int rank, int64_t *shape);
-const dsc_tp_shard *dsc_tp_plan_shard(const dsc_tp_plan *p, int rank);
+DSC_API void dsc_tp_plan_local_shape(const dsc_tp_plan *p, int64_t i, int rank, int64_t *shape);
+DSC_API const dsc_tp_shard *dsc_tp_plan_shard(const dsc_tp_plan *p, int rank);
 /* The table: one line per tensor with kind, unit, rule and every rank's spans. */
-void dsc_tp_plan_print(const dsc_tp_plan *p, FILE *f);
+DSC_API void dsc_tp_plan_print(const dsc_tp_plan *p, FILE *f);
 
-const char *dsc_tp_kind_name(dsc_tp_kind k);           /* "replicate", "column", "row", "vocab" */
-const char *dsc_tp_unit_name(dsc_tp_unit u);           /* "q-heads", ... */
-const char *dsc_tp_source_name(dsc_tp_rule_source s); /* "partition_config", ... */
+DSC_API const char *dsc_tp_kind_name(dsc_tp_kind k);           /* "replicate", "column", "row", "vocab" */
+DSC_API const char *dsc_tp_unit_name(dsc_tp_unit u);           /* "q-heads", ... */
+DSC_API const char *dsc_tp_source_name(dsc_tp_rule_source s); /* "partition_config", ... */
 
 #ifdef __cplusplus
 }

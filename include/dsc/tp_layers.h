@@ -31,6 +31,7 @@
 #ifndef DSC_TP_LAYERS_H
 #define DSC_TP_LAYERS_H
 
+#include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,17 +59,17 @@ typedef struct dsc_tp_build_extra {
 /* This rank's wiring for model `mc` over `group` (grain: tp_grain_size, <= 0
  * means 64). Splits the model cannot take are DSC_ERR_CONFIG naming the
  * numbers. */
-dsc_status dsc_tp_build_extra_init(dsc_tp_build_extra *x, const dsc_model_config *mc, dsc_comm *group,
+DSC_API dsc_status dsc_tp_build_extra_init(dsc_tp_build_extra *x, const dsc_model_config *mc, dsc_comm *group,
                                    int64_t grain);
 /* Registers tp_embedding, tp_block and tp_lm_head. Idempotent. */
-dsc_status dsc_tp_register_layers(void);
+DSC_API dsc_status dsc_tp_register_layers(void);
 /* The attention split by heads, as dsc_build_ctx.attention. */
-dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
+DSC_API dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out);
 /* For dsc_optimizer_options.counts_in_norm (ctx: the dsc_tp_build_extra):
  * a sharded parameter counts on every rank of the group, a replicated one on
  * the group's rank 0 only, so the norm summed over the group counts each
  * element once. */
-bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
+DSC_API bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
 
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {
@@ -82,12 +83,12 @@ typedef struct dsc_tp_wiring {
  * tensor_parallel.autotp_size (a world it does not divide is DSC_ERR_CONFIG
  * naming the numbers), this rank's shard of cfg's model and the layer
  * types. Pass dsc_tp_wiring_dp as the trainer's data-parallel group. */
-dsc_status dsc_tp_wire(const dsc_config *cfg, dsc_comm *world, dsc_tp_wiring *w);
-dsc_comm *dsc_tp_wiring_dp(const dsc_tp_wiring *w);
+DSC_API dsc_status dsc_tp_wire(const dsc_config *cfg, dsc_comm *world, dsc_tp_wiring *w);
+DSC_API dsc_comm *dsc_tp_wiring_dp(const dsc_tp_wiring *w);
 /* The partition summary: every tensor rank's heads and widths and the
  * shapes of its pieces, for cfg's model at tensor_parallel.autotp_size. */
-dsc_status dsc_tp_print_shards(FILE *f, const dsc_config *cfg);
-void dsc_tp_wiring_free(dsc_tp_wiring *w);
+DSC_API dsc_status dsc_tp_print_shards(FILE *f, const dsc_config *cfg);
+DSC_API void dsc_tp_wiring_free(dsc_tp_wiring *w);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@
 #ifndef DSC_ZERO_H
 #define DSC_ZERO_H
 
+#include "dsc/api.h"
 #include <stdint.h>
 #include <stdio.h>
 
@@ -48,31 +49,31 @@ typedef struct dsc_zero_options {
 } dsc_zero_options;
 
 /* The zero_optimization section and pipeline.stages as options. */
-void dsc_zero_options_from_config(const dsc_config *cfg, dsc_zero_options *zo);
+DSC_API void dsc_zero_options_from_config(const dsc_config *cfg, dsc_zero_options *zo);
 
 /* Whether ZeRO `stage` may run with `pipeline_stages` stages: stages 0-2 may;
  * stage 3 with more than one stage is DSC_ERR_UNSUPPORTED naming both values
  * and the reason. The pipeline calls this before building its optimizer. */
-dsc_status dsc_zero_check_pipeline(int stage, int pipeline_stages);
+DSC_API dsc_status dsc_zero_check_pipeline(int stage, int pipeline_stages);
 
 /* A sharded optimizer. For stages 2 and 3 it releases the store's full
  * gradient buffers (and for stage 3 value buffers): parameters' grad (and
  * value) data are then valid only between before_layer and after_layer of a
  * layer that reads them. Stage 0 gives the plain optimizer. */
-dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo, dsc_optimizer **out);
+DSC_API dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo, dsc_optimizer **out);
 
 /* The trainer's optimizer maker (dsc/engine.h, dsc_trainer_options): the
  * config's zero_optimization stage (0: plain) over the given groups. */
-dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out);
+DSC_API dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out);
 
 /* The partitioning rule of stages 1 and 2: element range [*begin, *end) of a
  * flat buffer of `numel` elements (a multiple of 64) owned by `rank` of
  * `ranks`. */
-void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
+DSC_API void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
 /* Stage 3's rule, as DeepSpeed's: every parameter of `numel` elements is cut
  * into ceil(numel / ranks)-element pieces, rank r holding [*begin, *end), so
  * a layer's gathers and reductions are balanced over the ranks. */
-void dsc_zero_param_piece(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
+DSC_API void dsc_zero_param_piece(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end);
 
 /* ---- memory ---------------------------------------------------------------------- */
 
@@ -85,7 +86,7 @@ typedef struct dsc_zero_memory {
     double params, grads, optim; /* bytes */
 } dsc_zero_memory;
 
-void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out);
+DSC_API void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out);
 
 /* A model's size for the estimator: parameters in total and in the largest
  * layer (stage 3's gathered working set), expert parameters among them. */
@@ -96,13 +97,13 @@ typedef struct dsc_zero_model_size {
 } dsc_zero_model_size;
 
 /* The parameter count of a model configuration, without building it. */
-dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out);
+DSC_API dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out);
 
 /* Prints, for stages 0-3, per-rank bytes of parameters, gradients, optimizer
  * state and their sum for a model of `size` on `dp` data-parallel ranks
  * (experts over dp / ep ranks), `pp` pipeline stages splitting the model
  * evenly, as DeepSpeed's estimate_zero{2,3}_model_states_mem_needs. */
-void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes);
+DSC_API void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes);
 
 /* Collective over `comm`: gathers every rank's allocator accounting per
  * category (parameters, gradients, optimizer state, activations,
@@ -110,7 +111,7 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
  * per rank beside the formula for `stage` over `dp` ranks of that rank's
  * Ψ = psi elements (its share of the model: its pipeline stage's
  * parameters), with the ratio of measured model states to the formula. */
-dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes);
+DSC_API dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes);
 
 #ifdef __cplusplus
 }

@@ -14,14 +14,14 @@ __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-__global__ void gelu_forward_kernel(float *out, const float *x, int64_t n) {
+static __global__ void gelu_forward_kernel(float *out, const float *x, int64_t n) {
     GRID_STRIDE(i, n) {
         float xi = x[i];
         out[i] = 0.5f * xi * (1.0f + tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
     }
 }
 
-__global__ void gelu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
+static __global__ void gelu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
     GRID_STRIDE(i, n) {
         float xi = x[i];
         float th = tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
@@ -31,19 +31,19 @@ __global__ void gelu_backward_kernel(float *dx, const float *dout, const float *
     }
 }
 
-__global__ void silu_forward_kernel(float *out, const float *x, int64_t n) {
+static __global__ void silu_forward_kernel(float *out, const float *x, int64_t n) {
     GRID_STRIDE(i, n) out[i] = x[i] * sigmoidf(x[i]);
 }
 
-__global__ void silu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
+static __global__ void silu_backward_kernel(float *dx, const float *dout, const float *x, int64_t n) {
     GRID_STRIDE(i, n) dx[i] = dout[i] * silu_grad(x[i]);
 }
 
-__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, int64_t n) {
+static __global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, int64_t n) {
     GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf(gate[i]) * up[i];
 }
 
-__global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
                                        const float *up, int64_t n) {
     GRID_STRIDE(i, n) {
         float g = gate[i], d = dout[i];
@@ -52,7 +52,7 @@ __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *do
     }
 }
 
-__global__ void softmax_kernel(float *out, const float *x, int64_t n, int64_t c) {
+static __global__ void softmax_kernel(float *out, const float *x, int64_t n, int64_t c) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= n) return;

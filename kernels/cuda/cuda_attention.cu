@@ -30,7 +30,7 @@ __device__ __forceinline__ bool attn_locate(attn_row *r, int64_t b, int64_t t, i
     return true;
 }
 
-__global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
                                          int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, float scale) {
     attn_row r;
     if (!attn_locate(&r, b, t, nh, nkv, hs)) return;
@@ -70,7 +70,7 @@ __global__ void attention_forward_kernel(float *out, float *lse, const float *q,
     if (lane == 0) lse[r.lse_off] = m + logf(l);
 }
 
-__global__ void attention_backward_kernel(float *dq, float *dk, float *dv, const float *dout, const float *q,
+static __global__ void attention_backward_kernel(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                           const float *k, const float *v, const float *out, const float *lse,
                                           int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, float scale) {
     attn_row r;
@@ -158,7 +158,7 @@ dsc_status dsc_cuda_attention_backward(const dsc_backend *backend, float *dq, fl
 }
 
 /* One thread per rotated pair; angles in double (positions reach 1e5 and more). */
-__global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
+static __global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
                             int64_t hs, double theta, double sign) {
     int64_t half = hs / 2;
     GRID_STRIDE(idx, b * t * nh * half) {

@@ -17,7 +17,7 @@ __device__ void row_stats(const float *x, int64_t v, float *mx_out, float *sum_o
     *mx_out = mx;
 }
 
-__global__ void cross_entropy_forward_kernel(float *losses, const float *logits, const int32_t *targets,
+static __global__ void cross_entropy_forward_kernel(float *losses, const float *logits, const int32_t *targets,
                                              int64_t v) {
     int64_t i = blockIdx.x;
     if (targets[i] < 0) {
@@ -29,7 +29,7 @@ __global__ void cross_entropy_forward_kernel(float *losses, const float *logits,
     if (threadIdx.x == 0) losses[i] = logf(sum) + mx - logits[i * v + targets[i]];
 }
 
-__global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits, const int32_t *targets,
+static __global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits, const int32_t *targets,
                                               int64_t v, float dloss) {
     int64_t i = blockIdx.x;
     const float *row = logits + i * v; /* may alias d */

@@ -6,18 +6,18 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
-__global__ void check_ids_kernel(cuda_scratch *scratch, const int32_t *ids, int64_t n, int64_t limit,
+static __global__ void check_ids_kernel(cuda_scratch *scratch, const int32_t *ids, int64_t n, int64_t limit,
                                  bool allow_negative) {
     GRID_STRIDE(i, n) {
         if (ids[i] >= limit || (!allow_negative && ids[i] < 0)) atomicMin(&scratch->first_bad, (int)i);
     }
 }
 
-__global__ void reset_ids_kernel(cuda_scratch *scratch) {
+static __global__ void reset_ids_kernel(cuda_scratch *scratch) {
     scratch->first_bad = INT32_MAX;
 }
 
-__global__ void read_bad_id_kernel(cuda_scratch *scratch, const int32_t *ids) {
+static __global__ void read_bad_id_kernel(cuda_scratch *scratch, const int32_t *ids) {
     if (scratch->first_bad != INT32_MAX) scratch->first_bad_id = ids[scratch->first_bad];
 }
 
@@ -39,7 +39,7 @@ dsc_status dsc_cuda_check_ids(const dsc_backend *backend, const int32_t *ids, in
     return NULL;
 }
 
-__global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                          int64_t n, int64_t t, int64_t c) {
     GRID_STRIDE(idx, n * c) {
         int64_t i = idx / c, j = idx % c;
@@ -47,7 +47,7 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
     }
 }
 
-__global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                           int64_t n, int64_t t, int64_t c) {
     GRID_STRIDE(idx, n * c) {
         int64_t i = idx / c, j = idx % c;

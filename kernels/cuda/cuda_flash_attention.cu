@@ -65,7 +65,7 @@ __device__ __forceinline__ void tile_product(float acc[4][HS / 16], const float 
 /* Forward: a block owns 64 query rows of one (b, head) and walks the 64-key
  * tiles up to the diagonal with an online softmax; output rows stay in registers. */
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
+static __global__ void __launch_bounds__(FA_THREADS)
     attention_forward_tiled_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
                                    int64_t t, int64_t nh, int64_t nkv, float scale) {
     constexpr int COLS = HS / 16; /* output columns per thread */
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(FA_THREADS)
  * accumulates dv += p^T dout and dk += ds^T q, and adds ds k into dq with
  * atomicAdd (dq is zeroed first). dk, dv have one owner: plain stores. */
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
+static __global__ void __launch_bounds__(FA_THREADS)
     attention_backward_tiled_kernel(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *out, const float *lse, int64_t t,
                                     int64_t nh, int64_t nkv, float scale) {

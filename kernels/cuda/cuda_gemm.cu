@@ -5,14 +5,14 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
-__global__ void add_bias_kernel(float *out, const float *bias, int64_t rows, int64_t n) {
+static __global__ void add_bias_kernel(float *out, const float *bias, int64_t rows, int64_t n) {
     GRID_STRIDE(i, rows * n) out[i] += bias[i % n];
 }
 
 /* dbias[c] += sum_r dy[r, c]: a block owns 32 columns of one chunk of rows;
  * its 8 warps split the chunk, combine in shared memory, and chunks meet
  * through atomicAdd. */
-__global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64_t oc, int64_t chunk) {
+static __global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n, int64_t oc, int64_t chunk) {
     __shared__ float partial[WARPS_PER_BLOCK][33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int64_t c = blockIdx.x * 32 + lane, r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;

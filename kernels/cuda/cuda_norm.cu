@@ -5,7 +5,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
-__global__ void norm_forward_kernel(float *out, float *mean, float *rstd, const float *x, const float *w,
+static __global__ void norm_forward_kernel(float *out, float *mean, float *rstd, const float *x, const float *w,
                                     const float *b, int64_t n, int64_t c, float eps, bool centre) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -31,7 +31,7 @@ __global__ void norm_forward_kernel(float *out, float *mean, float *rstd, const 
 }
 
 /* dx = rstd * (dnorm - mean(dnorm) [LayerNorm only] - xhat * mean(dnorm * xhat)), dnorm = dout * w. */
-__global__ void norm_input_grad_kernel(float *dx, const float *dout, const float *x, const float *w,
+static __global__ void norm_input_grad_kernel(float *dx, const float *dout, const float *x, const float *w,
                                        const float *shift, const float *rstd, int64_t n, int64_t c) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -52,7 +52,7 @@ __global__ void norm_input_grad_kernel(float *dx, const float *dout, const float
 /* dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. A block owns 32
  * channels of one chunk of rows (blockIdx.y); its 8 warps split the chunk and
  * combine in shared memory, and chunks meet through atomicAdd. */
-__global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, const float *x, const float *shift,
+static __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, const float *x, const float *shift,
                                        const float *rstd, int64_t n, int64_t c, int64_t chunk) {
     __shared__ float part_w[WARPS_PER_BLOCK][33], part_b[WARPS_PER_BLOCK][33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;

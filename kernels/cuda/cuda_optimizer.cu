@@ -4,7 +4,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float beta1, float beta2,
+static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float beta1, float beta2,
                              float eps, float decay, float step_size, float bc2_sqrt) {
     GRID_STRIDE(i, n) {
         float gi = g[i];
@@ -16,7 +16,7 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64
     }
 }
 
-__global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
+static __global__ void sgd_kernel(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
                            bool first) {
     GRID_STRIDE(i, n) {
         float d = g[i] + wd * p[i];

@@ -4,7 +4,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
-__global__ void sum_kernel(cuda_scratch *scratch, const float *x, int64_t n, bool squares) {
+static __global__ void sum_kernel(cuda_scratch *scratch, const float *x, int64_t n, bool squares) {
     __shared__ double partial[CUDA_BLOCK];
     double acc = 0;
     GRID_STRIDE(i, n) acc += squares ? (double)x[i] * x[i] : (double)x[i];
@@ -17,7 +17,7 @@ __global__ void sum_kernel(cuda_scratch *scratch, const float *x, int64_t n, boo
     if (threadIdx.x == 0) atomicAdd(&scratch->acc, partial[0]);
 }
 
-__global__ void finite_kernel(cuda_scratch *scratch, const float *x, int64_t n) {
+static __global__ void finite_kernel(cuda_scratch *scratch, const float *x, int64_t n) {
     GRID_STRIDE(i, n) {
         if (!isfinite(x[i])) scratch->flag = 1;
     }
@@ -64,13 +64,13 @@ dsc_status dsc_cuda_all_finite(const dsc_backend *backend, bool *out, const floa
     return NULL;
 }
 
-__global__ void scale_kernel(float *x, float s, int64_t n) {
+static __global__ void scale_kernel(float *x, float s, int64_t n) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
-__global__ void axpy_kernel(float *y, float a, const float *x, int64_t n) {
+static __global__ void axpy_kernel(float *y, float a, const float *x, int64_t n) {
     GRID_STRIDE(i, n) y[i] += a * x[i];
 }
-__global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
+static __global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
     GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 

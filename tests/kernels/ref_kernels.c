@@ -179,3 +179,21 @@ void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, doub
         p[i] -= lr * d;
     }
 }
+
+void ref_lion(double *p, const double *g, double *m, int64_t n, double lr, double beta1, double beta2, double wd) {
+    for (int64_t i = 0; i < n; i++) {
+        double c = beta1 * m[i] + (1 - beta1) * g[i];
+        p[i] = p[i] * (1 - lr * wd) - lr * (double)((c > 0) - (c < 0));
+        m[i] = beta2 * m[i] + (1 - beta2) * g[i];
+    }
+}
+
+void ref_lamb_direction(double *u, const double *p, const double *g, double *m, double *v, int64_t n, double beta1,
+                        double beta2, double eps, double wd) {
+    for (int64_t i = 0; i < n; i++) {
+        double gi = g[i];
+        m[i] = beta1 * m[i] + (1 - beta1) * gi;
+        v[i] = beta2 * v[i] + (1 - beta2) * gi * gi;
+        u[i] = m[i] / (sqrt(v[i]) + eps) + wd * p[i];
+    }
+}

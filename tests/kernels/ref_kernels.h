@@ -32,5 +32,26 @@ void ref_adamw(double *p, const double *g, double *m, double *v, int64_t n, doub
                double eps, double wd, int64_t step);
 void ref_sgd(double *p, const double *g, double *buf, int64_t n, double lr, double momentum, double wd,
              int64_t step);
+/* Lion step; LAMB's update direction (u may alias g). */
+void ref_lion(double *p, const double *g, double *m, int64_t n, double lr, double beta1, double beta2, double wd);
+void ref_lamb_direction(double *u, const double *p, const double *g, double *m, double *v, int64_t n, double beta1,
+                        double beta2, double eps, double wd);
+
+/* Gradients (ref_backward.c): dbias, dw, db, dwte, dwpe accumulate; the others are overwritten. */
+void ref_bias_grad(double *dbias, const double *dy, int64_t n, int64_t oc);
+void ref_layernorm_backward(double *dx, double *dw, double *db, const double *dout, const double *x,
+                            const double *w, const double *mean, const double *rstd, int64_t n, int64_t c);
+void ref_rmsnorm_backward(double *dx, double *dw, const double *dout, const double *x, const double *w,
+                          const double *rstd, int64_t n, int64_t c);
+void ref_gelu_backward(double *dx, const double *dout, const double *x, int64_t n);
+void ref_silu_backward(double *dx, const double *dout, const double *x, int64_t n);
+void ref_swiglu_backward(double *dgate, double *dup, const double *dout, const double *gate, const double *up,
+                         int64_t n);
+void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q, const double *k,
+                            const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, const int32_t *tokens, int64_t n,
+                            int64_t t, int64_t c);
+void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n, int64_t v,
+                                double dloss);
 
 #endif

@@ -77,12 +77,37 @@ static void test_mixed_devices(void **state) {
     dsc_tensor_free(&x);
 }
 
+/* The CUDA id checks run on the device and report the first bad id by
+ * position, as the CPU ones do; skipped without a GPU. */
+static void test_cuda_bad_ids(void **state) {
+    (void)state;
+    if (dsc_cuda_device_count() == 0) skip();
+    dsc_device gpu = {DSC_DEVICE_CUDA, 0};
+    const int32_t ids[] = {4, 1, 4, 0, 4, 2, 5, 3}, targets[] = {4, -1, 5003, 2};
+    dsc_tensor tok_h = kt_ints(ids, KT_SHAPE(2, 4)), tgt_h = kt_ints(targets, KT_SHAPE(4)), tok, tgt, wte, out;
+    dsc_tensor logits, losses;
+    assert_ok(dsc_tensor_alloc(&tok, DSC_DTYPE_I32, 2, tok_h.shape, gpu, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&tgt, DSC_DTYPE_I32, 1, tgt_h.shape, gpu, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_copy(&tok, &tok_h)), assert_ok(dsc_tensor_copy(&tgt, &tgt_h));
+    assert_ok(dsc_tensor_alloc(&wte, DSC_DTYPE_F32, KT_SHAPE(5, 8), gpu, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&out, DSC_DTYPE_F32, KT_SHAPE(2, 4, 8), gpu, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&logits, DSC_DTYPE_F32, KT_SHAPE(4, 5003), gpu, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(&losses, DSC_DTYPE_F32, KT_SHAPE(4), gpu, DSC_MEM_OTHER));
+    assert_err(dsc_kernel_embedding_forward(&out, &tok, &wte, NULL), DSC_ERR_INVALID,
+               "token id 5 at position 6 is outside [0, 5)");
+    assert_err(dsc_kernel_cross_entropy_forward(&losses, &logits, &tgt), DSC_ERR_INVALID,
+               "target id 5003 at position 2");
+    dsc_tensor_free(&tok_h), dsc_tensor_free(&tgt_h), dsc_tensor_free(&tok), dsc_tensor_free(&tgt);
+    dsc_tensor_free(&wte), dsc_tensor_free(&out), dsc_tensor_free(&logits), dsc_tensor_free(&losses);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_token_id_names_id_and_position),
         cmocka_unit_test(test_bad_target_id),
         cmocka_unit_test(test_shape_and_dtype_mismatches),
         cmocka_unit_test(test_mixed_devices),
+        cmocka_unit_test(test_cuda_bad_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -153,7 +153,8 @@ static void test_matches_dsc_generate(void **state) {
 static cJSON *post_json(const char *path, const char *body, int expect_status) {
     char *resp;
     int status = st_request(server.port, path, body, &resp);
-    if (status != expect_status) fail_msg("%s %s: status %d, expected %d: %s", path, body, status, expect_status, resp);
+    if (status != expect_status)
+        fail_msg("%s %s: status %d, expected %d: %s", path, body ? body : "(GET)", status, expect_status, resp);
     cJSON *r = cJSON_Parse(resp);
     free(resp);
     assert_non_null(r);

@@ -1,0 +1,645 @@
+/* One table of cases for every kernel operation (the model is ggml's
+ * tests/test-backend-ops.cpp). A case builds its inputs from its own seed,
+ * makes one public kernel call and names the backend table entry it
+ * exercises; shapes include edge sizes (one element, empty tensors, extents
+ * that are not a multiple of a block or a warp, in-place calls).
+ *
+ *   test_kernel_ops          every case on the CPU against the naive double
+ *                            reference (ref_kernels.c, ref_backward.c)
+ *   test_kernel_ops cuda     every case on cuda:0 against the same case on
+ *                            the CPU; exits 77 (skipped) without a device
+ *
+ * Both modes first check coverage: a table entry of struct dsc_kernel_ops
+ * with no case fails the test, so a new operation cannot go untested.
+ * Not here: finite-difference checks of the references' gradients and
+ * thread-count invariance (test_kernels_dense, _attention, _train), and
+ * argument errors (test_kernels_errors). */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
+#include "kernel_test_util.h"
+#include "ref_kernels.h"
+
+#define MAX_TENSORS 16
+#define MAX_SCALARS 4
+
+/* One run of a case: the tensors it made (initial values kept on the host),
+ * which of them are outputs, and the expected values (reference mode). */
+typedef struct tc {
+    dsc_device dev;
+    bool ref; /* compute expected values with the reference */
+    dsc_rng rng;
+    int n;
+    dsc_tensor init[MAX_TENSORS]; /* initial values, on the host */
+    dsc_tensor t[MAX_TENSORS];    /* what the kernel sees, on dev */
+    double *init_d[MAX_TENSORS];  /* initial values in double (f32 tensors) */
+    double *want[MAX_TENSORS];    /* expected values of outputs; starts as the initial values */
+    int nscalars;
+    double scalar[MAX_SCALARS], scalar_want[MAX_SCALARS];
+} tc;
+
+static dsc_tensor *tc_add(tc *c, dsc_tensor host) {
+    assert_true(c->n < MAX_TENSORS);
+    int i = c->n++;
+    c->init[i] = host;
+    assert_ok(dsc_tensor_alloc(&c->t[i], host.dtype, host.ndim, host.shape, c->dev, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_copy(&c->t[i], &host));
+    c->init_d[i] = host.dtype == DSC_DTYPE_F32 ? kt_to_double(&host) : NULL;
+    return &c->t[i];
+}
+
+static int tc_index(const tc *c, const dsc_tensor *t) {
+    for (int i = 0; i < c->n; i++)
+        if (&c->t[i] == t) return i;
+    fail_msg("tensor not made by this case");
+    return -1;
+}
+
+static dsc_tensor *tc_randn(tc *c, float scale, int ndim, const int64_t *shape) {
+    return tc_add(c, kt_randn(&c->rng, scale, ndim, shape));
+}
+static dsc_tensor *tc_full(tc *c, float value, int ndim, const int64_t *shape) {
+    return tc_add(c, kt_full(value, ndim, shape));
+}
+static dsc_tensor *tc_ints(tc *c, const int32_t *values, int ndim, const int64_t *shape) {
+    return tc_add(c, kt_ints(values, ndim, shape));
+}
+static dsc_tensor *tc_values(tc *c, const double *values, int ndim, const int64_t *shape) {
+    dsc_tensor host = kt_full(0.0f, ndim, shape);
+    for (int64_t i = 0; i < dsc_tensor_numel(&host); i++)
+        kt_f(&host)[i] = (float)values[i];
+    return tc_add(c, host);
+}
+#define RANDN(c, scale, ...) tc_randn((c), (scale), KT_SHAPE(__VA_ARGS__))
+#define FULL(c, value, ...) tc_full((c), (value), KT_SHAPE(__VA_ARGS__))
+
+/* Initial values of t in double (f32) or as ids (i32). */
+static const double *tc_in(const tc *c, const dsc_tensor *t) {
+    return t ? c->init_d[tc_index(c, t)] : NULL;
+}
+static const int32_t *tc_ids(const tc *c, const dsc_tensor *t) {
+    return (const int32_t *)c->init[tc_index(c, t)].data;
+}
+
+/* Marks t as an output; returns its expected values, initialised to t's
+ * initial values so that accumulating references add into them. */
+static double *tc_out(tc *c, const dsc_tensor *t) {
+    int i = tc_index(c, t);
+    if (!c->want[i]) {
+        c->want[i] = kt_zeros_d(dsc_tensor_numel(t));
+        memcpy(c->want[i], c->init_d[i], (size_t)dsc_tensor_numel(t) * sizeof(double));
+    }
+    return c->want[i];
+}
+
+static void tc_scalar(tc *c, double got, double want) {
+    assert_true(c->nscalars < MAX_SCALARS);
+    c->scalar[c->nscalars] = got;
+    c->scalar_want[c->nscalars++] = want;
+}
+
+static void tc_free(tc *c) {
+    for (int i = 0; i < c->n; i++) {
+        dsc_tensor_free(&c->init[i]);
+        dsc_tensor_free(&c->t[i]);
+        free(c->init_d[i]);
+        free(c->want[i]);
+    }
+}
+
+/* ---- the cases: each makes its tensors, calls the kernel, and (reference
+ * mode) computes the expected outputs from the initial values ---------------- */
+
+typedef void (*case_fn)(tc *c, const int64_t *a);
+
+/* a: m, n, k, trans_a, trans_b, batch (0: 2-D). alpha 0.5, beta 1, bias. */
+static void case_gemm(tc *c, const int64_t *a) {
+    int64_t m = a[0], n = a[1], k = a[2], bt = a[5];
+    bool ta = a[3], tb = a[4];
+    int64_t sa[3] = {bt, ta ? k : m, ta ? m : k}, sb[3] = {bt, tb ? n : k, tb ? k : n}, so[3] = {bt, m, n};
+    int nd = bt ? 3 : 2, o = bt ? 0 : 1;
+    dsc_tensor *x = tc_randn(c, 1.0f, nd, sa + o), *y = tc_randn(c, 1.0f, nd, sb + o);
+    dsc_tensor *out = tc_randn(c, 1.0f, nd, so + o), *bias = RANDN(c, 1.0f, n);
+    assert_ok(dsc_kernel_gemm(out, x, y, bias, ta, tb, 0.5f, 1.0f));
+    double *want = tc_out(c, out);
+    if (c->ref) ref_gemm(want, tc_in(c, x), tc_in(c, y), tc_in(c, bias), bt ? bt : 1, m, n, k, ta, tb, 0.5, 1.0);
+}
+
+/* a: rows, out channels. Only dbias is asked for, so only the bias entry runs. */
+static void case_linear_bias(tc *c, const int64_t *a) {
+    int64_t rows = a[0], oc = a[1];
+    dsc_tensor *dy = RANDN(c, 1.0f, rows, oc), *x = RANDN(c, 1.0f, rows, 5), *w = RANDN(c, 1.0f, oc, 5);
+    dsc_tensor *db = FULL(c, 0.5f, oc);
+    assert_ok(dsc_kernel_linear_backward(NULL, NULL, db, dy, x, w));
+    double *want = tc_out(c, db);
+    if (c->ref) ref_bias_grad(want, tc_in(c, dy), rows, oc);
+}
+
+/* a: rows, channels, rms (0: LayerNorm). */
+static void case_norm_forward(tc *c, const int64_t *a) {
+    int64_t n = a[0], ch = a[1];
+    dsc_tensor *x = RANDN(c, 2.0f, n, ch), *w = RANDN(c, 1.0f, ch), *b = RANDN(c, 1.0f, ch);
+    dsc_tensor *out = FULL(c, 0.0f, n, ch), *mean = FULL(c, 0.0f, n), *rstd = FULL(c, 0.0f, n);
+    if (a[2]) {
+        assert_ok(dsc_kernel_rmsnorm_forward(out, rstd, x, w, 1e-5f));
+        if (c->ref) ref_rmsnorm(tc_out(c, out), tc_out(c, rstd), tc_in(c, x), tc_in(c, w), n, ch, 1e-5);
+    } else {
+        assert_ok(dsc_kernel_layernorm_forward(out, mean, rstd, x, w, b, 1e-5f));
+        if (c->ref)
+            ref_layernorm(tc_out(c, out), tc_out(c, mean), tc_out(c, rstd), tc_in(c, x), tc_in(c, w), tc_in(c, b), n,
+                          ch, 1e-5);
+    }
+    tc_out(c, out), tc_out(c, rstd);
+    if (!a[2]) tc_out(c, mean);
+}
+
+/* a: rows, channels, rms. The saved statistics are the reference's of x. */
+static void case_norm_backward(tc *c, const int64_t *a) {
+    int64_t n = a[0], ch = a[1];
+    bool rms = a[2];
+    dsc_tensor *x = RANDN(c, 2.0f, n, ch), *w = RANDN(c, 1.0f, ch), *dout = RANDN(c, 1.0f, n, ch);
+    double *y = kt_zeros_d(n * ch), *mu = kt_zeros_d(n), *rs = kt_zeros_d(n);
+    if (rms)
+        ref_rmsnorm(y, rs, tc_in(c, x), tc_in(c, w), n, ch, 1e-5);
+    else
+        ref_layernorm(y, mu, rs, tc_in(c, x), tc_in(c, w), NULL, n, ch, 1e-5);
+    dsc_tensor *mean = tc_values(c, mu, KT_SHAPE(n)), *rstd = tc_values(c, rs, KT_SHAPE(n));
+    dsc_tensor *dx = FULL(c, 0.0f, n, ch), *dw = FULL(c, 0.5f, ch), *db = FULL(c, 0.5f, ch);
+    if (rms)
+        assert_ok(dsc_kernel_rmsnorm_backward(dx, dw, dout, x, w, rstd));
+    else
+        assert_ok(dsc_kernel_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd));
+    double *want_dx = tc_out(c, dx), *want_dw = tc_out(c, dw), *want_db = rms ? NULL : tc_out(c, db);
+    if (c->ref && rms)
+        ref_rmsnorm_backward(want_dx, want_dw, tc_in(c, dout), tc_in(c, x), tc_in(c, w), tc_in(c, rstd), n, ch);
+    else if (c->ref)
+        ref_layernorm_backward(want_dx, want_dw, want_db, tc_in(c, dout), tc_in(c, x), tc_in(c, w), tc_in(c, mean),
+                               tc_in(c, rstd), n, ch);
+    free(y), free(mu), free(rs);
+}
+
+enum { GELU, SILU, SWIGLU };
+
+/* a: rows, cols, which activation. */
+static void case_activation(tc *c, const int64_t *a) {
+    int64_t r = a[0], k = a[1], n = r * k;
+    dsc_tensor *x = RANDN(c, 2.0f, r, k), *up = RANDN(c, 1.0f, r, k), *out = FULL(c, 0.0f, r, k);
+    double *want = tc_out(c, out);
+    switch (a[2]) {
+    case GELU: assert_ok(dsc_kernel_gelu_forward(out, x)); break;
+    case SILU: assert_ok(dsc_kernel_silu_forward(out, x)); break;
+    default: assert_ok(dsc_kernel_swiglu_forward(out, x, up)); break;
+    }
+    if (!c->ref) return;
+    switch (a[2]) {
+    case GELU: ref_gelu(want, tc_in(c, x), n); break;
+    case SILU: ref_silu(want, tc_in(c, x), n); break;
+    default: ref_swiglu(want, tc_in(c, x), tc_in(c, up), n); break;
+    }
+}
+
+static void case_activation_backward(tc *c, const int64_t *a) {
+    int64_t r = a[0], k = a[1], n = r * k;
+    dsc_tensor *x = RANDN(c, 2.0f, r, k), *up = RANDN(c, 1.0f, r, k), *dout = RANDN(c, 1.0f, r, k);
+    dsc_tensor *dx = FULL(c, 0.0f, r, k), *dup = FULL(c, 0.0f, r, k);
+    double *want = tc_out(c, dx), *want_up = a[2] == SWIGLU ? tc_out(c, dup) : NULL;
+    switch (a[2]) {
+    case GELU: assert_ok(dsc_kernel_gelu_backward(dx, dout, x)); break;
+    case SILU: assert_ok(dsc_kernel_silu_backward(dx, dout, x)); break;
+    default: assert_ok(dsc_kernel_swiglu_backward(dx, dup, dout, x, up)); break;
+    }
+    if (!c->ref) return;
+    switch (a[2]) {
+    case GELU: ref_gelu_backward(want, tc_in(c, dout), tc_in(c, x), n); break;
+    case SILU: ref_silu_backward(want, tc_in(c, dout), tc_in(c, x), n); break;
+    default: ref_swiglu_backward(want, want_up, tc_in(c, dout), tc_in(c, x), tc_in(c, up), n); break;
+    }
+}
+
+/* a: rows, cols, in place. */
+static void case_softmax(tc *c, const int64_t *a) {
+    dsc_tensor *x = RANDN(c, 3.0f, a[0], a[1]), *out = a[2] ? x : FULL(c, 0.0f, a[0], a[1]);
+    assert_ok(dsc_kernel_softmax(out, x));
+    double *want = tc_out(c, out);
+    if (c->ref) ref_softmax(want, tc_in(c, x), a[0], a[1]);
+}
+
+/* a: B, T, NH, NKV, HS. */
+static void case_attention(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], nh = a[2], nkv = a[3], hs = a[4];
+    dsc_tensor *q = RANDN(c, 1.0f, b, t, nh, hs), *k = RANDN(c, 1.0f, b, t, nkv, hs);
+    dsc_tensor *v = RANDN(c, 1.0f, b, t, nkv, hs), *out = FULL(c, 0.0f, b, t, nh, hs), *lse = FULL(c, 0.0f, b, nh, t);
+    assert_ok(dsc_kernel_attention_forward(out, lse, q, k, v));
+    double *want = tc_out(c, out), *want_lse = tc_out(c, lse);
+    if (c->ref) ref_attention(want, want_lse, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+}
+
+/* a: B, T, NH, NKV, HS. out and lse are the reference forward's. */
+static void case_attention_backward(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], nh = a[2], nkv = a[3], hs = a[4];
+    dsc_tensor *q = RANDN(c, 1.0f, b, t, nh, hs), *k = RANDN(c, 1.0f, b, t, nkv, hs);
+    dsc_tensor *v = RANDN(c, 1.0f, b, t, nkv, hs), *dout = RANDN(c, 1.0f, b, t, nh, hs);
+    double *o = kt_zeros_d(b * t * nh * hs), *l = kt_zeros_d(b * nh * t);
+    ref_attention(o, l, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+    dsc_tensor *out = tc_values(c, o, KT_SHAPE(b, t, nh, hs)), *lse = tc_values(c, l, KT_SHAPE(b, nh, t));
+    dsc_tensor *dq = FULL(c, 0.0f, b, t, nh, hs), *dk = FULL(c, 0.0f, b, t, nkv, hs), *dv = FULL(c, 0.0f, b, t, nkv, hs);
+    assert_ok(dsc_kernel_attention_backward(dq, dk, dv, dout, q, k, v, out, lse));
+    double *wq = tc_out(c, dq), *wk = tc_out(c, dk), *wv = tc_out(c, dv);
+    if (c->ref)
+        ref_attention_backward(wq, wk, wv, tc_in(c, dout), tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+    free(o), free(l);
+}
+
+/* a: B, T, NH, HS, inverse, in place. Positions reach 1e5 (angles need double). */
+static void case_rope(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], nh = a[2], hs = a[3];
+    int32_t *pos = malloc((size_t)t * sizeof *pos);
+    for (int64_t i = 0; i < t; i++)
+        pos[i] = (int32_t)((i * 7919) % 100003);
+    dsc_tensor *p = tc_ints(c, pos, KT_SHAPE(t)), *x = RANDN(c, 1.0f, b, t, nh, hs);
+    dsc_tensor *out = a[5] ? x : FULL(c, 0.0f, b, t, nh, hs);
+    assert_ok(dsc_kernel_rope(out, x, p, 10000.0f, a[4]));
+    double *want = tc_out(c, out);
+    if (c->ref) ref_rope(want, tc_in(c, x), pos, b, t, nh, hs, 10000.0, a[4]);
+    free(pos);
+}
+
+/* Ids with repeats, in [0, v). */
+static dsc_tensor *ids(tc *c, int64_t b, int64_t t, int64_t v) {
+    int32_t *id = malloc((size_t)(b * t) * sizeof *id);
+    for (int64_t i = 0; i < b * t; i++)
+        id[i] = (int32_t)((i * 3 + i / 2) % v);
+    dsc_tensor *tok = tc_ints(c, id, KT_SHAPE(b, t));
+    free(id);
+    return tok;
+}
+
+/* a: B, T, V, C, with wpe. */
+static void case_embedding(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], v = a[2], ch = a[3];
+    dsc_tensor *tok = ids(c, b, t, v), *wte = RANDN(c, 1.0f, v, ch);
+    dsc_tensor *wpe = a[4] ? RANDN(c, 1.0f, t + 2, ch) : NULL, *out = FULL(c, 0.0f, b, t, ch);
+    assert_ok(dsc_kernel_embedding_forward(out, tok, wte, wpe));
+    double *want = tc_out(c, out);
+    if (c->ref) ref_embedding(want, tc_ids(c, tok), tc_in(c, wte), tc_in(c, wpe), b * t, t, ch);
+}
+
+static void case_embedding_backward(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], v = a[2], ch = a[3];
+    dsc_tensor *tok = ids(c, b, t, v), *dout = RANDN(c, 1.0f, b, t, ch), *dwte = FULL(c, 0.5f, v, ch);
+    dsc_tensor *dwpe = a[4] ? FULL(c, 0.5f, t + 2, ch) : NULL;
+    assert_ok(dsc_kernel_embedding_backward(dwte, dwpe, dout, tok));
+    double *want = tc_out(c, dwte), *want_pe = dwpe ? tc_out(c, dwpe) : NULL;
+    if (c->ref) ref_embedding_backward(want, want_pe, tc_in(c, dout), tc_ids(c, tok), b * t, t, ch);
+}
+
+/* Targets in [0, v), every fifth ignored (negative). */
+static dsc_tensor *targets(tc *c, int64_t n, int64_t v) {
+    int32_t *id = malloc((size_t)n * sizeof *id);
+    for (int64_t i = 0; i < n; i++)
+        id[i] = i % 5 == 1 ? (i % 2 ? -1 : -100) : (int32_t)((i * 7) % v);
+    dsc_tensor *tgt = tc_ints(c, id, KT_SHAPE(n));
+    free(id);
+    return tgt;
+}
+
+/* a: rows, vocabulary. */
+static void case_cross_entropy(tc *c, const int64_t *a) {
+    int64_t n = a[0], v = a[1];
+    dsc_tensor *logits = RANDN(c, 3.0f, n, v), *tgt = targets(c, n, v), *losses = FULL(c, 0.0f, n);
+    assert_ok(dsc_kernel_cross_entropy_forward(losses, logits, tgt));
+    double *want = tc_out(c, losses);
+    if (c->ref) ref_cross_entropy(want, tc_in(c, logits), tc_ids(c, tgt), n, v);
+}
+
+/* a: rows, vocabulary, in place (dlogits aliases logits). */
+static void case_cross_entropy_backward(tc *c, const int64_t *a) {
+    int64_t n = a[0], v = a[1];
+    dsc_tensor *logits = RANDN(c, 3.0f, n, v), *tgt = targets(c, n, v);
+    dsc_tensor *dlogits = a[2] ? logits : FULL(c, 0.0f, n, v);
+    assert_ok(dsc_kernel_cross_entropy_backward(dlogits, logits, tgt, 0.125f));
+    double *want = tc_out(c, dlogits);
+    if (c->ref) ref_cross_entropy_backward(want, tc_in(c, logits), tc_ids(c, tgt), n, v, 0.125);
+}
+
+/* a: n, steps. */
+static void case_adamw(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    dsc_tensor *p = RANDN(c, 1.0f, n), *g = RANDN(c, 0.1f, n), *m = FULL(c, 0.0f, n), *v = FULL(c, 0.0f, n);
+    double *wp = tc_out(c, p), *wm = tc_out(c, m), *wv = tc_out(c, v);
+    for (int64_t step = 1; step <= a[1]; step++) {
+        assert_ok(dsc_kernel_adamw(p, g, m, v, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step));
+        if (c->ref) ref_adamw(wp, tc_in(c, g), wm, wv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    }
+}
+
+/* a: n, steps, momentum (x10). */
+static void case_sgd(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    float momentum = (float)a[2] / 10;
+    dsc_tensor *p = RANDN(c, 1.0f, n), *g = RANDN(c, 0.1f, n), *buf = FULL(c, 0.0f, n);
+    double *wp = tc_out(c, p), *wb = kt_zeros_d(n);
+    for (int64_t step = 1; step <= a[1]; step++) {
+        assert_ok(dsc_kernel_sgd(p, g, buf, 0.1f, momentum, 0.01f, step));
+        if (c->ref) ref_sgd(wp, tc_in(c, g), wb, n, 0.1f, momentum, 0.01f, step);
+    }
+    free(wb);
+}
+
+/* a: n, steps. */
+static void case_lion(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    dsc_tensor *p = RANDN(c, 1.0f, n), *g = RANDN(c, 0.1f, n), *m = RANDN(c, 0.1f, n);
+    double *wp = tc_out(c, p), *wm = tc_out(c, m);
+    for (int64_t step = 1; step <= a[1]; step++) {
+        assert_ok(dsc_kernel_lion(p, g, m, 1e-2f, 0.9f, 0.99f, 0.1f));
+        if (c->ref) ref_lion(wp, tc_in(c, g), wm, n, 1e-2f, 0.9f, 0.99f, 0.1f);
+    }
+}
+
+/* a: n, update aliases grad. */
+static void case_lamb_direction(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    dsc_tensor *p = RANDN(c, 1.0f, n), *g = RANDN(c, 0.1f, n), *m = RANDN(c, 0.1f, n);
+    dsc_tensor *v = FULL(c, 0.01f, n), *u = a[1] ? g : FULL(c, 0.0f, n);
+    assert_ok(dsc_kernel_lamb_direction(u, p, g, m, v, 0.9f, 0.999f, 1e-6f, 0.01f));
+    double *wu = tc_out(c, u), *wm = tc_out(c, m), *wv = tc_out(c, v);
+    if (c->ref) ref_lamb_direction(wu, tc_in(c, p), tc_in(c, g), wm, wv, n, 0.9f, 0.999f, 1e-6f, 0.01f);
+}
+
+enum { SUM, SUM_SQUARES, ALL_FINITE };
+
+/* a: n, which reduction, poison (0 none, 1 NaN at the end, 2 -inf at the start). */
+static void case_reduce(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    double *vals = kt_zeros_d(n), want = 0;
+    for (int64_t i = 0; i < n; i++)
+        vals[i] = (double)((i * 37) % 101) / 16 - 3;
+    if (n && a[2] == 1) vals[n - 1] = NAN;
+    if (n && a[2] == 2) vals[0] = -INFINITY;
+    dsc_tensor *x = tc_values(c, vals, KT_SHAPE(n));
+    double got;
+    bool finite = true;
+    switch (a[1]) {
+    case SUM: assert_ok(dsc_kernel_sum(&got, x)); break;
+    case SUM_SQUARES: assert_ok(dsc_kernel_sum_squares(&got, x)); break;
+    default: assert_ok(dsc_kernel_all_finite(&finite, x)); got = finite;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double f = (float)vals[i];
+        want += a[1] == SUM ? f : f * f;
+    }
+    if (a[1] == ALL_FINITE) want = a[2] == 0;
+    tc_scalar(c, got, want);
+    free(vals);
+}
+
+enum { SCALE, AXPY, ADD, ZERO };
+
+/* a: n, which operation. zero's input holds NaN and inf (it must not scale them). */
+static void case_elementwise(tc *c, const int64_t *a) {
+    int64_t n = a[0];
+    dsc_tensor *x = RANDN(c, 1.0f, n), *y = RANDN(c, 1.0f, n), *out = FULL(c, 0.0f, n);
+    switch (a[1]) {
+    case SCALE: assert_ok(dsc_kernel_scale(x, 3.0f)); break;
+    case AXPY: assert_ok(dsc_kernel_axpy(y, 0.5f, x)); break;
+    case ADD: assert_ok(dsc_kernel_add(out, x, y)); break;
+    default: {
+        double *bad = kt_zeros_d(n);
+        for (int64_t i = 0; i < n; i++)
+            bad[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? INFINITY : 1;
+        dsc_tensor *z = tc_values(c, bad, KT_SHAPE(n));
+        free(bad);
+        assert_ok(dsc_kernel_zero(z));
+        double *w = tc_out(c, z);
+        for (int64_t i = 0; i < n; i++)
+            w[i] = 0;
+        return;
+    }
+    }
+    dsc_tensor *result = a[1] == SCALE ? x : a[1] == AXPY ? y : out;
+    double *w = tc_out(c, result);
+    const double *xi = tc_in(c, x), *yi = tc_in(c, y);
+    for (int64_t i = 0; c->ref && i < n; i++)
+        w[i] = a[1] == SCALE ? 3 * xi[i] : a[1] == AXPY ? yi[i] + 0.5 * xi[i] : xi[i] + yi[i];
+}
+
+/* ---- the table ------------------------------------------------------------------ */
+
+typedef struct op_case {
+    size_t entry; /* offsetof(struct dsc_kernel_ops, <entry>) */
+    const char *name;
+    case_fn fn;
+    int64_t a[6];
+    double tol; /* relative error, in both modes */
+} op_case;
+
+#define ENTRY(op) offsetof(struct dsc_kernel_ops, op)
+#define CASE(op, fn, tol, ...) {ENTRY(op), #op " (" #__VA_ARGS__ ")", fn, {__VA_ARGS__}, tol}
+
+static const op_case cases[] = {
+    /* gemm: m, n, k, trans_a, trans_b, batch */
+    CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 0, 0, 0),
+    CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 0, 1, 0),
+    CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 1, 0, 0),
+    CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 1, 1, 0),
+    CASE(gemm, case_gemm, 1e-4, 17, 19, 33, 0, 1, 3),
+    CASE(gemm, case_gemm, 1e-4, 1, 1, 1, 0, 0, 0),
+    CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
+    CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
+    CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
+    CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
+    CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
+    /* norms: rows, channels, rms */
+    CASE(layernorm_forward, case_norm_forward, 1e-4, 300, 1000, 0),
+    CASE(layernorm_forward, case_norm_forward, 1e-4, 3, 33, 0),
+    CASE(layernorm_forward, case_norm_forward, 1e-4, 1, 1, 0),
+    CASE(layernorm_backward, case_norm_backward, 1e-4, 300, 1000, 0),
+    CASE(layernorm_backward, case_norm_backward, 1e-4, 5, 33, 0),
+    CASE(rmsnorm_forward, case_norm_forward, 1e-4, 300, 1000, 1),
+    CASE(rmsnorm_forward, case_norm_forward, 1e-4, 1, 1, 1),
+    CASE(rmsnorm_backward, case_norm_backward, 1e-4, 300, 1000, 1),
+    CASE(rmsnorm_backward, case_norm_backward, 1e-4, 5, 33, 1),
+    /* activations: rows, cols, which */
+    CASE(gelu_forward, case_activation, 1e-4, 1000, 77, GELU),
+    CASE(gelu_forward, case_activation, 1e-4, 1, 1, GELU),
+    CASE(gelu_forward, case_activation, 1e-4, 0, 5, GELU),
+    CASE(gelu_backward, case_activation_backward, 1e-4, 1000, 77, GELU),
+    CASE(silu_forward, case_activation, 1e-4, 1000, 77, SILU),
+    CASE(silu_forward, case_activation, 1e-4, 1, 1, SILU),
+    CASE(silu_backward, case_activation_backward, 1e-4, 1000, 77, SILU),
+    CASE(swiglu_forward, case_activation, 1e-4, 1000, 77, SWIGLU),
+    CASE(swiglu_backward, case_activation_backward, 1e-4, 1000, 77, SWIGLU),
+    CASE(swiglu_backward, case_activation_backward, 1e-4, 1, 3, SWIGLU),
+    /* softmax: rows, cols, in place */
+    CASE(softmax, case_softmax, 1e-4, 1000, 77, 0),
+    CASE(softmax, case_softmax, 1e-4, 3, 1, 0),
+    CASE(softmax, case_softmax, 1e-4, 7, 5003, 1),
+    /* attention: B, T, NH, NKV, HS (64 and 128 take the tiled CUDA kernels) */
+    CASE(attention_forward, case_attention, 1e-4, 2, 130, 4, 2, 64),
+    CASE(attention_forward, case_attention, 1e-4, 1, 1, 2, 1, 128),
+    CASE(attention_forward, case_attention, 1e-4, 1, 70, 4, 1, 128),
+    CASE(attention_forward, case_attention, 1e-4, 1, 33, 2, 2, 40),
+    CASE(attention_backward, case_attention_backward, 1e-3, 2, 130, 4, 2, 64),
+    CASE(attention_backward, case_attention_backward, 1e-3, 1, 1, 2, 1, 128),
+    CASE(attention_backward, case_attention_backward, 1e-3, 1, 70, 4, 1, 128),
+    CASE(attention_backward, case_attention_backward, 1e-3, 1, 33, 2, 2, 40),
+    /* rope: B, T, NH, HS, inverse, in place */
+    CASE(rope, case_rope, 1e-4, 2, 4, 3, 64, 0, 0),
+    CASE(rope, case_rope, 1e-4, 1, 9, 2, 2, 1, 1),
+    /* embedding: B, T, V, C, wpe */
+    CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 96, 1),
+    CASE(embedding_forward, case_embedding, 1e-5, 1, 7, 3, 1, 0),
+    CASE(embedding_backward, case_embedding_backward, 1e-5, 2, 4, 5, 96, 1),
+    CASE(embedding_backward, case_embedding_backward, 1e-5, 3, 50, 4, 33, 0),
+    /* cross-entropy: rows, vocabulary, in place */
+    CASE(cross_entropy_forward, case_cross_entropy, 1e-4, 8, 5003),
+    CASE(cross_entropy_forward, case_cross_entropy, 1e-4, 1, 1),
+    CASE(cross_entropy_backward, case_cross_entropy_backward, 1e-4, 8, 5003, 0),
+    CASE(cross_entropy_backward, case_cross_entropy_backward, 1e-4, 11, 7, 1),
+    /* optimizers: n, steps (, momentum x10) */
+    CASE(adamw, case_adamw, 1e-5, 100003, 3),
+    CASE(adamw, case_adamw, 1e-5, 1, 1),
+    CASE(sgd, case_sgd, 1e-5, 100003, 3, 9),
+    CASE(sgd, case_sgd, 1e-5, 5, 2, 0),
+    CASE(lion, case_lion, 1e-5, 100003, 3),
+    CASE(lion, case_lion, 1e-5, 1, 1),
+    CASE(lamb_direction, case_lamb_direction, 1e-5, 100003, 0),
+    CASE(lamb_direction, case_lamb_direction, 1e-5, 7, 1),
+    /* reductions: n, which, poison */
+    CASE(sum, case_reduce, 1e-9, 100003, SUM, 0),
+    CASE(sum, case_reduce, 1e-9, 0, SUM, 0),
+    CASE(sum_squares, case_reduce, 1e-9, 100003, SUM_SQUARES, 0),
+    CASE(sum_squares, case_reduce, 1e-9, 1, SUM_SQUARES, 0),
+    CASE(all_finite, case_reduce, 0, 100003, ALL_FINITE, 0),
+    CASE(all_finite, case_reduce, 0, 100003, ALL_FINITE, 1),
+    CASE(all_finite, case_reduce, 0, 3, ALL_FINITE, 2),
+    /* elementwise: n, which */
+    CASE(scale, case_elementwise, 1e-6, 100003, SCALE),
+    CASE(scale, case_elementwise, 1e-6, 0, SCALE),
+    CASE(axpy, case_elementwise, 1e-6, 100003, AXPY),
+    CASE(add, case_elementwise, 1e-6, 100003, ADD),
+    CASE(add, case_elementwise, 1e-6, 1, ADD),
+    CASE(zero, case_elementwise, 0, 1001, ZERO),
+};
+#define NUM_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* ---- running ----------------------------------------------------------------------- */
+
+static void run(const op_case *k, tc *c, dsc_device dev, bool ref) {
+    memset(c, 0, sizeof *c);
+    c->dev = dev;
+    c->ref = ref;
+    dsc_rng_init(&c->rng, 1000 + (uint64_t)(k - cases), 0, DSC_RNG_INIT);
+    k->fn(c, k->a);
+}
+
+/* Output i of a finished run, copied to the host (the caller frees it). */
+static dsc_tensor fetch(const tc *c, int i) {
+    dsc_tensor host;
+    assert_ok(dsc_tensor_alloc(&host, DSC_DTYPE_F32, c->t[i].ndim, c->t[i].shape, DSC_CPU, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_copy(&host, &c->t[i]));
+    return host;
+}
+
+static bool close_enough(double got, double want, double tol) {
+    return fabs(got - want) <= tol * fmax(fabs(want), 1e-3); /* false for NaN */
+}
+
+/* Whether the backend of `dev` implements table entry `entry` (the CPU must implement all). */
+static bool implements(dsc_device dev, size_t entry) {
+    const dsc_backend *backend;
+    assert_ok(dsc_backend_get(dev, &backend));
+    void (*slot)(void);
+    memcpy(&slot, (const char *)backend->iface->kernels + entry, sizeof slot);
+    return slot != NULL;
+}
+
+static int unsupported; /* cases skipped because the device's table lacks their entry */
+
+/* CPU against the reference, or `dev` against the CPU: true when every output agrees. */
+static bool check_case(const op_case *k, dsc_device dev) {
+    bool against_ref = dev.type == DSC_DEVICE_CPU, ok = true;
+    if (!implements(DSC_CPU, k->entry)) {
+        printf("FAILED: %s: the CPU backend does not implement it\n", k->name);
+        return false;
+    }
+    if (!against_ref && !implements(dev, k->entry)) {
+        printf("  %-44s not implemented by this backend: skipped\n", k->name);
+        unsupported++;
+        return true;
+    }
+    tc cpu, other;
+    run(k, &cpu, DSC_CPU, against_ref);
+    if (!against_ref) run(k, &other, dev, false);
+    const tc *got = against_ref ? &cpu : &other;
+    char what[160];
+    for (int i = 0; i < cpu.n; i++) {
+        if (!cpu.want[i]) continue;
+        dsc_tensor g = fetch(got, i);
+        double *want = against_ref ? cpu.want[i] : kt_to_double(&cpu.t[i]);
+        snprintf(what, sizeof what, "%s output %d", k->name, i);
+        double err = kt_rel_err(kt_f(&g), want, dsc_tensor_numel(&g), 1e-3, what);
+        if (!(err <= k->tol)) ok = false;
+        if (!against_ref) free(want);
+        dsc_tensor_free(&g);
+    }
+    for (int s = 0; s < cpu.nscalars; s++) {
+        double want = against_ref ? cpu.scalar_want[s] : cpu.scalar[s];
+        printf("  %-44s %.12g vs %.12g\n", k->name, got->scalar[s], want);
+        if (!close_enough(got->scalar[s], want, k->tol)) ok = false;
+    }
+    if (!ok) printf("FAILED: %s\n", k->name);
+    tc_free(&cpu);
+    if (!against_ref) tc_free(&other);
+    return ok;
+}
+
+/* Every entry of the backend table has a case. */
+static void test_coverage(void **state) {
+    (void)state;
+    size_t entries = sizeof(struct dsc_kernel_ops) / sizeof(void (*)(void)), missing = 0;
+    for (size_t e = 0; e < entries; e++) {
+        bool covered = false;
+        for (int i = 0; i < NUM_CASES && !covered; i++)
+            covered = cases[i].entry == e * sizeof(void (*)(void));
+        if (!covered) {
+            printf("entry %zu of struct dsc_kernel_ops has no case in test_kernel_ops.c\n", e);
+            missing++;
+        }
+    }
+    printf("  %zu table entries, %d cases\n", entries, NUM_CASES);
+    assert_int_equal(missing, 0);
+}
+
+static dsc_device device; /* CPU: against the reference; CUDA: against the CPU */
+
+static void test_cases(void **state) {
+    (void)state;
+    if (device.type == DSC_DEVICE_CUDA && dsc_cuda_device_count() == 0) skip();
+    int failed = 0;
+    for (int i = 0; i < NUM_CASES; i++)
+        failed += !check_case(&cases[i], device);
+    printf("  %d of %d cases agree (%d not implemented by the backend)\n", NUM_CASES - failed - unsupported, NUM_CASES,
+           unsupported);
+    assert_int_equal(failed, 0);
+}
+
+int main(int argc, char **argv) {
+    bool cuda = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    device = cuda ? (dsc_device){DSC_DEVICE_CUDA, 0} : DSC_CPU;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_coverage),
+        cmocka_unit_test(test_cases),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (cuda && dsc_cuda_device_count() == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return failed ? failed : 77; /* 77: ctest's SKIP_RETURN_CODE for this test */
+    }
+    return failed;
+}
