@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "dsc/api.h"
 #include "dsc/config.h"
 #include "dsc/status.h"
 
@@ -22,13 +23,13 @@ typedef struct dsc_monitor dsc_monitor;
 
 /* The monitors the config enables (possibly none: *out is then NULL, and
  * every call below accepts NULL). Creates the output directories. */
-dsc_status dsc_monitor_create(const dsc_config *cfg, dsc_monitor **out);
+DSC_API dsc_status dsc_monitor_create(const dsc_config *cfg, dsc_monitor **out);
 
 /* One scalar event to every enabled monitor. */
-dsc_status dsc_monitor_write(dsc_monitor *m, const char *tag, double value, int64_t step);
+DSC_API dsc_status dsc_monitor_write(dsc_monitor *m, const char *tag, double value, int64_t step);
 
 /* Flushes and closes the files. */
-void dsc_monitor_destroy(dsc_monitor *m);
+DSC_API void dsc_monitor_destroy(dsc_monitor *m);
 
 /* ---- the TensorBoard event file writer, on its own ---------------------------------
  * TFRecord framing (length, masked CRC-32C of the length, Event protobuf,
@@ -36,11 +37,11 @@ void dsc_monitor_destroy(dsc_monitor *m);
  * event first, then one Summary with a simple_value per scalar. */
 typedef struct dsc_tfevents dsc_tfevents;
 /* Opens DIR/events.out.tfevents.<seconds>.<host>.<pid> (DIR must exist). */
-dsc_status dsc_tfevents_open(const char *dir, dsc_tfevents **out);
-dsc_status dsc_tfevents_scalar(dsc_tfevents *w, const char *tag, float value, int64_t step, double wall_time);
-void dsc_tfevents_close(dsc_tfevents *w);
+DSC_API dsc_status dsc_tfevents_open(const char *dir, dsc_tfevents **out);
+DSC_API dsc_status dsc_tfevents_scalar(dsc_tfevents *w, const char *tag, float value, int64_t step, double wall_time);
+DSC_API void dsc_tfevents_close(dsc_tfevents *w);
 /* CRC-32C (Castagnoli) of `n` bytes, as TFRecord frames use it before masking. */
-uint32_t dsc_crc32c(const void *data, size_t n);
+DSC_API uint32_t dsc_crc32c(const void *data, size_t n);
 
 #ifdef __cplusplus
 }
