@@ -30,8 +30,9 @@ dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, ds
     *ptr = NULL;
     const dsc_backend *backend;
     DSC_TRY(dsc_backend_get(device, &backend));
-    if (bytes == 0) return NULL;
-    dsc_status s = backend->iface->mem_alloc(backend, ptr, bytes);
+    /* An empty request still gets a real block (DSC_MEM_ALIGN bytes,
+     * accounted as the 0 asked for): NULL is never handed out as success. */
+    dsc_status s = backend->iface->mem_alloc(backend, ptr, bytes ? bytes : DSC_MEM_ALIGN);
     if (s) {
         char dev[32];
         return dsc_error_wrap(s, "allocating %zu bytes of %s on %s", bytes,

@@ -57,17 +57,43 @@ static dsc_status check_shape(int ndim, const int64_t *shape) {
     return NULL;
 }
 
+static const char *shape_text(char *buf, size_t len, int ndim, const int64_t *shape) {
+    size_t used = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < ndim && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (used < len) snprintf(buf + used, len - used, ")");
+    return buf;
+}
+
+dsc_status dsc_shape_nbytes(dsc_dtype dtype, int ndim, const int64_t *shape, size_t *out) {
+    *out = 0;
+    DSC_CHECK((unsigned)dtype < DSC_DTYPE_COUNT, DSC_ERR_INVALID, "invalid dtype %d", (int)dtype);
+    DSC_TRY(check_shape(ndim, shape));
+    int64_t numel = 1;
+    size_t bytes;
+    bool overflow = false;
+    for (int i = 0; i < ndim; i++) overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
+    overflow |= numel < 0 || __builtin_mul_overflow((size_t)numel, dsc_dtype_size(dtype), &bytes);
+    if (overflow) {
+        char text[160];
+        return dsc_error(DSC_ERR_INVALID, "tensor of shape %s %s: its size overflows",
+                         shape_text(text, sizeof text, ndim, shape), dsc_dtype_name(dtype));
+    }
+    *out = bytes;
+    return NULL;
+}
+
 dsc_status dsc_tensor_alloc(dsc_tensor *t, dsc_dtype dtype, int ndim, const int64_t *shape, dsc_device device,
                             dsc_mem_category category) {
     memset(t, 0, sizeof *t);
-    DSC_CHECK((unsigned)dtype < DSC_DTYPE_COUNT, DSC_ERR_INVALID, "invalid dtype %d", (int)dtype);
-    DSC_TRY(check_shape(ndim, shape));
+    size_t bytes;
+    DSC_TRY(dsc_shape_nbytes(dtype, ndim, shape, &bytes));
     t->dtype = dtype;
     t->device = device;
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     t->category = category;
-    DSC_TRY(dsc_mem_alloc(&t->data, dsc_tensor_nbytes(t), category, device));
+    DSC_TRY(dsc_mem_alloc(&t->data, bytes, category, device));
     t->owner = true;
     return NULL;
 }
@@ -85,7 +111,8 @@ dsc_tensor dsc_tensor_view(void *data, dsc_dtype dtype, int ndim, const int64_t 
 }
 
 dsc_status dsc_tensor_reshape(const dsc_tensor *t, int ndim, const int64_t *shape, dsc_tensor *out) {
-    DSC_TRY(check_shape(ndim, shape));
+    size_t bytes;
+    DSC_TRY(dsc_shape_nbytes(t->dtype, ndim, shape, &bytes));
     dsc_tensor v = dsc_tensor_view(t->data, t->dtype, ndim, shape, t->device);
     if (dsc_tensor_numel(&v) != dsc_tensor_numel(t)) {
         char a[96], b[96];

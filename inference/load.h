@@ -20,6 +20,12 @@ dsc_status dsc_load_dsc(const char *file, const dsc_load_request *req);
 /* What every loader ends with (load_tp.c): the plan when asked for, else
  * the model built from src, sharded when req->tp has more than one rank.
  * config_json (NULL for none) may carry base_model_tp_plan. */
+/* The plan of a Hugging Face family with no policy: sizes from config.json's
+ * common keys, kinds from partition_config, base_model_tp_plan and the name
+ * rules only (GPT-2's Conv1D weights known as transposed); a tensor no rule
+ * places is refused, listed. */
+dsc_status dsc_load_plan_by_names(const dsc_tensor_source *src, const char *config_json, const char *source,
+                                  const dsc_load_request *req);
 dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
                            const char *config_json, const char *source, const dsc_load_request *req);
 /* A whole text file, NUL-terminated; free() it. */

@@ -82,11 +82,19 @@ dsc_status dsc_load_hf(const char *dir, const dsc_load_request *req) {
     dsc_infer_model_config mc;
     dsc_safetensors *st = NULL;
     if (!s) s = dsc_policy_find(arch, &policy);
-    if (!s) s = policy->configure(&mc, json, path);
+    /* A family with no policy can still be planned (name rules), not loaded. */
+    bool plan_only = s && req->plan && dsc_status_code(s) == DSC_ERR_UNSUPPORTED;
+    if (plan_only) {
+        dsc_status_free(s);
+        s = NULL;
+    }
+    if (!s && !plan_only) s = policy->configure(&mc, json, path);
     if (!s) s = dsc_safetensors_open(&st, dir);
     if (!s) {
         dsc_tensor_source src = {st, dsc_safetensors_count(st), st_describe, st_read, st_read_span};
-        s = dsc_error_wrap(dsc_load_finish(policy, &mc, &src, json, path, req), "loading %s", dir);
+        s = plan_only ? dsc_load_plan_by_names(&src, json, path, req)
+                      : dsc_load_finish(policy, &mc, &src, json, path, req);
+        s = dsc_error_wrap(s, "loading %s", dir);
     }
     free(json);
     dsc_safetensors_close(st);

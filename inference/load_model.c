@@ -47,10 +47,25 @@ dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp
     return load(path, &req);
 }
 
+/* A tokenizer with ids the model has no rows for is refused when opened,
+ * naming both sizes, rather than when one of those ids is first fed. */
+static dsc_status check_vocab(const char *file, const dsc_infer_model *m, dsc_tokenizer **tok) {
+    int32_t V = dsc_infer_model_get_config(m)->vocab_size;
+    if (!*tok || dsc_tokenizer_vocab_size(*tok) <= V) return NULL;
+    dsc_status s = dsc_error(DSC_ERR_CORRUPT, "tokenizer %s: ids reach %d, outside the model's vocabulary of %d", file,
+                             dsc_tokenizer_vocab_size(*tok) - 1, V);
+    dsc_tokenizer_destroy(*tok);
+    *tok = NULL;
+    return s;
+}
+
 dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
                                           dsc_tokenizer **out) {
     *out = NULL;
-    if (tokenizer) return dsc_tokenizer_load(out, tokenizer);
+    if (tokenizer) {
+        DSC_TRY(dsc_tokenizer_load(out, tokenizer));
+        return check_vocab(tokenizer, m, out);
+    }
     const char *arch = dsc_infer_model_arch(m);
     if (strcmp(arch, "gpt") == 0 || strcmp(arch, "llama") == 0 || strcmp(arch, "gpt-moe") == 0 ||
         strcmp(arch, "mixtral") == 0)
@@ -58,5 +73,7 @@ dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_mode
     char file[2048];
     snprintf(file, sizeof file, "%s/tokenizer.json", path);
     struct stat st;
-    return stat(file, &st) == 0 && S_ISREG(st.st_mode) ? dsc_tokenizer_load(out, file) : NULL;
+    if (stat(file, &st) != 0 || !S_ISREG(st.st_mode)) return NULL;
+    DSC_TRY(dsc_tokenizer_load(out, file));
+    return check_vocab(file, m, out);
 }

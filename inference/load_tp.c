@@ -139,15 +139,28 @@ static dsc_status shard_read(void *impl, int64_t i, float *dst, int64_t numel) {
 
 /* ---- plan, check, build ----------------------------------------------------------------------- */
 
+/* GPT-2's Conv1D weights are stored (in, out). */
+static bool conv1d_weight(const char *name) {
+    const char *suffixes[] = {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"};
+    size_t n = strlen(name);
+    for (int i = 0; i < 4; i++) {
+        size_t k = strlen(suffixes[i]);
+        if (n >= k && strcmp(name + n - k, suffixes[i]) == 0) return true;
+    }
+    return false;
+}
+
+/* policy NULL: no declarations (a family planned by names); gpt2: Conv1D weights are transposed. */
 static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
-                            const cJSON *root, const char *source, const dsc_infer_tp *tp, int size,
+                            const cJSON *root, const char *source, const dsc_infer_tp *tp, int size, bool gpt2,
                             dsc_tp_plan **out) {
     dsc_tp_param *params = calloc((size_t)(src->count > 0 ? src->count : 1), sizeof *params);
     DSC_CHECK(params, DSC_ERR_NOMEM, "tensor-parallel plan of %lld tensors", (long long)src->count);
     for (int64_t i = 0; i < src->count; i++) {
         dsc_tp_param *p = &params[i];
         src->describe(src->impl, i, &p->name, &p->ndim, p->shape);
-        const dsc_param_dep *dep = dependency_of(policy, mc, p->name);
+        p->transposed = gpt2 && conv1d_weight(p->name);
+        const dsc_param_dep *dep = policy ? dependency_of(policy, mc, p->name) : NULL;
         if (dep) p->declared = declared_kind(dep, &p->unit);
     }
     dsc_tp_rule *model_rules = NULL;
@@ -200,7 +213,7 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
               source);
     cJSON *root = config_json ? cJSON_Parse(config_json) : NULL;
     dsc_tp_plan *plan = NULL;
-    dsc_status s = make_plan(policy, mc, src, root, source, tp, size, &plan);
+    dsc_status s = make_plan(policy, mc, src, root, source, tp, size, false, &plan);
     cJSON_Delete(root);
     if (s || req->plan) {
         if (req->plan) *req->plan = plan;
@@ -228,4 +241,56 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     }
     dsc_tp_plan_destroy(plan);
     return s ? dsc_error_wrap(s, "tensor-parallel rank %d of %d", rank, size) : NULL;
+}
+
+/* The first integer of `keys` present in root (a JSON null counts as absent); dflt when none. */
+static dsc_status first_int(const cJSON *root, const char *source, const char *const *keys, int64_t dflt,
+                            int64_t *out) {
+    for (; *keys; keys++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, *keys);
+        if (!v || cJSON_IsNull(v)) continue;
+        DSC_CHECK(cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483647.0, DSC_ERR_CONFIG,
+                  "%s: %s must be a non-negative integer", source, *keys);
+        *out = (int64_t)v->valuedouble;
+        return NULL;
+    }
+    *out = dflt;
+    return NULL;
+}
+
+dsc_status dsc_load_plan_by_names(const dsc_tensor_source *src, const char *config_json, const char *source,
+                                  const dsc_load_request *req) {
+    cJSON *root = cJSON_Parse(config_json);
+    DSC_CHECK(root, DSC_ERR_CORRUPT, "%s: not JSON (cJSON_Parse failed)", source);
+    static const char *const width[] = {"hidden_size", "n_embd", "d_model", NULL};
+    static const char *const heads[] = {"num_attention_heads", "n_head", NULL};
+    static const char *const kv[] = {"num_key_value_heads", "multi_query_group_num", NULL};
+    static const char *const ff[] = {"intermediate_size", "ffn_dim", "n_inner", NULL};
+    static const char *const vocab[] = {"vocab_size", NULL};
+    static const char *const hd[] = {"head_dim", NULL};
+    static const char *const experts[] = {"num_local_experts", "num_experts", NULL};
+    int64_t c = 0, nh = 0, nkv = 0, f = 0, v = 0, hs = 0, e = 0;
+    dsc_status s = first_int(root, source, width, 0, &c);
+    if (!s) s = first_int(root, source, heads, 0, &nh);
+    if (!s) s = first_int(root, source, kv, nh, &nkv);
+    if (!s) s = first_int(root, source, ff, 4 * c, &f); /* GPT-2's n_inner null means 4 x n_embd */
+    if (!s) s = first_int(root, source, vocab, 0, &v);
+    if (!s) s = first_int(root, source, hd, nh > 0 ? c / nh : 0, &hs);
+    if (!s) s = first_int(root, source, experts, 0, &e);
+    if (!s && (c <= 0 || nh <= 0 || nkv <= 0 || v <= 0 || hs <= 0))
+        s = dsc_error(DSC_ERR_CONFIG, "%s: cannot read the model's width, heads, KV heads and vocabulary", source);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    bool gpt2 = cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") == 0;
+    dsc_infer_model_config mc = {.d_model = (int32_t)c,
+                                 .n_head = (int32_t)nh,
+                                 .n_kv_head = (int32_t)nkv,
+                                 .head_size = (int32_t)hs,
+                                 .d_ff = (int32_t)f,
+                                 .vocab_size = (int32_t)v,
+                                 .n_experts = (int32_t)e};
+    const dsc_infer_tp *tp = req->tp;
+    int size = tp ? tp->tp_size : 1;
+    if (!s) s = make_plan(NULL, &mc, src, root, source, tp, size, gpt2, req->plan);
+    cJSON_Delete(root);
+    return s;
 }

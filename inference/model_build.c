@@ -5,7 +5,12 @@
  * or ignored), and finalizes parameters by converting each dependency to f32
  * and stacking it at its rows (q | k | v, gate | up, per expert). Every
  * unmapped, misshapen, duplicated or missing tensor is an error naming it.
+ * The sizes come from a file, so they are distrusted: every product and sum
+ * is overflow-checked, and every tensor is checked against the config
+ * before the arena is allocated (so it is never larger than the checkpoint).
  * Not here: where tensors come from (load_*.c) or the forward. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +23,10 @@ enum { ALIGN_FLOATS = DSC_MEM_ALIGN / sizeof(float) };
 typedef struct slot_state {
     const dsc_param_def *def;
     float *data;
+    int64_t offset;        /* floats from the arena's start */
     int64_t expert_stride; /* floats between experts */
     int64_t cols;          /* 1 for vectors */
+    int64_t flag0;         /* index of its first set flag */
     uint8_t *set;          /* (experts, n_deps) */
     int32_t experts;
 } slot_state;
@@ -30,7 +37,9 @@ typedef struct build_state {
     dsc_infer_model *m;
     slot_state *slots; /* ((L + 1) * DSC_PARAM_MAX_ROLES), indexed by container and param index */
     int max_params;
-    uint8_t *flags; /* every slot's set flags */
+    int64_t floats;  /* arena size, every parameter padded to the alignment */
+    int64_t n_flags; /* dependencies the checkpoint must supply, one tensor each */
+    uint8_t *flags;  /* every slot's set flags */
 } build_state;
 
 static const dsc_container_def *container_of(const build_state *b, int32_t c) {
@@ -43,46 +52,69 @@ static slot_state *slot_at(build_state *b, int32_t c, int p) {
     return &b->slots[(size_t)c * b->max_params + p];
 }
 
-/* Sizes and places every enabled parameter; allocates the arena and the set flags. */
+static void shape_text(char *buf, size_t len, int nd, const int64_t *shape) {
+    size_t used = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < nd && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (used < len) snprintf(buf + used, len - used, ")");
+}
+
+/* Sizes and places every enabled parameter, with every product and sum
+ * overflow-checked (the sizes come from a file); allocates nothing. */
 static dsc_status layout(build_state *b) {
     const dsc_infer_model_config *mc = b->mc;
-    int32_t L = mc->n_layer;
-    int64_t offset = 0, flags = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) {
-            b->m->arena_bytes = (size_t)offset * sizeof(float);
-            DSC_TRY(dsc_mem_alloc(&b->m->arena, b->m->arena_bytes, DSC_MEM_PARAMS, DSC_CPU));
-            b->flags = calloc((size_t)flags + 1, 1);
-            DSC_CHECK(b->flags, DSC_ERR_NOMEM, "model set flags (%lld bytes)", (long long)flags);
-            offset = flags = 0;
-        }
-        for (int32_t c = 0; c <= L; c++) {
-            const dsc_container_def *def = container_of(b, c);
-            for (int p = 0; p < def->n_params; p++) {
-                const dsc_param_def *pd = &def->params[p];
-                if (!dsc_slot_enabled(pd, mc)) continue;
-                int64_t shape[3];
-                int nd = dsc_param_def_shape(pd, mc, shape);
-                int64_t numel = 1;
-                for (int i = 0; i < nd; i++)
-                    numel *= shape[i];
-                int32_t experts = pd->per_expert ? mc->n_experts : 1;
-                if (pass == 1) {
-                    slot_state *s = slot_at(b, c, p);
-                    float *base = (float *)b->m->arena + offset;
-                    *s = (slot_state){
-                        .def = pd,
-                        .data = base,
-                        .expert_stride = numel / experts,
-                        .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
-                        .set = b->flags + flags,
-                        .experts = experts};
-                    b->m->params[(size_t)c * DSC_PARAM_ROLE_COUNT + pd->role] =
-                        dsc_tensor_view(base, DSC_DTYPE_F32, nd, shape, DSC_CPU);
-                }
-                offset += (numel + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
-                flags += (int64_t)experts * pd->n_deps;
+    for (int32_t c = 0; c <= mc->n_layer; c++) {
+        const dsc_container_def *def = container_of(b, c);
+        for (int p = 0; p < def->n_params; p++) {
+            const dsc_param_def *pd = &def->params[p];
+            if (!dsc_slot_enabled(pd, mc)) continue;
+            int64_t shape[3], numel = 1, padded, deps;
+            int nd = dsc_param_def_shape(pd, mc, shape);
+            bool overflow = false;
+            for (int i = 0; i < nd; i++) overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
+            int32_t experts = pd->per_expert ? mc->n_experts : 1;
+            overflow |= __builtin_add_overflow(numel, ALIGN_FLOATS - 1, &padded);
+            padded = padded / ALIGN_FLOATS * ALIGN_FLOATS;
+            overflow |= __builtin_mul_overflow((int64_t)experts, (int64_t)pd->n_deps, &deps);
+            *slot_at(b, c, p) = (slot_state){
+                .def = pd,
+                .offset = b->floats,
+                .expert_stride = experts > 0 ? numel / experts : 0,
+                .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
+                .flag0 = b->n_flags,
+                .experts = experts};
+            overflow |= __builtin_add_overflow(b->floats, padded, &b->floats);
+            overflow |= __builtin_add_overflow(b->n_flags, deps, &b->n_flags);
+            if (overflow) {
+                char text[96];
+                shape_text(text, sizeof text, nd, shape);
+                return dsc_error(DSC_ERR_CONFIG, "policy %s: parameter %s of container %s has shape %s: the model's "
+                                 "size overflows (the config's sizes are not a real model)",
+                                 b->policy->arch, pd->name, def->name, text);
             }
+        }
+    }
+    return NULL;
+}
+
+/* Points every slot and parameter view into a freshly allocated arena. */
+static dsc_status allocate_arena(build_state *b) {
+    const dsc_infer_model_config *mc = b->mc;
+    size_t bytes;
+    DSC_CHECK(!__builtin_mul_overflow((size_t)b->floats, sizeof(float), &bytes), DSC_ERR_CONFIG,
+              "policy %s: %lld parameters do not fit in memory", b->policy->arch, (long long)b->floats);
+    b->m->arena_bytes = bytes;
+    DSC_TRY(dsc_mem_alloc(&b->m->arena, bytes, DSC_MEM_PARAMS, DSC_CPU));
+    for (int32_t c = 0; c <= mc->n_layer; c++) {
+        const dsc_container_def *def = container_of(b, c);
+        for (int p = 0; p < def->n_params; p++) {
+            slot_state *s = slot_at(b, c, p);
+            if (!s->def) continue;
+            int64_t shape[3];
+            int nd = dsc_param_def_shape(s->def, mc, shape);
+            s->data = (float *)b->m->arena + s->offset;
+            b->m->params[(size_t)c * DSC_PARAM_ROLE_COUNT + s->def->role] =
+                dsc_tensor_view(s->data, DSC_DTYPE_F32, nd, shape, DSC_CPU);
         }
     }
     return NULL;
@@ -103,19 +135,22 @@ static bool is_ignored(const dsc_policy *policy, const char *name) {
     return false;
 }
 
-static void shape_text(char *buf, size_t len, int nd, const int64_t *shape) {
-    size_t used = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < nd && used < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (used < len) snprintf(buf + used, len - used, ")");
-}
+/* Where tensor i of src goes: its slot, expert and dependency (slot NULL
+ * for an ignored name), after checking that its shape is the one the config
+ * implies. Reads nothing, so every tensor is checked before the arena exists. */
+typedef struct route {
+    slot_state *slot;
+    int64_t expert, numel;
+    int dep;
+    const char *name, *target;
+} route;
 
-/* Routes tensor i of src to its dependency and reads it into place. */
-static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i) {
+static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int64_t i, route *r) {
     const char *name;
     int nd;
     int64_t shape[DSC_MAX_DIMS];
     src->describe(src->impl, i, &name, &nd, shape);
+    *r = (route){.name = name};
     if (is_ignored(b->policy, name)) return NULL;
     const char *prefix = b->policy->layer_prefix, *rel = name;
     int32_t c = b->mc->n_layer;
@@ -142,8 +177,8 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
     DSC_CHECK(s->def, DSC_ERR_CORRUPT,
               "checkpoint tensor '%s' maps to %s, which this model's config does not have", name, map->target);
     if (!s->def->per_expert) expert = 0;
-    DSC_CHECK(expert < s->experts, DSC_ERR_CORRUPT, "checkpoint tensor '%s' names expert %lld of %d", name,
-              (long long)expert, s->experts);
+    DSC_CHECK(expert >= 0 && expert < s->experts, DSC_ERR_CORRUPT, "checkpoint tensor '%s' names expert %lld of %d",
+              name, (long long)expert, s->experts);
     const dsc_param_dep *dep = &s->def->deps[d];
     int64_t want[2] = {dsc_dim_value(b->mc, dep->rows), dsc_dim_value(b->mc, dep->cols)};
     int want_nd = dep->cols == DSC_DIM_NONE ? 1 : 2;
@@ -157,15 +192,55 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
         return dsc_error(DSC_ERR_CORRUPT, "checkpoint tensor '%s' has shape %s, expected %s for %s", name, a, e,
                          map->target);
     }
-    uint8_t *flag = &s->set[expert * s->def->n_deps + d];
-    DSC_CHECK(!*flag, DSC_ERR_CORRUPT, "checkpoint tensor '%s' sets %s a second time", name, map->target);
-    int64_t row0 = 0;
-    for (int k = 0; k < d; k++)
-        row0 += dsc_dim_value(b->mc, s->def->deps[k].rows);
-    float *dst = s->data + expert * s->expert_stride + row0 * s->cols;
-    DSC_TRY(src->read_f32(src->impl, i, dst, want[0] * s->cols));
-    *flag = 1;
+    *r = (route){s, expert, want[0] * s->cols, d, name, map->target};
     return NULL;
+}
+
+/* Every tensor of src routes to a slot with the shape the config implies
+ * and sets its dependency once (check_complete then names any dependency
+ * left unset). Runs before the arena exists: once every dependency is one
+ * tensor of the exact shape, the arena is no larger than the checkpoint, so
+ * a config that claims a huge model beside a small file is refused here,
+ * never met by a wrapped or failed allocation. The set flags cost a byte per
+ * dependency; no real model has more than MAX_TENSORS of them. */
+enum { MAX_TENSORS = 1 << 24 };
+
+static dsc_status check_sources(build_state *b, const dsc_tensor_source *src) {
+    DSC_CHECK(b->n_flags <= MAX_TENSORS, DSC_ERR_CONFIG,
+              "policy %s: the config describes %lld checkpoint tensors (more than %d): not a real model",
+              b->policy->arch, (long long)b->n_flags, MAX_TENSORS);
+    b->flags = calloc((size_t)b->n_flags + 1, 1);
+    DSC_CHECK(b->flags, DSC_ERR_NOMEM, "model set flags (%lld bytes)", (long long)b->n_flags);
+    const dsc_infer_model_config *mc = b->mc;
+    for (int32_t c = 0; c <= mc->n_layer; c++) {
+        const dsc_container_def *def = container_of(b, c);
+        for (int p = 0; p < def->n_params; p++) {
+            slot_state *s = slot_at(b, c, p);
+            if (s->def) s->set = b->flags + s->flag0;
+        }
+    }
+    for (int64_t i = 0; i < src->count; i++) {
+        route r;
+        DSC_TRY(route_tensor(b, src, i, &r));
+        if (!r.slot) continue;
+        uint8_t *flag = &r.slot->set[r.expert * r.slot->def->n_deps + r.dep];
+        DSC_CHECK(!*flag, DSC_ERR_CORRUPT, "checkpoint tensor '%s' sets %s a second time", r.name, r.target);
+        *flag = 1;
+    }
+    return NULL;
+}
+
+/* Reads tensor i of src into its place (routed again: routing is cheap). */
+static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i) {
+    route r;
+    DSC_TRY(route_tensor(b, src, i, &r));
+    slot_state *s = r.slot;
+    if (!s) return NULL;
+    int64_t row0 = 0;
+    for (int k = 0; k < r.dep; k++)
+        row0 += dsc_dim_value(b->mc, s->def->deps[k].rows);
+    float *dst = s->data + r.expert * s->expert_stride + row0 * s->cols;
+    return src->read_f32(src->impl, i, dst, r.numel);
 }
 
 /* The first dependency no tensor set, named as the checkpoint would name it. */
@@ -201,12 +276,44 @@ static dsc_status check_complete(build_state *b) {
     return NULL;
 }
 
+/* The sizes every policy's config must satisfy before anything is sized
+ * from them; the policies range-check their own keys with the file's names,
+ * this is the common floor (and what a dsc checkpoint's config meets too). */
+static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_config *mc, int64_t tensors) {
+    const char *arch = policy->arch;
+    DSC_CHECK(mc->n_layer > 0 && mc->d_model > 0 && mc->vocab_size > 0 && mc->head_size > 0 && mc->n_head > 0 &&
+                  mc->n_kv_head > 0 && mc->d_ff > 0 && mc->max_positions > 0,
+              DSC_ERR_CONFIG, "policy %s: model sizes must be positive", arch);
+    DSC_CHECK(mc->n_head % mc->n_kv_head == 0, DSC_ERR_CONFIG,
+              "policy %s: %d query heads are not a multiple of %d key/value heads", arch, mc->n_head, mc->n_kv_head);
+    DSC_CHECK(mc->max_positions <= INT32_MAX, DSC_ERR_CONFIG, "policy %s: %lld positions exceed the int32 range",
+              arch, (long long)mc->max_positions);
+    /* Each layer holds at least one tensor besides the embedding: a config
+     * with more layers than the checkpoint has tensors cannot match it. */
+    DSC_CHECK(mc->n_layer < tensors, DSC_ERR_CORRUPT, "policy %s: the config has %d layers but the checkpoint "
+              "holds %lld tensors", arch, mc->n_layer, (long long)tensors);
+    DSC_CHECK(mc->n_experts >= 0 && mc->n_experts <= tensors && (mc->n_experts == 0 || (mc->top_k >= 1 &&
+                                                                                         mc->top_k <= mc->n_experts)),
+              DSC_ERR_CONFIG, "policy %s: %d experts with top-k %d (checkpoint of %lld tensors)", arch,
+              mc->n_experts, mc->top_k, (long long)tensors);
+    if (mc->family == DSC_INFER_FAMILY_LLAMA) {
+        DSC_CHECK(mc->head_size % 2 == 0 && isfinite(mc->rope_theta) && mc->rope_theta > 0, DSC_ERR_CONFIG,
+                  "policy %s: RoPE needs an even head size (%d) and a positive theta (%g)", arch, mc->head_size,
+                  mc->rope_theta);
+        DSC_CHECK(mc->rope_scaling != DSC_ROPE_SCALING_LLAMA3 ||
+                      (isfinite(mc->rope_factor) && mc->rope_factor > 0 && mc->rope_low_freq_factor > 0 &&
+                       isfinite(mc->rope_high_freq_factor) && mc->rope_high_freq_factor > mc->rope_low_freq_factor &&
+                       mc->rope_original_max_positions > 0),
+                  DSC_ERR_CONFIG, "policy %s: Llama-3 RoPE scaling needs factor > 0, 0 < low_freq_factor < "
+                  "high_freq_factor and original positions > 0", arch);
+    }
+    return NULL;
+}
+
 dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
                                  const dsc_tensor_source *src, dsc_infer_model **out) {
     *out = NULL;
-    DSC_CHECK(mc->n_layer > 0 && mc->d_model > 0 && mc->vocab_size > 0 && mc->head_size > 0 && mc->n_kv_head > 0 &&
-                  mc->n_head % mc->n_kv_head == 0,
-              DSC_ERR_CONFIG, "policy %s: invalid model sizes", policy->arch);
+    DSC_TRY(check_config(policy, mc, src->count));
     dsc_infer_model *m = calloc(1, sizeof *m);
     build_state b = {.policy = policy, .mc = mc, .m = m};
     b.max_params = policy->layer->n_params > policy->non_layer->n_params ? policy->layer->n_params
@@ -226,9 +333,11 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
         goto done;
     }
     DSC_TRY_GOTO(s, layout(&b), done);
+    DSC_TRY_GOTO(s, check_sources(&b, src), done);
+    DSC_TRY_GOTO(s, check_complete(&b), done);
+    DSC_TRY_GOTO(s, allocate_arena(&b), done);
     for (int64_t i = 0; i < src->count; i++)
         DSC_TRY_GOTO(s, place(&b, src, i), done);
-    DSC_TRY_GOTO(s, check_complete(&b), done);
     if (mc->family == DSC_INFER_FAMILY_LLAMA) DSC_TRY_GOTO(s, dsc_model_rope_init(m), done);
 done:
     free(b.flags);

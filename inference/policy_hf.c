@@ -84,31 +84,59 @@ static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_f
 
 typedef enum hf_variant { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_MIXTRAL } hf_variant;
 
+/* Bounds on sizes read from config.json: generous beside real models
+ * (hidden sizes reach 16k, vocabularies 256k, experts 256), small enough that
+ * a product of two stays far inside int64 and every count fits int32. */
+enum {
+    MAX_DIM = 1 << 20,   /* hidden_size, intermediate_size, heads x head_dim */
+    MAX_VOCAB = 1 << 24, /* vocab_size */
+    MAX_COUNT = 1 << 16, /* layers, heads, head_dim, experts */
+};
+
+/* One JSON object of config.json; `prefix` names it in messages ("rope_scaling."). */
 typedef struct json_reader {
-    const cJSON *root;
-    const char *source;
+    const cJSON *obj;
+    const char *source, *prefix;
 } json_reader;
 
-static dsc_status get_int(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+/* An integer key in [lo, hi], checked on the double before any conversion
+ * (a cast of 1e300, or of 4294967328 to int32, is not a number dsc may use). */
+static dsc_status get_int(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
+                          int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
     if (!v || cJSON_IsNull(v)) {
-        DSC_CHECK(!required, DSC_ERR_CONFIG, "%s: missing key %s", r->source, key);
+        DSC_CHECK(!required, DSC_ERR_CONFIG, "%s: missing key %s%s", r->source, r->prefix, key);
         *out = dflt;
         return NULL;
     }
-    DSC_CHECK(cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble), DSC_ERR_CONFIG,
-              "%s: %s must be an integer", r->source, key);
+    DSC_CHECK(cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble),
+              DSC_ERR_CONFIG, "%s: %s%s must be an integer", r->source, r->prefix, key);
+    DSC_CHECK(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi, DSC_ERR_CONFIG,
+              "%s: %s%s = %.17g is outside [%lld, %lld]", r->source, r->prefix, key, v->valuedouble, (long long)lo,
+              (long long)hi);
     *out = (int64_t)v->valuedouble;
     return NULL;
 }
 
-static dsc_status get_num(const cJSON *obj, const char *source, const char *key, double dflt, double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+static dsc_status get_i32(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
+                          int32_t *out) {
+    int64_t v;
+    DSC_TRY(get_int(r, key, required, dflt, lo, hi, &v));
+    *out = (int32_t)v; /* hi <= INT32_MAX at every call */
+    return NULL;
+}
+
+/* A finite number in (lo, hi] (lo exclusive: every real key here must be positive). */
+static dsc_status get_num(const json_reader *r, const char *key, double dflt, double lo, double hi, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
     if (!v || cJSON_IsNull(v)) {
         *out = dflt;
         return NULL;
     }
-    DSC_CHECK(cJSON_IsNumber(v), DSC_ERR_CONFIG, "%s: %s must be a number", source, key);
+    DSC_CHECK(cJSON_IsNumber(v) && isfinite(v->valuedouble), DSC_ERR_CONFIG, "%s: %s%s must be a finite number",
+              r->source, r->prefix, key);
+    DSC_CHECK(v->valuedouble > lo && v->valuedouble <= hi, DSC_ERR_CONFIG, "%s: %s%s = %.17g is outside (%g, %g]",
+              r->source, r->prefix, key, v->valuedouble, lo, hi);
     *out = v->valuedouble;
     return NULL;
 }
@@ -118,57 +146,87 @@ static bool get_bool(const cJSON *obj, const char *key, bool dflt) {
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
-static dsc_status parse_rope_scaling(dsc_infer_model_config *mc, const cJSON *root, const char *source) {
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    if (!rs || cJSON_IsNull(rs)) return NULL;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    DSC_CHECK(cJSON_IsString(type), DSC_ERR_CONFIG, "%s: rope_scaling needs rope_type", source);
+/* Refuses keys of a RoPE object that dsc would otherwise ignore. */
+static dsc_status only_keys(const json_reader *r, const char *const *known) {
+    for (const cJSON *kv = r->obj->child; kv; kv = kv->next) {
+        bool ok = false;
+        for (const char *const *k = known; *k && !ok; k++) ok = strcmp(kv->string, *k) == 0;
+        DSC_CHECK(ok, DSC_ERR_UNSUPPORTED, "%s: %s%s is not supported for this rope_type", r->source, r->prefix,
+                  kv->string);
+    }
+    return NULL;
+}
+
+/* RoPE in either spelling: transformers >= 5 writes rope_parameters
+ * {rope_type, rope_theta, <scaling keys>}; older files write rope_theta at
+ * the top level and rope_scaling {rope_type | type, <scaling keys>} (or
+ * null). When both are present the newer spelling wins. rope_type "default"
+ * is plain RoPE, "llama3" Llama-3's frequency scaling; any other type is
+ * refused by name. */
+static dsc_status parse_rope(dsc_infer_model_config *mc, const cJSON *root, const char *source) {
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    bool newer = params && !cJSON_IsNull(params);
+    json_reader top = {root, source, ""};
+    json_reader r = {newer ? params : cJSON_GetObjectItemCaseSensitive(root, "rope_scaling"), source,
+                     newer ? "rope_parameters." : "rope_scaling."};
+    DSC_TRY(get_num(&top, "rope_theta", 10000.0, 0, 1e12, &mc->rope_theta));
+    if (newer) DSC_TRY(get_num(&r, "rope_theta", mc->rope_theta, 0, 1e12, &mc->rope_theta));
+    if (!newer && (!r.obj || cJSON_IsNull(r.obj))) return NULL;
+    DSC_CHECK(cJSON_IsObject(r.obj), DSC_ERR_CONFIG, "%s: %.*s must be an object", source,
+              (int)strlen(r.prefix) - 1, r.prefix);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(r.obj, "rope_type");
+    if (!newer && !cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(r.obj, "type");
+    DSC_CHECK(cJSON_IsString(type), DSC_ERR_CONFIG, "%s: %srope_type is missing or not a string", source, r.prefix);
+    if (strcmp(type->valuestring, "default") == 0) {
+        static const char *const known[] = {"rope_type", "type", "rope_theta", NULL};
+        return only_keys(&r, known);
+    }
     DSC_CHECK(strcmp(type->valuestring, "llama3") == 0, DSC_ERR_UNSUPPORTED,
-              "%s: rope_scaling.rope_type '%s' is not supported (only 'llama3')", source, type->valuestring);
-    double orig;
+              "%s: %srope_type '%s' is not supported (only 'default' and 'llama3')", source, r.prefix,
+              type->valuestring);
+    static const char *const known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                                        "high_freq_factor", "original_max_position_embeddings", NULL};
+    DSC_TRY(only_keys(&r, known));
     mc->rope_scaling = DSC_ROPE_SCALING_LLAMA3;
-    DSC_TRY(get_num(rs, source, "factor", 8.0, &mc->rope_factor));
-    DSC_TRY(get_num(rs, source, "low_freq_factor", 1.0, &mc->rope_low_freq_factor));
-    DSC_TRY(get_num(rs, source, "high_freq_factor", 4.0, &mc->rope_high_freq_factor));
-    DSC_TRY(get_num(rs, source, "original_max_position_embeddings", 8192, &orig));
-    mc->rope_original_max_positions = (int64_t)orig;
-    DSC_CHECK(mc->rope_factor > 0 && mc->rope_high_freq_factor > mc->rope_low_freq_factor && orig > 0,
-              DSC_ERR_CONFIG, "%s: rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor", source);
+    DSC_TRY(get_num(&r, "factor", 8.0, 0, 1e6, &mc->rope_factor));
+    DSC_TRY(get_num(&r, "low_freq_factor", 1.0, 0, 1e6, &mc->rope_low_freq_factor));
+    DSC_TRY(get_num(&r, "high_freq_factor", 4.0, 0, 1e6, &mc->rope_high_freq_factor));
+    DSC_TRY(get_int(&r, "original_max_position_embeddings", false, 8192, 1, INT32_MAX,
+                    &mc->rope_original_max_positions));
+    DSC_CHECK(mc->rope_high_freq_factor > mc->rope_low_freq_factor, DSC_ERR_CONFIG,
+              "%s: %shigh_freq_factor (%g) must exceed low_freq_factor (%g)", source, r.prefix,
+              mc->rope_high_freq_factor, mc->rope_low_freq_factor);
     return NULL;
 }
 
 static dsc_status parse_hf(dsc_infer_model_config *mc, const cJSON *root, const char *source, hf_variant variant) {
-    json_reader r = {root, source};
+    json_reader r = {root, source, ""};
     int64_t v;
     *mc = (dsc_infer_model_config){.family = DSC_INFER_FAMILY_LLAMA};
-    DSC_TRY(get_int(&r, "hidden_size", true, 0, &v));
-    mc->d_model = (int32_t)v;
-    DSC_TRY(get_int(&r, "intermediate_size", true, 0, &v));
-    mc->d_ff = (int32_t)v;
-    DSC_TRY(get_int(&r, "num_hidden_layers", true, 0, &v));
-    mc->n_layer = (int32_t)v;
-    DSC_TRY(get_int(&r, "num_attention_heads", true, 0, &v));
-    mc->n_head = (int32_t)v;
-    DSC_TRY(get_int(&r, "num_key_value_heads", false, mc->n_head, &v));
-    mc->n_kv_head = (int32_t)v;
-    DSC_TRY(get_int(&r, "vocab_size", true, 0, &v));
-    mc->vocab_size = (int32_t)v;
-    DSC_TRY(get_int(&r, "max_position_embeddings", false, 4096, &mc->max_positions));
-    DSC_CHECK(mc->d_model > 0 && mc->n_head > 0 && mc->n_kv_head > 0 && mc->n_layer > 0 && mc->d_ff > 0 &&
-                  mc->vocab_size > 0 && mc->max_positions > 0,
-              DSC_ERR_CONFIG, "%s: sizes must be positive", source);
+    DSC_TRY(get_i32(&r, "hidden_size", true, 0, 1, MAX_DIM, &mc->d_model));
+    DSC_TRY(get_i32(&r, "intermediate_size", true, 0, 1, MAX_DIM, &mc->d_ff));
+    DSC_TRY(get_i32(&r, "num_hidden_layers", true, 0, 1, MAX_COUNT, &mc->n_layer));
+    DSC_TRY(get_i32(&r, "num_attention_heads", true, 0, 1, MAX_COUNT, &mc->n_head));
+    DSC_TRY(get_i32(&r, "num_key_value_heads", false, mc->n_head, 1, mc->n_head, &mc->n_kv_head));
+    DSC_TRY(get_i32(&r, "vocab_size", true, 0, 1, MAX_VOCAB, &mc->vocab_size));
+    DSC_TRY(get_int(&r, "max_position_embeddings", false, 4096, 1, INT32_MAX, &mc->max_positions));
     DSC_CHECK(mc->n_head % mc->n_kv_head == 0, DSC_ERR_CONFIG,
               "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", source, mc->n_head,
               mc->n_kv_head);
-    DSC_TRY(get_int(&r, "head_dim", false, mc->d_model / mc->n_head, &v));
-    mc->head_size = (int32_t)v;
-    DSC_CHECK(mc->head_size > 0 && mc->head_size % 2 == 0, DSC_ERR_CONFIG, "%s: head_dim (%d) must be even",
-              source, mc->head_size);
+    /* Without head_dim the heads split hidden_size evenly; with it, heads x
+     * head_dim is the attention width, which the q/k/v/o shapes must match. */
+    bool has_head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim") &&
+                        !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "head_dim"));
+    DSC_CHECK(has_head_dim || mc->d_model % mc->n_head == 0, DSC_ERR_CONFIG,
+              "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and there is no head_dim", source,
+              mc->d_model, mc->n_head);
+    DSC_TRY(get_i32(&r, "head_dim", false, mc->d_model / mc->n_head, 1, MAX_COUNT, &mc->head_size));
+    DSC_CHECK(mc->head_size % 2 == 0, DSC_ERR_CONFIG, "%s: head_dim (%d) must be even", source, mc->head_size);
+    DSC_CHECK((int64_t)mc->n_head * mc->head_size <= MAX_DIM, DSC_ERR_CONFIG,
+              "%s: num_attention_heads x head_dim = %d x %d exceeds %d", source, mc->n_head, mc->head_size, MAX_DIM);
     double eps;
-    DSC_TRY(get_num(root, source, "rms_norm_eps", 1e-6, &eps));
+    DSC_TRY(get_num(&r, "rms_norm_eps", 1e-6, 0, 1, &eps));
     mc->norm_eps = (float)eps;
-    DSC_TRY(get_num(root, source, "rope_theta", 10000.0, &mc->rope_theta));
     mc->tie_embeddings = get_bool(root, "tie_word_embeddings", false);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     DSC_CHECK(!act || (cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0), DSC_ERR_UNSUPPORTED,
@@ -178,32 +236,27 @@ static dsc_status parse_hf(dsc_infer_model_config *mc, const cJSON *root, const 
               "%s: attention_bias = true is not supported", source);
     DSC_CHECK(!get_bool(root, "mlp_bias", false), DSC_ERR_UNSUPPORTED, "%s: mlp_bias = true is not supported",
               source);
-    DSC_TRY(parse_rope_scaling(mc, root, source));
+    DSC_TRY(parse_rope(mc, root, source));
     mc->qkv_bias = variant == HF_QWEN2;
     if (variant == HF_QWEN2)
         DSC_CHECK(!get_bool(root, "use_sliding_window", false), DSC_ERR_UNSUPPORTED,
                   "%s: use_sliding_window = true is not supported", source);
     if (variant == HF_MISTRAL || variant == HF_MIXTRAL) {
         /* dsc attends over the whole context: sequences stay within the window. */
-        DSC_TRY(get_int(&r, "sliding_window", false, mc->max_positions, &v));
+        DSC_TRY(get_int(&r, "sliding_window", false, mc->max_positions, 0, INT32_MAX, &v));
         if (v > 0 && v < mc->max_positions) mc->max_positions = v;
     }
     if (variant == HF_MIXTRAL) {
-        DSC_TRY(get_int(&r, "num_local_experts", true, 0, &v));
-        mc->n_experts = (int32_t)v;
-        DSC_TRY(get_int(&r, "num_experts_per_tok", true, 0, &v));
-        mc->top_k = (int32_t)v;
-        DSC_CHECK(mc->n_experts >= 1 && mc->top_k >= 1 && mc->top_k <= mc->n_experts, DSC_ERR_CONFIG,
-                  "%s: num_experts_per_tok (%d) must be in [1, num_local_experts (%d)]", source, mc->top_k,
-                  mc->n_experts);
+        DSC_TRY(get_i32(&r, "num_local_experts", true, 0, 1, MAX_COUNT, &mc->n_experts));
+        DSC_TRY(get_i32(&r, "num_experts_per_tok", true, 0, 1, mc->n_experts, &mc->top_k));
     }
     return NULL;
 }
 
 static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source, hf_variant variant) {
     cJSON *root = cJSON_Parse(json);
-    DSC_CHECK(root && cJSON_IsObject(root), DSC_ERR_CORRUPT, "%s: not a JSON object (cJSON_Parse failed)", source);
-    dsc_status s = parse_hf(mc, root, source, variant);
+    dsc_status s = cJSON_IsObject(root) ? parse_hf(mc, root, source, variant)
+                                        : dsc_error(DSC_ERR_CORRUPT, "%s: not a JSON object", source);
     cJSON_Delete(root);
     return s;
 }

@@ -195,9 +195,18 @@ static dsc_status parse_header(dsc_safetensors *st, int file_idx) {
               f->path, (unsigned long long)n, f->size);
     f->data = p + 8 + n;
     uint64_t data_size = f->size - 8 - n;
-    cJSON *root = cJSON_ParseWithLength((const char *)p + 8, (size_t)n);
+    /* The JSON must fill the header (writers pad it with spaces): bytes after
+     * the object would be a second reading of the same header. */
+    const char *end = NULL, *header_end = (const char *)p + 8 + n;
+    cJSON *root = cJSON_ParseWithLengthOpts((const char *)p + 8, (size_t)n, &end, false);
     DSC_CHECK(root, DSC_ERR_CORRUPT, "safetensors %s: header is not valid JSON", f->path);
+    while (end < header_end && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r' || *end == '\0')) end++;
     dsc_status s = NULL;
+    if (end != header_end) {
+        s = dsc_error(DSC_ERR_CORRUPT, "safetensors %s: %lld bytes after the header's JSON", f->path,
+                      (long long)(header_end - end));
+        goto done;
+    }
     if (!cJSON_IsObject(root)) {
         s = dsc_error(DSC_ERR_CORRUPT, "safetensors %s: header is not a JSON object", f->path);
         goto done;
@@ -235,6 +244,7 @@ static int by_name(const void *pa, const void *pb) {
 }
 
 static dsc_status check_entries(dsc_safetensors *st) {
+    if (st->n_entries == 0) return NULL; /* qsort and bsearch take no NULL array, even empty */
     qsort(st->entries, (size_t)st->n_entries, sizeof(st_entry), by_file_offset);
     uint64_t prev_end = 0;
     const st_entry *prev = NULL;
@@ -259,6 +269,7 @@ static dsc_status check_entries(dsc_safetensors *st) {
 
 static const st_entry *lookup(const dsc_safetensors *st, const char *name) {
     st_entry key = {.name = (char *)name};
+    if (st->n_entries == 0) return NULL;
     return bsearch(&key, st->entries, (size_t)st->n_entries, sizeof(st_entry), by_name);
 }
 
@@ -323,6 +334,13 @@ static dsc_status open_index(dsc_safetensors *st, const char *index_path) {
             if (!cJSON_IsString(kv)) {
                 s = dsc_error(DSC_ERR_CORRUPT, "safetensors index %s: weight_map value of %s is not a file name",
                               index_path, kv->string);
+                break;
+            }
+            /* Shards live beside the index: a name with a directory in it
+             * ("../../x", "/etc/x") would open any file the user can read. */
+            if (strchr(kv->valuestring, '/') || strcmp(kv->valuestring, "..") == 0) {
+                s = dsc_error(DSC_ERR_CORRUPT, "safetensors index %s: shard \"%s\" of %s is not a file beside the index",
+                              index_path, kv->valuestring, kv->string);
                 break;
             }
             char path[4096];

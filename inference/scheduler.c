@@ -22,6 +22,7 @@
  * dsc_infer_engine_sample), never on the clock, so all ranks compose the
  * same batches with no broadcast. Not here: the forward (engine) or
  * sampling rules (sampling.c). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

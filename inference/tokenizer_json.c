@@ -58,10 +58,16 @@ static const char *get_string(const cJSON *obj, const char *key) {
 
 /* ---- vocabulary and added tokens ---------------------------------------------------- */
 
-static dsc_status get_id(const loader *L, const cJSON *v, const char *what, int32_t *id) {
-    DSC_CHECK(cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < INT32_MAX &&
+/* Ids index tables of max_id + 1 entries, so an id is bounded before it
+ * sizes anything: a sparse vocabulary holding the id 2147483646 would
+ * otherwise cost 48 GiB of tables and minutes of scanning. */
+enum { MAX_TOKEN_ID = (1 << 24) - 1 };
+
+static dsc_status get_id(const loader *L, const cJSON *v, const char *key, const char *what, int32_t *id) {
+    DSC_CHECK(cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= MAX_TOKEN_ID &&
                   v->valuedouble == (double)(int32_t)v->valuedouble,
-              DSC_ERR_CORRUPT, "tokenizer %s: %s has no valid id", L->path, what);
+              DSC_ERR_CORRUPT, "tokenizer %s: %s of %s is %.17g, not an id in [0, %d]", L->path, key, what,
+              cJSON_IsNumber(v) ? v->valuedouble : -1.0, MAX_TOKEN_ID);
     *id = (int32_t)v->valuedouble;
     return NULL;
 }
@@ -73,11 +79,11 @@ static dsc_status load_vocab(loader *L, const cJSON *vocab, const cJSON *added) 
               L->path);
     int32_t max_id = -1, id;
     for (const cJSON *kv = vocab->child; kv; kv = kv->next) {
-        DSC_TRY(get_id(L, kv, kv->string, &id));
+        DSC_TRY(get_id(L, kv, "model.vocab", kv->string, &id));
         if (id > max_id) max_id = id;
     }
     for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
-        DSC_TRY(get_id(L, cJSON_GetObjectItemCaseSensitive(a, "id"), "an added token", &id));
+        DSC_TRY(get_id(L, cJSON_GetObjectItemCaseSensitive(a, "id"), "added_tokens[].id", "an added token", &id));
         DSC_CHECK(get_string(a, "content") && *get_string(a, "content"), DSC_ERR_CORRUPT,
                   "tokenizer %s: added token %d has no content", L->path, id);
         if (id > max_id) max_id = id;

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: the unit tests under the address/undefined sanitizers,
-# then every test (unit and multi-rank) of the normal build. Ends with ctest's summary.
+# each parser's fuzz harness for 20 s (scripts/fuzz.sh: a new crash fails the
+# suite), then every test (unit and multi-rank) of the normal build, compiled as Release
+# (-O3) so that warnings only the optimiser finds fail the suite too.
+# Ends with ctest's summary.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -11,6 +14,9 @@ DSC_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DDSC_SANITIZE=ON -DDSC_
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest -L unit --output-on-failure -j"$(nproc)")
 
-echo "== normal build (CUDA backend compiled when nvcc exists): all tests"
-"$root/scripts/build.sh"
+echo "== fuzz harnesses (clang, libFuzzer + address/undefined): 20 s each"
+"$root/scripts/fuzz.sh" 20
+
+echo "== normal build, Release -O3 (CUDA backend compiled when nvcc exists): all tests"
+"$root/scripts/build.sh" -DCMAKE_BUILD_TYPE=Release
 cd "$root/build" && ctest --output-on-failure -j"$(nproc)"

@@ -288,7 +288,8 @@ DSC_API double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
 DSC_API void dsc_infer_model_destroy(dsc_infer_model *m);
 /* The tokenizer of a model loaded from `path`: `tokenizer` (a tokenizer.json)
  * when given; the byte tokenizer for dsc checkpoints; path/tokenizer.json
- * for Hugging Face directories; *out NULL (no error) when there is none. */
+ * for Hugging Face directories; *out NULL (no error) when there is none.
+ * A tokenizer.json with ids beyond the model's vocab_size is DSC_ERR_CORRUPT. */
 DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
                                           dsc_tokenizer **out);
 DSC_API const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);

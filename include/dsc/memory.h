@@ -53,7 +53,8 @@ typedef struct dsc_mem_stats {
 /* Alignment of every allocation (bytes); fits AVX-512 and CUDA's 256-byte rule. */
 #define DSC_MEM_ALIGN 256
 
-/* Zero-filled allocation of `bytes` on `device`, counted under `category`. */
+/* Zero-filled allocation of `bytes` on `device`, counted under `category`.
+ * On success *ptr is never NULL, even for 0 bytes. */
 DSC_API dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, dsc_device device);
 DSC_API void dsc_mem_free(void *ptr, size_t bytes, dsc_mem_category category, dsc_device device);
 

@@ -38,10 +38,12 @@ typedef enum dsc_code {
 
 typedef struct dsc_status_s *dsc_status;
 
-/* Creates an error with a printf-style message; never returns NULL. */
+/* Creates an error with a printf-style message; never returns NULL (the
+ * attribute tells the compiler so, which lets it see that a DSC_CHECK
+ * failure always leaves the function and never reads what it skipped). */
 DSC_API dsc_status dsc_error(dsc_code code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-DSC_API dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap);
+    __attribute__((format(printf, 2, 3), returns_nonnull));
+DSC_API dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap) __attribute__((returns_nonnull));
 
 /* Prefixes context to an existing error ("loading checkpoint x: <inner>"),
  * consuming it. Returns NULL when inner is NULL. */

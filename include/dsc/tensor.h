@@ -48,7 +48,14 @@ DSC_API const char *dsc_dtype_name(dsc_dtype dtype);                 /* "f32", "
 DSC_API dsc_status dsc_dtype_from_name(const char *name, dsc_dtype *out);
 DSC_API bool dsc_dtype_is_float(dsc_dtype dtype);
 
-/* Allocates a zero-filled tensor. `shape` has `ndim` entries, each >= 0. */
+/* Bytes of a (dtype, shape) tensor, computed with overflow checks: an error
+ * naming the shape when the rank or a dimension is invalid or the element
+ * count or byte size does not fit int64_t / size_t. */
+DSC_API dsc_status dsc_shape_nbytes(dsc_dtype dtype, int ndim, const int64_t *shape, size_t *out);
+
+/* Allocates a zero-filled tensor. `shape` has `ndim` entries, each >= 0, and
+ * its byte size must fit (dsc_shape_nbytes); a tensor with no elements still
+ * gets a valid, non-NULL pointer. */
 DSC_API dsc_status dsc_tensor_alloc(dsc_tensor *t, dsc_dtype dtype, int ndim, const int64_t *shape,
                             dsc_device device, dsc_mem_category category);
 /* Releases owned data and resets the struct to empty; safe on empty tensors. */

@@ -13,7 +13,8 @@
  * holds a given range write it (replicas write once). Each written range is
  * a "segment" with a CRC32, listed in the dataset's "dsc_segments" attribute
  * ((n, 3) int64: begin, count, crc32), so flipped bytes are detected on read
- * whatever layout reads them back. Reads are independent calls.
+ * whatever layout reads them back; a dataset without that attribute is
+ * refused on read, never read unverified. Reads are independent calls.
  * This layer knows nothing of models, optimizers or directories. */
 #ifndef DSC_TENSOR_FILE_H
 #define DSC_TENSOR_FILE_H

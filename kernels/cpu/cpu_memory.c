@@ -1,6 +1,7 @@
 /* Host memory for the CPU backend: aligned, zero-filled, and copies that are
  * plain memcpy; and the registration of the CPU table when the library loads.
  * The kernel table is defined with the kernels. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,8 @@
 
 static dsc_status cpu_alloc(const dsc_backend *backend, void **ptr, size_t bytes) {
     (void)backend;
+    *ptr = NULL;
+    if (bytes > SIZE_MAX - DSC_MEM_ALIGN) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes", bytes);
     size_t rounded = (bytes + DSC_MEM_ALIGN - 1) / DSC_MEM_ALIGN * DSC_MEM_ALIGN;
     *ptr = aligned_alloc(DSC_MEM_ALIGN, rounded);
     if (!*ptr) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes failed", bytes);

@@ -22,7 +22,7 @@ typedef struct segment {
 typedef struct dataset {
     dsc_tfile_entry entry;
     hid_t id;
-    segment *segments; /* sorted by begin; NULL when written by another tool */
+    segment *segments; /* sorted by begin; NULL when the dsc_segments attribute is missing */
     int n_segments;
 } dataset;
 
@@ -433,46 +433,42 @@ static dsc_status define_union(dsc_tfile *f, piece_meta *all, int total, int ran
     return s;
 }
 
-/* Selects elements [begin, end) of the row-major flattening of the trailing
- * dimensions from `dim` on, under the fixed leading coordinates `prefix`:
- * a partial head row, a block of whole rows, a partial tail row. */
-static herr_t select_range(hid_t space, int ndim, const hsize_t *dims, int dim, hsize_t *prefix, hsize_t begin,
-                           hsize_t end, bool *first) {
-    if (begin >= end) return 0;
-    hsize_t inner = 1;
-    for (int i = dim + 1; i < ndim; i++) inner *= dims[i];
-    hsize_t start[DSC_MAX_DIMS], count[DSC_MAX_DIMS];
-    if (dim == ndim - 1 || (begin % inner == 0 && end % inner == 0)) {
-        for (int i = 0; i < dim; i++) start[i] = prefix[i], count[i] = 1;
-        start[dim] = begin / inner;
-        count[dim] = (end - begin) / inner;
-        for (int i = dim + 1; i < ndim; i++) start[i] = 0, count[i] = dims[i];
-        herr_t rc = H5Sselect_hyperslab(space, *first ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL, count, NULL);
-        *first = false;
-        return rc;
-    }
-    hsize_t row = begin / inner;
-    if (begin % inner != 0 || end - begin < inner) {
-        hsize_t row_end = (row + 1) * inner < end ? (row + 1) * inner : end;
-        prefix[dim] = row;
-        if (select_range(space, ndim, dims, dim + 1, prefix, begin - row * inner, row_end - row * inner, first) < 0)
+/* Selects elements [begin, end) of the row-major flattening of a tensor of
+ * shape `dims` as a union of hyperslabs, walking from `begin`: each slab is
+ * the largest block of whole sub-tensors of the outermost dimension k at
+ * which the position is aligned and that still fits, clipped to the end of
+ * dimension k. Partial rows toward an alignment and back down to `end`
+ * make at most 2 * ndim slabs; every index stays below ndim <= DSC_MAX_DIMS
+ * by construction (a loop, not a recursion the compiler must bound). */
+static herr_t select_range(hid_t space, int ndim, const hsize_t *dims, hsize_t begin, hsize_t end) {
+    if (ndim < 1 || ndim > DSC_MAX_DIMS) return -1;
+    hsize_t stride[DSC_MAX_DIMS];
+    stride[ndim - 1] = 1;
+    for (int i = ndim - 1; i > 0; i--) stride[i - 1] = stride[i] * dims[i];
+    for (hsize_t pos = begin; pos < end;) {
+        int k = 0;
+        while (k < ndim - 1 && (pos % stride[k] != 0 || pos + stride[k] > end)) k++;
+        hsize_t start[DSC_MAX_DIMS], count[DSC_MAX_DIMS];
+        for (int i = 0; i < ndim; i++) {
+            start[i] = i > k ? 0 : pos / stride[i] % dims[i];
+            count[i] = i > k ? dims[i] : 1;
+        }
+        hsize_t fit = (end - pos) / stride[k], room = dims[k] - start[k];
+        count[k] = fit < room ? fit : room;
+        if (H5Sselect_hyperslab(space, pos == begin ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL, count, NULL) < 0)
             return -1;
-        return select_range(space, ndim, dims, dim, prefix, row_end, end, first);
+        pos += count[k] * stride[k];
     }
-    hsize_t whole_end = end / inner * inner;
-    if (select_range(space, ndim, dims, dim, prefix, begin, whole_end, first) < 0) return -1;
-    return select_range(space, ndim, dims, dim, prefix, whole_end, end, first);
+    return 0;
 }
 
 static dsc_status transfer(dsc_tfile *f, const dataset *d, int64_t begin, int64_t count, void *data, bool write) {
     if (count == 0) return NULL;
     hid_t fspace = H5Dget_space(d->id);
-    hsize_t dims[DSC_MAX_DIMS], prefix[DSC_MAX_DIMS] = {0};
+    hsize_t dims[DSC_MAX_DIMS];
     for (int i = 0; i < d->entry.ndim; i++) dims[i] = (hsize_t)d->entry.shape[i];
-    bool first = true;
     herr_t rc = d->entry.ndim == 0 ? H5Sselect_all(fspace)
-                                   : select_range(fspace, d->entry.ndim, dims, 0, prefix, (hsize_t)begin,
-                                                  (hsize_t)(begin + count), &first);
+                                   : select_range(fspace, d->entry.ndim, dims, (hsize_t)begin, (hsize_t)(begin + count));
     hsize_t mcount = (hsize_t)count;
     hid_t mspace = H5Screate_simple(1, &mcount, NULL);
     if (rc >= 0) {
@@ -565,8 +561,12 @@ dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t begin, i
               "%s: range [%lld, %lld) outside tensor %s of %lld elements", f->name, (long long)begin,
               (long long)(begin + count), path, (long long)numel);
     if (count == 0) return NULL;
-    /* Files written by other tools carry no segments: read unverified. */
-    if (!d->segments) return transfer(f, d, begin, count, data, false);
+    /* Without its checksums a dataset cannot be told from a damaged one:
+     * stripping one attribute must not switch corruption detection off. */
+    DSC_CHECK(d->segments, DSC_ERR_CORRUPT,
+              "%s: tensor %s has no dsc_segments checksums (attribute stripped, or the file was written by "
+              "another tool); refusing to read it unverified",
+              f->name, path);
     return read_verified(f, d, begin, count, data);
 }
 

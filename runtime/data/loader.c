@@ -67,6 +67,9 @@ dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_lo
               "data loader: invalid layout B=%lld T=%lld M=%d dp_rank=%d dp_size=%d vocab=%lld",
               (long long)opts->micro_batch_size, (long long)opts->seq_len, opts->micro_batches, opts->dp_rank,
               opts->dp_size, (long long)opts->vocab_size);
+    DSC_CHECK(opts->seq_len < INT32_MAX && opts->micro_batch_size <= INT64_MAX / opts->seq_len, DSC_ERR_INVALID,
+              "data loader: micro-batch B=%lld x T=%lld tokens does not fit a tensor",
+              (long long)opts->micro_batch_size, (long long)opts->seq_len);
     dsc_token_file *file;
     DSC_TRY(dsc_token_file_open(opts->path, &file));
     dsc_data_loader *dl = calloc(1, sizeof *dl);

@@ -78,7 +78,12 @@ static dsc_status validate_header(const char *path, const token_header *h, size_
               "token file %s: version %u, this dsc reads version %u", path, h->version, DSC_TOKEN_FILE_VERSION);
     DSC_CHECK(h->bytes_per_token == 2 || h->bytes_per_token == 4, DSC_ERR_CORRUPT,
               "token file %s: %u bytes per token, expected 2 or 4", path, h->bytes_per_token);
-    uint64_t expect = DSC_TOKEN_FILE_HEADER_BYTES + h->count * h->bytes_per_token;
+    /* count * bytes_per_token may wrap (2^63 x 2 = 0) and then "match" a header-only file. */
+    uint64_t expect;
+    DSC_CHECK(!__builtin_mul_overflow(h->count, (uint64_t)h->bytes_per_token, &expect) &&
+                  !__builtin_add_overflow(expect, (uint64_t)DSC_TOKEN_FILE_HEADER_BYTES, &expect),
+              DSC_ERR_CORRUPT, "token file %s: header says %llu tokens, more than 2^64 bytes (the file has %zu)", path,
+              (unsigned long long)h->count, file_bytes);
     DSC_CHECK(expect == file_bytes, DSC_ERR_CORRUPT,
               "token file %s: header says %llu tokens (%llu bytes) but the file has %zu bytes", path,
               (unsigned long long)h->count, (unsigned long long)expect, file_bytes);

@@ -190,6 +190,56 @@ static void test_flipped_bytes_are_detected(void **state) {
     assert_ok(dsc_tfile_close(f));
 }
 
+/* Stripping the checksums must not switch their check off: a dataset
+ * without dsc_segments is refused on read (issue 12, item 5). */
+static void test_missing_checksums_are_refused(void **state) {
+    (void)state;
+    write_file();
+    if (rank == 0) {
+        hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+        hid_t d = H5Dopen2(file, "model/layers.0.w", H5P_DEFAULT);
+        assert_true(H5Adelete(d, "dsc_segments") >= 0);
+        H5Dclose(d);
+        H5Fclose(file);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
+    dsc_tfile_entry e;
+    assert_ok(dsc_tfile_describe(f, "model/layers.0.w", &e));
+    float all[105];
+    assert_err(dsc_tfile_read_range(f, "model/layers.0.w", 0, 105, all), DSC_ERR_CORRUPT,
+               "tensor model/layers.0.w has no dsc_segments checksums");
+    float b[6];
+    assert_ok(dsc_tfile_read_range(f, "model/b", 0, 6, b));
+    assert_ok(dsc_tfile_close(f));
+}
+
+/* Every flat range of a 4-d tensor with unit and non-unit dimensions reads
+ * back exactly (the hyperslab walk of select_range). */
+static void test_every_range_of_a_4d_tensor(void **state) {
+    (void)state;
+    if (rank == 0) unlink(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    enum { N = 2 * 3 * 1 * 4 };
+    float values[N];
+    for (int i = 0; i < N; i++) values[i] = value_at(i);
+    dsc_tfile *f;
+    assert_ok(dsc_tfile_create(MPI_COMM_WORLD, path, &f));
+    dsc_tfile_piece p = {{.path = "model/t", .dtype = DSC_DTYPE_F32, .ndim = 4, .shape = {2, 3, 1, 4}}, 0, N,
+                         values};
+    assert_ok(dsc_tfile_write_all(f, &p, 1));
+    assert_ok(dsc_tfile_close(f));
+    assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
+    for (int begin = 0; begin < N; begin++)
+        for (int count = 1; begin + count <= N; count++) {
+            float got[N];
+            assert_ok(dsc_tfile_read_range(f, "model/t", begin, count, got));
+            for (int i = 0; i < count; i++) assert_true(got[i] == value_at(begin + i));
+        }
+    assert_ok(dsc_tfile_close(f));
+}
+
 int main(void) {
     MPI_Init(NULL, NULL);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -201,6 +251,8 @@ int main(void) {
         cmocka_unit_test(test_list_and_plain_hdf5),
         cmocka_unit_test(test_never_overwrites_and_bad_files),
         cmocka_unit_test(test_flipped_bytes_are_detected),
+        cmocka_unit_test(test_missing_checksums_are_refused),
+        cmocka_unit_test(test_every_range_of_a_4d_tensor),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -65,6 +65,12 @@ static void test_token_file_errors(void **state) {
     write_ramp(path, 100, DSC_TOKEN_DTYPE_U16);
     assert_int_equal(truncate(path, DSC_TOKEN_FILE_HEADER_BYTES + 150), 0);
     assert_err(dsc_token_file_open(path, &f), DSC_ERR_CORRUPT, "header says 100 tokens (232 bytes)");
+    /* A count whose byte size wraps to 0 (2^63 x 2): the 32-byte file is not a header + 2^63 tokens. */
+    uint32_t header[8] = {DSC_TOKEN_FILE_MAGIC, DSC_TOKEN_FILE_VERSION, 2, 0, 0, 0x80000000u, 0, 0};
+    fp = fopen(path, "wb");
+    assert_int_equal(fwrite(header, sizeof header, 1, fp), 1);
+    fclose(fp);
+    assert_err(dsc_token_file_open(path, &f), DSC_ERR_CORRUPT, "header says 9223372036854775808 tokens");
     unlink(path);
 }
 

@@ -1,8 +1,9 @@
 /* Fidelity of the inference engine against Hugging Face transformers: tiny
  * random-weight Llama (Llama-3 RoPE scaling), Mistral, Qwen2 (q/k/v biases,
  * tied embeddings), Mixtral (top-2 MoE) and Phi-3 (fused qkv_proj and
- * gate_up_proj) checkpoints made by
- * tests/ref/make_hf_fixtures.py are loaded with dsc's loader; for every
+ * gate_up_proj) checkpoints made by tests/ref/make_hf_fixtures.py
+ * (transformers 4.x; the Llama and Mistral ones also saved by 5.x, which
+ * writes rope_parameters) are loaded with dsc's loader; for every
  * prompt the logits of a whole-prompt forward, of the prompt fed one token
  * at a time through the KV cache, and of 6 greedy decode steps must match
  * PyTorch's within 1e-4 relative, and the greedy tokens must be the same. */
@@ -135,10 +136,21 @@ static void test_phi3(void **state) {
     (void)state;
     check_model("phi3");
 }
+/* Saved by transformers 5.x, which spells RoPE as rope_parameters
+ * (fixtures/hf/make_tf5_fixtures.py): Llama-3 scaling and a non-default theta. */
+static void test_llama_tf5(void **state) {
+    (void)state;
+    check_model("llama_tf5");
+}
+static void test_mistral_tf5(void **state) {
+    (void)state;
+    check_model("mistral_tf5");
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama), cmocka_unit_test(test_mistral),
                                        cmocka_unit_test(test_qwen2), cmocka_unit_test(test_mixtral),
-                                       cmocka_unit_test(test_phi3)};
+                                       cmocka_unit_test(test_phi3), cmocka_unit_test(test_llama_tf5),
+                                       cmocka_unit_test(test_mistral_tf5)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

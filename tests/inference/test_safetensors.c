@@ -187,6 +187,9 @@ static void test_corruptions(void **state) {
         {"{\"__metadata__\":{\"k\":1}}", -1, 0, DSC_ERR_CORRUPT, "__metadata__ value of \"k\" is not a string"},
         {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4,
          DSC_ERR_UNSUPPORTED, "tensor t: 7 dimensions"},
+        /* Found by fuzz_safetensors: an object followed by more JSON was read as "{}". */
+        {"{}\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}  ", -1, 4, DSC_ERR_CORRUPT,
+         "bytes after the header's JSON"},
     };
     const uint8_t zeros[16] = {0};
     const char *path = path_of("bad.safetensors");
@@ -205,6 +208,13 @@ static void test_corruptions(void **state) {
     fclose(fp);
     assert_err(dsc_safetensors_open(&st, path), DSC_ERR_CORRUPT, "file of 3 bytes is too short");
     assert_err(dsc_safetensors_open(&st, path_of("none.safetensors")), DSC_ERR_IO, "cannot open");
+    /* No tensors, space padding (found by fuzz_safetensors: qsort/bsearch of an empty table is UB). */
+    write_raw(path, "{\"__metadata__\":{\"format\":\"pt\"}}    ", -1, zeros, 0);
+    assert_ok(dsc_safetensors_open(&st, path));
+    assert_int_equal(dsc_safetensors_count(st), 0);
+    dsc_safetensors_tensor t;
+    assert_false(dsc_safetensors_find(st, "x", &t));
+    dsc_safetensors_close(st);
 }
 
 static void write_shard(const char *file, const char *n1, const char *n2, float base) {
@@ -251,6 +261,10 @@ static void test_sharded(void **state) {
     assert_err(dsc_safetensors_open(&st, index), DSC_ERR_CORRUPT, "weight_map puts tensor embed in");
     write_text(index, "{\"weight_map\":{\"embed\":\"model-00003-of-00002.safetensors\"}}");
     assert_err(dsc_safetensors_open(&st, index), DSC_ERR_IO, "model-00003-of-00002.safetensors: cannot open");
+    /* A shard outside the index's directory is refused, not opened. */
+    write_text(index, "{\"weight_map\":{\"embed\":\"../model-00001-of-00002.safetensors\"}}");
+    assert_err(dsc_safetensors_open(&st, index), DSC_ERR_CORRUPT,
+               "shard \"../model-00001-of-00002.safetensors\" of embed is not a file beside the index");
     write_text(index, "{\"weights\":{}}");
     assert_err(dsc_safetensors_open(&st, index), DSC_ERR_CORRUPT, "missing weight_map");
     write_shard("dup.safetensors", "embed", "other", 0.0f);

@@ -60,6 +60,35 @@ def randomize(model, gen):
                 p.copy_(0.15 * torch.randn(p.shape, generator=gen))
 
 
+def write_fixture(d, model, gen):
+    """save_pretrained into d (config.json + model.safetensors) and ref.safetensors beside it."""
+    model.eval()
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    gc = os.path.join(d, "generation_config.json")
+    if os.path.exists(gc):
+        os.remove(gc)
+    refs = {}
+    with torch.no_grad():
+        for p, T in enumerate(PROMPT_LENGTHS):
+            tokens = torch.randint(0, model.config.vocab_size, (1, T), generator=gen)
+            refs[f"tokens_{p}"] = tokens[0].to(torch.int32)
+            refs[f"logits_{p}"] = model(tokens).logits[0].float().contiguous()
+            out = model(tokens, use_cache=True)
+            past, row = out.past_key_values, out.logits[0, -1]
+            gen_ids, gen_logits = [], []
+            for _ in range(NEW_TOKENS):
+                nxt = int(torch.argmax(row))
+                gen_ids.append(nxt)
+                gen_logits.append(row.clone())
+                out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+                past, row = out.past_key_values, out.logits[0, -1]
+            refs[f"gen_{p}"] = torch.tensor(gen_ids, dtype=torch.int32)
+            refs[f"gen_logits_{p}"] = torch.stack(gen_logits).float().contiguous()
+    save_file(refs, os.path.join(d, "ref.safetensors"))
+    print(f"{os.path.basename(d)}: {sum(p.numel() for p in model.parameters())} parameters -> {d}")
+
+
 def main():
     torch.manual_seed(0)
     only = set(sys.argv[1:])
@@ -68,32 +97,7 @@ def main():
             continue
         gen = torch.Generator().manual_seed(100 + i)
         randomize(model, gen)
-        model.eval()
-        d = os.path.join(OUT, name)
-        os.makedirs(d, exist_ok=True)
-        model.save_pretrained(d, safe_serialization=True)
-        gc = os.path.join(d, "generation_config.json")
-        if os.path.exists(gc):
-            os.remove(gc)
-        refs = {}
-        with torch.no_grad():
-            for p, T in enumerate(PROMPT_LENGTHS):
-                tokens = torch.randint(0, model.config.vocab_size, (1, T), generator=gen)
-                refs[f"tokens_{p}"] = tokens[0].to(torch.int32)
-                refs[f"logits_{p}"] = model(tokens).logits[0].float().contiguous()
-                out = model(tokens, use_cache=True)
-                past, row = out.past_key_values, out.logits[0, -1]
-                gen_ids, gen_logits = [], []
-                for _ in range(NEW_TOKENS):
-                    nxt = int(torch.argmax(row))
-                    gen_ids.append(nxt)
-                    gen_logits.append(row.clone())
-                    out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
-                    past, row = out.past_key_values, out.logits[0, -1]
-                refs[f"gen_{p}"] = torch.tensor(gen_ids, dtype=torch.int32)
-                refs[f"gen_logits_{p}"] = torch.stack(gen_logits).float().contiguous()
-        save_file(refs, os.path.join(d, "ref.safetensors"))
-        print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters -> {d}")
+        write_fixture(os.path.join(OUT, name), model, gen)
 
 
 if __name__ == "__main__":

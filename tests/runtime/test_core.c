@@ -100,6 +100,40 @@ static void test_tensor_alloc_and_accounting(void **state) {
     dsc_status_free(s);
 }
 
+/* Sizes that wrap (issue 12, item 2: B = 2^52, T = 1024 made B*T*4 wrap to
+ * 0) are errors, and an empty request never returns NULL as success. */
+static void test_tensor_sizes_are_overflow_checked(void **state) {
+    (void)state;
+    dsc_tensor t;
+    int64_t wraps[] = {4503599627370496LL, 1024};
+    assert_err(dsc_tensor_alloc(&t, DSC_DTYPE_I32, 2, wraps, DSC_CPU, DSC_MEM_OTHER), DSC_ERR_INVALID,
+               "tensor of shape (4503599627370496, 1024) i32: its size overflows");
+    assert_null(t.data);
+    int64_t numel_wraps[] = {INT64_MAX, 2};
+    assert_err(dsc_tensor_alloc(&t, DSC_DTYPE_U8, 2, numel_wraps, DSC_CPU, DSC_MEM_OTHER), DSC_ERR_INVALID,
+               "overflows");
+    size_t bytes = 1;
+    int64_t huge[] = {1LL << 40, 1LL << 40, 1LL << 40};
+    assert_err(dsc_shape_nbytes(DSC_DTYPE_F32, 3, huge, &bytes), DSC_ERR_INVALID, "overflows");
+    assert_int_equal(bytes, 0);
+    dsc_tensor v = dsc_tensor_view(NULL, DSC_DTYPE_F32, 1, (int64_t[]){8}, DSC_CPU), r;
+    assert_err(dsc_tensor_reshape(&v, 3, huge, &r), DSC_ERR_INVALID, "overflows");
+
+    dsc_mem_stats before, after;
+    dsc_mem_get_stats(&before);
+    int64_t empty[] = {0, 1024};
+    assert_ok(dsc_tensor_alloc(&t, DSC_DTYPE_F32, 2, empty, DSC_CPU, DSC_MEM_OTHER));
+    assert_non_null(t.data);
+    assert_int_equal(dsc_tensor_nbytes(&t), 0);
+    dsc_tensor_free(&t);
+    void *p;
+    assert_ok(dsc_mem_alloc(&p, 0, DSC_MEM_OTHER, DSC_CPU));
+    assert_non_null(p);
+    dsc_mem_free(p, 0, DSC_MEM_OTHER, DSC_CPU);
+    dsc_mem_get_stats(&after);
+    assert_int_equal(after.current[DSC_MEM_OTHER], before.current[DSC_MEM_OTHER]);
+}
+
 static void test_tensor_views_and_checks(void **state) {
     (void)state;
     float data[12];
@@ -158,6 +192,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_messages),      cmocka_unit_test(test_try_macros),
         cmocka_unit_test(test_dtypes_and_half_conversions), cmocka_unit_test(test_tensor_alloc_and_accounting),
+        cmocka_unit_test(test_tensor_sizes_are_overflow_checked),
         cmocka_unit_test(test_tensor_views_and_checks), cmocka_unit_test(test_rng_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
