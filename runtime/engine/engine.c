@@ -1,8 +1,8 @@
 /* The training engine: the one loop over steps. Each step hands the batch's
  * data to the runner, averages the loss over the ranks that computed it,
  * stops cleanly on a non-finite loss, has the optimizer reduce and step at the
- * scheduled learning rate, then reports (log line, metrics JSONL, progress
- * bar), evaluates on the val split when due, and calls the step-end hook.
+ * scheduled learning rate, then reports (log line, metrics JSONL, monitors,
+ * progress bar), evaluates on the val split when due, and calls the step-end hook.
  *
  * Not here: what a step computes (runners), how gradients are reduced
  * (optimizers), checkpoint files (the checkpoint subsystem via on_step_end). */
@@ -15,12 +15,14 @@
 #include <unistd.h>
 
 #include "dsc/engine.h"
+#include "dsc/monitor.h"
 
 struct dsc_engine {
     dsc_engine_options o;
     int64_t steps_done;
     double t_start;   /* when dsc_engine_train started (monotonic seconds) */
     FILE *metrics;    /* JSON lines, or NULL */
+    dsc_monitor *monitor; /* tensorboard / csv_monitor, or NULL */
     bool bar;         /* the progress bar is on */
 };
 
@@ -67,6 +69,7 @@ dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
 void dsc_engine_destroy(dsc_engine *e) {
     if (!e) return;
     if (e->metrics) fclose(e->metrics);
+    dsc_monitor_destroy(e->monitor);
     free(e);
 }
 
@@ -208,6 +211,13 @@ static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
     fflush(e->metrics);
 }
 
+/* DeepSpeed's monitor events: against the samples seen so far. */
+static dsc_status write_monitors(dsc_engine *e, const dsc_step_metrics *m) {
+    int64_t samples = m->step * e->o.cfg->train_batch_size;
+    DSC_TRY(dsc_monitor_write(e->monitor, "Train/Samples/train_loss", m->loss, samples));
+    return dsc_monitor_write(e->monitor, "Train/Samples/lr", m->lr, samples);
+}
+
 static dsc_status maybe_evaluate(dsc_engine *e, const dsc_step_metrics *m) {
     int64_t interval = e->o.cfg->train.eval_interval;
     bool last = m->step == e->o.cfg->train.steps;
@@ -232,6 +242,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         e->metrics = fopen(e->o.metrics_path, e->steps_done > 0 ? "a" : "w");
         DSC_CHECK(e->metrics, DSC_ERR_IO, "metrics file %s: cannot open for writing", e->o.metrics_path);
     }
+    if (e->o.log && !e->monitor) DSC_TRY(dsc_monitor_create(cfg, &e->monitor));
     e->t_start = now_s();
     while (e->steps_done < cfg->train.steps) {
         dsc_step_metrics m;
@@ -242,6 +253,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         }
         if (e->o.log) {
             write_metrics(e, &m);
+            DSC_TRY(write_monitors(e, &m));
             if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps) log_step(e, &m);
             draw_bar(e, &m);
         }
