@@ -29,6 +29,8 @@ struct dsc_pipe_module {
     int *bounds; /* [P*v + 1]: virtual stage j holds layers [bounds[j], bounds[j+1]) */
     dsc_model_config model;
     const void *extra;
+    const void *tp;
+    dsc_layer_factory attention;
     int64_t width;
     int64_t unique_params; /* the whole model, every expert */
     int64_t rank_params;   /* as one expert-parallel rank holds it */
@@ -77,7 +79,8 @@ dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec
 static dsc_status describe(dsc_pipe_module *m) {
     dsc_param_store *scratch;
     DSC_TRY(dsc_params_create(&scratch, DSC_CPU, 0));
-    dsc_build_ctx ctx = {.model = &m->model, .params = scratch, .device = DSC_CPU, .extra = m->extra};
+    dsc_build_ctx ctx = {.model = &m->model, .params = scratch, .device = DSC_CPU, .extra = m->extra,
+                         .tp = m->tp, .attention = m->attention};
     dsc_status s = NULL;
     for (int i = 0; i < m->n && !s; i++) {
         dsc_layer *layer;
@@ -178,6 +181,8 @@ dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_mod
     m->v = o->chunks;
     m->model = *o->model;
     m->extra = o->build_extra;
+    m->tp = o->build_tp;
+    m->attention = o->build_attention;
     m->width = o->width > 0 ? o->width : o->model->d_model;
     m->ep = o->expert_parallel > 1 ? o->expert_parallel : 1;
     snprintf(m->method, sizeof m->method, "%s", o->partition_method ? o->partition_method : "parameters");
@@ -278,7 +283,8 @@ dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_para
     s->layers = calloc((size_t)m->n, sizeof *s->layers);
     s->chunk_start = calloc((size_t)m->v + 1, sizeof *s->chunk_start);
     dsc_status st = s->layers && s->chunk_start ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline stage: layer table");
-    dsc_build_ctx ctx = {.model = &m->model, .params = params, .device = device, .extra = m->extra};
+    dsc_build_ctx ctx = {.model = &m->model, .params = params, .device = device, .extra = m->extra,
+                         .tp = m->tp, .attention = m->attention};
     for (int c = 0; c < m->v && !st; c++) {
         int first, end;
         dsc_pipe_module_range(m, stage_id, c, &first, &end);

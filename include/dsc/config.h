@@ -205,6 +205,13 @@ typedef struct dsc_config_data {
     double val_fraction;
 } dsc_config_data;
 
+/* DeepSpeed's tensorboard and csv_monitor sections (the same three keys). */
+typedef struct dsc_config_monitor {
+    bool enabled;
+    char *output_path; /* files go to output_path/job_name/ ("" : the working directory) */
+    char *job_name;
+} dsc_config_monitor;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -235,6 +242,8 @@ typedef struct dsc_config {
     int64_t steps_per_print;
     uint64_t seed;
     bool wall_clock_breakdown;
+    dsc_config_monitor tensorboard;
+    dsc_config_monitor csv_monitor;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */

@@ -77,6 +77,8 @@ typedef struct dsc_pipe_module_options {
     const char *partition_method; /* "uniform", "parameters" or "type:REGEX" (POSIX ERE, case-insensitive) */
     const dsc_model_config *model;
     const void *build_extra; /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
+    const void *build_tp;    /* dsc_build_ctx.tp and .attention (tp/'s wiring); NULL without TP */
+    dsc_layer_factory build_attention;
     int64_t width;           /* features per token crossing a stage boundary; 0: model->d_model */
     int expert_parallel;     /* ranks splitting each MoE layer's experts (moe.ep_size); 0 or 1: none */
 } dsc_pipe_module_options;
@@ -194,6 +196,13 @@ typedef struct dsc_pipe_trainer_hooks {
      * dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT)). NULL: dense layers only. */
     dsc_status (*prepare_build)(const dsc_config *cfg, dsc_groups *groups, void *ctx, const void **build_extra);
     void *ctx;
+    /* With tensor_parallel.autotp_size > 1 (groups then have a model axis):
+     * fill the build context's tp and attention and the rule that counts
+     * replicated parameters once in the norm (tp/'s dsc_tp_prepare); `model`
+     * is left to the trainer, which sums the norm over the stages' tensor
+     * groups. NULL: tensor parallelism refused. */
+    dsc_status (*prepare_tp)(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+    void *tp_ctx;
     /* The optimizer from filled options (groups, pipe, counts_in_norm), e.g.
      * zero/'s dsc_zero_make_optimizer. NULL: the plain one (ZeRO refused). */
     dsc_optimizer_maker make_optimizer;

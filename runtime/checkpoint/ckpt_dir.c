@@ -20,7 +20,7 @@ void dsc_ckpt_final_dir(const char *save_dir, const char *tag, char *buf, size_t
     snprintf(buf, len, "%s/%s", save_dir, tag);
 }
 
-static dsc_status make_dirs(const char *path) {
+dsc_status dsc_fs_make_dirs(const char *path) {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++) {
@@ -66,7 +66,7 @@ static dsc_status fsync_path(const char *path, int flags) {
 dsc_status dsc_ckpt_dir_begin(const char *save_dir, const char *tag) {
     DSC_CHECK(tag[0] && !strchr(tag, '/') && tag[0] != '.', DSC_ERR_INVALID,
               "checkpoint tag \"%s\" must be a plain name", tag);
-    DSC_TRY(make_dirs(save_dir));
+    DSC_TRY(dsc_fs_make_dirs(save_dir));
     char final_dir[1024], partial[1024];
     dsc_ckpt_final_dir(save_dir, tag, final_dir, sizeof final_dir);
     struct stat st;

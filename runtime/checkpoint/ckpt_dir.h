@@ -21,6 +21,9 @@
 
 #define DSC_CKPT_FILE "state.h5"
 
+/* mkdir -p: `path` and its parents (also the monitors' output directories). */
+dsc_status dsc_fs_make_dirs(const char *path);
+
 /* Paths of the in-progress and final directory of `tag`. */
 void dsc_ckpt_partial_dir(const char *save_dir, const char *tag, char *buf, size_t len);
 void dsc_ckpt_final_dir(const char *save_dir, const char *tag, char *buf, size_t len);

@@ -25,6 +25,13 @@
 #define ENUM(path, f, def, choices, flags, doc)                                                                   \
     { path, DSC_CONFIG_KIND_ENUM, FIELD(f), def, 0, 0, choices, flags, doc }
 
+/* DeepSpeed's monitor sections share their three keys. */
+#define MONITOR(name, f, doc, enabled_doc)                                                                        \
+    SECTION(name, doc), BOOL(name ".enabled", f.enabled, "false", 0, enabled_doc),                                \
+        STRING(name ".output_path", f.output_path, "\"\"",                                                         \
+               "Directory of the job directory; \"\" is the working directory."),                                  \
+        STRING(name ".job_name", f.job_name, "\"DeepSpeedJobName\"", "Sub-directory of output_path for the files.")
+
 #define INF INFINITY
 #define NUL DSC_CONFIG_NULLABLE
 #define GT DSC_CONFIG_MIN_EXCLUSIVE
@@ -237,6 +244,11 @@ static const dsc_config_key schema[] = {
     SECTION("data", "Training data."),
     STRING("data.path", data.path, "\"\"", "Token file (dsc-train --prepare TEXT OUT makes one); not a directory."),
     FLOAT("data.val_fraction", data.val_fraction, "0", 0, 1, LT, "Fraction of the data held out for evaluation."),
+
+    MONITOR("tensorboard", tensorboard, "TensorBoard event files (DeepSpeed's monitor layout).",
+            "Write Train/Samples/train_loss and lr against samples seen, on the logging rank."),
+    MONITOR("csv_monitor", csv_monitor, "CSV files, one per event (DeepSpeed's monitor layout).",
+            "Write output_path/job_name/Train_Samples_<event>.csv with rows step,value."),
 
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),

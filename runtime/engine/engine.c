@@ -1,8 +1,8 @@
 /* The training engine: the one loop over steps. Each step hands the batch's
  * data to the runner, averages the loss over the ranks that computed it,
  * stops cleanly on a non-finite loss, has the optimizer reduce and step at the
- * scheduled learning rate, then reports (log line, metrics JSONL, progress
- * bar), evaluates on the val split when due, and calls the step-end hook.
+ * scheduled learning rate, then reports (log line, metrics JSONL, monitors,
+ * progress bar), evaluates on the val split when due, and calls the step-end hook.
  *
  * Not here: what a step computes (runners), how gradients are reduced
  * (optimizers), checkpoint files (the checkpoint subsystem via on_step_end). */
@@ -15,12 +15,14 @@
 #include <unistd.h>
 
 #include "dsc/engine.h"
+#include "dsc/monitor.h"
 
 struct dsc_engine {
     dsc_engine_options o;
     int64_t steps_done;
     double t_start;   /* when dsc_engine_train started (monotonic seconds) */
     FILE *metrics;    /* JSON lines, or NULL */
+    dsc_monitor *monitor; /* tensorboard / csv_monitor, or NULL */
     bool bar;         /* the progress bar is on */
 };
 
@@ -72,6 +74,7 @@ dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
 void dsc_engine_destroy(dsc_engine *e) {
     if (!e) return;
     if (e->metrics) fclose(e->metrics);
+    dsc_monitor_destroy(e->monitor);
     free(e);
 }
 
@@ -123,7 +126,7 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
     dsc_batch_result res;
     dsc_status s = e->o.runner->ops->train_batch(e->o.runner, &src.base, &res);
     if (s) return dsc_error_wrap(s, "step %lld", (long long)n);
-    double loss = 0, aux = 0;
+    double loss = 0, aux = 0; /* set by average_loss; initialised for gcc -O3, which cannot see it */
     DSC_TRY(average_loss(e, &res, &loss, &aux));
     DSC_CHECK(isfinite(loss) && isfinite(aux), DSC_ERR_NUMERIC,
               "step %lld: the loss is %g (aux %g); stopping before the optimizer step, parameters are those "
@@ -166,7 +169,7 @@ dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss) {
         dsc_batch_result res;
         dsc_status s = e->o.runner->ops->eval_batch(e->o.runner, &src.base, &res);
         if (s) return dsc_error_wrap(s, "evaluation batch %d of %d", i + 1, iters);
-        double loss = 0, aux = 0;
+        double loss = 0, aux = 0; /* as above */
         DSC_TRY(average_loss(e, &res, &loss, &aux));
         sum += loss;
     }
@@ -238,6 +241,13 @@ static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
     fflush(e->metrics);
 }
 
+/* DeepSpeed's monitor events: against the samples seen so far. */
+static dsc_status write_monitors(dsc_engine *e, const dsc_step_metrics *m) {
+    int64_t samples = m->step * e->o.cfg->train_batch_size;
+    DSC_TRY(dsc_monitor_write(e->monitor, "Train/Samples/train_loss", m->loss, samples));
+    return dsc_monitor_write(e->monitor, "Train/Samples/lr", m->lr, samples);
+}
+
 static dsc_status maybe_evaluate(dsc_engine *e, const dsc_step_metrics *m) {
     int64_t interval = e->o.cfg->train.eval_interval;
     bool last = m->step == e->o.cfg->train.steps;
@@ -262,6 +272,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         e->metrics = fopen(e->o.metrics_path, e->steps_done > 0 ? "a" : "w");
         DSC_CHECK(e->metrics, DSC_ERR_IO, "metrics file %s: cannot open for writing", e->o.metrics_path);
     }
+    if (e->o.log && !e->monitor) DSC_TRY(dsc_monitor_create(cfg, &e->monitor));
     e->t_start = dsc_time_now();
     while (e->steps_done < cfg->train.steps) {
         dsc_step_metrics m;
@@ -272,6 +283,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         }
         if (e->o.log) {
             write_metrics(e, &m);
+            DSC_TRY(write_monitors(e, &m));
             if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps) log_step(e, &m);
             draw_bar(e, &m);
         }

@@ -2,7 +2,8 @@
 # Tensor-parallel checkpoints reshard: a checkpoint saved at TP=2 (step 5 of
 # 10) resumes at TP=2 bitwise, and at TP=4 and on one rank with the losses of
 # steps 6-10 equal to continuing unchanged (as printed) and parameters within
-# 1e-5; h5dump shows the global shapes. Through dsc-train and dsc-launch.
+# 1e-5; h5dump shows the global shapes; dsc-generate on the TP=2 checkpoint
+# samples the same tokens at TP=3 as at TP=1. Through dsc-train and dsc-launch.
 # Usage: test_tp_resume.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -47,4 +48,13 @@ for case in "tp2 2 2" "tp4 4 4" "one 1 1"; do
   check "$name: parameters within $tol" model_within "$work/a/global_step10" "$work/$name/global_step10" "$tol"
   echo "   $name ($np rank(s), TP=$tp): max parameter difference at step 10: $(model_within "$work/a/global_step10" "$work/$name/global_step10" 1e9)"
 done
+gen() { # NP: sampled tokens (seed 5) of the TP=2 checkpoint at tensor parallelism NP
+  "$bin/dsc-launch" -n "$1" "$bin/dsc-generate" "$work/a" --tp "$1" --tokens 72,101,108,108,111 --max-new-tokens 16 \
+    --temperature 1 --seed 5 --quiet 2> "$work/gen$1.err"
+}
+gen 1 > "$work/gen1.txt" || { tail -3 "$work/gen1.err"; exit 1; }
+gen 3 > "$work/gen3.txt" || { tail -3 "$work/gen3.err"; exit 1; }
+echo "   dsc-generate TP=1: $(head -c 80 "$work/gen1.txt")"
+check "dsc-generate at TP=3 gives the tokens of TP=1" diff "$work/gen1.txt" "$work/gen3.txt"
+check "dsc-generate printed tokens" test -s "$work/gen1.txt"
 check_summary
