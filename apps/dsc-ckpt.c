@@ -2,7 +2,11 @@
  *
  *   dsc-ckpt ls SAVE_DIR                 tags, steps, layouts, sizes
  *   dsc-ckpt show CKPT                   tensors, shapes, dtypes, L2 norms
- *   dsc-ckpt diff CKPT_A CKPT_B          per-tensor max |a - b|
+ *   dsc-ckpt diff [--tol X] [--prefix P] CKPT_A CKPT_B
+ *                                        per-tensor max |a - b|; exit 0 when both
+ *                                        hold the same tensors (under P) with the
+ *                                        same shapes, each within X (default 0),
+ *                                        1 when they differ, 2 on an error
  *   dsc-ckpt export CKPT --model-only OUT.h5
  *   dsc-ckpt export CKPT --format hf OUT_DIR   config.json + model.safetensors for transformers
  *
@@ -25,7 +29,7 @@
 static void usage(FILE *fp) {
     fprintf(fp, "usage: dsc-ckpt ls SAVE_DIR\n"
                     "       dsc-ckpt show CKPT\n"
-                    "       dsc-ckpt diff CKPT_A CKPT_B\n"
+                    "       dsc-ckpt diff [--tol X] [--prefix P] CKPT_A CKPT_B\n"
                     "       dsc-ckpt export CKPT --model-only OUT.h5\n"
                     "       dsc-ckpt export CKPT --format hf OUT_DIR\n"
                     "CKPT: SAVE_DIR/TAG, SAVE_DIR (follows latest) or a state.h5 file\n");
@@ -134,13 +138,6 @@ static dsc_status show_entry(const dsc_tfile_entry *e, void *user) {
     return NULL;
 }
 
-static dsc_status list_all(dsc_tfile *f, dsc_status (*fn)(const dsc_tfile_entry *, void *), void *user) {
-    static const char *groups[] = {"model", "optimizer", "optimizer/exp_avg", "optimizer/exp_avg_sq",
-                                   "optimizer/momentum_buffer", "rng"};
-    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) DSC_TRY(dsc_tfile_list(f, groups[g], fn, user));
-    return NULL;
-}
-
 static dsc_status cmd_show(const char *arg) {
     dsc_tfile *f;
     DSC_TRY(open_ckpt(arg, &f));
@@ -154,7 +151,7 @@ static dsc_status cmd_show(const char *arg) {
            (long long)step, layout ? layout : "?", signature ? signature : "?");
     free(layout);
     free(signature);
-    dsc_status s = list_all(f, show_entry, f);
+    dsc_status s = dsc_tfile_list_all(f, show_entry, f);
     dsc_status closed = dsc_tfile_close(f);
     if (s) dsc_status_free(closed);
     return s ? s : closed;
@@ -164,51 +161,87 @@ static dsc_status cmd_show(const char *arg) {
 
 typedef struct diff_ctx {
     dsc_tfile *a, *b;
-    double worst;
+    const char *prefix; /* only tensors whose path starts with it */
+    double worst;       /* over tensors present in both with equal shapes */
+    int compared, only_a, only_b, misshapen;
 } diff_ctx;
+
+static bool same_shape(const dsc_tfile_entry *x, const dsc_tfile_entry *y) {
+    if (x->ndim != y->ndim) return false;
+    for (int i = 0; i < x->ndim; i++)
+        if (x->shape[i] != y->shape[i]) return false;
+    return true;
+}
+
+/* Is `path` in f? A missing tensor is a difference, not an error. */
+static bool holds(dsc_tfile *f, const char *path, dsc_tfile_entry *out) {
+    dsc_status s = dsc_tfile_describe(f, path, out);
+    dsc_status_free(s);
+    return s == NULL;
+}
 
 static dsc_status diff_entry(const dsc_tfile_entry *e, void *user) {
     diff_ctx *d = user;
+    if (strncmp(e->path, d->prefix, strlen(d->prefix)) != 0) return NULL;
     dsc_tfile_entry other;
-    dsc_status s = dsc_tfile_describe(d->b, e->path, &other);
-    if (s) {
+    if (!holds(d->b, e->path, &other)) {
         printf("  %-56s only in %s\n", e->path, dsc_tfile_name(d->a));
-        dsc_status_free(s);
+        d->only_a++;
         return NULL;
     }
-    if (numel(&other) != numel(e)) {
-        printf("  %-56s shapes differ\n", e->path);
-        d->worst = INFINITY;
+    if (!same_shape(e, &other)) {
+        char sa[96], sb[96];
+        shape_text(e, sa, sizeof sa);
+        shape_text(&other, sb, sizeof sb);
+        printf("  %-56s shapes differ: %s vs %s\n", e->path, sa, sb);
+        d->misshapen++;
         return NULL;
     }
     double *va, *vb;
     DSC_TRY(read_doubles(d->a, e, &va));
-    s = read_doubles(d->b, &other, &vb);
+    dsc_status s = read_doubles(d->b, &other, &vb);
     double max = 0;
     for (int64_t i = 0; !s && i < numel(e); i++) {
         double x = fabs(va[i] - vb[i]);
-        if (!(x <= max)) max = x;
+        if (!(x <= max)) max = x; /* a NaN on either side counts as the largest difference */
     }
     free(va);
     free(vb);
     DSC_TRY(s);
     if (!(max <= d->worst)) d->worst = max;
+    d->compared++;
     printf("  %-56s max |a-b| %.3e\n", e->path, max);
     return NULL;
 }
 
-static dsc_status cmd_diff(const char *a, const char *b, double *worst) {
-    diff_ctx d = {0};
+/* The second pass: tensors of B that A lacks. */
+static dsc_status only_in_b(const dsc_tfile_entry *e, void *user) {
+    diff_ctx *d = user;
+    dsc_tfile_entry other;
+    if (strncmp(e->path, d->prefix, strlen(d->prefix)) != 0 || holds(d->a, e->path, &other)) return NULL;
+    printf("  %-56s only in %s\n", e->path, dsc_tfile_name(d->b));
+    d->only_b++;
+    return NULL;
+}
+
+/* *same: both hold the same tensors under `prefix`, shapes equal, every
+ * max |a - b| <= tol. */
+static dsc_status cmd_diff(const char *a, const char *b, const char *prefix, double tol, bool *same) {
+    diff_ctx d = {.prefix = prefix};
     DSC_TRY(open_ckpt(a, &d.a));
     dsc_status s = open_ckpt(b, &d.b);
     if (!s) {
-        s = list_all(d.a, diff_entry, &d);
+        s = dsc_tfile_list_all(d.a, diff_entry, &d);
+        if (!s) s = dsc_tfile_list_all(d.b, only_in_b, &d);
         dsc_status_free(dsc_tfile_close(d.b));
     }
     dsc_status_free(dsc_tfile_close(d.a));
-    if (!s) printf("worst max |a-b| %.3e\n", d.worst);
-    *worst = d.worst;
-    return s;
+    if (s) return s;
+    *same = d.only_a == 0 && d.only_b == 0 && d.misshapen == 0 && d.compared > 0 && d.worst <= tol;
+    printf("worst max |a-b| %.3e over %d tensors; %d only in A, %d only in B, %d with other shapes: %s "
+           "(--tol %g)\n",
+           d.worst, d.compared, d.only_a, d.only_b, d.misshapen, *same ? "same" : "DIFFERENT", tol);
+    return NULL;
 }
 
 /* ---- export ---------------------------------------------------------------------------- */
@@ -284,6 +317,30 @@ static dsc_status cmd_export_hf(const char *arg, const char *out_dir) {
     return NULL;
 }
 
+/* dsc-ckpt diff's options: [--tol X] [--prefix P] A B. */
+static bool diff_args(int argc, char **argv, double *tol, const char **prefix, const char **a, const char **b) {
+    int i = 2;
+    for (; i + 1 < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        char *end;
+        if (strcmp(argv[i], "--tol") == 0) {
+            *tol = strtod(argv[i + 1], &end);
+            if (*end || !(*tol >= 0)) {
+                fprintf(stderr, "dsc-ckpt diff: --tol %s: expected a number >= 0\n", argv[i + 1]);
+                return false;
+            }
+        } else if (strcmp(argv[i], "--prefix") == 0) {
+            *prefix = argv[i + 1];
+        } else {
+            fprintf(stderr, "dsc-ckpt diff: unknown option %s\n", argv[i]);
+            return false;
+        }
+    }
+    if (argc - i != 2) return false;
+    *a = argv[i];
+    *b = argv[i + 1];
+    return true;
+}
+
 int main(int argc, char **argv) {
     if (dsc_cli_info(argc, argv, argc - 1, "dsc-ckpt", usage)) return 0;
     if (argc < 3) {
@@ -293,13 +350,16 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     dsc_status s = NULL;
     int rc = 0;
-    double worst = 0;
+    double tol = 0;
+    const char *prefix = "", *a, *b;
     if (strcmp(argv[1], "ls") == 0 && argc == 3) {
         s = cmd_ls(argv[2]);
     } else if (strcmp(argv[1], "show") == 0 && argc == 3) {
         s = cmd_show(argv[2]);
-    } else if (strcmp(argv[1], "diff") == 0 && argc == 4) {
-        s = cmd_diff(argv[2], argv[3], &worst);
+    } else if (strcmp(argv[1], "diff") == 0 && diff_args(argc, argv, &tol, &prefix, &a, &b)) {
+        bool same = false;
+        s = cmd_diff(a, b, prefix, tol, &same);
+        rc = same ? 0 : 1;
     } else if (strcmp(argv[1], "export") == 0 && argc == 5 && strcmp(argv[3], "--model-only") == 0) {
         s = cmd_export(argv[2], argv[4]);
     } else if (strcmp(argv[1], "export") == 0 && argc == 6 && strcmp(argv[3], "--format") == 0) {
@@ -316,7 +376,7 @@ int main(int argc, char **argv) {
     if (s) {
         fprintf(stderr, "dsc-ckpt: %s\n", dsc_status_message(s));
         dsc_status_free(s);
-        rc = 1;
+        rc = 2;
     }
     MPI_Finalize();
     return rc;

@@ -174,10 +174,21 @@ static dsc_status estimate(const args *a) {
     dsc_status s = dsc_trainer_model_config(&cfg, &mc);
     if (!s) s = dsc_zero_model_size_of(&mc, &size);
     int pp = cfg.pipeline.stages, ep = cfg.moe.ep_size > 0 ? cfg.moe.ep_size : 1;
-    if (!s && a->estimate_ranks % pp != 0)
-        s = dsc_error(DSC_ERR_CONFIG, "--estimate-memory %d: not a multiple of pipeline.stages = %d",
-                      a->estimate_ranks, pp);
-    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / pp, pp, ep, state_bytes(&cfg));
+    const int tp = cfg.tensor_parallel.autotp_size;
+    if (!s && a->estimate_ranks % (pp * tp) != 0)
+        s = dsc_error(DSC_ERR_CONFIG,
+                      "--estimate-memory %d: world = pp x tp x dp, and %d is not a multiple of pipeline.stages %d x "
+                      "tensor_parallel.autotp_size %d",
+                      a->estimate_ranks, a->estimate_ranks, pp, tp);
+    if (!s && tp > 1) {
+        /* A tensor rank holds the replicated parameters and 1/tp of the rest; ZeRO then shards that over dp. */
+        const double whole = size.params;
+        size.params = dsc_tp_params_per_rank(&mc, whole, tp);
+        size.largest_layer /= tp;
+        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated)\n", tp, size.params,
+               whole, dsc_tp_replicated_params(&mc));
+    }
+    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / (pp * tp), pp, ep, state_bytes(&cfg));
     dsc_config_free(&cfg);
     return s;
 }
@@ -275,6 +286,13 @@ static dsc_status pipe_generate(void *model, const int32_t *prompt, int n_prompt
     return s;
 }
 
+/* " (N held per expert-parallel rank)" when expert parallelism splits the
+ * model's `total` parameters so that each rank holds `per_rank`; "" otherwise. */
+static void held_per_rank(int64_t total, int64_t per_rank, char *buf, size_t len) {
+    buf[0] = '\0';
+    if (per_rank != total) snprintf(buf, len, " (%lld held per expert-parallel rank)", (long long)per_rank);
+}
+
 /* MoE blocks inside pipeline stages: all-to-alls over the stage's
  * expert-parallel group. */
 static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, const void **extra) {
@@ -290,35 +308,48 @@ static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, vo
 
 static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *world, dsc_config *cfg) {
     int rank = dsc_comm_rank(world), size = dsc_comm_size(world), P = cfg->pipeline.stages;
-    DSC_CHECK(cfg->tensor_parallel.autotp_size == 1, DSC_ERR_UNSUPPORTED,
-              "%s: \"tensor_parallel.autotp_size\" = %d with \"pipeline.stages\" = %d: tensor parallelism is not "
-              "wired into pipeline stages yet (run it with pipeline.stages = 1)",
-              a->config, cfg->tensor_parallel.autotp_size, P);
-    DSC_CHECK(size % P == 0, DSC_ERR_CONFIG, "%s: the world size %d is not divisible by \"pipeline.stages\" = %d",
-              a->config, size, P);
+    const int tp = cfg->tensor_parallel.autotp_size, dp = size / (P * tp);
+    DSC_CHECK(size % (P * tp) == 0, DSC_ERR_CONFIG,
+              "%s: world = pp x tp x dp: %d ranks are not divisible by \"pipeline.stages\" %d x "
+              "\"tensor_parallel.autotp_size\" %d",
+              a->config, size, P, tp);
+    DSC_CHECK(tp == 1 || cfg->moe.num_experts == 0, DSC_ERR_UNSUPPORTED,
+              "%s: \"tensor_parallel.autotp_size\" = %d with \"moe.num_experts\" = %d: MoE layers with tensor "
+              "parallelism are not wired yet",
+              a->config, tp, cfg->moe.num_experts);
     DSC_TRY(dsc_comm_set_timeout(world, cfg->comm.timeout_s));
-    DSC_TRY(dsc_config_resolve_batch(cfg, size / P));
+    DSC_TRY(dsc_config_resolve_batch(cfg, dp));
     const bool moe = cfg->moe.num_experts > 0;
     dsc_moe_build_extra extra = {0};
+    dsc_tp_build_extra tp_extra = {0};
     dsc_pipe_trainer_options po = {cfg, world, rank == 0, a->metrics, a->progress,
-                                   {moe ? pipe_moe_prepare : NULL, &extra, dsc_zero_make_optimizer}};
+                                   {.prepare_build = moe ? pipe_moe_prepare : NULL,
+                                    .ctx = &extra,
+                                    .make_optimizer = dsc_zero_make_optimizer,
+                                    .prepare_tp = dsc_tp_prepare,
+                                    .tp_ctx = &tp_extra}};
     dsc_pipe_trainer *t;
     DSC_TRY(dsc_pipe_trainer_create(&po, &t));
     const dsc_pipe_module *m = dsc_pipe_trainer_module(t);
+    dsc_status s = NULL;
     if (rank == 0) {
-        printf("dsc-train: %s, %lld parameters, %d pipeline stages x %d data-parallel ranks x %d threads; batch %lld "
-               "sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_pipe_module_unique_params(m), P, size / P, dsc_kernels_get_num_threads(),
+        char held[96];
+        held_per_rank(dsc_pipe_module_unique_params(m), dsc_pipe_module_rank_params(m), held, sizeof held);
+        printf("dsc-train: %s, %lld parameters%s, %d pipeline stages x %d data-parallel ranks x %d tensor-parallel x "
+               "%d threads; batch %lld sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld "
+               "steps\n",
+               a->config, (long long)dsc_pipe_module_unique_params(m), held, P, dp, tp, dsc_kernels_get_num_threads(),
                (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
-               (long long)cfg->gradient_accumulation_steps, size / P, cfg->model.seq_len, (long long)cfg->train.steps);
+               (long long)cfg->gradient_accumulation_steps, dp, cfg->model.seq_len, (long long)cfg->train.steps);
         dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
+        if (tp > 1) s = dsc_tp_print_shards(stdout, cfg);
         fflush(stdout);
     }
     dsc_checkpointer_options co = {cfg, dsc_pipe_trainer_engine(t), dsc_pipe_trainer_params(t),
-                                   dsc_pipe_trainer_optimizer(t), MPI_COMM_WORLD, P, size / P,
+                                   dsc_pipe_trainer_optimizer(t), MPI_COMM_WORLD, P, dp,
                                    moe ? cfg->moe.ep_size : 1, dsc_pipe_trainer_rng(t), 1, rank == 0};
     dsc_checkpointer *ckpt = NULL;
-    dsc_status s = wire_checkpoints(a, hf, &co, &ckpt);
+    if (!s) s = wire_checkpoints(a, hf, &co, &ckpt);
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
@@ -327,13 +358,13 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
         for (int i = 0; i < dsc_params_count(ps); i++) psi += (double)dsc_param_numel(dsc_params_at(ps, i));
-        s = dsc_zero_memory_report(stdout, world, cfg->zero_optimization.stage, psi, size / P, state_bytes(cfg));
+        s = dsc_zero_memory_report(stdout, world, cfg->zero_optimization.stage, psi, dp, state_bytes(cfg));
     }
     pipe_model pm = {t, cfg->model.seq_len, cfg->model.vocab_size};
-    if (!s && moe && cfg->moe.ep_size > 1) {
+    if (!s && ((moe && cfg->moe.ep_size > 1) || tp > 1)) {
         if (rank == 0 && a->sample_tokens > 0)
-            printf("dsc-train: no sample: expert-parallel generation is not wired into pipelines (use dsc-generate "
-                   "on the checkpoint)\n");
+            printf("dsc-train: no sample: %s generation is not wired into pipelines (use dsc-generate on the "
+                   "checkpoint)\n", tp > 1 ? "tensor-parallel" : "expert-parallel");
     } else if (!s) {
         print_sample(pipe_generate, &pm, cfg, a, rank == 0); /* collective: every stage takes part */
     }
@@ -369,9 +400,13 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     const dsc_trainer_layers *layers = moe ? &mw.layers : tp > 1 ? &tw.layers : NULL;
     if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, layers, &t);
     if (!s && rank == 0) {
-        printf("dsc-train: %s, %lld parameters on rank 0, %d tensor-parallel x %d data-parallel ranks x %d threads; "
+        char held[96];
+        held_per_rank(dsc_trainer_model_param_count(t), dsc_trainer_param_count(t), held, sizeof held);
+        /* Tensor parallelism shards the store, so its count is rank 0's shard. */
+        printf("dsc-train: %s, %lld parameters%s%s, %d tensor-parallel x %d data-parallel ranks x %d threads; "
                "batch %lld sequences = %lld micro x %lld accumulation x %d replicas, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_trainer_param_count(t), tp, dp, dsc_kernels_get_num_threads(),
+               a->config, (long long)dsc_trainer_model_param_count(t), tp > 1 ? " on rank 0" : "", held, tp, dp,
+               dsc_kernels_get_num_threads(),
                (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
                (long long)cfg.gradient_accumulation_steps, dp, cfg.model.seq_len, (long long)cfg.train.steps);
         if (tp > 1) s = dsc_tp_print_shards(stdout, &cfg);

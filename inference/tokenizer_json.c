@@ -77,7 +77,7 @@ static dsc_status load_vocab(loader *L, const cJSON *vocab, const cJSON *added) 
     DSC_CHECK(cJSON_IsObject(vocab), DSC_ERR_CORRUPT, "tokenizer %s: model.vocab is not an object", L->path);
     DSC_CHECK(!added || cJSON_IsArray(added), DSC_ERR_CORRUPT, "tokenizer %s: added_tokens is not an array",
               L->path);
-    int32_t max_id = -1, id;
+    int32_t max_id = -1, id = -1; /* set by get_id; initialised for gcc -O3, which cannot see it */
     for (const cJSON *kv = vocab->child; kv; kv = kv->next) {
         DSC_TRY(get_id(L, kv, "model.vocab", kv->string, &id));
         if (id > max_id) max_id = id;

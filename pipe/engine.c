@@ -23,18 +23,10 @@
  * Not here: which instruction comes when (dsc/schedule.h), how a chunk runs
  * its layers and checkpoints them (pipe/engine_chunk.c), moving bytes
  * (pipe/p2p.c). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pipe/engine_internal.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static dsc_micro_ctx micro_ctx(pipe_runner *r, pipe_slot *slot, const pipe_chunk *c) {
     return (dsc_micro_ctx){
@@ -63,27 +55,27 @@ static dsc_status exec_load(pipe_runner *r, const dsc_instr *in) {
 
 static dsc_status exec_forward(pipe_runner *r, const dsc_instr *in) {
     DSC_TRY(pipe_p2p_wait_sends(r->p2p));
-    double t0 = now_s();
+    double t0 = dsc_time_now();
     pipe_chunk *c = &r->chunks[in->chunk];
     pipe_slot *slot = &r->slots[in->buffer];
     dsc_micro_ctx ctx = micro_ctx(r, slot, c);
     DSC_TRY(pipe_chunk_forward(r, c, in->buffer, &ctx));
     if (c->last_virtual) r->loss_sum += ctx.loss;
     r->aux_sum += ctx.aux_loss;
-    r->stats.compute_s += now_s() - t0;
+    r->stats.compute_s += dsc_time_now() - t0;
     return NULL;
 }
 
 static dsc_status exec_backward(pipe_runner *r, const dsc_instr *in) {
     DSC_TRY(pipe_p2p_wait_sends(r->p2p));
-    double t0 = now_s();
+    double t0 = dsc_time_now();
     pipe_chunk *c = &r->chunks[in->chunk];
     pipe_slot *slot = &r->slots[in->buffer];
     dsc_micro_ctx ctx = micro_ctx(r, slot, c);
     /* The last backward of a chunk in this batch finalises its gradients. */
     bool last = ++c->backwards == r->M;
     DSC_TRY(pipe_chunk_backward(r, c, in->buffer, c->last_virtual ? NULL : &r->grad_in, last, &ctx));
-    r->stats.compute_s += now_s() - t0;
+    r->stats.compute_s += dsc_time_now() - t0;
     return NULL;
 }
 
@@ -122,29 +114,36 @@ static dsc_status exec_batch_end(pipe_runner *r, const dsc_instr *in) {
     return NULL;
 }
 
-static const handler handlers[DSC_INSTR_TYPE_COUNT] = {
-    [DSC_INSTR_LOAD_MICRO_BATCH] = exec_load,
-    [DSC_INSTR_FORWARD_PASS] = exec_forward,
-    [DSC_INSTR_BACKWARD_PASS] = exec_backward,
-    [DSC_INSTR_SEND_ACTIVATION] = exec_send_activation,
-    [DSC_INSTR_RECV_ACTIVATION] = exec_recv_activation,
-    [DSC_INSTR_SEND_GRAD] = exec_send_grad,
-    [DSC_INSTR_RECV_GRAD] = exec_recv_grad,
-    [DSC_INSTR_REDUCE_TIED_GRADS] = exec_reduce_tied,
-    [DSC_INSTR_REDUCE_GRADS] = exec_batch_end,
-    [DSC_INSTR_OPTIMIZER_STEP] = exec_batch_end,
+/* Each instruction's handler, and the phase of the step's time it counts
+ * toward (wall_clock_breakdown; -1: not a phase of its own). */
+static const struct {
+    handler run;
+    int phase;
+} handlers[DSC_INSTR_TYPE_COUNT] = {
+    [DSC_INSTR_LOAD_MICRO_BATCH] = {exec_load, -1},
+    [DSC_INSTR_FORWARD_PASS] = {exec_forward, DSC_PHASE_FORWARD},
+    [DSC_INSTR_BACKWARD_PASS] = {exec_backward, DSC_PHASE_BACKWARD},
+    [DSC_INSTR_SEND_ACTIVATION] = {exec_send_activation, DSC_PHASE_P2P},
+    [DSC_INSTR_RECV_ACTIVATION] = {exec_recv_activation, DSC_PHASE_P2P},
+    [DSC_INSTR_SEND_GRAD] = {exec_send_grad, DSC_PHASE_P2P},
+    [DSC_INSTR_RECV_GRAD] = {exec_recv_grad, DSC_PHASE_P2P},
+    [DSC_INSTR_REDUCE_TIED_GRADS] = {exec_reduce_tied, DSC_PHASE_REDUCE},
+    [DSC_INSTR_REDUCE_GRADS] = {exec_batch_end, -1},
+    [DSC_INSTR_OPTIMIZER_STEP] = {exec_batch_end, -1},
 };
 
 static dsc_status run_step(pipe_runner *r, const dsc_instr *ins, int n, int step) {
     for (int i = 0; i < n; i++) {
         const dsc_instr *in = &ins[i];
-        handler h = (unsigned)in->type < DSC_INSTR_TYPE_COUNT ? handlers[in->type] : NULL;
+        handler h = (unsigned)in->type < DSC_INSTR_TYPE_COUNT ? handlers[in->type].run : NULL;
         DSC_CHECK(h, DSC_ERR_INTERNAL,
                   "pipeline stage %d step %d: the executor does not understand instruction %d", r->stage, step,
                   (int)in->type);
         DSC_CHECK(in->buffer < r->n_slots, DSC_ERR_INTERNAL, "pipeline stage %d step %d: %s uses buffer %d of %d",
                   r->stage, step, dsc_instr_name(in->type), in->buffer, r->n_slots);
+        double t0 = dsc_time_now();
         dsc_status s = h(r, in);
+        if (handlers[in->type].phase >= 0) r->phase_s[handlers[in->type].phase] += dsc_time_now() - t0;
         if (s)
             return dsc_error_wrap(s, "pipeline stage %d step %d: %s(buf=%d, micro-batch %d, chunk %d)", r->stage,
                                   step, dsc_instr_name(in->type), in->buffer, in->micro_batch, in->chunk);
@@ -211,13 +210,14 @@ static dsc_status share_loss(pipe_runner *r, dsc_batch_result *res) {
 static dsc_status run_batch(pipe_runner *r, dsc_batch_source *data, dsc_batch_result *res, bool training) {
     DSC_CHECK(data->micro_batches >= 1, DSC_ERR_INVALID,
               "pipeline: a batch needs at least one micro-batch, got %d", data->micro_batches);
-    double t0 = now_s();
+    double t0 = dsc_time_now();
     r->data = data;
     r->training = training;
     r->M = data->micro_batches;
     r->loss_sum = r->aux_sum = 0;
     r->tokens = 0;
     r->batch_ended = false;
+    memset(r->phase_s, 0, sizeof r->phase_s);
     for (int c = 0; c < r->v; c++)
         r->chunks[c].backwards = 0;
     pipe_p2p_begin_batch(r->p2p);
@@ -235,7 +235,8 @@ static dsc_status run_batch(pipe_runner *r, dsc_batch_source *data, dsc_batch_re
         s = dsc_error(DSC_ERR_INTERNAL, "pipeline stage %d: the schedule ended without its batch-end instructions",
                       r->stage);
     if (!s) s = share_loss(r, res);
-    r->stats.wall_s += now_s() - t0;
+    if (!s) memcpy(res->phase_s, r->phase_s, sizeof res->phase_s);
+    r->stats.wall_s += dsc_time_now() - t0;
     r->stats.batches++;
     return s;
 }

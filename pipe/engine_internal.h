@@ -53,6 +53,7 @@ typedef struct pipe_runner {
     double loss_sum, aux_sum;
     int64_t tokens;
     dsc_pipe_runner_stats stats;
+    double phase_s[DSC_PHASE_COUNT]; /* this batch's seconds per phase, by instruction type */
 } pipe_runner;
 
 /* Chunks, segments, slots and receive buffers; reserves the layers. */

@@ -1,6 +1,7 @@
-/* The PP x DP trainer built from a config: the pipeline's counterpart of
+/* The PP x TP x DP trainer built from a config: the pipeline's counterpart of
  * dsc_trainer (runtime/engine/trainer.c). It forms the groups on the
- * foundation's topology (pipe x data, plus expert groups for MoE), builds the
+ * foundation's topology (pipe x data x model, plus expert groups for MoE;
+ * tensor parallelism's layers come through hooks.prepare_tp), builds the
  * PipelineModule and only this rank's stage, ties the shared weights across
  * stages, and wires optimizer (data-parallel group, pipe group for the norm,
  * tied parameters counted once), pipeline runner, data loader (this rank's
@@ -29,6 +30,8 @@ struct dsc_pipe_trainer {
     dsc_engine *engine;
     dsc_rng layer_rng;
     int stage_id;
+    dsc_trainer_layers tp;  /* tensor parallelism from hooks.prepare_tp; zero without */
+    dsc_comm *model_group;  /* the stages' tensor groups of this replica (pp x tp ranks): the norm sums over it */
 };
 
 static dsc_schedule_kind schedule_kind(dsc_pipe_schedule_kind k) {
@@ -40,9 +43,14 @@ static dsc_schedule_kind schedule_kind(dsc_pipe_schedule_kind k) {
 static dsc_status check_config(const dsc_pipe_trainer_options *o, int world) {
     const dsc_config *cfg = o->cfg;
     const char *src = cfg->source ? cfg->source : "config";
-    int P = cfg->pipeline.stages;
-    DSC_CHECK(P >= 1 && world % P == 0, DSC_ERR_CONFIG,
-              "%s: the world size %d is not divisible by \"pipeline.stages\" = %d", src, world, P);
+    int P = cfg->pipeline.stages, tp = cfg->tensor_parallel.autotp_size;
+    DSC_CHECK(P >= 1 && tp >= 1 && world % (P * tp) == 0, DSC_ERR_CONFIG,
+              "%s: world = pp x tp x dp: %d ranks are not divisible by \"pipeline.stages\" %d x "
+              "\"tensor_parallel.autotp_size\" %d",
+              src, world, P, tp);
+    DSC_CHECK(tp == 1 || o->hooks.prepare_tp, DSC_ERR_UNSUPPORTED,
+              "%s: \"tensor_parallel.autotp_size\" = %d needs the tensor-parallel layers (hooks.prepare_tp)", src,
+              tp);
     DSC_CHECK(cfg->zero_optimization.stage == 0 || o->hooks.make_optimizer, DSC_ERR_UNSUPPORTED,
               "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (hooks.make_optimizer)", src,
               cfg->zero_optimization.stage);
@@ -51,18 +59,45 @@ static dsc_status check_config(const dsc_pipe_trainer_options *o, int world) {
               cfg->moe.num_experts);
     DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG, "%s: \"data.path\" is empty", src);
     DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0 &&
-                  cfg->data_parallel_size == world / P,
-              DSC_ERR_CONFIG, "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages)",
-              src, world / P, world, P);
+                  cfg->data_parallel_size == world / (P * tp),
+              DSC_ERR_CONFIG,
+              "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages / %d tensor ranks)",
+              src, world / (P * tp), world, P, tp);
     return NULL;
 }
 
 static dsc_status make_groups(dsc_pipe_trainer *t, const dsc_config *cfg, dsc_comm *world) {
     dsc_parallel_dims dims = {
-        .pp = cfg->pipeline.stages, .dp = 0, .tp = 1, .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
+        .pp = cfg->pipeline.stages,
+        .dp = 0,
+        .tp = cfg->tensor_parallel.autotp_size,
+        .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
     DSC_TRY(dsc_groups_plan(dsc_comm_size(world), dsc_comm_rank(world), &dims, &t->plan));
     t->planned = true;
-    return dsc_groups_create(world, &t->plan, &t->groups);
+    DSC_TRY(dsc_groups_create(world, &t->plan, &t->groups));
+    if (dims.tp == 1) return NULL;
+    /* The ranks of this rank's data-parallel replica: every stage's tensor group. */
+    const dsc_topology *topo = &t->plan.topo;
+    const int data = dsc_topology_axis(topo, "data"), n = dsc_topology_world_size(topo);
+    int mine[DSC_TOPOLOGY_MAX_AXES], coord[DSC_TOPOLOGY_MAX_AXES], count = 0;
+    DSC_TRY(dsc_topology_coord(topo, dsc_comm_rank(world), mine));
+    int *members = malloc((size_t)n * sizeof *members);
+    DSC_CHECK(members, DSC_ERR_NOMEM, "model-parallel group of %d ranks", n);
+    dsc_status s = NULL;
+    for (int r = 0; r < n && !s; r++) {
+        s = dsc_topology_coord(topo, r, coord);
+        if (!s && coord[data] == mine[data]) members[count++] = r;
+    }
+    if (!s) s = dsc_comm_create_sub(world, members, count, "model-parallel", &t->model_group);
+    free(members);
+    return s;
+}
+
+/* A tied parameter on one stage only, and a tensor-replicated one on one tensor rank only. */
+static bool counts_in_norm(const dsc_param *param, void *ctx) {
+    const dsc_pipe_trainer *t = ctx;
+    return dsc_pipe_tied_counts_in_norm(param, t->tied) &&
+           (!t->tp.counts_in_norm || t->tp.counts_in_norm(param, t->tp.counts_in_norm_ctx));
 }
 
 static dsc_status build_stage(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) {
@@ -70,6 +105,7 @@ static dsc_status build_stage(dsc_pipe_trainer *t, const dsc_pipe_trainer_option
     DSC_TRY(dsc_nn_register_dense_layers());
     const void *extra = NULL;
     if (o->hooks.prepare_build) DSC_TRY(o->hooks.prepare_build(cfg, t->groups, o->hooks.ctx, &extra));
+    if (cfg->tensor_parallel.autotp_size > 1) DSC_TRY(o->hooks.prepare_tp(cfg, t->groups, o->hooks.tp_ctx, &t->tp));
     dsc_pipe_layer_spec *layers;
     int n;
     DSC_TRY(dsc_pipe_model_layers(&t->mc, &layers, &n));
@@ -81,6 +117,9 @@ static dsc_status build_stage(dsc_pipe_trainer *t, const dsc_pipe_trainer_option
         .partition_method = cfg->pipeline.partition_method,
         .model = &t->mc,
         .build_extra = extra,
+        .expert_parallel = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 1,
+        .build_tp = t->tp.tp,
+        .build_attention = t->tp.attention,
     };
     dsc_status s = dsc_pipe_module_create(&mo, &t->module);
     free(layers);
@@ -119,9 +158,9 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .dp = dp,
         .expert_dp = moe ? dsc_groups_get(t->groups, DSC_GROUP_KIND_EXPERT_DATA) : NULL,
         .ep = moe ? dsc_groups_get(t->groups, DSC_GROUP_KIND_EXPERT) : NULL,
-        .pipe = pipe,
-        .counts_in_norm = dsc_pipe_tied_counts_in_norm,
-        .counts_in_norm_ctx = t->tied,
+        .pipe = t->model_group ? t->model_group : pipe,
+        .counts_in_norm = counts_in_norm,
+        .counts_in_norm_ctx = t,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
@@ -175,6 +214,7 @@ void dsc_pipe_trainer_destroy(dsc_pipe_trainer *t) {
     dsc_params_destroy(t->params);
     dsc_pipe_module_destroy(t->module);
     dsc_data_loader_close(t->data);
+    dsc_comm_free(t->model_group);
     dsc_groups_free(t->groups);
     if (t->planned) dsc_group_plan_free(&t->plan);
     free(t);

@@ -29,8 +29,12 @@ struct dsc_pipe_module {
     int *bounds; /* [P*v + 1]: virtual stage j holds layers [bounds[j], bounds[j+1]) */
     dsc_model_config model;
     const void *extra;
+    const void *tp;
+    dsc_layer_factory attention;
     int64_t width;
-    int64_t unique_params;
+    int64_t unique_params; /* the whole model, every expert */
+    int64_t rank_params;   /* as one expert-parallel rank holds it */
+    int ep;                /* expert-parallel ranks (>= 1) */
     char method[96];
 };
 
@@ -75,7 +79,8 @@ dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec
 static dsc_status describe(dsc_pipe_module *m) {
     dsc_param_store *scratch;
     DSC_TRY(dsc_params_create(&scratch, DSC_CPU, 0));
-    dsc_build_ctx ctx = {.model = &m->model, .params = scratch, .device = DSC_CPU, .extra = m->extra};
+    dsc_build_ctx ctx = {.model = &m->model, .params = scratch, .device = DSC_CPU, .extra = m->extra,
+                         .tp = m->tp, .attention = m->attention};
     dsc_status s = NULL;
     for (int i = 0; i < m->n && !s; i++) {
         dsc_layer *layer;
@@ -96,8 +101,10 @@ static dsc_status describe(dsc_pipe_module *m) {
                               layer->name, m->layers[i].tied);
         dsc_layer_destroy(layer);
     }
-    for (int i = 0; i < dsc_params_count(scratch) && !s; i++)
-        m->unique_params += dsc_param_numel(dsc_params_at(scratch, i));
+    if (!s) {
+        m->rank_params = dsc_params_model_numel(scratch, 1);
+        m->unique_params = dsc_params_model_numel(scratch, m->ep);
+    }
     dsc_params_destroy(scratch);
     return s;
 }
@@ -174,7 +181,10 @@ dsc_status dsc_pipe_module_create(const dsc_pipe_module_options *o, dsc_pipe_mod
     m->v = o->chunks;
     m->model = *o->model;
     m->extra = o->build_extra;
+    m->tp = o->build_tp;
+    m->attention = o->build_attention;
     m->width = o->width > 0 ? o->width : o->model->d_model;
+    m->ep = o->expert_parallel > 1 ? o->expert_parallel : 1;
     snprintf(m->method, sizeof m->method, "%s", o->partition_method ? o->partition_method : "parameters");
     m->layers = malloc((size_t)m->n * sizeof *m->layers);
     m->info = calloc((size_t)m->n, sizeof *m->info);
@@ -213,6 +223,9 @@ int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index) {
 int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m) {
     return m->unique_params;
 }
+int64_t dsc_pipe_module_rank_params(const dsc_pipe_module *m) {
+    return m->rank_params;
+}
 
 void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end) {
     int j = chunk * m->P + stage;
@@ -221,11 +234,14 @@ void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *
 }
 
 void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t T, FILE *fp) {
+    char held[96] = "";
+    if (m->ep > 1)
+        snprintf(held, sizeof held, " (%lld per expert-parallel rank, %d ranks)", (long long)m->rank_params, m->ep);
     fprintf(fp,
-            "pipeline partition: %d layers, %lld parameters, method \"%s\", %d stages x %d chunks; "
+            "pipeline partition: %d layers, %lld parameters%s, method \"%s\", %d stages x %d chunks; "
             "activations per micro-batch of %lld x %lld tokens\n",
-            m->n, (long long)m->unique_params, m->method, m->P, m->v, (long long)B, (long long)T);
-    fprintf(fp, "  stage  chunk  layers      parameters  activations  names\n");
+            m->n, (long long)m->unique_params, held, m->method, m->P, m->v, (long long)B, (long long)T);
+    fprintf(fp, "  stage  chunk  layers     %s  activations  names\n", m->ep > 1 ? "rank params" : " parameters");
     for (int s = 0; s < m->P; s++) {
         for (int c = 0; c < m->v; c++) {
             int first, end;
@@ -267,7 +283,8 @@ dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_para
     s->layers = calloc((size_t)m->n, sizeof *s->layers);
     s->chunk_start = calloc((size_t)m->v + 1, sizeof *s->chunk_start);
     dsc_status st = s->layers && s->chunk_start ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline stage: layer table");
-    dsc_build_ctx ctx = {.model = &m->model, .params = params, .device = device, .extra = m->extra};
+    dsc_build_ctx ctx = {.model = &m->model, .params = params, .device = device, .extra = m->extra,
+                         .tp = m->tp, .attention = m->attention};
     for (int c = 0; c < m->v && !st; c++) {
         int first, end;
         dsc_pipe_module_range(m, stage_id, c, &first, &end);

@@ -4,8 +4,8 @@
  * trainer hands to the build context and the optimizer (the gradient norm
  * sums over the tensor group, replicated parameters counted once).
  *
- * Not here: pipelines and experts with tensor parallelism (dsc-train
- * refuses those combinations with the reason). */
+ * The pipeline trainer takes the same wiring through dsc_tp_prepare. Not
+ * here: experts with tensor parallelism (dsc-train refuses it). */
 #include <string.h>
 
 #include "dsc/tp_layers.h"
@@ -17,23 +17,26 @@ dsc_status dsc_tp_wire(const dsc_config *cfg, dsc_comm *world, dsc_tp_wiring *w)
               "%s: world = pp x tp x dp: %d ranks are not divisible by pipeline.stages 1 x "
               "tensor_parallel.autotp_size %d",
               cfg->source ? cfg->source : "config", size, tp);
-    dsc_model_config mc;
-    DSC_TRY(dsc_trainer_model_config(cfg, &mc));
     const dsc_parallel_dims dims = {.pp = 1, .tp = tp, .ep = 1};
     DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
     dsc_status s = dsc_groups_create(world, &w->plan, &w->groups);
-    dsc_comm *model = s ? NULL : dsc_groups_get(w->groups, DSC_GROUP_KIND_TENSOR);
-    if (!s) s = dsc_tp_build_extra_init(&w->extra, &mc, model, cfg->tensor_parallel.tp_grain_size);
-    if (!s) s = dsc_tp_register_layers();
-    if (s) {
-        dsc_tp_wiring_free(w);
-        return s;
-    }
-    w->layers = (dsc_trainer_layers){.tp = &w->extra,
-                                     .attention = dsc_tp_attention_create,
-                                     .model = model,
-                                     .counts_in_norm = dsc_tp_counts_in_norm,
-                                     .counts_in_norm_ctx = &w->extra};
+    if (!s) s = dsc_tp_prepare(cfg, w->groups, &w->extra, &w->layers);
+    if (s) dsc_tp_wiring_free(w);
+    return s;
+}
+
+dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out) {
+    dsc_tp_build_extra *x = ctx;
+    dsc_model_config mc;
+    DSC_TRY(dsc_trainer_model_config(cfg, &mc));
+    dsc_comm *model = dsc_groups_get(groups, DSC_GROUP_KIND_TENSOR);
+    DSC_TRY(dsc_tp_build_extra_init(x, &mc, model, cfg->tensor_parallel.tp_grain_size));
+    DSC_TRY(dsc_tp_register_layers());
+    out->tp = x;
+    out->attention = dsc_tp_attention_create;
+    out->model = model;
+    out->counts_in_norm = dsc_tp_counts_in_norm;
+    out->counts_in_norm_ctx = x;
     return NULL;
 }
 

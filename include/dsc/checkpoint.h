@@ -22,6 +22,7 @@
 #include "dsc/api.h"
 #include <mpi.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/config.h"
 #include "dsc/engine.h"
@@ -80,6 +81,16 @@ typedef dsc_status (*dsc_checkpoint_read_fn)(void *ctx, const char *name, int nd
  * shards included) from `read`, as a model-only restore does: everything
  * is read and agreed on every rank before any parameter changes. */
 DSC_API dsc_status dsc_checkpoint_load_params(dsc_checkpoint_state *st, dsc_checkpoint_read_fn read, void *ctx);
+
+/* Not collective (rank 0 of a job, or a tool): repairs what a crash left in
+ * save_dir so that `latest` can be resumed. A tag newer than the one latest
+ * names (by the step in its name) is the save a crash stopped between its
+ * publication and latest's update: newest first, each is verified (the file
+ * opens, its step matches, every tensor's checksums hold) and the first sound
+ * one adopted as latest; a damaged one is set aside as <tag>.damaged, never
+ * deleted. Each repair is reported on `log` (may be NULL). An error when
+ * nothing can be resumed (no latest and no sound tag). */
+DSC_API dsc_status dsc_checkpoint_recover(const char *save_dir, FILE *log);
 
 /* Complete checkpoints in save_dir, oldest step first (free() the array),
  * and the tag `latest` names; for tools. */

@@ -144,7 +144,7 @@ typedef struct dsc_config_zero {
     int stage;
     int64_t reduce_bucket_size;    /* elements */
     int64_t allgather_bucket_size; /* elements */
-    bool overlap_comm;             /* resolved: true for stage 3, else false, when null */
+    bool overlap_comm;             /* resolved: true for stage 3, else false, when null; no effect yet */
     bool contiguous_gradients;
     int64_t stage3_prefetch_bucket_size;
     int64_t stage3_max_live_parameters;
@@ -205,6 +205,13 @@ typedef struct dsc_config_data {
     double val_fraction;
 } dsc_config_data;
 
+/* DeepSpeed's tensorboard and csv_monitor sections (the same three keys). */
+typedef struct dsc_config_monitor {
+    bool enabled;
+    char *output_path; /* files go to output_path/job_name/ ("" : the working directory) */
+    char *job_name;
+} dsc_config_monitor;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -235,6 +242,8 @@ typedef struct dsc_config {
     int64_t steps_per_print;
     uint64_t seed;
     bool wall_clock_breakdown;
+    dsc_config_monitor tensorboard;
+    dsc_config_monitor csv_monitor;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */

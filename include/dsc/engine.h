@@ -73,6 +73,26 @@ typedef struct dsc_loader_source {
 DSC_API void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split, int64_t step,
                             int micro_batches);
 
+/* ---- where a step's time goes ----------------------------------------------------------
+ * Every step measures this rank's wall time per phase (a few clock reads per
+ * layer call, always on); `wall_clock_breakdown` prints them, and monitors
+ * read them from dsc_step_metrics. Gradient reduction that an optimizer
+ * starts inside backward (its layer hooks) counts as backward; the reduce
+ * phase is the engine's reduce_grads call plus a pipeline's tied-gradient
+ * reduction. */
+typedef enum dsc_phase {
+    DSC_PHASE_FORWARD = 0,
+    DSC_PHASE_BACKWARD,
+    DSC_PHASE_P2P, /* pipeline sends and receives of activations and gradients */
+    DSC_PHASE_REDUCE,
+    DSC_PHASE_OPTIMIZER,
+    DSC_PHASE_COUNT
+} dsc_phase;
+
+DSC_API const char *dsc_phase_name(dsc_phase phase); /* "forward", "backward", "p2p", "reduce", "optimizer" */
+/* Monotonic seconds, the clock every phase time is read from. */
+DSC_API double dsc_time_now(void);
+
 /* ---- batch runners ------------------------------------------------------------------- */
 
 typedef struct dsc_batch_result {
@@ -80,6 +100,7 @@ typedef struct dsc_batch_result {
     double loss;     /* mean loss over this rank's micro-batches (when has_loss) */
     double aux_loss; /* mean auxiliary loss (MoE), already weighted */
     int64_t tokens;  /* tokens this rank fed to the model in this batch (first stage; 0 elsewhere) */
+    double phase_s[DSC_PHASE_COUNT]; /* seconds per phase in train_batch (forward, backward, p2p, tied reduce) */
 } dsc_batch_result;
 
 typedef struct dsc_batch_runner dsc_batch_runner;
@@ -121,6 +142,8 @@ typedef struct dsc_step_metrics {
     double tokens_per_s;  /* global tokens of this step / its wall time */
     double elapsed_s;     /* since dsc_engine_train started */
     int64_t epoch;        /* of the train split, at this step's data */
+    double step_s;        /* this step's wall time on this rank */
+    double phase_s[DSC_PHASE_COUNT]; /* of which, per phase (the rest: data, loss averaging) */
 } dsc_step_metrics;
 
 typedef struct dsc_engine dsc_engine;
@@ -237,7 +260,10 @@ DSC_API void dsc_trainer_destroy(dsc_trainer *t);
 DSC_API dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 DSC_API dsc_param_store *dsc_trainer_params(dsc_trainer *t);
 DSC_API dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
-DSC_API int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameters of the model, each once */
+DSC_API int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameter elements this rank holds, each once */
+/* Parameter elements of the whole model: with expert parallelism, every
+ * expert of the group (this rank holds 1/ep of them). */
+DSC_API int64_t dsc_trainer_model_param_count(const dsc_trainer *t);
 /* The stream stochastic layers draw from (part of the state a resume restores). */
 DSC_API dsc_rng *dsc_trainer_rng(dsc_trainer *t);
 /* The model's layers on this rank, forward order. */

@@ -108,6 +108,11 @@ DSC_API dsc_param *dsc_params_find(dsc_param_store *store, const char *name);
 DSC_API void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *values, dsc_tensor *grads);
 DSC_API int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
 DSC_API int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
+/* Elements of the whole model this store is one expert-parallel rank's part
+ * of: the store's parameters, each DSC_PARAM_EXPERT one counted ep_size times
+ * (the ep_size ranks of an expert-parallel group hold disjoint experts of the
+ * same shapes). ep_size 1: the store's own count. */
+DSC_API int64_t dsc_params_model_numel(const dsc_param_store *store, int ep_size);
 DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
 /* Frees a group's flat value and/or gradient buffer after finalize, for an
  * optimizer that keeps them elsewhere (ZeRO-2 keeps gradient shards, ZeRO-3
@@ -148,6 +153,10 @@ typedef struct dsc_layer_ops {
      * so a pipeline stage can still send it after later backwards ran. */
     dsc_status (*backward)(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din, dsc_micro_ctx *ctx);
     void (*destroy)(dsc_layer *self);
+    /* Optional: frees what reserve allocated (no forward pending); reserve
+     * again before the next forward. A checkpointed block holds its
+     * feed-forward layer's activations only while it runs (runtime/nn/block.c). */
+    void (*release)(dsc_layer *self);
 } dsc_layer_ops;
 
 /* Implementations embed this as their first member. */
@@ -177,6 +186,9 @@ DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, ds
                                      const dsc_tensor *dy, const dsc_tensor *x);
 
 DSC_API dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
+/* Frees the layer's reserved activations when its type can (ops->release);
+ * returns whether it did. */
+DSC_API bool dsc_layer_release(dsc_layer *layer);
 DSC_API dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
 DSC_API dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
                               dsc_micro_ctx *ctx);

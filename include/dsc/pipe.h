@@ -77,7 +77,10 @@ typedef struct dsc_pipe_module_options {
     const char *partition_method; /* "uniform", "parameters" or "type:REGEX" (POSIX ERE, case-insensitive) */
     const dsc_model_config *model;
     const void *build_extra; /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
+    const void *build_tp;    /* dsc_build_ctx.tp and .attention (tp/'s wiring); NULL without TP */
+    dsc_layer_factory build_attention;
     int64_t width;           /* features per token crossing a stage boundary; 0: model->d_model */
+    int expert_parallel;     /* ranks splitting each MoE layer's experts (moe.ep_size); 0 or 1: none */
 } dsc_pipe_module_options;
 
 typedef struct dsc_pipe_module dsc_pipe_module;
@@ -98,10 +101,14 @@ DSC_API int64_t dsc_pipe_module_width(const dsc_pipe_module *m);
 DSC_API const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *m, int index);
 /* Layers [*first, *end) of chunk `chunk` of stage `stage`. */
 DSC_API void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end);
-/* Trainable parameter elements of every layer (tied copies each counted) and
- * of the model with each parameter once. */
+/* Trainable parameter elements of every layer as one rank holds it (tied
+ * copies each counted; a MoE layer's local experts), of the whole model with
+ * each parameter once (every expert), and of the model as the ranks of one
+ * expert-parallel group each hold it (the local experts only; equal to the
+ * whole model without expert parallelism). */
 DSC_API int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index);
 DSC_API int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m);
+DSC_API int64_t dsc_pipe_module_rank_params(const dsc_pipe_module *m);
 
 /* The partition summary: per stage its layers (per chunk), parameters and
  * estimated activation bytes per micro-batch of (B, T) tokens. */
@@ -189,6 +196,13 @@ typedef struct dsc_pipe_trainer_hooks {
      * dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT)). NULL: dense layers only. */
     dsc_status (*prepare_build)(const dsc_config *cfg, dsc_groups *groups, void *ctx, const void **build_extra);
     void *ctx;
+    /* With tensor_parallel.autotp_size > 1 (groups then have a model axis):
+     * fill the build context's tp and attention and the rule that counts
+     * replicated parameters once in the norm (tp/'s dsc_tp_prepare); `model`
+     * is left to the trainer, which sums the norm over the stages' tensor
+     * groups. NULL: tensor parallelism refused. */
+    dsc_status (*prepare_tp)(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+    void *tp_ctx;
     /* The optimizer from filled options (groups, pipe, counts_in_norm), e.g.
      * zero/'s dsc_zero_make_optimizer. NULL: the plain one (ZeRO refused). */
     dsc_optimizer_maker make_optimizer;

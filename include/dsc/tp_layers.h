@@ -71,6 +71,19 @@ DSC_API dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc
  * element once. */
 DSC_API bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
 
+/* Parameters every rank of the tensor group holds whole (norms, row-parallel
+ * biases, learned positions), and one rank's share of a model of psi
+ * parameters: (psi - replicated) / tp + replicated. Dense models. */
+DSC_API double dsc_tp_replicated_params(const dsc_model_config *mc);
+DSC_API double dsc_tp_params_per_rank(const dsc_model_config *mc, double psi, int tp);
+
+/* For groups with a model axis (dsc_groups_create of a plan with tp > 1):
+ * fills `ctx` (a dsc_tp_build_extra that outlives the model) with this
+ * rank's shard of cfg's model over the tensor group, registers the layer
+ * types and sets out's tp, attention, model (the tensor group) and norm rule.
+ * It is the pipeline trainer's hooks.prepare_tp. */
+DSC_API dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {
     dsc_group_plan plan;       /* pipe 1 x data x model, DeepSpeed's axis order */

@@ -169,6 +169,81 @@ dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path
     return NULL;
 }
 
+/* ---- recovery after a crash ----------------------------------------------------------- */
+
+/* Reads every element of a dataset, which checks its CRC segments. */
+static dsc_status read_whole(const dsc_tfile_entry *e, void *user) {
+    int64_t n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    void *buf = malloc((size_t)(n ? n : 1) * dsc_dtype_size(e->dtype));
+    DSC_CHECK(buf, DSC_ERR_NOMEM, "verifying %s: %lld elements", e->path, (long long)n);
+    dsc_status s = dsc_tfile_read_range(user, e->path, 0, n, buf);
+    free(buf);
+    return s;
+}
+
+/* A checkpoint is sound when its file opens, its attributes are there (its
+ * global_step that of the tag's name, when the name has one) and every
+ * tensor reads back with matching checksums. */
+static dsc_status verify(const char *save_dir, const char *tag) {
+    char filename[1400];
+    snprintf(filename, sizeof filename, "%s/%s/%s", save_dir, tag, DSC_CKPT_FILE);
+    dsc_tfile *f;
+    DSC_TRY(dsc_tfile_open(MPI_COMM_SELF, filename, &f));
+    int64_t version = 0, step = -1;
+    dsc_status s = dsc_tfile_get_attr_int(f, "format_version", &version);
+    if (!s) s = dsc_tfile_get_attr_int(f, "global_step", &step);
+    long long named = dsc_ckpt_tag_step(tag);
+    if (!s && named >= 0 && step != named)
+        s = dsc_error(DSC_ERR_CORRUPT, "%s: global_step %lld, but the tag names step %lld", filename,
+                      (long long)step, named);
+    if (!s) s = dsc_tfile_list_all(f, read_whole, f);
+    dsc_status closed = dsc_tfile_close(f);
+    if (s) dsc_status_free(closed);
+    return s ? s : closed;
+}
+
+dsc_status dsc_checkpoint_recover(const char *save_dir, FILE *log) {
+    char latest[128] = "";
+    dsc_status missing = dsc_ckpt_read_latest(save_dir, latest, sizeof latest);
+    long long latest_step = missing ? -1 : dsc_ckpt_tag_step(latest);
+    if (!missing && latest_step < 0) return NULL; /* a tag without a step: no order to repair by */
+    char(*tags)[128];
+    int n;
+    dsc_status s = dsc_ckpt_list_tags(save_dir, &tags, &n);
+    if (s) {
+        dsc_status_free(s);
+        return missing; /* no directory: nothing to recover, and latest's error says why */
+    }
+    bool adopted = false;
+    for (int i = n - 1; i >= 0 && !s && !adopted; i--) {
+        if (strcmp(tags[i], latest) == 0 || dsc_ckpt_tag_step(tags[i]) <= latest_step) break;
+        dsc_status bad = verify(save_dir, tags[i]);
+        if (!bad) {
+            s = dsc_ckpt_write_latest(save_dir, tags[i]);
+            adopted = !s;
+            if (adopted && log)
+                fprintf(log,
+                        "checkpoint %s/%s: complete and verified, newer than latest (%s); a crash stopped its "
+                        "publication, so latest now names it\n",
+                        save_dir, tags[i], latest[0] ? latest : "none");
+            continue;
+        }
+        char name[160];
+        s = dsc_ckpt_set_aside(save_dir, tags[i], name, sizeof name);
+        if (!s && log)
+            fprintf(log, "checkpoint %s/%s: damaged (%s); set aside as %s/%s\n", save_dir, tags[i],
+                    dsc_status_message(bad), save_dir, name);
+        dsc_status_free(bad);
+    }
+    free(tags);
+    if (s || adopted) {
+        dsc_status_free(missing);
+        return s;
+    }
+    return missing;
+}
+
 /* ---- save --------------------------------------------------------------------------- */
 
 static dsc_status write_attrs(dsc_tfile *f, const dsc_checkpoint_state *st) {

@@ -8,6 +8,7 @@
 
 #include "dsc/checkpoint.h"
 #include "dsc/log.h"
+#include "runtime/checkpoint/agree.h"
 
 struct dsc_checkpointer {
     dsc_checkpointer_options o;
@@ -83,12 +84,24 @@ static dsc_checkpoint_state state_of(dsc_checkpointer *c) {
 
 static const char *save_dir(const dsc_checkpointer *c) { return c->o.cfg->checkpoint.save_dir; }
 
+/* The name of the save at `step`: checkpoint.tag with "{step}" replaced by the
+ * step, or global_step<N> when the tag is "" (DeepSpeed's default). */
+static void tag_of(const char *tmpl, int64_t step, char *buf, size_t len) {
+    const char *at = tmpl ? strstr(tmpl, "{step}") : NULL;
+    if (!tmpl || !tmpl[0])
+        snprintf(buf, len, "global_step%lld", (long long)step);
+    else if (at)
+        snprintf(buf, len, "%.*s%lld%s", (int)(at - tmpl), tmpl, (long long)step, at + strlen("{step}"));
+    else
+        snprintf(buf, len, "%s", tmpl);
+}
+
 dsc_status dsc_checkpointer_save(dsc_checkpointer *c) {
     DSC_CHECK(save_dir(c) && save_dir(c)[0], DSC_ERR_CONFIG, "%s: \"checkpoint.save_dir\" is empty; nowhere to save",
               c->o.cfg->source ? c->o.cfg->source : "config");
     dsc_checkpoint_state st = state_of(c);
-    char tag[64];
-    snprintf(tag, sizeof tag, "global_step%lld", (long long)st.global_step);
+    char tag[128];
+    tag_of(c->o.cfg->checkpoint.tag, st.global_step, tag, sizeof tag);
     DSC_TRY(dsc_checkpoint_save(&st, save_dir(c), tag, c->o.cfg->checkpoint.keep_last));
     if (c->o.log) printf("saved checkpoint %s/%s\n", save_dir(c), tag);
     return NULL;
@@ -99,6 +112,10 @@ dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag) {
               "%s: \"checkpoint.save_dir\" is empty; nothing to resume from",
               c->o.cfg->source ? c->o.cfg->source : "config");
     dsc_checkpoint_state st = state_of(c);
+    int rank;
+    MPI_Comm_rank(c->o.comm, &rank);
+    if (!tag || strcmp(tag, "latest") == 0) /* a crash may have left latest behind the newest save */
+        DSC_TRY(dsc_agree(c->o.comm, rank == 0 ? dsc_checkpoint_recover(save_dir(c), stdout) : NULL));
     DSC_TRY(dsc_checkpoint_load(&st, save_dir(c), tag, DSC_CHECKPOINT_FULL, NULL));
     dsc_engine_set_steps_done(c->o.engine, st.global_step);
     if (c->o.log)

@@ -20,7 +20,7 @@ void dsc_ckpt_final_dir(const char *save_dir, const char *tag, char *buf, size_t
     snprintf(buf, len, "%s/%s", save_dir, tag);
 }
 
-static dsc_status make_dirs(const char *path) {
+dsc_status dsc_fs_make_dirs(const char *path) {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++) {
@@ -66,7 +66,7 @@ static dsc_status fsync_path(const char *path, int flags) {
 dsc_status dsc_ckpt_dir_begin(const char *save_dir, const char *tag) {
     DSC_CHECK(tag[0] && !strchr(tag, '/') && tag[0] != '.', DSC_ERR_INVALID,
               "checkpoint tag \"%s\" must be a plain name", tag);
-    DSC_TRY(make_dirs(save_dir));
+    DSC_TRY(dsc_fs_make_dirs(save_dir));
     char final_dir[1024], partial[1024];
     dsc_ckpt_final_dir(save_dir, tag, final_dir, sizeof final_dir);
     struct stat st;
@@ -80,7 +80,7 @@ dsc_status dsc_ckpt_dir_begin(const char *save_dir, const char *tag) {
 }
 
 dsc_status dsc_ckpt_dir_publish(const char *save_dir, const char *tag) {
-    char partial[1024], final_dir[1024], file[1100], latest[1100], latest_tmp[1100];
+    char partial[1024], final_dir[1024], file[1100];
     dsc_ckpt_partial_dir(save_dir, tag, partial, sizeof partial);
     dsc_ckpt_final_dir(save_dir, tag, final_dir, sizeof final_dir);
     snprintf(file, sizeof file, "%s/%s", partial, DSC_CKPT_FILE);
@@ -89,6 +89,11 @@ dsc_status dsc_ckpt_dir_publish(const char *save_dir, const char *tag) {
     if (rename(partial, final_dir) != 0)
         return dsc_error(DSC_ERR_IO, "cannot rename %s to %s: %s", partial, final_dir, strerror(errno));
     DSC_TRY(fsync_path(save_dir, O_RDONLY | O_DIRECTORY));
+    return dsc_ckpt_write_latest(save_dir, tag);
+}
+
+dsc_status dsc_ckpt_write_latest(const char *save_dir, const char *tag) {
+    char latest[1100], latest_tmp[1100];
     snprintf(latest, sizeof latest, "%s/latest", save_dir);
     snprintf(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", save_dir);
     FILE *out = fopen(latest_tmp, "w");
@@ -123,13 +128,33 @@ dsc_status dsc_ckpt_read_latest(const char *save_dir, char *tag, size_t len) {
     return NULL;
 }
 
-static long long tag_step(const char *tag) {
-    const char *digits = tag + strcspn(tag, "0123456789");
-    return *digits ? atoll(digits) : -1;
+long long dsc_ckpt_tag_step(const char *tag) {
+    const char *last = NULL;
+    for (const char *p = tag; *p; p++)
+        if (*p >= '0' && *p <= '9' && (p == tag || p[-1] < '0' || p[-1] > '9')) last = p;
+    return last ? atoll(last) : -1;
+}
+
+dsc_status dsc_ckpt_set_aside(const char *save_dir, const char *tag, char *name, size_t len) {
+    char from[1024], to[1100];
+    dsc_ckpt_final_dir(save_dir, tag, from, sizeof from);
+    struct stat st;
+    for (int n = 1; n < 1000; n++) {
+        if (n == 1)
+            snprintf(name, len, "%s.damaged", tag);
+        else
+            snprintf(name, len, "%s.damaged.%d", tag, n);
+        snprintf(to, sizeof to, "%s/%s", save_dir, name);
+        if (stat(to, &st) == 0) continue;
+        if (rename(from, to) != 0)
+            return dsc_error(DSC_ERR_IO, "cannot set aside %s as %s: %s", from, to, strerror(errno));
+        return fsync_path(save_dir, O_RDONLY | O_DIRECTORY);
+    }
+    return dsc_error(DSC_ERR_IO, "cannot set aside %s: %s.damaged .. .damaged.999 all exist", from, tag);
 }
 
 static int compare_tags(const void *a, const void *b) {
-    long long sa = tag_step(a), sb = tag_step(b);
+    long long sa = dsc_ckpt_tag_step(a), sb = dsc_ckpt_tag_step(b);
     if (sa != sb) return sa < sb ? -1 : 1;
     return strcmp(a, b);
 }
@@ -143,7 +168,7 @@ dsc_status dsc_ckpt_list_tags(const char *save_dir, char (**tags)[128], int *cou
     int cap = 0;
     dsc_status s = NULL;
     while (!s && (e = readdir(d))) {
-        if (e->d_name[0] == '.' || strlen(e->d_name) >= 128) continue;
+        if (e->d_name[0] == '.' || strlen(e->d_name) >= 128 || strstr(e->d_name, ".damaged")) continue;
         char file[1400];
         struct stat st;
         snprintf(file, sizeof file, "%s/%s/%s", save_dir, e->d_name, DSC_CKPT_FILE);
@@ -164,6 +189,28 @@ dsc_status dsc_ckpt_list_tags(const char *save_dir, char (**tags)[128], int *cou
     return s;
 }
 
+/* What a killed prune leaves: .<tag>.pruning directories (finished now) and,
+ * from before pruning renamed first, empty tag directories (rmdir removes
+ * only empty ones, so nothing saved can go). */
+static void finish_pruning(const char *save_dir) {
+    DIR *d = opendir(save_dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[1300];
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", save_dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (e->d_name[0] == '.' && n > 8 && strcmp(e->d_name + n - 8, ".pruning") == 0)
+            remove_tree(path);
+        else if (e->d_name[0] != '.')
+            rmdir(path); /* fails, harmlessly, unless empty */
+    }
+    closedir(d);
+}
+
 dsc_status dsc_ckpt_prune(const char *save_dir, int keep_last) {
     if (keep_last <= 0) return NULL;
     char(*tags)[128];
@@ -172,12 +219,17 @@ dsc_status dsc_ckpt_prune(const char *save_dir, int keep_last) {
     char latest[128] = "";
     dsc_status s = dsc_ckpt_read_latest(save_dir, latest, sizeof latest);
     dsc_status_free(s);
-    for (int i = 0; i < n - keep_last; i++) {
+    s = NULL;
+    for (int i = 0; i < n - keep_last && !s; i++) {
         if (strcmp(tags[i], latest) == 0) continue;
-        char dir[1024];
+        char dir[1024], doomed[1100];
         dsc_ckpt_final_dir(save_dir, tags[i], dir, sizeof dir);
-        remove_tree(dir);
+        snprintf(doomed, sizeof doomed, "%s/.%s.pruning", save_dir, tags[i]);
+        if (rename(dir, doomed) != 0)
+            s = dsc_error(DSC_ERR_IO, "pruning: cannot rename %s to %s: %s", dir, doomed, strerror(errno));
     }
     free(tags);
-    return NULL;
+    if (!s) s = fsync_path(save_dir, O_RDONLY | O_DIRECTORY);
+    finish_pruning(save_dir);
+    return s;
 }

@@ -609,6 +609,11 @@ dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix, dsc_status (*fn)(con
     return NULL;
 }
 
+dsc_status dsc_tfile_list_all(dsc_tfile *f, dsc_status (*fn)(const dsc_tfile_entry *, void *), void *user) {
+    for (int i = 0; i < f->n_sets; i++) DSC_TRY(fn(&f->sets[i].entry, user));
+    return NULL;
+}
+
 /* ---- attributes ------------------------------------------------------------------------------- */
 
 dsc_status dsc_tfile_set_attr_int(dsc_tfile *f, const char *name, int64_t value) {

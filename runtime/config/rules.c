@@ -144,7 +144,36 @@ static void check_scheduler(const char *src, const dsc_config_scheduler *s, dsc_
               s->params.warmup_min_lr, s->params.warmup_max_lr, name);
 }
 
+/* DeepSpeed keys whose value asks for something dsc does not do: refused
+ * with the reason rather than accepted and ignored. */
+static void check_refused(const char *src, const dsc_config *c, dsc_config_issues *is) {
+    REQUIRE(is, c->zero_optimization.contiguous_gradients,
+            "%s: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient in "
+            "one contiguous flat buffer per parameter group, always; set it to true or leave it out",
+            src);
+    REQUIRE(is, c->comm.backend != DSC_COMM_BACKEND_KIND_NCCL,
+            "%s: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU, where ranks talk "
+            "over MPI (NCCL carries CUDA tensors, and \"auto\" picks it for them); use \"auto\" or \"mpi\"",
+            src);
+}
+
+/* checkpoint.tag names saves: a plain directory name, with "{step}" when
+ * more than one save is made (each save needs its own name). */
+static void check_tag(const char *src, const dsc_config_checkpoint *k, dsc_config_issues *is) {
+    const char *tag = k->tag;
+    if (!tag[0]) return;
+    REQUIRE(is, strlen(tag) < 96 && !strchr(tag, '/') && tag[0] != '.' && strcmp(tag, "latest") != 0,
+            "%s: \"checkpoint.tag\" \"%s\" must be a plain directory name (no '/', not starting with '.', not "
+            "\"latest\", under 96 characters)",
+            src, tag);
+    REQUIRE(is, k->save_interval == 0 || strstr(tag, "{step}"),
+            "%s: \"checkpoint.tag\" \"%s\" would name every save of \"checkpoint.save_interval\" %lld the same; "
+            "put \"{step}\" in it (e.g. \"%s_{step}\")",
+            src, tag, (long long)k->save_interval, tag);
+}
+
 static void check_loop(const char *src, const dsc_config *c, dsc_config_issues *is) {
+    check_tag(src, &c->checkpoint, is);
     REQUIRE(is, c->checkpoint.save_interval == 0 || c->checkpoint.save_dir[0],
               "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
               (long long)c->checkpoint.save_interval);
@@ -166,6 +195,7 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
                                        src));
     check_scheduler(src, &cfg->scheduler, is);
     check_offload(src, &cfg->zero_optimization, is);
+    check_refused(src, cfg, is);
     check_loop(src, cfg, is);
 }
 

@@ -25,6 +25,13 @@
 #define ENUM(path, f, def, choices, flags, doc)                                                                   \
     { path, DSC_CONFIG_KIND_ENUM, FIELD(f), def, 0, 0, choices, flags, doc }
 
+/* DeepSpeed's monitor sections share their three keys. */
+#define MONITOR(name, f, doc, enabled_doc)                                                                        \
+    SECTION(name, doc), BOOL(name ".enabled", f.enabled, "false", 0, enabled_doc),                                \
+        STRING(name ".output_path", f.output_path, "\"\"",                                                         \
+               "Directory of the job directory; \"\" is the working directory."),                                  \
+        STRING(name ".job_name", f.job_name, "\"DeepSpeedJobName\"", "Sub-directory of output_path for the files.")
+
 #define INF INFINITY
 #define NUL DSC_CONFIG_NULLABLE
 #define GT DSC_CONFIG_MIN_EXCLUSIVE
@@ -55,7 +62,7 @@ static const dsc_config_key schema[] = {
     INT("steps_per_print", steps_per_print, "10", 1, I53, 0, "Log loss and throughput every this many steps."),
     INT("seed", seed, "1234", 0, I53, 0, "Seed of every random stream (per rank and purpose)."),
     BOOL("wall_clock_breakdown", wall_clock_breakdown, "false", 0,
-         "Log forward / backward / communication / optimizer times per step."),
+         "Print each logged step's time in forward, backward, p2p, reduce and optimizer (rank 0)."),
     FLOAT("gradient_clipping", gradient_clipping, "0", 0, INF, 0,
           "Clip the global gradient norm to this value; 0 disables clipping."),
 
@@ -73,7 +80,7 @@ static const dsc_config_key schema[] = {
     BOOL("model.tie_embeddings", model.tie_embeddings, "null", NUL,
          "Share the token embedding with the output head; null: true for gpt/gpt-moe, false for llama/mixtral."),
     BOOL("model.activation_checkpointing", model.activation_checkpointing, "false", 0,
-         "Keep only block inputs in forward and recompute activations in backward."),
+         "Blocks keep only input/output; intermediates exist while a block runs (recomputed in backward)."),
     FLOAT("model.rope_theta", model.rope_theta, "10000", 0, INF, GT, "RoPE base (llama, mixtral)."),
     FLOAT("model.norm_eps", model.norm_eps, "1e-05", 0, INF, GT, "Epsilon of LayerNorm / RMSNorm."),
     BOOL("model.qkv_bias", model.qkv_bias, "null", NUL,
@@ -158,16 +165,16 @@ static const dsc_config_key schema[] = {
     INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1, I53, 0,
         "Parameter elements per all-gather bucket."),
     BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, "null", NUL,
-         "Overlap gradient reduction with backward; null: true for stage 3, else false."),
+         "Accepted; collectives are blocking, so reduction interleaves with backward, never overlaps; null: stage 3."),
     BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, "true", 0,
-         "Copy gradients into a contiguous bucket as they are produced."),
+         "Gradients in one contiguous buffer: always so in dsc, so false is refused."),
     INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size, "50000000",
         0, I53, 0, "Stage 3: parameter elements fetched ahead of use."),
     INT("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters, "1000000000",
         0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
     INT("zero_optimization.stage3_param_persistence_threshold",
         zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
-        "Stage 3: parameters with fewer elements stay unpartitioned."),
+        "Stage 3: DeepSpeed keeps smaller parameters whole; dsc still partitions every one (not implemented)."),
     SECTION("zero_optimization.offload_optimizer", "Where the optimizer state lives (DeepSpeed's ZeRO-Offload)."),
     ENUM("zero_optimization.offload_optimizer.device", zero_optimization.offload_optimizer, "\"none\"",
          offload_devices, 0, "none or cpu (a CPU job's state is in host memory already); nvme is refused."),
@@ -225,16 +232,23 @@ static const dsc_config_key schema[] = {
         "Save every this many steps; 0 saves only at the end."),
     INT("checkpoint.keep_last", checkpoint.keep_last, "0", 0, I32, 0,
         "Keep only the newest this many checkpoints; 0 keeps all."),
-    STRING("checkpoint.tag", checkpoint.tag, "\"\"", "Checkpoint name; \"\" means global_step<N>."),
+    STRING("checkpoint.tag", checkpoint.tag, "\"\"",
+           "Name of each save, \"{step}\" replaced by the step (needed with save_interval); \"\": global_step<N>."),
 
     SECTION("comm", "Communication."),
     FLOAT("comm.timeout_s", comm.timeout_s, "300", 0, INF, GT,
           "Seconds a collective may wait before the job is declared hung."),
-    ENUM("comm.backend", comm.backend, "\"auto\"", backends, 0, "auto (NCCL on GPUs, else MPI), mpi or nccl."),
+    ENUM("comm.backend", comm.backend, "\"auto\"", backends, 0,
+         "auto (NCCL for CUDA tensors, else MPI) or mpi; nccl is refused for training, which runs on the CPU."),
 
     SECTION("data", "Training data."),
-    STRING("data.path", data.path, "\"\"", "Token file or directory."),
+    STRING("data.path", data.path, "\"\"", "Token file (dsc-train --prepare TEXT OUT makes one); not a directory."),
     FLOAT("data.val_fraction", data.val_fraction, "0", 0, 1, LT, "Fraction of the data held out for evaluation."),
+
+    MONITOR("tensorboard", tensorboard, "TensorBoard event files (DeepSpeed's monitor layout).",
+            "Write Train/Samples/train_loss and lr against samples seen, on the logging rank."),
+    MONITOR("csv_monitor", csv_monitor, "CSV files, one per event (DeepSpeed's monitor layout).",
+            "Write output_path/job_name/Train_Samples_<event>.csv with rows step,value."),
 
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),

@@ -71,7 +71,8 @@ dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_lo
               "data loader: micro-batch B=%lld x T=%lld tokens does not fit a tensor",
               (long long)opts->micro_batch_size, (long long)opts->seq_len);
     dsc_token_file *file;
-    DSC_TRY(dsc_token_file_open(opts->path, &file));
+    dsc_status opened = dsc_token_file_open(opts->path, &file);
+    if (opened) return dsc_error_wrap(opened, "\"data.path\" %s", opts->path);
     dsc_data_loader *dl = calloc(1, sizeof *dl);
     int32_t *row = malloc((size_t)(opts->seq_len + 1) * sizeof *row);
     if (!dl || !row) {

@@ -123,6 +123,11 @@ dsc_status dsc_token_file_open(const char *path, dsc_token_file **out) {
         close(fd);
         return dsc_error(DSC_ERR_IO, "data file %s: fstat: %s", path, strerror(err));
     }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dsc_error(DSC_ERR_IO, "data file %s is %s, not a token file (dsc-train --prepare TEXT OUT makes one)",
+                         path, S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+    }
     size_t bytes = (size_t)st.st_size;
     if (bytes < DSC_TOKEN_FILE_HEADER_BYTES) {
         close(fd);

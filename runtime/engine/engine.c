@@ -1,8 +1,8 @@
 /* The training engine: the one loop over steps. Each step hands the batch's
  * data to the runner, averages the loss over the ranks that computed it,
  * stops cleanly on a non-finite loss, has the optimizer reduce and step at the
- * scheduled learning rate, then reports (log line, metrics JSONL, progress
- * bar), evaluates on the val split when due, and calls the step-end hook.
+ * scheduled learning rate, then reports (log line, metrics JSONL, monitors,
+ * progress bar), evaluates on the val split when due, and calls the step-end hook.
  *
  * Not here: what a step computes (runners), how gradients are reduced
  * (optimizers), checkpoint files (the checkpoint subsystem via on_step_end). */
@@ -15,19 +15,26 @@
 #include <unistd.h>
 
 #include "dsc/engine.h"
+#include "dsc/monitor.h"
 
 struct dsc_engine {
     dsc_engine_options o;
     int64_t steps_done;
     double t_start;   /* when dsc_engine_train started (monotonic seconds) */
     FILE *metrics;    /* JSON lines, or NULL */
+    dsc_monitor *monitor; /* tensorboard / csv_monitor, or NULL */
     bool bar;         /* the progress bar is on */
 };
 
-static double now_s(void) {
+double dsc_time_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *dsc_phase_name(dsc_phase phase) {
+    static const char *const names[DSC_PHASE_COUNT] = {"forward", "backward", "p2p", "reduce", "optimizer"};
+    return (unsigned)phase < DSC_PHASE_COUNT ? names[phase] : "?";
 }
 
 /* Under mpirun every rank's stdout is a pseudo-terminal whatever the user's
@@ -67,6 +74,7 @@ dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out) {
 void dsc_engine_destroy(dsc_engine *e) {
     if (!e) return;
     if (e->metrics) fclose(e->metrics);
+    dsc_monitor_destroy(e->monitor);
     free(e);
 }
 
@@ -107,7 +115,7 @@ static dsc_status average_loss(dsc_engine *e, const dsc_batch_result *r, double 
 dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
     const dsc_config *cfg = e->o.cfg;
     int64_t index = e->steps_done, n = index + 1;
-    double t0 = now_s();
+    double t0 = dsc_time_now();
     double lr = dsc_lr_schedule_at(&cfg->scheduler, cfg->optimizer.params.lr, index);
     double beta1, beta2;
     if (dsc_lr_schedule_betas(&cfg->scheduler, index, &beta1, &beta2))
@@ -118,19 +126,23 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
     dsc_batch_result res;
     dsc_status s = e->o.runner->ops->train_batch(e->o.runner, &src.base, &res);
     if (s) return dsc_error_wrap(s, "step %lld", (long long)n);
-    double loss, aux;
+    double loss = 0, aux = 0; /* set by average_loss; initialised for gcc -O3, which cannot see it */
     DSC_TRY(average_loss(e, &res, &loss, &aux));
     DSC_CHECK(isfinite(loss) && isfinite(aux), DSC_ERR_NUMERIC,
               "step %lld: the loss is %g (aux %g); stopping before the optimizer step, parameters are those "
               "after step %lld (lower optimizer.params.lr or set gradient_clipping)",
               (long long)n, loss, aux, (long long)index);
+    double t_reduce = dsc_time_now();
     s = dsc_optimizer_reduce_grads(e->o.optimizer);
     if (s) return dsc_error_wrap(s, "step %lld: reducing gradients", (long long)n);
+    double t_step = dsc_time_now();
     dsc_optim_stats st;
     DSC_TRY(dsc_optimizer_step(e->o.optimizer, lr, &st));
     e->steps_done = n;
 
-    double t1 = now_s();
+    double t1 = dsc_time_now();
+    res.phase_s[DSC_PHASE_REDUCE] += t_step - t_reduce;
+    res.phase_s[DSC_PHASE_OPTIMIZER] += t1 - t_step;
     if (m) {
         *m = (dsc_step_metrics){
             .step = n,
@@ -141,7 +153,9 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
             .tokens_per_s = t1 > t0 ? (double)e->o.global_tokens_per_step / (t1 - t0) : 0.0,
             .elapsed_s = e->t_start > 0 ? t1 - e->t_start : t1 - t0,
             .epoch = dsc_data_loader_epoch(e->o.data, index),
+            .step_s = t1 - t0,
         };
+        memcpy(m->phase_s, res.phase_s, sizeof m->phase_s);
     }
     return NULL;
 }
@@ -155,7 +169,7 @@ dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss) {
         dsc_batch_result res;
         dsc_status s = e->o.runner->ops->eval_batch(e->o.runner, &src.base, &res);
         if (s) return dsc_error_wrap(s, "evaluation batch %d of %d", i + 1, iters);
-        double loss, aux;
+        double loss = 0, aux = 0; /* as above */
         DSC_TRY(average_loss(e, &res, &loss, &aux));
         sum += loss;
     }
@@ -184,10 +198,22 @@ static void draw_bar(dsc_engine *e, const dsc_step_metrics *m) {
     fflush(stdout);
 }
 
+/* wall_clock_breakdown: this rank's step time per phase, as DeepSpeed prints it. */
+static void log_breakdown(dsc_engine *e, const dsc_step_metrics *m) {
+    double other = m->step_s;
+    printf("step %5lld/%lld | time ms:", (long long)m->step, (long long)e->o.cfg->train.steps);
+    for (int p = 0; p < DSC_PHASE_COUNT; p++) {
+        printf(" %s %.2f |", dsc_phase_name((dsc_phase)p), 1e3 * m->phase_s[p]);
+        other -= m->phase_s[p];
+    }
+    printf(" other %.2f | step %.2f\n", 1e3 * (other > 0 ? other : 0), 1e3 * m->step_s);
+}
+
 static void log_step(dsc_engine *e, const dsc_step_metrics *m) {
     clear_bar(e);
     printf("step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.1fs\n", (long long)m->step,
            (long long)e->o.cfg->train.steps, m->loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s);
+    if (e->o.cfg->wall_clock_breakdown) log_breakdown(e, m);
     fflush(stdout);
 }
 
@@ -200,12 +226,26 @@ static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
             "{\"step\": %lld, \"loss\": %.9g, \"aux_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
             "\"tokens_per_s\": %.6g, \"elapsed_s\": %.6g, \"epoch\": %lld, \"mem_bytes\": {\"params\": %lld, "
             "\"grads\": %lld, \"optim\": %lld, \"activations\": %lld, \"comm\": %lld, \"total\": %lld, "
-            "\"peak\": %lld}}\n",
+            "\"peak\": %lld}",
             (long long)m->step, m->loss, m->aux_loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s,
             (long long)m->epoch, (long long)mem.current[DSC_MEM_PARAMS], (long long)mem.current[DSC_MEM_GRADS],
             (long long)mem.current[DSC_MEM_OPTIM], (long long)mem.current[DSC_MEM_ACTIVATIONS],
             (long long)mem.current[DSC_MEM_COMM], (long long)mem.total_current, (long long)mem.total_peak);
+    if (e->o.cfg->wall_clock_breakdown) {
+        fprintf(e->metrics, ", \"time_ms\": {\"step\": %.6g", 1e3 * m->step_s);
+        for (int p = 0; p < DSC_PHASE_COUNT; p++)
+            fprintf(e->metrics, ", \"%s\": %.6g", dsc_phase_name((dsc_phase)p), 1e3 * m->phase_s[p]);
+        fputc('}', e->metrics);
+    }
+    fputs("}\n", e->metrics);
     fflush(e->metrics);
+}
+
+/* DeepSpeed's monitor events: against the samples seen so far. */
+static dsc_status write_monitors(dsc_engine *e, const dsc_step_metrics *m) {
+    int64_t samples = m->step * e->o.cfg->train_batch_size;
+    DSC_TRY(dsc_monitor_write(e->monitor, "Train/Samples/train_loss", m->loss, samples));
+    return dsc_monitor_write(e->monitor, "Train/Samples/lr", m->lr, samples);
 }
 
 static dsc_status maybe_evaluate(dsc_engine *e, const dsc_step_metrics *m) {
@@ -232,7 +272,8 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         e->metrics = fopen(e->o.metrics_path, e->steps_done > 0 ? "a" : "w");
         DSC_CHECK(e->metrics, DSC_ERR_IO, "metrics file %s: cannot open for writing", e->o.metrics_path);
     }
-    e->t_start = now_s();
+    if (e->o.log && !e->monitor) DSC_TRY(dsc_monitor_create(cfg, &e->monitor));
+    e->t_start = dsc_time_now();
     while (e->steps_done < cfg->train.steps) {
         dsc_step_metrics m;
         dsc_status s = dsc_engine_step(e, &m);
@@ -242,6 +283,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         }
         if (e->o.log) {
             write_metrics(e, &m);
+            DSC_TRY(write_monitors(e, &m));
             if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps) log_step(e, &m);
             draw_bar(e, &m);
         }

@@ -65,7 +65,7 @@ static dsc_status backward_all(default_runner *r, dsc_micro_ctx *ctx, bool last_
 static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_result *res, bool training) {
     int M = data->micro_batches;
     DSC_CHECK(M >= 1, DSC_ERR_INVALID, "default runner: a batch needs at least one micro-batch, got %d", M);
-    double loss = 0, aux = 0;
+    double loss = 0, aux = 0, fwd = 0, bwd = 0;
     for (int m = 0; m < M; m++) {
         DSC_TRY(data->next(data, &r->tokens, &r->targets));
         dsc_micro_ctx ctx = {
@@ -75,8 +75,12 @@ static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_resul
             .training = training,
             .rng = r->rng,
         };
+        double t0 = dsc_time_now();
         dsc_status s = forward_all(r, &ctx);
+        double t1 = dsc_time_now();
         if (!s && training) s = backward_all(r, &ctx, m == M - 1);
+        fwd += t1 - t0;
+        bwd += training ? dsc_time_now() - t1 : 0;
         if (s) return dsc_error_wrap(s, "micro-batch %d of %d", m + 1, M);
         loss += ctx.loss;
         aux += ctx.aux_loss;
@@ -86,6 +90,7 @@ static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_resul
         .loss = loss / M,
         .aux_loss = aux / M,
         .tokens = (int64_t)M * dsc_tensor_numel(&r->tokens),
+        .phase_s = {[DSC_PHASE_FORWARD] = fwd, [DSC_PHASE_BACKWARD] = bwd},
     };
     return NULL;
 }

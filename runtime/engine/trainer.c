@@ -184,9 +184,11 @@ dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count) {
 }
 
 int64_t dsc_trainer_param_count(const dsc_trainer *t) {
-    int64_t n = 0;
-    for (int i = 0; i < dsc_params_count(t->params); i++) n += dsc_param_numel(dsc_params_at(t->params, i));
-    return n;
+    return dsc_params_model_numel(t->params, 1);
+}
+
+int64_t dsc_trainer_model_param_count(const dsc_trainer *t) {
+    return dsc_params_model_numel(t->params, t->ext.ep ? dsc_comm_size(t->ext.ep) : 1);
 }
 
 /* The next token from the last row of logits (V). */

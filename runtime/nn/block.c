@@ -2,8 +2,15 @@
  * with optional activation checkpointing.
  *
  * Without checkpointing every slot keeps its intermediates. With it, a slot
- * keeps only its input; the components and the ffn are reserved with one
- * slot, and backward first re-runs the forward into that slot. The kernels
+ * keeps only its input, output and input gradient; the intermediates (h1,
+ * resid, h2, the components' and the ffn's saved tensors) exist only while
+ * the block runs: reserved with one slot at the start of its forward and of
+ * its backward (which first re-runs the forward) and freed at the end, so a
+ * model of L checkpointed blocks holds one block's intermediates at a time
+ * instead of L (a sub-layer without dsc_layer_release, such as the MoE layer
+ * or tp/'s attention, keeps its one slot reserved). This trades an allocation
+ * per block run for the memory; the recompute costs one more forward per
+ * backward. The kernels
  * are deterministic and the recompute replays the layer stream (ctx->rng)
  * from where the slot's forward found it, so the recomputed activations
  * (random gate noise included), and hence the gradients, are bitwise those of
@@ -27,7 +34,8 @@ typedef struct block_layer {
     bool checkpoint;
     int64_t C;
     dsc_device device;
-    int nslots, inner_slots; /* allocated: per-slot buffers, and component slots (1 when checkpointing) */
+    int nslots, inner_slots; /* allocated: per-slot buffers, and component slots (0 or 1 when checkpointing) */
+    int64_t B, T;            /* reserved micro-batch */
     dsc_tensor *x;           /* [slots] (B, T, C) copy of the input */
     dsc_tensor *out;         /* [slots] (B, T, C) */
     dsc_tensor *din;         /* [slots] (B, T, C) */
@@ -39,6 +47,43 @@ typedef struct block_layer {
     dsc_tensor *scratch;     /* [2] (B, T, C): attention output (forward) or dh (backward); dresid */
 } block_layer;
 
+/* A sub-layer whose activations follow the block's intermediates: with
+ * checkpointing only when it can release them. */
+static bool follows_inner(const block_layer *k, const dsc_layer *sub) {
+    return !k->checkpoint || sub->ops->release;
+}
+
+/* Frees the intermediates (and, when checkpointing, the sub-layers' activations they can release). */
+static void inner_free(block_layer *k) {
+    dsc_buffers_free(&k->h1, k->inner_slots);
+    dsc_buffers_free(&k->resid, k->inner_slots);
+    dsc_buffers_free(&k->h2, k->inner_slots);
+    dsc_buffers_free(&k->scratch, 2);
+    nn_norm_free(&k->norm1);
+    nn_norm_free(&k->norm2);
+    if (!k->attn_layer) nn_attention_free(&k->attn);
+    if (k->checkpoint && k->attn_layer) dsc_layer_release(k->attn_layer);
+    if (k->checkpoint) dsc_layer_release(k->ffn);
+    k->inner_slots = 0;
+}
+
+/* Reserves the intermediates for `inner` component slots. */
+static dsc_status inner_reserve(block_layer *k, int inner) {
+    const int64_t B = k->B, T = k->T, shape[3] = {B, T, k->C};
+    k->inner_slots = inner;
+    dsc_status s = dsc_buffers_alloc(&k->h1, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->h2, inner, 3, shape, k->device);
+    if (!s) s = dsc_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
+    if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
+    if (!s && !k->attn_layer) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
+    if (!s && k->attn_layer && follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, inner, B, T);
+    if (!s) s = nn_norm_reserve(&k->norm2, inner, B, T, k->device);
+    if (!s && follows_inner(k, k->ffn)) s = dsc_layer_reserve(k->ffn, inner, B, T);
+    if (s) inner_free(k);
+    return s;
+}
+
 static void release(block_layer *k) {
     dsc_buffers_free(&k->x, k->nslots);
     dsc_buffers_free(&k->out, k->nslots);
@@ -47,38 +92,27 @@ static void release(block_layer *k) {
     k->bt = NULL;
     free(k->rng_at);
     k->rng_at = NULL;
-    dsc_buffers_free(&k->h1, k->inner_slots);
-    dsc_buffers_free(&k->resid, k->inner_slots);
-    dsc_buffers_free(&k->h2, k->inner_slots);
-    dsc_buffers_free(&k->scratch, 2);
-    nn_norm_free(&k->norm1);
-    nn_norm_free(&k->norm2);
-    if (!k->attn_layer) nn_attention_free(&k->attn);
-    k->nslots = k->inner_slots = 0;
+    inner_free(k);
+    k->nslots = 0;
 }
 
 static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
     block_layer *k = (block_layer *)self;
     release(k);
-    const int inner = k->checkpoint ? 1 : slots;
     const int64_t shape[3] = {B, T, k->C};
     k->nslots = slots;
-    k->inner_slots = inner;
+    k->B = B;
+    k->T = T;
     k->bt = calloc((size_t)slots, sizeof *k->bt);
     k->rng_at = calloc((size_t)slots, sizeof *k->rng_at);
     dsc_status s = k->bt && k->rng_at ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
     if (!s) s = dsc_buffers_alloc(&k->x, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->out, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->din, slots, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->h1, inner, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->h2, inner, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
-    if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
-    if (!s) s = k->attn_layer ? dsc_layer_reserve(k->attn_layer, inner, B, T)
-                              : nn_attention_reserve(&k->attn, inner, B, T, k->device);
-    if (!s) s = nn_norm_reserve(&k->norm2, inner, B, T, k->device);
-    if (!s) s = dsc_layer_reserve(k->ffn, inner, B, T);
+    if (!s && !k->checkpoint) s = inner_reserve(k, slots);
+    /* Checkpointing: a sub-layer that cannot release keeps its one slot for the block's lifetime. */
+    if (!s && k->attn_layer && !follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, 1, B, T);
+    if (!s && !follows_inner(k, k->ffn)) s = dsc_layer_reserve(k->ffn, 1, B, T);
     if (s) release(k);
     return s;
 }
@@ -119,17 +153,38 @@ static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in,
     dsc_tensor x = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
     DSC_TRY(dsc_tensor_copy(&x, in));
     if (ctx->rng) k->rng_at[slot] = *ctx->rng;
-    DSC_TRY(run_forward(k, k->checkpoint ? 0 : slot, &x, &o, ctx));
+    if (k->checkpoint) {
+        DSC_TRY(inner_reserve(k, 1));
+        dsc_status s = run_forward(k, 0, &x, &o, ctx);
+        inner_free(k);
+        DSC_TRY(s);
+    } else {
+        DSC_TRY(run_forward(k, slot, &x, &o, ctx));
+    }
     k->bt[slot][0] = in->shape[0];
     k->bt[slot][1] = in->shape[1];
     *out = o;
     return NULL;
 }
 
+static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                                dsc_micro_ctx *ctx);
+
 static dsc_status block_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
                                  dsc_micro_ctx *ctx) {
     block_layer *k = (block_layer *)self;
     DSC_CHECK(k->bt[slot][0] > 0, DSC_ERR_INVALID, "backward without a pending forward");
+    if (!k->checkpoint) return backward_slot(k, slot, dout, din, ctx);
+    DSC_TRY(inner_reserve(k, 1));
+    dsc_status s = backward_slot(k, slot, dout, din, ctx);
+    inner_free(k);
+    return s;
+}
+
+/* The backward of `slot` with its intermediates present (recomputed first
+ * when checkpointing). */
+static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                                dsc_micro_ctx *ctx) {
     const int64_t shape[3] = {k->bt[slot][0], k->bt[slot][1], k->C};
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, shape));
     const int cs = k->checkpoint ? 0 : slot;

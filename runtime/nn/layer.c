@@ -34,6 +34,13 @@ static dsc_status check_slot(const dsc_layer *layer, int slot, const char *what)
     return NULL;
 }
 
+bool dsc_layer_release(dsc_layer *layer) {
+    if (!layer->ops->release) return false;
+    layer->ops->release(layer);
+    layer->slots = 0;
+    return true;
+}
+
 dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out,
                              dsc_micro_ctx *ctx) {
     DSC_TRY(check_slot(layer, slot, "forward"));

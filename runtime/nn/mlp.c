@@ -116,11 +116,16 @@ static void mlp_destroy(dsc_layer *self) {
     free(self);
 }
 
+static void mlp_release(dsc_layer *self) {
+    release((mlp_layer *)self);
+}
+
 static const dsc_layer_ops mlp_ops = {.type = "mlp",
                                       .reserve = mlp_reserve,
                                       .forward = mlp_forward,
                                       .backward = mlp_backward,
-                                      .destroy = mlp_destroy};
+                                      .destroy = mlp_destroy,
+                                      .release = mlp_release};
 
 static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *store, const dsc_model_config *mc) {
     const char *prefix = m->base.name;

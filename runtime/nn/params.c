@@ -225,6 +225,15 @@ dsc_status dsc_params_finalize(dsc_param_store *store) {
     return s;
 }
 
+int64_t dsc_params_model_numel(const dsc_param_store *store, int ep_size) {
+    int64_t n = 0;
+    for (int i = 0; i < store->count; i++) {
+        const dsc_param *p = store->params[i];
+        n += dsc_param_numel(p) * (p->flags & DSC_PARAM_EXPERT ? ep_size : 1);
+    }
+    return n;
+}
+
 int dsc_params_count(const dsc_param_store *store) {
     return store->count;
 }

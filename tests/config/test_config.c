@@ -329,6 +329,10 @@ static const bad_case bad_cases[] = {
      "config.json: \"checkpoint.save_interval\" 100 needs \"checkpoint.save_dir\""},
     {"evaluation without held-out data", "{\"train\": {\"eval_interval\": 50}}", NULL,
      "config.json: \"train.eval_interval\" 50 needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)"},
+    {"non-contiguous gradients", "{}", "zero_optimization.contiguous_gradients=false",
+     "config.json: \"zero_optimization.contiguous_gradients\" false is not supported: dsc keeps every gradient"},
+    {"NCCL for a CPU training job", "{\"comm\": {\"backend\": \"nccl\"}}", NULL,
+     "config.json: \"comm.backend\" \"nccl\" is not possible for training: dsc trains on the CPU"},
     {"override of an unknown key", "{}", "optimizer.parms.lr=1",
      "config.json: --set \"optimizer.parms.lr=1\": unknown key \"optimizer.parms\" (did you mean "
      "\"optimizer.params\"?)"},

@@ -262,6 +262,9 @@ static void test_val_split_and_errors(void **state) {
     dsc_data_loader_close(dl);
     o.path = "/nonexistent/train.tok";
     assert_err(dsc_data_loader_open(&o, &dl), DSC_ERR_IO, "data file /nonexistent/train.tok");
+    o.path = "/tmp"; /* a directory: named as such, with the key, not "mmap: No such device" */
+    assert_err(dsc_data_loader_open(&o, &dl), DSC_ERR_IO,
+               "\"data.path\" /tmp: data file /tmp is a directory, not a token file");
     unlink(path);
 }
 

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dsc/data.h"
+#include "nn_test_util.h"
 #include "test_mpi.h"
 #include "train_fixture.h"
 
@@ -126,6 +128,7 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     char line[512];
     int steps = 0, vals = 0;
     while (fgets(line, sizeof line, fp)) {
+        assert_null(strstr(line, "\"time_ms\"")); /* wall_clock_breakdown is off */
         steps += strstr(line, "\"grad_norm\"") != NULL && strstr(line, "\"tokens_per_s\"") != NULL;
         vals += strstr(line, "\"val_loss\"") != NULL;
     }
@@ -151,6 +154,136 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     dsc_config_free(&cfg);
     unlink(metrics);
     unlink(svg);
+}
+
+/* dsc_engine_evaluate against PyTorch: the fixture's GPT weights and tokens
+ * (tests/ref/make_eval_fixture.py) give the validation loss PyTorch computed
+ * in float64 over the same val windows, within 1e-5 relative. */
+static void test_evaluate_matches_pytorch(void **state) {
+    (void)state;
+    fixture f;
+    fixture_load(&f, "eval_gpt");
+    const fixture_array *tok = fixture_get(&f, "tokens"), *want = fixture_get(&f, "val_loss");
+    assert_non_null(tok);
+    assert_non_null(want);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/dsc_test_eval_%d.tok", (int)getpid());
+    uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
+    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((const int32_t *)tok->data)[i];
+    assert_ok(dsc_token_file_write(path, ids, tok->numel, DSC_TOKEN_DTYPE_U16, (int64_t)fixture_meta(&f, "vocab_size")));
+    free(ids);
+    char set[6][64];
+    snprintf(set[0], sizeof set[0], "model.n_head=%d", (int)fixture_meta(&f, "n_head"));
+    snprintf(set[1], sizeof set[1], "model.d_ff=%d", (int)fixture_meta(&f, "d_ff"));
+    snprintf(set[2], sizeof set[2], "model.vocab_size=%d", (int)fixture_meta(&f, "vocab_size"));
+    snprintf(set[3], sizeof set[3], "data.val_fraction=%g", fixture_meta(&f, "val_fraction"));
+    snprintf(set[4], sizeof set[4], "train.eval_iters=%d", (int)fixture_meta(&f, "eval_iters"));
+    snprintf(set[5], sizeof set[5], "model.n_layer=%d", (int)fixture_meta(&f, "n_layer"));
+    const char *over[6] = {set[0], set[1], set[2], set[3], set[4], set[5]};
+    dsc_config cfg;
+    dsc_trainer *t;
+    assert_ok(make(path, over, 6, &cfg, &t, NULL));
+    assert_int_equal(cfg.model.d_model, (int)fixture_meta(&f, "d_model"));
+    assert_int_equal(cfg.model.seq_len, (int)fixture_meta(&f, "seq_len"));
+    assert_int_equal(cfg.train_micro_batch_size_per_gpu, (int)fixture_meta(&f, "micro"));
+    assert_int_equal(cfg.gradient_accumulation_steps, (int)fixture_meta(&f, "accumulation"));
+    assert_true(cfg.model.tie_embeddings && cfg.model.qkv_bias);
+    dsc_param_store *ps = dsc_trainer_params(t);
+    int in_fixture = 0;
+    for (int i = 0; i < f.n_arrays; i++) in_fixture += strncmp(f.arrays[i].name, "param/", 6) == 0;
+    assert_int_equal(in_fixture, dsc_params_count(ps)); /* the same parameters, both ways */
+    for (int i = 0; i < dsc_params_count(ps); i++) {
+        dsc_param *p = dsc_params_at(ps, i);
+        char name[200];
+        snprintf(name, sizeof name, "param/%s", p->name);
+        const fixture_array *a = fixture_get(&f, name);
+        if (!a) fail_msg("fixture has no %s", name);
+        assert_int_equal(a->numel, dsc_param_numel(p));
+        memcpy(p->value.data, a->data, (size_t)a->numel * sizeof(float));
+    }
+    double val;
+    assert_ok(dsc_engine_evaluate(dsc_trainer_engine(t), &val));
+    double ref = ((const float *)want->data)[0], rel = fabs(val - ref) / ref;
+    printf("  val loss %.9f, PyTorch %.9f (rel %.2e)\n", val, ref, rel);
+    assert_true(rel <= 1e-5);
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    fixture_free(&f);
+    unlink(path);
+}
+
+/* Activation checkpointing on the default runner: an 8-block model holds one
+ * block's intermediates at a time instead of 8, measured by the allocator's
+ * accounting (what the layers reserve, and the peak during a step), with
+ * bitwise the same losses. */
+static void test_activation_checkpointing_saves_memory(void **state) {
+    (void)state;
+    int64_t reserved[2], peak[2];
+    double loss[2][2];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        const char *over[] = {"model.n_layer=8", ckpt ? "model.activation_checkpointing=true"
+                                                      : "model.activation_checkpointing=false"};
+        dsc_mem_stats before, after;
+        dsc_mem_get_stats(&before);
+        dsc_config cfg;
+        dsc_trainer *t;
+        assert_ok(make(data, over, 2, &cfg, &t, NULL));
+        dsc_mem_get_stats(&after);
+        reserved[ckpt] = after.current[DSC_MEM_ACTIVATIONS] - before.current[DSC_MEM_ACTIVATIONS];
+        dsc_mem_reset_peaks();
+        for (int s = 0; s < 2; s++) {
+            dsc_step_metrics m;
+            assert_ok(dsc_engine_step(dsc_trainer_engine(t), &m));
+            loss[ckpt][s] = m.loss;
+        }
+        dsc_mem_get_stats(&after);
+        peak[ckpt] = after.peak[DSC_MEM_ACTIVATIONS] - before.current[DSC_MEM_ACTIVATIONS];
+        printf("  activation checkpointing %s: activations reserved %lld bytes, peak in a step %lld bytes\n",
+               ckpt ? "on " : "off", (long long)reserved[ckpt], (long long)peak[ckpt]);
+        dsc_trainer_destroy(t);
+        dsc_config_free(&cfg);
+    }
+    assert_true(loss[0][0] == loss[1][0] && loss[0][1] == loss[1][1]);
+    assert_true(2 * reserved[1] < reserved[0]);
+    assert_true(2 * peak[1] < peak[0]);
+}
+
+/* wall_clock_breakdown: every step reports its time per phase (the default
+ * runner has no p2p), the phases fit in the step, and the metrics file
+ * carries them only when the key is on. */
+static void test_wall_clock_breakdown(void **state) {
+    (void)state;
+    char metrics[160];
+    snprintf(metrics, sizeof metrics, "/tmp/dsc_test_train_wcb_%d.jsonl", (int)getpid());
+    const char *over[] = {"wall_clock_breakdown=true", "train.steps=3"};
+    dsc_config cfg;
+    dsc_trainer *t;
+    assert_ok(make(data, over, 2, &cfg, &t, metrics));
+    dsc_step_metrics m;
+    assert_ok(dsc_engine_step(dsc_trainer_engine(t), &m));
+    double sum = 0;
+    for (int p = 0; p < DSC_PHASE_COUNT; p++) {
+        printf("  %-9s %.3f ms\n", dsc_phase_name((dsc_phase)p), 1e3 * m.phase_s[p]);
+        sum += m.phase_s[p];
+    }
+    assert_true(m.phase_s[DSC_PHASE_FORWARD] > 0 && m.phase_s[DSC_PHASE_BACKWARD] > 0);
+    assert_true(m.phase_s[DSC_PHASE_OPTIMIZER] > 0 && m.phase_s[DSC_PHASE_REDUCE] >= 0);
+    assert_true(m.phase_s[DSC_PHASE_P2P] == 0);
+    assert_true(sum <= m.step_s);
+    assert_ok(dsc_engine_train(dsc_trainer_engine(t)));
+    FILE *fp = fopen(metrics, "r");
+    assert_non_null(fp);
+    char line[1024];
+    int timed = 0;
+    while (fgets(line, sizeof line, fp))
+        timed += strstr(line, "\"time_ms\": {\"step\": ") && strstr(line, "\"forward\": ") &&
+                 strstr(line, "\"backward\": ") && strstr(line, "\"p2p\": ") && strstr(line, "\"reduce\": ") &&
+                 strstr(line, "\"optimizer\": ");
+    fclose(fp);
+    assert_int_equal(timed, 2); /* the steps dsc_engine_train ran */
+    dsc_trainer_destroy(t);
+    dsc_config_free(&cfg);
+    unlink(metrics);
 }
 
 static void test_bad_inputs(void **state) {
@@ -210,6 +343,9 @@ int main(void) {
         cmocka_unit_test(test_bitwise_deterministic),
         cmocka_unit_test(test_resume_from_state),
         cmocka_unit_test(test_train_eval_metrics_plot_generate),
+        cmocka_unit_test(test_evaluate_matches_pytorch),
+        cmocka_unit_test(test_wall_clock_breakdown),
+        cmocka_unit_test(test_activation_checkpointing_saves_memory),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -159,7 +159,8 @@ static void test_bf16_kv_cache(void **state) {
         if (r > worst) worst = r;
     }
     printf("bf16 KV cache vs f32: worst rel err %.3e over 6 chunks\n", worst);
-    assert_true(worst > 0 && worst < 2e-2);
+    /* bf16 keys/values round by up to 2^-9 relative; the logits move 5.2e-3 (measured); docs/inference.md. */
+    assert_true(worst > 0 && worst < 6e-3);
     free(a);
     free(b);
     dsc_infer_engine_destroy(f32);

@@ -12,9 +12,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u >"$tmp/exported"
 grep -ohE '\b[A-Za-z_][A-Za-z0-9_]*\b' "$inc"/dsc/*.h | sort -u >"$tmp/declared"
-# Symbols every shared object defines (linker-provided section bounds).
+# Symbols every shared object defines (linker-provided section bounds), and
+# those a sanitizer build's instrumentation adds to each module.
 printf '%s\n' _init _fini _edata _end __bss_start | sort >"$tmp/linker"
-comm -23 "$tmp/exported" "$tmp/declared" | comm -23 - "$tmp/linker" >"$tmp/extra"
+comm -23 "$tmp/exported" "$tmp/declared" | comm -23 - "$tmp/linker" |
+    grep -vE '^_+(asan|odr_asan|ubsan|sancov)' >"$tmp/extra" || true
 if [ -s "$tmp/extra" ]; then
     echo "libdsc exports $(wc -l <"$tmp/extra") symbol(s) no installed header declares:"
     cat "$tmp/extra"

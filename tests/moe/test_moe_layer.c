@@ -361,10 +361,14 @@ static void test_block_stats(void **state) {
 
 /* A Mixtral-style model with jitter and random second-expert sampling: with
  * activation checkpointing the block's recompute replays the same draws, so
- * loss, gate loss and every gradient equal the plain run's bitwise. */
+ * loss, gate loss and every gradient equal the plain run's bitwise. The two
+ * runs take different paths: the checkpointed blocks keep 3 (B, T, C)
+ * buffers per token and recompute their forward (the MoE layer's forward
+ * count doubles). */
 static void test_checkpointing_replays_noise(void **state) {
     (void)state;
     double loss[2], aux[2];
+    int64_t block_bytes[2], moe_forwards[2];
     float *grads[2][DSC_PARAM_GROUP_COUNT];
     int64_t numel[DSC_PARAM_GROUP_COUNT];
     for (int ckpt = 0; ckpt < 2; ckpt++) {
@@ -385,6 +389,10 @@ static void test_checkpointing_replays_noise(void **state) {
         dsc_rng rng;
         dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
         assert_ok(moe_test_model_step(&m, &tokens, &targets, &rng, &loss[ckpt], &aux[ckpt]));
+        block_bytes[ckpt] = m.layers[1]->activation_bytes_per_token;
+        dsc_moe_stats st;
+        assert_ok(dsc_moe_stats_get(m.layers[1], &st));
+        moe_forwards[ckpt] = st.forwards;
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
             dsc_tensor values, flat;
             dsc_params_flat(m.store, (dsc_param_group)g, &values, &flat);
@@ -394,7 +402,12 @@ static void test_checkpointing_replays_noise(void **state) {
         }
         moe_test_model_free(&m);
     }
-    printf("  loss %.9f vs %.9f, gate loss %.9f vs %.9f\n", loss[0], loss[1], aux[0], aux[1]);
+    printf("  loss %.9f vs %.9f, gate loss %.9f vs %.9f; block bytes/token %lld vs %lld, MoE forwards %lld vs %lld\n",
+           loss[0], loss[1], aux[0], aux[1], (long long)block_bytes[0], (long long)block_bytes[1],
+           (long long)moe_forwards[0], (long long)moe_forwards[1]);
+    assert_int_equal(block_bytes[1], 3 * 16 * (int64_t)sizeof(float)); /* x, out, din: (B, T, C = 16) */
+    assert_true(block_bytes[0] > block_bytes[1]);
+    assert_int_equal(moe_forwards[1], 2 * moe_forwards[0]); /* the recompute */
     assert_true(loss[0] == loss[1]);
     assert_true(aux[0] == aux[1]);
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {

@@ -5,7 +5,8 @@
  * gives the losses of single-process training on the same data (the single
  * process accumulates the 4 ranks' micro-batches; the data loader makes rank
  * r's micro-batch m the single process's micro-batch m*4 + r) within 1e-5
- * relative, and the same parameters after 10 steps within 1e-4.
+ * relative, and the same parameters after 10 steps within 2e-3 of each
+ * tensor's largest value (why not tighter: below).
  *
  * The communicators show who reduced what (one gradient bucket per group):
  * each step, one all-reduce of dense gradients plus the loss average on the
@@ -191,6 +192,9 @@ static void check_case(int ep_size) {
     memset(&one, 0, sizeof one);
     train(&par, dp, ep, edp);
     train(&one, NULL, NULL, NULL);
+    /* The model's size counts every expert, whichever rank holds it. */
+    assert_int_equal(dsc_params_model_numel(par.model.store, ep_size), dsc_params_model_numel(one.model.store, 1));
+    assert_true(dsc_params_model_numel(par.model.store, 1) < dsc_params_model_numel(one.model.store, 1));
 
     if (rank == 0)
         printf("EP %d x DP %d (expert-data-parallel %d) vs one process:\n", ep_size, P, dsc_comm_size(edp));

@@ -112,7 +112,7 @@ static void test_world_not_divisible(void **state) {
     dsc_pipe_trainer_options o = {.cfg = &cfg, .world = world};
     dsc_pipe_trainer *t = NULL;
     char needle[96];
-    snprintf(needle, sizeof needle, "world size %d is not divisible by \"pipeline.stages\" = %d", W, P);
+    snprintf(needle, sizeof needle, "%d ranks are not divisible by \"pipeline.stages\" %d", W, P);
     expect(dsc_pipe_trainer_create(&o, &t), DSC_ERR_CONFIG, needle, dsc_comm_rank(world));
     dsc_config_free(&cfg);
     unlink(data);

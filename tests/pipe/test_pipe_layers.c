@@ -84,8 +84,8 @@ static void t_destroy(dsc_layer *self) {
     free(l);
 }
 
-static const dsc_layer_ops linear_ops = {"test_linear", t_reserve, t_forward, t_backward, t_destroy};
-static const dsc_layer_ops mse_ops = {"test_mse", t_reserve, t_forward, t_backward, t_destroy};
+static const dsc_layer_ops linear_ops = {"test_linear", t_reserve, t_forward, t_backward, t_destroy, NULL};
+static const dsc_layer_ops mse_ops = {"test_mse", t_reserve, t_forward, t_backward, t_destroy, NULL};
 
 static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int width, bool loss,
                        dsc_layer **out) {
@@ -146,8 +146,14 @@ dsc_status test_pipe_build(dsc_comm *pipe, const test_pipe_spec *spec, test_pipe
         snprintf(layers[i].spec.type, sizeof layers[i].spec.type, "%s", spec->types[i]);
         layers[i].spec.block = i;
     }
-    dsc_pipe_module_options mo = {layers, spec->n, dsc_comm_size(pipe), spec->chunks, spec->method, &tp->mc,
-                                  NULL,   1};
+    dsc_pipe_module_options mo = {.layers = layers,
+                                  .n_layers = spec->n,
+                                  .stages = dsc_comm_size(pipe),
+                                  .chunks = spec->chunks,
+                                  .partition_method = spec->method,
+                                  .model = &tp->mc,
+                                  .width = 1,
+                                  .expert_parallel = 1};
     DSC_TRY(dsc_pipe_module_create(&mo, &tp->module));
     DSC_TRY(dsc_params_create(&tp->store, DSC_CPU, 1));
     DSC_TRY(dsc_pipe_stage_build(tp->module, dsc_comm_rank(pipe), tp->store, DSC_CPU, &tp->stage));

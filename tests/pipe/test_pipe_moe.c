@@ -7,7 +7,9 @@
  * same parameters within 2e-3 of each tensor's largest value (AdamW turns
  * f32 rounding of different reduction orders into O(lr) steps on elements
  * with tiny gradients; tests/moe/test_moe_train.c uses the same bound). The
- * attention key bias is off (its gradient is exactly zero). */
+ * attention key bias is off (its gradient is exactly zero). The partition
+ * counts the whole model's parameters (every expert, as the one process
+ * holds them), and separately what one expert-parallel rank holds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +82,18 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     dsc_pipe_trainer *t;
     assert_ok(dsc_pipe_trainer_create(&po, &t));
     assert_int_equal(dsc_comm_size(dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_EXPERT)), 2);
+    const dsc_pipe_module *module = dsc_pipe_trainer_module(t);
+    const int64_t whole = dsc_trainer_param_count(one);
+    if (rank == 0)
+        printf("  parameters: %lld in the module (%lld per expert-parallel rank), %lld in one process\n",
+               (long long)dsc_pipe_module_unique_params(module), (long long)dsc_pipe_module_rank_params(module),
+               (long long)whole);
+    assert_int_equal(dsc_pipe_module_unique_params(module), whole);
+    assert_int_equal(dsc_trainer_model_param_count(one), whole);
+    assert_true(dsc_pipe_module_rank_params(module) < whole); /* half the experts */
 
     double worst = 0;
+    dsc_step_metrics last = {0};
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics a, b;
         assert_ok(dsc_engine_step(dsc_pipe_trainer_engine(t), &a));
@@ -92,8 +104,15 @@ static void test_pp2_ep2_equals_one_process(void **state) {
             printf("  step %2d loss %.7f aux %.7f vs %.7f aux %.7f (rel %.2e)\n", s + 1, a.loss, a.aux_loss,
                    b.loss, b.aux_loss, rel);
         worst = fmax(worst, rel);
+        last = a;
     }
     assert_true(worst <= 1e-5);
+    /* Every step times its phases; stages exchange activations and gradients. */
+    assert_true(last.phase_s[DSC_PHASE_FORWARD] > 0 && last.phase_s[DSC_PHASE_BACKWARD] > 0);
+    assert_true(last.phase_s[DSC_PHASE_P2P] > 0 && last.phase_s[DSC_PHASE_OPTIMIZER] > 0);
+    double phases = 0;
+    for (int p = 0; p < DSC_PHASE_COUNT; p++) phases += last.phase_s[p];
+    assert_true(phases <= last.step_s);
     dsc_param_store *got = dsc_pipe_trainer_params(t), *want = dsc_trainer_params(one);
     double pworst = 0;
     for (int i = 0; i < dsc_params_count(got); i++) {

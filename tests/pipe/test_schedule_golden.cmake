@@ -1,4 +1,5 @@
-# Runs `dsc-schedule KIND M P S` for every golden file KIND_M_P_S.txt and
+# Runs `dsc-schedule KIND M P S` for every golden file KIND_M_P_S.txt (and
+# `dsc-schedule interleaved M P S --v V` for interleaved_M_P_S_vV.txt) and
 # compares the output byte for byte. Inputs: APP, GOLDEN_DIR, OUT_DIR.
 # On a difference the actual output is kept in OUT_DIR for diffing.
 file(GLOB goldens ${GOLDEN_DIR}/*.txt)
@@ -9,7 +10,8 @@ endif()
 set(failed 0)
 foreach(golden ${goldens})
   get_filename_component(name ${golden} NAME_WE)
-  string(REPLACE "_" ";" args ${name})
+  string(REGEX REPLACE "_v([0-9]+)$" ";--v;\\1" args ${name})
+  string(REPLACE "_" ";" args "${args}")
   execute_process(COMMAND ${APP} ${args} OUTPUT_VARIABLE actual ERROR_VARIABLE err RESULT_VARIABLE rc)
   file(READ ${golden} expected)
   if(NOT rc EQUAL 0)

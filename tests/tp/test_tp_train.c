@@ -7,7 +7,10 @@
  * communication counters follow Megatron-LM's formula: per block and
  * micro-batch, forward one all-reduce of (b, t, C) after the attention and
  * one after the MLP, backward the same; the vocabulary-parallel embedding
- * one, the LM head's cross-entropy two (maxima; sums) and its backward one. */
+ * one, the LM head's cross-entropy two (maxima; sums) and its backward one.
+ * And a rank's parameter + gradient + AdamW state bytes, as the allocator
+ * counts them, are within 5% of 16 bytes x ((psi - replicated) / tp +
+ * replicated). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,7 @@
 #include <unistd.h>
 
 #include "dsc/comm.h"
+#include "dsc/memory.h"
 #include "dsc/tp_layers.h"
 #include "dsc/zero.h"
 #include "test_mpi.h"
@@ -169,6 +173,16 @@ static void test_with_zero(void **state) {
     }
 }
 
+/* The world, a token file at `data` and tp_all, for a test named `tag`. */
+static dsc_comm *open_job(char *data, size_t len, const char *tag) {
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    snprintf(data, len, "/tmp/dsc_test_tp_%s_%d.tok", tag, (int)getpid());
+    train_fixture_tokens(data, 20000);
+    set_tp_all();
+    return world;
+}
+
 /* All-reduces and bytes on the tensor group since the last reset. */
 static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
     dsc_comm_stats st;
@@ -180,12 +194,8 @@ static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
 
 static void test_megatron_counts(void **state) {
     (void)state;
-    dsc_comm *world;
-    assert_ok(dsc_comm_world(NULL, &world));
     char data[128];
-    snprintf(data, sizeof data, "/tmp/dsc_test_tp_count_%d.tok", (int)getpid());
-    train_fixture_tokens(data, 20000);
-    set_tp_all();
+    dsc_comm *world = open_job(data, sizeof data, "count");
     const char *over[] = {tp_all, "model.n_head=4", "model.d_model=32", "model.d_ff=72"};
     run_result r;
     run(world, 1, data, over, 4, &r);
@@ -237,12 +247,49 @@ static void test_megatron_counts(void **state) {
     dsc_comm_free(world);
 }
 
+static int64_t model_state_bytes(void) {
+    dsc_mem_stats st;
+    dsc_mem_get_stats(&st);
+    return st.current[DSC_MEM_PARAMS] + st.current[DSC_MEM_GRADS] + st.current[DSC_MEM_OPTIM];
+}
+
+static void test_memory_formula(void **state) {
+    (void)state;
+    char data[128];
+    dsc_comm *world = open_job(data, sizeof data, "mem");
+    /* Wide enough that the 64-element alignment of each parameter is small beside it. */
+    const char *over[] = {tp_all, "model.n_head=4", "model.d_model=128", "model.d_ff=512", "model.n_layer=2"};
+    const int64_t before = model_state_bytes();
+    run_result r;
+    run(world, 1, data, over, 5, &r); /* AdamW's state exists after the first step */
+    const double measured = (double)(model_state_bytes() - before);
+    dsc_model_config mc;
+    assert_ok(dsc_trainer_model_config(&r.cfg, &mc));
+    const int tp = dsc_comm_size(world);
+    /* psi of the whole model: every parameter's global size, counted once. */
+    double psi = 0;
+    dsc_param_store *ps = dsc_trainer_params(r.t);
+    for (int i = 0; i < dsc_params_count(ps); i++)
+        psi += (double)dsc_param_global_numel(dsc_params_at(ps, i));
+    const double formula = 16.0 * dsc_tp_params_per_rank(&mc, psi, tp);
+    const double ratio = measured / formula;
+    printf("  rank %d of tp %d: parameter + gradient + AdamW bytes %.0f, formula 16 x ((%.0f - %.0f) / %d + %.0f) = "
+           "%.0f, ratio %.4f\n",
+           dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc), tp, dsc_tp_replicated_params(&mc),
+           formula, ratio);
+    assert_true(fabs(ratio - 1.0) <= 0.05);
+    finish(&r);
+    unlink(data);
+    dsc_comm_free(world);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_llama_gqa_uneven),
         cmocka_unit_test(test_with_zero),
         cmocka_unit_test(test_megatron_counts),
+        cmocka_unit_test(test_memory_formula),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
