@@ -28,11 +28,11 @@
 
 static void usage(FILE *fp) {
     fprintf(fp, "usage: dsc-ckpt ls SAVE_DIR\n"
-                    "       dsc-ckpt show CKPT\n"
-                    "       dsc-ckpt diff [--tol X] [--prefix P] CKPT_A CKPT_B\n"
-                    "       dsc-ckpt export CKPT --model-only OUT.h5\n"
-                    "       dsc-ckpt export CKPT --format hf OUT_DIR\n"
-                    "CKPT: SAVE_DIR/TAG, SAVE_DIR (follows latest) or a state.h5 file\n");
+                "       dsc-ckpt show CKPT\n"
+                "       dsc-ckpt diff [--tol X] [--prefix P] CKPT_A CKPT_B\n"
+                "       dsc-ckpt export CKPT --model-only OUT.h5\n"
+                "       dsc-ckpt export CKPT --format hf OUT_DIR\n"
+                "CKPT: SAVE_DIR/TAG, SAVE_DIR (follows latest) or a state.h5 file\n");
 }
 
 static bool is_file(const char *path) {
@@ -58,7 +58,8 @@ static dsc_status open_ckpt(const char *arg, dsc_tfile **f) {
 
 static int64_t numel(const dsc_tfile_entry *e) {
     int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    for (int i = 0; i < e->ndim; i++)
+        n *= e->shape[i];
     return n;
 }
 
@@ -78,12 +79,24 @@ static dsc_status read_doubles(dsc_tfile *f, const dsc_tfile_entry *e, double **
                                : dsc_error(DSC_ERR_NOMEM, "reading %s", e->path);
     for (int64_t i = 0; !s && i < n; i++) {
         switch (e->dtype) {
-        case DSC_DTYPE_F32: (*out)[i] = ((float *)raw)[i]; break;
-        case DSC_DTYPE_BF16: (*out)[i] = dsc_bf16_to_f32(((uint16_t *)raw)[i]); break;
-        case DSC_DTYPE_F16: (*out)[i] = dsc_f16_to_f32(((uint16_t *)raw)[i]); break;
-        case DSC_DTYPE_I32: (*out)[i] = ((int32_t *)raw)[i]; break;
-        case DSC_DTYPE_I64: (*out)[i] = (double)((int64_t *)raw)[i]; break;
-        default: (*out)[i] = ((uint8_t *)raw)[i]; break;
+        case DSC_DTYPE_F32:
+            (*out)[i] = ((float *)raw)[i];
+            break;
+        case DSC_DTYPE_BF16:
+            (*out)[i] = dsc_bf16_to_f32(((uint16_t *)raw)[i]);
+            break;
+        case DSC_DTYPE_F16:
+            (*out)[i] = dsc_f16_to_f32(((uint16_t *)raw)[i]);
+            break;
+        case DSC_DTYPE_I32:
+            (*out)[i] = ((int32_t *)raw)[i];
+            break;
+        case DSC_DTYPE_I64:
+            (*out)[i] = (double)((int64_t *)raw)[i];
+            break;
+        default:
+            (*out)[i] = ((uint8_t *)raw)[i];
+            break;
         }
     }
     free(raw);
@@ -130,7 +143,8 @@ static dsc_status show_entry(const dsc_tfile_entry *e, void *user) {
     double *v;
     DSC_TRY(read_doubles(user, e, &v));
     double sq = 0;
-    for (int64_t i = 0; i < numel(e); i++) sq += v[i] * v[i];
+    for (int64_t i = 0; i < numel(e); i++)
+        sq += v[i] * v[i];
     free(v);
     char shape[96];
     shape_text(e, shape, sizeof shape);
@@ -298,11 +312,14 @@ static dsc_status cmd_export(const char *arg, const char *out_path) {
         s = dsc_tfile_write_all(out, x.pieces, x.count);
         if (!s) s = copy_attrs(x.in, out);
         dsc_status closed = dsc_tfile_close(out);
-        if (!s) s = closed;
-        else dsc_status_free(closed);
+        if (!s)
+            s = closed;
+        else
+            dsc_status_free(closed);
     }
     if (!s) printf("exported %d tensors to %s\n", x.count, out_path);
-    for (int i = 0; i < x.count; i++) free((void *)x.pieces[i].data);
+    for (int i = 0; i < x.count; i++)
+        free((void *)x.pieces[i].data);
     free(x.pieces);
     dsc_status_free(dsc_tfile_close(x.in));
     return s;

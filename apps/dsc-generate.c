@@ -141,7 +141,9 @@ static dsc_status read_input(options *o, const char *option, const char *path, c
     return NULL;
 }
 
-static void add_prompt(options *o, const char *text, const char *ids) { o->prompts[o->n_prompts++] = (prompt){text, ids}; }
+static void add_prompt(options *o, const char *text, const char *ids) {
+    o->prompts[o->n_prompts++] = (prompt){text, ids};
+}
 
 /* Splits a prompts file into lines (in place); blank lines are skipped. */
 static dsc_status add_prompt_lines(options *o, char *text, int cap) {
@@ -239,7 +241,8 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
 }
 
 static void options_free(options *o) {
-    for (int i = 0; i < o->n_inputs; i++) free(o->inputs[i]);
+    for (int i = 0; i < o->n_inputs; i++)
+        free(o->inputs[i]);
     free(o->inputs);
     free(o->prompts);
 }
@@ -352,8 +355,10 @@ static dsc_status clamp_new_tokens(const options *o, const dsc_infer_ds_config *
         b->max_new[r] = o->max_new;
         if (room < o->max_new) {
             if (lead)
-                fprintf(stderr, "dsc-generate: prompt %d: --max-new-tokens %d clamped to %lld: the context holds "
-                                "%lld tokens\n", r + 1, o->max_new, (long long)room, (long long)ctx);
+                fprintf(stderr,
+                        "dsc-generate: prompt %d: --max-new-tokens %d clamped to %lld: the context holds "
+                        "%lld tokens\n",
+                        r + 1, o->max_new, (long long)room, (long long)ctx);
             b->max_new[r] = (int32_t)room;
         }
     }
@@ -400,10 +405,11 @@ static dsc_status tp_group(const dsc_infer_ds_config *c, dsc_comm **world) {
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (c->tp.tp_size == 1 && size == 1) return NULL;
-    DSC_CHECK(c->tp.tp_size == size, DSC_ERR_CONFIG,
-              "tensor_parallel.tp_size %d with %d ranks: dsc-generate runs one tensor-parallel group, so launch it "
-              "with dsc-launch -n %d",
-              c->tp.tp_size, size, c->tp.tp_size);
+    DSC_CHECK(
+        c->tp.tp_size == size, DSC_ERR_CONFIG,
+        "tensor_parallel.tp_size %d with %d ranks: dsc-generate runs one tensor-parallel group, so launch it "
+        "with dsc-launch -n %d",
+        c->tp.tp_size, size, c->tp.tp_size);
     return dsc_comm_world(NULL, world);
 }
 
@@ -412,7 +418,8 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
     const int R = o->n_prompts;
-    batch b = {calloc((size_t)R, sizeof *b.ids), calloc((size_t)R, sizeof *b.n), calloc((size_t)R, sizeof *b.max_new)};
+    batch b = {calloc((size_t)R, sizeof *b.ids), calloc((size_t)R, sizeof *b.n),
+               calloc((size_t)R, sizeof *b.max_new)};
     const bool lead = !world || dsc_comm_rank(world) == 0;
     run_state st = {.outs = calloc((size_t)R, sizeof *st.outs), .streaming = R == 1, .print = lead};
     dsc_status s = b.ids && b.n && b.max_new && st.outs ? NULL : dsc_error(DSC_ERR_NOMEM, "%d prompts", R);
@@ -427,13 +434,15 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *
     double t_load = now_s();
     if (!s) {
         dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
-        if (longest + o->max_new > ec.max_context) ec.max_context = longest + o->max_new; /* clipped by the engine */
+        if (longest + o->max_new > ec.max_context)
+            ec.max_context = longest + o->max_new; /* clipped by the engine */
         if (o->config && c->max_out_tokens < ec.max_context) ec.max_context = c->max_out_tokens;
         ec.max_sequences = ec.max_batch_sequences = R < ec.max_sequences ? R : ec.max_sequences;
         s = dsc_infer_engine_create(m, &ec, &e);
     }
     if (!s) s = clamp_new_tokens(o, c, e, &b, lead);
-    for (int r = 0; r < R; r++) dsc_tokenizer_stream_init(&st.outs[r].state);
+    for (int r = 0; r < R; r++)
+        dsc_tokenizer_stream_init(&st.outs[r].state);
     if (!s) s = generate(o, e, &st, &b);
     if (!s && !o->quiet && lead) {
         double end = now_s(), decode = end - st.first;

@@ -30,7 +30,8 @@ typedef struct options {
 
 static void usage(FILE *fp) {
     fputs("usage: dsc-schedule train|infer|dp|gpipe|interleaved M P S [--v V]\n"
-          "       dsc-schedule simulate SCHEDULE M P [--v V] [--fwd F] [--bwd B] [--p2p C] [--svg FILE] [--width N]\n"
+          "       dsc-schedule simulate SCHEDULE M P [--v V] [--fwd F] [--bwd B] [--p2p C] [--svg FILE] [--width "
+          "N]\n"
           "  M micro-batches, P stages, S stage id; V model chunks per stage (interleaved only, default 2);\n"
           "  F, B, C forward / backward / p2p cost (default 1, 2, 0); N timeline columns (default 120)\n",
           fp);
@@ -113,7 +114,8 @@ static void print_report(const options *o, dsc_schedule *const *scheds, const ds
                          const dsc_pipe_sim_bounds *cf) {
     const dsc_pipe_sim_costs *c = &o->costs;
     printf("schedule %s: M=%d micro-batches, P=%d stages, v=%d chunks per stage; costs F=%g B=%g C=%g\n",
-           dsc_schedule_kind_name(o->kind), o->micro_batches, o->stages, o->chunks, c->forward, c->backward, c->p2p);
+           dsc_schedule_kind_name(o->kind), o->micro_batches, o->stages, o->chunks, c->forward, c->backward,
+           c->p2p);
     printf("%-18s %12s %12s\n", "", "simulated", c->p2p > 0 ? "closed(C=0)" : "closed form");
     printf("%-18s %12.4f %12.4f\n", "makespan", r->makespan, cf->makespan);
     printf("%-18s %12.4f %12.4f\n", "bubble fraction", r->bubble, cf->bubble);
@@ -152,7 +154,8 @@ static int simulate(const options *o) {
         if (!st) printf("wrote %s\n", o->svg);
     }
     dsc_pipe_sim_free(&r);
-    for (int i = 0; i < o->stages; i++) dsc_schedule_destroy(scheds[i]);
+    for (int i = 0; i < o->stages; i++)
+        dsc_schedule_destroy(scheds[i]);
     free(scheds);
     return st ? fail(st) : 0;
 }

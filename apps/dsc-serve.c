@@ -36,30 +36,31 @@ static void on_signal(int sig) {
 }
 
 static void usage(FILE *fp) {
-    fprintf(fp,
-            "usage: dsc-serve MODEL [options]\n"
-            "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
-            "  --port N                     port (8000; 0 = any free port, printed)\n"
-            "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
-            "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
-            "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
-            "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
-            "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
-            "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
-            "  --seed N                     seed of requests that give none (+ request number)\n"
-            "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
-            "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
-            "  --block-size N               tokens per KV block (16)\n"
-            "  --max-num-seqs N             sequences in the engine at once (64)\n"
-            "  --max-num-batched-tokens N   tokens per forward (512)\n"
-            "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
-            "  --prefill-first              prompt chunks before decodes in each forward\n"
-            "  --static-batching            run admitted groups to completion (for comparison)\n"
-            "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
-            "  --max-body-bytes N           request body limit (1048576)\n"
-            "  --max-prompt-tokens N        tokens per prompt (8192)\n"
-            "  --max-tokens-limit N         largest max_tokens (4096)\n"
-            "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n");
+    fprintf(
+        fp,
+        "usage: dsc-serve MODEL [options]\n"
+        "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
+        "  --port N                     port (8000; 0 = any free port, printed)\n"
+        "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
+        "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
+        "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
+        "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
+        "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
+        "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
+        "  --seed N                     seed of requests that give none (+ request number)\n"
+        "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
+        "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
+        "  --block-size N               tokens per KV block (16)\n"
+        "  --max-num-seqs N             sequences in the engine at once (64)\n"
+        "  --max-num-batched-tokens N   tokens per forward (512)\n"
+        "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
+        "  --prefill-first              prompt chunks before decodes in each forward\n"
+        "  --static-batching            run admitted groups to completion (for comparison)\n"
+        "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
+        "  --max-body-bytes N           request body limit (1048576)\n"
+        "  --max-prompt-tokens N        tokens per prompt (8192)\n"
+        "  --max-tokens-limit N         largest max_tokens (4096)\n"
+        "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n");
 }
 
 static bool parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -258,11 +259,12 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    dsc_status s = size == 1 ? serve(&o)
-                             : dsc_error(DSC_ERR_UNSUPPORTED,
-                                         "dsc-serve runs on one rank (started on %d): serving across ranks waits for "
-                                         "the engine's distributed serving",
-                                         size);
+    dsc_status s = size == 1
+                       ? serve(&o)
+                       : dsc_error(DSC_ERR_UNSUPPORTED,
+                                   "dsc-serve runs on one rank (started on %d): serving across ranks waits for "
+                                   "the engine's distributed serving",
+                                   size);
     int rc = 0;
     if (s) {
         fprintf(stderr, "dsc-serve: %s\n", dsc_status_message(s));

@@ -24,10 +24,10 @@
 #include "dsc/engine.h"
 #include "dsc/hf.h"
 #include "dsc/kernels.h"
+#include "dsc/moe.h"
 #include "dsc/pipe.h"
 #include "dsc/sampling.h"
 #include "dsc/tokenizer.h"
-#include "dsc/moe.h"
 #include "dsc/topology.h"
 #include "dsc/tp_layers.h"
 #include "dsc/zero.h"
@@ -80,32 +80,42 @@ static dsc_status parse_args(int argc, char **argv, args *a) {
     DSC_CHECK(a->overrides, DSC_ERR_NOMEM, "out of memory");
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        static const char *const with_value[] = {"--set", "--metrics", "--sample", "--prompt", "--temperature",
-                                                 "--estimate-memory", "--init-from-hf"};
+        static const char *const with_value[] = {"--set",         "--metrics",         "--sample",      "--prompt",
+                                                 "--temperature", "--estimate-memory", "--init-from-hf"};
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
-            DSC_CHECK(strcmp(arg, with_value[k]) != 0 || i + 1 < argc, DSC_ERR_INVALID,
-                      "option %s needs a value", arg);
+            DSC_CHECK(strcmp(arg, with_value[k]) != 0 || i + 1 < argc, DSC_ERR_INVALID, "option %s needs a value",
+                      arg);
         int64_t v;
         double x;
-        if (strcmp(arg, "--set") == 0) a->overrides[a->n_overrides++] = argv[++i];
-        else if (strcmp(arg, "--metrics") == 0) a->metrics = argv[++i];
+        if (strcmp(arg, "--set") == 0)
+            a->overrides[a->n_overrides++] = argv[++i];
+        else if (strcmp(arg, "--metrics") == 0)
+            a->metrics = argv[++i];
         else if (strcmp(arg, "--sample") == 0) {
             DSC_TRY(dsc_cli_int(arg, argv[++i], 0, 1 << 20, &v));
             a->sample_tokens = (int)v;
-        } else if (strcmp(arg, "--prompt") == 0) a->prompt = argv[++i];
+        } else if (strcmp(arg, "--prompt") == 0)
+            a->prompt = argv[++i];
         else if (strcmp(arg, "--temperature") == 0) {
             DSC_TRY(dsc_cli_double(arg, argv[++i], 0, 100, &x));
             a->temperature = (float)x;
-        } else if (strcmp(arg, "--no-progress") == 0) a->progress = false;
-        else if (strcmp(arg, "--report-memory") == 0) a->report_memory = true;
+        } else if (strcmp(arg, "--no-progress") == 0)
+            a->progress = false;
+        else if (strcmp(arg, "--report-memory") == 0)
+            a->report_memory = true;
         else if (strcmp(arg, "--estimate-memory") == 0) {
             DSC_TRY(dsc_cli_int(arg, argv[++i], 1, 1 << 24, &v));
             a->estimate_ranks = (int)v;
-        } else if (strcmp(arg, "--resume") == 0) a->resume = i + 1 < argc && is_tag(argv[i + 1]) ? argv[++i] : "latest";
-        else if (strcmp(arg, "--init-from-hf") == 0) a->init_from_hf = argv[++i];
-        else if (arg[0] == '-') return dsc_error(DSC_ERR_INVALID, "unknown option %s", arg);
-        else if (!a->config) a->config = arg;
-        else return dsc_error(DSC_ERR_INVALID, "a second config file %s (the first is %s)", arg, a->config);
+        } else if (strcmp(arg, "--resume") == 0)
+            a->resume = i + 1 < argc && is_tag(argv[i + 1]) ? argv[++i] : "latest";
+        else if (strcmp(arg, "--init-from-hf") == 0)
+            a->init_from_hf = argv[++i];
+        else if (arg[0] == '-')
+            return dsc_error(DSC_ERR_INVALID, "unknown option %s", arg);
+        else if (!a->config)
+            a->config = arg;
+        else
+            return dsc_error(DSC_ERR_INVALID, "a second config file %s (the first is %s)", arg, a->config);
     }
     DSC_CHECK(a->config, DSC_ERR_INVALID, "no config file given");
     return NULL;
@@ -135,12 +145,15 @@ static void print_sample(generate_fn generate, void *model, const dsc_config *cf
     dsc_status s = ids && bytes && text ? NULL : dsc_error(DSC_ERR_NOMEM, "sample: out of memory");
     if (!s) {
         dsc_byte_tokenizer_encode(a->prompt, n_prompt, bytes);
-        for (size_t i = 0; i < n_prompt; i++) ids[i] = (int32_t)bytes[i];
+        for (size_t i = 0; i < n_prompt; i++)
+            ids[i] = (int32_t)bytes[i];
         s = generate(model, ids, (int)n_prompt, a->sample_tokens, a->temperature, cfg->seed, ids);
     }
     if (!s && show) {
-        dsc_byte_tokenizer_decode(ids, (int64_t)n_prompt + a->sample_tokens, text, n_prompt + (size_t)a->sample_tokens + 1);
-        printf("---- sample (%d tokens, temperature %.2f) ----\n%s\n----\n", a->sample_tokens, a->temperature, text);
+        dsc_byte_tokenizer_decode(ids, (int64_t)n_prompt + a->sample_tokens, text,
+                                  n_prompt + (size_t)a->sample_tokens + 1);
+        printf("---- sample (%d tokens, temperature %.2f) ----\n%s\n----\n", a->sample_tokens, a->temperature,
+               text);
     } else if (s) {
         fprintf(stderr, "dsc-train: sample: %s\n", dsc_status_message(s));
         dsc_status_free(s);
@@ -176,17 +189,18 @@ static dsc_status estimate(const args *a) {
     int pp = cfg.pipeline.stages, ep = cfg.moe.ep_size > 0 ? cfg.moe.ep_size : 1;
     const int tp = cfg.tensor_parallel.autotp_size;
     if (!s && a->estimate_ranks % (pp * tp) != 0)
-        s = dsc_error(DSC_ERR_CONFIG,
-                      "--estimate-memory %d: world = pp x tp x dp, and %d is not a multiple of pipeline.stages %d x "
-                      "tensor_parallel.autotp_size %d",
-                      a->estimate_ranks, a->estimate_ranks, pp, tp);
+        s = dsc_error(
+            DSC_ERR_CONFIG,
+            "--estimate-memory %d: world = pp x tp x dp, and %d is not a multiple of pipeline.stages %d x "
+            "tensor_parallel.autotp_size %d",
+            a->estimate_ranks, a->estimate_ranks, pp, tp);
     if (!s && tp > 1) {
         /* A tensor rank holds the replicated parameters and 1/tp of the rest; ZeRO then shards that over dp. */
         const double whole = size.params;
         size.params = dsc_tp_params_per_rank(&mc, whole, tp);
         size.largest_layer /= tp;
-        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated)\n", tp, size.params,
-               whole, dsc_tp_replicated_params(&mc));
+        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated)\n", tp,
+               size.params, whole, dsc_tp_replicated_params(&mc));
     }
     if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / (pp * tp), pp, ep, state_bytes(&cfg));
     dsc_config_free(&cfg);
@@ -212,15 +226,17 @@ static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w
     DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
     DSC_TRY(dsc_groups_create(world, &w->plan, &w->groups));
     w->extra.ep = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT);
-    w->layers = (dsc_trainer_layers){
-        .build_extra = &w->extra, .expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA), .ep = w->extra.ep};
+    w->layers = (dsc_trainer_layers){.build_extra = &w->extra,
+                                     .expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA),
+                                     .ep = w->extra.ep};
     return NULL;
 }
 
 /* --resume auto: whether checkpoint.save_dir has a checkpoint to resume (rank 0 looks, every rank follows). */
 static dsc_status have_checkpoint(const dsc_checkpointer_options *co, bool *found) {
     const char *dir = co->cfg->checkpoint.save_dir;
-    DSC_CHECK(dir[0], DSC_ERR_CONFIG, "--resume auto needs \"checkpoint.save_dir\" (where to look for a checkpoint)");
+    DSC_CHECK(dir[0], DSC_ERR_CONFIG,
+              "--resume auto needs \"checkpoint.save_dir\" (where to look for a checkpoint)");
     int rank, yes = 0;
     MPI_Comm_rank(co->comm, &rank);
     if (rank == 0) {
@@ -322,7 +338,11 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
     const bool moe = cfg->moe.num_experts > 0;
     dsc_moe_build_extra extra = {0};
     dsc_tp_build_extra tp_extra = {0};
-    dsc_pipe_trainer_options po = {cfg, world, rank == 0, a->metrics, a->progress,
+    dsc_pipe_trainer_options po = {cfg,
+                                   world,
+                                   rank == 0,
+                                   a->metrics,
+                                   a->progress,
                                    {.prepare_build = moe ? pipe_moe_prepare : NULL,
                                     .ctx = &extra,
                                     .make_optimizer = dsc_zero_make_optimizer,
@@ -335,36 +355,48 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
     if (rank == 0) {
         char held[96];
         held_per_rank(dsc_pipe_module_unique_params(m), dsc_pipe_module_rank_params(m), held, sizeof held);
-        printf("dsc-train: %s, %lld parameters%s, %d pipeline stages x %d data-parallel ranks x %d tensor-parallel x "
-               "%d threads; batch %lld sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld "
-               "steps\n",
-               a->config, (long long)dsc_pipe_module_unique_params(m), held, P, dp, tp, dsc_kernels_get_num_threads(),
-               (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
-               (long long)cfg->gradient_accumulation_steps, dp, cfg->model.seq_len, (long long)cfg->train.steps);
+        printf(
+            "dsc-train: %s, %lld parameters%s, %d pipeline stages x %d data-parallel ranks x %d tensor-parallel x "
+            "%d threads; batch %lld sequences = %lld micro x %lld micro-batches x %d replicas, seq_len %d; %lld "
+            "steps\n",
+            a->config, (long long)dsc_pipe_module_unique_params(m), held, P, dp, tp, dsc_kernels_get_num_threads(),
+            (long long)cfg->train_batch_size, (long long)cfg->train_micro_batch_size_per_gpu,
+            (long long)cfg->gradient_accumulation_steps, dp, cfg->model.seq_len, (long long)cfg->train.steps);
         dsc_pipe_module_print_summary(m, cfg->train_micro_batch_size_per_gpu, cfg->model.seq_len, stdout);
         if (tp > 1) s = dsc_tp_print_shards(stdout, cfg);
         fflush(stdout);
     }
-    dsc_checkpointer_options co = {cfg, dsc_pipe_trainer_engine(t), dsc_pipe_trainer_params(t),
-                                   dsc_pipe_trainer_optimizer(t), MPI_COMM_WORLD, P, dp,
-                                   moe ? cfg->moe.ep_size : 1, dsc_pipe_trainer_rng(t), 1, rank == 0};
+    dsc_checkpointer_options co = {cfg,
+                                   dsc_pipe_trainer_engine(t),
+                                   dsc_pipe_trainer_params(t),
+                                   dsc_pipe_trainer_optimizer(t),
+                                   MPI_COMM_WORLD,
+                                   P,
+                                   dp,
+                                   moe ? cfg->moe.ep_size : 1,
+                                   dsc_pipe_trainer_rng(t),
+                                   1,
+                                   rank == 0};
     dsc_checkpointer *ckpt = NULL;
     if (!s) s = wire_checkpoints(a, hf, &co, &ckpt);
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
-    if (!s && moe) s = dsc_moe_report_load(world, cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
+    if (!s && moe)
+        s = dsc_moe_report_load(world, cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
     if (!s && a->report_memory) {
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
-        for (int i = 0; i < dsc_params_count(ps); i++) psi += (double)dsc_param_numel(dsc_params_at(ps, i));
+        for (int i = 0; i < dsc_params_count(ps); i++)
+            psi += (double)dsc_param_numel(dsc_params_at(ps, i));
         s = dsc_zero_memory_report(stdout, world, cfg->zero_optimization.stage, psi, dp, state_bytes(cfg));
     }
     pipe_model pm = {t, cfg->model.seq_len, cfg->model.vocab_size};
     if (!s && ((moe && cfg->moe.ep_size > 1) || tp > 1)) {
         if (rank == 0 && a->sample_tokens > 0)
             printf("dsc-train: no sample: %s generation is not wired into pipelines (use dsc-generate on the "
-                   "checkpoint)\n", tp > 1 ? "tensor-parallel" : "expert-parallel");
+                   "checkpoint)\n",
+                   tp > 1 ? "tensor-parallel" : "expert-parallel");
     } else if (!s) {
         print_sample(pipe_generate, &pm, cfg, a, rank == 0); /* collective: every stage takes part */
     }
@@ -406,17 +438,25 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
         printf("dsc-train: %s, %lld parameters%s%s, %d tensor-parallel x %d data-parallel ranks x %d threads; "
                "batch %lld sequences = %lld micro x %lld accumulation x %d replicas, seq_len %d; %lld steps\n",
                a->config, (long long)dsc_trainer_model_param_count(t), tp > 1 ? " on rank 0" : "", held, tp, dp,
-               dsc_kernels_get_num_threads(),
-               (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
-               (long long)cfg.gradient_accumulation_steps, dp, cfg.model.seq_len, (long long)cfg.train.steps);
+               dsc_kernels_get_num_threads(), (long long)cfg.train_batch_size,
+               (long long)cfg.train_micro_batch_size_per_gpu, (long long)cfg.gradient_accumulation_steps, dp,
+               cfg.model.seq_len, (long long)cfg.train.steps);
         if (tp > 1) s = dsc_tp_print_shards(stdout, &cfg);
         fflush(stdout);
     }
     dsc_checkpointer *ckpt = NULL;
     if (!s) {
-        dsc_checkpointer_options co = {&cfg, dsc_trainer_engine(t), dsc_trainer_params(t), dsc_trainer_optimizer(t),
-                                       MPI_COMM_WORLD, 1, dp, moe ? cfg.moe.ep_size : 1,
-                                       dsc_trainer_rng(t), 1, rank == 0};
+        dsc_checkpointer_options co = {&cfg,
+                                       dsc_trainer_engine(t),
+                                       dsc_trainer_params(t),
+                                       dsc_trainer_optimizer(t),
+                                       MPI_COMM_WORLD,
+                                       1,
+                                       dp,
+                                       moe ? cfg.moe.ep_size : 1,
+                                       dsc_trainer_rng(t),
+                                       1,
+                                       rank == 0};
         s = wire_checkpoints(a, hf, &co, &ckpt);
     }
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
@@ -426,13 +466,15 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
         s = dsc_moe_report_load(world, cfg.model.n_layer, cfg.moe.num_experts, layers, n_layers, stdout);
     }
     if (!s && a->report_memory)
-        s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage,
-                                   (double)dsc_trainer_param_count(t), dp, state_bytes(&cfg));
+        s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),
+                                   dp, state_bytes(&cfg));
     /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
     if (!s && rank == 0 && moe && cfg.moe.ep_size > 1) {
         if (a->sample_tokens > 0)
-            printf("dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
-                   "checkpoint)\n", cfg.moe.ep_size);
+            printf(
+                "dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
+                "checkpoint)\n",
+                cfg.moe.ep_size);
     }
     /* ZeRO-3 gathers parameters and tensor-parallel layers reduce collectively, so every rank generates and
      * rank 0 prints. */
@@ -476,9 +518,11 @@ static int prepare(int argc, char **argv) {
     } else if (!s) {
         s = dsc_data_prepare(argv[2], argv[3], &count);
     }
-    if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
-    else printf("dsc-train: wrote %lld tokens to %s%s%s\n", (long long)count, argv[3], hf ? " with " : "",
-                hf ? argv[5] : "");
+    if (s)
+        fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+    else
+        printf("dsc-train: wrote %lld tokens to %s%s%s\n", (long long)count, argv[3], hf ? " with " : "",
+               hf ? argv[5] : "");
     dsc_status_free(s);
     dsc_tokenizer_destroy(tok);
     return s ? 1 : 0;
@@ -488,8 +532,10 @@ int main(int argc, char **argv) {
     if (dsc_cli_info(argc, argv, argc - 1, "dsc-train", usage)) return 0;
     if (argc == 4 && strcmp(argv[1], "--plot") == 0) {
         dsc_status s = dsc_metrics_plot_svg(argv[2], argv[3]);
-        if (s) fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
-        else printf("dsc-train: wrote %s\n", argv[3]);
+        if (s)
+            fprintf(stderr, "dsc-train: %s\n", dsc_status_message(s));
+        else
+            printf("dsc-train: wrote %s\n", argv[3]);
         dsc_status_free(s);
         return s ? 1 : 0;
     }

@@ -74,7 +74,8 @@ int main(int argc, char **argv) {
     int64_t per_tensor = (int64_t)mb * (1 << 20) / 4 / TENSORS;
     int64_t begin = per_tensor * rank / size, count = per_tensor * (rank + 1) / size - begin;
     float *data = malloc((size_t)count * TENSORS * sizeof *data);
-    for (int64_t i = 0; i < count * TENSORS; i++) data[i] = (float)(i % 1000) * 1e-3f;
+    for (int64_t i = 0; i < count * TENSORS; i++)
+        data[i] = (float)(i % 1000) * 1e-3f;
     dsc_tfile_piece pieces[TENSORS];
     for (int t = 0; t < TENSORS; t++) {
         pieces[t] = (dsc_tfile_piece){.begin = begin, .count = count, .data = data + (size_t)t * (size_t)count};

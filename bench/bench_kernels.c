@@ -138,8 +138,8 @@ int main(int argc, char **argv) {
     B.mean = TENSOR(d, n), B.rstd = TENSOR(d, n);
     B.sq_a = TENSOR(d, 2048, 2048), B.sq_b = TENSOR(d, 2048, 2048), B.sq_out = TENSOR(d, 2048, 2048);
     printf("bench_kernels on %s (threads %d): B=%lld T=%lld NH=%lld HS=%lld, rows N=%lld C=%lld\n",
-           dsc_device_name(B.dev, name, sizeof name), dsc_kernels_get_num_threads(), (long long)b, (long long)t, (long long)nh,
-           (long long)hs, (long long)n, (long long)c);
+           dsc_device_name(B.dev, name, sizeof name), dsc_kernels_get_num_threads(), (long long)b, (long long)t,
+           (long long)nh, (long long)hs, (long long)n, (long long)c);
 
     double peak = measure(&B, OP_GEMM, 2.0 * 2048 * 2048 * 2048) / 1e9;
     double attn_flops = 2.0 * (double)(b * nh * t * t * hs);

@@ -126,7 +126,14 @@ static double pipeline(const bench_cfg *b, int M, dsc_comm *pipe, double *bubble
     dsc_pipe_layer_spec *layers;
     int n;
     die(dsc_pipe_model_layers(&mc, &layers, &n));
-    dsc_pipe_module_options mo = {.layers = layers, .n_layers = n, .stages = 2, .chunks = 1, .partition_method = "parameters", .model = &mc, .width = 0, .expert_parallel = 1};
+    dsc_pipe_module_options mo = {.layers = layers,
+                                  .n_layers = n,
+                                  .stages = 2,
+                                  .chunks = 1,
+                                  .partition_method = "parameters",
+                                  .model = &mc,
+                                  .width = 0,
+                                  .expert_parallel = 1};
     dsc_pipe_module *m;
     die(dsc_pipe_module_create(&mo, &m));
     if (M == 2 && dsc_comm_rank(pipe) == 0) dsc_pipe_module_print_summary(m, b->B, b->T, stdout);

@@ -19,7 +19,8 @@
 enum { MAX_LEVELS = 8 };
 
 int main(int argc, char **argv) {
-    const char *model = DSC_SOURCE_DIR "/tests/inference/fixtures/hf/llama", *server = DSC_BINARY_DIR "/bin/dsc-serve";
+    const char *model = DSC_SOURCE_DIR "/tests/inference/fixtures/hf/llama",
+               *server = DSC_BINARY_DIR "/bin/dsc-serve";
     const char *levels_arg = "1,4,16";
     int requests = 256, vocab = 128, max_tokens = 32;
     double time_s = 20;
@@ -64,8 +65,8 @@ int main(int argc, char **argv) {
            "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99");
     double tput[2][MAX_LEVELS] = {{0}};
     for (int mode = 0; mode < 2; mode++) {
-        const char *argv_s[] = {"dsc-serve", model, "--port", "0", "--max-num-seqs", "16",
-                                mode ? "--static-batching" : NULL, NULL};
+        const char *argv_s[] = {
+            "dsc-serve", model, "--port", "0", "--max-num-seqs", "16", mode ? "--static-batching" : NULL, NULL};
         serve_proc p;
         dsc_status s = serve_proc_start(&p, server, argv_s, 60);
         if (s) {

@@ -56,9 +56,11 @@ static void write_model(const char *dir) {
     float *data[MAX];
     int n = 0;
     uint64_t x = 88172645463325252ull;
-    const char *per_layer[] = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                               "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                               "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    const char *per_layer[] = {"input_layernorm.weight",  "post_attention_layernorm.weight",
+                               "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                               "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                               "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                               "mlp.down_proj.weight"};
     const int64_t rows[] = {C, C, NH * HS, NKV * HS, NKV * HS, C, F, F, C};
     const int64_t cols[] = {0, 0, C, C, C, NH * HS, C, C, F};
     for (int i = 0; i < 3 + 9 * L; i++) {
@@ -159,8 +161,9 @@ int main(int argc, char **argv) {
     if (rank == 0)
         printf("tp %d x %d threads: prefill %.1f tokens/s (all-reduce %.1f%% of the step), decode %.1f tokens/s "
                "(all-reduce %.1f%%)\n",
-               tp, dsc_kernels_get_num_threads(), SEQS * PROMPT / best_p.seconds, 100.0 * best_p.comm / best_p.seconds,
-               SEQS * STEPS / best_d.seconds, 100.0 * best_d.comm / best_d.seconds);
+               tp, dsc_kernels_get_num_threads(), SEQS * PROMPT / best_p.seconds,
+               100.0 * best_p.comm / best_p.seconds, SEQS * STEPS / best_d.seconds,
+               100.0 * best_d.comm / best_d.seconds);
     free(logits);
     dsc_infer_engine_destroy(e);
     dsc_infer_model_destroy(m);

@@ -50,7 +50,8 @@ static void write_tokens(const char *path) {
     uint32_t *ids = malloc(N * sizeof *ids);
     dsc_rng rng;
     dsc_rng_init(&rng, 1, 0, DSC_RNG_DATA);
-    for (int i = 0; i < N; i++) ids[i] = (uint32_t)dsc_rng_below(&rng, 256);
+    for (int i = 0; i < N; i++)
+        ids[i] = (uint32_t)dsc_rng_below(&rng, 256);
     dsc_status s = dsc_token_file_write(path, ids, N, DSC_TOKEN_DTYPE_U16, 0);
     free(ids);
     if (s) die(s);
@@ -59,12 +60,13 @@ static void write_tokens(const char *path) {
 /* tokens/s of dsc on `sh` for `steps` timed steps after one warm-up step. */
 static double run_dsc(const shape *sh, int steps, const char *data, int64_t *params) {
     char json[1024];
-    snprintf(json, sizeof json,
-             "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": 1,"
-             " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": %d, \"vocab_size\": %d,"
-             " \"seq_len\": %d}, \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003}},"
-             " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}}",
-             sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1);
+    snprintf(
+        json, sizeof json,
+        "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": 1,"
+        " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": %d, \"vocab_size\": %d,"
+        " \"seq_len\": %d}, \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003}},"
+        " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}}",
+        sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1);
     dsc_config cfg;
     dsc_status s = dsc_config_parse_string(json, "bench.json", NULL, 0, &cfg);
     if (!s) s = dsc_config_resolve_batch(&cfg, 1);
@@ -112,15 +114,22 @@ int main(int argc, char **argv) {
     const char *only = NULL, *torch = "bench/torch_train_ref.py";
     for (int i = 1; i < argc; i++) {
         bool v = i + 1 < argc;
-        if (strcmp(argv[i], "--threads") == 0 && v) threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps-tiny") == 0 && v) steps[0] = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--steps-gpt2") == 0 && v) steps[1] = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--only") == 0 && v) only = argv[++i];
-        else if (strcmp(argv[i], "--torch") == 0 && v) torch = argv[++i];
-        else if (strcmp(argv[i], "--no-torch") == 0) torch = NULL;
+        if (strcmp(argv[i], "--threads") == 0 && v)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps-tiny") == 0 && v)
+            steps[0] = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps-gpt2") == 0 && v)
+            steps[1] = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--only") == 0 && v)
+            only = argv[++i];
+        else if (strcmp(argv[i], "--torch") == 0 && v)
+            torch = argv[++i];
+        else if (strcmp(argv[i], "--no-torch") == 0)
+            torch = NULL;
         else {
-            fprintf(stderr, "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
-                            "[--torch PATH | --no-torch]\n");
+            fprintf(stderr,
+                    "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
+                    "[--torch PATH | --no-torch]\n");
             return 2;
         }
     }

@@ -44,15 +44,17 @@ dsc_status dsc_backend_get(dsc_device device, const dsc_backend **out) {
     char name[32];
     if (!iface)
         return dsc_error(DSC_ERR_UNSUPPORTED, "device %s requested but dsc was built without %s",
-                         dsc_device_name(device, name, sizeof name), device.type == DSC_DEVICE_CUDA ? "CUDA" : "it");
+                         dsc_device_name(device, name, sizeof name),
+                         device.type == DSC_DEVICE_CUDA ? "CUDA" : "it");
     int slot = 0;
     if (iface->device_count) {
         int n = iface->device_count();
         if (device.index < 0 || device.index >= n)
             return dsc_error(DSC_ERR_UNSUPPORTED, "device %s requested but %d %s device(s) are present",
                              dsc_device_name(device, name, sizeof name), n, iface->name);
-        DSC_CHECK(device.index < MAX_DEVICES, DSC_ERR_UNSUPPORTED, "device %s is beyond the %d devices dsc supports",
-                  dsc_device_name(device, name, sizeof name), MAX_DEVICES);
+        DSC_CHECK(device.index < MAX_DEVICES, DSC_ERR_UNSUPPORTED,
+                  "device %s is beyond the %d devices dsc supports", dsc_device_name(device, name, sizeof name),
+                  MAX_DEVICES);
         slot = device.index;
     } else {
         device.index = 0;

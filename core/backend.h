@@ -75,48 +75,58 @@ dsc_status dsc_backend_get(dsc_device device, const dsc_backend **out);
 /* The operation table of a backend type: raw pointers and extents, validated
  * already by the public wrappers (kernels/), on the device of `backend`. */
 struct dsc_kernel_ops {
-    dsc_status (*gemm)(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
-                       int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta);
-    dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n, int64_t oc);
-    dsc_status (*layernorm_forward)(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
-                                    const float *b, int64_t n, int64_t c, float eps);
-    dsc_status (*layernorm_backward)(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x,
-                                     const float *w, const float *mean, const float *rstd, int64_t n, int64_t c);
-    dsc_status (*rmsnorm_forward)(const dsc_backend *backend, float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
-                                  float eps);
-    dsc_status (*rmsnorm_backward)(const dsc_backend *backend, float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                   const float *rstd, int64_t n, int64_t c);
+    dsc_status (*gemm)(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
+                       int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
+                       float beta);
+    dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
+                                       int64_t oc);
+    dsc_status (*layernorm_forward)(const dsc_backend *backend, float *out, float *mean, float *rstd,
+                                    const float *x, const float *w, const float *b, int64_t n, int64_t c,
+                                    float eps);
+    dsc_status (*layernorm_backward)(const dsc_backend *backend, float *dx, float *dw, float *db,
+                                     const float *dout, const float *x, const float *w, const float *mean,
+                                     const float *rstd, int64_t n, int64_t c);
+    dsc_status (*rmsnorm_forward)(const dsc_backend *backend, float *out, float *rstd, const float *x,
+                                  const float *w, int64_t n, int64_t c, float eps);
+    dsc_status (*rmsnorm_backward)(const dsc_backend *backend, float *dx, float *dw, const float *dout,
+                                   const float *x, const float *w, const float *rstd, int64_t n, int64_t c);
     dsc_status (*gelu_forward)(const dsc_backend *backend, float *out, const float *x, int64_t n);
-    dsc_status (*gelu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n);
+    dsc_status (*gelu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                int64_t n);
     dsc_status (*silu_forward)(const dsc_backend *backend, float *out, const float *x, int64_t n);
-    dsc_status (*silu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n);
-    dsc_status (*swiglu_forward)(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n);
-    dsc_status (*swiglu_backward)(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                  int64_t n);
+    dsc_status (*silu_backward)(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                int64_t n);
+    dsc_status (*swiglu_forward)(const dsc_backend *backend, float *out, const float *gate, const float *up,
+                                 int64_t n);
+    dsc_status (*swiglu_backward)(const dsc_backend *backend, float *dgate, float *dup, const float *dout,
+                                  const float *gate, const float *up, int64_t n);
     dsc_status (*softmax)(const dsc_backend *backend, float *out, const float *x, int64_t n, int64_t c);
-    dsc_status (*attention_forward)(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
-                                    int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-    dsc_status (*attention_backward)(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                     const float *k, const float *v, const float *out, const float *lse, int64_t b,
-                                     int64_t t, int64_t nh, int64_t nkv, int64_t hs);
-    dsc_status (*rope)(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
-                       float theta, bool inverse);
-    dsc_status (*embedding_forward)(const dsc_backend *backend, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                    int64_t n, int64_t t, int64_t v, int64_t c);
-    dsc_status (*embedding_backward)(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int64_t n,
-                                     int64_t t, int64_t v, int64_t c);
-    dsc_status (*cross_entropy_forward)(const dsc_backend *backend, float *losses, const float *logits, const int32_t *targets, int64_t n,
-                                        int64_t v);
-    dsc_status (*cross_entropy_backward)(const dsc_backend *backend, float *dlogits, const float *logits, const int32_t *targets, int64_t n,
-                                         int64_t v, float dloss);
-    dsc_status (*adamw)(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
-                        float eps, float wd, int64_t step);
-    dsc_status (*sgd)(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
-                      int64_t step);
-    dsc_status (*lion)(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr, float beta1,
-                       float beta2, float wd);
-    dsc_status (*lamb_direction)(const dsc_backend *backend, float *u, const float *p, const float *g, float *m, float *v,
-                                 int64_t n, float beta1, float beta2, float eps, float wd);
+    dsc_status (*attention_forward)(const dsc_backend *backend, float *out, float *lse, const float *q,
+                                    const float *k, const float *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                                    int64_t hs);
+    dsc_status (*attention_backward)(const dsc_backend *backend, float *dq, float *dk, float *dv,
+                                     const float *dout, const float *q, const float *k, const float *v,
+                                     const float *out, const float *lse, int64_t b, int64_t t, int64_t nh,
+                                     int64_t nkv, int64_t hs);
+    dsc_status (*rope)(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b,
+                       int64_t t, int64_t nh, int64_t hs, float theta, bool inverse);
+    dsc_status (*embedding_forward)(const dsc_backend *backend, float *out, const int32_t *tokens,
+                                    const float *wte, const float *wpe, int64_t n, int64_t t, int64_t v,
+                                    int64_t c);
+    dsc_status (*embedding_backward)(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout,
+                                     const int32_t *tokens, int64_t n, int64_t t, int64_t v, int64_t c);
+    dsc_status (*cross_entropy_forward)(const dsc_backend *backend, float *losses, const float *logits,
+                                        const int32_t *targets, int64_t n, int64_t v);
+    dsc_status (*cross_entropy_backward)(const dsc_backend *backend, float *dlogits, const float *logits,
+                                         const int32_t *targets, int64_t n, int64_t v, float dloss);
+    dsc_status (*adamw)(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n,
+                        float lr, float beta1, float beta2, float eps, float wd, int64_t step);
+    dsc_status (*sgd)(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr,
+                      float momentum, float wd, int64_t step);
+    dsc_status (*lion)(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr,
+                       float beta1, float beta2, float wd);
+    dsc_status (*lamb_direction)(const dsc_backend *backend, float *u, const float *p, const float *g, float *m,
+                                 float *v, int64_t n, float beta1, float beta2, float eps, float wd);
     dsc_status (*sum_squares)(const dsc_backend *backend, double *out, const float *x, int64_t n);
     dsc_status (*sum)(const dsc_backend *backend, double *out, const float *x, int64_t n);
     dsc_status (*scale)(const dsc_backend *backend, float *x, float s, int64_t n);

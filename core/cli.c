@@ -12,7 +12,9 @@
 #define DSC_VERSION "unknown"
 #endif
 
-const char *dsc_version(void) { return DSC_VERSION; }
+const char *dsc_version(void) {
+    return DSC_VERSION;
+}
 
 bool dsc_cli_info(int argc, char **argv, int last, const char *program, void (*usage)(FILE *)) {
     bool help = false, version = false;
@@ -20,8 +22,10 @@ bool dsc_cli_info(int argc, char **argv, int last, const char *program, void (*u
         help = help || strcmp(argv[i], "--help") == 0;
         version = version || strcmp(argv[i], "--version") == 0;
     }
-    if (help) usage(stdout);
-    else if (version) printf("%s (dsc %s)\n", program, dsc_version());
+    if (help)
+        usage(stdout);
+    else if (version)
+        printf("%s (dsc %s)\n", program, dsc_version());
     return help || version;
 }
 

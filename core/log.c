@@ -19,8 +19,7 @@ static dsc_log_level parse_level(void) {
     static const char *names[] = {"error", "warn", "info", "debug"};
     for (int i = 0; i < 4; i++)
         if (strcasecmp(env, names[i]) == 0) return (dsc_log_level)i;
-    fprintf(stderr, "[dsc WARN] DSC_LOG_LEVEL=%s is not one of error, warn, info, debug; using info\n",
-            env);
+    fprintf(stderr, "[dsc WARN] DSC_LOG_LEVEL=%s is not one of error, warn, info, debug; using info\n", env);
     return DSC_LOG_INFO;
 }
 
@@ -29,7 +28,9 @@ dsc_log_level dsc_log_get_level(void) {
     return (dsc_log_level)level;
 }
 
-void dsc_log_set_level(dsc_log_level l) { level = l; }
+void dsc_log_set_level(dsc_log_level l) {
+    level = l;
+}
 
 static void vlog(dsc_log_level l, const char *fmt, va_list ap) {
     static const char *tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};

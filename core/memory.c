@@ -35,8 +35,8 @@ dsc_status dsc_mem_alloc(void **ptr, size_t bytes, dsc_mem_category category, ds
     dsc_status s = backend->iface->mem_alloc(backend, ptr, bytes ? bytes : DSC_MEM_ALIGN);
     if (s) {
         char dev[32];
-        return dsc_error_wrap(s, "allocating %zu bytes of %s on %s", bytes,
-                              dsc_mem_category_name(category), dsc_device_name(device, dev, sizeof dev));
+        return dsc_error_wrap(s, "allocating %zu bytes of %s on %s", bytes, dsc_mem_category_name(category),
+                              dsc_device_name(device, dev, sizeof dev));
     }
     dsc_mem_account(category, (int64_t)bytes);
     return NULL;
@@ -61,7 +61,8 @@ void dsc_mem_get_stats(dsc_mem_stats *out) {
 }
 
 void dsc_mem_reset_peaks(void) {
-    for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++) atomic_store(&peak[c], atomic_load(&current[c]));
+    for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++)
+        atomic_store(&peak[c], atomic_load(&current[c]));
     atomic_store(&total_peak, atomic_load(&total_current));
 }
 

@@ -10,12 +10,15 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 void dsc_rng_init(dsc_rng *rng, uint64_t seed, int rank, dsc_rng_purpose purpose) {
     uint64_t x = seed;
     uint64_t mix = splitmix64(&x) ^ ((uint64_t)(uint32_t)rank << 20) ^ ((uint64_t)purpose << 52);
-    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&mix);
+    for (int i = 0; i < 4; i++)
+        rng->s[i] = splitmix64(&mix);
 }
 
 uint64_t dsc_rng_u64(dsc_rng *rng) {
@@ -31,13 +34,16 @@ uint64_t dsc_rng_u64(dsc_rng *rng) {
     return result;
 }
 
-double dsc_rng_uniform(dsc_rng *rng) { return (double)(dsc_rng_u64(rng) >> 11) * 0x1.0p-53; }
+double dsc_rng_uniform(dsc_rng *rng) {
+    return (double)(dsc_rng_u64(rng) >> 11) * 0x1.0p-53;
+}
 
 uint64_t dsc_rng_below(dsc_rng *rng, uint64_t n) {
     /* Rejection sampling keeps the result unbiased for any n. */
     uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t r;
-    do r = dsc_rng_u64(rng);
+    do
+        r = dsc_rng_u64(rng);
     while (r >= limit);
     return r % n;
 }

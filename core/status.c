@@ -19,10 +19,16 @@ static struct {
     char message[64];
 } out_of_memory_status = {DSC_ERR_NOMEM, "out of memory while reporting an error"};
 
-static dsc_status static_status(void) { return (dsc_status)&out_of_memory_status; }
+static dsc_status static_status(void) {
+    return (dsc_status)&out_of_memory_status;
+}
 
-void dsc_set_rank(int rank) { current_rank = rank; }
-int dsc_get_rank(void) { return current_rank; }
+void dsc_set_rank(int rank) {
+    current_rank = rank;
+}
+int dsc_get_rank(void) {
+    return current_rank;
+}
 
 static dsc_status make_status(dsc_code code, const char *prefix, const char *body) {
     size_t len = strlen(prefix) + strlen(body) + 1;
@@ -79,9 +85,13 @@ dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...) {
     return s;
 }
 
-dsc_code dsc_status_code(dsc_status s) { return s ? s->code : DSC_OK; }
+dsc_code dsc_status_code(dsc_status s) {
+    return s ? s->code : DSC_OK;
+}
 
-const char *dsc_status_message(dsc_status s) { return s ? s->message : "ok"; }
+const char *dsc_status_message(dsc_status s) {
+    return s ? s->message : "ok";
+}
 
 const char *dsc_code_name(dsc_code code) {
     static const char *names[] = {
@@ -108,7 +118,7 @@ void dsc_status_free(dsc_status s) {
 }
 
 void dsc_assert_fail(const char *expr, const char *file, int line) {
-    fprintf(stderr, "[rank %d] dsc internal error: assertion `%s` failed at %s:%d\n",
-            current_rank, expr, file, line);
+    fprintf(stderr, "[rank %d] dsc internal error: assertion `%s` failed at %s:%d\n", current_rank, expr, file,
+            line);
     abort();
 }

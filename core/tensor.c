@@ -13,9 +13,8 @@ static const struct {
     size_t size;
     bool is_float;
 } dtype_info[DSC_DTYPE_COUNT] = {
-    [DSC_DTYPE_F32] = {"f32", 4, true},  [DSC_DTYPE_BF16] = {"bf16", 2, true},
-    [DSC_DTYPE_F16] = {"f16", 2, true},  [DSC_DTYPE_I32] = {"i32", 4, false},
-    [DSC_DTYPE_I64] = {"i64", 8, false}, [DSC_DTYPE_U8] = {"u8", 1, false},
+    [DSC_DTYPE_F32] = {"f32", 4, true},  [DSC_DTYPE_BF16] = {"bf16", 2, true}, [DSC_DTYPE_F16] = {"f16", 2, true},
+    [DSC_DTYPE_I32] = {"i32", 4, false}, [DSC_DTYPE_I64] = {"i64", 8, false},  [DSC_DTYPE_U8] = {"u8", 1, false},
 };
 
 size_t dsc_dtype_size(dsc_dtype dtype) {
@@ -42,11 +41,14 @@ dsc_status dsc_dtype_from_name(const char *name, dsc_dtype *out) {
 
 int64_t dsc_tensor_numel(const dsc_tensor *t) {
     int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
     return n;
 }
 
-size_t dsc_tensor_nbytes(const dsc_tensor *t) { return (size_t)dsc_tensor_numel(t) * dsc_dtype_size(t->dtype); }
+size_t dsc_tensor_nbytes(const dsc_tensor *t) {
+    return (size_t)dsc_tensor_numel(t) * dsc_dtype_size(t->dtype);
+}
 
 static dsc_status check_shape(int ndim, const int64_t *shape) {
     DSC_CHECK(ndim >= 0 && ndim <= DSC_MAX_DIMS, DSC_ERR_INVALID, "tensor rank %d outside [0, %d]", ndim,
@@ -72,7 +74,8 @@ dsc_status dsc_shape_nbytes(dsc_dtype dtype, int ndim, const int64_t *shape, siz
     int64_t numel = 1;
     size_t bytes;
     bool overflow = false;
-    for (int i = 0; i < ndim; i++) overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
+    for (int i = 0; i < ndim; i++)
+        overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
     overflow |= numel < 0 || __builtin_mul_overflow((size_t)numel, dsc_dtype_size(dtype), &bytes);
     if (overflow) {
         char text[160];
@@ -126,8 +129,8 @@ dsc_status dsc_tensor_reshape(const dsc_tensor *t, int ndim, const int64_t *shap
 dsc_tensor dsc_tensor_rows(const dsc_tensor *t, int64_t row0, int64_t rows) {
     DSC_ASSERT(t->ndim >= 1 && row0 >= 0 && rows >= 0 && row0 + rows <= t->shape[0]);
     size_t row_bytes = t->shape[0] ? dsc_tensor_nbytes(t) / (size_t)t->shape[0] : 0;
-    dsc_tensor v = dsc_tensor_view((char *)t->data + (size_t)row0 * row_bytes, t->dtype, t->ndim, t->shape,
-                                   t->device);
+    dsc_tensor v =
+        dsc_tensor_view((char *)t->data + (size_t)row0 * row_bytes, t->dtype, t->ndim, t->shape, t->device);
     v.shape[0] = rows;
     return v;
 }
@@ -153,7 +156,8 @@ const char *dsc_tensor_describe(const dsc_tensor *t, char *buf, size_t len) {
 dsc_status dsc_tensor_expect(const dsc_tensor *t, const char *what, dsc_dtype dtype, int ndim,
                              const int64_t *shape) {
     bool ok = t->dtype == dtype && t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || shape[i] == t->shape[i];
+    for (int i = 0; ok && i < ndim; i++)
+        ok = shape[i] < 0 || shape[i] == t->shape[i];
     if (ok) return NULL;
     char want[128], have[96];
     size_t used = (size_t)snprintf(want, sizeof want, "(");
@@ -170,17 +174,26 @@ dsc_status dsc_tensor_expect(const dsc_tensor *t, const char *what, dsc_dtype dt
 
 static float load_float(const void *p, dsc_dtype dtype, int64_t i) {
     switch (dtype) {
-    case DSC_DTYPE_BF16: return dsc_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DSC_DTYPE_F16: return dsc_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
+    case DSC_DTYPE_BF16:
+        return dsc_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DSC_DTYPE_F16:
+        return dsc_f16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        return ((const float *)p)[i];
     }
 }
 
 static void store_float(void *p, dsc_dtype dtype, int64_t i, float x) {
     switch (dtype) {
-    case DSC_DTYPE_BF16: ((uint16_t *)p)[i] = dsc_f32_to_bf16(x); break;
-    case DSC_DTYPE_F16: ((uint16_t *)p)[i] = dsc_f32_to_f16(x); break;
-    default: ((float *)p)[i] = x; break;
+    case DSC_DTYPE_BF16:
+        ((uint16_t *)p)[i] = dsc_f32_to_bf16(x);
+        break;
+    case DSC_DTYPE_F16:
+        ((uint16_t *)p)[i] = dsc_f32_to_f16(x);
+        break;
+    default:
+        ((float *)p)[i] = x;
+        break;
     }
 }
 
@@ -196,9 +209,10 @@ static dsc_status copy_same_dtype(dsc_tensor *dst, const dsc_tensor *src) {
         return backend->iface->memcpy_from_host(backend, dst->data, src->data, bytes);
     }
     DSC_TRY(dsc_backend_get(src->device, &backend));
-    if (dst->device.type == DSC_DEVICE_CPU) return backend->iface->memcpy_to_host(backend, dst->data, src->data, bytes);
-    DSC_CHECK(dst->device.index == src->device.index, DSC_ERR_UNSUPPORTED,
-              "copy between cuda:%d and cuda:%d", src->device.index, dst->device.index);
+    if (dst->device.type == DSC_DEVICE_CPU)
+        return backend->iface->memcpy_to_host(backend, dst->data, src->data, bytes);
+    DSC_CHECK(dst->device.index == src->device.index, DSC_ERR_UNSUPPORTED, "copy between cuda:%d and cuda:%d",
+              src->device.index, dst->device.index);
     return backend->iface->memcpy_device(backend, dst->data, src->data, bytes);
 }
 
@@ -214,7 +228,8 @@ dsc_status dsc_tensor_copy(dsc_tensor *dst, const dsc_tensor *src) {
     DSC_CHECK(dst->device.type == DSC_DEVICE_CPU && src->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
               "dtype conversion %s -> %s outside the CPU", dsc_dtype_name(src->dtype), dsc_dtype_name(dst->dtype));
     int64_t n = dsc_tensor_numel(src);
-    for (int64_t i = 0; i < n; i++) store_float(dst->data, dst->dtype, i, load_float(src->data, src->dtype, i));
+    for (int64_t i = 0; i < n; i++)
+        store_float(dst->data, dst->dtype, i, load_float(src->data, src->dtype, i));
     return NULL;
 }
 
@@ -238,9 +253,9 @@ uint16_t dsc_f32_to_f16(float x) {
     memcpy(&u, &x, 4);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);       /* NaN */
-    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);      /* overflow to inf */
-    if (abs < 0x38800000u) {                                        /* subnormal or zero */
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
+    if (abs < 0x38800000u) {                                   /* subnormal or zero */
         float f;
         memcpy(&f, &abs, 4);
         /* f16 subnormals are multiples of 2^-24; nearbyintf rounds to nearest even. */

@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = fuzz_text(data, size);
     const char *sets[8];
     int n = 0;
-    for (char *p = text + strlen(text); p < text + size && n < 8; p += strlen(p)) sets[n++] = ++p;
+    for (char *p = text + strlen(text); p < text + size && n < 8; p += strlen(p))
+        sets[n++] = ++p;
     dsc_config cfg;
     dsc_status s = dsc_config_parse_string(text, "fuzz.json", sets, n, &cfg);
     if (s) {

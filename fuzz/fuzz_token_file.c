@@ -21,8 +21,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dsc_status_free(dsc_token_file_read(f, 0, k, vocab, buf));
     dsc_status_free(dsc_token_file_read(f, n - k, k, vocab, buf));
     dsc_token_file_close(f);
-    dsc_data_loader_options o = {.path = path, .micro_batch_size = 1, .seq_len = 4, .micro_batches = 1,
-                                 .dp_size = 1, .vocab_size = vocab, .val_fraction = 0.25, .seed = 1};
+    dsc_data_loader_options o = {.path = path,
+                                 .micro_batch_size = 1,
+                                 .seq_len = 4,
+                                 .micro_batches = 1,
+                                 .dp_size = 1,
+                                 .vocab_size = vocab,
+                                 .val_fraction = 0.25,
+                                 .seed = 1};
     dsc_data_loader *dl;
     s = dsc_data_loader_open(&o, &dl);
     if (s) {

@@ -28,7 +28,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dsc_tokenizer_stream st;
     dsc_tokenizer_stream_init(&st);
     int32_t V = dsc_tokenizer_vocab_size(tok);
-    for (int32_t id = 0; id < V && id < 512; id++) dsc_status_free(dsc_tokenizer_decode_next(tok, &st, id, out, sizeof out, &out_len));
+    for (int32_t id = 0; id < V && id < 512; id++)
+        dsc_status_free(dsc_tokenizer_decode_next(tok, &st, id, out, sizeof out, &out_len));
     dsc_status_free(dsc_tokenizer_decode_finish(&st, out, sizeof out, &out_len));
     dsc_tokenizer_token_id(tok, "<s>");
     free(ids);

@@ -37,7 +37,8 @@ typedef struct exporter {
 
 static int64_t numel_of(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
     return n;
 }
 
@@ -104,13 +105,15 @@ static dsc_status convert_entry(const dsc_tfile_entry *e, void *user) {
     } else if (!s && r->layout == DSC_HF_LAYOUT_TRANSPOSED) {
         s = output(x, hf, 2, (int64_t[]){cols, rows}, &t);
         for (int64_t i = 0; !s && i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) t->data[j * rows + i] = src[i * cols + j];
+            for (int64_t j = 0; j < cols; j++)
+                t->data[j * rows + i] = src[i * cols + j];
     } else if (!s && e->ndim == 2) { /* q, k or v weight (C, C) -> columns of c_attn (C, 3C) */
         DSC_CHECK(rows == cols, DSC_ERR_UNSUPPORTED, "export: %s is (%lld, %lld); GPT-2's c_attn needs (C, C)",
                   name, (long long)rows, (long long)cols);
         s = output(x, hf, 2, (int64_t[]){cols, 3 * rows}, &t);
         for (int64_t i = 0; !s && i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) t->data[j * 3 * rows + r->part * rows + i] = src[i * cols + j];
+            for (int64_t j = 0; j < cols; j++)
+                t->data[j * 3 * rows + r->part * rows + i] = src[i * cols + j];
     } else if (!s) { /* q, k or v bias (C) -> a third of c_attn's (3C) */
         s = output(x, hf, 1, (int64_t[]){3 * rows}, &t);
         if (!s) memcpy(t->data + r->part * rows, src, (size_t)rows * sizeof *src);
@@ -143,11 +146,12 @@ static dsc_status check_exportable(const dsc_config *cfg, const char *source) {
     const dsc_config_moe *e = &cfg->moe;
     DSC_CHECK(e->layer_freq == 1, DSC_ERR_UNSUPPORTED,
               "export: %s: Mixtral has MoE in every layer (moe.layer_freq is %d)", source, e->layer_freq);
-    DSC_CHECK(!e->use_residual, DSC_ERR_UNSUPPORTED, "export: %s: Mixtral has no PR-MoE residual (moe.use_residual)",
-              source);
+    DSC_CHECK(!e->use_residual, DSC_ERR_UNSUPPORTED,
+              "export: %s: Mixtral has no PR-MoE residual (moe.use_residual)", source);
     DSC_CHECK(e->k >= 2, DSC_ERR_UNSUPPORTED,
               "export: %s: Mixtral renormalises top-1 weights to 1 where dsc's top-1 gate weights by the router "
-              "probability (moe.k is 1)", source);
+              "probability (moe.k is 1)",
+              source);
     DSC_CHECK(!m->qkv_bias, DSC_ERR_UNSUPPORTED, "export: %s: Mixtral has no q/k/v biases (model.qkv_bias)",
               source);
     return NULL;
@@ -174,7 +178,8 @@ static dsc_status config_json(const dsc_config *cfg, char **out) {
               cJSON_AddNullToObject(root, "bos_token_id") && /* the byte tokenizer has no special tokens */
               cJSON_AddNullToObject(root, "eos_token_id");
     if (ok && m->arch == DSC_ARCH_GPT) {
-        ok = cJSON_AddNumberToObject(root, "n_embd", m->d_model) && cJSON_AddNumberToObject(root, "n_layer", m->n_layer) &&
+        ok = cJSON_AddNumberToObject(root, "n_embd", m->d_model) &&
+             cJSON_AddNumberToObject(root, "n_layer", m->n_layer) &&
              cJSON_AddNumberToObject(root, "n_head", m->n_head) &&
              cJSON_AddNumberToObject(root, "n_inner", m->d_ff) &&
              cJSON_AddNumberToObject(root, "n_positions", m->seq_len) &&
@@ -193,7 +198,8 @@ static dsc_status config_json(const dsc_config *cfg, char **out) {
              cJSON_AddNumberToObject(root, "rms_norm_eps", m->norm_eps) &&
              cJSON_AddNumberToObject(root, "rope_theta", (float)m->rope_theta) && /* training's RoPE is f32 */
              cJSON_AddStringToObject(root, "hidden_act", "silu") &&
-             cJSON_AddBoolToObject(root, "attention_bias", false) && cJSON_AddBoolToObject(root, "mlp_bias", false);
+             cJSON_AddBoolToObject(root, "attention_bias", false) &&
+             cJSON_AddBoolToObject(root, "mlp_bias", false);
         if (ok && m->arch == DSC_ARCH_MIXTRAL)
             ok = cJSON_AddNumberToObject(root, "num_local_experts", cfg->moe.num_experts) &&
                  cJSON_AddNumberToObject(root, "num_experts_per_tok", cfg->moe.k) &&
@@ -234,7 +240,8 @@ static dsc_status write_model(exporter *x, const char *out_dir) {
     dsc_status s = names && tensors ? NULL : dsc_error(DSC_ERR_NOMEM, "export: tensor list");
     for (int i = 0; !s && i < x->count; i++) {
         names[i] = x->items[i].name;
-        tensors[i] = dsc_tensor_view(x->items[i].data, DSC_DTYPE_F32, x->items[i].ndim, x->items[i].shape, DSC_CPU);
+        tensors[i] =
+            dsc_tensor_view(x->items[i].data, DSC_DTYPE_F32, x->items[i].ndim, x->items[i].shape, DSC_CPU);
     }
     static const char *const meta[] = {"format", "pt"}; /* transformers refuses files without it */
     if (!s) s = dsc_safetensors_write(weights_path, x->count, names, tensors, 1, meta);
@@ -253,7 +260,8 @@ dsc_status dsc_hf_export(const char *ckpt_file, const char *out_dir, int64_t *n_
     dsc_config cfg;
     bool have_cfg = false;
     dsc_status s = dsc_tfile_get_attr_string(x.in, "config", &json);
-    if (!s) s = dsc_error_wrap(dsc_config_parse_string(json, ckpt_file, NULL, 0, &cfg), "export: the saved config");
+    if (!s)
+        s = dsc_error_wrap(dsc_config_parse_string(json, ckpt_file, NULL, 0, &cfg), "export: the saved config");
     have_cfg = !s;
     if (!s) s = check_exportable(&cfg, ckpt_file);
     if (!s) {
@@ -264,7 +272,8 @@ dsc_status dsc_hf_export(const char *ckpt_file, const char *out_dir, int64_t *n_
     if (!s && cfg.model.arch == DSC_ARCH_GPT) s = gpt_zero_biases(&x);
     if (!s) s = write_model(&x, out_dir);
     if (!s && n_tensors) *n_tensors = x.count;
-    for (int i = 0; i < x.count; i++) free(x.items[i].data);
+    for (int i = 0; i < x.count; i++)
+        free(x.items[i].data);
     free(x.items);
     free(json);
     if (have_cfg) dsc_config_free(&cfg);

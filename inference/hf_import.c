@@ -40,10 +40,12 @@ static dsc_status check_trainable(const dsc_infer_model_config *mc, const char *
               "%s/config.json: rope_scaling is not implemented by dsc training (its RoPE is unscaled)", dir);
     DSC_CHECK(mc->head_size * mc->n_head == mc->d_model, DSC_ERR_UNSUPPORTED,
               "%s/config.json: head_dim %d * num_attention_heads %d != hidden_size %d; dsc training derives the "
-              "head size from hidden_size", dir, mc->head_size, mc->n_head, mc->d_model);
+              "head size from hidden_size",
+              dir, mc->head_size, mc->n_head, mc->d_model);
     DSC_CHECK(mc->n_experts == 0 || mc->top_k >= 2, DSC_ERR_UNSUPPORTED,
               "%s/config.json: num_experts_per_tok 1: Mixtral renormalises a top-1 weight to 1 where dsc's top-1 "
-              "gate (DeepSpeed's) weights by the router probability", dir);
+              "gate (DeepSpeed's) weights by the router probability",
+              dir);
     return NULL;
 }
 
@@ -167,8 +169,10 @@ static dsc_status check_conflicts(const dsc_hf_import *imp, const char *path, co
         const cJSON *v = root ? lookup(root, key) : NULL;
         if (v && !same_value(v, eq + 1)) {
             char *shown = cJSON_PrintUnformatted(v);
-            s = dsc_error(DSC_ERR_CONFIG, "%s: \"%s\" is %s but the Hugging Face checkpoint %s has %s (drop the key "
-                          "or make it agree)", path, key, shown ? shown : "?", imp->dir, eq + 1);
+            s = dsc_error(DSC_ERR_CONFIG,
+                          "%s: \"%s\" is %s but the Hugging Face checkpoint %s has %s (drop the key "
+                          "or make it agree)",
+                          path, key, shown ? shown : "?", imp->dir, eq + 1);
             free(shown);
         }
         for (int j = 0; !s && j < n_overrides; j++) {
@@ -189,15 +193,19 @@ dsc_status dsc_hf_import_config(const dsc_hf_import *imp, const char *path, cons
                                 int n_overrides, dsc_config *cfg) {
     DSC_TRY(check_conflicts(imp, path, overrides, n_overrides));
     const char *all[64 + MAX_OVERRIDES];
-    DSC_CHECK(n_overrides <= 64, DSC_ERR_INVALID, "--init-from-hf: at most 64 --set overrides (got %d)", n_overrides);
-    for (int i = 0; i < n_overrides; i++) all[i] = overrides[i];
-    for (int i = 0; i < imp->n_overrides; i++) all[n_overrides + i] = imp->overrides[i];
+    DSC_CHECK(n_overrides <= 64, DSC_ERR_INVALID, "--init-from-hf: at most 64 --set overrides (got %d)",
+              n_overrides);
+    for (int i = 0; i < n_overrides; i++)
+        all[i] = overrides[i];
+    for (int i = 0; i < imp->n_overrides; i++)
+        all[n_overrides + i] = imp->overrides[i];
     DSC_TRY(dsc_config_load_file(path, all, n_overrides + imp->n_overrides, cfg));
     if (cfg->model.seq_len > imp->mc.max_positions) {
-        dsc_status s = dsc_error(DSC_ERR_CONFIG,
-                                 "%s: model.seq_len %d exceeds the Hugging Face checkpoint's context of %lld tokens "
-                                 "(%s/config.json: max_position_embeddings or sliding_window)",
-                                 path, cfg->model.seq_len, (long long)imp->mc.max_positions, imp->dir);
+        dsc_status s =
+            dsc_error(DSC_ERR_CONFIG,
+                      "%s: model.seq_len %d exceeds the Hugging Face checkpoint's context of %lld tokens "
+                      "(%s/config.json: max_position_embeddings or sliding_window)",
+                      path, cfg->model.seq_len, (long long)imp->mc.max_positions, imp->dir);
         dsc_config_free(cfg);
         return s;
     }
@@ -218,10 +226,11 @@ dsc_status dsc_hf_import_read(void *ctx, const char *name, int ndim, const int64
     dsc_safetensors_tensor t;
     DSC_CHECK(dsc_hf_to_hf(imp->rules, imp->n_rules, name, hf, sizeof hf), DSC_ERR_UNSUPPORTED,
               "%s: dsc parameter %s has no Hugging Face name", imp->dir, name);
-    DSC_CHECK(dsc_safetensors_find(imp->st, hf, &t), DSC_ERR_CORRUPT, "%s: tensor %s (dsc parameter %s) is missing",
-              imp->dir, hf, name);
+    DSC_CHECK(dsc_safetensors_find(imp->st, hf, &t), DSC_ERR_CORRUPT,
+              "%s: tensor %s (dsc parameter %s) is missing", imp->dir, hf, name);
     bool same = t.ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = t.shape[i] == shape[i];
+    for (int i = 0; same && i < ndim; i++)
+        same = t.shape[i] == shape[i];
     if (!same) {
         char theirs[96], ours[96];
         shape_text(t.ndim, t.shape, theirs, sizeof theirs);

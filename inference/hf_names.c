@@ -85,7 +85,8 @@ static bool match(const char *pattern, const char *name, long idx[MAX_STARS], in
             if (*n_idx == MAX_STARS || !isdigit((unsigned char)*name)) return false;
             long v = 0;
             int digits = 0;
-            for (; isdigit((unsigned char)*name) && digits < 9; name++, digits++) v = 10 * v + (*name - '0');
+            for (; isdigit((unsigned char)*name) && digits < 9; name++, digits++)
+                v = 10 * v + (*name - '0');
             if (isdigit((unsigned char)*name)) return false;
             idx[(*n_idx)++] = v;
             pattern++;

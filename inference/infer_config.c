@@ -38,7 +38,8 @@ static dsc_status get_count(const cJSON *obj, const char *key, const char *sourc
 static dsc_status parse_specs(const cJSON *pc, const char *source, dsc_infer_ds_config *c) {
     static const char *const pc_keys[] = {"use_default_specs", "layer_specs", NULL};
     static const char *const spec_keys[] = {"patterns", "partition_type", NULL};
-    DSC_CHECK(cJSON_IsObject(pc), DSC_ERR_CONFIG, "%s: tensor_parallel.partition_config must be an object", source);
+    DSC_CHECK(cJSON_IsObject(pc), DSC_ERR_CONFIG, "%s: tensor_parallel.partition_config must be an object",
+              source);
     DSC_TRY(only_keys(pc, "tensor_parallel.partition_config.", source, pc_keys));
     const cJSON *defaults = cJSON_GetObjectItemCaseSensitive(pc, "use_default_specs");
     DSC_CHECK(!defaults || cJSON_IsBool(defaults), DSC_ERR_CONFIG,
@@ -70,7 +71,8 @@ static dsc_status parse_specs(const cJSON *pc, const char *source, dsc_infer_ds_
         DSC_CHECK(k != DSC_TP_KIND_UNDECLARED, DSC_ERR_CONFIG,
                   "%s: layer_specs[%d].partition_type must be \"column\", \"row\" or \"skip\"", source, i);
         cJSON_ArrayForEach(pat, cJSON_GetObjectItemCaseSensitive(spec, "patterns")) {
-            DSC_CHECK(cJSON_IsString(pat), DSC_ERR_CONFIG, "%s: layer_specs[%d].patterns must be strings", source, i);
+            DSC_CHECK(cJSON_IsString(pat), DSC_ERR_CONFIG, "%s: layer_specs[%d].patterns must be strings", source,
+                      i);
             char *copy = strdup(pat->valuestring);
             DSC_CHECK(copy, DSC_ERR_NOMEM, "%s: partition_config pattern", source);
             c->owned_patterns[c->tp.n_rules] = copy;

@@ -29,8 +29,9 @@ dsc_status dsc_load_dsc(const char *file, const dsc_load_request *req);
  * places is refused, listed. */
 dsc_status dsc_load_plan_by_names(const dsc_tensor_source *src, const char *config_json, const char *source,
                                   const dsc_load_request *req);
-dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
-                           const char *config_json, const char *source, const dsc_load_request *req);
+dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                           const dsc_tensor_source *src, const char *config_json, const char *source,
+                           const dsc_load_request *req);
 /* A whole text file, NUL-terminated; free() it. */
 dsc_status dsc_load_read_text(const char *path, char **out);
 

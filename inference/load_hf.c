@@ -32,8 +32,8 @@ static dsc_status st_read_span(void *impl, int64_t i, int64_t offset, int64_t co
 static dsc_status st_read(void *impl, int64_t i, float *dst, int64_t numel) {
     dsc_safetensors_tensor t;
     dsc_safetensors_at(impl, i, &t);
-    DSC_CHECK(numel == t.numel, DSC_ERR_INVALID, "%s: tensor %s has %lld elements, destination %lld", t.file, t.name,
-              (long long)t.numel, (long long)numel);
+    DSC_CHECK(numel == t.numel, DSC_ERR_INVALID, "%s: tensor %s has %lld elements, destination %lld", t.file,
+              t.name, (long long)t.numel, (long long)numel);
     return st_read_span(impl, i, 0, numel, dst);
 }
 
@@ -72,7 +72,8 @@ static dsc_status hf_arch(const char *json, const char *source, char *arch, size
     return s;
 }
 
-dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_infer_model_config *mc, char **json) {
+dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_infer_model_config *mc,
+                              char **json) {
     char path[2048], arch[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text;
@@ -80,8 +81,10 @@ dsc_status dsc_load_hf_config(const char *dir, const dsc_policy **policy, dsc_in
     dsc_status s = hf_arch(text, path, arch, sizeof arch);
     if (!s) s = dsc_policy_find(arch, policy);
     if (!s) s = (*policy)->configure(mc, text, path);
-    if (s || !json) free(text);
-    else *json = text;
+    if (s || !json)
+        free(text);
+    else
+        *json = text;
     return s;
 }
 

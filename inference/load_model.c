@@ -52,8 +52,8 @@ dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp
 static dsc_status check_vocab(const char *file, const dsc_infer_model *m, dsc_tokenizer **tok) {
     int32_t V = dsc_infer_model_get_config(m)->vocab_size;
     if (!*tok || dsc_tokenizer_vocab_size(*tok) <= V) return NULL;
-    dsc_status s = dsc_error(DSC_ERR_CORRUPT, "tokenizer %s: ids reach %d, outside the model's vocabulary of %d", file,
-                             dsc_tokenizer_vocab_size(*tok) - 1, V);
+    dsc_status s = dsc_error(DSC_ERR_CORRUPT, "tokenizer %s: ids reach %d, outside the model's vocabulary of %d",
+                             file, dsc_tokenizer_vocab_size(*tok) - 1, V);
     dsc_tokenizer_destroy(*tok);
     *tok = NULL;
     return s;

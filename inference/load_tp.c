@@ -18,7 +18,8 @@
 #include "inference/model_internal.h"
 
 /* The dependency checkpoint tensor `name` sets under the policy, or NULL. */
-static const dsc_param_dep *dependency_of(const dsc_policy *p, const dsc_infer_model_config *mc, const char *name) {
+static const dsc_param_dep *dependency_of(const dsc_policy *p, const dsc_infer_model_config *mc,
+                                          const char *name) {
     const char *rel = name;
     int32_t layer = -1;
     size_t plen = strlen(p->layer_prefix);
@@ -30,8 +31,7 @@ static const dsc_param_dep *dependency_of(const dsc_policy *p, const dsc_infer_m
         rel = end + 1;
     }
     const dsc_container_def *def = p->non_layer;
-    if (layer >= 0)
-        def = p->dense_layer && !dsc_model_is_moe_layer(mc, layer) ? p->dense_layer : p->layer;
+    if (layer >= 0) def = p->dense_layer && !dsc_model_is_moe_layer(mc, layer) ? p->dense_layer : p->layer;
     int64_t index;
     const dsc_param_mapping *map = dsc_container_match(def, rel, &index);
     if (!map) return NULL;
@@ -89,8 +89,8 @@ static dsc_status model_plan_rules(const cJSON *root, const char *source, dsc_tp
         if (k == DSC_TP_KIND_UNDECLARED) {
             free(rules);
             return dsc_error(DSC_ERR_UNSUPPORTED,
-                             "%s: base_model_tp_plan[\"%s\"] = \"%s\" is not supported (colwise or rowwise)", source,
-                             item->string, v);
+                             "%s: base_model_tp_plan[\"%s\"] = \"%s\" is not supported (colwise or rowwise)",
+                             source, item->string, v);
         }
         rules[(*n)++] = (dsc_tp_rule){item->string, k};
     }
@@ -128,8 +128,8 @@ static dsc_status shard_read(void *impl, int64_t i, float *dst, int64_t numel) {
             int64_t count = sp[k].count * inner;
             DSC_CHECK(pos + count <= numel, DSC_ERR_INTERNAL, "shard of %s overflows its %lld elements", e->name,
                       (long long)numel);
-            DSC_TRY(s->inner->read_f32_span(s->inner->impl, i, (o * e->shape[e->axis] + sp[k].start) * inner, count,
-                                            dst + pos));
+            DSC_TRY(s->inner->read_f32_span(s->inner->impl, i, (o * e->shape[e->axis] + sp[k].start) * inner,
+                                            count, dst + pos));
             pos += count;
         }
     DSC_CHECK(pos == numel, DSC_ERR_INTERNAL, "shard of %s has %lld elements, the model expects %lld", e->name,
@@ -151,9 +151,9 @@ static bool conv1d_weight(const char *name) {
 }
 
 /* policy NULL: no declarations (a family planned by names); gpt2: Conv1D weights are transposed. */
-static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
-                            const cJSON *root, const char *source, const dsc_infer_tp *tp, int size, bool gpt2,
-                            dsc_tp_plan **out) {
+static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                            const dsc_tensor_source *src, const cJSON *root, const char *source,
+                            const dsc_infer_tp *tp, int size, bool gpt2, dsc_tp_plan **out) {
     dsc_tp_param *params = calloc((size_t)(src->count > 0 ? src->count : 1), sizeof *params);
     DSC_CHECK(params, DSC_ERR_NOMEM, "tensor-parallel plan of %lld tensors", (long long)src->count);
     for (int64_t i = 0; i < src->count; i++) {
@@ -188,10 +188,10 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
         dsc_tp_kind want = p->declared;
         if (want == DSC_TP_KIND_ROW && p->ndim == 1) want = DSC_TP_KIND_REPLICATE;
         if (e->kind != want || (want != DSC_TP_KIND_REPLICATE && e->unit != p->unit))
-            s = dsc_error(DSC_ERR_CONFIG,
-                          "tensor parallelism: %s makes %s %s (%s), but policy %s computes it as %s (%s)",
-                          dsc_tp_source_name(e->source), e->name, dsc_tp_kind_name(e->kind), dsc_tp_unit_name(e->unit),
-                          policy->arch, dsc_tp_kind_name(want), dsc_tp_unit_name(p->unit));
+            s = dsc_error(
+                DSC_ERR_CONFIG, "tensor parallelism: %s makes %s %s (%s), but policy %s computes it as %s (%s)",
+                dsc_tp_source_name(e->source), e->name, dsc_tp_kind_name(e->kind), dsc_tp_unit_name(e->unit),
+                policy->arch, dsc_tp_kind_name(want), dsc_tp_unit_name(p->unit));
     }
     if (s && *out) {
         dsc_tp_plan_destroy(*out);
@@ -202,8 +202,9 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
     return s;
 }
 
-dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
-                           const char *config_json, const char *source, const dsc_load_request *req) {
+dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                           const dsc_tensor_source *src, const char *config_json, const char *source,
+                           const dsc_load_request *req) {
     const dsc_infer_tp *tp = req->tp;
     int size = !tp ? 1 : tp->comm ? dsc_comm_size(tp->comm) : tp->tp_size;
     DSC_CHECK(size >= 1, DSC_ERR_CONFIG, "tensor_parallel.tp_size must be >= 1, got %d", size);
@@ -237,7 +238,8 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
         m->tp_rank = rank;
         m->vocab0 = sh->v0;
         for (int r = 0; r < size; r++)
-            if (dsc_tp_plan_shard(plan, r)->nkv > m->tp_max_kv_heads) m->tp_max_kv_heads = dsc_tp_plan_shard(plan, r)->nkv;
+            if (dsc_tp_plan_shard(plan, r)->nkv > m->tp_max_kv_heads)
+                m->tp_max_kv_heads = dsc_tp_plan_shard(plan, r)->nkv;
     }
     dsc_tp_plan_destroy(plan);
     return s ? dsc_error_wrap(s, "tensor-parallel rank %d of %d", rank, size) : NULL;

@@ -71,24 +71,26 @@ static dsc_status layout(build_state *b) {
             int64_t shape[3], numel = 1, padded, deps;
             int nd = dsc_param_def_shape(pd, mc, shape);
             bool overflow = false;
-            for (int i = 0; i < nd; i++) overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
+            for (int i = 0; i < nd; i++)
+                overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
             int32_t experts = pd->per_expert ? mc->n_experts : 1;
             overflow |= __builtin_add_overflow(numel, ALIGN_FLOATS - 1, &padded);
             padded = padded / ALIGN_FLOATS * ALIGN_FLOATS;
             overflow |= __builtin_mul_overflow((int64_t)experts, (int64_t)pd->n_deps, &deps);
-            *slot_at(b, c, p) = (slot_state){
-                .def = pd,
-                .offset = b->floats,
-                .expert_stride = experts > 0 ? numel / experts : 0,
-                .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
-                .flag0 = b->n_flags,
-                .experts = experts};
+            *slot_at(b, c, p) =
+                (slot_state){.def = pd,
+                             .offset = b->floats,
+                             .expert_stride = experts > 0 ? numel / experts : 0,
+                             .cols = pd->deps[0].cols == DSC_DIM_NONE ? 1 : dsc_dim_value(mc, pd->deps[0].cols),
+                             .flag0 = b->n_flags,
+                             .experts = experts};
             overflow |= __builtin_add_overflow(b->floats, padded, &b->floats);
             overflow |= __builtin_add_overflow(b->n_flags, deps, &b->n_flags);
             if (overflow) {
                 char text[96];
                 shape_text(text, sizeof text, nd, shape);
-                return dsc_error(DSC_ERR_CONFIG, "policy %s: parameter %s of container %s has shape %s: the model's "
+                return dsc_error(DSC_ERR_CONFIG,
+                                 "policy %s: parameter %s of container %s has shape %s: the model's "
                                  "size overflows (the config's sizes are not a real model)",
                                  b->policy->arch, pd->name, def->name, text);
             }
@@ -177,8 +179,8 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
     DSC_CHECK(s->def, DSC_ERR_CORRUPT,
               "checkpoint tensor '%s' maps to %s, which this model's config does not have", name, map->target);
     if (!s->def->per_expert) expert = 0;
-    DSC_CHECK(expert >= 0 && expert < s->experts, DSC_ERR_CORRUPT, "checkpoint tensor '%s' names expert %lld of %d",
-              name, (long long)expert, s->experts);
+    DSC_CHECK(expert >= 0 && expert < s->experts, DSC_ERR_CORRUPT,
+              "checkpoint tensor '%s' names expert %lld of %d", name, (long long)expert, s->experts);
     const dsc_param_dep *dep = &s->def->deps[d];
     int64_t want[2] = {dsc_dim_value(b->mc, dep->rows), dsc_dim_value(b->mc, dep->cols)};
     int want_nd = dep->cols == DSC_DIM_NONE ? 1 : 2;
@@ -285,15 +287,18 @@ static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_c
                   mc->n_kv_head > 0 && mc->d_ff > 0 && mc->max_positions > 0,
               DSC_ERR_CONFIG, "policy %s: model sizes must be positive", arch);
     DSC_CHECK(mc->n_head % mc->n_kv_head == 0, DSC_ERR_CONFIG,
-              "policy %s: %d query heads are not a multiple of %d key/value heads", arch, mc->n_head, mc->n_kv_head);
+              "policy %s: %d query heads are not a multiple of %d key/value heads", arch, mc->n_head,
+              mc->n_kv_head);
     DSC_CHECK(mc->max_positions <= INT32_MAX, DSC_ERR_CONFIG, "policy %s: %lld positions exceed the int32 range",
               arch, (long long)mc->max_positions);
     /* Each layer holds at least one tensor besides the embedding: a config
      * with more layers than the checkpoint has tensors cannot match it. */
-    DSC_CHECK(mc->n_layer < tensors, DSC_ERR_CORRUPT, "policy %s: the config has %d layers but the checkpoint "
-              "holds %lld tensors", arch, mc->n_layer, (long long)tensors);
-    DSC_CHECK(mc->n_experts >= 0 && mc->n_experts <= tensors && (mc->n_experts == 0 || (mc->top_k >= 1 &&
-                                                                                         mc->top_k <= mc->n_experts)),
+    DSC_CHECK(mc->n_layer < tensors, DSC_ERR_CORRUPT,
+              "policy %s: the config has %d layers but the checkpoint "
+              "holds %lld tensors",
+              arch, mc->n_layer, (long long)tensors);
+    DSC_CHECK(mc->n_experts >= 0 && mc->n_experts <= tensors &&
+                  (mc->n_experts == 0 || (mc->top_k >= 1 && mc->top_k <= mc->n_experts)),
               DSC_ERR_CONFIG, "policy %s: %d experts with top-k %d (checkpoint of %lld tensors)", arch,
               mc->n_experts, mc->top_k, (long long)tensors);
     if (mc->family == DSC_INFER_FAMILY_LLAMA) {
@@ -302,10 +307,13 @@ static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_c
                   mc->rope_theta);
         DSC_CHECK(mc->rope_scaling != DSC_ROPE_SCALING_LLAMA3 ||
                       (isfinite(mc->rope_factor) && mc->rope_factor > 0 && mc->rope_low_freq_factor > 0 &&
-                       isfinite(mc->rope_high_freq_factor) && mc->rope_high_freq_factor > mc->rope_low_freq_factor &&
+                       isfinite(mc->rope_high_freq_factor) &&
+                       mc->rope_high_freq_factor > mc->rope_low_freq_factor &&
                        mc->rope_original_max_positions > 0),
-                  DSC_ERR_CONFIG, "policy %s: Llama-3 RoPE scaling needs factor > 0, 0 < low_freq_factor < "
-                  "high_freq_factor and original positions > 0", arch);
+                  DSC_ERR_CONFIG,
+                  "policy %s: Llama-3 RoPE scaling needs factor > 0, 0 < low_freq_factor < "
+                  "high_freq_factor and original positions > 0",
+                  arch);
     }
     return NULL;
 }

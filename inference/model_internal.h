@@ -13,10 +13,10 @@ struct dsc_infer_model {
     dsc_infer_model_config shard; /* this rank's widths (heads, F, vocabulary rows); == cfg without TP */
     dsc_comm *tp_comm;            /* tensor-parallel group; NULL: one rank */
     int tp_rank;
-    int64_t vocab0;           /* first vocabulary row of the shard */
-    int32_t tp_max_kv_heads;  /* the most KV heads any rank holds: sizes KV blocks alike on all ranks */
-    double tp_comm_seconds;   /* time in the all-reduces */
-    void *arena; /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
+    int64_t vocab0;          /* first vocabulary row of the shard */
+    int32_t tp_max_kv_heads; /* the most KV heads any rank holds: sizes KV blocks alike on all ranks */
+    double tp_comm_seconds;  /* time in the all-reduces */
+    void *arena;             /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
     float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */

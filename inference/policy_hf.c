@@ -74,9 +74,9 @@ static const dsc_param_mapping outer_mappings[] = {
     {"model.norm.weight", "final_norm.w"},
     {"lm_head.weight", "lm_head.w"},
 };
-const dsc_container_def dsc_policy_hf_outer = {"llama_non_transformer", sizeof outer_params / sizeof outer_params[0],
-                                        outer_params, sizeof outer_mappings / sizeof outer_mappings[0],
-                                        outer_mappings};
+const dsc_container_def dsc_policy_hf_outer = {"llama_non_transformer",
+                                               sizeof outer_params / sizeof outer_params[0], outer_params,
+                                               sizeof outer_mappings / sizeof outer_mappings[0], outer_mappings};
 
 static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_freq", NULL};
 
@@ -101,8 +101,8 @@ typedef struct json_reader {
 
 /* An integer key in [lo, hi], checked on the double before any conversion
  * (a cast of 1e300, or of 4294967328 to int32, is not a number dsc may use). */
-static dsc_status get_int(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
-                          int64_t *out) {
+static dsc_status get_int(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo,
+                          int64_t hi, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
     if (!v || cJSON_IsNull(v)) {
         DSC_CHECK(!required, DSC_ERR_CONFIG, "%s: missing key %s%s", r->source, r->prefix, key);
@@ -118,8 +118,8 @@ static dsc_status get_int(const json_reader *r, const char *key, bool required, 
     return NULL;
 }
 
-static dsc_status get_i32(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
-                          int32_t *out) {
+static dsc_status get_i32(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo,
+                          int64_t hi, int32_t *out) {
     int64_t v;
     DSC_TRY(get_int(r, key, required, dflt, lo, hi, &v));
     *out = (int32_t)v; /* hi <= INT32_MAX at every call */
@@ -150,7 +150,8 @@ static bool get_bool(const cJSON *obj, const char *key, bool dflt) {
 static dsc_status only_keys(const json_reader *r, const char *const *known) {
     for (const cJSON *kv = r->obj->child; kv; kv = kv->next) {
         bool ok = false;
-        for (const char *const *k = known; *k && !ok; k++) ok = strcmp(kv->string, *k) == 0;
+        for (const char *const *k = known; *k && !ok; k++)
+            ok = strcmp(kv->string, *k) == 0;
         DSC_CHECK(ok, DSC_ERR_UNSUPPORTED, "%s: %s%s is not supported for this rope_type", r->source, r->prefix,
                   kv->string);
     }
@@ -176,7 +177,8 @@ static dsc_status parse_rope(dsc_infer_model_config *mc, const cJSON *root, cons
               (int)strlen(r.prefix) - 1, r.prefix);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(r.obj, "rope_type");
     if (!newer && !cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(r.obj, "type");
-    DSC_CHECK(cJSON_IsString(type), DSC_ERR_CONFIG, "%s: %srope_type is missing or not a string", source, r.prefix);
+    DSC_CHECK(cJSON_IsString(type), DSC_ERR_CONFIG, "%s: %srope_type is missing or not a string", source,
+              r.prefix);
     if (strcmp(type->valuestring, "default") == 0) {
         static const char *const known[] = {"rope_type", "type", "rope_theta", NULL};
         return only_keys(&r, known);
@@ -184,8 +186,14 @@ static dsc_status parse_rope(dsc_infer_model_config *mc, const cJSON *root, cons
     DSC_CHECK(strcmp(type->valuestring, "llama3") == 0, DSC_ERR_UNSUPPORTED,
               "%s: %srope_type '%s' is not supported (only 'default' and 'llama3')", source, r.prefix,
               type->valuestring);
-    static const char *const known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
-                                        "high_freq_factor", "original_max_position_embeddings", NULL};
+    static const char *const known[] = {"rope_type",
+                                        "type",
+                                        "rope_theta",
+                                        "factor",
+                                        "low_freq_factor",
+                                        "high_freq_factor",
+                                        "original_max_position_embeddings",
+                                        NULL};
     DSC_TRY(only_keys(&r, known));
     mc->rope_scaling = DSC_ROPE_SCALING_LLAMA3;
     DSC_TRY(get_num(&r, "factor", 8.0, 0, 1e6, &mc->rope_factor));
@@ -218,12 +226,13 @@ static dsc_status parse_hf(dsc_infer_model_config *mc, const cJSON *root, const 
     bool has_head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim") &&
                         !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "head_dim"));
     DSC_CHECK(has_head_dim || mc->d_model % mc->n_head == 0, DSC_ERR_CONFIG,
-              "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and there is no head_dim", source,
-              mc->d_model, mc->n_head);
+              "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and there is no head_dim",
+              source, mc->d_model, mc->n_head);
     DSC_TRY(get_i32(&r, "head_dim", false, mc->d_model / mc->n_head, 1, MAX_COUNT, &mc->head_size));
     DSC_CHECK(mc->head_size % 2 == 0, DSC_ERR_CONFIG, "%s: head_dim (%d) must be even", source, mc->head_size);
     DSC_CHECK((int64_t)mc->n_head * mc->head_size <= MAX_DIM, DSC_ERR_CONFIG,
-              "%s: num_attention_heads x head_dim = %d x %d exceeds %d", source, mc->n_head, mc->head_size, MAX_DIM);
+              "%s: num_attention_heads x head_dim = %d x %d exceeds %d", source, mc->n_head, mc->head_size,
+              MAX_DIM);
     double eps;
     DSC_TRY(get_num(&r, "rms_norm_eps", 1e-6, 0, 1, &eps));
     mc->norm_eps = (float)eps;

@@ -22,8 +22,8 @@ static const dsc_param_def params[] = {
     ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "down", DSC_DIM_C, DSC_DIM_F),
 };
 static const dsc_param_mapping mappings[] = {
-    {"input_layernorm.weight", "attn_norm.w"},   {"self_attn.qkv_proj.weight", "qkv.qkv"},
-    {"self_attn.o_proj.weight", "attn_out.w"},   {"post_attention_layernorm.weight", "mlp_norm.w"},
+    {"input_layernorm.weight", "attn_norm.w"},    {"self_attn.qkv_proj.weight", "qkv.qkv"},
+    {"self_attn.o_proj.weight", "attn_out.w"},    {"post_attention_layernorm.weight", "mlp_norm.w"},
     {"mlp.gate_up_proj.weight", "mlp_1.gate_up"}, {"mlp.down_proj.weight", "mlp_2.down"},
 };
 static const dsc_container_def layer = {"phi3_layer", sizeof params / sizeof params[0], params,
@@ -39,7 +39,8 @@ static dsc_status phi3_keys(dsc_infer_model_config *mc, const cJSON *root, const
     DSC_CHECK(cJSON_IsNumber(sw) && sw->valuedouble == floor(sw->valuedouble), DSC_ERR_CONFIG,
               "%s: sliding_window must be an integer", source);
     /* dsc attends over the whole context: sequences stay within the window. */
-    if (sw->valuedouble > 0 && sw->valuedouble < (double)mc->max_positions) mc->max_positions = (int64_t)sw->valuedouble;
+    if (sw->valuedouble > 0 && sw->valuedouble < (double)mc->max_positions)
+        mc->max_positions = (int64_t)sw->valuedouble;
     return NULL;
 }
 
@@ -55,4 +56,4 @@ static dsc_status configure(dsc_infer_model_config *mc, const char *json, const 
 static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_freq", NULL};
 /* Embedding, final norm and LM head are named as Llama's (dsc_policy_hf_outer). */
 const dsc_policy dsc_policy_hf_phi3 = {"Phi3ForCausalLM", configure, "model.layers.", &layer, &dsc_policy_hf_outer,
-                                       ignored, NULL};
+                                       ignored,           NULL};

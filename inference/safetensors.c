@@ -200,7 +200,8 @@ static dsc_status parse_header(dsc_safetensors *st, int file_idx) {
     const char *end = NULL, *header_end = (const char *)p + 8 + n;
     cJSON *root = cJSON_ParseWithLengthOpts((const char *)p + 8, (size_t)n, &end, false);
     DSC_CHECK(root, DSC_ERR_CORRUPT, "safetensors %s: header is not valid JSON", f->path);
-    while (end < header_end && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r' || *end == '\0')) end++;
+    while (end < header_end && (*end == ' ' || *end == '\n' || *end == '\t' || *end == '\r' || *end == '\0'))
+        end++;
     dsc_status s = NULL;
     if (end != header_end) {
         s = dsc_error(DSC_ERR_CORRUPT, "safetensors %s: %lld bytes after the header's JSON", f->path,
@@ -339,7 +340,8 @@ static dsc_status open_index(dsc_safetensors *st, const char *index_path) {
             /* Shards live beside the index: a name with a directory in it
              * ("../../x", "/etc/x") would open any file the user can read. */
             if (strchr(kv->valuestring, '/') || strcmp(kv->valuestring, "..") == 0) {
-                s = dsc_error(DSC_ERR_CORRUPT, "safetensors index %s: shard \"%s\" of %s is not a file beside the index",
+                s = dsc_error(DSC_ERR_CORRUPT,
+                              "safetensors index %s: shard \"%s\" of %s is not a file beside the index",
                               index_path, kv->valuestring, kv->string);
                 break;
             }
@@ -503,8 +505,8 @@ static double load_element(const uint8_t *p, const st_dtype *d) {
     return d->dsc == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(h) : dsc_f16_to_f32(h);
 }
 
-dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset, int64_t count,
-                                          float *dst) {
+dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset,
+                                          int64_t count, float *dst) {
     const st_entry *e = lookup(st, name);
     DSC_CHECK(e, DSC_ERR_INVALID, "safetensors: no tensor named %s", name);
     const st_dtype *d = &DTYPES[e->dtype];

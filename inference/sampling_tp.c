@@ -32,10 +32,10 @@ static dsc_status gather_bytes(dsc_comm *comm, const void *send, int64_t bytes, 
 /* Per-rank bookkeeping of one sampling call, carved from one allocation. */
 typedef struct gathered {
     int tp;
-    int64_t *bytes;                 /* (tp) bytes each rank sends */
-    dsc_sample_candidate *bounds;   /* (tp) */
-    double *mass;                   /* (tp) */
-    int32_t *n;                     /* (tp) candidates per rank */
+    int64_t *bytes;               /* (tp) bytes each rank sends */
+    dsc_sample_candidate *bounds; /* (tp) */
+    double *mass;                 /* (tp) */
+    int32_t *n;                   /* (tp) candidates per rank */
 } gathered;
 
 /* Every rank's n candidates `mine` into out, rank after rank; *total of them. */
@@ -178,7 +178,8 @@ dsc_status dsc_sample_sharded(int32_t *token_out, const float *logits, const dsc
     DSC_TRY(dsc_sample_check_params(p, sh->V));
     int tp = dsc_comm_size(sh->comm);
     /* per rank: a count, a byte count, a bound candidate and a mass */
-    size_t bytes = (size_t)tp * (sizeof(int32_t) + sizeof(int64_t) + sizeof(dsc_sample_candidate) + sizeof(double));
+    size_t bytes =
+        (size_t)tp * (sizeof(int32_t) + sizeof(int64_t) + sizeof(dsc_sample_candidate) + sizeof(double));
     void *work = malloc(bytes);
     DSC_CHECK(work, DSC_ERR_NOMEM, "sampling over %d ranks", tp);
     gathered g = {.tp = tp, .bytes = work};

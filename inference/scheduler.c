@@ -403,7 +403,8 @@ dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid) {
     int32_t i = 0;
     while (i < s->n_reqs && s->reqs[i]->uid != uid)
         i++;
-    DSC_CHECK(i < s->n_reqs, DSC_ERR_INVALID, "scheduler: release of unknown request %llu", (unsigned long long)uid);
+    DSC_CHECK(i < s->n_reqs, DSC_ERR_INVALID, "scheduler: release of unknown request %llu",
+              (unsigned long long)uid);
     request *r = s->reqs[i];
     /* A finished request was flushed when it ended; any other holds KV once it has cached tokens. */
     if (r->state != REQ_DONE && r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, uid));

@@ -1,6 +1,6 @@
 /* Public optimizer updates over flat f32 vectors: AdamW and SGD with momentum
- * (torch.optim semantics), Lion and the direction of LAMB (DeepSpeed's). Shapes may differ as long as element counts
- * agree, so a parameter can be updated through a flat view of its state. */
+ * (torch.optim semantics), Lion and the direction of LAMB (DeepSpeed's). Shapes may differ as long as element
+ * counts agree, so a parameter can be updated through a flat view of its state. */
 #include "kernels/dispatch.h"
 
 static dsc_status expect_same_numel(const kernel_call *call, const dsc_tensor *t, const char *name,
@@ -49,13 +49,13 @@ dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor
     DSC_TRY(expect_same_numel(&call, param, "param", param));
     DSC_TRY(expect_same_numel(&call, grad, "grad", param));
     DSC_TRY(expect_same_numel(&call, exp_avg, "exp_avg", param));
-    return KERNEL_RUN(&call, lion, param->data, grad->data, exp_avg->data, dsc_tensor_numel(param), lr, beta1, beta2,
-                      weight_decay);
+    return KERNEL_RUN(&call, lion, param->data, grad->data, exp_avg->data, dsc_tensor_numel(param), lr, beta1,
+                      beta2, weight_decay);
 }
 
 dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
-                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2, float eps,
-                                     float weight_decay) {
+                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2,
+                                     float eps, float weight_decay) {
     kernel_call call;
     DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_lamb_direction", KARG(update), KARG(param), KARG(grad), KARG(exp_avg),
                          KARG(exp_avg_sq)));
@@ -63,6 +63,6 @@ dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param
     DSC_TRY(expect_same_numel(&call, grad, "grad", param));
     DSC_TRY(expect_same_numel(&call, exp_avg, "exp_avg", param));
     DSC_TRY(expect_same_numel(&call, exp_avg_sq, "exp_avg_sq", param));
-    return KERNEL_RUN(&call, lamb_direction, update->data, param->data, grad->data, exp_avg->data, exp_avg_sq->data,
-                      dsc_tensor_numel(param), beta1, beta2, eps, weight_decay);
+    return KERNEL_RUN(&call, lamb_direction, update->data, param->data, grad->data, exp_avg->data,
+                      exp_avg_sq->data, dsc_tensor_numel(param), beta1, beta2, eps, weight_decay);
 }

@@ -46,8 +46,10 @@ int main(int argc, char **argv) {
     dsc_status st = dsc_launch_parse_args(argc - 1, argv + 1, &opt);
     if (st) return fail(st);
     if (opt.help || opt.version) {
-        if (opt.help) fputs(dsc_launch_usage, stdout);
-        else printf("dsc-launch (dsc %s)\n", dsc_version());
+        if (opt.help)
+            fputs(dsc_launch_usage, stdout);
+        else
+            printf("dsc-launch (dsc %s)\n", dsc_version());
         dsc_launch_options_free(&opt);
         return 0;
     }

@@ -30,13 +30,14 @@ dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *
         fprintf(out, "per-expert load over the run (routes chosen / kept / dropped, all ranks):\n");
         for (int l = 0; l < L; l++) {
             int64_t total = 0;
-            for (int e = 0; e < E; e++) total += c[((int64_t)l * E + e) * 3];
+            for (int e = 0; e < E; e++)
+                total += c[((int64_t)l * E + e) * 3];
             if (total == 0) continue;
             fprintf(out, "  layers.%d:", l);
             for (int e = 0; e < E; e++) {
                 const int64_t *row = c + ((int64_t)l * E + e) * 3;
-                fprintf(out, "  e%d %lld/%lld/%lld (%.0f%%)", e, (long long)row[0], (long long)row[1], (long long)row[2],
-                       100.0 * (double)row[0] / (double)total);
+                fprintf(out, "  e%d %lld/%lld/%lld (%.0f%%)", e, (long long)row[0], (long long)row[1],
+                        (long long)row[2], 100.0 * (double)row[0] / (double)total);
             }
             fprintf(out, "\n");
         }

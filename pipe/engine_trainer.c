@@ -30,8 +30,8 @@ struct dsc_pipe_trainer {
     dsc_engine *engine;
     dsc_rng layer_rng;
     int stage_id;
-    dsc_trainer_layers tp;  /* tensor parallelism from hooks.prepare_tp; zero without */
-    dsc_comm *model_group;  /* the stages' tensor groups of this replica (pp x tp ranks): the norm sums over it */
+    dsc_trainer_layers tp; /* tensor parallelism from hooks.prepare_tp; zero without */
+    dsc_comm *model_group; /* the stages' tensor groups of this replica (pp x tp ranks): the norm sums over it */
 };
 
 static dsc_schedule_kind schedule_kind(dsc_pipe_schedule_kind k) {
@@ -58,20 +58,20 @@ static dsc_status check_config(const dsc_pipe_trainer_options *o, int world) {
               "%s: \"moe.num_experts\" = %d needs the MoE layers (hooks.prepare_build)", src,
               cfg->moe.num_experts);
     DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG, "%s: \"data.path\" is empty", src);
-    DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0 &&
-                  cfg->data_parallel_size == world / (P * tp),
-              DSC_ERR_CONFIG,
-              "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages / %d tensor ranks)",
-              src, world / (P * tp), world, P, tp);
+    DSC_CHECK(
+        cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0 &&
+            cfg->data_parallel_size == world / (P * tp),
+        DSC_ERR_CONFIG,
+        "%s: batch sizes are not resolved for %d data-parallel ranks (world %d / %d stages / %d tensor ranks)",
+        src, world / (P * tp), world, P, tp);
     return NULL;
 }
 
 static dsc_status make_groups(dsc_pipe_trainer *t, const dsc_config *cfg, dsc_comm *world) {
-    dsc_parallel_dims dims = {
-        .pp = cfg->pipeline.stages,
-        .dp = 0,
-        .tp = cfg->tensor_parallel.autotp_size,
-        .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
+    dsc_parallel_dims dims = {.pp = cfg->pipeline.stages,
+                              .dp = 0,
+                              .tp = cfg->tensor_parallel.autotp_size,
+                              .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
     DSC_TRY(dsc_groups_plan(dsc_comm_size(world), dsc_comm_rank(world), &dims, &t->plan));
     t->planned = true;
     DSC_TRY(dsc_groups_create(world, &t->plan, &t->groups));
@@ -105,7 +105,8 @@ static dsc_status build_stage(dsc_pipe_trainer *t, const dsc_pipe_trainer_option
     DSC_TRY(dsc_nn_register_dense_layers());
     const void *extra = NULL;
     if (o->hooks.prepare_build) DSC_TRY(o->hooks.prepare_build(cfg, t->groups, o->hooks.ctx, &extra));
-    if (cfg->tensor_parallel.autotp_size > 1) DSC_TRY(o->hooks.prepare_tp(cfg, t->groups, o->hooks.tp_ctx, &t->tp));
+    if (cfg->tensor_parallel.autotp_size > 1)
+        DSC_TRY(o->hooks.prepare_tp(cfg, t->groups, o->hooks.tp_ctx, &t->tp));
     dsc_pipe_layer_spec *layers;
     int n;
     DSC_TRY(dsc_pipe_model_layers(&t->mc, &layers, &n));

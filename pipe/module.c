@@ -79,8 +79,12 @@ dsc_status dsc_pipe_model_layers(const dsc_model_config *mc, dsc_pipe_layer_spec
 static dsc_status describe(dsc_pipe_module *m) {
     dsc_param_store *scratch;
     DSC_TRY(dsc_params_create(&scratch, DSC_CPU, 0));
-    dsc_build_ctx ctx = {.model = &m->model, .params = scratch, .device = DSC_CPU, .extra = m->extra,
-                         .tp = m->tp, .attention = m->attention};
+    dsc_build_ctx ctx = {.model = &m->model,
+                         .params = scratch,
+                         .device = DSC_CPU,
+                         .extra = m->extra,
+                         .tp = m->tp,
+                         .attention = m->attention};
     dsc_status s = NULL;
     for (int i = 0; i < m->n && !s; i++) {
         dsc_layer *layer;
@@ -236,7 +240,8 @@ void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *
 void dsc_pipe_module_print_summary(const dsc_pipe_module *m, int64_t B, int64_t T, FILE *fp) {
     char held[96] = "";
     if (m->ep > 1)
-        snprintf(held, sizeof held, " (%lld per expert-parallel rank, %d ranks)", (long long)m->rank_params, m->ep);
+        snprintf(held, sizeof held, " (%lld per expert-parallel rank, %d ranks)", (long long)m->rank_params,
+                 m->ep);
     fprintf(fp,
             "pipeline partition: %d layers, %lld parameters%s, method \"%s\", %d stages x %d chunks; "
             "activations per micro-batch of %lld x %lld tokens\n",
@@ -283,8 +288,12 @@ dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_para
     s->layers = calloc((size_t)m->n, sizeof *s->layers);
     s->chunk_start = calloc((size_t)m->v + 1, sizeof *s->chunk_start);
     dsc_status st = s->layers && s->chunk_start ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline stage: layer table");
-    dsc_build_ctx ctx = {.model = &m->model, .params = params, .device = device, .extra = m->extra,
-                         .tp = m->tp, .attention = m->attention};
+    dsc_build_ctx ctx = {.model = &m->model,
+                         .params = params,
+                         .device = device,
+                         .extra = m->extra,
+                         .tp = m->tp,
+                         .attention = m->attention};
     for (int c = 0; c < m->v && !st; c++) {
         int first, end;
         dsc_pipe_module_range(m, stage_id, c, &first, &end);

@@ -75,7 +75,7 @@ dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int st
     s->stage_id = stage_id;
     s->chunks = chunks;
     dsc_status st = kind == DSC_SCHEDULE_GPIPE || kind == DSC_SCHEDULE_INTERLEAVED ? dsc_sched_build_timeline(s)
-                                                                                    : dsc_sched_build_deepspeed(s);
+                                                                                   : dsc_sched_build_deepspeed(s);
     if (st) {
         dsc_schedule_destroy(s);
         return dsc_error_wrap(st, "building %s schedule (M=%d, P=%d, S=%d)", kind_names[kind], micro_batches,
@@ -119,13 +119,27 @@ void dsc_sched_end_step(dsc_schedule *s) {
     s->step_start[++s->steps_closed] = s->count;
 }
 
-dsc_schedule_kind dsc_schedule_get_kind(const dsc_schedule *s) { return s->kind; }
-int dsc_schedule_micro_batches(const dsc_schedule *s) { return s->micro_batches; }
-int dsc_schedule_stages(const dsc_schedule *s) { return s->stages; }
-int dsc_schedule_stage_id(const dsc_schedule *s) { return s->stage_id; }
-int dsc_schedule_chunks(const dsc_schedule *s) { return s->chunks; }
-int dsc_schedule_num_steps(const dsc_schedule *s) { return s->num_steps; }
-int dsc_schedule_num_buffers(const dsc_schedule *s) { return s->num_buffers; }
+dsc_schedule_kind dsc_schedule_get_kind(const dsc_schedule *s) {
+    return s->kind;
+}
+int dsc_schedule_micro_batches(const dsc_schedule *s) {
+    return s->micro_batches;
+}
+int dsc_schedule_stages(const dsc_schedule *s) {
+    return s->stages;
+}
+int dsc_schedule_stage_id(const dsc_schedule *s) {
+    return s->stage_id;
+}
+int dsc_schedule_chunks(const dsc_schedule *s) {
+    return s->chunks;
+}
+int dsc_schedule_num_steps(const dsc_schedule *s) {
+    return s->num_steps;
+}
+int dsc_schedule_num_buffers(const dsc_schedule *s) {
+    return s->num_buffers;
+}
 
 const dsc_instr *dsc_schedule_step(const dsc_schedule *s, int t, int *count) {
     if (t < 0 || t >= s->num_steps) {

@@ -8,11 +8,15 @@
  * GPipe and interleaved live in schedule_timeline.c. */
 #include "pipe/schedule_internal.h"
 
-static int valid(const dsc_schedule *s, int m) { return m >= 0 && m < s->micro_batches; }
+static int valid(const dsc_schedule *s, int m) {
+    return m >= 0 && m < s->micro_batches;
+}
 
 /* Stage S works forwards on steps of its own parity and backwards on the
  * others: forward of m at step 2m+S, backward of m at 2m+2P-1-S. */
-static int train_is_forward_step(int t, int stage) { return (t + stage) % 2 == 0; }
+static int train_is_forward_step(int t, int stage) {
+    return (t + stage) % 2 == 0;
+}
 
 static int train_micro_batch(int t, int stage, int stages) {
     return train_is_forward_step(t, stage) ? (t - stage) / 2 : (t + stage + 1 - 2 * stages) / 2;
@@ -65,7 +69,8 @@ static dsc_status build_inference(dsc_schedule *s) {
     DSC_TRY(dsc_sched_reserve(s, T, 4 * T));
     for (int t = 0; t < T; t++) {
         const int m = t - S;
-        if (valid(s, m) && (S == 0 || S == P - 1)) dsc_sched_push(s, DSC_INSTR_LOAD_MICRO_BATCH, m % 2, m, 0, -1, -1);
+        if (valid(s, m) && (S == 0 || S == P - 1))
+            dsc_sched_push(s, DSC_INSTR_LOAD_MICRO_BATCH, m % 2, m, 0, -1, -1);
         const int send = S < P - 1 && valid(s, m - 1), recv = S > 0 && valid(s, m);
         /* Even stages send first and odd stages receive first, so every
          * neighbouring pair meets in the same order. */
@@ -94,9 +99,13 @@ static dsc_status build_data_parallel(dsc_schedule *s) {
 
 dsc_status dsc_sched_build_deepspeed(dsc_schedule *s) {
     switch (s->kind) {
-    case DSC_SCHEDULE_TRAIN_1F1B: return build_train(s);
-    case DSC_SCHEDULE_INFERENCE: return build_inference(s);
-    case DSC_SCHEDULE_DATA_PARALLEL: return build_data_parallel(s);
-    default: return dsc_error(DSC_ERR_INTERNAL, "%s is not a DeepSpeed schedule", dsc_schedule_kind_name(s->kind));
+    case DSC_SCHEDULE_TRAIN_1F1B:
+        return build_train(s);
+    case DSC_SCHEDULE_INFERENCE:
+        return build_inference(s);
+    case DSC_SCHEDULE_DATA_PARALLEL:
+        return build_data_parallel(s);
+    default:
+        return dsc_error(DSC_ERR_INTERNAL, "%s is not a DeepSpeed schedule", dsc_schedule_kind_name(s->kind));
     }
 }

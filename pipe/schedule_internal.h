@@ -21,7 +21,7 @@ struct dsc_schedule {
     dsc_instr *instrs; /* (capacity) */
     int count;         /* instructions written so far */
     int capacity;
-    int steps_closed;  /* steps finished by dsc_sched_end_step */
+    int steps_closed; /* steps finished by dsc_sched_end_step */
 };
 
 /* Sizes the step table for `num_steps` steps and room for `capacity` instructions. */

@@ -39,7 +39,9 @@ static int forward_index(const timeline *tl, int m, int chunk) {
     return (m / tl->P) * tl->P * tl->v + chunk * tl->P + m % tl->P;
 }
 
-static int backward_index(const timeline *tl, int m, int chunk) { return forward_index(tl, m, tl->v - 1 - chunk); }
+static int backward_index(const timeline *tl, int m, int chunk) {
+    return forward_index(tl, m, tl->v - 1 - chunk);
+}
 
 /* Step of the forward of micro-batch m on virtual stage j. */
 static int forward_step(const timeline *tl, int m, int j) {
@@ -111,7 +113,8 @@ static void emit_micro_batch(emitter *e, int m, int c) {
         emit(e, tb, message_key(P, right_edge, 0), DSC_INSTR_RECV_GRAD, m, c, j + 1);
     }
     emit(e, tb, backward_key, DSC_INSTR_BACKWARD_PASS, m, c, -1);
-    if (j > 0) emit(e, backward_step(tl, m, j - 1), message_key(P, left_edge, 0), DSC_INSTR_SEND_GRAD, m, c, j - 1);
+    if (j > 0)
+        emit(e, backward_step(tl, m, j - 1), message_key(P, left_edge, 0), DSC_INSTR_SEND_GRAD, m, c, j - 1);
 }
 
 /* Lowest free slot at the first use of a (micro-batch, chunk); released
@@ -119,19 +122,21 @@ static void emit_micro_batch(emitter *e, int m, int c) {
  * BackwardPass except on virtual stage 0, which sends nothing back. */
 static dsc_status assign_buffers(emitter *e, int *num_buffers) {
     const int v = e->tl->v, units = e->tl->M * v;
-    int *slot_of = NULL; /* (M*v): buffer held by (m, c), -1 when none */
+    int *slot_of = NULL;        /* (M*v): buffer held by (m, c), -1 when none */
     unsigned char *used = NULL; /* (M*v) */
     dsc_status st = NULL;
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&slot_of, units * sizeof *slot_of, DSC_MEM_OTHER, DSC_CPU), done);
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&used, units, DSC_MEM_OTHER, DSC_CPU), done);
-    for (int u = 0; u < units; u++) slot_of[u] = -1;
+    for (int u = 0; u < units; u++)
+        slot_of[u] = -1;
     *num_buffers = 0;
     for (int i = 0; i < e->n; i++) {
         dsc_instr *in = &e->ev[i].in;
         const int u = in->micro_batch * v + in->chunk;
         if (slot_of[u] < 0) {
             int b = 0;
-            while (used[b]) b++;
+            while (used[b])
+                b++;
             used[b] = 1;
             slot_of[u] = b;
             if (b + 1 > *num_buffers) *num_buffers = b + 1;
@@ -153,7 +158,8 @@ static dsc_status emit_stage(dsc_schedule *s, const timeline *tl) {
     dsc_status st = NULL;
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&e.ev, ev_bytes, DSC_MEM_OTHER, DSC_CPU), done);
     for (int m = 0; m < tl->M; m++)
-        for (int c = 0; c < tl->v; c++) emit_micro_batch(&e, m, c);
+        for (int c = 0; c < tl->v; c++)
+            emit_micro_batch(&e, m, c);
     qsort(e.ev, e.n, sizeof *e.ev, event_cmp);
     DSC_TRY_GOTO(st, assign_buffers(&e, &s->num_buffers), done);
     DSC_TRY_GOTO(st, dsc_sched_reserve(s, tl->num_steps, e.n + 3), done);

@@ -29,10 +29,14 @@ static int is_comm(dsc_instr_type t) {
 
 static dsc_instr_type counterpart(dsc_instr_type t) {
     switch (t) {
-    case DSC_INSTR_SEND_ACTIVATION: return DSC_INSTR_RECV_ACTIVATION;
-    case DSC_INSTR_RECV_ACTIVATION: return DSC_INSTR_SEND_ACTIVATION;
-    case DSC_INSTR_SEND_GRAD: return DSC_INSTR_RECV_GRAD;
-    default: return DSC_INSTR_SEND_GRAD;
+    case DSC_INSTR_SEND_ACTIVATION:
+        return DSC_INSTR_RECV_ACTIVATION;
+    case DSC_INSTR_RECV_ACTIVATION:
+        return DSC_INSTR_SEND_ACTIVATION;
+    case DSC_INSTR_SEND_GRAD:
+        return DSC_INSTR_RECV_GRAD;
+    default:
+        return DSC_INSTR_SEND_GRAD;
     }
 }
 
@@ -40,7 +44,10 @@ static int step_of(const dsc_schedule *s, int pc) {
     int lo = 0, hi = s->num_steps - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (s->step_start[mid] <= pc) lo = mid; else hi = mid - 1;
+        if (s->step_start[mid] <= pc)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -69,8 +76,8 @@ static void track_live(runner *r, dsc_pipe_sim_stage *st, const dsc_instr *in) {
 }
 
 /* Advances stage `i` until it blocks or ends; pushes the peer it unblocks. */
-static dsc_status advance(runner *rs, int i, const dsc_pipe_sim_costs *costs, dsc_pipe_sim_result *res,
-                          int *queue, int *tail) {
+static dsc_status advance(runner *rs, int i, const dsc_pipe_sim_costs *costs, dsc_pipe_sim_result *res, int *queue,
+                          int *tail) {
     runner *r = &rs[i];
     dsc_pipe_sim_stage *st = &res->stages[i];
     const double scale = 1.0 / r->sched->chunks;
@@ -145,7 +152,8 @@ dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int n, const dsc_pipe_s
     runner *rs = NULL;
     int *queue = NULL; /* each stage once at start, then once per completed message */
     size_t queue_len = n;
-    for (int i = 0; i < n; i++) queue_len += stages[i]->count;
+    for (int i = 0; i < n; i++)
+        queue_len += stages[i]->count;
     dsc_status st = NULL;
     out->num_stages = n;
     DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&out->stages, n * sizeof *out->stages, DSC_MEM_OTHER, DSC_CPU), fail);
@@ -155,8 +163,10 @@ dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int n, const dsc_pipe_s
         for (int k = 0; k < stages[i]->count; k++)
             out->pool_len += stages[i]->instrs[k].type == DSC_INSTR_FORWARD_PASS ||
                              stages[i]->instrs[k].type == DSC_INSTR_BACKWARD_PASS;
-    DSC_TRY_GOTO(st, dsc_mem_alloc((void **)&out->segment_pool, out->pool_len * sizeof *out->segment_pool,
-                                   DSC_MEM_OTHER, DSC_CPU), fail);
+    DSC_TRY_GOTO(st,
+                 dsc_mem_alloc((void **)&out->segment_pool, out->pool_len * sizeof *out->segment_pool,
+                               DSC_MEM_OTHER, DSC_CPU),
+                 fail);
     size_t used = 0;
     for (int i = 0; i < n; i++) {
         out->stages[i].segments = out->segment_pool + used;
@@ -167,7 +177,8 @@ dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int n, const dsc_pipe_s
         queue[i] = i;
     }
     int head = 0, tail = n;
-    while (head < tail) DSC_TRY_GOTO(st, advance(rs, queue[head++], costs, out, queue, &tail), fail);
+    while (head < tail)
+        DSC_TRY_GOTO(st, advance(rs, queue[head++], costs, out, queue, &tail), fail);
     for (int i = 0; i < n; i++)
         if (rs[i].pc < stages[i]->count) DSC_TRY_GOTO(st, deadlock_error(rs, n), fail);
     for (int i = 0; i < n; i++) {
@@ -197,8 +208,8 @@ void dsc_pipe_sim_free(dsc_pipe_sim_result *r) {
  * makespan is that many operations of cost (F+B)/(2v) each. */
 dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int M, int P, int v, const dsc_pipe_sim_costs *c,
                                     dsc_pipe_sim_bounds *out) {
-    DSC_CHECK(M >= 1 && P >= 1 && v >= 1, DSC_ERR_INVALID, "closed form needs M, P, v >= 1 (got %d, %d, %d)", M,
-              P, v);
+    DSC_CHECK(M >= 1 && P >= 1 && v >= 1, DSC_ERR_INVALID, "closed form needs M, P, v >= 1 (got %d, %d, %d)", M, P,
+              v);
     switch (kind) {
     case DSC_SCHEDULE_TRAIN_1F1B:
     case DSC_SCHEDULE_GPIPE:
@@ -214,17 +225,26 @@ dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int M, int P, int v,
         out->makespan = (double)M * (c->forward + c->backward);
         out->bubble = 0.0;
         return NULL;
-    default: return dsc_error(DSC_ERR_INVALID, "schedule kind %d is unknown", (int)kind);
+    default:
+        return dsc_error(DSC_ERR_INVALID, "schedule kind %d is unknown", (int)kind);
     }
 }
 
 int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int M, int P, int S, int v) {
     int peak;
     switch (kind) {
-    case DSC_SCHEDULE_TRAIN_1F1B: peak = P - S; break;           /* warm-up depth */
-    case DSC_SCHEDULE_GPIPE: peak = M; break;                    /* every forward before any backward */
-    case DSC_SCHEDULE_INTERLEAVED: peak = 2 * (P - S - 1) + (v - 1) * P + 1; break; /* Megatron warm-up + 1 */
-    default: peak = 1; break;                                    /* inference, data parallel */
+    case DSC_SCHEDULE_TRAIN_1F1B:
+        peak = P - S;
+        break; /* warm-up depth */
+    case DSC_SCHEDULE_GPIPE:
+        peak = M;
+        break; /* every forward before any backward */
+    case DSC_SCHEDULE_INTERLEAVED:
+        peak = 2 * (P - S - 1) + (v - 1) * P + 1;
+        break; /* Megatron warm-up + 1 */
+    default:
+        peak = 1;
+        break; /* inference, data parallel */
     }
     return peak < M * v ? peak : M * v;
 }

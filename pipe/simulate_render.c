@@ -18,7 +18,9 @@ static double shortest_segment(const dsc_pipe_sim_result *r) {
 
 static const char segment_chars[4] = {'F', 'B', 'f', 'b'};
 
-static int segment_category(const dsc_pipe_sim_segment *g) { return (g->chunk % 2) * 2 + g->backward; }
+static int segment_category(const dsc_pipe_sim_segment *g) {
+    return (g->chunk % 2) * 2 + g->backward;
+}
 
 /* The character of column [lo, hi): the activity that fills most of it, or
  * '.' when the stage is idle for at least half of it. Averaging over the
@@ -26,7 +28,8 @@ static int segment_category(const dsc_pipe_sim_segment *g) { return (g->chunk % 
  * `k` is the first segment that may still overlap; it only moves forward. */
 static char column_char(const dsc_pipe_sim_stage *st, int *k, double lo, double hi) {
     double busy[4] = {0};
-    while (*k < st->num_segments && st->segments[*k].end <= lo) (*k)++;
+    while (*k < st->num_segments && st->segments[*k].end <= lo)
+        (*k)++;
     for (int q = *k; q < st->num_segments && st->segments[q].start < hi; q++) {
         const dsc_pipe_sim_segment *g = &st->segments[q];
         busy[segment_category(g)] += fmin(g->end, hi) - fmax(g->start, lo);
@@ -54,7 +57,8 @@ dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *r, int max_wid
         const dsc_pipe_sim_stage *st = &r->stages[i];
         fprintf(out, "stage %3d |", i);
         int k = 0;
-        for (int col = 0; col < cols; col++) fputc(column_char(st, &k, col * dt, (col + 1) * dt), out);
+        for (int col = 0; col < cols; col++)
+            fputc(column_char(st, &k, col * dt, (col + 1) * dt), out);
         fputs("|\n", out);
     }
     DSC_CHECK(!ferror(out), DSC_ERR_IO, "writing the timeline: output error");
@@ -64,10 +68,14 @@ dsc_status dsc_pipe_sim_print_timeline(const dsc_pipe_sim_result *r, int max_wid
 /* Text goes into XML, so the three characters XML reserves are escaped. */
 static void put_xml_text(FILE *f, const char *text) {
     for (; *text; text++) {
-        if (*text == '<') fputs("&lt;", f);
-        else if (*text == '>') fputs("&gt;", f);
-        else if (*text == '&') fputs("&amp;", f);
-        else fputc(*text, f);
+        if (*text == '<')
+            fputs("&lt;", f);
+        else if (*text == '>')
+            fputs("&gt;", f);
+        else if (*text == '&')
+            fputs("&amp;", f);
+        else
+            fputc(*text, f);
     }
 }
 
@@ -79,21 +87,24 @@ dsc_status dsc_pipe_sim_write_svg(const dsc_pipe_sim_result *r, const char *titl
     const double height = top + row * r->num_stages + 30;
     /* Forward blue, backward green; odd model chunks a lighter shade. */
     static const char *const fills[2][2] = {{"#4c78a8", "#9ecae9"}, {"#54a24b", "#a6d59a"}};
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"monospace\" "
-               "font-size=\"11\">\n", left + plot_w + 20, height);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"monospace\" "
+            "font-size=\"11\">\n",
+            left + plot_w + 20, height);
     fprintf(f, "<text x=\"%.0f\" y=\"20\" font-size=\"14\">", left);
     put_xml_text(f, title);
     fprintf(f, " (makespan %.4g, bubble %.4f)</text>\n", r->makespan, r->bubble);
     for (int i = 0; i < r->num_stages; i++) {
         const double y = top + row * i;
         fprintf(f, "<text x=\"5\" y=\"%.1f\">stage %d</text>\n", y + row * 0.7, i);
-        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" fill=\"#f0f0f0\"/>\n", left, y, plot_w,
-                row - 2);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" fill=\"#f0f0f0\"/>\n", left, y,
+                plot_w, row - 2);
         for (int k = 0; k < r->stages[i].num_segments; k++) {
             const dsc_pipe_sim_segment *g = &r->stages[i].segments[k];
             const double x = left + g->start * scale, w = (g->end - g->start) * scale;
-            fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
-                       "stroke-width=\"0.5\"><title>%s mb %d chunk %d [%g, %g]</title></rect>\n",
+            fprintf(f,
+                    "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
+                    "stroke-width=\"0.5\"><title>%s mb %d chunk %d [%g, %g]</title></rect>\n",
                     x, y, w, row - 2, fills[g->backward][g->chunk % 2], g->backward ? "backward" : "forward",
                     g->micro_batch, g->chunk, g->start, g->end);
             if (w >= 14) /* micro-batch id, dark on the light shades of odd chunks */

@@ -59,11 +59,12 @@ static dsc_status render_mistral(const serve_message *m, int32_t n, serve_buf *b
     for (int32_t i = first; i < n; i++) {
         bool user_turn = (i - first) % 2 == 0;
         if (is_role(&m[i], "system"))
-            return dsc_error(DSC_ERR_INVALID, "messages[%d]: the mistral template takes a system message only first",
-                             i);
+            return dsc_error(DSC_ERR_INVALID,
+                             "messages[%d]: the mistral template takes a system message only first", i);
         if (is_role(&m[i], "user") != user_turn)
             return dsc_error(DSC_ERR_INVALID,
-                             "messages[%d]: the mistral template needs roles alternating user/assistant/user/...", i);
+                             "messages[%d]: the mistral template needs roles alternating user/assistant/user/...",
+                             i);
         if (user_turn) {
             serve_buf_puts(b, "[INST] ");
             if (system && i == first) serve_buf_printf(b, "%s\n\n", system);

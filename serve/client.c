@@ -3,8 +3,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdbool.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +16,12 @@
 struct serve_client {
     int fd;
     int status;
-    char *headers;     /* the header block, NUL-terminated */
-    char *in;          /* received, not yet decoded */
+    char *headers; /* the header block, NUL-terminated */
+    char *in;      /* received, not yet decoded */
     size_t n_in, cap_in;
-    char *body;        /* decoded */
+    char *body; /* decoded */
     size_t n_body, cap_body, event_at;
-    char *event;       /* the last event's data */
+    char *event; /* the last event's data */
     bool chunked, eof, ended;
     long long remaining; /* content-length left, or the current chunk's bytes left; -1 unknown */
     char header_value[512];
@@ -117,7 +117,8 @@ dsc_status serve_client_open(int port, const char *method, const char *path, con
         free(c);
         return dsc_error(DSC_ERR_IO, "client: socket: %s", strerror(errno));
     }
-    struct timeval tv = {.tv_sec = (time_t)timeout_s, .tv_usec = (suseconds_t)((timeout_s - (time_t)timeout_s) * 1e6)};
+    struct timeval tv = {.tv_sec = (time_t)timeout_s,
+                         .tv_usec = (suseconds_t)((timeout_s - (time_t)timeout_s) * 1e6)};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (rcvbuf > 0) setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
@@ -133,8 +134,8 @@ dsc_status serve_client_open(int port, const char *method, const char *path, con
         n_req = asprintf(&req,
                          "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n%s%s"
                          "Content-Length: %zu\r\n\r\n",
-                         method, path, port, body ? "Content-Type: application/json\r\n" : "", headers ? headers : "",
-                         n_body);
+                         method, path, port, body ? "Content-Type: application/json\r\n" : "",
+                         headers ? headers : "", n_body);
         if (n_req < 0) s = dsc_error(DSC_ERR_NOMEM, "client request");
     }
     for (int part = 0; !s && part < 2; part++) {
@@ -250,8 +251,8 @@ void serve_client_close(serve_client *c) {
     free(c);
 }
 
-dsc_status serve_client_fetch(int port, const char *method, const char *path, const char *headers, const char *body,
-                              double timeout_s, int *status, char **body_out) {
+dsc_status serve_client_fetch(int port, const char *method, const char *path, const char *headers,
+                              const char *body, double timeout_s, int *status, char **body_out) {
     serve_client *c;
     DSC_TRY(serve_client_open(port, method, path, headers, body, timeout_s, 0, &c));
     const char *b;

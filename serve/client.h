@@ -27,7 +27,7 @@ dsc_status serve_client_event(serve_client *c, const char **data);
 void serve_client_close(serve_client *c);
 
 /* One whole request: *status and a malloc'd *body. */
-dsc_status serve_client_fetch(int port, const char *method, const char *path, const char *headers, const char *body,
-                              double timeout_s, int *status, char **body_out);
+dsc_status serve_client_fetch(int port, const char *method, const char *path, const char *headers,
+                              const char *body, double timeout_s, int *status, char **body_out);
 
 #endif

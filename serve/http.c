@@ -47,8 +47,8 @@ static void count_status(dsc_server *srv, int status) {
 }
 
 /* Sends body (malloc'd, taken; NULL: out of memory -> 500). */
-static enum MHD_Result send_body(dsc_server *srv, struct MHD_Connection *c, int status, const char *type, char *body,
-                                 const char *retry_after) {
+static enum MHD_Result send_body(dsc_server *srv, struct MHD_Connection *c, int status, const char *type,
+                                 char *body, const char *retry_after) {
     if (!body) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                   "\"param\":null,\"code\":null}}";
@@ -228,10 +228,11 @@ static bool tokenize(dsc_server *srv, const char *text, bool bos, serve_prompt *
 static bool prepare(dsc_server *srv, serve_params *p, int32_t *max_tokens, serve_error *err) {
     if (p->kind == SERVE_KIND_CHAT) {
         if (!srv->chat) {
-            serve_error_set(err, 400, "messages",
-                            "model '%s' has no chat template: start dsc-serve with --chat-template NAME (%s), or use "
-                            "/v1/completions",
-                            srv->model_name, serve_chat_template_names());
+            serve_error_set(
+                err, 400, "messages",
+                "model '%s' has no chat template: start dsc-serve with --chat-template NAME (%s), or use "
+                "/v1/completions",
+                srv->model_name, serve_chat_template_names());
             return false;
         }
         char *text;
@@ -263,7 +264,8 @@ static bool prepare(dsc_server *srv, serve_params *p, int32_t *max_tokens, serve
                                 srv->model_name);
                 return false;
             }
-            if (!tokenize(srv, q->text, p->kind == SERVE_KIND_COMPLETION && srv->cfg.bos >= 0, q, err)) return false;
+            if (!tokenize(srv, q->text, p->kind == SERVE_KIND_COMPLETION && srv->cfg.bos >= 0, q, err))
+                return false;
         }
         for (int32_t k = 0; k < q->n_ids; k++)
             if (q->ids[k] >= srv->vocab) {
@@ -399,9 +401,11 @@ static enum MHD_Result route(dsc_server *srv, struct MHD_Connection *c, const ch
         return send_body(srv, c, 200, "application/json", strdup("{}"), NULL);
     }
     if (!is_completions && !is_chat && !is_models && !is_metrics)
-        return fail(srv, c, 404, NULL, "no such route; dsc-serve has /v1/completions, /v1/chat/completions, "
-                                       "/v1/models, /health and /metrics");
-    if (!authorized(srv, c)) return fail(srv, c, 401, NULL, "Incorrect API key provided (Authorization: Bearer KEY)");
+        return fail(srv, c, 404, NULL,
+                    "no such route; dsc-serve has /v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health and /metrics");
+    if (!authorized(srv, c))
+        return fail(srv, c, 401, NULL, "Incorrect API key provided (Authorization: Bearer KEY)");
     if ((is_models || is_metrics) && !get) return fail(srv, c, 405, NULL, "this route takes GET");
     if ((is_completions || is_chat) && !post) return fail(srv, c, 405, NULL, "this route takes POST");
     if (ctx->too_large) {
@@ -449,7 +453,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return route(srv, c, url, method, ctx);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
     (void)cls;
     (void)c;
     (void)toe;
@@ -478,11 +483,11 @@ dsc_status serve_http_start(dsc_server *srv) {
     DSC_CHECK(inet_pton(AF_INET, srv->cfg.host, &addr.sin_addr) == 1, DSC_ERR_CONFIG,
               "--host %s: not an IPv4 address (e.g. 127.0.0.1, or 0.0.0.0 for every interface)", srv->cfg.host);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
-    srv->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_concurrent + 64u, MHD_OPTION_CONNECTION_TIMEOUT,
-        120u, MHD_OPTION_END);
+    srv->mhd =
+        MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                         MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+                         on_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_concurrent + 64u,
+                         MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_END);
     DSC_CHECK(srv->mhd, DSC_ERR_IO, "cannot listen on %s:%d (%s)", srv->cfg.host, srv->cfg.port,
               errno ? strerror(errno) : "libmicrohttpd refused the options");
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);

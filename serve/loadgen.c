@@ -73,7 +73,8 @@ static char *make_request(const serve_load_config *c, int64_t i, int *leave_afte
     if (!body) return NULL;
     size_t at = (size_t)snprintf(body, cap, "{\"prompt\":[");
     for (int32_t t = 0; t < n; t++)
-        at += (size_t)snprintf(body + at, cap - at, t ? ",%d" : "%d", (int)dsc_rng_below(&rng, (uint64_t)c->vocab));
+        at +=
+            (size_t)snprintf(body + at, cap - at, t ? ",%d" : "%d", (int)dsc_rng_below(&rng, (uint64_t)c->vocab));
     snprintf(body + at, cap - at, "],\"max_tokens\":%d,\"temperature\":0,\"stream\":true}", m);
     return body;
 }
@@ -96,7 +97,8 @@ static void *worker(void *arg) {
         sent++;
         int n_tok = 0;
         bool ok = !s && serve_client_status(cl) == 200, left = false, failed = false;
-        if (!s && serve_client_status(cl) == 429) rejected++;
+        if (!s && serve_client_status(cl) == 429)
+            rejected++;
         else if (!ok) {
             pthread_mutex_lock(&sh->mu);
             char msg[256];

@@ -108,8 +108,13 @@ dsc_status serve_loop_on_token(void *user, uint64_t uid, int32_t token, bool fin
         st = serve_text_append(&q->text, srv->tok, token, stop_tok, f != SERVE_FINISH_NONE, job->p.stop,
                                job->p.n_stop, &stopped);
         if (!st && stopped) f = SERVE_FINISH_STOP;
-        serve_event ev = {.seq = i, .token = token, .off = before, .len = q->text.visible - before, .finish = f,
-                          .top = job->n_tops, .first = q->n_gen == 1};
+        serve_event ev = {.seq = i,
+                          .token = token,
+                          .off = before,
+                          .len = q->text.visible - before,
+                          .finish = f,
+                          .top = job->n_tops,
+                          .first = q->n_gen == 1};
         if (!st && job->p.logprobs >= 0 && row &&
             !add_logprobs(job, row, dsc_infer_engine_logits_width(srv->engine), token, job->p.logprobs))
             st = dsc_error(DSC_ERR_NOMEM, "logprobs of request %s", job->id);
@@ -165,8 +170,11 @@ static dsc_status plan_releases(dsc_server *srv, bool cut) {
             if (!q->in_sched) continue;
             if (q->finish == SERVE_FINISH_NONE && (job->cancel || cut)) {
                 finish_seq(srv, job, q, SERVE_FINISH_ABORT);
-                if (!add_event(job, (serve_event){.seq = i, .token = -1, .off = q->text.visible,
-                                                  .finish = SERVE_FINISH_ABORT, .first = q->n_gen == 0}))
+                if (!add_event(job, (serve_event){.seq = i,
+                                                  .token = -1,
+                                                  .off = q->text.visible,
+                                                  .finish = SERVE_FINISH_ABORT,
+                                                  .first = q->n_gen == 0}))
                     return dsc_error(DSC_ERR_NOMEM, "events of request %s", job->id);
                 if (cut && !job->error.http)
                     serve_error_set(&job->error, 503, NULL, "the server stopped before the request finished");

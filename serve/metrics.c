@@ -23,7 +23,8 @@ void serve_hist_observe(serve_hist *h, double seconds) {
 }
 
 static void gauge(serve_buf *b, const char *name, const char *help, const char *model, double v) {
-    serve_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s{model=\"%s\"} %.17g\n", name, help, name, name, model, v);
+    serve_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s{model=\"%s\"} %.17g\n", name, help, name, name, model,
+                     v);
 }
 
 static void counter(serve_buf *b, const char *name, const char *help, const char *model, uint64_t v) {
@@ -40,10 +41,11 @@ static void histogram(serve_buf *b, const char *name, const char *help, const ch
             serve_buf_printf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model, bounds[i],
                              (unsigned long long)cum);
         else
-            serve_buf_printf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)cum);
+            serve_buf_printf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model,
+                             (unsigned long long)cum);
     }
-    serve_buf_printf(b, "%s_sum{model=\"%s\"} %.9g\n%s_count{model=\"%s\"} %llu\n", name, model, h->sum, name, model,
-                     (unsigned long long)h->count);
+    serve_buf_printf(b, "%s_sum{model=\"%s\"} %.9g\n%s_count{model=\"%s\"} %llu\n", name, model, h->sum, name,
+                     model, (unsigned long long)h->count);
 }
 
 void serve_metrics_render(const serve_metrics *m, const char *model, serve_buf *b) {
@@ -58,7 +60,8 @@ void serve_metrics_render(const serve_metrics *m, const char *model, serve_buf *
                              (unsigned long long)m->by_status[i]);
     }
     gauge(b, "dsc_num_requests_in_flight", "generation requests being answered", model, m->in_flight);
-    gauge(b, "dsc_num_requests_waiting", "sequences queued in the scheduler (preempted included)", model, m->waiting);
+    gauge(b, "dsc_num_requests_waiting", "sequences queued in the scheduler (preempted included)", model,
+          m->waiting);
     gauge(b, "dsc_num_requests_running", "sequences the scheduler runs", model, m->running);
     gauge(b, "dsc_num_preempted", "sequences waiting again after a recompute preemption", model, m->preempted);
     counter(b, "dsc_num_preemptions_total", "recompute preemptions", model, m->preemptions);
@@ -68,8 +71,8 @@ void serve_metrics_render(const serve_metrics *m, const char *model, serve_buf *
           m->kv_total ? (double)m->kv_used / m->kv_total : 0.0);
     counter(b, "dsc_prompt_tokens_total", "prompt tokens of admitted sequences", model, m->prompt_tokens);
     counter(b, "dsc_generation_tokens_total", "generated tokens", model, m->generation_tokens);
-    counter(b, "dsc_sequences_cancelled_total", "sequences cancelled before finishing (client gone, drain timeout)",
-            model, m->cancelled);
+    counter(b, "dsc_sequences_cancelled_total",
+            "sequences cancelled before finishing (client gone, drain timeout)", model, m->cancelled);
     histogram(b, "dsc_time_to_first_token_seconds", "arrival to first generated token", model, &m->ttft);
     histogram(b, "dsc_inter_token_latency_seconds", "between consecutive tokens of a sequence", model, &m->itl);
     histogram(b, "dsc_e2e_request_latency_seconds", "arrival to the last token of a request", model, &m->e2e);

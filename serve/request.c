@@ -17,7 +17,7 @@
 
 void serve_error_set(serve_error *e, int http, const char *param, const char *fmt, ...) {
     e->http = http;
-    e->type = http == 401 ? "authentication_error"
+    e->type = http == 401   ? "authentication_error"
               : http == 404 ? "not_found_error"
               : http == 429 ? "rate_limit_error"
               : http >= 500 ? "server_error"
@@ -62,7 +62,8 @@ static const field fields[] = {
 
 static bool known(const char *name, serve_kind kind) {
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        if (strcmp(fields[i].name, name) == 0) return kind == SERVE_KIND_CHAT ? fields[i].chat : fields[i].completion;
+        if (strcmp(fields[i].name, name) == 0)
+            return kind == SERVE_KIND_CHAT ? fields[i].chat : fields[i].completion;
     return false;
 }
 
@@ -80,7 +81,8 @@ static bool get_int(const cJSON *v, const char *name, double lo, double hi, int6
         return false;
     }
     if (v->valuedouble < lo || v->valuedouble > hi) {
-        serve_error_set(err, 400, name, "'%s' is %.17g; it must be in [%.17g, %.17g]", name, v->valuedouble, lo, hi);
+        serve_error_set(err, 400, name, "'%s' is %.17g; it must be in [%.17g, %.17g]", name, v->valuedouble, lo,
+                        hi);
         return false;
     }
     *out = (int64_t)v->valuedouble;
@@ -95,7 +97,8 @@ static bool get_num(const cJSON *v, const char *name, double lo, double hi, bool
     }
     double x = v->valuedouble;
     if (!(x <= hi && (lo_open ? x > lo : x >= lo))) {
-        serve_error_set(err, 400, name, "'%s' is %g; it must be in %s%g, %g]", name, x, lo_open ? "(" : "[", lo, hi);
+        serve_error_set(err, 400, name, "'%s' is %g; it must be in %s%g, %g]", name, x, lo_open ? "(" : "[", lo,
+                        hi);
         return false;
     }
     *out = x;
@@ -149,7 +152,8 @@ static bool parse_prompt(const cJSON *v, serve_params *p, serve_error *err) {
         return false;
     }
     if (count < 1 || count > SERVE_MAX_PROMPTS) {
-        serve_error_set(err, 400, name, "'prompt' holds %d prompts; 1 to %d are accepted", count, SERVE_MAX_PROMPTS);
+        serve_error_set(err, 400, name, "'prompt' holds %d prompts; 1 to %d are accepted", count,
+                        SERVE_MAX_PROMPTS);
         return false;
     }
     p->prompts = calloc((size_t)count, sizeof *p->prompts);
@@ -189,8 +193,8 @@ static bool parse_content(const cJSON *v, int32_t i, char **out, serve_error *er
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text) ||
                 cJSON_GetArraySize(part) != 2) {
-                serve_error_set(err, 400, name, "'%s': only parts {\"type\": \"text\", \"text\": ...} are supported",
-                                name);
+                serve_error_set(err, 400, name,
+                                "'%s': only parts {\"type\": \"text\", \"text\": ...} are supported", name);
                 return false;
             }
             total += strlen(text->valuestring);
@@ -251,7 +255,8 @@ static bool parse_stop(const cJSON *v, serve_params *p, serve_error *err) {
     if (cJSON_IsNull(v)) return true;
     int count = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
     if (count < 0 || count > SERVE_MAX_STOP) {
-        serve_error_set(err, 400, "stop", "'stop' must be a string or a list of at most %d strings", SERVE_MAX_STOP);
+        serve_error_set(err, 400, "stop", "'stop' must be a string or a list of at most %d strings",
+                        SERVE_MAX_STOP);
         return false;
     }
     for (int i = 0; i < count; i++) {
@@ -271,7 +276,8 @@ static bool parse_stop(const cJSON *v, serve_params *p, serve_error *err) {
 }
 
 /* One field of the request object. */
-static bool parse_field(const cJSON *f, serve_kind kind, const char *model_name, serve_params *p, serve_error *err) {
+static bool parse_field(const cJSON *f, serve_kind kind, const char *model_name, serve_params *p,
+                        serve_error *err) {
     const char *k = f->string;
     int64_t i64;
     double x;
@@ -327,7 +333,8 @@ static bool parse_field(const cJSON *f, serve_kind kind, const char *model_name,
     if (strcmp(k, "stop_token_ids") == 0) {
         int count = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
         if (count < 0 || count > SERVE_MAX_STOP_IDS) {
-            serve_error_set(err, 400, k, "'stop_token_ids' must be a list of at most %d token ids", SERVE_MAX_STOP_IDS);
+            serve_error_set(err, 400, k, "'stop_token_ids' must be a list of at most %d token ids",
+                            SERVE_MAX_STOP_IDS);
             return false;
         }
         for (const cJSON *e = f->child; e; e = e->next) {
@@ -345,7 +352,8 @@ static bool parse_field(const cJSON *f, serve_kind kind, const char *model_name,
     }
     if (strcmp(k, "presence_penalty") == 0 || strcmp(k, "frequency_penalty") == 0) {
         if (!get_num(f, k, 0, 0, false, &x, err)) {
-            serve_error_set(err, 400, k, "'%s' is not implemented; only 0 is accepted (see repetition_penalty)", k);
+            serve_error_set(err, 400, k, "'%s' is not implemented; only 0 is accepted (see repetition_penalty)",
+                            k);
             return false;
         }
         return true;
@@ -425,8 +433,9 @@ bool serve_params_parse(const char *body, size_t len, serve_kind kind, const cha
         ok = false;
     }
     if (ok && p->echo && p->logprobs >= 0) {
-        serve_error_set(err, 400, "echo",
-                        "'echo' with 'logprobs' is not supported: the engine returns no logprobs of prompt tokens");
+        serve_error_set(
+            err, 400, "echo",
+            "'echo' with 'logprobs' is not supported: the engine returns no logprobs of prompt tokens");
         ok = false;
     }
     cJSON_Delete(root);

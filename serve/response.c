@@ -182,7 +182,8 @@ char *serve_json_final(const dsc_server *srv, const serve_job *job) {
         }
         cJSON_AddStringToObject(c, "finish_reason", finish_name(q->finish));
         if (job->p.return_token_ids) {
-            cJSON_AddItemToObject(c, "prompt_token_ids", ids_array(job->p.prompts[i].ids, job->p.prompts[i].n_ids));
+            cJSON_AddItemToObject(c, "prompt_token_ids",
+                                  ids_array(job->p.prompts[i].ids, job->p.prompts[i].n_ids));
             cJSON_AddItemToObject(c, "token_ids", ids_array(q->gen, q->n_gen));
         }
         cJSON_AddItemToArray(choices, c);

@@ -53,7 +53,7 @@ typedef struct serve_params {
     int32_t stop_ids[SERVE_MAX_STOP_IDS];
     int32_t n_stop_ids;
     bool echo;
-    int32_t logprobs; /* -1: none; else the top alternatives per token (0..20) */
+    int32_t logprobs;     /* -1: none; else the top alternatives per token (0..20) */
     bool chat_logprobs;   /* chat's logprobs flag, while parsing */
     int32_t top_logprobs; /* chat's count, while parsing (-1: absent) */
     bool stream, include_usage, return_token_ids;
@@ -131,7 +131,11 @@ typedef struct serve_event {
     bool first; /* the sequence's first event */
 } serve_event;
 
-typedef enum serve_admission { SERVE_ADMISSION_PENDING = 0, SERVE_ADMISSION_OK, SERVE_ADMISSION_FAILED } serve_admission;
+typedef enum serve_admission {
+    SERVE_ADMISSION_PENDING = 0,
+    SERVE_ADMISSION_OK,
+    SERVE_ADMISSION_FAILED
+} serve_admission;
 
 typedef struct serve_job {
     serve_params p;
@@ -178,8 +182,8 @@ struct dsc_server {
     dsc_scheduler *sched;
     dsc_tokenizer *tok;
     const serve_chat_template *chat;
-    int32_t chat_end_id;   /* the template's end-of-turn token, or -1 */
-    char chat_end[32];     /* its text: a stop string when it is not a token */
+    int32_t chat_end_id; /* the template's end-of-turn token, or -1 */
+    char chat_end[32];   /* its text: a stop string when it is not a token */
     int32_t vocab, max_context, block_size;
     int64_t created;
     pthread_mutex_t mu;

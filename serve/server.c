@@ -29,12 +29,14 @@ static dsc_status check_config(const dsc_serve_config *c) {
               "--served-model-name \"%s\": no quotes, backslashes or newlines", c->model_name);
     DSC_CHECK(c->port >= 0 && c->port <= 65535, DSC_ERR_CONFIG, "--port %d: not in [0, 65535]", c->port);
     DSC_CHECK(c->max_body_bytes >= 64, DSC_ERR_CONFIG, "--max-body-bytes %zu: at least 64", c->max_body_bytes);
-    DSC_CHECK(c->max_prompt_tokens >= 1, DSC_ERR_CONFIG, "--max-prompt-tokens %d: at least 1", c->max_prompt_tokens);
+    DSC_CHECK(c->max_prompt_tokens >= 1, DSC_ERR_CONFIG, "--max-prompt-tokens %d: at least 1",
+              c->max_prompt_tokens);
     DSC_CHECK(c->max_tokens >= 1, DSC_ERR_CONFIG, "--max-tokens-limit %d: at least 1", c->max_tokens);
-    DSC_CHECK(c->max_concurrent >= 1, DSC_ERR_CONFIG, "--max-concurrent-requests %d: at least 1", c->max_concurrent);
+    DSC_CHECK(c->max_concurrent >= 1, DSC_ERR_CONFIG, "--max-concurrent-requests %d: at least 1",
+              c->max_concurrent);
     DSC_CHECK(c->drain_timeout_s >= 0, DSC_ERR_CONFIG, "--drain-timeout %g: not negative", c->drain_timeout_s);
-    DSC_CHECK(c->n_eos >= 0 && c->n_eos <= DSC_SERVE_MAX_EOS, DSC_ERR_CONFIG, "%d stop tokens: at most %d", c->n_eos,
-              DSC_SERVE_MAX_EOS);
+    DSC_CHECK(c->n_eos >= 0 && c->n_eos <= DSC_SERVE_MAX_EOS, DSC_ERR_CONFIG, "%d stop tokens: at most %d",
+              c->n_eos, DSC_SERVE_MAX_EOS);
     DSC_CHECK(!c->api_key || c->api_key[0], DSC_ERR_CONFIG, "--api-key: empty");
     return NULL;
 }
@@ -69,8 +71,8 @@ dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_confi
     DSC_TRY(check_config(cfg));
     int32_t V = dsc_infer_engine_vocab_size(engine);
     for (int32_t i = 0; i < cfg->n_eos; i++)
-        DSC_CHECK(cfg->eos[i] >= 0 && cfg->eos[i] < V, DSC_ERR_CONFIG, "stop token %d: outside the vocabulary [0, %d)",
-                  cfg->eos[i], V);
+        DSC_CHECK(cfg->eos[i] >= 0 && cfg->eos[i] < V, DSC_ERR_CONFIG,
+                  "stop token %d: outside the vocabulary [0, %d)", cfg->eos[i], V);
     DSC_CHECK(cfg->bos < V, DSC_ERR_CONFIG, "--bos %d: outside the vocabulary [0, %d)", cfg->bos, V);
     dsc_server *srv = calloc(1, sizeof *srv);
     DSC_CHECK(srv, DSC_ERR_NOMEM, "server");

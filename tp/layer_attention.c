@@ -27,12 +27,12 @@ typedef struct tp_attention {
     float rope_theta;
     dsc_device device;
     int slots;
-    dsc_tensor *in;           /* [slots] views of the block's input */
-    dsc_tensor *q, *k, *v;    /* [slots] (B, T, nq, HS), (B, T, nkv, HS) x2; after RoPE */
-    dsc_tensor *att, *lse;    /* [slots] (B, T, nq, HS), (B, nq, T) */
-    dsc_tensor *out, *din;    /* [slots] (B, T, C) */
-    dsc_tensor *scratch;      /* [4] datt, dq (B, T, nq HS); dk, dv (B, T, nkv HS) */
-    dsc_tensor positions;     /* (T) i32, RoPE only */
+    dsc_tensor *in;        /* [slots] views of the block's input */
+    dsc_tensor *q, *k, *v; /* [slots] (B, T, nq, HS), (B, T, nkv, HS) x2; after RoPE */
+    dsc_tensor *att, *lse; /* [slots] (B, T, nq, HS), (B, nq, T) */
+    dsc_tensor *out, *din; /* [slots] (B, T, C) */
+    dsc_tensor *scratch;   /* [4] datt, dq (B, T, nq HS); dk, dv (B, T, nkv HS) */
+    dsc_tensor positions;  /* (T) i32, RoPE only */
 } tp_attention;
 
 static void release(tp_attention *a) {
@@ -62,7 +62,8 @@ static dsc_status attn_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     tp_attention *a = (tp_attention *)self;
     release(a);
     a->slots = slots;
-    const int64_t q_shape[4] = {B, T, a->NQ, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS}, c_shape[3] = {B, T, a->C};
+    const int64_t q_shape[4] = {B, T, a->NQ, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS},
+                  c_shape[3] = {B, T, a->C};
     a->in = calloc((size_t)slots, sizeof *a->in);
     dsc_status s = a->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&a->q, slots, 4, q_shape, a->device);
@@ -93,7 +94,8 @@ static views slot_views(const tp_attention *a, int slot, int64_t b, int64_t t) {
     return w;
 }
 
-static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx) {
+static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                               dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_attention *a = (tp_attention *)self;
     DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, a->C}));
@@ -161,7 +163,8 @@ static dsc_status declare(tp_attention *a, const dsc_model_config *mc, dsc_param
     const int64_t q0 = sh->q0 * HS, nq = a->NQ * HS, kv0 = sh->kv0 * HS, nkv = a->NKV * HS;
     const float std = mc->init_std, std_o = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
     const uint32_t nd = DSC_PARAM_NO_DECAY;
-    DSC_TRY(tp_declare(&list, store, p, "q.weight", 2, (int64_t[]){Q, C}, 0, q0, nq, 0, DSC_INIT_NORMAL, std, &a->wq));
+    DSC_TRY(
+        tp_declare(&list, store, p, "q.weight", 2, (int64_t[]){Q, C}, 0, q0, nq, 0, DSC_INIT_NORMAL, std, &a->wq));
     DSC_TRY(tp_declare(&list, store, p, "k.weight", 2, (int64_t[]){KV, C}, 0, kv0, nkv, 0, DSC_INIT_NORMAL, std,
                        &a->wk));
     DSC_TRY(tp_declare(&list, store, p, "v.weight", 2, (int64_t[]){KV, C}, 0, kv0, nkv, 0, DSC_INIT_NORMAL, std,
@@ -169,11 +172,12 @@ static dsc_status declare(tp_attention *a, const dsc_model_config *mc, dsc_param
     DSC_TRY(tp_declare(&list, store, p, "o.weight", 2, (int64_t[]){C, Q}, 1, q0, nq, 0, DSC_INIT_NORMAL, std_o,
                        &a->wo));
     if (mc->qkv_bias) {
-        DSC_TRY(tp_declare(&list, store, p, "q.bias", 1, (int64_t[]){Q}, 0, q0, nq, nd, DSC_INIT_ZEROS, 0, &a->bq));
-        DSC_TRY(tp_declare(&list, store, p, "k.bias", 1, (int64_t[]){KV}, 0, kv0, nkv, nd, DSC_INIT_ZEROS, 0,
-                           &a->bk));
-        DSC_TRY(tp_declare(&list, store, p, "v.bias", 1, (int64_t[]){KV}, 0, kv0, nkv, nd, DSC_INIT_ZEROS, 0,
-                           &a->bv));
+        DSC_TRY(
+            tp_declare(&list, store, p, "q.bias", 1, (int64_t[]){Q}, 0, q0, nq, nd, DSC_INIT_ZEROS, 0, &a->bq));
+        DSC_TRY(
+            tp_declare(&list, store, p, "k.bias", 1, (int64_t[]){KV}, 0, kv0, nkv, nd, DSC_INIT_ZEROS, 0, &a->bk));
+        DSC_TRY(
+            tp_declare(&list, store, p, "v.bias", 1, (int64_t[]){KV}, 0, kv0, nkv, nd, DSC_INIT_ZEROS, 0, &a->bv));
     }
     if (mc->arch != DSC_ARCH_LLAMA && mc->arch != DSC_ARCH_MIXTRAL)
         DSC_TRY(tp_declare(&list, store, p, "o.bias", 1, (int64_t[]){C}, -1, 0, 0, nd, DSC_INIT_ZEROS, 0, &a->bo));

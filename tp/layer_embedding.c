@@ -49,7 +49,8 @@ static dsc_status emb_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     return s;
 }
 
-static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx) {
+static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                              dsc_micro_ctx *ctx) {
     (void)in;
     tp_embedding *e = (tp_embedding *)self;
     e->bt[slot][0] = 0; /* a failed forward leaves no pending backward */
@@ -70,8 +71,10 @@ static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
         DSC_CHECK(tok[i] >= 0 && tok[i] < e->V, DSC_ERR_INVALID, "token id %d at (%lld, %lld) outside [0, %lld)",
                   tok[i], (long long)(i / t), (long long)(i % t), (long long)e->V);
         const int64_t r = tok[i] - v0;
-        if (r >= 0 && r < nv) memcpy(o + i * C, w + r * C, (size_t)C * sizeof *o);
-        else memset(o + i * C, 0, (size_t)C * sizeof *o);
+        if (r >= 0 && r < nv)
+            memcpy(o + i * C, w + r * C, (size_t)C * sizeof *o);
+        else
+            memset(o + i * C, 0, (size_t)C * sizeof *o);
     }
     DSC_TRY(tp_allreduce(e->tp, out));
     if (e->wpe) {
@@ -137,8 +140,8 @@ dsc_status tp_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *
     e->base.activation_bytes_per_token = (int64_t)sizeof(float) * e->C + (int64_t)sizeof(int32_t);
     tp_param_list list = {.n = 0};
     const uint32_t tied = mc->tie_embeddings ? DSC_PARAM_TIED : 0;
-    dsc_status s = tp_declare(&list, ctx->params, "embed", "wte.weight", 2, (int64_t[]){e->V, e->C}, 0, x->shard.v0,
-                              x->shard.nv, tied, DSC_INIT_NORMAL, mc->init_std, &e->wte);
+    dsc_status s = tp_declare(&list, ctx->params, "embed", "wte.weight", 2, (int64_t[]){e->V, e->C}, 0,
+                              x->shard.v0, x->shard.nv, tied, DSC_INIT_NORMAL, mc->init_std, &e->wte);
     if (!s && mc->arch != DSC_ARCH_LLAMA && mc->arch != DSC_ARCH_MIXTRAL)
         s = tp_declare(&list, ctx->params, "embed", "wpe.weight", 2, (int64_t[]){e->seq_len, e->C}, -1, 0, 0, 0,
                        DSC_INIT_NORMAL, mc->init_std, &e->wpe);

@@ -28,18 +28,18 @@ typedef struct tp_head {
     float eps;
     dsc_device device;
     int slots;
-    int64_t (*bt)[2];       /* [slots] (b, t) of the pending forward with targets; b = 0 when none */
-    int64_t *n_valid;       /* [slots] targets >= 0 */
-    int32_t *targets;       /* (slots, B, T) */
-    dsc_tensor *x, *normed; /* [slots] (B, T, C) */
+    int64_t (*bt)[2];        /* [slots] (b, t) of the pending forward with targets; b = 0 when none */
+    int64_t *n_valid;        /* [slots] targets >= 0 */
+    int32_t *targets;        /* (slots, B, T) */
+    dsc_tensor *x, *normed;  /* [slots] (B, T, C) */
     dsc_tensor *mean, *rstd; /* [slots] (B*T) norm statistics */
-    dsc_tensor *logits;     /* [slots] (B, T, nv); its gradient after backward */
-    dsc_tensor *stats;      /* [slots] (3, B*T): row max, sum of exponentials, target logit */
-    dsc_tensor *losses;     /* [slots] (B, T) */
-    dsc_tensor *din;        /* [slots] (B, T, C) */
-    dsc_tensor dnormed;     /* (B, T, C) backward scratch */
-    dsc_tensor gathered;    /* (B*T*V) generation only: every rank's logits, rank after rank */
-    dsc_tensor full;        /* (B, T, V) generation only */
+    dsc_tensor *logits;      /* [slots] (B, T, nv); its gradient after backward */
+    dsc_tensor *stats;       /* [slots] (3, B*T): row max, sum of exponentials, target logit */
+    dsc_tensor *losses;      /* [slots] (B, T) */
+    dsc_tensor *din;         /* [slots] (B, T, C) */
+    dsc_tensor dnormed;      /* (B, T, C) backward scratch */
+    dsc_tensor gathered;     /* (B*T*V) generation only: every rank's logits, rank after rank */
+    dsc_tensor full;         /* (B, T, V) generation only */
 } tp_head;
 
 static void release(tp_head *h) {
@@ -64,7 +64,8 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     h->bt = calloc((size_t)slots, sizeof *h->bt);
     h->n_valid = calloc((size_t)slots, sizeof *h->n_valid);
     h->targets = calloc((size_t)(slots * N), sizeof *h->targets);
-    dsc_status s = h->bt && h->n_valid && h->targets ? NULL : dsc_error(DSC_ERR_NOMEM, "tables of %d slots", slots);
+    dsc_status s =
+        h->bt && h->n_valid && h->targets ? NULL : dsc_error(DSC_ERR_NOMEM, "tables of %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&h->x, slots, 3, c_shape, h->device);
     if (!s) s = dsc_buffers_alloc(&h->normed, slots, 3, c_shape, h->device);
     if (!s) s = dsc_buffers_alloc(&h->mean, slots, 1, &N, h->device);
@@ -86,7 +87,8 @@ static dsc_status norm_forward(tp_head *h, int slot, const dsc_tensor *x, dsc_te
     return dsc_kernel_layernorm_forward(&o2, &mean, &rstd, &x2, &h->norm_w->value, &h->norm_b->value, h->eps);
 }
 
-static dsc_status norm_backward(tp_head *h, int slot, const dsc_tensor *x, const dsc_tensor *dout, dsc_tensor *dx) {
+static dsc_status norm_backward(tp_head *h, int slot, const dsc_tensor *x, const dsc_tensor *dout,
+                                dsc_tensor *dx) {
     const int64_t N = x->shape[0] * x->shape[1], rows[2] = {N, h->C};
     dsc_tensor x2 = tp_view(x, 2, rows), d2 = tp_view(dout, 2, rows), dx2 = tp_view(dx, 2, rows);
     dsc_tensor mean = tp_view(&h->mean[slot], 1, &N), rstd = tp_view(&h->rstd[slot], 1, &N);
@@ -115,8 +117,10 @@ static dsc_status gather_logits(tp_head *h, const dsc_tensor *local, dsc_tensor 
     }
     dsc_tensor send = tp_view(local, 1, (int64_t[]){N * h->NV});
     dsc_tensor recv = tp_view(&h->gathered, 1, (int64_t[]){N * h->V});
-    if (h->tp->size > 1) DSC_TRY(dsc_comm_allgather(h->tp->group, &send, &recv, counts));
-    else memcpy(recv.data, send.data, (size_t)(N * h->V) * sizeof(float));
+    if (h->tp->size > 1)
+        DSC_TRY(dsc_comm_allgather(h->tp->group, &send, &recv, counts));
+    else
+        memcpy(recv.data, send.data, (size_t)(N * h->V) * sizeof(float));
     const float *g = recv.data;
     float *f = h->full.data;
     for (int r = 0, at = 0; r < h->tp->size; at += (int)counts[r], r++) {
@@ -241,13 +245,14 @@ static dsc_status declare(tp_head *h, const dsc_model_config *mc, dsc_param_stor
     const int64_t c[1] = {h->C}, shape[2] = {h->V, h->C}, v0 = h->tp->shard.v0;
     const bool llama = mc->arch == DSC_ARCH_LLAMA || mc->arch == DSC_ARCH_MIXTRAL;
     DSC_TRY(tp_declare(&list, store, "head.norm", "weight", 1, c, -1, 0, 0, nd, DSC_INIT_ONES, 0, &h->norm_w));
-    if (!llama) DSC_TRY(tp_declare(&list, store, "head.norm", "bias", 1, c, -1, 0, 0, nd, DSC_INIT_ZEROS, 0, &h->norm_b));
+    if (!llama)
+        DSC_TRY(tp_declare(&list, store, "head.norm", "bias", 1, c, -1, 0, 0, nd, DSC_INIT_ZEROS, 0, &h->norm_b));
     if (mc->tie_embeddings)
         DSC_TRY(tp_declare(&list, store, "embed", "wte.weight", 2, shape, 0, v0, h->NV, DSC_PARAM_TIED,
                            DSC_INIT_NORMAL, mc->init_std, &h->w));
     else
-        DSC_TRY(tp_declare(&list, store, "head", "weight", 2, shape, 0, v0, h->NV, 0, DSC_INIT_NORMAL, mc->init_std,
-                           &h->w));
+        DSC_TRY(tp_declare(&list, store, "head", "weight", 2, shape, 0, v0, h->NV, 0, DSC_INIT_NORMAL,
+                           mc->init_std, &h->w));
     return dsc_layer_set_params(&h->base, list.items, list.n);
 }
 

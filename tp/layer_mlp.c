@@ -61,7 +61,8 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     return s;
 }
 
-static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx) {
+static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+                              dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_mlp *m = (tp_mlp *)self;
     DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, m->C}));
@@ -125,8 +126,8 @@ static dsc_status declare(tp_mlp *m, const dsc_model_config *mc, dsc_param_store
     const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
     const uint32_t nd = DSC_PARAM_NO_DECAY;
     if (m->gated) {
-        DSC_TRY(tp_declare(&list, store, p, "gate.weight", 2, (int64_t[]){F, C}, 0, f0, nf, 0, DSC_INIT_NORMAL, std,
-                           &m->w_in));
+        DSC_TRY(tp_declare(&list, store, p, "gate.weight", 2, (int64_t[]){F, C}, 0, f0, nf, 0, DSC_INIT_NORMAL,
+                           std, &m->w_in));
         DSC_TRY(tp_declare(&list, store, p, "up.weight", 2, (int64_t[]){F, C}, 0, f0, nf, 0, DSC_INIT_NORMAL, std,
                            &m->w_up));
         DSC_TRY(tp_declare(&list, store, p, "down.weight", 2, (int64_t[]){C, F}, 1, f0, nf, 0, DSC_INIT_NORMAL,
@@ -134,7 +135,8 @@ static dsc_status declare(tp_mlp *m, const dsc_model_config *mc, dsc_param_store
     } else {
         DSC_TRY(tp_declare(&list, store, p, "fc.weight", 2, (int64_t[]){F, C}, 0, f0, nf, 0, DSC_INIT_NORMAL, std,
                            &m->w_in));
-        DSC_TRY(tp_declare(&list, store, p, "fc.bias", 1, (int64_t[]){F}, 0, f0, nf, nd, DSC_INIT_ZEROS, 0, &m->b_in));
+        DSC_TRY(
+            tp_declare(&list, store, p, "fc.bias", 1, (int64_t[]){F}, 0, f0, nf, nd, DSC_INIT_ZEROS, 0, &m->b_in));
         DSC_TRY(tp_declare(&list, store, p, "proj.weight", 2, (int64_t[]){C, F}, 1, f0, nf, 0, DSC_INIT_NORMAL,
                            std_out, &m->w_out));
         DSC_TRY(tp_declare(&list, store, p, "proj.bias", 1, (int64_t[]){C}, -1, 0, 0, nd, DSC_INIT_ZEROS, 0,

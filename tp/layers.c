@@ -12,11 +12,12 @@ dsc_status dsc_tp_build_extra_init(dsc_tp_build_extra *x, const dsc_model_config
                                    int64_t grain) {
     *x = (dsc_tp_build_extra){
         .group = group, .rank = dsc_comm_rank(group), .size = dsc_comm_size(group), .grain = grain};
-    DSC_CHECK(mc->n_kv_head >= x->size, DSC_ERR_UNSUPPORTED,
-              "tensor_parallel.autotp_size = %d with model.n_kv_head = %d: training needs at least one KV head per "
-              "rank (a KV head shared by several ranks would need its gradient summed over them, which dsc does "
-              "not do yet); inference takes this split",
-              x->size, mc->n_kv_head);
+    DSC_CHECK(
+        mc->n_kv_head >= x->size, DSC_ERR_UNSUPPORTED,
+        "tensor_parallel.autotp_size = %d with model.n_kv_head = %d: training needs at least one KV head per "
+        "rank (a KV head shared by several ranks would need its gradient summed over them, which dsc does "
+        "not do yet); inference takes this split",
+        x->size, mc->n_kv_head);
     const dsc_tp_dims dims = {.n_head = mc->n_head,
                               .n_kv_head = mc->n_kv_head,
                               .head_size = mc->d_model / mc->n_head,
@@ -65,8 +66,11 @@ dsc_status tp_declare(tp_param_list *list, dsc_param_store *store, const char *p
     char name[DSC_PARAM_NAME_MAX];
     int n = snprintf(name, sizeof name, "%s.%s", prefix, leaf);
     DSC_CHECK(n > 0 && (size_t)n < sizeof name, DSC_ERR_INVALID, "parameter name %s.%s is too long", prefix, leaf);
-    if (axis < 0) DSC_TRY(dsc_params_declare(store, name, ndim, shape, flags, init, init_std, out));
-    else DSC_TRY(dsc_params_declare_shard(store, name, ndim, shape, axis, start, count, flags, init, init_std, out));
+    if (axis < 0)
+        DSC_TRY(dsc_params_declare(store, name, ndim, shape, flags, init, init_std, out));
+    else
+        DSC_TRY(
+            dsc_params_declare_shard(store, name, ndim, shape, axis, start, count, flags, init, init_std, out));
     list->items[list->n++] = *out;
     return NULL;
 }

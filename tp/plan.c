@@ -62,16 +62,17 @@ static bool has_component(const char *module, const char *const *list) {
     return false;
 }
 
-static const char *const ROW_NAMES[] = {"o_proj", "down_proj", "out_proj", "dense", "dense_4h_to_h", "w2",
-                                        "fc2",    "c_proj",    NULL};
+static const char *const ROW_NAMES[] = {"o_proj", "down_proj", "out_proj", "dense", "dense_4h_to_h",
+                                        "w2",     "fc2",       "c_proj",   NULL};
 static const char *const COLUMN_NAMES[] = {
-    "q_proj", "k_proj", "v_proj",          "gate_proj", "up_proj", "w1",   "w3",  "query_key_value", "fc1",
-    "qkv_proj", "gate_up_proj", "dense_h_to_4h", "c_attn", "c_fc", "query", "key", "value", "Wqkv", NULL};
-static const char *const VOCAB_NAMES[] = {"embed_tokens", "wte",    "word_embeddings", "embed_in",
-                                          "embed_out",    "lm_head", NULL};
+    "q_proj",   "k_proj",       "v_proj",        "gate_proj", "up_proj", "w1",    "w3",  "query_key_value", "fc1",
+    "qkv_proj", "gate_up_proj", "dense_h_to_4h", "c_attn",    "c_fc",    "query", "key", "value",           "Wqkv",
+    NULL};
+static const char *const VOCAB_NAMES[] = {"embed_tokens", "wte", "word_embeddings", "embed_in", "embed_out",
+                                          "lm_head",      NULL};
 /* Matrices kept whole: MoE routers, learned positions. */
-static const char *const REPLICATED_NAMES[] = {"gate",      "router", "shared_expert_gate", "embed_positions",
-                                               "wpe",       "position_embeddings", NULL};
+static const char *const REPLICATED_NAMES[] = {
+    "gate", "router", "shared_expert_gate", "embed_positions", "wpe", "position_embeddings", NULL};
 static const char *const KV_NAMES[] = {"k_proj", "v_proj", "key", "value", NULL};
 static const char *const FUSED_QKV_NAMES[] = {"qkv_proj", "c_attn", "Wqkv", "W_pack", NULL};
 static const char *const ATTN_PARTS[] = {"attn", "self_attn", "attention", "self_attention", NULL};
@@ -115,14 +116,16 @@ static dsc_status rules_compile(const dsc_tp_options *o, rules *r) {
         const dsc_tp_rule *u = &o->user[i];
         if (u->kind != DSC_TP_KIND_COLUMN && u->kind != DSC_TP_KIND_ROW && u->kind != DSC_TP_KIND_REPLICATE) {
             r->n_user = i;
-            return dsc_error(DSC_ERR_CONFIG, "partition_config: rule '%s' must be column, row or skip", u->pattern);
+            return dsc_error(DSC_ERR_CONFIG, "partition_config: rule '%s' must be column, row or skip",
+                             u->pattern);
         }
         int rc = regcomp(&r->user[i], u->pattern, REG_EXTENDED | REG_NOSUB);
         if (rc != 0) {
             char msg[128];
             regerror(rc, &r->user[i], msg, sizeof msg);
             r->n_user = i;
-            return dsc_error(DSC_ERR_CONFIG, "partition_config: pattern '%s' is not a regex (%s)", u->pattern, msg);
+            return dsc_error(DSC_ERR_CONFIG, "partition_config: pattern '%s' is not a regex (%s)", u->pattern,
+                             msg);
         }
         r->n_user = i + 1;
     }
@@ -167,14 +170,22 @@ static dsc_tp_kind decide(const dsc_tp_options *o, const rules *r, const dsc_tp_
 static int64_t unit_extent(const dsc_tp_dims *d, dsc_tp_unit u) {
     int64_t hs = d->head_size;
     switch (u) {
-    case DSC_TP_UNIT_Q_HEADS: return d->n_head * hs;
-    case DSC_TP_UNIT_KV_HEADS: return d->n_kv_head * hs;
-    case DSC_TP_UNIT_QKV: return ((int64_t)d->n_head + 2 * (int64_t)d->n_kv_head) * hs;
-    case DSC_TP_UNIT_QKV_INTERLEAVED: return d->n_kv_head == d->n_head ? 3 * d->n_head * hs : -1;
-    case DSC_TP_UNIT_FF: return d->d_ff;
-    case DSC_TP_UNIT_GATE_UP: return 2 * d->d_ff;
-    case DSC_TP_UNIT_VOCAB: return d->vocab_size;
-    default: return -1;
+    case DSC_TP_UNIT_Q_HEADS:
+        return d->n_head * hs;
+    case DSC_TP_UNIT_KV_HEADS:
+        return d->n_kv_head * hs;
+    case DSC_TP_UNIT_QKV:
+        return ((int64_t)d->n_head + 2 * (int64_t)d->n_kv_head) * hs;
+    case DSC_TP_UNIT_QKV_INTERLEAVED:
+        return d->n_kv_head == d->n_head ? 3 * d->n_head * hs : -1;
+    case DSC_TP_UNIT_FF:
+        return d->d_ff;
+    case DSC_TP_UNIT_GATE_UP:
+        return 2 * d->d_ff;
+    case DSC_TP_UNIT_VOCAB:
+        return d->vocab_size;
+    default:
+        return -1;
     }
 }
 
@@ -194,9 +205,8 @@ static int split_axis(const dsc_tp_param *p, dsc_tp_kind k) {
 static dsc_tp_unit infer_unit(const dsc_tp_dims *d, const char *module, dsc_tp_kind k, int64_t extent,
                               const char **why) {
     const char *last = last_component(module);
-    bool attn = has_component(module, ATTN_PARTS) || in_list(last, KV_NAMES) ||
-                in_list(last, FUSED_QKV_NAMES) || strcmp(last, "query_key_value") == 0 ||
-                strcmp(last, "q_proj") == 0 || strcmp(last, "o_proj") == 0;
+    bool attn = has_component(module, ATTN_PARTS) || in_list(last, KV_NAMES) || in_list(last, FUSED_QKV_NAMES) ||
+                strcmp(last, "query_key_value") == 0 || strcmp(last, "q_proj") == 0 || strcmp(last, "o_proj") == 0;
     bool mlp = has_component(module, MLP_PARTS);
     if (attn && !mlp) {
         if (k == DSC_TP_KIND_COLUMN) {
@@ -235,21 +245,32 @@ static dsc_tp_unit infer_unit(const dsc_tp_dims *d, const char *module, dsc_tp_k
 static int unit_spans(const dsc_tp_dims *d, dsc_tp_unit u, const dsc_tp_shard *sh, dsc_tp_span *out) {
     int64_t hs = d->head_size, q = (int64_t)d->n_head * hs, kv = (int64_t)d->n_kv_head * hs;
     switch (u) {
-    case DSC_TP_UNIT_Q_HEADS: out[0] = (dsc_tp_span){sh->q0 * hs, sh->nq * hs}; return 1;
-    case DSC_TP_UNIT_KV_HEADS: out[0] = (dsc_tp_span){sh->kv0 * hs, sh->nkv * hs}; return 1;
+    case DSC_TP_UNIT_Q_HEADS:
+        out[0] = (dsc_tp_span){sh->q0 * hs, sh->nq * hs};
+        return 1;
+    case DSC_TP_UNIT_KV_HEADS:
+        out[0] = (dsc_tp_span){sh->kv0 * hs, sh->nkv * hs};
+        return 1;
     case DSC_TP_UNIT_QKV:
         out[0] = (dsc_tp_span){sh->q0 * hs, sh->nq * hs};
         out[1] = (dsc_tp_span){q + sh->kv0 * hs, sh->nkv * hs};
         out[2] = (dsc_tp_span){q + kv + sh->kv0 * hs, sh->nkv * hs};
         return 3;
-    case DSC_TP_UNIT_QKV_INTERLEAVED: out[0] = (dsc_tp_span){sh->q0 * 3 * hs, sh->nq * 3 * hs}; return 1;
-    case DSC_TP_UNIT_FF: out[0] = (dsc_tp_span){sh->f0, sh->nf}; return 1;
+    case DSC_TP_UNIT_QKV_INTERLEAVED:
+        out[0] = (dsc_tp_span){sh->q0 * 3 * hs, sh->nq * 3 * hs};
+        return 1;
+    case DSC_TP_UNIT_FF:
+        out[0] = (dsc_tp_span){sh->f0, sh->nf};
+        return 1;
     case DSC_TP_UNIT_GATE_UP:
         out[0] = (dsc_tp_span){sh->f0, sh->nf};
         out[1] = (dsc_tp_span){d->d_ff + sh->f0, sh->nf};
         return 2;
-    case DSC_TP_UNIT_VOCAB: out[0] = (dsc_tp_span){sh->v0, sh->nv}; return 1;
-    default: return 0;
+    case DSC_TP_UNIT_VOCAB:
+        out[0] = (dsc_tp_span){sh->v0, sh->nv};
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -270,13 +291,15 @@ static void place(dsc_tp_plan *pl, const dsc_tp_param *p, const dsc_tp_options *
     memcpy(e->shape, p->shape, sizeof e->shape);
     dsc_tp_kind k = decide(o, r, p, module, &e->source);
     /* Embeddings and the LM head are vocabulary-parallel whatever a rule says of linears. */
-    if (in_list(last_component(module), VOCAB_NAMES) && k != DSC_TP_KIND_REPLICATE && p->ndim == 2) k = DSC_TP_KIND_VOCAB;
+    if (in_list(last_component(module), VOCAB_NAMES) && k != DSC_TP_KIND_REPLICATE && p->ndim == 2)
+        k = DSC_TP_KIND_VOCAB;
     if (k == DSC_TP_KIND_ROW && p->ndim == 1) k = DSC_TP_KIND_REPLICATE; /* the bias once, after the all-reduce */
     e->kind = k;
     if (k == DSC_TP_KIND_REPLICATE) return;
-    const char *why = k == DSC_TP_KIND_UNDECLARED ? "no rule places this matrix (add a partition_config rule)" : NULL;
-    dsc_tp_unit u = p->declared != DSC_TP_KIND_UNDECLARED && e->source == DSC_TP_SOURCE_POLICY ? p->unit
-                                                                                               : DSC_TP_UNIT_NONE;
+    const char *why =
+        k == DSC_TP_KIND_UNDECLARED ? "no rule places this matrix (add a partition_config rule)" : NULL;
+    dsc_tp_unit u =
+        p->declared != DSC_TP_KIND_UNDECLARED && e->source == DSC_TP_SOURCE_POLICY ? p->unit : DSC_TP_UNIT_NONE;
     int axis = k == DSC_TP_KIND_VOCAB ? 0 : split_axis(p, k);
     int64_t extent = p->shape[axis];
     if (k == DSC_TP_KIND_VOCAB) u = DSC_TP_UNIT_VOCAB;

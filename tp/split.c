@@ -59,7 +59,8 @@ dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, 
               "tensor parallelism: rank %d outside tp_size %d", rank, tp_size);
     DSC_TRY(split_heads(dims, tp_size, rank, out));
     if (dims->d_ff > 0)
-        DSC_TRY(dsc_tp_split_width(dims->d_ff, tp_size, grain, rank, "the feed-forward width", &out->f0, &out->nf));
+        DSC_TRY(
+            dsc_tp_split_width(dims->d_ff, tp_size, grain, rank, "the feed-forward width", &out->f0, &out->nf));
     if (dims->vocab_size > 0)
         DSC_TRY(dsc_tp_split_width(dims->vocab_size, tp_size, grain, rank, "the vocabulary", &out->v0, &out->nv));
     return NULL;

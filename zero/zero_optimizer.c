@@ -201,8 +201,8 @@ static dsc_status lamb_group(zero_optimizer *z, zero_group *g, double lr) {
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
         dsc_tensor m = piece_view(&g->state[0], pc), v = piece_view(&g->state[1], pc);
         double w_sq = 0, u_sq = 0;
-        s = dsc_optim_lamb_direction(&z->o.hparams, &value, &grad, &m, &v, !(pc->param->flags & DSC_PARAM_NO_DECAY),
-                                     &w_sq, &u_sq);
+        s = dsc_optim_lamb_direction(&z->o.hparams, &value, &grad, &m, &v,
+                                     !(pc->param->flags & DSC_PARAM_NO_DECAY), &w_sq, &u_sq);
         int k = store_index(z, pc->param);
         sums[2 * k] += (float)w_sq;
         sums[2 * k + 1] += (float)u_sq;

@@ -40,15 +40,15 @@ extern "C" {
 /* What a job saves and restores. Strings are JSON; the model signature must
  * match exactly on restore (it names the architecture and every shape). */
 typedef struct dsc_checkpoint_state {
-    MPI_Comm comm;               /* every rank of the job */
-    dsc_param_store *params;     /* this rank's parameters */
-    dsc_optimizer *optimizer;    /* NULL: model only */
+    MPI_Comm comm;            /* every rank of the job */
+    dsc_param_store *params;  /* this rank's parameters */
+    dsc_optimizer *optimizer; /* NULL: model only */
     int64_t global_step;
     const char *config_json;
-    const char *layout_json;     /* {"world": 4, "pp": 2, "dp": 2, "ep": 1, "zero_stage": 1} */
+    const char *layout_json; /* {"world": 4, "pp": 2, "dp": 2, "ep": 1, "zero_stage": 1} */
     const char *model_signature;
-    const char *engine_json;     /* scheduler, data position, loss scale */
-    dsc_rng *rngs;               /* this rank's streams, restored only into the same world size */
+    const char *engine_json; /* scheduler, data position, loss scale */
+    dsc_rng *rngs;           /* this rank's streams, restored only into the same world size */
     int n_rngs;
 } dsc_checkpoint_state;
 
@@ -62,14 +62,14 @@ typedef enum dsc_checkpoint_scope {
  * newest `keep_last` checkpoints (0 keeps all). An existing tag is never
  * overwritten. */
 DSC_API dsc_status dsc_checkpoint_save(const dsc_checkpoint_state *st, const char *save_dir, const char *tag,
-                               int keep_last);
+                                       int keep_last);
 
 /* Collective. Restores from save_dir/<tag> (`tag` NULL or "latest" follows
  * the latest file) into st's live tensors. On success st->global_step is the
  * saved step and *engine_json (when not NULL) a malloc'd copy of the saved
  * engine state. */
 DSC_API dsc_status dsc_checkpoint_load(dsc_checkpoint_state *st, const char *save_dir, const char *tag,
-                               dsc_checkpoint_scope scope, char **engine_json);
+                                       dsc_checkpoint_scope scope, char **engine_json);
 
 /* Reads elements [begin, begin + count) (row-major) of the global tensor
  * `name` (a parameter's name, no "model/" prefix) of shape (ndim, shape) as
@@ -109,15 +109,15 @@ DSC_API dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, ch
 typedef struct dsc_checkpointer dsc_checkpointer;
 
 typedef struct dsc_checkpointer_options {
-    const dsc_config *cfg;        /* checkpoint section, train.steps, the config saved with the state */
+    const dsc_config *cfg; /* checkpoint section, train.steps, the config saved with the state */
     dsc_engine *engine;
-    dsc_param_store *params;      /* this rank's */
+    dsc_param_store *params; /* this rank's */
     dsc_optimizer *optimizer;
-    MPI_Comm comm;                /* every rank of the job */
-    int pp, dp, ep;               /* the layout, recorded in the checkpoint */
-    dsc_rng *rngs;                /* per-rank streams whose state must survive a resume */
+    MPI_Comm comm;  /* every rank of the job */
+    int pp, dp, ep; /* the layout, recorded in the checkpoint */
+    dsc_rng *rngs;  /* per-rank streams whose state must survive a resume */
     int n_rngs;
-    bool log;                     /* this rank prints "saved ..." lines */
+    bool log; /* this rank prints "saved ..." lines */
 } dsc_checkpointer_options;
 
 DSC_API dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_checkpointer **out);

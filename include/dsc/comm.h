@@ -81,7 +81,8 @@ DSC_API dsc_status dsc_comm_world(const dsc_comm_options *opts, dsc_comm **out);
  * on their lists: a rank whose list is invalid or disagrees with its members'
  * lists makes every rank return an error. The child inherits the parent's
  * options. */
-DSC_API dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name, dsc_comm **out);
+DSC_API dsc_status dsc_comm_create_sub(dsc_comm *parent, const int *members, int count, const char *name,
+                                       dsc_comm **out);
 
 DSC_API void dsc_comm_free(dsc_comm *c);
 
@@ -119,13 +120,14 @@ DSC_API dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op 
  * into `recv`, which has counts[i] elements. `recv` may be this rank's piece
  * of `send` (in place; the rest of `send` is then left unspecified); no other
  * overlap is allowed. */
-DSC_API dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                   dsc_reduce_op op);
+DSC_API dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                           const int64_t *counts, dsc_reduce_op op);
 
 /* Rank i contributes `send` (counts[i] elements; NULL: all equal); every rank
  * receives all pieces back to back in rank order in `recv`. `send` may be this
  * rank's piece of `recv` (in place); no other overlap is allowed. */
-DSC_API dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+DSC_API dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                      const int64_t *counts);
 
 /* `send` and `recv` hold size equal pieces; piece j of `send` goes to rank j
  * and arrives as piece i (this rank) of rank j's `recv`. */
@@ -134,8 +136,8 @@ DSC_API dsc_status dsc_comm_alltoall(dsc_comm *c, const dsc_tensor *send, dsc_te
 /* As all-to-all with per-peer counts: send_counts[j] elements go to rank j,
  * recv_counts[j] elements arrive from rank j; pieces are back to back in rank
  * order and may be empty. A count that disagrees with the peer's is an error. */
-DSC_API dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
-                              const int64_t *recv_counts);
+DSC_API dsc_status dsc_comm_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts,
+                                      dsc_tensor *recv, const int64_t *recv_counts);
 
 /* Root's `t` is copied into every rank's `t`. */
 DSC_API dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root);

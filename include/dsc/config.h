@@ -53,8 +53,8 @@ typedef enum dsc_offload_device {
 /* DeepSpeed's scheduler names; "constant" keeps optimizer.params.lr. */
 typedef enum dsc_lr_schedule {
     DSC_LR_SCHEDULE_CONSTANT = 0,
-    DSC_LR_SCHEDULE_WARMUP_LR,       /* warmup_min_lr -> warmup_max_lr, then constant */
-    DSC_LR_SCHEDULE_WARMUP_DECAY_LR, /* ... then linear decay to 0 at total_num_steps */
+    DSC_LR_SCHEDULE_WARMUP_LR,        /* warmup_min_lr -> warmup_max_lr, then constant */
+    DSC_LR_SCHEDULE_WARMUP_DECAY_LR,  /* ... then linear decay to 0 at total_num_steps */
     DSC_LR_SCHEDULE_WARMUP_COSINE_LR, /* ratio warmup to lr, cosine to cos_min_ratio * lr */
     DSC_LR_SCHEDULE_ONE_CYCLE,        /* triangle cycle_min_lr -> cycle_max_lr -> cycle_min_lr, then decay */
     DSC_LR_SCHEDULE_LR_RANGE_TEST     /* lr_range_test_min_lr growing linearly (or in stairs) */
@@ -128,7 +128,7 @@ typedef struct dsc_config_scheduler {
         double cos_min_ratio;
         /* OneCycle */
         double cycle_min_lr, cycle_max_lr, decay_lr_rate;
-        int64_t cycle_first_step_size, cycle_second_step_size; /* resolved: second = first when null */
+        int64_t cycle_first_step_size, cycle_second_step_size;     /* resolved: second = first when null */
         int64_t cycle_first_stair_count, cycle_second_stair_count; /* resolved: second = first when null */
         int64_t decay_step_size;
         bool cycle_momentum; /* cycle the optimizer's beta1 (momentum) opposite to the lr */
@@ -251,11 +251,12 @@ typedef struct dsc_config {
 
 /* Loads `path` and applies `overrides` ("a.b.c=value", in order). On error
  * *cfg is left zeroed (nothing to free). */
-DSC_API dsc_status dsc_config_load_file(const char *path, const char *const *overrides, int n_overrides, dsc_config *cfg);
+DSC_API dsc_status dsc_config_load_file(const char *path, const char *const *overrides, int n_overrides,
+                                        dsc_config *cfg);
 
 /* As load_file, from JSON text; `source` names it in messages ("config.json"). */
 DSC_API dsc_status dsc_config_parse_string(const char *json, const char *source, const char *const *overrides,
-                                   int n_overrides, dsc_config *cfg);
+                                           int n_overrides, dsc_config *cfg);
 
 /* Applies one "a.b.c=value" override. The value is parsed as JSON when it is
  * valid JSON, else taken as a string, and checked against the schema. On

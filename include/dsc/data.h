@@ -48,8 +48,8 @@ typedef enum dsc_token_dtype { DSC_TOKEN_DTYPE_U16 = 2, DSC_TOKEN_DTYPE_U32 = 4 
 
 /* Writes `count` tokens as `dtype`; a token that does not fit the dtype or is
  * >= vocab_size (when vocab_size > 0) is an error naming its position. */
-DSC_API dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_t count, dsc_token_dtype dtype,
-                                uint32_t vocab_size);
+DSC_API dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_t count,
+                                        dsc_token_dtype dtype, uint32_t vocab_size);
 
 typedef struct dsc_token_file dsc_token_file;
 
@@ -57,12 +57,15 @@ typedef struct dsc_token_file dsc_token_file;
 DSC_API dsc_status dsc_token_file_open(const char *path, dsc_token_file **out);
 DSC_API void dsc_token_file_close(dsc_token_file *f);
 DSC_API int64_t dsc_token_file_count(const dsc_token_file *f);
-DSC_API dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f); /* Megatron: U16 for 1-2 byte ids, else U32 */
-DSC_API uint32_t dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown (always for Megatron) */
+DSC_API dsc_token_dtype
+dsc_token_file_dtype(const dsc_token_file *f); /* Megatron: U16 for 1-2 byte ids, else U32 */
+DSC_API uint32_t
+dsc_token_file_vocab(const dsc_token_file *f); /* from the header; 0 = unknown (always for Megatron) */
 DSC_API const char *dsc_token_file_path(const dsc_token_file *f);
 /* Tokens [pos, pos + n) as i32 into out (n entries). An id >= vocab_limit is
  * DSC_ERR_CORRUPT naming the file, the token position and the id. */
-DSC_API dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit, int32_t *out);
+DSC_API dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit,
+                                       int32_t *out);
 
 /* ---- byte-level tokenizer (vocab 256: token = byte value) -------------------- */
 
@@ -102,8 +105,8 @@ typedef enum dsc_data_split {
 
 typedef struct dsc_data_loader_options {
     const char *path;
-    double val_fraction;     /* in [0, 1); 0 leaves no validation split */
-    int64_t vocab_size;      /* token ids must be < vocab_size */
+    double val_fraction;      /* in [0, 1); 0 leaves no validation split */
+    int64_t vocab_size;       /* token ids must be < vocab_size */
     int64_t micro_batch_size; /* B sequences per micro-batch per rank */
     int64_t seq_len;          /* T; each sequence reads T + 1 tokens */
     int micro_batches;        /* M micro-batches per step per rank */
@@ -123,7 +126,7 @@ DSC_API void dsc_data_loader_close(dsc_data_loader *dl);
  * `step`: tokens (B, T) i32 = the sequence, targets (B, T) i32 = the same
  * sequence shifted by one. */
 DSC_API dsc_status dsc_data_loader_fill(dsc_data_loader *dl, dsc_data_split split, int64_t step, int micro,
-                                dsc_tensor *tokens, dsc_tensor *targets);
+                                        dsc_tensor *tokens, dsc_tensor *targets);
 
 /* The first token position (in the file) of global sample k of a split, and
  * the epoch it belongs to (train split; the val split has one pass per

@@ -47,7 +47,8 @@ extern "C" {
 DSC_API double dsc_lr_schedule_at(const dsc_config_scheduler *sched, double base_lr, int64_t iteration);
 /* OneCycle with cycle_momentum sets the optimizer's betas at each step, as
  * DeepSpeed does: (momentum, 0.99). False (betas untouched) for the others. */
-DSC_API bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1, double *beta2);
+DSC_API bool dsc_lr_schedule_betas(const dsc_config_scheduler *sched, int64_t iteration, double *beta1,
+                                   double *beta2);
 
 /* ---- the data a runner consumes ----------------------------------------------------- */
 
@@ -70,8 +71,8 @@ typedef struct dsc_loader_source {
     int64_t step;
 } dsc_loader_source;
 
-DSC_API void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split, int64_t step,
-                            int micro_batches);
+DSC_API void dsc_loader_source_init(dsc_loader_source *src, dsc_data_loader *loader, dsc_data_split split,
+                                    int64_t step, int micro_batches);
 
 /* ---- where a step's time goes ----------------------------------------------------------
  * Every step measures this rank's wall time per phase (a few clock reads per
@@ -127,22 +128,22 @@ struct dsc_batch_runner {
  * NULL) is handed to stochastic layers. The layer array is copied; the
  * layers stay the caller's. */
 DSC_API dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc_optimizer *opt, int64_t B,
-                                     int64_t T, dsc_rng *rng, dsc_batch_runner **out);
+                                             int64_t T, dsc_rng *rng, dsc_batch_runner **out);
 DSC_API void dsc_batch_runner_destroy(dsc_batch_runner *r);
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
 /* What one step reports (metrics line, log line, hooks). */
 typedef struct dsc_step_metrics {
-    int64_t step;         /* 1-based */
-    double loss;          /* mean over micro-batches and data-parallel ranks */
+    int64_t step; /* 1-based */
+    double loss;  /* mean over micro-batches and data-parallel ranks */
     double aux_loss;
     double lr;
     double grad_norm;
-    double tokens_per_s;  /* global tokens of this step / its wall time */
-    double elapsed_s;     /* since dsc_engine_train started */
-    int64_t epoch;        /* of the train split, at this step's data */
-    double step_s;        /* this step's wall time on this rank */
+    double tokens_per_s;             /* global tokens of this step / its wall time */
+    double elapsed_s;                /* since dsc_engine_train started */
+    int64_t epoch;                   /* of the train split, at this step's data */
+    double step_s;                   /* this step's wall time on this rank */
     double phase_s[DSC_PHASE_COUNT]; /* of which, per phase (the rest: data, loss averaging) */
 } dsc_step_metrics;
 
@@ -153,17 +154,17 @@ typedef struct dsc_engine dsc_engine;
 typedef dsc_status (*dsc_engine_hook)(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
 
 typedef struct dsc_engine_options {
-    const dsc_config *cfg;   /* train.steps, steps_per_print, scheduler, optimizer.params.lr, eval_* */
+    const dsc_config *cfg; /* train.steps, steps_per_print, scheduler, optimizer.params.lr, eval_* */
     dsc_batch_runner *runner;
     dsc_optimizer *optimizer;
-    dsc_data_loader *data;   /* this rank's loader (layout M, B, T, dp rank/size) */
-    int micro_batches;       /* M per rank */
+    dsc_data_loader *data;          /* this rank's loader (layout M, B, T, dp rank/size) */
+    int micro_batches;              /* M per rank */
     int64_t global_tokens_per_step; /* train_batch_size * seq_len, for tokens/s */
-    dsc_comm *dp;            /* loss averaging; NULL: one rank */
-    dsc_comm *pipe;          /* stages of one model replica; NULL: one stage */
-    bool log;                /* this rank prints (usually world rank 0) */
-    const char *metrics_path; /* JSON lines written when `log`; NULL: none */
-    bool progress;           /* draw a progress bar on stdout when it is a terminal and `log` */
+    dsc_comm *dp;                   /* loss averaging; NULL: one rank */
+    dsc_comm *pipe;                 /* stages of one model replica; NULL: one stage */
+    bool log;                       /* this rank prints (usually world rank 0) */
+    const char *metrics_path;       /* JSON lines written when `log`; NULL: none */
+    bool progress;                  /* draw a progress bar on stdout when it is a terminal and `log` */
     dsc_engine_hook on_step_end;
     void *hook_ctx;
 } dsc_engine_options;
@@ -173,7 +174,7 @@ typedef struct dsc_engine_options {
  * global_tokens_per_step (train_batch_size * seq_len). The caller adds the
  * groups, the logging switches and the hook. */
 DSC_API void dsc_engine_options_init(dsc_engine_options *eo, const dsc_config *cfg, dsc_batch_runner *runner,
-                             dsc_optimizer *optimizer, dsc_data_loader *data, int64_t seq_len);
+                                     dsc_optimizer *optimizer, dsc_data_loader *data, int64_t seq_len);
 DSC_API dsc_status dsc_engine_create(const dsc_engine_options *opts, dsc_engine **out);
 DSC_API void dsc_engine_destroy(dsc_engine *e);
 
@@ -228,8 +229,8 @@ DSC_API dsc_status dsc_trainer_model_config(const dsc_config *cfg, dsc_model_con
 DSC_API dsc_status dsc_trainer_create(const dsc_trainer_options *opts, dsc_trainer **out);
 /* As dsc_trainer_create, with the optimizer from `make_optimizer` (NULL: the
  * plain optimizer, and zero stages are refused). */
-DSC_API dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
-                                             dsc_trainer **out);
+DSC_API dsc_status dsc_trainer_create_with_optimizer(const dsc_trainer_options *opts,
+                                                     dsc_optimizer_maker make_optimizer, dsc_trainer **out);
 
 /* What a folder above the runtime adds to the trainer's model, so that the
  * runtime need not know it: the dsc_build_ctx.extra every layer factory sees
@@ -254,8 +255,9 @@ typedef struct dsc_trainer_layers {
 /* As dsc_trainer_create_with_optimizer for a model with layers from above
  * the runtime; `layers` NULL builds dense models only (a config with
  * moe.num_experts > 0 then is DSC_ERR_UNSUPPORTED). */
-DSC_API dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts, dsc_optimizer_maker make_optimizer,
-                                          const dsc_trainer_layers *layers, dsc_trainer **out);
+DSC_API dsc_status dsc_trainer_create_with_layers(const dsc_trainer_options *opts,
+                                                  dsc_optimizer_maker make_optimizer,
+                                                  const dsc_trainer_layers *layers, dsc_trainer **out);
 DSC_API void dsc_trainer_destroy(dsc_trainer *t);
 DSC_API dsc_engine *dsc_trainer_engine(dsc_trainer *t);
 DSC_API dsc_param_store *dsc_trainer_params(dsc_trainer *t);
@@ -273,8 +275,8 @@ DSC_API dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count);
  * whole (cropped to seq_len) context for every token: greedy when
  * temperature <= 0, else sampling from softmax(logits / temperature) with a
  * stream seeded by `seed`. out receives n_prompt + n_new ids. */
-DSC_API dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
-                                uint64_t seed, int32_t *out);
+DSC_API dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new,
+                                        float temperature, uint64_t seed, int32_t *out);
 
 #ifdef __cplusplus
 }

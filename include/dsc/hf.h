@@ -25,8 +25,8 @@
 
 #include <stdint.h>
 
-#include "dsc/config.h"
 #include "dsc/api.h"
+#include "dsc/config.h"
 #include "dsc/status.h"
 
 #ifdef __cplusplus
@@ -56,14 +56,14 @@ DSC_API void dsc_hf_import_close(dsc_hf_import *imp);
  * DSC_ERR_CONFIG naming both values; model.seq_len above the checkpoint's
  * context is DSC_ERR_CONFIG too. */
 DSC_API dsc_status dsc_hf_import_config(const dsc_hf_import *imp, const char *path, const char *const *overrides,
-                                int n_overrides, dsc_config *cfg);
+                                        int n_overrides, dsc_config *cfg);
 
 /* A dsc_checkpoint_read_fn: elements [begin, begin + count) (row-major) of
  * the dsc parameter `name` of shape (ndim, shape), converted to f32. A name
  * without a Hugging Face tensor or a shape that differs is an error naming
  * both names and shapes. */
 DSC_API dsc_status dsc_hf_import_read(void *imp, const char *name, int ndim, const int64_t *shape, int64_t begin,
-                              int64_t count, float *dst);
+                                      int64_t count, float *dst);
 
 #ifdef __cplusplus
 }

@@ -231,7 +231,7 @@ typedef struct dsc_tensor_source {
  * found), finalizes, and checks nothing is missing (naming the first
  * checkpoint tensor that is). */
 DSC_API dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
-                                 const dsc_tensor_source *src, dsc_infer_model **out);
+                                         const dsc_tensor_source *src, dsc_infer_model **out);
 /* Loads a Hugging Face directory (config.json + model.safetensors or a
  * sharded index), or a dsc training checkpoint (save_dir, save_dir/<tag>,
  * or a state.h5; model parameters only). Single-process: uses MPI_COMM_SELF
@@ -290,8 +290,8 @@ DSC_API void dsc_infer_model_destroy(dsc_infer_model *m);
  * when given; the byte tokenizer for dsc checkpoints; path/tokenizer.json
  * for Hugging Face directories; *out NULL (no error) when there is none.
  * A tokenizer.json with ids beyond the model's vocab_size is DSC_ERR_CORRUPT. */
-DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m, const char *tokenizer,
-                                          dsc_tokenizer **out);
+DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_infer_model *m,
+                                                  const char *tokenizer, dsc_tokenizer **out);
 DSC_API const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
 DSC_API const char *dsc_infer_model_arch(const dsc_infer_model *m);
@@ -299,7 +299,8 @@ DSC_API const char *dsc_infer_model_arch(const dsc_infer_model *m);
 DSC_API size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
 /* A finalized parameter of layer `layer` (-1: the non-transformer
  * container), as a view into the arena; DSC_ERR_INVALID when absent. */
-DSC_API dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role, dsc_tensor *out);
+DSC_API dsc_status dsc_infer_model_param(const dsc_infer_model *m, int32_t layer, dsc_param_role role,
+                                         dsc_tensor *out);
 
 /* ---- engine ----------------------------------------------------------------------------------------- */
 typedef struct dsc_infer_engine dsc_infer_engine;
@@ -318,7 +319,8 @@ typedef struct dsc_infer_engine_config {
  * model's (at most 4096), 512 tokens and 64 sequences per forward. */
 DSC_API dsc_infer_engine_config dsc_infer_engine_config_default(const dsc_infer_model *m);
 /* The engine borrows the model (it must outlive the engine). */
-DSC_API dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg, dsc_infer_engine **out);
+DSC_API dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_config *cfg,
+                                           dsc_infer_engine **out);
 DSC_API void dsc_infer_engine_destroy(dsc_infer_engine *e);
 DSC_API const dsc_kv_config *dsc_infer_engine_kv_config(const dsc_infer_engine *e);
 DSC_API int32_t dsc_infer_engine_vocab_size(const dsc_infer_engine *e);
@@ -328,22 +330,23 @@ DSC_API int32_t dsc_infer_engine_logits_width(const dsc_infer_engine *e);
  * dsc_sample's rules; under TP every rank of the group calls it with its
  * slice and the same params, history and rng state, and all get the same
  * token (candidates are merged across ranks, never a whole row). */
-DSC_API dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const dsc_sampling_params *params,
-                                   const int32_t *history, int64_t n_history, dsc_rng *rng, int32_t *token);
+DSC_API dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row,
+                                           const dsc_sampling_params *params, const int32_t *history,
+                                           int64_t n_history, dsc_rng *rng, int32_t *token);
 
 /* One forward over a ragged batch: n distinct uids, tokens[i] (counts[i] ids)
  * appended to each sequence; logits (n, logits_width) of each sequence's last new
  * token. A batch that does not fit is an error naming the reason
  * (dsc_sched_result) and changes nothing. */
-DSC_API dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
-                                const int32_t *counts, float *logits);
+DSC_API dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids,
+                                        const int32_t *const *tokens, const int32_t *counts, float *logits);
 /* Side-effect free: whether the batch (uids, lengths) could run now. */
 DSC_API dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
-                                               const int64_t *lengths, int32_t n);
+                                                       const int64_t *lengths, int32_t n);
 /* Side-effect free: how many of max_tokens fit for uid with at most
  * max_blocks new blocks, and the blocks they need. */
-DSC_API void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
-                            int64_t *tokens_out, int32_t *blocks_out);
+DSC_API void dsc_infer_engine_query(const dsc_infer_engine *e, uint64_t uid, int64_t max_tokens,
+                                    int32_t max_blocks, int64_t *tokens_out, int32_t *blocks_out);
 /* Frees uid's KV blocks and slot; an unknown uid is DSC_ERR_INVALID. */
 DSC_API dsc_status dsc_infer_engine_flush(dsc_infer_engine *e, uint64_t uid);
 DSC_API int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e);
@@ -398,8 +401,8 @@ typedef struct dsc_scheduler_stats {
     double kv_utilisation_peak;
 } dsc_scheduler_stats;
 
-DSC_API dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg, dsc_token_callback cb,
-                                void *user, dsc_scheduler **out);
+DSC_API dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config *cfg,
+                                        dsc_token_callback cb, void *user, dsc_scheduler **out);
 DSC_API void dsc_scheduler_destroy(dsc_scheduler *s);
 /* Queues a request. A uid in use, an empty prompt, or a request that could
  * never fit (prompt + max_new_tokens beyond max_context or the whole KV

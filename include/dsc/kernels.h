@@ -45,32 +45,35 @@ DSC_API int dsc_kernels_get_num_threads(void);
  * 2-D: a (M, K) or (K, M) when trans_a; b (K, N) or (N, K) when trans_b; out (M, N).
  * 3-D: the same per leading batch index (BT, ., .) — a batched GEMM; bias (N) or NULL.
  * beta = 1 accumulates into out. */
-DSC_API dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b, const dsc_tensor *bias,
-                           bool trans_a, bool trans_b, float alpha, float beta);
+DSC_API dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b,
+                                   const dsc_tensor *bias, bool trans_a, bool trans_b, float alpha, float beta);
 
 /* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC).
  * x and y may also be (..., C) and (..., OC) with equal leading dimensions. */
 DSC_API dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
-                                     const dsc_tensor *bias);
+                                             const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
  * dbias (OC) += sum_rows dy (NULL to skip). */
-DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
-                                      const dsc_tensor *x, const dsc_tensor *w);
+DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias,
+                                              const dsc_tensor *dy, const dsc_tensor *x, const dsc_tensor *w);
 
 /* ---- normalisation --------------------------------------------------------
  * x, out (N, C) (or (..., C), N = numel / C); weight (C); bias (C) or NULL;
  * mean, rstd (N) saved for backward (may be NULL in forward when no backward
  * follows). In backward dx is overwritten; dweight, dbias accumulate (NULL to skip). */
-DSC_API dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd, const dsc_tensor *x,
-                                        const dsc_tensor *weight, const dsc_tensor *bias, float eps);
+DSC_API dsc_status dsc_kernel_layernorm_forward(dsc_tensor *out, dsc_tensor *mean, dsc_tensor *rstd,
+                                                const dsc_tensor *x, const dsc_tensor *weight,
+                                                const dsc_tensor *bias, float eps);
 DSC_API dsc_status dsc_kernel_layernorm_backward(dsc_tensor *dx, dsc_tensor *dweight, dsc_tensor *dbias,
-                                         const dsc_tensor *dout, const dsc_tensor *x, const dsc_tensor *weight,
-                                         const dsc_tensor *mean, const dsc_tensor *rstd);
+                                                 const dsc_tensor *dout, const dsc_tensor *x,
+                                                 const dsc_tensor *weight, const dsc_tensor *mean,
+                                                 const dsc_tensor *rstd);
 /* RMSNorm: out = x * rstd * weight; rstd (N) saved. */
 DSC_API dsc_status dsc_kernel_rmsnorm_forward(dsc_tensor *out, dsc_tensor *rstd, const dsc_tensor *x,
-                                      const dsc_tensor *weight, float eps);
+                                              const dsc_tensor *weight, float eps);
 DSC_API dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweight, const dsc_tensor *dout,
-                                       const dsc_tensor *x, const dsc_tensor *weight, const dsc_tensor *rstd);
+                                               const dsc_tensor *x, const dsc_tensor *weight,
+                                               const dsc_tensor *rstd);
 
 /* ---- activations (elementwise, any shape) ----------------------------------
  * GELU is the tanh approximation (GPT-2's). SwiGLU: out = silu(gate) * up. */
@@ -80,7 +83,7 @@ DSC_API dsc_status dsc_kernel_silu_forward(dsc_tensor *out, const dsc_tensor *x)
 DSC_API dsc_status dsc_kernel_silu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
 DSC_API dsc_status dsc_kernel_swiglu_forward(dsc_tensor *out, const dsc_tensor *gate, const dsc_tensor *up);
 DSC_API dsc_status dsc_kernel_swiglu_backward(dsc_tensor *dgate, dsc_tensor *dup, const dsc_tensor *dout,
-                                      const dsc_tensor *gate, const dsc_tensor *up);
+                                              const dsc_tensor *gate, const dsc_tensor *up);
 
 /* Row softmax over the last dimension: x, out (N, C); out may alias x. */
 DSC_API dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
@@ -91,12 +94,13 @@ DSC_API dsc_status dsc_kernel_softmax(dsc_tensor *out, const dsc_tensor *x);
  * query head h reads key/value head h / (NH / NKV).
  * q, out (B, T, NH, HS); k, v (B, T, NKV, HS); lse (B, NH, T) log-sum-exp of
  * each query row, saved for backward. Scale is 1/sqrt(HS). */
-DSC_API dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
-                                        const dsc_tensor *v);
+DSC_API dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q,
+                                                const dsc_tensor *k, const dsc_tensor *v);
 /* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS) are overwritten. */
-DSC_API dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_tensor *dv, const dsc_tensor *dout,
-                                         const dsc_tensor *q, const dsc_tensor *k, const dsc_tensor *v,
-                                         const dsc_tensor *out, const dsc_tensor *lse);
+DSC_API dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_tensor *dv,
+                                                 const dsc_tensor *dout, const dsc_tensor *q, const dsc_tensor *k,
+                                                 const dsc_tensor *v, const dsc_tensor *out,
+                                                 const dsc_tensor *lse);
 
 /* ---- rotary position embedding ----------------------------------------------
  * x, out (B, T, NH, HS) with HS even; positions (T) i32; rotate-half pairing
@@ -104,16 +108,16 @@ DSC_API dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk,
  * `inverse` rotates by the negative angle, which is RoPE's backward.
  * out may alias x. */
 DSC_API dsc_status dsc_kernel_rope(dsc_tensor *out, const dsc_tensor *x, const dsc_tensor *positions, float theta,
-                           bool inverse);
+                                   bool inverse);
 
 /* ---- embeddings ---------------------------------------------------------------
  * tokens (B, T) i32; wte (V, C); wpe (Tmax, C) or NULL; out (B, T, C).
  * Token ids outside [0, V) are an error naming the first bad id. */
 DSC_API dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
-                                        const dsc_tensor *wpe);
+                                                const dsc_tensor *wpe);
 /* dwte (V, C) and dwpe (Tmax, C) (NULL to skip) accumulate by scatter-add. */
 DSC_API dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
-                                         const dsc_tensor *tokens);
+                                                 const dsc_tensor *tokens);
 
 /* ---- fused softmax + cross-entropy ------------------------------------------------
  * logits (N, V); targets (N) i32, a target < 0 is ignored (loss 0, no gradient);
@@ -121,38 +125,39 @@ DSC_API dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *d
  * Backward: dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss; dlogits
  * may alias logits (saves a (N, V) buffer). */
 DSC_API dsc_status dsc_kernel_cross_entropy_forward(dsc_tensor *losses, const dsc_tensor *logits,
-                                            const dsc_tensor *targets);
+                                                    const dsc_tensor *targets);
 DSC_API dsc_status dsc_kernel_cross_entropy_backward(dsc_tensor *dlogits, const dsc_tensor *logits,
-                                             const dsc_tensor *targets, float dloss);
+                                                     const dsc_tensor *targets, float dloss);
 
 /* ---- optimizer updates (flat f32 vectors of equal length) ------------------------
  * AdamW with bias correction at `step` (1-based); decoupled weight decay. */
-DSC_API dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq,
-                            float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+DSC_API dsc_status dsc_kernel_adamw(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg,
+                                    dsc_tensor *exp_avg_sq, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, int64_t step);
 /* SGD with momentum (PyTorch semantics: buf = momentum*buf + grad (+wd*param);
  * first step buf = grad); momentum 0 is plain SGD. */
 DSC_API dsc_status dsc_kernel_sgd(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *momentum_buf, float lr,
-                          float momentum, float weight_decay, int64_t step);
+                                  float momentum, float weight_decay, int64_t step);
 
 /* Lion (Chen et al. 2023, DeepSpeed's FusedLion): c = b1*m + (1-b1)*g;
  * p = p*(1 - lr*wd) - lr*sign(c); m = b2*m + (1-b2)*g. */
-DSC_API dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr, float beta1,
-                           float beta2, float weight_decay);
+DSC_API dsc_status dsc_kernel_lion(dsc_tensor *param, const dsc_tensor *grad, dsc_tensor *exp_avg, float lr,
+                                   float beta1, float beta2, float weight_decay);
 /* The first half of LAMB as DeepSpeed's FusedLamb computes it: m and v
  * updated as in Adam (no bias correction here), then
  * update = m / (sqrt(v) + eps) + wd * p. `update` may alias `grad`. The
  * caller scales update by the trust ratio ||p|| / ||update|| of the whole
  * parameter (which may span ranks) and applies it with dsc_kernel_axpy. */
 DSC_API dsc_status dsc_kernel_lamb_direction(dsc_tensor *update, const dsc_tensor *param, const dsc_tensor *grad,
-                                     dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2, float eps,
-                                     float weight_decay);
+                                             dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float beta1, float beta2,
+                                             float eps, float weight_decay);
 
 /* ---- reductions and elementwise helpers (f32, any shape) --------------------------- */
 /* Sum of squares in double precision (the global gradient norm is sqrt of the sum over tensors). */
 DSC_API dsc_status dsc_kernel_sum_squares(double *out, const dsc_tensor *x);
 DSC_API dsc_status dsc_kernel_sum(double *out, const dsc_tensor *x);
-DSC_API dsc_status dsc_kernel_scale(dsc_tensor *x, float s);                            /* x *= s */
-DSC_API dsc_status dsc_kernel_axpy(dsc_tensor *y, float a, const dsc_tensor *x);       /* y += a*x */
+DSC_API dsc_status dsc_kernel_scale(dsc_tensor *x, float s);                                  /* x *= s */
+DSC_API dsc_status dsc_kernel_axpy(dsc_tensor *y, float a, const dsc_tensor *x);              /* y += a*x */
 DSC_API dsc_status dsc_kernel_add(dsc_tensor *out, const dsc_tensor *a, const dsc_tensor *b); /* out = a + b */
 DSC_API dsc_status dsc_kernel_zero(dsc_tensor *x);
 /* True when every element is finite. */

@@ -130,18 +130,18 @@ DSC_API int32_t dsc_kv_state_blocks_needed(const dsc_kv_state *state, uint64_t u
 /* Whether one sequence can take `new_tokens` now, given `free_blocks` (pass
  * the allocator's free count, or a running budget when checking a batch). */
 DSC_API dsc_sched_result dsc_kv_state_check(const dsc_kv_state *state, uint64_t uid, int64_t new_tokens,
-                                    int32_t free_blocks);
+                                            int32_t free_blocks);
 /* Whether a whole batch can run: n uids (distinct) with lengths[i] new tokens
  * each. Checks, in order: batch sequence count, per-sequence length and KV
  * blocks against a running free-block budget, tracked-sequence capacity,
  * batch token count. Side-effect free. */
-DSC_API dsc_sched_result dsc_kv_state_can_schedule(const dsc_kv_state *state, const uint64_t *uids, const int64_t *lengths,
-                                           int32_t n);
+DSC_API dsc_sched_result dsc_kv_state_can_schedule(const dsc_kv_state *state, const uint64_t *uids,
+                                                   const int64_t *lengths, int32_t n);
 /* How many of `max_tokens` proposed tokens of uid fit with at most
  * `max_blocks` new blocks (and max_context), and the blocks they need.
  * An untracked uid when all slots are taken gets (0, 0). */
 DSC_API void dsc_kv_state_query(const dsc_kv_state *state, uint64_t uid, int64_t max_tokens, int32_t max_blocks,
-                        int64_t *tokens_out, int32_t *blocks_out);
+                                int64_t *tokens_out, int32_t *blocks_out);
 
 /* Creates uid if needed, allocates the blocks for new_tokens and marks them
  * in flight. All-or-nothing: on failure (DSC_ERR_INVALID past max_context,
@@ -185,8 +185,9 @@ DSC_API void dsc_ragged_batch_free(dsc_ragged_batch *batch);
  * scheduled is DSC_ERR_NOMEM (KV, sequence slots) or DSC_ERR_INVALID (limits)
  * naming the dsc_sched_result; on error neither the state nor the batch's
  * previous content is relied upon (the state is unchanged). */
-DSC_API dsc_status dsc_ragged_batch_build(dsc_ragged_batch *batch, dsc_kv_state *state, int32_t n, const uint64_t *uids,
-                                  const int32_t *const *tokens, const int32_t *counts);
+DSC_API dsc_status dsc_ragged_batch_build(dsc_ragged_batch *batch, dsc_kv_state *state, int32_t n,
+                                          const uint64_t *uids, const int32_t *const *tokens,
+                                          const int32_t *counts);
 /* After the forward pass: commits every sequence's in-flight tokens. */
 DSC_API dsc_status dsc_ragged_batch_finish(const dsc_ragged_batch *batch, dsc_kv_state *state);
 
@@ -198,8 +199,8 @@ DSC_API dsc_status dsc_ragged_batch_finish(const dsc_ragged_batch *batch, dsc_kv
  * Scale 1/sqrt(HS). Online softmax, so no score row is ever materialised.
  * q, out (Ntok, NH, HS) f32; k, v (Ntok, NKV, HS) f32; layer_cache (NB, 2, BS, NKV, HS) f32 or bf16. */
 DSC_API dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
-                                       const dsc_tensor *v, const dsc_ragged_batch *batch,
-                                       dsc_tensor *layer_cache);
+                                               const dsc_tensor *v, const dsc_ragged_batch *batch,
+                                               dsc_tensor *layer_cache);
 
 #ifdef __cplusplus
 }

@@ -25,10 +25,8 @@ typedef enum dsc_log_level {
     DSC_LOG_DEBUG = 3
 } dsc_log_level;
 
-DSC_API void dsc_log(dsc_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-DSC_API void dsc_log_rank0(dsc_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+DSC_API void dsc_log(dsc_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DSC_API void dsc_log_rank0(dsc_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 DSC_API dsc_log_level dsc_log_get_level(void);
 DSC_API void dsc_log_set_level(dsc_log_level level);
 

@@ -26,10 +26,10 @@ extern "C" {
 typedef enum dsc_mem_category {
     DSC_MEM_PARAMS = 0,
     DSC_MEM_GRADS,
-    DSC_MEM_OPTIM,       /* optimizer state (Adam moments, master copies) */
+    DSC_MEM_OPTIM, /* optimizer state (Adam moments, master copies) */
     DSC_MEM_ACTIVATIONS,
     DSC_MEM_KV_CACHE,
-    DSC_MEM_COMM,        /* communication / bucket buffers */
+    DSC_MEM_COMM, /* communication / bucket buffers */
     DSC_MEM_OTHER,
     DSC_MEM_CATEGORY_COUNT
 } dsc_mem_category;

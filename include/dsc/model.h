@@ -102,7 +102,7 @@ DSC_API dsc_status dsc_nn_register_dense_layers(void);
  * (reserved with one slot) and calls its forward a second time, for the same
  * micro-batch, inside backward. */
 DSC_API dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer *ffn,
-                            dsc_layer **out);
+                                    dsc_layer **out);
 
 /* The feed-forward layer of a block made by dsc_block_create (how moe/ finds
  * its MoE layer inside a "moe_block"), or NULL when `layer` is not a block. */

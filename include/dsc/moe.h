@@ -72,8 +72,8 @@ typedef struct dsc_moe_experts dsc_moe_experts;
 /* Declares the parameters "<prefix>[.<index>].{fc,proj}.{weight,bias}" (GELU)
  * or "...{gate,up,down}.weight" (SwiGLU), kind by kind so that a kind's
  * tensors of consecutive experts lie back to back in the flat buffer. */
-DSC_API dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix, dsc_param_store *store,
-                                  dsc_device device, dsc_moe_experts **out);
+DSC_API dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix,
+                                          dsc_param_store *store, dsc_device device, dsc_moe_experts **out);
 DSC_API void dsc_moe_experts_destroy(dsc_moe_experts *x);
 /* Activation storage for `slots` pending calls of at most `rows` rows per FFN.
  * Call after dsc_params_finalize. */
@@ -84,7 +84,7 @@ DSC_API dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const d
 /* din (count, R, M) is overwritten; parameter gradients accumulate
  * grad_scale times the gradient of sum(dout * out). */
 DSC_API dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
-                                    float grad_scale);
+                                            float grad_scale);
 DSC_API int dsc_moe_experts_param_count(const dsc_moe_experts *x);
 DSC_API dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x);
 
@@ -100,7 +100,8 @@ typedef struct dsc_moe_options {
 /* The config's moe section as layer options: GELU experts for gpt-moe,
  * SwiGLU for mixtral; errors name the config key (moe.k > moe.num_experts,
  * moe.capacity_factor <= 0, ...). */
-DSC_API dsc_status dsc_moe_options_from_config(const dsc_config_moe *cfg, dsc_model_arch arch, dsc_moe_options *out);
+DSC_API dsc_status dsc_moe_options_from_config(const dsc_config_moe *cfg, dsc_model_arch arch,
+                                               dsc_moe_options *out);
 
 /* Checks an expert-parallel layout before any group exists: ep_size >= 1
  * dividing both the number of experts and the ranks that share experts
@@ -112,7 +113,7 @@ DSC_API dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int rank
  * experts local). Widths and initialisation come from `mc` (d_model, d_ff,
  * init_std, n_layer). */
 DSC_API dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config *mc, int block,
-                                dsc_param_store *store, dsc_device device, dsc_comm *ep, dsc_layer **out);
+                                        dsc_param_store *store, dsc_device device, dsc_comm *ep, dsc_layer **out);
 
 /* Where the layer's time goes (forward and backward together). */
 typedef enum dsc_moe_phase {

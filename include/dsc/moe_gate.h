@@ -67,7 +67,7 @@ DSC_API dsc_status dsc_moe_gate_config_validate(const dsc_moe_gate_config *cfg, 
  * factor (eval factor when !training) times 1 (k=1), 2 (k=2) or k (k>=3),
  * raised to min_capacity. The config must be valid. */
 DSC_API int64_t dsc_moe_gate_capacity(const dsc_moe_gate_config *cfg, int64_t num_tokens, int64_t num_experts,
-                              bool training);
+                                      bool training);
 
 /* Routes of one forward pass, token-major. Allocate with
  * dsc_moe_gate_result_alloc for the largest S you will pass; a forward with
@@ -97,7 +97,8 @@ typedef struct dsc_moe_gate_result {
     size_t bytes;
 } dsc_moe_gate_result;
 
-DSC_API dsc_status dsc_moe_gate_result_alloc(dsc_moe_gate_result *res, int64_t max_tokens, int64_t num_experts, int k);
+DSC_API dsc_status dsc_moe_gate_result_alloc(dsc_moe_gate_result *res, int64_t max_tokens, int64_t num_experts,
+                                             int k);
 DSC_API void dsc_moe_gate_result_free(dsc_moe_gate_result *res);
 
 /* No-drop mode: called with the local largest expert load in *capacity; it
@@ -115,7 +116,8 @@ typedef struct dsc_moe_gate_capacity_hook {
  * from `rng` (a DSC_RNG_GATE stream); rng may be NULL when none is enabled.
  * `hook` may be NULL (single rank: the local load is the capacity). */
 DSC_API dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits, bool training,
-                                dsc_rng *rng, const dsc_moe_gate_capacity_hook *hook, dsc_moe_gate_result *res);
+                                        dsc_rng *rng, const dsc_moe_gate_capacity_hook *hook,
+                                        dsc_moe_gate_result *res);
 
 /* Gradient of the router logits, overwriting d_logits (S, E) f32, for
  *   objective = sum over kept routes of d_weight * weight + d_loss * res->loss.
@@ -126,8 +128,8 @@ DSC_API dsc_status dsc_moe_gate_forward(const dsc_moe_gate_config *cfg, const ds
  * l_aux gets gradient only through the mean gate probabilities. `res` must
  * come from dsc_moe_gate_forward on the same logits and config. */
 DSC_API dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits,
-                                 const dsc_moe_gate_result *res, const dsc_tensor *d_weight, double d_loss,
-                                 dsc_tensor *d_logits);
+                                         const dsc_moe_gate_result *res, const dsc_tensor *d_weight, double d_loss,
+                                         dsc_tensor *d_logits);
 
 /* Fills `noise` (any shape, f32 CPU) with multiplicative jitter factors
  * U[0.99, 1.01]. The layer calls it when noisy_gate_policy is JITTER and it

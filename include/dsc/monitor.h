@@ -38,7 +38,8 @@ DSC_API void dsc_monitor_destroy(dsc_monitor *m);
 typedef struct dsc_tfevents dsc_tfevents;
 /* Opens DIR/events.out.tfevents.<seconds>.<host>.<pid> (DIR must exist). */
 DSC_API dsc_status dsc_tfevents_open(const char *dir, dsc_tfevents **out);
-DSC_API dsc_status dsc_tfevents_scalar(dsc_tfevents *w, const char *tag, float value, int64_t step, double wall_time);
+DSC_API dsc_status dsc_tfevents_scalar(dsc_tfevents *w, const char *tag, float value, int64_t step,
+                                       double wall_time);
 DSC_API void dsc_tfevents_close(dsc_tfevents *w);
 /* CRC-32C (Castagnoli) of `n` bytes, as TFRecord frames use it before masking. */
 DSC_API uint32_t dsc_crc32c(const void *data, size_t n);

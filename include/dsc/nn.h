@@ -65,7 +65,7 @@ typedef struct dsc_param {
     dsc_tensor grad;               /* f32, same shape; accumulates over micro-batches */
     uint32_t flags;                /* dsc_param_flag bits */
     dsc_param_group group;
-    int64_t offset;                /* element offset of value/grad inside the group's flat buffer */
+    int64_t offset; /* element offset of value/grad inside the group's flat buffer */
     dsc_param_init init;
     float init_std;
     dsc_param_shard shard; /* axis -1 unless declared with dsc_params_declare_shard */
@@ -81,15 +81,15 @@ DSC_API void dsc_params_destroy(dsc_param_store *store);
  * a different shape is an error naming the parameter. Views are valid only
  * after dsc_params_finalize. */
 DSC_API dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim, const int64_t *shape,
-                              uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
+                                      uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
 /* Declares this rank's piece [start, start + count) along `axis` of a global
  * tensor of shape `global` (tensor parallelism). Its initial values are that
  * piece of the values the whole tensor gets, so a sharded model starts from
  * the weights of the unsharded one. Redeclaring the same piece returns the
  * same parameter (tied weights); another piece is an error. */
-DSC_API dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim, const int64_t *global,
-                                    int axis, int64_t start, int64_t count, uint32_t flags, dsc_param_init init,
-                                    float init_std, dsc_param **out);
+DSC_API dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, int ndim,
+                                            const int64_t *global, int axis, int64_t start, int64_t count,
+                                            uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
 /* Elements of the global tensor a (possibly sharded) parameter is part of. */
 DSC_API int64_t dsc_param_global_numel(const dsc_param *param);
 /* Allocates the flat buffers (params and grads categories), points every
@@ -106,8 +106,9 @@ DSC_API dsc_param *dsc_params_find(dsc_param_store *store, const char *name);
  * stay zero under any elementwise optimizer, so the flat buffers can be
  * reduced and partitioned as a whole. */
 DSC_API void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_tensor *values, dsc_tensor *grads);
-DSC_API int64_t dsc_params_numel(const dsc_param_store *store, dsc_param_group group); /* flat length, gaps included */
-DSC_API int64_t dsc_param_numel(const dsc_param *param);                                /* elements of one parameter */
+DSC_API int64_t dsc_params_numel(const dsc_param_store *store,
+                                 dsc_param_group group); /* flat length, gaps included */
+DSC_API int64_t dsc_param_numel(const dsc_param *param); /* elements of one parameter */
 /* Elements of the whole model this store is one expert-parallel rank's part
  * of: the store's parameters, each DSC_PARAM_EXPERT one counted ep_size times
  * (the ep_size ranks of an expert-parallel group hold disjoint experts of the
@@ -130,9 +131,9 @@ typedef struct dsc_micro_ctx {
     const dsc_tensor *targets; /* (B, T) i32 labels, -1 = ignore (stage with the loss layer) */
     float loss_scale;          /* d(step objective) / d(this micro-batch's mean loss), e.g. 1/M */
     bool training;
-    double loss;               /* out: mean cross-entropy of the micro-batch (loss layer) */
-    double aux_loss;           /* out: auxiliary losses already multiplied by their coefficients */
-    dsc_rng *rng;              /* per-rank stream for stochastic layers (gate noise), may be NULL */
+    double loss;     /* out: mean cross-entropy of the micro-batch (loss layer) */
+    double aux_loss; /* out: auxiliary losses already multiplied by their coefficients */
+    dsc_rng *rng;    /* per-rank stream for stochastic layers (gate noise), may be NULL */
 } dsc_micro_ctx;
 
 typedef struct dsc_layer dsc_layer;
@@ -162,8 +163,8 @@ typedef struct dsc_layer_ops {
 /* Implementations embed this as their first member. */
 struct dsc_layer {
     const dsc_layer_ops *ops;
-    char name[64];          /* "layers.3", "embed", "head" */
-    dsc_param **params;     /* the parameters this layer reads (owned array) */
+    char name[64];      /* "layers.3", "embed", "head" */
+    dsc_param **params; /* the parameters this layer reads (owned array) */
     int n_params;
     int64_t activation_bytes_per_token; /* for partition summaries and memory estimates */
     /* Set by dsc_layer_reserve: slot count and the largest micro-batch (B, T) a
@@ -174,24 +175,27 @@ struct dsc_layer {
 
 /* `count` f32 activation buffers of one shape, for a layer's slots
  * (released with dsc_buffers_free, which also takes a partial table). */
-DSC_API dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device);
+DSC_API dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape,
+                                     dsc_device device);
 DSC_API void dsc_buffers_free(dsc_tensor **bufs, int count);
 
 /* y (N, OC) = x (N, C) @ w^T + bias with w (OC, C); bias may be NULL. Tensors of any
  * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
-DSC_API dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias);
+DSC_API dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w,
+                                            const dsc_param *bias);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
 DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
-                                     const dsc_tensor *dy, const dsc_tensor *x);
+                                             const dsc_tensor *dy, const dsc_tensor *x);
 
 DSC_API dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T);
 /* Frees the layer's reserved activations when its type can (ops->release);
  * returns whether it did. */
 DSC_API bool dsc_layer_release(dsc_layer *layer);
-DSC_API dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out, dsc_micro_ctx *ctx);
+DSC_API dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out,
+                                     dsc_micro_ctx *ctx);
 DSC_API dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
-                              dsc_micro_ctx *ctx);
+                                      dsc_micro_ctx *ctx);
 DSC_API void dsc_layer_destroy(dsc_layer *layer);
 /* Records the parameters a layer reads (copied array). */
 DSC_API dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n);

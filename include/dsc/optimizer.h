@@ -36,13 +36,13 @@ extern "C" {
 
 /* Hyper-parameters of the update, independent of how state is laid out. */
 typedef struct dsc_optim_hparams {
-    dsc_optimizer_type type;  /* AdamW, SGD, Adam, Lamb, Lion */
-    float beta1, beta2, eps;  /* Adam family, Lion (betas) */
-    float momentum;           /* SGD */
-    float weight_decay;       /* not applied to DSC_PARAM_NO_DECAY parameters */
-    double clip_norm;         /* global gradient-norm clipping; 0 disables */
-    bool l2_decay;            /* Adam with adam_w_mode false: weight_decay * p joins the gradient */
-    bool no_bias_correction;  /* Adam family with bias_correction false */
+    dsc_optimizer_type type;    /* AdamW, SGD, Adam, Lamb, Lion */
+    float beta1, beta2, eps;    /* Adam family, Lion (betas) */
+    float momentum;             /* SGD */
+    float weight_decay;         /* not applied to DSC_PARAM_NO_DECAY parameters */
+    double clip_norm;           /* global gradient-norm clipping; 0 disables */
+    bool l2_decay;              /* Adam with adam_w_mode false: weight_decay * p joins the gradient */
+    bool no_bias_correction;    /* Adam family with bias_correction false */
     float max_coeff, min_coeff; /* Lamb's trust-ratio clamp */
 } dsc_optim_hparams;
 
@@ -71,7 +71,8 @@ typedef struct dsc_optim_stats {
  * only as shards (ZeRO-3) also lists those shards, with `is_value` set:
  * checkpoints store them as the parameter itself (model/<param>). */
 typedef struct dsc_optim_state {
-    char name[DSC_PARAM_NAME_MAX + 32]; /* "exp_avg/<param>", "exp_avg_sq/<param>", "momentum_buffer/<param>", "step" */
+    char name[DSC_PARAM_NAME_MAX +
+              32]; /* "exp_avg/<param>", "exp_avg_sq/<param>", "momentum_buffer/<param>", "step" */
     const dsc_param *param;
     int64_t offset;
     dsc_tensor local;
@@ -155,8 +156,8 @@ DSC_API void dsc_optimizer_destroy(dsc_optimizer *opt);
  * exp_avg_sq for the Adam family and Lamb; momentum_buffer / exp_avg in state0
  * for SGD / Lion, state1 unused) have equal element counts. `decay` selects
  * weight decay; `step` is 1-based. The gradient is scratch afterwards. */
-DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad, dsc_tensor *state0,
-                            dsc_tensor *state1, float lr, bool decay, int64_t step);
+DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad,
+                                    dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step);
 
 /* Lamb in two halves, for optimizers whose pieces split a parameter over
  * ranks: the direction of a piece is written over its gradient and the
@@ -164,10 +165,11 @@ DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *val
  * once those are summed over the parameter's pieces (all ranks), apply
  * updates each piece with the parameter's trust ratio. */
 DSC_API dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tensor *value, dsc_tensor *grad,
-                                    dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, bool decay, double *w_sq,
-                                    double *u_sq);
-DSC_API dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
-                                int64_t step, double w_sq, double u_sq);
+                                            dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, bool decay, double *w_sq,
+                                            double *u_sq);
+DSC_API dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value,
+                                        const dsc_tensor *direction, float lr, int64_t step, double w_sq,
+                                        double u_sq);
 
 /* Clipping coefficient for a global norm: clip / (norm + 1e-6) when clipping is
  * on and norm exceeds clip, else 1 (PyTorch's clip_grad_norm_). */
@@ -176,7 +178,8 @@ DSC_API double dsc_optim_clip_coef(double norm, double clip);
 /* Completes a global norm from this rank's sums of squares: sums `expert_sq`
  * over `ep`, adds `dense_sq`, sums over `pipe` (either comm may be NULL), and
  * returns the square root. Every rank of the groups gets the same value. */
-DSC_API dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe, double *norm);
+DSC_API dsc_status dsc_optim_global_norm(double dense_sq, double expert_sq, dsc_comm *ep, dsc_comm *pipe,
+                                         double *norm);
 
 #ifdef __cplusplus
 }

@@ -79,8 +79,8 @@ typedef struct dsc_pipe_module_options {
     const void *build_extra; /* dsc_build_ctx.extra for the layer factories (moe_block's groups) */
     const void *build_tp;    /* dsc_build_ctx.tp and .attention (tp/'s wiring); NULL without TP */
     dsc_layer_factory build_attention;
-    int64_t width;           /* features per token crossing a stage boundary; 0: model->d_model */
-    int expert_parallel;     /* ranks splitting each MoE layer's experts (moe.ep_size); 0 or 1: none */
+    int64_t width;       /* features per token crossing a stage boundary; 0: model->d_model */
+    int expert_parallel; /* ranks splitting each MoE layer's experts (moe.ep_size); 0 or 1: none */
 } dsc_pipe_module_options;
 
 typedef struct dsc_pipe_module dsc_pipe_module;
@@ -120,8 +120,8 @@ typedef struct dsc_pipe_stage dsc_pipe_stage;
 
 /* Builds the layers of stage `stage_id` (every chunk) into `params`, which
  * the caller finalizes afterwards. */
-DSC_API dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_param_store *params, dsc_device device,
-                                dsc_pipe_stage **out);
+DSC_API dsc_status dsc_pipe_stage_build(const dsc_pipe_module *m, int stage_id, dsc_param_store *params,
+                                        dsc_device device, dsc_pipe_stage **out);
 DSC_API void dsc_pipe_stage_destroy(dsc_pipe_stage *s);
 DSC_API int dsc_pipe_stage_id(const dsc_pipe_stage *s);
 /* Every local layer, chunk by chunk in forward order (for the optimizer). */
@@ -137,7 +137,7 @@ typedef struct dsc_pipe_tied dsc_pipe_tied;
  * for each tied name, in sorted order, a communicator over the stages
  * holding it. Each tied parameter must be in `params` on those stages. */
 DSC_API dsc_status dsc_pipe_tied_create(const dsc_pipe_module *m, const dsc_pipe_stage *stage, dsc_comm *pipe,
-                                dsc_param_store *params, dsc_pipe_tied **out);
+                                        dsc_param_store *params, dsc_pipe_tied **out);
 DSC_API void dsc_pipe_tied_destroy(dsc_pipe_tied *t);
 /* Copies each tied value from the group's lowest stage (after init or restore). */
 DSC_API dsc_status dsc_pipe_tied_sync_values(dsc_pipe_tied *t);

@@ -50,9 +50,9 @@ typedef struct dsc_pipe_sim_stage {
 
 typedef struct dsc_pipe_sim_result {
     int num_stages;
-    double makespan; /* max over stages of finish */
-    double bubble;   /* mean over stages of 1 - busy/makespan */
-    dsc_pipe_sim_stage *stages; /* (num_stages) */
+    double makespan;                    /* max over stages of finish */
+    double bubble;                      /* mean over stages of 1 - busy/makespan */
+    dsc_pipe_sim_stage *stages;         /* (num_stages) */
     dsc_pipe_sim_segment *segment_pool; /* (pool_len): owns every stage's segments */
     size_t pool_len;
 } dsc_pipe_sim_result;
@@ -62,7 +62,7 @@ typedef struct dsc_pipe_sim_result {
  * streams that block forever, give DSC_ERR_INVALID naming the stages, steps
  * and instructions. */
 DSC_API dsc_status dsc_pipe_sim_run(dsc_schedule *const *stages, int num_stages, const dsc_pipe_sim_costs *costs,
-                            dsc_pipe_sim_result *out);
+                                    dsc_pipe_sim_result *out);
 DSC_API void dsc_pipe_sim_free(dsc_pipe_sim_result *result);
 
 /* Closed forms of the whole pipeline for kind/M/P/v under `costs`; exact
@@ -72,9 +72,10 @@ typedef struct dsc_pipe_sim_bounds {
     double bubble;
 } dsc_pipe_sim_bounds;
 DSC_API dsc_status dsc_pipe_sim_closed_form(dsc_schedule_kind kind, int micro_batches, int stages, int chunks,
-                                    const dsc_pipe_sim_costs *costs, dsc_pipe_sim_bounds *out);
+                                            const dsc_pipe_sim_costs *costs, dsc_pipe_sim_bounds *out);
 /* Closed form of peak_live on stage `stage_id` (always exact). */
-DSC_API int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks);
+DSC_API int dsc_pipe_sim_peak_live_bound(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id,
+                                         int chunks);
 
 /* One row per stage, at most max_width columns: 'F'/'B' forward/backward
  * ('f'/'b' on odd model chunks), '.' idle; time is scaled down to fit, and

@@ -20,8 +20,8 @@ typedef enum dsc_rng_purpose {
     DSC_RNG_INIT = 0, /* parameter initialisation (same on every rank) */
     DSC_RNG_DATA,     /* data order */
     DSC_RNG_DROPOUT,
-    DSC_RNG_GATE,     /* MoE gate noise and random token selection */
-    DSC_RNG_SAMPLE    /* decoding */
+    DSC_RNG_GATE,  /* MoE gate noise and random token selection */
+    DSC_RNG_SAMPLE /* decoding */
 } dsc_rng_purpose;
 
 typedef struct dsc_rng {

@@ -60,18 +60,19 @@ DSC_API const char *dsc_safetensors_metadata(const dsc_safetensors *st, const ch
 DSC_API dsc_status dsc_safetensors_view(const dsc_safetensors *st, const char *name, dsc_tensor *out);
 /* Converts tensor `name` (F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL) to
  * f32 into dst, which holds `numel` floats; numel must equal the tensor's. */
-DSC_API dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name, float *dst, int64_t numel);
+DSC_API dsc_status dsc_safetensors_read_f32(const dsc_safetensors *st, const char *name, float *dst,
+                                            int64_t numel);
 /* Elements [offset, offset + count) of tensor `name` (row-major) as f32: only
  * those bytes of the mapping are touched (a tensor-parallel shard). */
-DSC_API dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset, int64_t count,
-                                          float *dst);
+DSC_API dsc_status dsc_safetensors_read_f32_range(const dsc_safetensors *st, const char *name, int64_t offset,
+                                                  int64_t count, float *dst);
 
 /* Writes n CPU tensors (f32, bf16, f16, i32, i64, u8) named names[i] into a
  * new file at `path` (written to path.tmp, then renamed), with n_meta
  * metadata pairs meta[2*j] = key, meta[2*j+1] = value. Names must be distinct
  * and not "__metadata__". */
-DSC_API dsc_status dsc_safetensors_write(const char *path, int64_t n, const char *const *names, const dsc_tensor *tensors,
-                                 int n_meta, const char *const *meta);
+DSC_API dsc_status dsc_safetensors_write(const char *path, int64_t n, const char *const *names,
+                                         const dsc_tensor *tensors, int n_meta, const char *const *meta);
 
 #ifdef __cplusplus
 }

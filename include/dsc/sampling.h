@@ -40,8 +40,9 @@ typedef struct dsc_sample_candidate {
  * feeds the repetition penalty; scratch (V) is overwritten. Invalid params
  * or history ids outside [0, V) are DSC_ERR_INVALID; a row with no finite
  * logit is DSC_ERR_NUMERIC. */
-DSC_API dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V, const dsc_sampling_params *params,
-                      const int32_t *history, int64_t n_history, dsc_sample_candidate *scratch, dsc_rng *rng);
+DSC_API dsc_status dsc_sample(int32_t *token_out, const float *logits, int32_t V,
+                              const dsc_sampling_params *params, const int32_t *history, int64_t n_history,
+                              dsc_sample_candidate *scratch, dsc_rng *rng);
 
 #ifdef __cplusplus
 }

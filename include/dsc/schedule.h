@@ -29,13 +29,13 @@ typedef enum dsc_instr_type {
     DSC_INSTR_LOAD_MICRO_BATCH = 0, /* first stage: inputs; last stage: labels */
     DSC_INSTR_FORWARD_PASS,
     DSC_INSTR_BACKWARD_PASS,
-    DSC_INSTR_SEND_ACTIVATION,      /* outputs of (micro_batch, chunk) to the next virtual stage */
-    DSC_INSTR_RECV_ACTIVATION,      /* inputs of (micro_batch, chunk) from the previous one */
-    DSC_INSTR_SEND_GRAD,            /* gradient of the inputs to the previous virtual stage */
-    DSC_INSTR_RECV_GRAD,            /* gradient of the outputs from the next virtual stage */
-    DSC_INSTR_REDUCE_TIED_GRADS,    /* batch end, no buffer */
-    DSC_INSTR_REDUCE_GRADS,         /* batch end, no buffer */
-    DSC_INSTR_OPTIMIZER_STEP,       /* batch end, no buffer */
+    DSC_INSTR_SEND_ACTIVATION,   /* outputs of (micro_batch, chunk) to the next virtual stage */
+    DSC_INSTR_RECV_ACTIVATION,   /* inputs of (micro_batch, chunk) from the previous one */
+    DSC_INSTR_SEND_GRAD,         /* gradient of the inputs to the previous virtual stage */
+    DSC_INSTR_RECV_GRAD,         /* gradient of the outputs from the next virtual stage */
+    DSC_INSTR_REDUCE_TIED_GRADS, /* batch end, no buffer */
+    DSC_INSTR_REDUCE_GRADS,      /* batch end, no buffer */
+    DSC_INSTR_OPTIMIZER_STEP,    /* batch end, no buffer */
     DSC_INSTR_TYPE_COUNT
 } dsc_instr_type;
 
@@ -66,8 +66,8 @@ typedef struct dsc_schedule dsc_schedule;
  * DSC_SCHEDULE_INTERLEAVED, which needs v >= 2, stages >= 2 and
  * micro_batches a multiple of stages. Bad arguments give DSC_ERR_INVALID
  * naming the numbers. */
-DSC_API dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id, int chunks,
-                               dsc_schedule **out);
+DSC_API dsc_status dsc_schedule_create(dsc_schedule_kind kind, int micro_batches, int stages, int stage_id,
+                                       int chunks, dsc_schedule **out);
 DSC_API void dsc_schedule_destroy(dsc_schedule *sched);
 
 DSC_API dsc_schedule_kind dsc_schedule_get_kind(const dsc_schedule *sched);
@@ -87,8 +87,9 @@ DSC_API int dsc_schedule_num_buffers(const dsc_schedule *sched);
  * buffer instruction and " Name()" per batch-end instruction, one line per step. */
 DSC_API dsc_status dsc_schedule_print(const dsc_schedule *sched, FILE *out);
 
-DSC_API const char *dsc_instr_name(dsc_instr_type type);             /* "ForwardPass" */
-DSC_API const char *dsc_schedule_kind_name(dsc_schedule_kind kind);  /* "train", "infer", "dp", "gpipe", "interleaved" */
+DSC_API const char *dsc_instr_name(dsc_instr_type type); /* "ForwardPass" */
+DSC_API const char *
+dsc_schedule_kind_name(dsc_schedule_kind kind); /* "train", "infer", "dp", "gpipe", "interleaved" */
 DSC_API dsc_status dsc_schedule_kind_from_name(const char *name, dsc_schedule_kind *out);
 
 #ifdef __cplusplus

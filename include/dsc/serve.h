@@ -38,13 +38,13 @@ typedef struct dsc_serve_config {
     const char *api_key;    /* NULL: no authentication; else "Authorization: Bearer KEY" on all but /health */
     const char *model_name; /* the id /v1/models lists and requests may name */
     size_t max_body_bytes;
-    int32_t max_prompt_tokens;   /* per prompt */
-    int32_t max_tokens;          /* per request's max_tokens (and the default of chat) */
-    int32_t max_concurrent;      /* generation requests in flight; beyond: 429 */
-    double drain_timeout_s;      /* after a stop request, in-flight requests get this long, then are cancelled */
-    const char *chat_template;   /* NULL: chosen from the tokenizer's special tokens (and model_arch) */
-    const char *model_arch;      /* "MistralForCausalLM", ...: Mistral models get the mistral template */
-    int32_t bos;                 /* >= 0: prepended to text prompts of /v1/completions */
+    int32_t max_prompt_tokens; /* per prompt */
+    int32_t max_tokens;        /* per request's max_tokens (and the default of chat) */
+    int32_t max_concurrent;    /* generation requests in flight; beyond: 429 */
+    double drain_timeout_s;    /* after a stop request, in-flight requests get this long, then are cancelled */
+    const char *chat_template; /* NULL: chosen from the tokenizer's special tokens (and model_arch) */
+    const char *model_arch;    /* "MistralForCausalLM", ...: Mistral models get the mistral template */
+    int32_t bos;               /* >= 0: prepended to text prompts of /v1/completions */
     int32_t eos[DSC_SERVE_MAX_EOS]; /* stop tokens of every request (the model's end of sequence) */
     int32_t n_eos;
     uint64_t seed; /* seeds of requests that give none: seed + request number */
@@ -57,8 +57,8 @@ typedef struct dsc_server dsc_server;
 /* Borrows the engine and tokenizer (NULL: token-id prompts only, empty
  * text); copies cfg's strings; creates the scheduler and starts listening. A bad option or an
  * address that cannot be bound is an error naming it. */
-DSC_API dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_config *sched, dsc_tokenizer *tok,
-                             const dsc_serve_config *cfg, dsc_server **out);
+DSC_API dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_config *sched,
+                                     dsc_tokenizer *tok, const dsc_serve_config *cfg, dsc_server **out);
 /* The port listened on. */
 DSC_API int dsc_server_port(const dsc_server *srv);
 /* The chat template in use ("llama-3", ...), NULL when chat is refused. */

@@ -47,8 +47,7 @@ DSC_API dsc_status dsc_verror(dsc_code code, const char *fmt, va_list ap) __attr
 
 /* Prefixes context to an existing error ("loading checkpoint x: <inner>"),
  * consuming it. Returns NULL when inner is NULL. */
-DSC_API dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+DSC_API dsc_status dsc_error_wrap(dsc_status inner, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 DSC_API dsc_code dsc_status_code(dsc_status s);
 DSC_API const char *dsc_status_message(dsc_status s); /* "ok" for NULL */
@@ -59,30 +58,30 @@ DSC_API void dsc_status_free(dsc_status s);
 DSC_API void dsc_set_rank(int rank);
 DSC_API int dsc_get_rank(void);
 
-#define DSC_TRY(expr)                                                          \
-    do {                                                                       \
-        dsc_status dsc_try_s_ = (expr);                                        \
-        if (dsc_try_s_) return dsc_try_s_;                                     \
+#define DSC_TRY(expr)                                                                                             \
+    do {                                                                                                          \
+        dsc_status dsc_try_s_ = (expr);                                                                           \
+        if (dsc_try_s_) return dsc_try_s_;                                                                        \
     } while (0)
 
 /* For functions with cleanup: stores the error in `st` and jumps to `label`. */
-#define DSC_TRY_GOTO(st, expr, label)                                          \
-    do {                                                                       \
-        (st) = (expr);                                                         \
-        if (st) goto label;                                                    \
+#define DSC_TRY_GOTO(st, expr, label)                                                                             \
+    do {                                                                                                          \
+        (st) = (expr);                                                                                            \
+        if (st) goto label;                                                                                       \
     } while (0)
 
 /* Returns an error of `code` when `cond` does not hold. */
-#define DSC_CHECK(cond, code, ...)                                             \
-    do {                                                                       \
-        if (!(cond)) return dsc_error((code), __VA_ARGS__);                    \
+#define DSC_CHECK(cond, code, ...)                                                                                \
+    do {                                                                                                          \
+        if (!(cond)) return dsc_error((code), __VA_ARGS__);                                                       \
     } while (0)
 
 /* Internal invariants (bugs, not bad input): prints file:line and rank. */
 DSC_API void dsc_assert_fail(const char *expr, const char *file, int line);
-#define DSC_ASSERT(cond)                                                       \
-    do {                                                                       \
-        if (!(cond)) dsc_assert_fail(#cond, __FILE__, __LINE__);               \
+#define DSC_ASSERT(cond)                                                                                          \
+    do {                                                                                                          \
+        if (!(cond)) dsc_assert_fail(#cond, __FILE__, __LINE__);                                                  \
     } while (0)
 
 #ifdef __cplusplus

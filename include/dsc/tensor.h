@@ -44,7 +44,7 @@ typedef struct dsc_tensor {
 } dsc_tensor;
 
 DSC_API size_t dsc_dtype_size(dsc_dtype dtype);
-DSC_API const char *dsc_dtype_name(dsc_dtype dtype);                 /* "f32", "bf16", ... */
+DSC_API const char *dsc_dtype_name(dsc_dtype dtype); /* "f32", "bf16", ... */
 DSC_API dsc_status dsc_dtype_from_name(const char *name, dsc_dtype *out);
 DSC_API bool dsc_dtype_is_float(dsc_dtype dtype);
 
@@ -57,13 +57,12 @@ DSC_API dsc_status dsc_shape_nbytes(dsc_dtype dtype, int ndim, const int64_t *sh
  * its byte size must fit (dsc_shape_nbytes); a tensor with no elements still
  * gets a valid, non-NULL pointer. */
 DSC_API dsc_status dsc_tensor_alloc(dsc_tensor *t, dsc_dtype dtype, int ndim, const int64_t *shape,
-                            dsc_device device, dsc_mem_category category);
+                                    dsc_device device, dsc_mem_category category);
 /* Releases owned data and resets the struct to empty; safe on empty tensors. */
 DSC_API void dsc_tensor_free(dsc_tensor *t);
 
 /* A non-owning view of existing memory. */
-DSC_API dsc_tensor dsc_tensor_view(void *data, dsc_dtype dtype, int ndim, const int64_t *shape,
-                           dsc_device device);
+DSC_API dsc_tensor dsc_tensor_view(void *data, dsc_dtype dtype, int ndim, const int64_t *shape, dsc_device device);
 /* The same memory with another shape of equal element count. */
 DSC_API dsc_status dsc_tensor_reshape(const dsc_tensor *t, int ndim, const int64_t *shape, dsc_tensor *out);
 /* Rows [row0, row0+rows) of the first dimension, as a view. */
@@ -78,7 +77,7 @@ DSC_API const char *dsc_tensor_describe(const dsc_tensor *t, char *buf, size_t l
 /* Checks dtype, rank and shape (-1 in `shape` matches any extent); the error
  * names `what` and shows expected vs actual. */
 DSC_API dsc_status dsc_tensor_expect(const dsc_tensor *t, const char *what, dsc_dtype dtype, int ndim,
-                             const int64_t *shape);
+                                     const int64_t *shape);
 
 /* Copies src into dst (same shape); converts dtype between f32/bf16/f16 on the CPU. */
 DSC_API dsc_status dsc_tensor_copy(dsc_tensor *dst, const dsc_tensor *src);

@@ -69,13 +69,14 @@ DSC_API dsc_status dsc_tfile_read_range(dsc_tfile *f, const char *path, int64_t 
 /* Looks a dataset up: DSC_ERR_CORRUPT naming file and path when missing. */
 DSC_API dsc_status dsc_tfile_describe(dsc_tfile *f, const char *path, dsc_tfile_entry *out);
 /* Checks a dataset against an expected dtype and shape; errors name file, path, expected and found. */
-DSC_API dsc_status dsc_tfile_expect(dsc_tfile *f, const char *path, dsc_dtype dtype, int ndim, const int64_t *shape);
+DSC_API dsc_status dsc_tfile_expect(dsc_tfile *f, const char *path, dsc_dtype dtype, int ndim,
+                                    const int64_t *shape);
 /* Calls fn for every dataset under group `prefix` ("model"), in name order. */
 DSC_API dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix,
-                          dsc_status (*fn)(const dsc_tfile_entry *entry, void *user), void *user);
+                                  dsc_status (*fn)(const dsc_tfile_entry *entry, void *user), void *user);
 /* Calls fn for every dataset of the file, whatever its group, in name order. */
 DSC_API dsc_status dsc_tfile_list_all(dsc_tfile *f, dsc_status (*fn)(const dsc_tfile_entry *entry, void *user),
-                              void *user);
+                                      void *user);
 
 /* Root attributes. Writers are collective with identical values on every rank. */
 DSC_API dsc_status dsc_tfile_set_attr_int(dsc_tfile *f, const char *name, int64_t value);

@@ -48,13 +48,13 @@ DSC_API int32_t dsc_tokenizer_token_id(const dsc_tokenizer *tok, const char *tok
  * ids the text needs; when it exceeds cap the call fails with DSC_ERR_INVALID
  * naming it (no id is lost silently; retry with a larger buffer). len + 2
  * ids always suffice for a text without added tokens. */
-DSC_API dsc_status dsc_tokenizer_encode(const dsc_tokenizer *tok, const char *text, size_t len, int32_t *ids, int64_t cap,
-                                int64_t *n_out);
+DSC_API dsc_status dsc_tokenizer_encode(const dsc_tokenizer *tok, const char *text, size_t len, int32_t *ids,
+                                        int64_t cap, int64_t *n_out);
 /* Decodes n ids into out (capacity cap, NUL-terminated); *len_out is the text
  * length without the NUL. Too small a buffer or an id outside the vocabulary is
  * DSC_ERR_INVALID. */
-DSC_API dsc_status dsc_tokenizer_decode(const dsc_tokenizer *tok, const int32_t *ids, int64_t n, char *out, size_t cap,
-                                size_t *len_out);
+DSC_API dsc_status dsc_tokenizer_decode(const dsc_tokenizer *tok, const int32_t *ids, int64_t n, char *out,
+                                        size_t cap, size_t *len_out);
 
 /* Incremental decoding of one sequence; zero-initialise or call _init. */
 typedef struct dsc_tokenizer_stream {
@@ -66,8 +66,8 @@ typedef struct dsc_tokenizer_stream {
 DSC_API void dsc_tokenizer_stream_init(dsc_tokenizer_stream *s);
 /* Appends id and writes to out (capacity cap, NUL-terminated) the text that
  * became complete; *len_out may be 0 while a character is still partial. */
-DSC_API dsc_status dsc_tokenizer_decode_next(const dsc_tokenizer *tok, dsc_tokenizer_stream *s, int32_t id, char *out,
-                                     size_t cap, size_t *len_out);
+DSC_API dsc_status dsc_tokenizer_decode_next(const dsc_tokenizer *tok, dsc_tokenizer_stream *s, int32_t id,
+                                             char *out, size_t cap, size_t *len_out);
 /* Ends the stream: writes whatever bytes are still pending (an incomplete
  * character at the very end) and resets it. */
 DSC_API dsc_status dsc_tokenizer_decode_finish(dsc_tokenizer_stream *s, char *out, size_t cap, size_t *len_out);

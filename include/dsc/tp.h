@@ -126,13 +126,14 @@ typedef struct dsc_tp_shard {
 
 /* Pure: rank's heads and widths for (dims, tp_size, grain). Impossible
  * splits are DSC_ERR_CONFIG naming the numbers. */
-DSC_API dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, int rank, dsc_tp_shard *out);
+DSC_API dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, int rank,
+                                   dsc_tp_shard *out);
 /* Pure: rank's piece [*start, *start + *count) of `total` split into
  * grain-aligned widths (DeepSpeed's tp_shard rule: whole grains spread
  * evenly, the last rank also takes total % grain; near-even elements when
  * total < grain * tp_size). total < tp_size is DSC_ERR_CONFIG naming `what`. */
 DSC_API dsc_status dsc_tp_split_width(int64_t total, int tp_size, int64_t grain, int rank, const char *what,
-                              int64_t *start, int64_t *count);
+                                      int64_t *start, int64_t *count);
 
 typedef struct dsc_tp_plan dsc_tp_plan;
 
@@ -151,7 +152,7 @@ typedef struct dsc_tp_entry {
 /* Builds the plan; every tensor gets a decision or the error lists the
  * tensors that could not be placed (name, shape, why). */
 DSC_API dsc_status dsc_tp_plan_create(const dsc_tp_param *params, int64_t n, const dsc_tp_dims *dims,
-                              const dsc_tp_options *opts, dsc_tp_plan **out);
+                                      const dsc_tp_options *opts, dsc_tp_plan **out);
 DSC_API void dsc_tp_plan_destroy(dsc_tp_plan *p);
 DSC_API int dsc_tp_plan_size(const dsc_tp_plan *p); /* tp_size */
 DSC_API int64_t dsc_tp_plan_count(const dsc_tp_plan *p);
@@ -166,8 +167,8 @@ DSC_API const dsc_tp_shard *dsc_tp_plan_shard(const dsc_tp_plan *p, int rank);
 /* The table: one line per tensor with kind, unit, rule and every rank's spans. */
 DSC_API void dsc_tp_plan_print(const dsc_tp_plan *p, FILE *f);
 
-DSC_API const char *dsc_tp_kind_name(dsc_tp_kind k);           /* "replicate", "column", "row", "vocab" */
-DSC_API const char *dsc_tp_unit_name(dsc_tp_unit u);           /* "q-heads", ... */
+DSC_API const char *dsc_tp_kind_name(dsc_tp_kind k);          /* "replicate", "column", "row", "vocab" */
+DSC_API const char *dsc_tp_unit_name(dsc_tp_unit u);          /* "q-heads", ... */
 DSC_API const char *dsc_tp_source_name(dsc_tp_rule_source s); /* "partition_config", ... */
 
 #ifdef __cplusplus

@@ -60,7 +60,7 @@ typedef struct dsc_tp_build_extra {
  * means 64). Splits the model cannot take are DSC_ERR_CONFIG naming the
  * numbers. */
 DSC_API dsc_status dsc_tp_build_extra_init(dsc_tp_build_extra *x, const dsc_model_config *mc, dsc_comm *group,
-                                   int64_t grain);
+                                           int64_t grain);
 /* Registers tp_embedding, tp_block and tp_lm_head. Idempotent. */
 DSC_API dsc_status dsc_tp_register_layers(void);
 /* The attention split by heads, as dsc_build_ctx.attention. */
@@ -86,7 +86,7 @@ DSC_API dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, voi
 
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {
-    dsc_group_plan plan;       /* pipe 1 x data x model, DeepSpeed's axis order */
+    dsc_group_plan plan; /* pipe 1 x data x model, DeepSpeed's axis order */
     dsc_groups *groups;
     dsc_tp_build_extra extra;
     dsc_trainer_layers layers; /* for dsc_trainer_create_with_layers */

@@ -60,11 +60,13 @@ DSC_API dsc_status dsc_zero_check_pipeline(int stage, int pipeline_stages);
  * gradient buffers (and for stage 3 value buffers): parameters' grad (and
  * value) data are then valid only between before_layer and after_layer of a
  * layer that reads them. Stage 0 gives the plain optimizer. */
-DSC_API dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo, dsc_optimizer **out);
+DSC_API dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_options *zo,
+                                   dsc_optimizer **out);
 
 /* The trainer's optimizer maker (dsc/engine.h, dsc_trainer_options): the
  * config's zero_optimization stage (0: plain) over the given groups. */
-DSC_API dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out);
+DSC_API dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg,
+                                           dsc_optimizer **out);
 
 /* The partitioning rule of stages 1 and 2: element range [*begin, *end) of a
  * flat buffer of `numel` elements (a multiple of 64) owned by `rank` of
@@ -103,7 +105,8 @@ DSC_API dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_m
  * state and their sum for a model of `size` on `dp` data-parallel ranks
  * (experts over dp / ep ranks), `pp` pipeline stages splitting the model
  * evenly, as DeepSpeed's estimate_zero{2,3}_model_states_mem_needs. */
-DSC_API void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes);
+DSC_API void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep,
+                                     int state_bytes);
 
 /* Collective over `comm`: gathers every rank's allocator accounting per
  * category (parameters, gradients, optimizer state, activations,
@@ -111,7 +114,8 @@ DSC_API void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, 
  * per rank beside the formula for `stage` over `dp` ranks of that rank's
  * Ψ = psi elements (its share of the model: its pipeline stage's
  * parameters), with the ratio of measured model states to the formula. */
-DSC_API dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp, int state_bytes);
+DSC_API dsc_status dsc_zero_memory_report(FILE *fp, dsc_comm *comm, int stage, double psi, int dp,
+                                          int state_bytes);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,8 @@ dsc_status dsc_cpu_gelu_forward(const dsc_backend *backend, float *out, const fl
     return NULL;
 }
 
-dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                 int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -57,7 +58,8 @@ static inline float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
-dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                 int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -66,7 +68,8 @@ dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const fl
     return NULL;
 }
 
-dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n) {
+dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,
+                                  int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -75,8 +78,8 @@ dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const 
     return NULL;
 }
 
-dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                   int64_t n) {
+dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout,
+                                   const float *gate, const float *up, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)

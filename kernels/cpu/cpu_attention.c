@@ -141,8 +141,9 @@ static void attend_tile_backward(const attn_slice *A, int64_t i0) {
     }
 }
 
-dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
-                                     int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q,
+                                     const float *k, const float *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                                     int64_t hs) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
@@ -162,9 +163,10 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
     return NULL;
 }
 
-dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                      const float *k, const float *v, const float *out, const float *lse,
-                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv,
+                                      const float *dout, const float *q, const float *k, const float *v,
+                                      const float *out, const float *lse, int64_t b, int64_t t, int64_t nh,
+                                      int64_t nkv, int64_t hs) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;

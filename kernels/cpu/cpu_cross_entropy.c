@@ -18,8 +18,8 @@ static void row_stats(const float *x, int64_t v, float *max_out, float *sum_out)
     *sum_out = (float)sum;
 }
 
-dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits, const int32_t *targets, int64_t n,
-                                         int64_t v) {
+dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits,
+                                         const int32_t *targets, int64_t n, int64_t v) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(targets, n, v, true, "target"));
     int nt = dsc_kernels_get_num_threads();
@@ -37,8 +37,8 @@ dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *loss
     return NULL;
 }
 
-dsc_status dsc_cpu_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits, const int32_t *targets, int64_t n,
-                                          int64_t v, float dloss) {
+dsc_status dsc_cpu_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits,
+                                          const int32_t *targets, int64_t n, int64_t v, float dloss) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(targets, n, v, true, "target"));
     int nt = dsc_kernels_get_num_threads();

@@ -13,8 +13,9 @@ dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool 
     return NULL;
 }
 
-dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                     int64_t n, int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens,
+                                     const float *wte, const float *wpe, int64_t n, int64_t t, int64_t v,
+                                     int64_t c) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
     int nt = dsc_kernels_get_num_threads();
@@ -33,8 +34,8 @@ dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, con
     return NULL;
 }
 
-dsc_status dsc_cpu_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                      int64_t n, int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cpu_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout,
+                                      const int32_t *tokens, int64_t n, int64_t t, int64_t v, int64_t c) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
     int nt = dsc_kernels_get_num_threads();

@@ -7,8 +7,9 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 
-dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
-                        int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta) {
+dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
+                        int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
+                        float beta) {
     (void)backend;
     DSC_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, DSC_ERR_UNSUPPORTED,
               "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
@@ -39,7 +40,8 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
     return NULL;
 }
 
-dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n, int64_t oc) {
+dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
+                                        int64_t oc) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     /* Each thread owns a slice of channels, so the accumulation is race-free. */

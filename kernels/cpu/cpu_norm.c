@@ -9,8 +9,9 @@
 
 #define CHANNEL_BLOCK 64
 
-dsc_status dsc_cpu_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
-                                     const float *b, int64_t n, int64_t c, float eps) {
+dsc_status dsc_cpu_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd,
+                                     const float *x, const float *w, const float *b, int64_t n, int64_t c,
+                                     float eps) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -81,16 +82,17 @@ static void norm_input_grad(float *dx, const float *dout, const float *x, const 
     }
 }
 
-dsc_status dsc_cpu_layernorm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x,
-                                      const float *w, const float *mean, const float *rstd, int64_t n, int64_t c) {
+dsc_status dsc_cpu_layernorm_backward(const dsc_backend *backend, float *dx, float *dw, float *db,
+                                      const float *dout, const float *x, const float *w, const float *mean,
+                                      const float *rstd, int64_t n, int64_t c) {
     (void)backend;
     norm_input_grad(dx, dout, x, w, mean, rstd, n, c);
     if (dw || db) norm_param_grads(dw, db, dout, x, mean, rstd, n, c);
     return NULL;
 }
 
-dsc_status dsc_cpu_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
-                                   float eps) {
+dsc_status dsc_cpu_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x,
+                                   const float *w, int64_t n, int64_t c, float eps) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
@@ -109,8 +111,8 @@ dsc_status dsc_cpu_rmsnorm_forward(const dsc_backend *backend, float *out, float
     return NULL;
 }
 
-dsc_status dsc_cpu_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                    const float *rstd, int64_t n, int64_t c) {
+dsc_status dsc_cpu_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout,
+                                    const float *x, const float *w, const float *rstd, int64_t n, int64_t c) {
     (void)backend;
     norm_input_grad(dx, dout, x, w, NULL, rstd, n, c);
     if (dw) norm_param_grads(dw, NULL, dout, x, NULL, rstd, n, c);

@@ -17,8 +17,8 @@ static inline void adam_moments(float *m, float *v, float g, float beta1, float 
     *v = beta2 * *v + (1.0f - beta2) * g * g;
 }
 
-dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
-                         float beta2, float eps, float wd, int64_t step) {
+dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n,
+                         float lr, float beta1, float beta2, float eps, float wd, int64_t step) {
     (void)backend;
     dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
     int nt = dsc_kernels_get_num_threads();
@@ -30,8 +30,8 @@ dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, f
     return NULL;
 }
 
-dsc_status dsc_cpu_sgd(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd,
-                       int64_t step) {
+dsc_status dsc_cpu_sgd(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr,
+                       float momentum, float wd, int64_t step) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     bool first = step == 1;
@@ -47,7 +47,8 @@ dsc_status dsc_cpu_sgd(const dsc_backend *backend, float *p, const float *g, flo
     return NULL;
 }
 
-dsc_status dsc_cpu_lion(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr, float beta1, float beta2, float wd) {
+dsc_status dsc_cpu_lion(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr,
+                        float beta1, float beta2, float wd) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     float decay = 1.0f - lr * wd;
@@ -61,8 +62,8 @@ dsc_status dsc_cpu_lion(const dsc_backend *backend, float *p, const float *g, fl
     return NULL;
 }
 
-dsc_status dsc_cpu_lamb_direction(const dsc_backend *backend, float *u, const float *p, const float *g, float *m, float *v, int64_t n, float beta1,
-                                  float beta2, float eps, float wd) {
+dsc_status dsc_cpu_lamb_direction(const dsc_backend *backend, float *u, const float *p, const float *g, float *m,
+                                  float *v, int64_t n, float beta1, float beta2, float eps, float wd) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)

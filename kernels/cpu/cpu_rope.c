@@ -9,8 +9,8 @@
 
 #define PAIR_BLOCK 64
 
-dsc_status dsc_cpu_rope(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
-                        int64_t hs, float theta, bool inverse) {
+dsc_status dsc_cpu_rope(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b,
+                        int64_t t, int64_t nh, int64_t hs, float theta, bool inverse) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t half = hs / 2;

@@ -44,7 +44,7 @@ static __global__ void swiglu_forward_kernel(float *out, const float *gate, cons
 }
 
 static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
-                                       const float *up, int64_t n) {
+                                              const float *up, int64_t n) {
     GRID_STRIDE(i, n) {
         float g = gate[i], d = dout[i];
         dup[i] = d * g * sigmoidf(g);
@@ -71,20 +71,23 @@ static __global__ void softmax_kernel(float *out, const float *x, int64_t n, int
 dsc_status dsc_cuda_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     LAUNCH_ELEMENTWISE(gelu_forward_kernel, backend, n, out, x, n);
 }
-dsc_status dsc_cuda_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cuda_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                  int64_t n) {
     LAUNCH_ELEMENTWISE(gelu_backward_kernel, backend, n, dx, dout, x, n);
 }
 dsc_status dsc_cuda_silu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     LAUNCH_ELEMENTWISE(silu_forward_kernel, backend, n, out, x, n);
 }
-dsc_status dsc_cuda_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x, int64_t n) {
+dsc_status dsc_cuda_silu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
+                                  int64_t n) {
     LAUNCH_ELEMENTWISE(silu_backward_kernel, backend, n, dx, dout, x, n);
 }
-dsc_status dsc_cuda_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up, int64_t n) {
+dsc_status dsc_cuda_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,
+                                   int64_t n) {
     LAUNCH_ELEMENTWISE(swiglu_forward_kernel, backend, n, out, gate, up, n);
 }
-dsc_status dsc_cuda_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout, const float *gate,
-                                    const float *up, int64_t n) {
+dsc_status dsc_cuda_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout,
+                                    const float *gate, const float *up, int64_t n) {
     LAUNCH_ELEMENTWISE(swiglu_backward_kernel, backend, n, dgate, dup, dout, gate, up, n);
 }
 

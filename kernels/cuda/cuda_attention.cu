@@ -30,8 +30,9 @@ __device__ __forceinline__ bool attn_locate(attn_row *r, int64_t b, int64_t t, i
     return true;
 }
 
-static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                                         int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, float scale) {
+static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k,
+                                                const float *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                                                int64_t hs, float scale) {
     attn_row r;
     if (!attn_locate(&r, b, t, nh, nkv, hs)) return;
     int lane = threadIdx.x % 32;
@@ -70,9 +71,10 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
     if (lane == 0) lse[r.lse_off] = m + logf(l);
 }
 
-static __global__ void attention_backward_kernel(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                          const float *k, const float *v, const float *out, const float *lse,
-                                          int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, float scale) {
+static __global__ void attention_backward_kernel(float *dq, float *dk, float *dv, const float *dout,
+                                                 const float *q, const float *k, const float *v, const float *out,
+                                                 const float *lse, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                                                 int64_t hs, float scale) {
     attn_row r;
     if (!attn_locate(&r, b, t, nh, nkv, hs)) return;
     int lane = threadIdx.x % 32;
@@ -123,8 +125,9 @@ static dsc_status check_head_size(int64_t hs) {
     return NULL;
 }
 
-dsc_status dsc_cuda_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
-                                      int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+dsc_status dsc_cuda_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q,
+                                      const float *k, const float *v, int64_t b, int64_t t, int64_t nh,
+                                      int64_t nkv, int64_t hs) {
     DSC_TRY(check_head_size(hs));
     if (b * t * nh == 0) return NULL;
     cuda_context *cx;
@@ -132,21 +135,23 @@ dsc_status dsc_cuda_attention_forward(const dsc_backend *backend, float *out, fl
     bool done;
     DSC_TRY(dsc_cuda_flash_attention_forward(backend, out, lse, q, k, v, b, t, nh, nkv, hs, &done));
     if (done) return NULL;
-    attention_forward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK, 0, cx->stream>>>(out, lse, q, k, v, b, t, nh, nkv, hs,
-                                                                           1.0f / sqrtf((float)hs));
+    attention_forward_kernel<<<cuda_warp_blocks(b * nh * t), CUDA_BLOCK, 0, cx->stream>>>(
+        out, lse, q, k, v, b, t, nh, nkv, hs, 1.0f / sqrtf((float)hs));
     CUDA_LAUNCHED(attention_forward_kernel);
     return NULL;
 }
 
-dsc_status dsc_cuda_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                       const float *k, const float *v, const float *out, const float *lse,
-                                       int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+dsc_status dsc_cuda_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv,
+                                       const float *dout, const float *q, const float *k, const float *v,
+                                       const float *out, const float *lse, int64_t b, int64_t t, int64_t nh,
+                                       int64_t nkv, int64_t hs) {
     DSC_TRY(check_head_size(hs));
     if (b * t * nh == 0) return NULL;
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
     bool done;
-    DSC_TRY(dsc_cuda_flash_attention_backward(backend, dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, &done));
+    DSC_TRY(
+        dsc_cuda_flash_attention_backward(backend, dq, dk, dv, dout, q, k, v, out, lse, b, t, nh, nkv, hs, &done));
     if (done) return NULL;
     size_t kv_bytes = (size_t)(b * t * nkv * hs) * sizeof(float);
     CUDA_CALL(cudaMemsetAsync(dk, 0, kv_bytes, cx->stream));
@@ -158,8 +163,8 @@ dsc_status dsc_cuda_attention_backward(const dsc_backend *backend, float *dq, fl
 }
 
 /* One thread per rotated pair; angles in double (positions reach 1e5 and more). */
-static __global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
-                            int64_t hs, double theta, double sign) {
+static __global__ void rope_kernel(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
+                                   int64_t nh, int64_t hs, double theta, double sign) {
     int64_t half = hs / 2;
     GRID_STRIDE(idx, b * t * nh * half) {
         int64_t i = idx % half, row = idx / half, ti = (row / nh) % t;
@@ -171,8 +176,8 @@ static __global__ void rope_kernel(float *out, const float *x, const int32_t *po
     }
 }
 
-dsc_status dsc_cuda_rope(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh,
-                         int64_t hs, float theta, bool inverse) {
+dsc_status dsc_cuda_rope(const dsc_backend *backend, float *out, const float *x, const int32_t *pos, int64_t b,
+                         int64_t t, int64_t nh, int64_t hs, float theta, bool inverse) {
     LAUNCH_ELEMENTWISE(rope_kernel, backend, b * t * nh * (hs / 2), out, x, pos, b, t, nh, hs, (double)theta,
                        inverse ? -1.0 : 1.0);
 }

@@ -18,7 +18,7 @@ __device__ void row_stats(const float *x, int64_t v, float *mx_out, float *sum_o
 }
 
 static __global__ void cross_entropy_forward_kernel(float *losses, const float *logits, const int32_t *targets,
-                                             int64_t v) {
+                                                    int64_t v) {
     int64_t i = blockIdx.x;
     if (targets[i] < 0) {
         if (threadIdx.x == 0) losses[i] = 0.0f;
@@ -30,7 +30,7 @@ static __global__ void cross_entropy_forward_kernel(float *losses, const float *
 }
 
 static __global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits, const int32_t *targets,
-                                              int64_t v, float dloss) {
+                                                     int64_t v, float dloss) {
     int64_t i = blockIdx.x;
     const float *row = logits + i * v; /* may alias d */
     float *d = dlogits + i * v;
@@ -47,8 +47,8 @@ static __global__ void cross_entropy_backward_kernel(float *dlogits, const float
         d[j] = expf(row[j] - mx) * inv - (j == target ? dloss : 0.0f);
 }
 
-dsc_status dsc_cuda_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits, const int32_t *targets, int64_t n,
-                                          int64_t v) {
+dsc_status dsc_cuda_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits,
+                                          const int32_t *targets, int64_t n, int64_t v) {
     DSC_TRY(dsc_cuda_check_ids(backend, targets, n, v, true, "target"));
     if (n == 0) return NULL;
     cuda_context *cx;
@@ -59,14 +59,15 @@ dsc_status dsc_cuda_cross_entropy_forward(const dsc_backend *backend, float *los
     return NULL;
 }
 
-dsc_status dsc_cuda_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits, const int32_t *targets, int64_t n,
-                                           int64_t v, float dloss) {
+dsc_status dsc_cuda_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits,
+                                           const int32_t *targets, int64_t n, int64_t v, float dloss) {
     DSC_TRY(dsc_cuda_check_ids(backend, targets, n, v, true, "target"));
     if (n == 0) return NULL;
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
     DSC_CHECK(n <= INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA cross-entropy: %lld rows exceed the grid", (long long)n);
-    cross_entropy_backward_kernel<<<(unsigned int)n, CUDA_BLOCK, 0, cx->stream>>>(dlogits, logits, targets, v, dloss);
+    cross_entropy_backward_kernel<<<(unsigned int)n, CUDA_BLOCK, 0, cx->stream>>>(dlogits, logits, targets, v,
+                                                                                  dloss);
     CUDA_LAUNCHED(cross_entropy_backward_kernel);
     return NULL;
 }

@@ -7,7 +7,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 static __global__ void check_ids_kernel(cuda_scratch *scratch, const int32_t *ids, int64_t n, int64_t limit,
-                                 bool allow_negative) {
+                                        bool allow_negative) {
     GRID_STRIDE(i, n) {
         if (ids[i] >= limit || (!allow_negative && ids[i] < 0)) atomicMin(&scratch->first_bad, (int)i);
     }
@@ -21,8 +21,8 @@ static __global__ void read_bad_id_kernel(cuda_scratch *scratch, const int32_t *
     if (scratch->first_bad != INT32_MAX) scratch->first_bad_id = ids[scratch->first_bad];
 }
 
-dsc_status dsc_cuda_check_ids(const dsc_backend *backend, const int32_t *ids, int64_t n, int64_t limit, bool allow_negative,
-                              const char *what) {
+dsc_status dsc_cuda_check_ids(const dsc_backend *backend, const int32_t *ids, int64_t n, int64_t limit,
+                              bool allow_negative, const char *what) {
     if (n == 0) return NULL;
     DSC_CHECK(n < INT32_MAX, DSC_ERR_UNSUPPORTED, "CUDA id check: %lld ids exceed 32-bit positions", (long long)n);
     cuda_context *cx;
@@ -39,16 +39,16 @@ dsc_status dsc_cuda_check_ids(const dsc_backend *backend, const int32_t *ids, in
     return NULL;
 }
 
-static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                         int64_t n, int64_t t, int64_t c) {
+static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte,
+                                                const float *wpe, int64_t n, int64_t t, int64_t c) {
     GRID_STRIDE(idx, n * c) {
         int64_t i = idx / c, j = idx % c;
         out[idx] = wte[tokens[i] * c + j] + (wpe ? wpe[(i % t) * c + j] : 0.0f);
     }
 }
 
-static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                          int64_t n, int64_t t, int64_t c) {
+static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout,
+                                                 const int32_t *tokens, int64_t n, int64_t t, int64_t c) {
     GRID_STRIDE(idx, n * c) {
         int64_t i = idx / c, j = idx % c;
         atomicAdd(dwte + tokens[i] * c + j, dout[idx]);
@@ -56,14 +56,15 @@ static __global__ void embedding_backward_kernel(float *dwte, float *dwpe, const
     }
 }
 
-dsc_status dsc_cuda_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                      int64_t n, int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cuda_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens,
+                                      const float *wte, const float *wpe, int64_t n, int64_t t, int64_t v,
+                                      int64_t c) {
     DSC_TRY(dsc_cuda_check_ids(backend, tokens, n, v, false, "token"));
     LAUNCH_ELEMENTWISE(embedding_forward_kernel, backend, n * c, out, tokens, wte, wpe, n, t, c);
 }
 
-dsc_status dsc_cuda_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                       int64_t n, int64_t t, int64_t v, int64_t c) {
+dsc_status dsc_cuda_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout,
+                                       const int32_t *tokens, int64_t n, int64_t t, int64_t v, int64_t c) {
     DSC_TRY(dsc_cuda_check_ids(backend, tokens, n, v, false, "token"));
     LAUNCH_ELEMENTWISE(embedding_backward_kernel, backend, n * c, dwte, dwpe, dout, tokens, n, t, c);
 }

@@ -255,8 +255,8 @@ template <typename K> static bool fits_shared_memory(K kernel, size_t smem) {
 }
 
 template <int HS>
-static dsc_status forward(cudaStream_t stream, float *out, float *lse, const float *q, const float *k, const float *v, int64_t b,
-                          int64_t t, int64_t nh, int64_t nkv, bool *done) {
+static dsc_status forward(cudaStream_t stream, float *out, float *lse, const float *q, const float *k,
+                          const float *v, int64_t b, int64_t t, int64_t nh, int64_t nkv, bool *done) {
     size_t smem = (size_t)(3 * FA_TILE * HS + FA_TILE * FA_TILE) * sizeof(float);
     *done = fits_shared_memory(attention_forward_tiled_kernel<HS>, smem);
     if (!*done) return NULL;
@@ -268,23 +268,23 @@ static dsc_status forward(cudaStream_t stream, float *out, float *lse, const flo
 }
 
 template <int HS>
-static dsc_status backward(cudaStream_t stream, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                           const float *v, const float *out, const float *lse, int64_t b, int64_t t, int64_t nh,
-                           int64_t nkv, bool *done) {
+static dsc_status backward(cudaStream_t stream, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                           const float *k, const float *v, const float *out, const float *lse, int64_t b,
+                           int64_t t, int64_t nh, int64_t nkv, bool *done) {
     size_t smem = (size_t)(5 * FA_TILE * HS + 2 * FA_TILE * FA_TILE + 2 * FA_TILE) * sizeof(float);
     *done = fits_shared_memory(attention_backward_tiled_kernel<HS>, smem);
     if (!*done) return NULL;
     CUDA_CALL(cudaMemsetAsync(dq, 0, (size_t)(b * t * nh * HS) * sizeof(float), stream));
     dim3 grid((unsigned int)((t + FA_TILE - 1) / FA_TILE), (unsigned int)(b * nkv));
-    attention_backward_tiled_kernel<HS>
-        <<<grid, FA_THREADS, smem, stream>>>(dq, dk, dv, dout, q, k, v, out, lse, t, nh, nkv, 1.0f / sqrtf((float)HS));
+    attention_backward_tiled_kernel<HS><<<grid, FA_THREADS, smem, stream>>>(dq, dk, dv, dout, q, k, v, out, lse, t,
+                                                                            nh, nkv, 1.0f / sqrtf((float)HS));
     CUDA_LAUNCHED(attention_backward_tiled_kernel);
     return NULL;
 }
 
-dsc_status dsc_cuda_flash_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q, const float *k, const float *v,
-                                            int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs,
-                                            bool *done) {
+dsc_status dsc_cuda_flash_attention_forward(const dsc_backend *backend, float *out, float *lse, const float *q,
+                                            const float *k, const float *v, int64_t b, int64_t t, int64_t nh,
+                                            int64_t nkv, int64_t hs, bool *done) {
     *done = false;
     if (b * nh > 65535) return NULL;
     cuda_context *cx;
@@ -294,10 +294,10 @@ dsc_status dsc_cuda_flash_attention_forward(const dsc_backend *backend, float *o
     return NULL;
 }
 
-dsc_status dsc_cuda_flash_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                             const float *k, const float *v, const float *out, const float *lse,
-                                             int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs,
-                                             bool *done) {
+dsc_status dsc_cuda_flash_attention_backward(const dsc_backend *backend, float *dq, float *dk, float *dv,
+                                             const float *dout, const float *q, const float *k, const float *v,
+                                             const float *out, const float *lse, int64_t b, int64_t t, int64_t nh,
+                                             int64_t nkv, int64_t hs, bool *done) {
     *done = false;
     if (b * nkv > 65535) return NULL;
     cuda_context *cx;

@@ -29,8 +29,9 @@ static __global__ void bias_grad_kernel(float *dbias, const float *dy, int64_t n
     }
 }
 
-dsc_status dsc_cuda_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias, int64_t batch, int64_t m,
-                         int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha, float beta) {
+dsc_status dsc_cuda_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
+                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
+                         float beta) {
     if (batch == 0 || m == 0 || n == 0) return NULL;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
         return dsc_error(DSC_ERR_UNSUPPORTED,
@@ -51,7 +52,8 @@ dsc_status dsc_cuda_gemm(const dsc_backend *backend, float *out, const float *a,
     return NULL;
 }
 
-dsc_status dsc_cuda_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n, int64_t oc) {
+dsc_status dsc_cuda_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
+                                         int64_t oc) {
     if (oc == 0) return NULL;
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));

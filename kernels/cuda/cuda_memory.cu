@@ -11,7 +11,7 @@
     do {                                                                                                          \
         cudaError_t e_ = (call);                                                                                  \
         if (e_ != cudaSuccess)                                                                                    \
-            return dsc_error(DSC_ERR_BACKEND, "%s on cuda:%d: %s", #call, (backend)->device.index,               \
+            return dsc_error(DSC_ERR_BACKEND, "%s on cuda:%d: %s", #call, (backend)->device.index,                \
                              cudaGetErrorString(e_));                                                             \
     } while (0)
 
@@ -64,8 +64,8 @@ static int cuda_device_count(void) {
 extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops;
 
 static const dsc_backend_iface cuda_iface = {
-    "cuda",         cuda_device_count, dsc_cuda_context_create, cuda_alloc,       cuda_free,
-    cuda_to_host,   cuda_from_host,    cuda_device_copy,        cuda_synchronize, &dsc_cuda_kernel_ops,
+    "cuda",       cuda_device_count, dsc_cuda_context_create, cuda_alloc,       cuda_free,
+    cuda_to_host, cuda_from_host,    cuda_device_copy,        cuda_synchronize, &dsc_cuda_kernel_ops,
 };
 
 __attribute__((constructor)) static void register_cuda_backend(void) {

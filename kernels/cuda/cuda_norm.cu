@@ -6,7 +6,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 static __global__ void norm_forward_kernel(float *out, float *mean, float *rstd, const float *x, const float *w,
-                                    const float *b, int64_t n, int64_t c, float eps, bool centre) {
+                                           const float *b, int64_t n, int64_t c, float eps, bool centre) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= n) return;
@@ -32,7 +32,7 @@ static __global__ void norm_forward_kernel(float *out, float *mean, float *rstd,
 
 /* dx = rstd * (dnorm - mean(dnorm) [LayerNorm only] - xhat * mean(dnorm * xhat)), dnorm = dout * w. */
 static __global__ void norm_input_grad_kernel(float *dx, const float *dout, const float *x, const float *w,
-                                       const float *shift, const float *rstd, int64_t n, int64_t c) {
+                                              const float *shift, const float *rstd, int64_t n, int64_t c) {
     int64_t row = blockIdx.x * (int64_t)WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= n) return;
@@ -52,8 +52,9 @@ static __global__ void norm_input_grad_kernel(float *dx, const float *dout, cons
 /* dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. A block owns 32
  * channels of one chunk of rows (blockIdx.y); its 8 warps split the chunk and
  * combine in shared memory, and chunks meet through atomicAdd. */
-static __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, const float *x, const float *shift,
-                                       const float *rstd, int64_t n, int64_t c, int64_t chunk) {
+static __global__ void norm_param_grad_kernel(float *dw, float *db, const float *dout, const float *x,
+                                              const float *shift, const float *rstd, int64_t n, int64_t c,
+                                              int64_t chunk) {
     __shared__ float part_w[WARPS_PER_BLOCK][33], part_b[WARPS_PER_BLOCK][33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int64_t col = blockIdx.x * 32 + lane, r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
@@ -74,18 +75,20 @@ static __global__ void norm_param_grad_kernel(float *dw, float *db, const float 
     if (db) atomicAdd(db + col, acc_b);
 }
 
-static dsc_status norm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
-                               const float *b, int64_t n, int64_t c, float eps, bool centre) {
+static dsc_status norm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x,
+                               const float *w, const float *b, int64_t n, int64_t c, float eps, bool centre) {
     if (n == 0) return NULL;
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
-    norm_forward_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(out, mean, rstd, x, w, b, n, c, eps, centre);
+    norm_forward_kernel<<<cuda_warp_blocks(n), CUDA_BLOCK, 0, cx->stream>>>(out, mean, rstd, x, w, b, n, c, eps,
+                                                                            centre);
     CUDA_LAUNCHED(norm_forward_kernel);
     return NULL;
 }
 
-static dsc_status norm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                                const float *shift, const float *rstd, int64_t n, int64_t c) {
+static dsc_status norm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout,
+                                const float *x, const float *w, const float *shift, const float *rstd, int64_t n,
+                                int64_t c) {
     if (n == 0 || c == 0) return NULL;
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
@@ -100,23 +103,24 @@ static dsc_status norm_backward(const dsc_backend *backend, float *dx, float *dw
     return NULL;
 }
 
-dsc_status dsc_cuda_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd, const float *x, const float *w,
-                                      const float *b, int64_t n, int64_t c, float eps) {
+dsc_status dsc_cuda_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd,
+                                      const float *x, const float *w, const float *b, int64_t n, int64_t c,
+                                      float eps) {
     return norm_forward(backend, out, mean, rstd, x, w, b, n, c, eps, true);
 }
 
-dsc_status dsc_cuda_layernorm_backward(const dsc_backend *backend, float *dx, float *dw, float *db, const float *dout, const float *x,
-                                       const float *w, const float *mean, const float *rstd, int64_t n,
-                                       int64_t c) {
+dsc_status dsc_cuda_layernorm_backward(const dsc_backend *backend, float *dx, float *dw, float *db,
+                                       const float *dout, const float *x, const float *w, const float *mean,
+                                       const float *rstd, int64_t n, int64_t c) {
     return norm_backward(backend, dx, dw, db, dout, x, w, mean, rstd, n, c);
 }
 
-dsc_status dsc_cuda_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t c,
-                                    float eps) {
+dsc_status dsc_cuda_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x,
+                                    const float *w, int64_t n, int64_t c, float eps) {
     return norm_forward(backend, out, NULL, rstd, x, w, NULL, n, c, eps, false);
 }
 
-dsc_status dsc_cuda_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout, const float *x, const float *w,
-                                     const float *rstd, int64_t n, int64_t c) {
+dsc_status dsc_cuda_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout,
+                                     const float *x, const float *w, const float *rstd, int64_t n, int64_t c) {
     return norm_backward(backend, dx, dw, NULL, dout, x, w, NULL, rstd, n, c);
 }

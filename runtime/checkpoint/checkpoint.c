@@ -55,8 +55,8 @@ static dsc_status add_holding(holdings *h, const char *path, dsc_dtype dtype, in
  * at `path`: one range when the parameter is whole; for a tensor-parallel
  * piece, one per index of the axes before the split axis, where the piece's
  * rows are contiguous in the global tensor. */
-static dsc_status add_param_range(holdings *h, const char *path, dsc_dtype dtype, const dsc_param *p, int64_t begin,
-                                  int64_t count, void *live) {
+static dsc_status add_param_range(holdings *h, const char *path, dsc_dtype dtype, const dsc_param *p,
+                                  int64_t begin, int64_t count, void *live) {
     const int nd = p->value.ndim, a = p->shard.axis;
     if (a < 0) return add_holding(h, path, dtype, nd, p->shard.global, begin, count, live);
     int64_t inner = 1;
@@ -65,8 +65,8 @@ static dsc_status add_param_range(holdings *h, const char *path, dsc_dtype dtype
     const int64_t run = p->value.shape[a] * inner, stride = p->shard.global[a] * inner;
     const size_t elem = dsc_dtype_size(dtype);
     for (int64_t at = begin; at < begin + count;) {
-        const int64_t o = at / run, within = at % run, n = run - within < begin + count - at ? run - within
-                                                                                             : begin + count - at;
+        const int64_t o = at / run, within = at % run,
+                      n = run - within < begin + count - at ? run - within : begin + count - at;
         DSC_TRY(add_holding(h, path, dtype, nd, p->shard.global, o * stride + p->shard.start * inner + within, n,
                             (char *)live + (size_t)(at - begin) * elem));
         at += n;
@@ -77,7 +77,8 @@ static dsc_status add_param_range(holdings *h, const char *path, dsc_dtype dtype
 static dsc_status check_host(const dsc_tensor *t, const char *what) {
     DSC_CHECK(t->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
               "checkpoint: %s lives on a GPU; checkpoints of device tensors go through a host copy that dsc does "
-              "not make yet", what);
+              "not make yet",
+              what);
     return NULL;
 }
 
@@ -101,8 +102,8 @@ static dsc_status collect_value_shards(const dsc_checkpoint_state *st, holdings 
         if (!s.is_value) continue;
         DSC_TRY(check_host(&s.local, s.param->name));
         snprintf(path, sizeof path, "model/%s", s.param->name);
-        DSC_TRY(add_param_range(h, path, DSC_DTYPE_F32, s.param, s.offset, dsc_tensor_numel(&s.local),
-                                s.local.data));
+        DSC_TRY(
+            add_param_range(h, path, DSC_DTYPE_F32, s.param, s.offset, dsc_tensor_numel(&s.local), s.local.data));
         if (in_list(*sharded, *n_sharded, s.param)) continue;
         const dsc_param **grown = realloc(*sharded, (size_t)(*n_sharded + 1) * sizeof *grown);
         DSC_CHECK(grown, DSC_ERR_NOMEM, "checkpoint: parameter list");
@@ -123,8 +124,7 @@ static dsc_status collect(const dsc_checkpoint_state *st, dsc_checkpoint_scope s
         if (in_list(sharded, n_sharded, p)) continue;
         s = check_host(&p->value, p->name);
         snprintf(path, sizeof path, "model/%s", p->name);
-        if (!s)
-            s = add_param_range(h, path, DSC_DTYPE_F32, p, 0, dsc_tensor_numel(&p->value), p->value.data);
+        if (!s) s = add_param_range(h, path, DSC_DTYPE_F32, p, 0, dsc_tensor_numel(&p->value), p->value.data);
     }
     free(sharded);
     DSC_TRY(s);
@@ -174,7 +174,8 @@ dsc_status dsc_checkpoint_path(const char *save_dir, const char *tag, char *path
 /* Reads every element of a dataset, which checks its CRC segments. */
 static dsc_status read_whole(const dsc_tfile_entry *e, void *user) {
     int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    for (int i = 0; i < e->ndim; i++)
+        n *= e->shape[i];
     void *buf = malloc((size_t)(n ? n : 1) * dsc_dtype_size(e->dtype));
     DSC_CHECK(buf, DSC_ERR_NOMEM, "verifying %s: %lld elements", e->path, (long long)n);
     dsc_status s = dsc_tfile_read_range(user, e->path, 0, n, buf);
@@ -281,14 +282,17 @@ static dsc_status write_file(const dsc_checkpoint_state *st, const char *filenam
     if (!s) {
         dsc_tfile_piece *pieces = malloc((size_t)(h.count ? h.count : 1) * sizeof *pieces);
         s = dsc_agree(st->comm, pieces ? NULL : dsc_error(DSC_ERR_NOMEM, "checkpoint: piece list"));
-        for (int i = 0; !s && i < h.count; i++) pieces[i] = h.items[i].piece;
+        for (int i = 0; !s && i < h.count; i++)
+            pieces[i] = h.items[i].piece;
         if (!s) s = dsc_tfile_write_all(f, pieces, h.count);
         if (!s) failpoint_after_write(st->comm);
         if (!s) s = write_attrs(f, st);
         free(pieces);
         dsc_status closed = dsc_tfile_close(f);
-        if (!s) s = closed;
-        else dsc_status_free(closed);
+        if (!s)
+            s = closed;
+        else
+            dsc_status_free(closed);
     }
     free(h.items);
     return s;
@@ -372,7 +376,8 @@ static dsc_status rng_matches(dsc_tfile *f, const dsc_checkpoint_state *st, bool
     return NULL;
 }
 
-static dsc_status load_from(dsc_tfile *f, dsc_checkpoint_state *st, dsc_checkpoint_scope scope, char **engine_json) {
+static dsc_status load_from(dsc_tfile *f, dsc_checkpoint_state *st, dsc_checkpoint_scope scope,
+                            char **engine_json) {
     DSC_TRY(dsc_agree(st->comm, check_compatible(f, st)));
     bool with_rng = false;
     if (scope == DSC_CHECKPOINT_FULL) DSC_TRY(dsc_agree(st->comm, rng_matches(f, st, &with_rng)));
@@ -385,7 +390,8 @@ static dsc_status load_from(dsc_tfile *f, dsc_checkpoint_state *st, dsc_checkpoi
     int64_t step = 0;
     char *engine = NULL;
     if (!s && scope == DSC_CHECKPOINT_FULL) s = dsc_tfile_get_attr_int(f, "global_step", &step);
-    if (!s && scope == DSC_CHECKPOINT_FULL && engine_json) s = dsc_tfile_get_attr_string(f, "engine_state", &engine);
+    if (!s && scope == DSC_CHECKPOINT_FULL && engine_json)
+        s = dsc_tfile_get_attr_string(f, "engine_state", &engine);
     s = dsc_agree(st->comm, s);
     if (!s) {
         commit(&h, staging);
@@ -423,7 +429,8 @@ dsc_status dsc_checkpoint_load_params(dsc_checkpoint_state *st, dsc_checkpoint_r
     holdings h = {0};
     dsc_status s = collect(st, DSC_CHECKPOINT_MODEL_ONLY, &h);
     size_t total = 0;
-    for (int i = 0; !s && i < h.count; i++) total += (size_t)h.items[i].piece.count * sizeof(float);
+    for (int i = 0; !s && i < h.count; i++)
+        total += (size_t)h.items[i].piece.count * sizeof(float);
     float *staging = s ? NULL : malloc(total ? total : 1);
     if (!s && !staging) s = dsc_error(DSC_ERR_NOMEM, "initial parameters: staging %zu bytes", total);
     size_t at = 0;

@@ -82,7 +82,9 @@ static dsc_checkpoint_state state_of(dsc_checkpointer *c) {
     };
 }
 
-static const char *save_dir(const dsc_checkpointer *c) { return c->o.cfg->checkpoint.save_dir; }
+static const char *save_dir(const dsc_checkpointer *c) {
+    return c->o.cfg->checkpoint.save_dir;
+}
 
 /* The name of the save at `step`: checkpoint.tag with "{step}" replaced by the
  * step, or global_step<N> when the tag is "" (DeepSpeed's default). */
@@ -97,7 +99,8 @@ static void tag_of(const char *tmpl, int64_t step, char *buf, size_t len) {
 }
 
 dsc_status dsc_checkpointer_save(dsc_checkpointer *c) {
-    DSC_CHECK(save_dir(c) && save_dir(c)[0], DSC_ERR_CONFIG, "%s: \"checkpoint.save_dir\" is empty; nowhere to save",
+    DSC_CHECK(save_dir(c) && save_dir(c)[0], DSC_ERR_CONFIG,
+              "%s: \"checkpoint.save_dir\" is empty; nowhere to save",
               c->o.cfg->source ? c->o.cfg->source : "config");
     dsc_checkpoint_state st = state_of(c);
     char tag[128];

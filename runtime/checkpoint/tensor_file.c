@@ -8,10 +8,10 @@
 #include "dsc/tensor_file.h"
 
 #include <hdf5.h>
-#include <zlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "runtime/checkpoint/agree.h"
 
@@ -50,30 +50,42 @@ static dsc_status h5_error(dsc_code code, const char *what, const dsc_tfile *f) 
     return dsc_error(code, "%s: %s (%s)", f ? f->name : "hdf5", what, reason);
 }
 
-static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+static void quiet_hdf5(void) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
 
 /* ---- dtype mapping -------------------------------------------------------------------- */
 
 /* Half types are stored as 16-bit unsigned integers; the "dsc_dtype" attribute says which. */
 static hid_t file_type(dsc_dtype d) {
     switch (d) {
-    case DSC_DTYPE_F32: return H5T_IEEE_F32LE;
+    case DSC_DTYPE_F32:
+        return H5T_IEEE_F32LE;
     case DSC_DTYPE_BF16:
-    case DSC_DTYPE_F16: return H5T_STD_U16LE;
-    case DSC_DTYPE_I32: return H5T_STD_I32LE;
-    case DSC_DTYPE_I64: return H5T_STD_I64LE;
-    default: return H5T_STD_U8LE;
+    case DSC_DTYPE_F16:
+        return H5T_STD_U16LE;
+    case DSC_DTYPE_I32:
+        return H5T_STD_I32LE;
+    case DSC_DTYPE_I64:
+        return H5T_STD_I64LE;
+    default:
+        return H5T_STD_U8LE;
     }
 }
 
 static hid_t memory_type(dsc_dtype d) {
     switch (d) {
-    case DSC_DTYPE_F32: return H5T_NATIVE_FLOAT;
+    case DSC_DTYPE_F32:
+        return H5T_NATIVE_FLOAT;
     case DSC_DTYPE_BF16:
-    case DSC_DTYPE_F16: return H5T_NATIVE_UINT16;
-    case DSC_DTYPE_I32: return H5T_NATIVE_INT32;
-    case DSC_DTYPE_I64: return H5T_NATIVE_INT64;
-    default: return H5T_NATIVE_UINT8;
+    case DSC_DTYPE_F16:
+        return H5T_NATIVE_UINT16;
+    case DSC_DTYPE_I32:
+        return H5T_NATIVE_INT32;
+    case DSC_DTYPE_I64:
+        return H5T_NATIVE_INT64;
+    default:
+        return H5T_NATIVE_UINT8;
     }
 }
 
@@ -112,7 +124,8 @@ static dsc_status read_segments(dsc_tfile *f, hid_t id, const char *path, segmen
         s = dsc_error(DSC_ERR_CORRUPT, "%s: tensor %s has a malformed dsc_segments attribute", f->name, path);
     } else {
         *out = malloc((size_t)(dims[0] ? dims[0] : 1) * sizeof **out);
-        if (!*out) s = dsc_error(DSC_ERR_NOMEM, "%s: segments of %s", f->name, path);
+        if (!*out)
+            s = dsc_error(DSC_ERR_NOMEM, "%s: segments of %s", f->name, path);
         else if (H5Aread(attr, H5T_NATIVE_INT64, *out) < 0)
             s = h5_error(DSC_ERR_CORRUPT, "reading the dsc_segments attribute", f);
         else
@@ -135,7 +148,8 @@ static dsc_status read_entry(dsc_tfile *f, hid_t id, const char *path, dsc_tfile
     H5Sget_simple_extent_dims(space, dims, NULL);
     H5Sclose(space);
     e->ndim = ndim;
-    for (int i = 0; i < ndim; i++) e->shape[i] = (int64_t)dims[i];
+    for (int i = 0; i < ndim; i++)
+        e->shape[i] = (int64_t)dims[i];
     char dtype_name[16] = "";
     if (H5Aexists(id, "dsc_dtype") > 0) {
         hid_t attr = H5Aopen(id, "dsc_dtype", H5P_DEFAULT);
@@ -151,11 +165,16 @@ static dsc_status read_entry(dsc_tfile *f, hid_t id, const char *path, dsc_tfile
         H5T_class_t cls = H5Tget_class(t);
         size_t size = H5Tget_size(t);
         H5Tclose(t);
-        if (cls == H5T_FLOAT && size == 4) e->dtype = DSC_DTYPE_F32;
-        else if (cls == H5T_INTEGER && size == 4) e->dtype = DSC_DTYPE_I32;
-        else if (cls == H5T_INTEGER && size == 8) e->dtype = DSC_DTYPE_I64;
-        else if (cls == H5T_INTEGER && size == 1) e->dtype = DSC_DTYPE_U8;
-        else return dsc_error(DSC_ERR_CORRUPT, "%s: dataset %s has a type dsc cannot read", f->name, path);
+        if (cls == H5T_FLOAT && size == 4)
+            e->dtype = DSC_DTYPE_F32;
+        else if (cls == H5T_INTEGER && size == 4)
+            e->dtype = DSC_DTYPE_I32;
+        else if (cls == H5T_INTEGER && size == 8)
+            e->dtype = DSC_DTYPE_I64;
+        else if (cls == H5T_INTEGER && size == 1)
+            e->dtype = DSC_DTYPE_U8;
+        else
+            return dsc_error(DSC_ERR_CORRUPT, "%s: dataset %s has a type dsc cannot read", f->name, path);
     }
     return NULL;
 }
@@ -194,7 +213,7 @@ static dsc_status new_file(MPI_Comm comm, const char *filename, dsc_tfile **out)
     if (!*out) return dsc_error(DSC_ERR_NOMEM, "%s: file handle", filename);
     (*out)->comm = comm;
     (*out)->file = H5I_INVALID_HID;
-    snprintf((*out)->name, sizeof (*out)->name, "%s", filename);
+    snprintf((*out)->name, sizeof(*out)->name, "%s", filename);
     return NULL;
 }
 
@@ -283,7 +302,9 @@ dsc_status dsc_tfile_close(dsc_tfile *f) {
     return dsc_agree(comm, s);
 }
 
-const char *dsc_tfile_name(const dsc_tfile *f) { return f->name; }
+const char *dsc_tfile_name(const dsc_tfile *f) {
+    return f->name;
+}
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
@@ -296,7 +317,8 @@ static bool same_layout(const dsc_tfile_entry *a, const dsc_tfile_entry *b) {
 
 static int64_t entry_numel(const dsc_tfile_entry *e) {
     int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    for (int i = 0; i < e->ndim; i++)
+        n *= e->shape[i];
     return n;
 }
 
@@ -332,7 +354,8 @@ static dsc_status set_segments_attr(dsc_tfile *f, hid_t id, const segment *segme
 
 static dsc_status create_set(dsc_tfile *f, const dsc_tfile_entry *e, segment *segments, int n_segments) {
     hsize_t dims[DSC_MAX_DIMS];
-    for (int i = 0; i < e->ndim; i++) dims[i] = (hsize_t)e->shape[i];
+    for (int i = 0; i < e->ndim; i++)
+        dims[i] = (hsize_t)e->shape[i];
     hid_t space = H5Screate_simple(e->ndim, dims, NULL);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
@@ -372,7 +395,8 @@ static int compare_meta(const void *a, const void *b) {
     return x->owner - y->owner;
 }
 
-static dsc_status gather_meta(dsc_tfile *f, const dsc_tfile_piece *pieces, int count, piece_meta **all, int *total) {
+static dsc_status gather_meta(dsc_tfile *f, const dsc_tfile_piece *pieces, int count, piece_meta **all,
+                              int *total) {
     int rank, size;
     MPI_Comm_rank(f->comm, &rank);
     MPI_Comm_size(f->comm, &size);
@@ -382,8 +406,8 @@ static dsc_status gather_meta(dsc_tfile *f, const dsc_tfile_piece *pieces, int c
     for (int i = 0; !s && i < count; i++) {
         const dsc_tfile_piece *p = &pieces[i];
         size_t nbytes = (size_t)p->count * dsc_dtype_size(p->tensor.dtype);
-        mine[i] = (piece_meta){p->tensor, p->begin, p->count,
-                               (int64_t)crc32(0L, (const Bytef *)p->data, (uInt)nbytes), rank, i};
+        mine[i] = (piece_meta){
+            p->tensor, p->begin, p->count, (int64_t)crc32(0L, (const Bytef *)p->data, (uInt)nbytes), rank, i};
         if (p->begin < 0 || p->count < 0 || p->begin + p->count > entry_numel(&p->tensor))
             s = dsc_error(DSC_ERR_INVALID, "%s: range [%lld, %lld) outside tensor %s", f->name,
                           (long long)p->begin, (long long)(p->begin + p->count), p->tensor.path);
@@ -391,7 +415,8 @@ static dsc_status gather_meta(dsc_tfile *f, const dsc_tfile_piece *pieces, int c
     int my_bytes = count * (int)sizeof(piece_meta);
     MPI_Allgather(&my_bytes, 1, MPI_INT, bytes, 1, MPI_INT, f->comm);
     int sum = 0;
-    for (int r = 0; r < size; r++) displs[r] = sum, sum += bytes[r];
+    for (int r = 0; r < size; r++)
+        displs[r] = sum, sum += bytes[r];
     *total = sum / (int)sizeof(piece_meta);
     *all = malloc((size_t)(sum ? sum : 1));
     if (!*all && !s) s = dsc_error(DSC_ERR_NOMEM, "%s: piece gather", f->name);
@@ -410,7 +435,8 @@ static dsc_status define_union(dsc_tfile *f, piece_meta *all, int total, int ran
     dsc_status s = NULL;
     for (int i = 0; !s && i < total;) {
         int end = i;
-        while (end < total && strcmp(all[end].tensor.path, all[i].tensor.path) == 0) end++;
+        while (end < total && strcmp(all[end].tensor.path, all[i].tensor.path) == 0)
+            end++;
         segment *segments = malloc((size_t)(end - i) * sizeof *segments);
         int n = 0;
         if (!segments) s = dsc_error(DSC_ERR_NOMEM, "%s: segments", f->name);
@@ -425,8 +451,10 @@ static dsc_status define_union(dsc_tfile *f, piece_meta *all, int total, int ran
             segments[n++] = (segment){all[j].begin, all[j].count, all[j].crc};
             if (all[j].owner == rank) writes[all[j].local_index] = true;
         }
-        if (s) free(segments);
-        else s = create_set(f, &all[i].tensor, segments, n);
+        if (s)
+            free(segments);
+        else
+            s = create_set(f, &all[i].tensor, segments, n);
         i = end;
     }
     if (!s) qsort(f->sets, (size_t)f->n_sets, sizeof *f->sets, compare_sets);
@@ -444,10 +472,12 @@ static herr_t select_range(hid_t space, int ndim, const hsize_t *dims, hsize_t b
     if (ndim < 1 || ndim > DSC_MAX_DIMS) return -1;
     hsize_t stride[DSC_MAX_DIMS];
     stride[ndim - 1] = 1;
-    for (int i = ndim - 1; i > 0; i--) stride[i - 1] = stride[i] * dims[i];
+    for (int i = ndim - 1; i > 0; i--)
+        stride[i - 1] = stride[i] * dims[i];
     for (hsize_t pos = begin; pos < end;) {
         int k = 0;
-        while (k < ndim - 1 && (pos % stride[k] != 0 || pos + stride[k] > end)) k++;
+        while (k < ndim - 1 && (pos % stride[k] != 0 || pos + stride[k] > end))
+            k++;
         hsize_t start[DSC_MAX_DIMS], count[DSC_MAX_DIMS];
         for (int i = 0; i < ndim; i++) {
             start[i] = i > k ? 0 : pos / stride[i] % dims[i];
@@ -455,7 +485,8 @@ static herr_t select_range(hid_t space, int ndim, const hsize_t *dims, hsize_t b
         }
         hsize_t fit = (end - pos) / stride[k], room = dims[k] - start[k];
         count[k] = fit < room ? fit : room;
-        if (H5Sselect_hyperslab(space, pos == begin ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL, count, NULL) < 0)
+        if (H5Sselect_hyperslab(space, pos == begin ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL, count, NULL) <
+            0)
             return -1;
         pos += count[k] * stride[k];
     }
@@ -466,9 +497,11 @@ static dsc_status transfer(dsc_tfile *f, const dataset *d, int64_t begin, int64_
     if (count == 0) return NULL;
     hid_t fspace = H5Dget_space(d->id);
     hsize_t dims[DSC_MAX_DIMS];
-    for (int i = 0; i < d->entry.ndim; i++) dims[i] = (hsize_t)d->entry.shape[i];
-    herr_t rc = d->entry.ndim == 0 ? H5Sselect_all(fspace)
-                                   : select_range(fspace, d->entry.ndim, dims, (hsize_t)begin, (hsize_t)(begin + count));
+    for (int i = 0; i < d->entry.ndim; i++)
+        dims[i] = (hsize_t)d->entry.shape[i];
+    herr_t rc = d->entry.ndim == 0
+                    ? H5Sselect_all(fspace)
+                    : select_range(fspace, d->entry.ndim, dims, (hsize_t)begin, (hsize_t)(begin + count));
     hsize_t mcount = (hsize_t)count;
     hid_t mspace = H5Screate_simple(1, &mcount, NULL);
     if (rc >= 0) {
@@ -494,8 +527,10 @@ dsc_status dsc_tfile_write_all(dsc_tfile *f, const dsc_tfile_piece *pieces, int 
     bool *writes = calloc((size_t)(count ? count : 1), sizeof *writes);
     dsc_status s = writes ? NULL : dsc_error(DSC_ERR_NOMEM, "%s: write plan", f->name);
     dsc_status gathered = gather_meta(f, pieces, count, &all, &total);
-    if (!s) s = gathered;
-    else dsc_status_free(gathered);
+    if (!s)
+        s = gathered;
+    else
+        dsc_status_free(gathered);
     /* Every rank must agree before the collective dataset creation starts. */
     s = dsc_agree(f->comm, s);
     if (!s) s = dsc_agree(f->comm, define_union(f, all, total, rank, writes));
@@ -548,8 +583,8 @@ static dsc_status read_verified(dsc_tfile *f, const dataset *d, int64_t begin, i
         free(buf);
         DSC_TRY(s);
     }
-    DSC_CHECK(covered == end, DSC_ERR_CORRUPT, "%s: tensor %s: elements [%lld, %lld) were never written",
-              f->name, d->entry.path, (long long)covered, (long long)end);
+    DSC_CHECK(covered == end, DSC_ERR_CORRUPT, "%s: tensor %s: elements [%lld, %lld) were never written", f->name,
+              d->entry.path, (long long)covered, (long long)end);
     return NULL;
 }
 
@@ -610,7 +645,8 @@ dsc_status dsc_tfile_list(dsc_tfile *f, const char *prefix, dsc_status (*fn)(con
 }
 
 dsc_status dsc_tfile_list_all(dsc_tfile *f, dsc_status (*fn)(const dsc_tfile_entry *, void *), void *user) {
-    for (int i = 0; i < f->n_sets; i++) DSC_TRY(fn(&f->sets[i].entry, user));
+    for (int i = 0; i < f->n_sets; i++)
+        DSC_TRY(fn(&f->sets[i].entry, user));
     return NULL;
 }
 
@@ -653,8 +689,10 @@ dsc_status dsc_tfile_get_attr_string(dsc_tfile *f, const char *name, char **valu
     } else {
         size_t size = H5Tget_size(t);
         *value = calloc(size + 1, 1);
-        if (!*value) s = dsc_error(DSC_ERR_NOMEM, "%s: attribute %s", f->name, name);
-        else if (H5Aread(attr, t, *value) < 0) s = h5_error(DSC_ERR_CORRUPT, "reading a string attribute", f);
+        if (!*value)
+            s = dsc_error(DSC_ERR_NOMEM, "%s: attribute %s", f->name, name);
+        else if (H5Aread(attr, t, *value) < 0)
+            s = h5_error(DSC_ERR_CORRUPT, "reading a string attribute", f);
     }
     H5Tclose(t);
     H5Aclose(attr);

@@ -165,7 +165,8 @@ static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_te
                                                        dsc_comm_mpi_type(send->dtype), mpi_op(op), c->mpi, &req),
                                    "MPI_Ireduce_scatter", c));
         DSC_TRY(dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE));
-        if (in_place) memmove(recv->data, send->data, (size_t)pieces.counts[c->rank] * dsc_dtype_size(send->dtype));
+        if (in_place)
+            memmove(recv->data, send->data, (size_t)pieces.counts[c->rank] * dsc_dtype_size(send->dtype));
     } else {
         void *a, *b;
         DSC_TRY(ring_scratch(c, &pieces, send->dtype, &a, &b));
@@ -192,9 +193,9 @@ static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor 
         /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
         if (send->data != own) memmove(own, send->data, dsc_tensor_nbytes(send));
         MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(
-            MPI_Iallgatherv(MPI_IN_PLACE, icounts[c->rank], type, recv->data, icounts, idispls, type, c->mpi, &req),
-            "MPI_Iallgatherv", c));
+        DSC_TRY(dsc_comm_mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, icounts[c->rank], type, recv->data, icounts,
+                                                   idispls, type, c->mpi, &req),
+                                   "MPI_Iallgatherv", c));
         return dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE);
     }
     DSC_TRY(check_int(c, pieces.max_count, what));

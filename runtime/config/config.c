@@ -63,7 +63,8 @@ static dsc_status check_path(const char *source, const char *path, const dsc_con
         DSC_CHECK(!*key || (*key)->kind == DSC_CONFIG_KIND_OBJECT, DSC_ERR_CONFIG,
                   "%s: \"%s\" is a value, not a section, so \"%s\" does not exist", source, (*key)->path, path);
         *key = dsc_config_schema_find(prefix);
-        if (!*key && dsc_config_deepspeed_find(prefix)) return NULL; /* DeepSpeed's: checked when the tree is built */
+        if (!*key && dsc_config_deepspeed_find(prefix))
+            return NULL; /* DeepSpeed's: checked when the tree is built */
         if (!*key) {
             char hint[512], parent_path[256];
             snprintf(parent_path, sizeof parent_path, "%.*s", (int)parent, path);

@@ -35,7 +35,9 @@ static bool matches_any(const cJSON *value, const char *alts) {
     return false;
 }
 
-static bool is_auto(const cJSON *v) { return cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0; }
+static bool is_auto(const cJSON *v) {
+    return cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0;
+}
 
 /* A switch member ("enabled") is off when missing, one of `alts`, or "auto"
  * (the HF Trainer resolves its switches from TrainingArguments, all false by default). */
@@ -141,8 +143,10 @@ void dsc_config_check_deepspeed(const dsc_ds_key *key, const char *path, const c
                                 dsc_config_issues *is) {
     switch (key->status) {
     case DSC_DS_IMPLEMENTED:
-        dsc_config_issue(is, dsc_error(DSC_ERR_INTERNAL, "%s: \"%s\" is listed as implemented but is not in the "
-                                                         "schema", source, path));
+        dsc_config_issue(is, dsc_error(DSC_ERR_INTERNAL,
+                                       "%s: \"%s\" is listed as implemented but is not in the "
+                                       "schema",
+                                       source, path));
         return;
     case DSC_DS_BY_DESIGN:
         if (key->reason) dsc_log_rank0(DSC_LOG_INFO, "%s: \"%s\" accepted: %s", source, path, key->reason);
@@ -193,7 +197,8 @@ dsc_status dsc_config_deepspeed_markdown(char **markdown) {
         fprintf(f, "| `%s` | %s", k->path, status_name(k->status));
         if (k->status == DSC_DS_REFUSED && k->off) { /* '|' would end the cell */
             fputs(" (accepted: `", f);
-            for (const char *c = k->off; *c; c++) fputs(*c == '|' ? "` or `" : (char[2]){*c, 0}, f);
+            for (const char *c = k->off; *c; c++)
+                fputs(*c == '|' ? "` or `" : (char[2]){*c, 0}, f);
             fputs("`)", f);
         }
         fprintf(f, " | %s | %s |\n", why, k->instead ? k->instead : "");

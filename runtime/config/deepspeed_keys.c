@@ -9,19 +9,25 @@
 
 #include "runtime/config/config_impl.h"
 
-#define IMPL(path) {path, DSC_DS_IMPLEMENTED, NULL, NULL, NULL, NULL}
-#define DESIGN(path, reason) {path, DSC_DS_BY_DESIGN, NULL, NULL, reason, NULL}
-#define SECTION(path) {path, DSC_DS_BY_DESIGN, NULL, NULL, NULL, NULL} /* its keys have their own entries */
-#define REFUSE(path, off, children, reason, instead) {path, DSC_DS_REFUSED, off, children, reason, instead}
+#define IMPL(path)                                                                                                \
+    { path, DSC_DS_IMPLEMENTED, NULL, NULL, NULL, NULL }
+#define DESIGN(path, reason)                                                                                      \
+    { path, DSC_DS_BY_DESIGN, NULL, NULL, reason, NULL }
+#define SECTION(path)                                                                                             \
+    { path, DSC_DS_BY_DESIGN, NULL, NULL, NULL, NULL } /* its keys have their own entries */
+#define REFUSE(path, off, children, reason, instead)                                                              \
+    { path, DSC_DS_REFUSED, off, children, reason, instead }
 
-#define NO_MIXED                                                                                                 \
-    "mixed precision is not implemented yet (issue 19, item 2): dsc trains with f32 parameters, gradients and "  \
+#define NO_MIXED                                                                                                  \
+    "mixed precision is not implemented yet (issue 19, item 2): dsc trains with f32 parameters, gradients and "   \
     "optimizer state"
-#define FP16_KEYS                                                                                                \
-    "enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis consecutive_hysteresis "      \
+#define FP16_KEYS                                                                                                 \
+    "enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis consecutive_hysteresis "       \
     "min_loss_scale fp16_master_weights_and_grads"
-#define BF16_KEYS "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states"
-#define OFFLOAD_BUFFERS "tunes DeepSpeed's pinned host / NVMe staging buffers; dsc updates the state where it lives"
+#define BF16_KEYS                                                                                                 \
+    "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states"
+#define OFFLOAD_BUFFERS                                                                                           \
+    "tunes DeepSpeed's pinned host / NVMe staging buffers; dsc updates the state where it lives"
 #define ZEROPP "ZeRO++ (quantized or hierarchical collectives) is not implemented"
 
 static const dsc_ds_key keys[] = {
@@ -42,8 +48,7 @@ static const dsc_ds_key keys[] = {
     IMPL("scheduler.type"),
     IMPL("scheduler.params"),
     REFUSE("scheduler.params.last_batch_iteration", "-1", NULL,
-           "dsc restores the schedule's iteration from the checkpoint's step count",
-           "dsc-train --resume DIR"),
+           "dsc restores the schedule's iteration from the checkpoint's step count", "dsc-train --resume DIR"),
     /* communication */
     REFUSE("communication_data_type", "null|\"fp32\"|\"float32\"", NULL,
            "gradients are reduced in f32; reduction in bf16/fp16 comes with mixed precision (issue 19, item 2)",
@@ -86,8 +91,10 @@ static const dsc_ds_key keys[] = {
     IMPL("optimizer.params.bias_correction"),
     IMPL("optimizer.params.max_coeff"),
     IMPL("optimizer.params.min_coeff"),
-    REFUSE("optimizer.params.eps_inside_sqrt", "false", NULL, "Lamb adds eps outside the square root, as DeepSpeed's "
-           "default", NULL),
+    REFUSE("optimizer.params.eps_inside_sqrt", "false", NULL,
+           "Lamb adds eps outside the square root, as DeepSpeed's "
+           "default",
+           NULL),
     REFUSE("optimizer.params.amsgrad", "false", NULL, "AMSGrad is not implemented", NULL),
     REFUSE("optimizer.params.nesterov", "false", NULL, "Nesterov momentum is not implemented", NULL),
     REFUSE("optimizer.params.dampening", "0", NULL, "SGD dampening is not implemented", NULL),
@@ -124,8 +131,8 @@ static const dsc_ds_key keys[] = {
            "dsc keeps all optimizer state in memory (no NVMe)"),
     DESIGN("zero_optimization.override_module_apply", "PyTorch's Module.apply has no counterpart in dsc"),
     DESIGN("zero_optimization.cpu_offload_use_pin_memory", OFFLOAD_BUFFERS),
-    REFUSE("zero_optimization.cpu_offload_param", "false", NULL,
-           "legacy spelling of offload_param", "zero_optimization.offload_param.device"),
+    REFUSE("zero_optimization.cpu_offload_param", "false", NULL, "legacy spelling of offload_param",
+           "zero_optimization.offload_param.device"),
     REFUSE("zero_optimization.prefetch_bucket_size", NULL, NULL, "DeepSpeed's alias",
            "zero_optimization.stage3_prefetch_bucket_size"),
     REFUSE("zero_optimization.param_persistence_threshold", NULL, NULL, "DeepSpeed's alias",
@@ -163,8 +170,8 @@ static const dsc_ds_key keys[] = {
     DESIGN("zero_optimization.offload_optimizer.fast_init", OFFLOAD_BUFFERS),
     REFUSE("zero_optimization.offload_optimizer.nvme_path", "null", NULL, "NVMe offload is not implemented",
            "device \"cpu\" or \"none\""),
-    REFUSE("zero_optimization.offload_optimizer.ratio", "1", NULL,
-           "partial optimizer offload is not implemented", NULL),
+    REFUSE("zero_optimization.offload_optimizer.ratio", "1", NULL, "partial optimizer offload is not implemented",
+           NULL),
     DESIGN("zero_optimization.offload_param.pin_memory", OFFLOAD_BUFFERS),
     DESIGN("zero_optimization.offload_param.buffer_count", OFFLOAD_BUFFERS),
     DESIGN("zero_optimization.offload_param.buffer_size", OFFLOAD_BUFFERS),
@@ -177,13 +184,15 @@ static const dsc_ds_key keys[] = {
     /* parallelism DeepSpeed offers that dsc's training does not */
     IMPL("tensor_parallel"),
     IMPL("tensor_parallel.autotp_size"),
-    REFUSE("tensor_parallel.tp_overlap_comm", "false", NULL, "tensor-parallel all-reduces are not overlapped", NULL),
+    REFUSE("tensor_parallel.tp_overlap_comm", "false", NULL, "tensor-parallel all-reduces are not overlapped",
+           NULL),
     REFUSE("tensor_parallel.preset_model", NULL, NULL, "dsc's AutoTP plan is derived from dsc's own model layers",
            "model.arch"),
     REFUSE("tensor_parallel.partition_config", NULL, NULL,
            "dsc's AutoTP plan is derived from dsc's own model layers", "model.arch"),
     REFUSE("hybrid_engine", "enabled=false", NULL, "the RLHF hybrid engine is not implemented", NULL),
-    REFUSE("expert_parallel", "enabled=false", NULL, "AutoEP converts PyTorch models; dsc builds MoE models itself",
+    REFUSE("expert_parallel", "enabled=false", NULL,
+           "AutoEP converts PyTorch models; dsc builds MoE models itself",
            "model.arch \"gpt-moe\" or \"mixtral\" with moe.ep_size"),
     REFUSE("sequence_parallel_size", "1", NULL, "Ulysses sequence parallelism is not implemented", NULL),
     REFUSE("seq_parallel_communication_data_type", "\"fp32\"|null", NULL,
@@ -223,7 +232,8 @@ static const dsc_ds_key keys[] = {
            "tensorboard or csv_monitor (files written locally)"),
     REFUSE("nebula", "enabled=false", NULL, "Azure Nebula checkpointing is a hosted service",
            "checkpoint.save_dir"),
-    /* activation checkpointing: dsc's own switches are model.activation_checkpointing and the pipeline's interval */
+    /* activation checkpointing: dsc's own switches are model.activation_checkpointing and the pipeline's interval
+     */
     SECTION("activation_checkpointing"),
     REFUSE("activation_checkpointing.partition_activations", "false", NULL,
            "splits saved activations over tensor-parallel ranks; dsc's training has none", NULL),
@@ -250,7 +260,8 @@ static const dsc_ds_key keys[] = {
     REFUSE("weight_quantization", NULL, NULL, "weight quantization is not implemented", NULL),
     REFUSE("elasticity", "enabled=false", NULL, "elastic batch sizing is not implemented",
            "fixed batch sizes; checkpoints restore into any data-parallel size"),
-    DESIGN("dataloader_drop_last", "dsc draws every batch whole from the token stream, so there is no last partial batch"),
+    DESIGN("dataloader_drop_last",
+           "dsc draws every batch whole from the token stream, so there is no last partial batch"),
     REFUSE("compile", "enabled=false", NULL, "torch.compile is PyTorch's", NULL),
     REFUSE("deepcompile", NULL, NULL, "DeepCompile is PyTorch's", NULL),
     /* checkpoint: dsc's own section; DeepSpeed's keys inside it */

@@ -15,7 +15,9 @@
 #include "dsc/log.h"
 #include "runtime/config/config_impl.h"
 
-static bool is_auto(const cJSON *v) { return cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0; }
+static bool is_auto(const cJSON *v) {
+    return cJSON_IsString(v) && strcmp(v->valuestring, "auto") == 0;
+}
 
 /* A number at `path` in the tree, else the schema's default for it. */
 static double number_or_default(const cJSON *root, const char *path) {
@@ -53,12 +55,12 @@ void dsc_config_resolve_hf_auto(cJSON *root, const char *source, dsc_config_issu
     replace(root, source, "train_micro_batch_size_per_gpu", cJSON_IsNumber(global) ? "null" : "8",
             cJSON_IsNumber(global) ? "from train_batch_size" : "the Trainer's per_device_train_batch_size default",
             is);
-    replace(root, source, "gradient_accumulation_steps", "null", "from the batch sizes, else 1 as the Trainer's default",
-            is);
+    replace(root, source, "gradient_accumulation_steps", "null",
+            "from the batch sizes, else 1 as the Trainer's default", is);
     replace(root, source, "gradient_clipping", "1.0", "the Trainer's max_grad_norm default", is);
     replace(root, source, "optimizer.params.lr", "5e-05", "the Trainer's learning_rate default", is);
-    replace(root, source, "optimizer.params.betas", "[0.9, 0.999]", "the Trainer's adam_beta1, adam_beta2 defaults",
-            is);
+    replace(root, source, "optimizer.params.betas", "[0.9, 0.999]",
+            "the Trainer's adam_beta1, adam_beta2 defaults", is);
     replace(root, source, "optimizer.params.eps", "1e-08", "the Trainer's adam_epsilon default", is);
     replace(root, source, "optimizer.params.weight_decay", "0.0", "the Trainer's weight_decay default", is);
     replace(root, source, "scheduler.params.warmup_min_lr", "0", "as the Trainer sets it", is);
@@ -68,7 +70,8 @@ void dsc_config_resolve_hf_auto(cJSON *root, const char *source, dsc_config_issu
     replace(root, source, "scheduler.params.total_num_steps", "null", "train.steps", is);
     double d = number_or_default(root, "model.d_model");
     snprintf(num, sizeof num, "%.0f", d * d);
-    replace(root, source, "zero_optimization.reduce_bucket_size", num, "model.d_model squared, as the Trainer", is);
+    replace(root, source, "zero_optimization.reduce_bucket_size", num, "model.d_model squared, as the Trainer",
+            is);
     snprintf(num, sizeof num, "%.0f", floor(0.9 * d * d));
     replace(root, source, "zero_optimization.stage3_prefetch_bucket_size", num,
             "0.9 * model.d_model squared, as the Trainer", is);

@@ -11,9 +11,9 @@
 #include "runtime/config/config_impl.h"
 
 /* Records a violated rule and goes on, so that one run lists every problem. */
-#define REQUIRE(is, cond, ...)                                                                                  \
-    do {                                                                                                        \
-        if (!(cond)) dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, __VA_ARGS__));                              \
+#define REQUIRE(is, cond, ...)                                                                                    \
+    do {                                                                                                          \
+        if (!(cond)) dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, __VA_ARGS__));                                \
     } while (0)
 
 static int is_auto(const cJSON *root, const char *path) {
@@ -54,20 +54,25 @@ static void resolve_auto(const cJSON *root, const char *src, dsc_config *c, dsc_
 static void check_offload(const char *src, const dsc_config_zero *z, dsc_config_issues *is) {
     const char *why = "is supported by DeepSpeed, not by dsc: NVMe offload needs asynchronous NVMe I/O, which dsc "
                       "does not have; use device \"cpu\" or \"none\"";
-    REQUIRE(is, z->offload_optimizer != DSC_OFFLOAD_DEVICE_NVME, "%s: \"zero_optimization.offload_optimizer.device\" "
-            "\"nvme\" %s", src, why);
-    REQUIRE(is, z->offload_param != DSC_OFFLOAD_DEVICE_NVME, "%s: \"zero_optimization.offload_param.device\" "
-            "\"nvme\" %s", src, why);
+    REQUIRE(is, z->offload_optimizer != DSC_OFFLOAD_DEVICE_NVME,
+            "%s: \"zero_optimization.offload_optimizer.device\" "
+            "\"nvme\" %s",
+            src, why);
+    REQUIRE(is, z->offload_param != DSC_OFFLOAD_DEVICE_NVME,
+            "%s: \"zero_optimization.offload_param.device\" "
+            "\"nvme\" %s",
+            src, why);
 }
 
 static void check_model(const char *src, const dsc_config_model *m, dsc_config_issues *is) {
-    REQUIRE(is, m->d_model % m->n_head == 0,
-              "%s: \"model.d_model\" %d is not divisible by \"model.n_head\" %d", src, m->d_model, m->n_head);
+    REQUIRE(is, m->d_model % m->n_head == 0, "%s: \"model.d_model\" %d is not divisible by \"model.n_head\" %d",
+            src, m->d_model, m->n_head);
     REQUIRE(is, m->n_head % m->n_kv_head == 0,
-              "%s: \"model.n_head\" %d is not divisible by \"model.n_kv_head\" %d", src, m->n_head, m->n_kv_head);
+            "%s: \"model.n_head\" %d is not divisible by \"model.n_kv_head\" %d", src, m->n_head, m->n_kv_head);
     if (m->d_model % m->n_head) return; /* no head size to check */
     int head_size = m->d_model / m->n_head;
-    REQUIRE(is, arch_is_gpt(m->arch) || head_size % 2 == 0,
+    REQUIRE(
+        is, arch_is_gpt(m->arch) || head_size % 2 == 0,
         "%s: head size \"model.d_model\" %d / \"model.n_head\" %d = %d must be even for RoPE (model.arch \"%s\")",
         src, m->d_model, m->n_head, head_size, choice("model.arch", (int)m->arch));
 }
@@ -77,26 +82,25 @@ static void check_moe(const char *src, const dsc_config *c, dsc_config_issues *i
     const char *arch = choice("model.arch", (int)c->model.arch);
     if (!arch_has_moe(c->model.arch)) {
         REQUIRE(is, e->num_experts == 0,
-                  "%s: \"moe.num_experts\" is %d but model.arch \"%s\" has no MoE layers (use \"gpt-moe\" or "
-                  "\"mixtral\")",
-                  src, e->num_experts, arch);
+                "%s: \"moe.num_experts\" is %d but model.arch \"%s\" has no MoE layers (use \"gpt-moe\" or "
+                "\"mixtral\")",
+                src, e->num_experts, arch);
         return;
     }
     if (e->num_experts < 1) { /* the other rules are about the experts there are */
-        dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG, "%s: model.arch \"%s\" needs \"moe.num_experts\" >= 1", src,
-                                       arch));
+        dsc_config_issue(
+            is, dsc_error(DSC_ERR_CONFIG, "%s: model.arch \"%s\" needs \"moe.num_experts\" >= 1", src, arch));
         return;
     }
     REQUIRE(is, e->k <= e->num_experts, "%s: \"moe.k\" %d exceeds \"moe.num_experts\" %d", src, e->k,
-              e->num_experts);
+            e->num_experts);
     REQUIRE(is, e->num_experts % e->ep_size == 0,
-              "%s: \"moe.num_experts\" %d is not divisible by \"moe.ep_size\" %d", src, e->num_experts,
-              e->ep_size);
+            "%s: \"moe.num_experts\" %d is not divisible by \"moe.ep_size\" %d", src, e->num_experts, e->ep_size);
     REQUIRE(is, e->noisy_gate_policy != DSC_MOE_NOISY_GATE_RSAMPLE || e->k == 1,
-              "%s: \"moe.noisy_gate_policy\" \"RSample\" works only with \"moe.k\" 1, got %d", src, e->k);
+            "%s: \"moe.noisy_gate_policy\" \"RSample\" works only with \"moe.k\" 1, got %d", src, e->k);
     REQUIRE(is, e->layer_freq <= c->model.n_layer,
-              "%s: \"moe.layer_freq\" %d exceeds \"model.n_layer\" %d, so no layer would have experts", src,
-              e->layer_freq, c->model.n_layer);
+            "%s: \"moe.layer_freq\" %d exceeds \"model.n_layer\" %d, so no layer would have experts", src,
+            e->layer_freq, c->model.n_layer);
 }
 
 static void check_partition_method(const char *src, const char *method, dsc_config_issues *is) {
@@ -116,32 +120,34 @@ static void check_partition_method(const char *src, const char *method, dsc_conf
     }
     char why[128];
     regerror(rc, &re, why, sizeof why);
-    dsc_config_issue(is, dsc_error(DSC_ERR_CONFIG,
-                                   "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s",
-                                   src, method + 5, why));
+    dsc_config_issue(is,
+                     dsc_error(DSC_ERR_CONFIG,
+                               "%s: \"pipeline.partition_method\" has an invalid regular expression \"%s\": %s",
+                               src, method + 5, why));
 }
 
 static void check_pipeline(const char *src, const dsc_config_pipeline *p, dsc_config_issues *is) {
     int interleaved = p->schedule == DSC_PIPE_SCHEDULE_KIND_INTERLEAVED;
     REQUIRE(is, !interleaved || p->virtual_stages >= 2,
-              "%s: \"pipeline.schedule\" \"interleaved\" needs \"pipeline.virtual_stages\" >= 2, got %d", src,
-              p->virtual_stages);
+            "%s: \"pipeline.schedule\" \"interleaved\" needs \"pipeline.virtual_stages\" >= 2, got %d", src,
+            p->virtual_stages);
     REQUIRE(is, interleaved || p->virtual_stages == 1,
-              "%s: \"pipeline.virtual_stages\" %d needs \"pipeline.schedule\" \"interleaved\", got \"%s\"", src,
-              p->virtual_stages, choice("pipeline.schedule", (int)p->schedule));
+            "%s: \"pipeline.virtual_stages\" %d needs \"pipeline.schedule\" \"interleaved\", got \"%s\"", src,
+            p->virtual_stages, choice("pipeline.schedule", (int)p->schedule));
     check_partition_method(src, p->partition_method, is);
 }
 
 static void check_scheduler(const char *src, const dsc_config_scheduler *s, dsc_config_issues *is) {
     const char *name = choice("scheduler.type", (int)s->type);
     int decays = s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR || s->type == DSC_LR_SCHEDULE_WARMUP_COSINE_LR;
-    REQUIRE(is, !decays || s->params.warmup_num_steps <= s->params.total_num_steps,
+    REQUIRE(
+        is, !decays || s->params.warmup_num_steps <= s->params.total_num_steps,
         "%s: \"scheduler.params.warmup_num_steps\" %lld exceeds \"scheduler.params.total_num_steps\" %lld (%s)",
         src, (long long)s->params.warmup_num_steps, (long long)s->params.total_num_steps, name);
     int warms_lr = s->type == DSC_LR_SCHEDULE_WARMUP_LR || s->type == DSC_LR_SCHEDULE_WARMUP_DECAY_LR;
     REQUIRE(is, !warms_lr || s->params.warmup_min_lr <= s->params.warmup_max_lr,
-              "%s: \"scheduler.params.warmup_min_lr\" %g exceeds \"scheduler.params.warmup_max_lr\" %g (%s)", src,
-              s->params.warmup_min_lr, s->params.warmup_max_lr, name);
+            "%s: \"scheduler.params.warmup_min_lr\" %g exceeds \"scheduler.params.warmup_max_lr\" %g (%s)", src,
+            s->params.warmup_min_lr, s->params.warmup_max_lr, name);
 }
 
 /* DeepSpeed keys whose value asks for something dsc does not do: refused
@@ -175,11 +181,11 @@ static void check_tag(const char *src, const dsc_config_checkpoint *k, dsc_confi
 static void check_loop(const char *src, const dsc_config *c, dsc_config_issues *is) {
     check_tag(src, &c->checkpoint, is);
     REQUIRE(is, c->checkpoint.save_interval == 0 || c->checkpoint.save_dir[0],
-              "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
-              (long long)c->checkpoint.save_interval);
+            "%s: \"checkpoint.save_interval\" %lld needs \"checkpoint.save_dir\"", src,
+            (long long)c->checkpoint.save_interval);
     REQUIRE(is, c->train.eval_interval == 0 || c->data.val_fraction > 0,
-              "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)",
-              src, (long long)c->train.eval_interval);
+            "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)",
+            src, (long long)c->train.eval_interval);
 }
 
 void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg, dsc_config_issues *is) {
@@ -188,11 +194,12 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
     check_moe(src, cfg, is);
     check_pipeline(src, &cfg->pipeline, is);
     if (cfg->tensor_parallel.sequence_parallel)
-        dsc_config_issue(is, dsc_error(DSC_ERR_UNSUPPORTED,
-                                       "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet "
-                                       "(tensor parallelism runs with replicated norms and all-reduces); set it to "
-                                       "false",
-                                       src));
+        dsc_config_issue(is,
+                         dsc_error(DSC_ERR_UNSUPPORTED,
+                                   "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet "
+                                   "(tensor parallelism runs with replicated norms and all-reduces); set it to "
+                                   "false",
+                                   src));
     check_scheduler(src, &cfg->scheduler, is);
     check_offload(src, &cfg->zero_optimization, is);
     check_refused(src, cfg, is);

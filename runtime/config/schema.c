@@ -28,9 +28,10 @@
 /* DeepSpeed's monitor sections share their three keys. */
 #define MONITOR(name, f, doc, enabled_doc)                                                                        \
     SECTION(name, doc), BOOL(name ".enabled", f.enabled, "false", 0, enabled_doc),                                \
-        STRING(name ".output_path", f.output_path, "\"\"",                                                         \
-               "Directory of the job directory; \"\" is the working directory."),                                  \
-        STRING(name ".job_name", f.job_name, "\"DeepSpeedJobName\"", "Sub-directory of output_path for the files.")
+        STRING(name ".output_path", f.output_path, "\"\"",                                                        \
+               "Directory of the job directory; \"\" is the working directory."),                                 \
+        STRING(name ".job_name", f.job_name, "\"DeepSpeedJobName\"",                                              \
+               "Sub-directory of output_path for the files.")
 
 #define INF INFINITY
 #define NUL DSC_CONFIG_NULLABLE
@@ -44,8 +45,8 @@
 static const char *const archs[] = {"gpt", "llama", "gpt-moe", "mixtral", NULL};
 static const char *const optimizers[] = {"adamw", "sgd", "adam", "lamb", "lion", NULL};
 static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
-static const char *const lr_schedules[] = {"constant",       "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
-                                           "OneCycle",       "LRRangeTest", NULL};
+static const char *const lr_schedules[] = {
+    "constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", NULL};
 static const char *const warmup_types[] = {"log", "linear", NULL};
 static const char *const pipe_schedules[] = {"1f1b", "gpipe", "interleaved", NULL};
 static const char *const noisy_gates[] = {"null", "Jitter", "RSample", NULL};
@@ -136,8 +137,8 @@ static const dsc_config_key schema[] = {
         "OneCycle: steps back down; null: cycle_first_step_size."),
     INT("scheduler.params.cycle_first_stair_count", scheduler.params.cycle_first_stair_count, "0", 0, I53, 0,
         "OneCycle: stairs on the way up; 0 is a straight line."),
-    INT("scheduler.params.cycle_second_stair_count", scheduler.params.cycle_second_stair_count, "null", 0, I53, NUL,
-        "OneCycle: stairs on the way down; null: cycle_first_stair_count."),
+    INT("scheduler.params.cycle_second_stair_count", scheduler.params.cycle_second_stair_count, "null", 0, I53,
+        NUL, "OneCycle: stairs on the way down; null: cycle_first_stair_count."),
     INT("scheduler.params.decay_step_size", scheduler.params.decay_step_size, "0", 0, I53, 0,
         "OneCycle: steps per unit of post-cycle decay; 0: no decay."),
     BOOL("scheduler.params.cycle_momentum", scheduler.params.cycle_momentum, "true", 0,
@@ -165,7 +166,8 @@ static const dsc_config_key schema[] = {
     INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1, I53, 0,
         "Parameter elements per all-gather bucket."),
     BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, "null", NUL,
-         "Accepted; collectives are blocking, so reduction interleaves with backward, never overlaps; null: stage 3."),
+         "Accepted; collectives are blocking, so reduction interleaves with backward, never overlaps; null: stage "
+         "3."),
     BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, "true", 0,
          "Gradients in one contiguous buffer: always so in dsc, so false is refused."),
     INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size, "50000000",
@@ -178,7 +180,8 @@ static const dsc_config_key schema[] = {
     SECTION("zero_optimization.offload_optimizer", "Where the optimizer state lives (DeepSpeed's ZeRO-Offload)."),
     ENUM("zero_optimization.offload_optimizer.device", zero_optimization.offload_optimizer, "\"none\"",
          offload_devices, 0, "none or cpu (a CPU job's state is in host memory already); nvme is refused."),
-    SECTION("zero_optimization.offload_param", "Where stage 3 keeps parameter shards (DeepSpeed's ZeRO-Infinity)."),
+    SECTION("zero_optimization.offload_param",
+            "Where stage 3 keeps parameter shards (DeepSpeed's ZeRO-Infinity)."),
     ENUM("zero_optimization.offload_param.device", zero_optimization.offload_param, "\"none\"", offload_devices, 0,
          "none or cpu (a CPU job's parameters are in host memory already); nvme is refused."),
     BOOL("zero_optimization.cpu_offload", zero_optimization.cpu_offload, "false", 0,
@@ -232,8 +235,9 @@ static const dsc_config_key schema[] = {
         "Save every this many steps; 0 saves only at the end."),
     INT("checkpoint.keep_last", checkpoint.keep_last, "0", 0, I32, 0,
         "Keep only the newest this many checkpoints; 0 keeps all."),
-    STRING("checkpoint.tag", checkpoint.tag, "\"\"",
-           "Name of each save, \"{step}\" replaced by the step (needed with save_interval); \"\": global_step<N>."),
+    STRING(
+        "checkpoint.tag", checkpoint.tag, "\"\"",
+        "Name of each save, \"{step}\" replaced by the step (needed with save_interval); \"\": global_step<N>."),
 
     SECTION("comm", "Communication."),
     FLOAT("comm.timeout_s", comm.timeout_s, "300", 0, INF, GT,
@@ -242,7 +246,8 @@ static const dsc_config_key schema[] = {
          "auto (NCCL for CUDA tensors, else MPI) or mpi; nccl is refused for training, which runs on the CPU."),
 
     SECTION("data", "Training data."),
-    STRING("data.path", data.path, "\"\"", "Token file (dsc-train --prepare TEXT OUT makes one); not a directory."),
+    STRING("data.path", data.path, "\"\"",
+           "Token file (dsc-train --prepare TEXT OUT makes one); not a directory."),
     FLOAT("data.val_fraction", data.val_fraction, "0", 0, 1, LT, "Fraction of the data held out for evaluation."),
 
     MONITOR("tensorboard", tensorboard, "TensorBoard event files (DeepSpeed's monitor layout).",

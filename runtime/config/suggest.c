@@ -34,9 +34,13 @@ static size_t edit_distance(const char *a, size_t n, const char *b, size_t m) {
     return d[n][m];
 }
 
-size_t dsc_config_typo_budget(size_t len) { return len < 5 ? 1 : len < 9 ? 2 : 3; }
+size_t dsc_config_typo_budget(size_t len) {
+    return len < 5 ? 1 : len < 9 ? 2 : 3;
+}
 
-size_t dsc_config_name_distance(const char *a, const char *b) { return edit_distance(a, strlen(a), b, strlen(b)); }
+size_t dsc_config_name_distance(const char *a, const char *b) {
+    return edit_distance(a, strlen(a), b, strlen(b));
+}
 
 static const char *last_part(const char *path) {
     const char *dot = strrchr(path, '.');

@@ -55,7 +55,9 @@ static int64_t permute(int64_t j, int64_t n, uint64_t key) {
     return (int64_t)x;
 }
 
-static const char *split_name(dsc_data_split split) { return split == DSC_DATA_SPLIT_TRAIN ? "train" : "val"; }
+static const char *split_name(dsc_data_split split) {
+    return split == DSC_DATA_SPLIT_TRAIN ? "train" : "val";
+}
 
 dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_loader **out) {
     *out = NULL;
@@ -63,8 +65,7 @@ dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_lo
               "data loader: val_fraction %g is outside [0, 1)", opts->val_fraction);
     DSC_CHECK(opts->micro_batch_size > 0 && opts->seq_len > 0 && opts->micro_batches > 0 && opts->dp_size > 0 &&
                   opts->dp_rank >= 0 && opts->dp_rank < opts->dp_size && opts->vocab_size > 0,
-              DSC_ERR_INVALID,
-              "data loader: invalid layout B=%lld T=%lld M=%d dp_rank=%d dp_size=%d vocab=%lld",
+              DSC_ERR_INVALID, "data loader: invalid layout B=%lld T=%lld M=%d dp_rank=%d dp_size=%d vocab=%lld",
               (long long)opts->micro_batch_size, (long long)opts->seq_len, opts->micro_batches, opts->dp_rank,
               opts->dp_size, (long long)opts->vocab_size);
     DSC_CHECK(opts->seq_len < INT32_MAX && opts->micro_batch_size <= INT64_MAX / opts->seq_len, DSC_ERR_INVALID,
@@ -95,12 +96,12 @@ dsc_status dsc_data_loader_open(const dsc_data_loader_options *opts, dsc_data_lo
     for (int sp = 0; sp < 2; sp++) {
         bool needed = sp == DSC_DATA_SPLIT_TRAIN || n_val > 0;
         if (needed && dl->length[sp] < T + 1) {
-            dsc_status s = dsc_error(DSC_ERR_INVALID,
-                                     "data file %s: the %s split has %lld tokens, fewer than seq_len + 1 = %lld "
-                                     "(file has %lld tokens, val_fraction %g)",
-                                     dsc_token_file_path(file), split_name((dsc_data_split)sp),
-                                     (long long)dl->length[sp], (long long)(T + 1), (long long)n,
-                                     opts->val_fraction);
+            dsc_status s =
+                dsc_error(DSC_ERR_INVALID,
+                          "data file %s: the %s split has %lld tokens, fewer than seq_len + 1 = %lld "
+                          "(file has %lld tokens, val_fraction %g)",
+                          dsc_token_file_path(file), split_name((dsc_data_split)sp), (long long)dl->length[sp],
+                          (long long)(T + 1), (long long)n, opts->val_fraction);
             dsc_data_loader_close(dl);
             return s;
         }
@@ -117,7 +118,9 @@ void dsc_data_loader_close(dsc_data_loader *dl) {
     free(dl);
 }
 
-int64_t dsc_data_loader_windows(const dsc_data_loader *dl, dsc_data_split split) { return dl->windows[split]; }
+int64_t dsc_data_loader_windows(const dsc_data_loader *dl, dsc_data_split split) {
+    return dl->windows[split];
+}
 
 int64_t dsc_data_loader_epoch(const dsc_data_loader *dl, int64_t step) {
     const dsc_data_loader_options *o = &dl->opts;
@@ -147,7 +150,7 @@ dsc_status dsc_data_loader_fill(dsc_data_loader *dl, dsc_data_split split, int64
     const int64_t shape[2] = {B, T};
     DSC_TRY(dsc_tensor_expect(tokens, "data loader tokens", DSC_DTYPE_I32, 2, shape));
     DSC_TRY(dsc_tensor_expect(targets, "data loader targets", DSC_DTYPE_I32, 2, shape));
-    int32_t *tok = tokens->data; // (B, T)
+    int32_t *tok = tokens->data;  // (B, T)
     int32_t *tgt = targets->data; // (B, T)
     for (int64_t b = 0; b < B; b++) {
         int64_t k = ((step * o->micro_batches + micro) * o->dp_size + o->dp_rank) * B + b;

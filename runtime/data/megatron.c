@@ -33,9 +33,9 @@ typedef struct mapped {
 
 struct dsc_megatron {
     mapped idx, bin;
-    int code, item;      /* dtype code and bytes per token */
-    int64_t n_seq;       /* N */
-    int64_t *start;      /* (N + 1) stream position of each sequence's first token */
+    int code, item;                /* dtype code and bytes per token */
+    int64_t n_seq;                 /* N */
+    int64_t *start;                /* (N + 1) stream position of each sequence's first token */
     const unsigned char *pointers; /* (N) i64, unaligned */
 };
 
@@ -125,7 +125,8 @@ static dsc_status check_index(dsc_megatron *m, int64_t *n_doc) {
               (unsigned long long)n, (unsigned long long)d, x->bytes);
     size_t need = HEADER_BYTES + n * 12 + d * 8;
     DSC_CHECK(n == 0 || need + n != x->bytes, DSC_ERR_UNSUPPORTED,
-              "Megatron index %s: has per-sequence modes (a multimodal dataset); dsc reads text datasets", x->path);
+              "Megatron index %s: has per-sequence modes (a multimodal dataset); dsc reads text datasets",
+              x->path);
     DSC_CHECK(need == x->bytes, DSC_ERR_CORRUPT,
               "Megatron index %s: header says %llu sequences and %llu documents (%zu bytes) but the file has %zu",
               x->path, (unsigned long long)n, (unsigned long long)d, need, x->bytes);
@@ -197,28 +198,52 @@ void dsc_megatron_close(dsc_megatron *m) {
     free(m);
 }
 
-int64_t dsc_megatron_count(const dsc_megatron *m) { return m->start[m->n_seq]; }
-int dsc_megatron_item_bytes(const dsc_megatron *m) { return m->item; }
+int64_t dsc_megatron_count(const dsc_megatron *m) {
+    return m->start[m->n_seq];
+}
+int dsc_megatron_item_bytes(const dsc_megatron *m) {
+    return m->item;
+}
 
 /* The sequence holding stream position pos: the last i with start[i] <= pos. */
 static int64_t sequence_of(const dsc_megatron *m, int64_t pos) {
     int64_t lo = 0, hi = m->n_seq - 1;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
-        if (m->start[mid] <= pos) lo = mid;
-        else hi = mid - 1;
+        if (m->start[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
 
 static int64_t token_at(const dsc_megatron *m, const unsigned char *p) {
     switch (m->code) {
-    case 1: return *p;
-    case 2: return (int8_t)*p;
-    case 3: { int16_t v; memcpy(&v, p, 2); return v; }
-    case 4: { int32_t v; memcpy(&v, p, 4); return v; }
-    case 5: { int64_t v; memcpy(&v, p, 8); return v; }
-    default: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 1:
+        return *p;
+    case 2:
+        return (int8_t)*p;
+    case 3: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case 4: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case 5: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    default: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
     }
 }
 
@@ -228,7 +253,8 @@ dsc_status dsc_megatron_read(const dsc_megatron *m, int64_t pos, int64_t n, int6
               (long long)(pos + n), (long long)dsc_megatron_count(m));
     int64_t seq = n > 0 ? sequence_of(m, pos) : 0;
     for (int64_t i = 0; i < n; i++) {
-        while (pos + i >= m->start[seq + 1]) seq++; /* empty sequences are skipped */
+        while (pos + i >= m->start[seq + 1])
+            seq++; /* empty sequences are skipped */
         const unsigned char *p = m->bin.data + i64_at(m->pointers, seq) + (pos + i - m->start[seq]) * m->item;
         int64_t id = token_at(m, p);
         DSC_CHECK(id >= 0 && id < vocab_limit, DSC_ERR_CORRUPT,

@@ -22,7 +22,7 @@
 
 struct dsc_token_file {
     char *path;
-    void *map;        /* the whole file */
+    void *map; /* the whole file */
     size_t map_bytes;
     const void *tokens; /* (count) u16 or u32, after the header */
     int64_t count;
@@ -55,7 +55,8 @@ dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_
 
     FILE *fp = fopen(path, "wb");
     DSC_CHECK(fp, DSC_ERR_IO, "token file %s: cannot create: %s", path, strerror(errno));
-    token_header h = {DSC_TOKEN_FILE_MAGIC, DSC_TOKEN_FILE_VERSION, (uint32_t)dtype, vocab_size, (uint64_t)count, 0};
+    token_header h = {DSC_TOKEN_FILE_MAGIC, DSC_TOKEN_FILE_VERSION, (uint32_t)dtype,
+                      vocab_size,           (uint64_t)count,        0};
     bool ok = fwrite(&h, sizeof h, 1, fp) == 1;
     /* Converted in chunks so a large corpus needs no second full-size buffer. */
     enum { CHUNK = 1 << 16 };
@@ -65,7 +66,8 @@ dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_
         if (dtype == DSC_TOKEN_DTYPE_U32) {
             ok = fwrite(tokens + i, 4, n, fp) == n;
         } else {
-            for (size_t j = 0; j < n; j++) buf16[j] = (uint16_t)tokens[i + (int64_t)j];
+            for (size_t j = 0; j < n; j++)
+                buf16[j] = (uint16_t)tokens[i + (int64_t)j];
             ok = fwrite(buf16, 2, n, fp) == n;
         }
     }
@@ -76,9 +78,11 @@ dsc_status dsc_token_file_write(const char *path, const uint32_t *tokens, int64_
 }
 
 static dsc_status validate_header(const char *path, const token_header *h, size_t file_bytes) {
-    DSC_CHECK(h->magic == DSC_TOKEN_FILE_MAGIC, DSC_ERR_CORRUPT,
-              "token file %s: not a dsc token file (bad magic 0x%08x; make one with dsc-train --prepare, or give a "
-              "Megatron dataset as PREFIX with PREFIX.bin and PREFIX.idx)", path, h->magic);
+    DSC_CHECK(
+        h->magic == DSC_TOKEN_FILE_MAGIC, DSC_ERR_CORRUPT,
+        "token file %s: not a dsc token file (bad magic 0x%08x; make one with dsc-train --prepare, or give a "
+        "Megatron dataset as PREFIX with PREFIX.bin and PREFIX.idx)",
+        path, h->magic);
     DSC_CHECK(h->version == DSC_TOKEN_FILE_VERSION, DSC_ERR_CORRUPT,
               "token file %s: version %u, this dsc reads version %u", path, h->version, DSC_TOKEN_FILE_VERSION);
     DSC_CHECK(h->bytes_per_token == 2 || h->bytes_per_token == 4, DSC_ERR_CORRUPT,
@@ -87,8 +91,8 @@ static dsc_status validate_header(const char *path, const token_header *h, size_
     uint64_t expect;
     DSC_CHECK(!__builtin_mul_overflow(h->count, (uint64_t)h->bytes_per_token, &expect) &&
                   !__builtin_add_overflow(expect, (uint64_t)DSC_TOKEN_FILE_HEADER_BYTES, &expect),
-              DSC_ERR_CORRUPT, "token file %s: header says %llu tokens, more than 2^64 bytes (the file has %zu)", path,
-              (unsigned long long)h->count, file_bytes);
+              DSC_ERR_CORRUPT, "token file %s: header says %llu tokens, more than 2^64 bytes (the file has %zu)",
+              path, (unsigned long long)h->count, file_bytes);
     DSC_CHECK(expect == file_bytes, DSC_ERR_CORRUPT,
               "token file %s: header says %llu tokens (%llu bytes) but the file has %zu bytes", path,
               (unsigned long long)h->count, (unsigned long long)expect, file_bytes);
@@ -125,8 +129,9 @@ dsc_status dsc_token_file_open(const char *path, dsc_token_file **out) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return dsc_error(DSC_ERR_IO, "data file %s is %s, not a token file (dsc-train --prepare TEXT OUT makes one)",
-                         path, S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+        return dsc_error(DSC_ERR_IO,
+                         "data file %s is %s, not a token file (dsc-train --prepare TEXT OUT makes one)", path,
+                         S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
     }
     size_t bytes = (size_t)st.st_size;
     if (bytes < DSC_TOKEN_FILE_HEADER_BYTES) {
@@ -150,8 +155,14 @@ dsc_status dsc_token_file_open(const char *path, dsc_token_file **out) {
         munmap(map, bytes);
         return s;
     }
-    *f = (dsc_token_file){path_copy, map, bytes, (const char *)map + DSC_TOKEN_FILE_HEADER_BYTES,
-                          (int64_t)h.count, (dsc_token_dtype)h.bytes_per_token, h.vocab_size, NULL};
+    *f = (dsc_token_file){path_copy,
+                          map,
+                          bytes,
+                          (const char *)map + DSC_TOKEN_FILE_HEADER_BYTES,
+                          (int64_t)h.count,
+                          (dsc_token_dtype)h.bytes_per_token,
+                          h.vocab_size,
+                          NULL};
     *out = f;
     return NULL;
 }
@@ -164,12 +175,21 @@ void dsc_token_file_close(dsc_token_file *f) {
     free(f);
 }
 
-int64_t dsc_token_file_count(const dsc_token_file *f) { return f->count; }
-dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f) { return f->dtype; }
-uint32_t dsc_token_file_vocab(const dsc_token_file *f) { return f->vocab; }
-const char *dsc_token_file_path(const dsc_token_file *f) { return f->path; }
+int64_t dsc_token_file_count(const dsc_token_file *f) {
+    return f->count;
+}
+dsc_token_dtype dsc_token_file_dtype(const dsc_token_file *f) {
+    return f->dtype;
+}
+uint32_t dsc_token_file_vocab(const dsc_token_file *f) {
+    return f->vocab;
+}
+const char *dsc_token_file_path(const dsc_token_file *f) {
+    return f->path;
+}
 
-dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit, int32_t *out) {
+dsc_status dsc_token_file_read(const dsc_token_file *f, int64_t pos, int64_t n, int64_t vocab_limit,
+                               int32_t *out) {
     if (f->megatron) return dsc_megatron_read(f->megatron, pos, n, vocab_limit, out);
     DSC_CHECK(pos >= 0 && n >= 0 && pos + n <= f->count, DSC_ERR_INVALID,
               "token file %s: read of [%lld, %lld) is outside its %lld tokens", f->path, (long long)pos,

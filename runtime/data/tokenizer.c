@@ -13,7 +13,8 @@
 #include <string.h>
 
 void dsc_byte_tokenizer_encode(const char *text, size_t len, uint32_t *ids) {
-    for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
+    for (size_t i = 0; i < len; i++)
+        ids[i] = (unsigned char)text[i];
 }
 
 size_t dsc_byte_tokenizer_decode(const int32_t *ids, int64_t n, char *out, size_t cap) {
@@ -46,11 +47,13 @@ static dsc_status read_text(const char *path, char **text, size_t *len) {
     return NULL;
 }
 
-static dsc_status encode_bytes(void *ctx, const char *text, size_t len, int32_t *ids, int64_t cap, int64_t *n_out) {
+static dsc_status encode_bytes(void *ctx, const char *text, size_t len, int32_t *ids, int64_t cap,
+                               int64_t *n_out) {
     (void)ctx;
-    DSC_CHECK((int64_t)len <= cap, DSC_ERR_INVALID, "byte tokenizer: %zu bytes need %zu ids, room for %lld", len, len,
-              (long long)cap);
-    for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
+    DSC_CHECK((int64_t)len <= cap, DSC_ERR_INVALID, "byte tokenizer: %zu bytes need %zu ids, room for %lld", len,
+              len, (long long)cap);
+    for (size_t i = 0; i < len; i++)
+        ids[i] = (unsigned char)text[i];
     *n_out = (int64_t)len;
     return NULL;
 }
@@ -62,14 +65,18 @@ dsc_status dsc_data_prepare_with(const char *text_path, const char *token_path, 
     DSC_TRY(read_text(text_path, &text, &len));
     int64_t cap = (int64_t)len + 2, n = 0; /* dsc/tokenizer.h: len + 2 ids always suffice */
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    dsc_status s = ids ? enc->encode(enc->ctx, text, len, ids, cap, &n)
-                       : dsc_error(DSC_ERR_NOMEM, "preparing %s: no memory for %lld tokens", text_path, (long long)cap);
+    dsc_status s =
+        ids ? enc->encode(enc->ctx, text, len, ids, cap, &n)
+            : dsc_error(DSC_ERR_NOMEM, "preparing %s: no memory for %lld tokens", text_path, (long long)cap);
     free(text);
     /* ids are >= 0: reuse the buffer as the writer's unsigned ids */
     uint32_t *u = (uint32_t *)ids;
-    for (int64_t i = 0; !s && i < n; i++) u[i] = (uint32_t)ids[i];
+    for (int64_t i = 0; !s && i < n; i++)
+        u[i] = (uint32_t)ids[i];
     dsc_token_dtype dtype = enc->vocab_size <= 65536 ? DSC_TOKEN_DTYPE_U16 : DSC_TOKEN_DTYPE_U32;
-    if (!s) s = dsc_error_wrap(dsc_token_file_write(token_path, u, n, dtype, enc->vocab_size), "preparing %s", text_path);
+    if (!s)
+        s = dsc_error_wrap(dsc_token_file_write(token_path, u, n, dtype, enc->vocab_size), "preparing %s",
+                           text_path);
     free(ids);
     DSC_TRY(s);
     if (count) *count = n;

@@ -20,10 +20,10 @@
 struct dsc_engine {
     dsc_engine_options o;
     int64_t steps_done;
-    double t_start;   /* when dsc_engine_train started (monotonic seconds) */
-    FILE *metrics;    /* JSON lines, or NULL */
+    double t_start;       /* when dsc_engine_train started (monotonic seconds) */
+    FILE *metrics;        /* JSON lines, or NULL */
     dsc_monitor *monitor; /* tensorboard / csv_monitor, or NULL */
-    bool bar;         /* the progress bar is on */
+    bool bar;             /* the progress bar is on */
 };
 
 double dsc_time_now(void) {
@@ -78,8 +78,12 @@ void dsc_engine_destroy(dsc_engine *e) {
     free(e);
 }
 
-int64_t dsc_engine_steps_done(const dsc_engine *e) { return e->steps_done; }
-void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps) { e->steps_done = steps; }
+int64_t dsc_engine_steps_done(const dsc_engine *e) {
+    return e->steps_done;
+}
+void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps) {
+    e->steps_done = steps;
+}
 
 void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx) {
     e->o.on_step_end = hook;
@@ -190,7 +194,8 @@ static void draw_bar(dsc_engine *e, const dsc_step_metrics *m) {
     enum { WIDTH = 30 };
     int filled = (int)(WIDTH * m->step / (total > 0 ? total : 1));
     char bar[WIDTH + 1];
-    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '=' : ' ';
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '=' : ' ';
     bar[WIDTH] = '\0';
     double eta = m->step > 0 ? m->elapsed_s / (double)m->step * (double)(total - m->step) : 0.0;
     printf("\r[%s] %lld/%lld loss %.4f %.0f tok/s eta %.0fs", bar, (long long)m->step, (long long)total, m->loss,

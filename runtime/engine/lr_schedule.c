@@ -31,8 +31,8 @@ static double one_cycle_scale(const dsc_config_scheduler *s, int64_t it) {
     int64_t stairs = x <= ratio ? s->params.cycle_first_stair_count : s->params.cycle_second_stair_count;
     if (stairs > 0) {
         double in_cycle = fmod(b, total);
-        double position = in_cycle <= first ? in_cycle * (double)stairs / first
-                                            : (total - in_cycle) * (double)stairs / second;
+        double position =
+            in_cycle <= first ? in_cycle * (double)stairs / first : (total - in_cycle) * (double)stairs / second;
         scale = floor(position) / (double)stairs;
     }
     return scale;
@@ -73,8 +73,10 @@ double dsc_lr_schedule_at(const dsc_config_scheduler *s, double base_lr, int64_t
     int64_t total = s->params.total_num_steps;
     double min_lr = s->params.warmup_min_lr, max_lr = s->params.warmup_max_lr;
     switch (s->type) {
-    case DSC_LR_SCHEDULE_CONSTANT: return base_lr;
-    case DSC_LR_SCHEDULE_ONE_CYCLE: return one_cycle_lr(s, it);
+    case DSC_LR_SCHEDULE_CONSTANT:
+        return base_lr;
+    case DSC_LR_SCHEDULE_ONE_CYCLE:
+        return one_cycle_lr(s, it);
     case DSC_LR_SCHEDULE_LR_RANGE_TEST: {
         double interval = (double)it / (double)s->params.lr_range_test_step_size;
         if (s->params.lr_range_test_staircase) interval = floor(interval);

@@ -43,7 +43,8 @@ static dsc_status read_metrics(const char *path, curve *train, curve *val) {
         cJSON *obj = cJSON_Parse(line);
         const cJSON *step = obj ? cJSON_GetObjectItemCaseSensitive(obj, "step") : NULL;
         if (!cJSON_IsNumber(step)) {
-            s = dsc_error(DSC_ERR_CORRUPT, "metrics file %s line %d: not a JSON object with a \"step\"", path, lineno);
+            s = dsc_error(DSC_ERR_CORRUPT, "metrics file %s line %d: not a JSON object with a \"step\"", path,
+                          lineno);
         } else {
             const cJSON *loss = cJSON_GetObjectItemCaseSensitive(obj, "loss");
             const cJSON *vloss = cJSON_GetObjectItemCaseSensitive(obj, "val_loss");
@@ -83,8 +84,10 @@ static void write_svg(FILE *fp, const curve *train, const curve *val) {
         }
     if (x1 <= x0) x1 = x0 + 1;
     if (!(y1 > y0)) y1 = y0 + 1;
-    fprintf(fp, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    fprintf(fp,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, H);
     fprintf(fp, "<text x=\"%d\" y=\"18\" font-size=\"14\">loss vs step</text>\n", LEFT);
     fprintf(fp, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", LEFT, TOP,
             W - LEFT - RIGHT, H - TOP - BOTTOM);
@@ -100,7 +103,8 @@ static void write_svg(FILE *fp, const curve *train, const curve *val) {
     polyline(fp, train, x0, x1, y0, y1, "#1f77b4");
     polyline(fp, val, x0, x1, y0, y1, "#d62728");
     fprintf(fp, "<text x=\"%d\" y=\"%d\" fill=\"#1f77b4\">train loss</text>\n", W - RIGHT - 160, TOP + 16);
-    if (val->n > 0) fprintf(fp, "<text x=\"%d\" y=\"%d\" fill=\"#d62728\">val loss</text>\n", W - RIGHT - 80, TOP + 16);
+    if (val->n > 0)
+        fprintf(fp, "<text x=\"%d\" y=\"%d\" fill=\"#d62728\">val loss</text>\n", W - RIGHT - 80, TOP + 16);
     fputs("</svg>\n", fp);
 }
 

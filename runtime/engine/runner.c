@@ -122,8 +122,8 @@ dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc
                                      int64_t T, dsc_rng *rng, dsc_batch_runner **out) {
     *out = NULL;
     DSC_CHECK(n_layers >= 1 && B >= 1 && T >= 1, DSC_ERR_INVALID,
-              "default runner: needs layers and B, T >= 1 (got %d layers, B=%lld, T=%lld)", n_layers,
-              (long long)B, (long long)T);
+              "default runner: needs layers and B, T >= 1 (got %d layers, B=%lld, T=%lld)", n_layers, (long long)B,
+              (long long)T);
     default_runner *r = calloc(1, sizeof *r);
     DSC_CHECK(r, DSC_ERR_NOMEM, "default runner: out of memory");
     r->base.ops = &default_ops;
@@ -136,7 +136,8 @@ dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc
     const int64_t shape[2] = {B, T};
     if (!s) s = dsc_tensor_alloc(&r->tokens, DSC_DTYPE_I32, 2, shape, DSC_CPU, DSC_MEM_ACTIVATIONS);
     if (!s) s = dsc_tensor_alloc(&r->targets, DSC_DTYPE_I32, 2, shape, DSC_CPU, DSC_MEM_ACTIVATIONS);
-    for (int l = 0; l < n_layers && !s; l++) s = dsc_layer_reserve(layers[l], 1, B, T);
+    for (int l = 0; l < n_layers && !s; l++)
+        s = dsc_layer_reserve(layers[l], 1, B, T);
     if (s) {
         default_destroy(&r->base);
         return s;

@@ -24,24 +24,29 @@ struct dsc_trainer {
     dsc_batch_runner *runner;
     dsc_engine *engine;
     dsc_trainer_layers ext; /* build extra and expert groups from above the runtime (zero when dense) */
-    dsc_rng layer_rng;   /* for stochastic layers */
-    dsc_tensor context;  /* (1, T) i32 generation context */
+    dsc_rng layer_rng;      /* for stochastic layers */
+    dsc_tensor context;     /* (1, T) i32 generation context */
 };
 
 static dsc_status check_supported(const dsc_config *cfg, bool can_shard, bool has_ext) {
     const char *src = cfg->source ? cfg->source : "config";
-    DSC_CHECK(cfg->pipeline.stages == 1, DSC_ERR_UNSUPPORTED,
-              "%s: \"pipeline.stages\" = %d needs the pipeline runner (pipe/); the data-parallel trainer runs 1 stage",
-              src, cfg->pipeline.stages);
+    DSC_CHECK(
+        cfg->pipeline.stages == 1, DSC_ERR_UNSUPPORTED,
+        "%s: \"pipeline.stages\" = %d needs the pipeline runner (pipe/); the data-parallel trainer runs 1 stage",
+        src, cfg->pipeline.stages);
     DSC_CHECK(cfg->zero_optimization.stage == 0 || can_shard, DSC_ERR_UNSUPPORTED,
               "%s: \"zero_optimization.stage\" = %d needs a sharded optimizer (zero/), and none was given to the "
-              "trainer", src, cfg->zero_optimization.stage);
+              "trainer",
+              src, cfg->zero_optimization.stage);
     DSC_CHECK(cfg->moe.num_experts == 0 || has_ext, DSC_ERR_UNSUPPORTED,
               "%s: \"moe.num_experts\" = %d needs the MoE layers (moe/), and the trainer was given none "
-              "(dsc_trainer_create_with_layers)", src, cfg->moe.num_experts);
-    DSC_CHECK(cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG,
-              "%s: \"data.path\" is empty; set it to a token file (make one with dsc-train --prepare TEXT OUT) or a "
-              "Megatron dataset prefix", src);
+              "(dsc_trainer_create_with_layers)",
+              src, cfg->moe.num_experts);
+    DSC_CHECK(
+        cfg->data.path && cfg->data.path[0], DSC_ERR_CONFIG,
+        "%s: \"data.path\" is empty; set it to a token file (make one with dsc-train --prepare TEXT OUT) or a "
+        "Megatron dataset prefix",
+        src);
     DSC_CHECK(cfg->train_micro_batch_size_per_gpu > 0 && cfg->gradient_accumulation_steps > 0, DSC_ERR_CONFIG,
               "%s: batch sizes are not resolved (call dsc_config_resolve_batch first)", src);
     return NULL;
@@ -75,7 +80,12 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
     DSC_TRY(dsc_model_specs(&t->mc, &specs, &count));
     t->layers = calloc((size_t)count, sizeof *t->layers);
     dsc_status s = t->layers ? NULL : dsc_error(DSC_ERR_NOMEM, "trainer: %d layers", count);
-    dsc_build_ctx ctx = {.model = &t->mc, .params = t->params, .device = DSC_CPU, .extra = t->ext.build_extra, .tp = t->ext.tp, .attention = t->ext.attention};
+    dsc_build_ctx ctx = {.model = &t->mc,
+                         .params = t->params,
+                         .device = DSC_CPU,
+                         .extra = t->ext.build_extra,
+                         .tp = t->ext.tp,
+                         .attention = t->ext.attention};
     for (int i = 0; i < count && !s; i++) {
         s = dsc_layer_build(&specs[i], &ctx, &t->layers[i]);
         if (!s) t->n_layers++;
@@ -89,7 +99,8 @@ static dsc_status build_layers(dsc_trainer *t, uint64_t seed) {
  * keeps everything in host memory, so the request is met as it stands. */
 static void note_offload(const dsc_config *cfg) {
     const dsc_config_zero *z = &cfg->zero_optimization;
-    if (z->offload_optimizer == DSC_OFFLOAD_DEVICE_CPU || z->offload_param == DSC_OFFLOAD_DEVICE_CPU || z->cpu_offload)
+    if (z->offload_optimizer == DSC_OFFLOAD_DEVICE_CPU || z->offload_param == DSC_OFFLOAD_DEVICE_CPU ||
+        z->cpu_offload)
         dsc_log_rank0(DSC_LOG_INFO,
                       "%s: offload to \"cpu\": this job trains on the CPU, so its optimizer state and parameters "
                       "are in host memory already",
@@ -105,8 +116,8 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
     int M = (int)cfg->gradient_accumulation_steps;
     int64_t B = cfg->train_micro_batch_size_per_gpu, T = t->mc.seq_len;
     /* The data first: a missing or bad file should not wait for model setup. */
-    dsc_data_loader_options dl = {cfg->data.path, cfg->data.val_fraction, t->mc.vocab_size, B, T, M,
-                                  dp_rank,        dp_size,               cfg->seed};
+    dsc_data_loader_options dl = {
+        cfg->data.path, cfg->data.val_fraction, t->mc.vocab_size, B, T, M, dp_rank, dp_size, cfg->seed};
     DSC_TRY(dsc_data_loader_open(&dl, &t->data));
     DSC_TRY(build_layers(t, cfg->seed));
 
@@ -123,8 +134,10 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
-    if (make_optimizer) DSC_TRY(make_optimizer(&oo, cfg, &t->opt));
-    else DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
+    if (make_optimizer)
+        DSC_TRY(make_optimizer(&oo, cfg, &t->opt));
+    else
+        DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
     dsc_rng_init(&t->layer_rng, cfg->seed, dp_rank, DSC_RNG_GATE);
     DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
     DSC_TRY(dsc_tensor_alloc(&t->context, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU, DSC_MEM_ACTIVATIONS));
@@ -165,7 +178,8 @@ void dsc_trainer_destroy(dsc_trainer *t) {
     dsc_engine_destroy(t->engine);
     dsc_batch_runner_destroy(t->runner);
     dsc_optimizer_destroy(t->opt);
-    for (int i = 0; i < t->n_layers; i++) dsc_layer_destroy(t->layers[i]);
+    for (int i = 0; i < t->n_layers; i++)
+        dsc_layer_destroy(t->layers[i]);
     free(t->layers);
     dsc_params_destroy(t->params);
     dsc_data_loader_close(t->data);
@@ -173,10 +187,18 @@ void dsc_trainer_destroy(dsc_trainer *t) {
     free(t);
 }
 
-dsc_engine *dsc_trainer_engine(dsc_trainer *t) { return t->engine; }
-dsc_param_store *dsc_trainer_params(dsc_trainer *t) { return t->params; }
-dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t) { return t->opt; }
-dsc_rng *dsc_trainer_rng(dsc_trainer *t) { return &t->layer_rng; }
+dsc_engine *dsc_trainer_engine(dsc_trainer *t) {
+    return t->engine;
+}
+dsc_param_store *dsc_trainer_params(dsc_trainer *t) {
+    return t->params;
+}
+dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t) {
+    return t->opt;
+}
+dsc_rng *dsc_trainer_rng(dsc_trainer *t) {
+    return &t->layer_rng;
+}
 
 dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count) {
     *count = t->n_layers;
@@ -198,7 +220,8 @@ static int32_t pick(const float *logits, int64_t V, float temperature, dsc_rng *
         if (logits[v] > logits[best]) best = v;
     if (temperature <= 0) return (int32_t)best;
     double total = 0;
-    for (int64_t v = 0; v < V; v++) total += exp((double)(logits[v] - logits[best]) / temperature);
+    for (int64_t v = 0; v < V; v++)
+        total += exp((double)(logits[v] - logits[best]) / temperature);
     double u = dsc_rng_uniform(rng) * total;
     for (int64_t v = 0; v < V; v++) {
         u -= exp((double)(logits[v] - logits[best]) / temperature);
@@ -227,7 +250,8 @@ dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_pro
             DSC_TRY(dsc_optimizer_after_layer(t->opt, t->layers[l], false));
             x = y;
         }
-        DSC_CHECK(y.ndim == 3 && y.shape[2] == V, DSC_ERR_INTERNAL, "generate: the last layer gave no (1, t, V) logits");
+        DSC_CHECK(y.ndim == 3 && y.shape[2] == V, DSC_ERR_INTERNAL,
+                  "generate: the last layer gave no (1, t, V) logits");
         out[i] = pick((const float *)y.data + (len - 1) * V, V, temperature, &rng);
     }
     return NULL;

@@ -59,7 +59,8 @@ static dsc_status csv_for(dsc_monitor *m, const char *tag, FILE **f) {
         if (strcmp(m->csv[i].tag, tag) == 0) return *f = m->csv[i].f, NULL;
     char path[1024];
     int at = snprintf(path, sizeof path, "%s/", m->csv_dir);
-    for (const char *c = tag; *c && at < (int)sizeof path - 5; c++) path[at++] = *c == '/' || *c == ' ' ? '_' : *c;
+    for (const char *c = tag; *c && at < (int)sizeof path - 5; c++)
+        path[at++] = *c == '/' || *c == ' ' ? '_' : *c;
     snprintf(path + at, sizeof path - (size_t)at, ".csv");
     csv_file *grown = realloc(m->csv, (size_t)(m->n_csv + 1) * sizeof *grown);
     DSC_CHECK(grown, DSC_ERR_NOMEM, "monitor: csv file %s", path);

@@ -26,14 +26,16 @@ uint32_t dsc_crc32c(const void *data, size_t n) {
     if (!ready) { /* reflected Castagnoli polynomial; the table is the same whichever thread builds it */
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
             table[i] = c;
         }
         ready = 1;
     }
     const unsigned char *p = data;
     uint32_t crc = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    for (size_t i = 0; i < n; i++)
+        crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
     return crc ^ 0xFFFFFFFFu;
 }
 
@@ -72,7 +74,8 @@ static void varint(pb *m, uint64_t v) {
 }
 
 static void le(unsigned char *out, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) out[i] = (unsigned char)(v >> (8 * i));
+    for (int i = 0; i < bytes; i++)
+        out[i] = (unsigned char)(v >> (8 * i));
 }
 
 /* A fixed-width field: 8 bytes (wire type 1, double) or 4 (wire type 5, float). */

@@ -122,8 +122,10 @@ static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_t
     dsc_tensor h1 = nn_view(&k->h1[cs], 3, x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
     dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_view(&k->scratch[0], 3, x->shape);
     DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
-    if (k->attn_layer) DSC_TRY(dsc_layer_forward(k->attn_layer, cs, &h1, &a, ctx));
-    else DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
+    if (k->attn_layer)
+        DSC_TRY(dsc_layer_forward(k->attn_layer, cs, &h1, &a, ctx));
+    else
+        DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
     DSC_TRY(dsc_kernel_add(&resid, x, &a));
     DSC_TRY(nn_norm_forward(&k->norm2, cs, &resid, &h2));
     dsc_tensor m;
@@ -196,8 +198,10 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
     DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));
     DSC_TRY(dsc_kernel_add(&dresid, &dresid, dout));
-    if (k->attn_layer) DSC_TRY(dsc_layer_backward(k->attn_layer, cs, &dresid, &dh, ctx));
-    else DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
+    if (k->attn_layer)
+        DSC_TRY(dsc_layer_backward(k->attn_layer, cs, &dresid, &dh, ctx));
+    else
+        DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
     DSC_TRY(nn_norm_backward(&k->norm1, cs, &x, &dh, &dx));
     DSC_TRY(dsc_kernel_add(&dx, &dx, &dresid));
     k->bt[slot][0] = 0;

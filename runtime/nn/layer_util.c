@@ -59,14 +59,15 @@ dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols) {
 }
 
 /* Linear operands as matrices: rows of in_features (C) and out_features (OC) from w (OC, C). */
-dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w, const dsc_param *bias) {
+dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w,
+                                    const dsc_param *bias) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor y2 = nn_matrix(y, OC), x2 = nn_matrix(x, C);
     return dsc_kernel_linear_forward(&y2, &x2, &w->value, bias ? &bias->value : NULL);
 }
 
-dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias, const dsc_tensor *dy,
-                              const dsc_tensor *x) {
+dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
+                                     const dsc_tensor *dy, const dsc_tensor *x) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor dx2 = nn_matrix(dx, C), dy2 = nn_matrix(dy, OC), x2 = nn_matrix(x, C);
     dsc_tensor *dw = &w->grad, *db = bias ? &bias->grad : NULL;

@@ -129,7 +129,8 @@ dsc_status dsc_params_declare_shard(dsc_param_store *store, const char *name, in
     if (existed) {
         DSC_CHECK(p->shard.axis == axis && p->shard.start == start, DSC_ERR_INVALID,
                   "parameter %s declared as the shard at %lld along axis %d, but it exists as the shard at %lld "
-                  "along axis %d", name, (long long)start, axis, (long long)p->shard.start, p->shard.axis);
+                  "along axis %d",
+                  name, (long long)start, axis, (long long)p->shard.start, p->shard.axis);
     } else {
         p->shard.axis = axis;
         p->shard.start = start;
@@ -269,7 +270,8 @@ dsc_status dsc_params_zero_grads(dsc_param_store *store) {
 
 dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads) {
     DSC_CHECK(store->finalized, DSC_ERR_INVALID, "releasing buffers of a parameter store that is not finalized");
-    DSC_CHECK((unsigned)group < DSC_PARAM_GROUP_COUNT, DSC_ERR_INVALID, "releasing parameter group %d", (int)group);
+    DSC_CHECK((unsigned)group < DSC_PARAM_GROUP_COUNT, DSC_ERR_INVALID, "releasing parameter group %d",
+              (int)group);
     if (values) dsc_tensor_free(&store->values[group]);
     if (grads) dsc_tensor_free(&store->grads[group]);
     for (int i = 0; i < store->count; i++) {

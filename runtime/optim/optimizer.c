@@ -56,8 +56,8 @@ dsc_status dsc_optim_lamb_direction(const dsc_optim_hparams *hp, const dsc_tenso
     return NULL;
 }
 
-dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction, float lr,
-                                int64_t step, double w_sq, double u_sq) {
+dsc_status dsc_optim_lamb_apply(const dsc_optim_hparams *hp, dsc_tensor *value, const dsc_tensor *direction,
+                                float lr, int64_t step, double w_sq, double u_sq) {
     /* FusedLamb: the bias corrections scale the step, not the moments inside the direction */
     double step_size = lr;
     if (!hp->no_bias_correction)
@@ -74,8 +74,10 @@ dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_
                             dsc_tensor *state1, float lr, bool decay, int64_t step) {
     float wd = decay ? hp->weight_decay : 0.0f;
     switch (hp->type) {
-    case DSC_OPTIMIZER_TYPE_SGD: return dsc_kernel_sgd(value, grad, state0, lr, hp->momentum, wd, step);
-    case DSC_OPTIMIZER_TYPE_LION: return dsc_kernel_lion(value, grad, state0, lr, hp->beta1, hp->beta2, wd);
+    case DSC_OPTIMIZER_TYPE_SGD:
+        return dsc_kernel_sgd(value, grad, state0, lr, hp->momentum, wd, step);
+    case DSC_OPTIMIZER_TYPE_LION:
+        return dsc_kernel_lion(value, grad, state0, lr, hp->beta1, hp->beta2, wd);
     case DSC_OPTIMIZER_TYPE_LAMB: {
         double w_sq = 0, u_sq = 0;
         DSC_TRY(dsc_optim_lamb_direction(hp, value, grad, state0, state1, decay, &w_sq, &u_sq));
@@ -134,14 +136,18 @@ dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
     return opt->ops->grads_ready ? opt->ops->grads_ready(opt, layer) : NULL;
 }
 
-dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt) { return opt->ops->reduce_grads(opt); }
+dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt) {
+    return opt->ops->reduce_grads(opt);
+}
 
 dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
     dsc_optim_stats ignored;
     return opt->ops->step(opt, lr, stats ? stats : &ignored);
 }
 
-int dsc_optimizer_state_count(const dsc_optimizer *opt) { return opt->ops->state_count(opt); }
+int dsc_optimizer_state_count(const dsc_optimizer *opt) {
+    return opt->ops->state_count(opt);
+}
 
 void dsc_optimizer_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     opt->ops->state_at(opt, index, out);

@@ -34,17 +34,20 @@ typedef struct plain_optimizer {
     dsc_optimizer base;
     dsc_optimizer_options o;
     int n_params;
-    dsc_tensor state[2][DSC_PARAM_GROUP_COUNT]; /* exp_avg, exp_avg_sq (or momentum_buffer, unused): flat like grads */
-    int n_state_kinds;                          /* 2 for AdamW, 1 for SGD */
+    dsc_tensor
+        state[2][DSC_PARAM_GROUP_COUNT]; /* exp_avg, exp_avg_sq (or momentum_buffer, unused): flat like grads */
+    int n_state_kinds;                   /* 2 for AdamW, 1 for SGD */
     int64_t step;
     bucket *buckets;
     int n_buckets;
-    int *uses;      /* [n_params] layers reading each parameter */
-    int *uses_left; /* [n_params] of those, not yet reported in this batch */
+    int *uses;                       /* [n_params] layers reading each parameter */
+    int *uses_left;                  /* [n_params] of those, not yet reported in this batch */
     int *first_bucket, *last_bucket; /* [n_params] bucket index range overlapping each parameter */
 } plain_optimizer;
 
-static plain_optimizer *self_of(dsc_optimizer *opt) { return (plain_optimizer *)opt; }
+static plain_optimizer *self_of(dsc_optimizer *opt) {
+    return (plain_optimizer *)opt;
+}
 
 static dsc_comm *group_comm(const plain_optimizer *p, dsc_param_group g) {
     return g == DSC_PARAM_GROUP_EXPERT ? p->o.expert_dp : p->o.dp;
@@ -65,14 +68,16 @@ static dsc_status reduce_bucket(plain_optimizer *p, bucket *b) {
     int64_t n = b->end - b->begin;
     dsc_tensor piece = dsc_tensor_view((float *)grads.data + b->begin, DSC_DTYPE_F32, 1, &n, grads.device);
     dsc_status s = dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
-    if (s) return dsc_error_wrap(s, "averaging gradients [%lld, %lld) of the %s group", (long long)b->begin,
-                                 (long long)b->end, b->group == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+    if (s)
+        return dsc_error_wrap(s, "averaging gradients [%lld, %lld) of the %s group", (long long)b->begin,
+                              (long long)b->end, b->group == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
     return NULL;
 }
 
 static void reset_batch(plain_optimizer *p) {
     memcpy(p->uses_left, p->uses, (size_t)p->n_params * sizeof *p->uses);
-    for (int i = 0; i < p->n_buckets; i++) p->buckets[i].pending = p->buckets[i].params;
+    for (int i = 0; i < p->n_buckets; i++)
+        p->buckets[i].pending = p->buckets[i].params;
 }
 
 static dsc_status plain_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
@@ -111,7 +116,8 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
         sq[param->group] += s;
     }
     double norm;
-    DSC_TRY(dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], p->o.ep, p->o.pipe, &norm));
+    DSC_TRY(
+        dsc_optim_global_norm(sq[DSC_PARAM_GROUP_DENSE], sq[DSC_PARAM_GROUP_EXPERT], p->o.ep, p->o.pipe, &norm));
     DSC_CHECK(isfinite(norm), DSC_ERR_NUMERIC,
               "step %lld: the global gradient norm is %g; stopping with the parameters of step %lld",
               (long long)(p->step + 1), norm, (long long)p->step);
@@ -162,7 +168,8 @@ static void plain_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) 
 static void plain_destroy(dsc_optimizer *opt) {
     plain_optimizer *p = self_of(opt);
     for (int k = 0; k < 2; k++)
-        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) dsc_tensor_free(&p->state[k][g]);
+        for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+            dsc_tensor_free(&p->state[k][g]);
     free(p->buckets);
     free(p->uses);
     free(p->uses_left);
@@ -191,7 +198,9 @@ static const dsc_optimizer_ops plain_ops = {
 
 /* Elements per bucket of a group of `numel` elements: `size`, or the whole
  * group when size <= 0. */
-static int64_t bucket_len(int64_t numel, int64_t size) { return size > 0 ? size : (numel > 0 ? numel : 1); }
+static int64_t bucket_len(int64_t numel, int64_t size) {
+    return size > 0 ? size : (numel > 0 ? numel : 1);
+}
 
 /* Cuts each group's flat buffer into buckets of at most `size` elements and
  * records which buckets every parameter overlaps. */
@@ -217,9 +226,10 @@ static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
         int64_t n = dsc_param_numel(param), len = per[param->group];
         p->first_bucket[i] = first_of_group[param->group] + (int)(param->offset / len);
         /* an empty parameter overlaps no bucket: last < first */
-        p->last_bucket[i] = n > 0 ? first_of_group[param->group] + (int)((param->offset + n - 1) / len)
-                                  : p->first_bucket[i] - 1;
-        for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++) p->buckets[k].params++;
+        p->last_bucket[i] =
+            n > 0 ? first_of_group[param->group] + (int)((param->offset + n - 1) / len) : p->first_bucket[i] - 1;
+        for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++)
+            p->buckets[k].params++;
     }
     return NULL;
 }
@@ -237,8 +247,9 @@ static dsc_status setup(plain_optimizer *p) {
         const dsc_layer *layer = p->o.layers[l];
         for (int j = 0; j < layer->n_params; j++) {
             int i = param_index(p, layer->params[j]);
-            DSC_CHECK(i >= 0, DSC_ERR_INVALID, "plain optimizer: layer %s reads %s, which is not in the parameter store",
-                      layer->name, layer->params[j]->name);
+            DSC_CHECK(i >= 0, DSC_ERR_INVALID,
+                      "plain optimizer: layer %s reads %s, which is not in the parameter store", layer->name,
+                      layer->params[j]->name);
             p->uses[i]++;
         }
     }

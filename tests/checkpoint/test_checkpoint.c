@@ -26,12 +26,14 @@ static char save_dir[512];
 typedef struct shard_opt {
     dsc_optimizer base;
     dsc_param_store *params;
-    float *moment[4];  /* this rank's shard of each parameter's moment */
+    float *moment[4]; /* this rank's shard of each parameter's moment */
     int64_t begin[4], count[4];
     int64_t step[1];
 } shard_opt;
 
-static int shard_count(const dsc_optimizer *o) { return dsc_params_count(((const shard_opt *)o)->params) + 1; }
+static int shard_count(const dsc_optimizer *o) {
+    return dsc_params_count(((const shard_opt *)o)->params) + 1;
+}
 
 static void shard_at(dsc_optimizer *o, int i, dsc_optim_state *out) {
     shard_opt *s = (shard_opt *)o;
@@ -49,14 +51,17 @@ static void shard_at(dsc_optimizer *o, int i, dsc_optim_state *out) {
     out->local = dsc_tensor_view(s->moment[i], DSC_DTYPE_F32, 1, &s->count[i], DSC_CPU);
 }
 
-static const dsc_optimizer_ops shard_ops = {.name = "test-shard", .state_count = shard_count, .state_at = shard_at};
+static const dsc_optimizer_ops shard_ops = {
+    .name = "test-shard", .state_count = shard_count, .state_at = shard_at};
 
 static const char *names[4] = {"embed.wte.weight", "layers.0.mlp.fc.weight", "layers.0.norm1.bias", "head.weight"};
 static const int64_t shapes[4][2] = {{8, 6}, {5, 7}, {3, 1}, {2, 2}};
 /* When set, the third parameter is declared (1, 3) instead of (3, 1). */
 static int transposed_bias;
 
-static float param_value(int p, int64_t i, float salt) { return (float)(p * 100 + i) * 0.25f + salt; }
+static float param_value(int p, int64_t i, float salt) {
+    return (float)(p * 100 + i) * 0.25f + salt;
+}
 
 /* Parameters and a moment sharded over `comm`, filled from `salt`. */
 static void build(MPI_Comm comm, float salt, dsc_param_store **store, shard_opt *opt, int n_params) {
@@ -78,16 +83,19 @@ static void build(MPI_Comm comm, float salt, dsc_param_store **store, shard_opt 
     for (int p = 0; p < n_params; p++) {
         dsc_param *param = dsc_params_at(*store, p);
         int64_t n = dsc_tensor_numel(&param->value);
-        for (int64_t i = 0; i < n; i++) ((float *)param->value.data)[i] = param_value(p, i, salt);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)param->value.data)[i] = param_value(p, i, salt);
         opt->begin[p] = n * rank / size;
         opt->count[p] = n * (rank + 1) / size - opt->begin[p];
         opt->moment[p] = calloc((size_t)opt->count[p] + 1, sizeof(float));
-        for (int64_t i = 0; i < opt->count[p]; i++) opt->moment[p][i] = -param_value(p, opt->begin[p] + i, salt);
+        for (int64_t i = 0; i < opt->count[p]; i++)
+            opt->moment[p][i] = -param_value(p, opt->begin[p] + i, salt);
     }
 }
 
 static void release(dsc_param_store *store, shard_opt *opt) {
-    for (int p = 0; p < 4; p++) free(opt->moment[p]);
+    for (int p = 0; p < 4; p++)
+        free(opt->moment[p]);
     dsc_params_destroy(store);
 }
 
@@ -104,9 +112,15 @@ static void expect_values(dsc_param_store *store, shard_opt *opt, float salt, in
 
 static dsc_checkpoint_state state_of(MPI_Comm comm, dsc_param_store *store, shard_opt *opt, dsc_rng *rngs,
                                      const char *signature) {
-    return (dsc_checkpoint_state){.comm = comm, .params = store, .optimizer = &opt->base, .global_step = 7,
-                                  .config_json = "{\"seed\": 3}", .layout_json = "{\"dp\": 4}",
-                                  .model_signature = signature, .engine_json = "{\"lr\": 0.5}", .rngs = rngs,
+    return (dsc_checkpoint_state){.comm = comm,
+                                  .params = store,
+                                  .optimizer = &opt->base,
+                                  .global_step = 7,
+                                  .config_json = "{\"seed\": 3}",
+                                  .layout_json = "{\"dp\": 4}",
+                                  .model_signature = signature,
+                                  .engine_json = "{\"lr\": 0.5}",
+                                  .rngs = rngs,
                                   .n_rngs = 1};
 }
 
@@ -260,8 +274,9 @@ static void test_bad_checkpoints(void **state) {
     expect_load_error(gpt, 3, "latest", DSC_ERR_IO, "no checkpoint to resume");
     save_reference();
     expect_load_error(gpt, 3, "global_step99", DSC_ERR_IO, "global_step99/state.h5: cannot open: no such file");
-    expect_load_error("{\"arch\": \"llama\"}", 3, NULL, DSC_ERR_CORRUPT,
-                      "checkpoint holds a different model: saved {\"arch\": \"gpt\"}, this job builds {\"arch\": \"llama\"}");
+    expect_load_error(
+        "{\"arch\": \"llama\"}", 3, NULL, DSC_ERR_CORRUPT,
+        "checkpoint holds a different model: saved {\"arch\": \"gpt\"}, this job builds {\"arch\": \"llama\"}");
     expect_load_error(gpt, 4, NULL, DSC_ERR_CORRUPT, "state.h5: tensor model/head.weight is missing");
     transposed_bias = 1;
     expect_load_error(gpt, 3, NULL, DSC_ERR_CORRUPT,
@@ -272,7 +287,8 @@ static void test_bad_checkpoints(void **state) {
     write_latest("global_step7\n");
 
     rewrite_attr("format_version", 99);
-    expect_load_error(gpt, 3, NULL, DSC_ERR_UNSUPPORTED, "checkpoint format version 99 is newer than this dsc supports");
+    expect_load_error(gpt, 3, NULL, DSC_ERR_UNSUPPORTED,
+                      "checkpoint format version 99 is newer than this dsc supports");
     rewrite_attr("format_version", 0);
     expect_load_error(gpt, 3, NULL, DSC_ERR_CORRUPT, "invalid checkpoint format version 0");
     rewrite_attr("format_version", 1);
@@ -282,8 +298,7 @@ static void test_bad_checkpoints(void **state) {
     fresh_dir("bad");
     save_reference();
     corrupt_file("flip");
-    expect_load_error(gpt, 3, NULL, DSC_ERR_CORRUPT,
-                      "tensor model/layers.0.mlp.fc.weight: checksum mismatch");
+    expect_load_error(gpt, 3, NULL, DSC_ERR_CORRUPT, "tensor model/layers.0.mlp.fc.weight: checksum mismatch");
     fresh_dir("bad");
     save_reference();
     corrupt_file("truncate");

@@ -15,7 +15,9 @@
 static int rank, size;
 static char path[512];
 
-static float value_at(int64_t i) { return (float)i * 0.5f - 3.0f; }
+static float value_at(int64_t i) {
+    return (float)i * 0.5f - 3.0f;
+}
 
 /* Rank r owns [r*n/size, (r+1)*n/size): boundaries fall mid-row for most sizes. */
 static void my_range(int64_t n, int64_t *begin, int64_t *count) {
@@ -32,7 +34,8 @@ static void write_file(void) {
     int64_t n = 3 * 5 * 7, begin, count;
     my_range(n, &begin, &count);
     float *mine = malloc((size_t)(count ? count : 1) * sizeof *mine);
-    for (int64_t i = 0; i < count; i++) mine[i] = value_at(begin + i);
+    for (int64_t i = 0; i < count; i++)
+        mine[i] = value_at(begin + i);
     int32_t ids[4] = {1, 2, 3, 4};
     float replica[6] = {1, 2, 3, 4, 5, 6};
     dsc_tfile_piece pieces[3] = {
@@ -61,11 +64,13 @@ static void test_write_read_ranges(void **state) {
                "tensor model/nope is missing");
     float all[105];
     assert_ok(dsc_tfile_read_range(f, "model/layers.0.w", 0, 105, all));
-    for (int i = 0; i < 105; i++) assert_true(all[i] == value_at(i));
+    for (int i = 0; i < 105; i++)
+        assert_true(all[i] == value_at(i));
     /* An odd range crossing two row boundaries of both inner dimensions. */
     float part[40];
     assert_ok(dsc_tfile_read_range(f, "model/layers.0.w", 33, 40, part));
-    for (int i = 0; i < 40; i++) assert_true(part[i] == value_at(33 + i));
+    for (int i = 0; i < 40; i++)
+        assert_true(part[i] == value_at(33 + i));
     assert_err(dsc_tfile_read_range(f, "model/layers.0.w", 100, 6, part), DSC_ERR_INVALID,
                "range [100, 106) outside tensor");
     int64_t step;
@@ -106,7 +111,8 @@ static void test_list_and_plain_hdf5(void **state) {
         assert_int_equal(dims[2], 7);
         float all[105];
         assert_true(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, all) >= 0);
-        for (int i = 0; i < 105; i++) assert_true(all[i] == value_at(i));
+        for (int i = 0; i < 105; i++)
+            assert_true(all[i] == value_at(i));
         H5Sclose(space);
         H5Dclose(d);
         H5Fclose(file);
@@ -135,8 +141,8 @@ static void test_never_overwrites_and_bad_files(void **state) {
     if (size > 1) {
         assert_ok(dsc_tfile_create(MPI_COMM_WORLD, junk, &f));
         float x[5] = {0};
-        dsc_tfile_piece p = {{.path = "model/x", .dtype = DSC_DTYPE_F32, .ndim = 1, .shape = {rank == 0 ? 4 : 5}},
-                             0, 4, x};
+        dsc_tfile_piece p = {
+            {.path = "model/x", .dtype = DSC_DTYPE_F32, .ndim = 1, .shape = {rank == 0 ? 4 : 5}}, 0, 4, x};
         dsc_status s = dsc_tfile_write_all(f, &p, 1);
         assert_non_null(s);
         assert_non_null(strstr(dsc_status_message(s), "described differently by ranks 0 and 1"));
@@ -223,11 +229,12 @@ static void test_every_range_of_a_4d_tensor(void **state) {
     MPI_Barrier(MPI_COMM_WORLD);
     enum { N = 2 * 3 * 1 * 4 };
     float values[N];
-    for (int i = 0; i < N; i++) values[i] = value_at(i);
+    for (int i = 0; i < N; i++)
+        values[i] = value_at(i);
     dsc_tfile *f;
     assert_ok(dsc_tfile_create(MPI_COMM_WORLD, path, &f));
-    dsc_tfile_piece p = {{.path = "model/t", .dtype = DSC_DTYPE_F32, .ndim = 4, .shape = {2, 3, 1, 4}}, 0, N,
-                         values};
+    dsc_tfile_piece p = {
+        {.path = "model/t", .dtype = DSC_DTYPE_F32, .ndim = 4, .shape = {2, 3, 1, 4}}, 0, N, values};
     assert_ok(dsc_tfile_write_all(f, &p, 1));
     assert_ok(dsc_tfile_close(f));
     assert_ok(dsc_tfile_open(MPI_COMM_WORLD, path, &f));
@@ -235,7 +242,8 @@ static void test_every_range_of_a_4d_tensor(void **state) {
         for (int count = 1; begin + count <= N; count++) {
             float got[N];
             assert_ok(dsc_tfile_read_range(f, "model/t", begin, count, got));
-            for (int i = 0; i < count; i++) assert_true(got[i] == value_at(begin + i));
+            for (int i = 0; i < count; i++)
+                assert_true(got[i] == value_at(begin + i));
         }
     assert_ok(dsc_tfile_close(f));
 }

@@ -34,7 +34,8 @@ static void test_every_problem_at_once(void **state) {
     const char *m = dsc_status_message(st);
     printf("%s\n", m);
     expect_contains(m, "five.json: 5 problems:");
-    expect_contains(m, "unknown key \"train_micro_batch_size\" (did you mean \"train_micro_batch_size_per_gpu\"?)");
+    expect_contains(m,
+                    "unknown key \"train_micro_batch_size\" (did you mean \"train_micro_batch_size_per_gpu\"?)");
     expect_contains(m, "\"steps_per_print\" must be an integer, got string \"often\"");
     expect_contains(m, "\"zero_optimization.stage\" must be one of 0, 1, 2, 3, got 5");
     expect_contains(m, "\"fp16.enabled\" (true) is supported by DeepSpeed, not by dsc: mixed precision");
@@ -65,10 +66,11 @@ static void test_deepspeed_keys_are_known(void **state) {
     expect_error("{\"zero_optimization\": {\"stage3_max_reuse\": 1}}", "unknown key "
                                                                        "\"zero_optimization.stage3_max_reuse\"");
     /* refused features: the reason and the alternative; their "off" values are accepted */
-    expect_error("{\"wandb\": {\"enabled\": true, \"project\": \"p\"}}",
-                 "config.json: \"wandb.enabled\" (true) is supported by DeepSpeed, not by dsc: Weights & Biases needs "
-                 "a network connection and a service account; use tensorboard or csv_monitor (files written "
-                 "locally)");
+    expect_error(
+        "{\"wandb\": {\"enabled\": true, \"project\": \"p\"}}",
+        "config.json: \"wandb.enabled\" (true) is supported by DeepSpeed, not by dsc: Weights & Biases needs "
+        "a network connection and a service account; use tensorboard or csv_monitor (files written "
+        "locally)");
     expect_ok("{\"wandb\": {\"enabled\": false, \"project\": \"p\"}}");
     expect_error("{\"wandb\": {\"enabled\": false, \"projetc\": \"p\"}}",
                  "unknown key \"wandb.projetc\" (did you mean \"wandb.project\"?)");
@@ -77,15 +79,18 @@ static void test_deepspeed_keys_are_known(void **state) {
     expect_error("{\"prescale_gradients\": true}", "\"prescale_gradients\" (true) is supported by DeepSpeed");
     expect_error("{\"sparse_attention\": {\"mode\": \"fixed\"}}",
                  "\"sparse_attention\" (an object) is supported by DeepSpeed, not by dsc: block-sparse attention");
-    expect_ok("{\"compression_training\": {\"weight_quantization\": {\"shared_parameters\": {\"enabled\": false}}}}");
+    expect_ok(
+        "{\"compression_training\": {\"weight_quantization\": {\"shared_parameters\": {\"enabled\": false}}}}");
     expect_error("{\"compression_training\": {\"sparse_pruning\": {\"shared_parameters\": {\"enabled\": true}}}}",
                  "\"compression_training\" (an object) is supported by DeepSpeed, not by dsc");
     /* offload: none / cpu understood, nvme refused */
-    expect_ok("{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": "
-              "true}, \"cpu_offload\": true}}");
-    expect_error("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
-                 "\"/nvme\"}}}",
-                 "\"zero_optimization.offload_param.device\" \"nvme\" is supported by DeepSpeed, not by dsc: NVMe");
+    expect_ok(
+        "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": "
+        "true}, \"cpu_offload\": true}}");
+    expect_error(
+        "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": "
+        "\"/nvme\"}}}",
+        "\"zero_optimization.offload_param.device\" \"nvme\" is supported by DeepSpeed, not by dsc: NVMe");
 }
 
 /* The table's "implemented" entries are the schema's keys, and no other entry is. */
@@ -98,8 +103,8 @@ static void test_table_agrees_with_schema(void **state) {
         if (in_schema != (keys[i].status == DSC_DS_IMPLEMENTED))
             fail_msg("\"%s\": status %d but %s the schema", keys[i].path, (int)keys[i].status,
                      in_schema ? "in" : "not in");
-        if (keys[i].status == DSC_DS_REFUSED && !keys[i].reason) fail_msg("\"%s\" is refused without a reason",
-                                                                          keys[i].path);
+        if (keys[i].status == DSC_DS_REFUSED && !keys[i].reason)
+            fail_msg("\"%s\" is refused without a reason", keys[i].path);
     }
     char *md;
     assert_ok(dsc_config_deepspeed_markdown(&md));
@@ -112,15 +117,16 @@ static void test_table_agrees_with_schema(void **state) {
  * defaults where it takes TrainingArguments (which dsc does not have). */
 static void test_hf_auto_values(void **state) {
     (void)state;
-    const char *json = "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\","
-                       " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\","
-                       " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4, \"betas\": \"auto\","
-                       " \"eps\": \"auto\", \"weight_decay\": \"auto\"}},"
-                       " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": \"auto\","
-                       " \"warmup_max_lr\": \"auto\", \"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}},"
-                       " \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\","
-                       " \"stage3_prefetch_bucket_size\": \"auto\", \"stage3_param_persistence_threshold\": \"auto\"},"
-                       " \"model\": {\"d_model\": 64, \"n_head\": 4}, \"train\": {\"steps\": 50}}";
+    const char *json =
+        "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\","
+        " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\","
+        " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4, \"betas\": \"auto\","
+        " \"eps\": \"auto\", \"weight_decay\": \"auto\"}},"
+        " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": \"auto\","
+        " \"warmup_max_lr\": \"auto\", \"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}},"
+        " \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\","
+        " \"stage3_prefetch_bucket_size\": \"auto\", \"stage3_param_persistence_threshold\": \"auto\"},"
+        " \"model\": {\"d_model\": 64, \"n_head\": 4}, \"train\": {\"steps\": 50}}";
     dsc_config c;
     assert_ok(dsc_config_parse_string(json, "hf.json", NULL, 0, &c));
     assert_true(c.optimizer.params.lr == 3e-4 && c.scheduler.params.warmup_max_lr == 3e-4);
@@ -186,7 +192,8 @@ static void test_real_files(void **state) {
     dsc_config c;
     dsc_status st = dsc_config_load_file(path, fp16_off, 1, &c);
     assert_int_equal(dsc_status_code(st), DSC_ERR_CONFIG);
-    expect_contains(dsc_status_message(st), "\"sparse_attention\" (an object) is supported by DeepSpeed, not by dsc");
+    expect_contains(dsc_status_message(st),
+                    "\"sparse_attention\" (an object) is supported by DeepSpeed, not by dsc");
     dsc_status_free(st);
 }
 
@@ -197,7 +204,8 @@ static void test_table_in_docs(void **state) {
     assert_ok(dsc_config_deepspeed_markdown(&table));
     bool same = dsc_test_doc_block_is(DSC_SOURCE_DIR "/docs/config.md", "deepspeed", table);
     free(table);
-    if (!same) fail_msg("docs/config.md's DeepSpeed table differs; regenerate: test_deepspeed_keys --print-deepspeed");
+    if (!same)
+        fail_msg("docs/config.md's DeepSpeed table differs; regenerate: test_deepspeed_keys --print-deepspeed");
 }
 
 int main(int argc, char **argv) {
@@ -210,9 +218,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_problem_at_once), cmocka_unit_test(test_deepspeed_keys_are_known),
-        cmocka_unit_test(test_table_agrees_with_schema), cmocka_unit_test(test_hf_auto_values),
-        cmocka_unit_test(test_real_files), cmocka_unit_test(test_table_in_docs),
+        cmocka_unit_test(test_every_problem_at_once),
+        cmocka_unit_test(test_deepspeed_keys_are_known),
+        cmocka_unit_test(test_table_agrees_with_schema),
+        cmocka_unit_test(test_hf_auto_values),
+        cmocka_unit_test(test_real_files),
+        cmocka_unit_test(test_table_in_docs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

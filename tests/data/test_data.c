@@ -18,7 +18,8 @@ static void temp_path(char *buf, size_t len, const char *what) {
 /* A file of n tokens with id i % 251 at position i, so positions are recognisable. */
 static void write_ramp(const char *path, int64_t n, dsc_token_dtype dtype) {
     uint32_t *ids = malloc((size_t)n * sizeof *ids);
-    for (int64_t i = 0; i < n; i++) ids[i] = (uint32_t)(i % 251);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (uint32_t)(i % 251);
     assert_ok(dsc_token_file_write(path, ids, n, dtype, 256));
     free(ids);
 }
@@ -38,7 +39,8 @@ static void test_token_file_round_trip(void **state) {
         assert_int_equal(dsc_token_file_dtype(f), dtypes[d]);
         int32_t out[5];
         assert_ok(dsc_token_file_read(f, 0, n, 100000, out));
-        for (int i = 0; i < n; i++) assert_int_equal(out[i], (int32_t)ids[i]);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(out[i], (int32_t)ids[i]);
         assert_err(dsc_token_file_read(f, 1, n, 100000, out), DSC_ERR_INVALID, "outside its");
         assert_err(dsc_token_file_read(f, 0, n, 100, out), DSC_ERR_CORRUPT,
                    "token id 65535 at position 2 is >= vocab size 100");
@@ -83,7 +85,8 @@ static void test_byte_tokenizer_and_prepare(void **state) {
     assert_int_equal(ids[0], 'H');
     assert_int_equal(ids[4], 0xc3);
     int32_t ids32[32];
-    for (size_t i = 0; i < len; i++) ids32[i] = (int32_t)ids[i];
+    for (size_t i = 0; i < len; i++)
+        ids32[i] = (int32_t)ids[i];
     char back[32];
     assert_int_equal(dsc_byte_tokenizer_decode(ids32, (int64_t)len, back, sizeof back), len);
     assert_string_equal(back, text);
@@ -135,9 +138,9 @@ static void test_epoch_is_a_permutation(void **state) {
         char *seen = calloc((size_t)W, 1);
         for (int64_t j = 0; j < W; j++) {
             int64_t start = dsc_data_loader_sample_start(dl, DSC_DATA_SPLIT_TRAIN, epoch * W + j);
-            assert_int_equal(start % T, offset);       /* one offset per epoch */
-            assert_true(start + T + 1 <= 1000);         /* the sequence fits */
-            assert_false(seen[start / T]);              /* no window twice */
+            assert_int_equal(start % T, offset); /* one offset per epoch */
+            assert_true(start + T + 1 <= 1000);  /* the sequence fits */
+            assert_false(seen[start / T]);       /* no window twice */
             seen[start / T] = 1;
         }
         free(seen);
@@ -168,7 +171,8 @@ static void test_ranks_disjoint_and_match_accumulation(void **state) {
     write_ramp(path, 5000, DSC_TOKEN_DTYPE_U32);
     dsc_data_loader *one = open_loader(path, B, T, M * DP, 0, 1, 7, 0.1);
     dsc_data_loader *ranks[DP];
-    for (int r = 0; r < DP; r++) ranks[r] = open_loader(path, B, T, M, r, DP, 7, 0.1);
+    for (int r = 0; r < DP; r++)
+        ranks[r] = open_loader(path, B, T, M, r, DP, 7, 0.1);
     int32_t tok[B * T], tgt[B * T], ref_tok[B * T], ref_tgt[B * T];
     for (int64_t step = 0; step < 4; step++) {
         for (int r = 0; r < DP; r++) {
@@ -179,7 +183,8 @@ static void test_ranks_disjoint_and_match_accumulation(void **state) {
                 assert_memory_equal(tgt, ref_tgt, sizeof tgt);
                 /* targets are the inputs shifted by one (the ramp makes that checkable) */
                 for (int b = 0; b < B; b++)
-                    for (int t = 0; t + 1 < T; t++) assert_int_equal(tgt[b * T + t], tok[b * T + t + 1]);
+                    for (int t = 0; t + 1 < T; t++)
+                        assert_int_equal(tgt[b * T + t], tok[b * T + t + 1]);
             }
         }
         /* Disjoint: no two sequences of one global batch start at the same place. */
@@ -191,7 +196,8 @@ static void test_ranks_disjoint_and_match_accumulation(void **state) {
         }
     }
     dsc_data_loader_close(one);
-    for (int r = 0; r < DP; r++) dsc_data_loader_close(ranks[r]);
+    for (int r = 0; r < DP; r++)
+        dsc_data_loader_close(ranks[r]);
     unlink(path);
 }
 
@@ -204,7 +210,8 @@ static void test_deterministic_and_resumable(void **state) {
     int32_t tok[B * T], tgt[B * T], tok2[B * T], tgt2[B * T];
     /* Run a through steps 0..9 (several epochs of this small file) ... */
     for (int64_t step = 0; step < 10; step++)
-        for (int m = 0; m < M; m++) fill(a, DSC_DATA_SPLIT_TRAIN, step, m, B, T, tok, tgt);
+        for (int m = 0; m < M; m++)
+            fill(a, DSC_DATA_SPLIT_TRAIN, step, m, B, T, tok, tgt);
     assert_true(dsc_data_loader_epoch(a, 10) >= 1);
     /* ... then a fresh loader asked for step 10 directly must agree: the step is the whole state. */
     dsc_data_loader *b = open_loader(path, B, T, M, 1, 2, 99, 0.0);
@@ -241,7 +248,8 @@ static void test_val_split_and_errors(void **state) {
     int32_t buf[64];
     int64_t bad_shape[2] = {B, T + 1};
     dsc_tensor x = dsc_tensor_view(buf, DSC_DTYPE_I32, 2, bad_shape, DSC_CPU);
-    assert_err(dsc_data_loader_fill(dl, DSC_DATA_SPLIT_TRAIN, 0, 0, &x, &x), DSC_ERR_INVALID, "data loader tokens");
+    assert_err(dsc_data_loader_fill(dl, DSC_DATA_SPLIT_TRAIN, 0, 0, &x, &x), DSC_ERR_INVALID,
+               "data loader tokens");
     dsc_data_loader_close(dl);
 
     dsc_data_loader_options o = {path, 0.995, 256, B, T, 1, 0, 1, 1};
@@ -256,9 +264,11 @@ static void test_val_split_and_errors(void **state) {
     dsc_tensor a = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
     dsc_tensor b = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
     dsc_status s = NULL;
-    for (int64_t step = 0; step < 100 && !s; step++) s = dsc_data_loader_fill(dl, DSC_DATA_SPLIT_TRAIN, step, 0, &a, &b);
+    for (int64_t step = 0; step < 100 && !s; step++)
+        s = dsc_data_loader_fill(dl, DSC_DATA_SPLIT_TRAIN, step, 0, &a, &b);
     assert_err(s, DSC_ERR_CORRUPT, "is >= vocab size 100");
-    assert_err(dsc_data_loader_fill(dl, DSC_DATA_SPLIT_VAL, 0, 0, &a, &b), DSC_ERR_INVALID, "the val split is empty");
+    assert_err(dsc_data_loader_fill(dl, DSC_DATA_SPLIT_VAL, 0, 0, &a, &b), DSC_ERR_INVALID,
+               "the val split is empty");
     dsc_data_loader_close(dl);
     o.path = "/nonexistent/train.tok";
     assert_err(dsc_data_loader_open(&o, &dl), DSC_ERR_IO, "data file /nonexistent/train.tok");

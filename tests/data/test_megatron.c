@@ -34,11 +34,13 @@ static void check_stream(const char *path, int64_t n) {
     unsigned char *want = text_bytes(n);
     int32_t *got = malloc((size_t)n * sizeof *got);
     assert_ok(dsc_token_file_read(f, 0, n, 256, got));
-    for (int64_t i = 0; i < n; i++) assert_int_equal(got[i], want[i]);
+    for (int64_t i = 0; i < n; i++)
+        assert_int_equal(got[i], want[i]);
     /* reads that start and end inside sequences */
     for (int64_t pos = 0; pos + 37 <= n; pos += 101) {
         assert_ok(dsc_token_file_read(f, pos, 37, 256, got));
-        for (int64_t i = 0; i < 37; i++) assert_int_equal(got[i], want[pos + i]);
+        for (int64_t i = 0; i < 37; i++)
+            assert_int_equal(got[i], want[pos + i]);
     }
     assert_err(dsc_token_file_read(f, n - 3, 4, 256, got), DSC_ERR_INVALID, "outside its");
     assert_err(dsc_token_file_read(f, 0, 10, 65, got), DSC_ERR_CORRUPT, "is outside [0, 65)");
@@ -57,8 +59,13 @@ static void test_fixtures(void **state) {
 
 static void test_loader(void **state) {
     (void)state;
-    dsc_data_loader_options o = {.path = FIXTURES "ts_u16", .vocab_size = 256, .micro_batch_size = 2, .seq_len = 16,
-                                 .micro_batches = 1, .dp_size = 1, .seed = 3};
+    dsc_data_loader_options o = {.path = FIXTURES "ts_u16",
+                                 .vocab_size = 256,
+                                 .micro_batch_size = 2,
+                                 .seq_len = 16,
+                                 .micro_batches = 1,
+                                 .dp_size = 1,
+                                 .seed = 3};
     dsc_data_loader *dl;
     assert_ok(dsc_data_loader_open(&o, &dl));
     int32_t tok[32], tgt[32];
@@ -99,12 +106,14 @@ static void write_index(const char *magic, uint64_t version, uint8_t code, uint6
     fwrite(sizes, 4, 2, fp); /* the crafted cases describe two sequences and two documents */
     fwrite(pointers, 8, 2, fp);
     fwrite(docs, 8, 2, fp);
-    for (size_t i = 0; i < extra; i++) fputc(0, fp);
+    for (size_t i = 0; i < extra; i++)
+        fputc(0, fp);
     fclose(fp);
     snprintf(path, sizeof path, "%s.bin", prefix);
     fp = fopen(path, "wb");
     assert_non_null(fp);
-    for (size_t i = 0; i < bin_bytes; i++) fputc(i % 2 == 0 ? 1 : 0, fp);
+    for (size_t i = 0; i < bin_bytes; i++)
+        fputc(i % 2 == 0 ? 1 : 0, fp);
     fclose(fp);
 }
 

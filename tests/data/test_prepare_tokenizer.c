@@ -69,7 +69,8 @@ static void check_text(const char *file, int index) {
     assert_int_equal(dsc_token_file_dtype(tf), DSC_TOKEN_DTYPE_U16);
     int32_t *got = malloc((size_t)(n ? n : 1) * sizeof *got);
     assert_ok(dsc_token_file_read(tf, 0, n, vocab, got));
-    for (int i = 0; i < n; i++) assert_int_equal(got[i], cJSON_GetArrayItem(ids, i)->valueint);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(got[i], cJSON_GetArrayItem(ids, i)->valueint);
     printf("%s, corpus text %d: %d ids equal to Hugging Face tokenizers'\n", file, index, n);
     free(got);
     dsc_token_file_close(tf);

@@ -36,8 +36,8 @@ static void test_warmup_lr(void **state) {
     s.params.warmup_min_lr = 1e-5;
     s.params.warmup_max_lr = 1e-3;
     s.params.warmup_type = DSC_WARMUP_TYPE_LOG;
-    expect_lr(&s, 0.5, 0, 1e-5);                                         /* log(1) = 0 */
-    expect_lr(&s, 0.5, 9, 1e-5 + (1e-3 - 1e-5) * 0.5);                   /* log(10)/log(100) */
+    expect_lr(&s, 0.5, 0, 1e-5);                       /* log(1) = 0 */
+    expect_lr(&s, 0.5, 9, 1e-5 + (1e-3 - 1e-5) * 0.5); /* log(10)/log(100) */
     expect_lr(&s, 0.5, 100, 1e-3);
     expect_lr(&s, 0.5, 5000, 1e-3);
     s.params.warmup_type = DSC_WARMUP_TYPE_LINEAR;
@@ -55,10 +55,10 @@ static void test_warmup_decay_lr(void **state) {
     s.params.warmup_max_lr = 2e-3;
     s.params.warmup_type = DSC_WARMUP_TYPE_LINEAR;
     expect_lr(&s, 1.0, 5, 1e-3);
-    expect_lr(&s, 1.0, 10, 2e-3);           /* (110 - 10) / 100 */
-    expect_lr(&s, 1.0, 60, 1e-3);           /* (110 - 60) / 100 */
+    expect_lr(&s, 1.0, 10, 2e-3); /* (110 - 10) / 100 */
+    expect_lr(&s, 1.0, 60, 1e-3); /* (110 - 60) / 100 */
     expect_lr(&s, 1.0, 110, 0.0);
-    expect_lr(&s, 1.0, 200, 0.0);           /* clamped at 0 */
+    expect_lr(&s, 1.0, 200, 0.0); /* clamped at 0 */
 }
 
 static void test_warmup_cosine_lr(void **state) {
@@ -89,7 +89,8 @@ static double param(const cJSON *params, const char *name, double def) {
 static void expect_series(const char *what, const cJSON *want, int64_t it, double got) {
     double w = cJSON_GetArrayItem(want, (int)it)->valuedouble;
     bool close = fabs(got - w) <= 1e-12 * (1 + fabs(w));
-    if (!close) print_error("%s at optimizer step %lld: %.15g, DeepSpeed %.15g\n", what, (long long)it + 1, got, w);
+    if (!close)
+        print_error("%s at optimizer step %lld: %.15g, DeepSpeed %.15g\n", what, (long long)it + 1, got, w);
     assert_true(close);
 }
 
@@ -111,7 +112,8 @@ static void test_one_cycle_and_range_test(void **state) {
         s.params.cycle_max_lr = param(p, "cycle_max_lr", 0);
         s.params.decay_lr_rate = param(p, "decay_lr_rate", 0);
         s.params.cycle_first_step_size = (int64_t)param(p, "cycle_first_step_size", 2000);
-        s.params.cycle_second_step_size = (int64_t)param(p, "cycle_second_step_size", (double)s.params.cycle_first_step_size);
+        s.params.cycle_second_step_size =
+            (int64_t)param(p, "cycle_second_step_size", (double)s.params.cycle_first_step_size);
         s.params.cycle_first_stair_count = (int64_t)param(p, "cycle_first_stair_count", 0);
         s.params.cycle_second_stair_count =
             (int64_t)param(p, "cycle_second_stair_count", (double)s.params.cycle_first_stair_count);

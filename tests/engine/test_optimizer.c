@@ -27,7 +27,9 @@ typedef struct fixture {
 } fixture;
 
 /* Gradient of parameter j, element i, on rank r: distinct per rank. */
-static float grad_value(int r, int j, int64_t i) { return (float)(0.01 * (double)((r + 1) * (j + 2)) * sin((double)i + r)); }
+static float grad_value(int r, int j, int64_t i) {
+    return (float)(0.01 * (double)((r + 1) * (j + 2)) * sin((double)i + r));
+}
 
 static void fixture_init(fixture *f) {
     memset(f, 0, sizeof *f);
@@ -48,12 +50,14 @@ static void fixture_init(fixture *f) {
 static void set_grads(fixture *f) {
     int r = dsc_comm_rank(f->world);
     for (int j = 0; j < NP; j++)
-        for (int64_t i = 0; i < sizes[j]; i++) ((float *)f->p[j]->grad.data)[i] = grad_value(r, j, i);
+        for (int64_t i = 0; i < sizes[j]; i++)
+            ((float *)f->p[j]->grad.data)[i] = grad_value(r, j, i);
 }
 
 static double mean_grad(int size, int j, int64_t i) {
     double s = 0;
-    for (int r = 0; r < size; r++) s += grad_value(r, j, i);
+    for (int r = 0; r < size; r++)
+        s += grad_value(r, j, i);
     return s / size;
 }
 
@@ -73,7 +77,13 @@ static dsc_optimizer *make_opt_hp(fixture *f, int64_t bucket, dsc_optim_hparams 
 }
 
 static dsc_optimizer *make_opt(fixture *f, int64_t bucket, double clip) {
-    return make_opt_hp(f, bucket, (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip_norm = clip});
+    return make_opt_hp(f, bucket,
+                       (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_ADAMW,
+                                           .beta1 = 0.9f,
+                                           .beta2 = 0.95f,
+                                           .eps = 1e-8f,
+                                           .weight_decay = 0.1f,
+                                           .clip_norm = clip});
 }
 
 static void fixture_free(fixture *f) {
@@ -145,7 +155,8 @@ static void test_adamw_step_with_clipping(void **state) {
     double *p = malloc((size_t)total * sizeof *p), *m = calloc((size_t)total, sizeof *m),
            *v = calloc((size_t)total, sizeof *v);
     for (int j = 0, k = 0; j < NP; j++)
-        for (int64_t i = 0; i < sizes[j]; i++) p[k++] = ((float *)f.p[j]->value.data)[i];
+        for (int64_t i = 0; i < sizes[j]; i++)
+            p[k++] = ((float *)f.p[j]->value.data)[i];
     for (int64_t step = 1; step <= 3; step++) {
         set_grads(&f);
         assert_ok(dsc_optimizer_reduce_grads(opt)); /* no grads_ready: reduce_grads does every bucket */
@@ -153,7 +164,8 @@ static void test_adamw_step_with_clipping(void **state) {
         assert_ok(dsc_optimizer_step(opt, lr, &st));
         double sq = 0;
         for (int j = 0; j < NP; j++)
-            for (int64_t i = 0; i < sizes[j]; i++) sq += mean_grad(size, j, i) * mean_grad(size, j, i);
+            for (int64_t i = 0; i < sizes[j]; i++)
+                sq += mean_grad(size, j, i) * mean_grad(size, j, i);
         double norm = sqrt(sq), coef = norm > clip ? clip / (norm + 1e-6) : 1.0;
         assert_true(fabs(st.grad_norm - norm) <= 1e-5 * norm);
         assert_true(fabs(st.clip_coef - coef) <= 1e-5);
@@ -162,11 +174,13 @@ static void test_adamw_step_with_clipping(void **state) {
             for (int64_t i = 0; i < sizes[j]; i++, k++)
                 adamw_ref(&p[k], mean_grad(size, j, i) * coef, &m[k], &v[k], lr, j == 1 ? 0.0 : 0.1, step);
         /* gradients are zeroed by the step */
-        for (int j = 0; j < NP; j++) assert_true(((float *)f.p[j]->grad.data)[0] == 0.0f);
+        for (int j = 0; j < NP; j++)
+            assert_true(((float *)f.p[j]->grad.data)[0] == 0.0f);
     }
     double worst = 0;
     for (int j = 0, k = 0; j < NP; j++)
-        for (int64_t i = 0; i < sizes[j]; i++) worst = fmax(worst, fabs(((float *)f.p[j]->value.data)[i] - p[k++]));
+        for (int64_t i = 0; i < sizes[j]; i++)
+            worst = fmax(worst, fabs(((float *)f.p[j]->value.data)[i] - p[k++]));
     printf("  AdamW after 3 clipped steps: max |param - reference| = %.3e\n", worst);
     assert_true(worst <= 2e-6);
 
@@ -198,9 +212,12 @@ static void test_sgd_momentum(void **state) {
     fixture_init(&f);
     int size = dsc_comm_size(f.world);
     const double lr = 0.1, mom = 0.9, wd = 0.01;
-    dsc_optimizer *opt = make_opt_hp(&f, 30, (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_SGD, .momentum = (float)mom, .weight_decay = (float)wd});
+    dsc_optimizer *opt = make_opt_hp(
+        &f, 30,
+        (dsc_optim_hparams){.type = DSC_OPTIMIZER_TYPE_SGD, .momentum = (float)mom, .weight_decay = (float)wd});
     double p[260], buf[260];
-    for (int64_t i = 0; i < sizes[2]; i++) p[i] = ((float *)f.p[2]->value.data)[i];
+    for (int64_t i = 0; i < sizes[2]; i++)
+        p[i] = ((float *)f.p[2]->value.data)[i];
     for (int64_t step = 1; step <= 3; step++) {
         set_grads(&f);
         assert_ok(dsc_optimizer_grads_ready(opt, &f.layers[1]));
@@ -214,7 +231,8 @@ static void test_sgd_momentum(void **state) {
         }
     }
     double worst = 0;
-    for (int64_t i = 0; i < sizes[2]; i++) worst = fmax(worst, fabs(((float *)f.p[2]->value.data)[i] - p[i]));
+    for (int64_t i = 0; i < sizes[2]; i++)
+        worst = fmax(worst, fabs(((float *)f.p[2]->value.data)[i] - p[i]));
     printf("  SGD momentum after 3 steps: max |param - reference| = %.3e\n", worst);
     assert_true(worst <= 1e-6);
     assert_int_equal(dsc_optimizer_state_count(opt), NP + 1);

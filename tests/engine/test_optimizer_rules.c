@@ -20,10 +20,13 @@ static cJSON *fixture;
 static void read_floats(const cJSON *array, float *out, int n) {
     assert_int_equal(cJSON_GetArraySize(array), n);
     int i = 0;
-    for (const cJSON *x = array->child; x; x = x->next) out[i++] = (float)x->valuedouble;
+    for (const cJSON *x = array->child; x; x = x->next)
+        out[i++] = (float)x->valuedouble;
 }
 
-static double number(const char *key) { return cJSON_GetObjectItem(fixture, key)->valuedouble; }
+static double number(const char *key) {
+    return cJSON_GetObjectItem(fixture, key)->valuedouble;
+}
 
 typedef struct rule_case {
     const char *name;
@@ -37,7 +40,8 @@ static void run_case(const rule_case *rc) {
     const cJSON *grads = cJSON_GetObjectItem(fixture, "grads");
     const cJSON *expected = cJSON_GetObjectItem(cJSON_GetObjectItem(fixture, "expected"), rc->name);
     assert_non_null(expected);
-    for (int p = 0; p < 2; p++) read_floats(cJSON_GetArrayItem(init, p), value[p], sizes[p]);
+    for (int p = 0; p < 2; p++)
+        read_floats(cJSON_GetArrayItem(init, p), value[p], sizes[p]);
     for (int step = 1; step <= 3; step++) {
         for (int p = 0; p < 2; p++) {
             int64_t n = sizes[p];
@@ -70,8 +74,9 @@ static void test_rules_match_pytorch(void **state) {
         .min_coeff = 0.01f,
     };
     rule_case cases[] = {
-        {"adamw", base}, {"adam_l2", base}, {"adamw_no_bias_correction", base}, {"sgd_momentum", base},
-        {"lamb", base},  {"lamb_clamped", base}, {"lion", base},
+        {"adamw", base},        {"adam_l2", base}, {"adamw_no_bias_correction", base},
+        {"sgd_momentum", base}, {"lamb", base},    {"lamb_clamped", base},
+        {"lion", base},
     };
     cases[0].hp.type = DSC_OPTIMIZER_TYPE_ADAMW;
     cases[1].hp.type = DSC_OPTIMIZER_TYPE_ADAM, cases[1].hp.l2_decay = true;
@@ -80,7 +85,8 @@ static void test_rules_match_pytorch(void **state) {
     cases[4].hp.type = DSC_OPTIMIZER_TYPE_LAMB;
     cases[5].hp.type = DSC_OPTIMIZER_TYPE_LAMB, cases[5].hp.max_coeff = 0.3f;
     cases[6].hp.type = DSC_OPTIMIZER_TYPE_LION;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i]);
 }
 
 int main(void) {

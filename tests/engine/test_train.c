@@ -71,7 +71,8 @@ static void test_resume_from_state(void **state) {
     dsc_trainer *a, *b;
     assert_ok(make(data, NULL, 0, &ca, &a, NULL));
     assert_ok(make(data, NULL, 0, &cb, &b, NULL));
-    for (int s = 0; s < 2; s++) assert_ok(dsc_engine_step(dsc_trainer_engine(a), NULL));
+    for (int s = 0; s < 2; s++)
+        assert_ok(dsc_engine_step(dsc_trainer_engine(a), NULL));
 
     dsc_param_store *pa = dsc_trainer_params(a), *pb = dsc_trainer_params(b);
     for (int i = 0; i < dsc_params_count(pa); i++)
@@ -148,7 +149,8 @@ static void test_train_eval_metrics_plot_generate(void **state) {
     assert_ok(dsc_trainer_generate(t, prompt, 3, 20, 0.8f, 5, a));
     assert_ok(dsc_trainer_generate(t, prompt, 3, 20, 0.8f, 5, b));
     assert_memory_equal(a, b, sizeof a);
-    for (int i = 0; i < 23; i++) assert_true(a[i] >= 0 && a[i] < 256);
+    for (int i = 0; i < 23; i++)
+        assert_true(a[i] >= 0 && a[i] < 256);
     assert_memory_equal(a, prompt, sizeof prompt);
     dsc_trainer_destroy(t);
     dsc_config_free(&cfg);
@@ -169,8 +171,10 @@ static void test_evaluate_matches_pytorch(void **state) {
     char path[128];
     snprintf(path, sizeof path, "/tmp/dsc_test_eval_%d.tok", (int)getpid());
     uint32_t *ids = malloc((size_t)tok->numel * sizeof *ids);
-    for (int64_t i = 0; i < tok->numel; i++) ids[i] = (uint32_t)((const int32_t *)tok->data)[i];
-    assert_ok(dsc_token_file_write(path, ids, tok->numel, DSC_TOKEN_DTYPE_U16, (int64_t)fixture_meta(&f, "vocab_size")));
+    for (int64_t i = 0; i < tok->numel; i++)
+        ids[i] = (uint32_t)((const int32_t *)tok->data)[i];
+    assert_ok(
+        dsc_token_file_write(path, ids, tok->numel, DSC_TOKEN_DTYPE_U16, (int64_t)fixture_meta(&f, "vocab_size")));
     free(ids);
     char set[6][64];
     snprintf(set[0], sizeof set[0], "model.n_head=%d", (int)fixture_meta(&f, "n_head"));
@@ -190,7 +194,8 @@ static void test_evaluate_matches_pytorch(void **state) {
     assert_true(cfg.model.tie_embeddings && cfg.model.qkv_bias);
     dsc_param_store *ps = dsc_trainer_params(t);
     int in_fixture = 0;
-    for (int i = 0; i < f.n_arrays; i++) in_fixture += strncmp(f.arrays[i].name, "param/", 6) == 0;
+    for (int i = 0; i < f.n_arrays; i++)
+        in_fixture += strncmp(f.arrays[i].name, "param/", 6) == 0;
     assert_int_equal(in_fixture, dsc_params_count(ps)); /* the same parameters, both ways */
     for (int i = 0; i < dsc_params_count(ps); i++) {
         dsc_param *p = dsc_params_at(ps, i);

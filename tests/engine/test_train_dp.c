@@ -56,12 +56,15 @@ static void test_dp_equals_accumulation(void **state) {
         run(world, data, &bucket_sizes[b], 1, size, dp_loss, &got, &n_got);
         assert_int_equal(n_got, n_ref);
         double worst = 0;
-        for (int64_t i = 0; i < n_ref; i++) worst = fmax(worst, fabs((double)got[i] - (double)ref[i]));
+        for (int64_t i = 0; i < n_ref; i++)
+            worst = fmax(worst, fabs((double)got[i] - (double)ref[i]));
         double worst_loss = 0;
-        for (int s = 0; s < 5; s++) worst_loss = fmax(worst_loss, fabs(dp_loss[s] - ref_loss[s]));
-        printf("  %d ranks (%s) vs 1 rank x %d micro-batches: max |param diff| %.3e over %lld, max |loss diff| %.3e"
-               " (losses %.4f -> %.4f)\n",
-               size, bucket_sizes[b], 2 * size, worst, (long long)n_ref, worst_loss, ref_loss[0], ref_loss[4]);
+        for (int s = 0; s < 5; s++)
+            worst_loss = fmax(worst_loss, fabs(dp_loss[s] - ref_loss[s]));
+        printf(
+            "  %d ranks (%s) vs 1 rank x %d micro-batches: max |param diff| %.3e over %lld, max |loss diff| %.3e"
+            " (losses %.4f -> %.4f)\n",
+            size, bucket_sizes[b], 2 * size, worst, (long long)n_ref, worst_loss, ref_loss[0], ref_loss[4]);
         assert_true(worst <= 1e-5);
         assert_true(worst_loss <= 1e-5);
         if (b == 0) {

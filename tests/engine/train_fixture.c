@@ -27,7 +27,8 @@ static const char *const tiny_json =
     " \"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"d_model\": 32, \"n_head\": 2, \"vocab_size\": 256,"
     "            \"seq_len\": 16},"
     " \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.003, \"weight_decay\": 0.1}},"
-    " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 2, \"warmup_type\": \"linear\"}},"
+    " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"warmup_num_steps\": 2, \"warmup_type\": "
+    "\"linear\"}},"
     " \"data\": {\"val_fraction\": 0.1}, \"train\": {\"steps\": 5, \"eval_iters\": 2}}";
 
 void train_fixture_config(dsc_config *cfg, const char *data, const char *const *overrides, int n, int dp_size) {
@@ -35,7 +36,8 @@ void train_fixture_config(dsc_config *cfg, const char *data, const char *const *
     snprintf(data_set, sizeof data_set, "data.path=%s", data);
     const char *all[16];
     all[0] = data_set;
-    for (int i = 0; i < n; i++) all[i + 1] = overrides[i];
+    for (int i = 0; i < n; i++)
+        all[i + 1] = overrides[i];
     assert_ok(dsc_config_parse_string(tiny_json, "tiny.json", all, n + 1, cfg));
     assert_ok(dsc_config_resolve_batch(cfg, dp_size));
 }
@@ -43,7 +45,8 @@ void train_fixture_config(dsc_config *cfg, const char *data, const char *const *
 float *train_fixture_params(dsc_trainer *t, int64_t *count) {
     dsc_param_store *store = dsc_trainer_params(t);
     int64_t n = 0;
-    for (int i = 0; i < dsc_params_count(store); i++) n += dsc_param_numel(dsc_params_at(store, i));
+    for (int i = 0; i < dsc_params_count(store); i++)
+        n += dsc_param_numel(dsc_params_at(store, i));
     float *out = malloc((size_t)n * sizeof *out);
     int64_t k = 0;
     for (int i = 0; i < dsc_params_count(store); i++) {

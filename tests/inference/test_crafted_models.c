@@ -57,7 +57,8 @@ static void test_config_numbers_are_range_checked(void **state) {
     dsc_infer_model *m;
     assert_ok(dsc_infer_model_load(dir, &m)); /* the base config matches the weights */
     dsc_infer_model_destroy(m);
-    load_fails(", \"hidden_size\": 4294967328", DSC_ERR_CONFIG, "config.json: hidden_size = 4294967328 is outside");
+    load_fails(", \"hidden_size\": 4294967328", DSC_ERR_CONFIG,
+               "config.json: hidden_size = 4294967328 is outside");
     load_fails(", \"num_hidden_layers\": 1e300", DSC_ERR_CONFIG, "num_hidden_layers = 1.0000000000000001e+300");
     load_fails(", \"vocab_size\": -128", DSC_ERR_CONFIG, "vocab_size = -128 is outside");
     load_fails(", \"intermediate_size\": 48.5", DSC_ERR_CONFIG, "intermediate_size must be an integer");
@@ -115,7 +116,8 @@ static void test_rope_spellings(void **state) {
     assert_true(mc->rope_theta == 500.0 && mc->rope_scaling == DSC_ROPE_SCALING_NONE);
     dsc_infer_model_destroy(m);
     load_fails(", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000, \"factor\": 4}",
-               DSC_ERR_UNSUPPORTED, "rope_parameters.rope_type 'yarn' is not supported (only 'default' and 'llama3')");
+               DSC_ERR_UNSUPPORTED,
+               "rope_parameters.rope_type 'yarn' is not supported (only 'default' and 'llama3')");
     load_fails(", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}", DSC_ERR_UNSUPPORTED,
                "rope_scaling.rope_type 'dynamic' is not supported");
     load_fails(", \"rope_parameters\": {\"rope_theta\": 10000}", DSC_ERR_CONFIG,
@@ -198,7 +200,8 @@ static void test_builder_checks_sizes_before_allocating(void **state) {
     /* More layers (and set flags) than any file could back. */
     mc = fixture_config();
     mc.n_layer = 1 << 30;
-    assert_err(build(&mc), DSC_ERR_CORRUPT, "the config has 1073741824 layers but the checkpoint holds 21 tensors");
+    assert_err(build(&mc), DSC_ERR_CORRUPT,
+               "the config has 1073741824 layers but the checkpoint holds 21 tensors");
     mc = fixture_config();
     mc.rope_scaling = DSC_ROPE_SCALING_LLAMA3;
     mc.rope_factor = 8;

@@ -47,7 +47,8 @@ static void make_case(const char *name, const char *const *overrides, int n_over
 
     const char *prompt = "First Citizen:\nBefore we proceed";
     int32_t T = (int32_t)strlen(prompt), ids[64];
-    for (int i = 0; i < T; i++) ids[i] = (unsigned char)prompt[i];
+    for (int i = 0; i < T; i++)
+        ids[i] = (unsigned char)prompt[i];
     float *logits = train_ckpt_training_logits(&cfg, moe ? &extra : NULL, t, ids, T);
     int64_t V = cfg.model.vocab_size;
     const char *names[] = {"tokens", "logits"};
@@ -129,8 +130,8 @@ static void test_refusals(void **state) {
 int main(int argc, char **argv) {
     out_dir = argc > 1 ? argv[1] : "/tmp/dsc_hf_export_cases";
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama),   cmocka_unit_test(test_llama_qkv_bias), cmocka_unit_test(test_mixtral),
-        cmocka_unit_test(test_gpt),     cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_llama), cmocka_unit_test(test_llama_qkv_bias), cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_gpt),   cmocka_unit_test(test_refusals),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -148,9 +148,9 @@ static void test_mistral_tf5(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama), cmocka_unit_test(test_mistral),
-                                       cmocka_unit_test(test_qwen2), cmocka_unit_test(test_mixtral),
-                                       cmocka_unit_test(test_phi3), cmocka_unit_test(test_llama_tf5),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama),      cmocka_unit_test(test_mistral),
+                                       cmocka_unit_test(test_qwen2),      cmocka_unit_test(test_mixtral),
+                                       cmocka_unit_test(test_phi3),       cmocka_unit_test(test_llama_tf5),
                                        cmocka_unit_test(test_mistral_tf5)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,8 @@ static void write_job(const char *dir, const char *model_and_moe, char *path, si
     char tokens[400];
     snprintf(tokens, sizeof tokens, "%s/tokens.bin", dir);
     uint32_t ids[2000];
-    for (int i = 0; i < 2000; i++) ids[i] = (uint32_t)(i * 37 % 128);
+    for (int i = 0; i < 2000; i++)
+        ids[i] = (uint32_t)(i * 37 % 128);
     assert_ok(dsc_token_file_write(tokens, ids, 2000, DSC_TOKEN_DTYPE_U16, 128));
     snprintf(path, len, "%s/job.json", dir);
     FILE *fp = fopen(path, "w");
@@ -55,8 +56,8 @@ static void check_fixture(const char *name, const char *model_and_moe) {
     const bool moe = cfg.moe.num_experts > 0;
     dsc_moe_build_extra extra;
     dsc_trainer *t = train_ckpt_trainer(&cfg, &extra);
-    dsc_checkpoint_state st = {.comm = MPI_COMM_WORLD, .params = dsc_trainer_params(t),
-                               .optimizer = dsc_trainer_optimizer(t)};
+    dsc_checkpoint_state st = {
+        .comm = MPI_COMM_WORLD, .params = dsc_trainer_params(t), .optimizer = dsc_trainer_optimizer(t)};
     assert_ok(dsc_checkpoint_load_params(&st, dsc_hf_import_read, imp));
 
     dsc_safetensors *ref;
@@ -69,7 +70,8 @@ static void check_fixture(const char *name, const char *model_and_moe) {
         float *tokf = malloc((size_t)tt.numel * sizeof *tokf);
         assert_ok(dsc_safetensors_read_f32(ref, key, tokf, tt.numel));
         int32_t ids[64];
-        for (int64_t i = 0; i < tt.numel; i++) ids[i] = (int32_t)tokf[i];
+        for (int64_t i = 0; i < tt.numel; i++)
+            ids[i] = (int32_t)tokf[i];
         snprintf(key, sizeof key, "logits_%d", p);
         assert_true(dsc_safetensors_find(ref, key, &tl_));
         float *want = malloc((size_t)tl_.numel * sizeof *want);

@@ -22,11 +22,12 @@ static void test_keys(void **state) {
     assert_int_equal(c.max_out_tokens, 1024);
     assert_int_equal(c.min_out_tokens, 1);
     dsc_infer_ds_config_free(&c);
-    const char *json = "{\"tensor_parallel\": {\"tp_size\": 4, \"tp_grain_size\": 32, \"partition_config\": "
-                       "{\"use_default_specs\": false, \"layer_specs\": [{\"patterns\": [\".*\\\\.o_proj\\\\.weight$\", "
-                       "\".*down_proj.*\"], \"partition_type\": \"row\"}, {\"patterns\": [\"q_proj\"], "
-                       "\"partition_type\": \"column\"}, {\"patterns\": [\"router\"], \"partition_type\": \"skip\"}]}}, "
-                       "\"max_out_tokens\": 512, \"min_out_tokens\": 16}";
+    const char *json =
+        "{\"tensor_parallel\": {\"tp_size\": 4, \"tp_grain_size\": 32, \"partition_config\": "
+        "{\"use_default_specs\": false, \"layer_specs\": [{\"patterns\": [\".*\\\\.o_proj\\\\.weight$\", "
+        "\".*down_proj.*\"], \"partition_type\": \"row\"}, {\"patterns\": [\"q_proj\"], "
+        "\"partition_type\": \"column\"}, {\"patterns\": [\"router\"], \"partition_type\": \"skip\"}]}}, "
+        "\"max_out_tokens\": 512, \"min_out_tokens\": 16}";
     assert_ok(dsc_infer_ds_config_parse(json, "t", &c));
     assert_int_equal(c.tp.tp_size, 4);
     assert_int_equal(c.tp.grain, 32);
@@ -43,18 +44,19 @@ static void test_keys(void **state) {
                "t: dtype is not supported");
     assert_err(dsc_infer_ds_config_parse("{\"tensor_parallel\": {\"mpu\": 1}}", "t", &c), DSC_ERR_UNSUPPORTED,
                "tensor_parallel.mpu");
-    assert_err(dsc_infer_ds_config_parse("{\"tensor_parallel\": {\"partition_config\": {\"layer_specs\": "
-                                         "[{\"patterns\": [\"x\"], \"partition_type\": \"row\", \"shape\": [2, -1]}]}}}",
-                                         "t", &c),
-               DSC_ERR_UNSUPPORTED, "layer_specs[].shape");
+    assert_err(
+        dsc_infer_ds_config_parse("{\"tensor_parallel\": {\"partition_config\": {\"layer_specs\": "
+                                  "[{\"patterns\": [\"x\"], \"partition_type\": \"row\", \"shape\": [2, -1]}]}}}",
+                                  "t", &c),
+        DSC_ERR_UNSUPPORTED, "layer_specs[].shape");
     assert_err(dsc_infer_ds_config_parse("{\"tensor_parallel\": {\"partition_config\": {\"layer_specs\": "
                                          "[{\"patterns\": [\"x\"], \"partition_type\": \"diagonal\"}]}}}",
                                          "t", &c),
                DSC_ERR_CONFIG, "layer_specs[0].partition_type");
     assert_err(dsc_infer_ds_config_parse("{\"tensor_parallel\": {\"tp_size\": 0}}", "t", &c), DSC_ERR_CONFIG,
                "tp_size must be an integer >= 1");
-    assert_err(dsc_infer_ds_config_parse("{\"max_out_tokens\": 4, \"min_out_tokens\": 8}", "t", &c), DSC_ERR_CONFIG,
-               "min_out_tokens (8) exceeds max_out_tokens (4)");
+    assert_err(dsc_infer_ds_config_parse("{\"max_out_tokens\": 4, \"min_out_tokens\": 8}", "t", &c),
+               DSC_ERR_CONFIG, "min_out_tokens (8) exceeds max_out_tokens (4)");
 }
 
 int main(void) {

@@ -67,12 +67,13 @@ static void write_synth(const char *dir, const synth *s) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fprintf(f,
-            "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
-            "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
-            "\"vocab_size\": %d, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
-            "\"tie_word_embeddings\": %s, \"hidden_act\": \"silu\"}\n",
-            s->arch, s->C, s->F, s->L, s->NH, s->NKV, s->HS, s->V, s->tied ? "true" : "false");
+    fprintf(
+        f,
+        "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
+        "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+        "\"vocab_size\": %d, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
+        "\"tie_word_embeddings\": %s, \"hidden_act\": \"silu\"}\n",
+        s->arch, s->C, s->F, s->L, s->NH, s->NKV, s->HS, s->V, s->tied ? "true" : "false");
     fclose(f);
     tensors w = {.n = 0};
     int64_t Q = (int64_t)s->NH * s->HS, KV = (int64_t)s->NKV * s->HS;
@@ -176,7 +177,7 @@ static void assemble(dsc_comm *comm, const run *r, int32_t n, float *full) {
 static void check_sampler(run *r, const float *local_row, const float *full_row, int32_t V, const int32_t *history,
                           int64_t n_history) {
     const dsc_sampling_params ps[] = {
-        {0.0f, 0, 1.0f, 1.0f},  {0.8f, 0, 1.0f, 1.0f}, {0.8f, 5, 1.0f, 1.0f},
+        {0.0f, 0, 1.0f, 1.0f}, {0.8f, 0, 1.0f, 1.0f},  {0.8f, 5, 1.0f, 1.0f},
         {0.8f, 0, 0.7f, 1.0f}, {1.2f, 20, 0.9f, 1.3f}, {0.5f, 0, 0.95f, 1.3f},
     };
     dsc_sample_candidate *scratch = malloc((size_t)V * sizeof *scratch);
@@ -189,8 +190,8 @@ static void check_sampler(run *r, const float *local_row, const float *full_row,
             assert_ok(dsc_sample(&want, full_row, V, &ps[k], history, n_history, scratch, &a));
             assert_ok(dsc_infer_engine_sample(r->e, local_row, &ps[k], history, n_history, &b, &got));
             if (want != got)
-                fail_msg("sampler case %zu seed %llu: dsc_sample %d, sharded %d", k, (unsigned long long)seed, want,
-                         got);
+                fail_msg("sampler case %zu seed %llu: dsc_sample %d, sharded %d", k, (unsigned long long)seed,
+                         want, got);
         }
     free(scratch);
 }
@@ -318,8 +319,8 @@ static void test_memory(void **state) {
     assert_ok(dsc_infer_model_load_tp(dir, &opts, &m));
     dsc_mem_get_stats(&after);
     double got = (double)(after.current[DSC_MEM_PARAMS] - before.current[DSC_MEM_PARAMS]);
-    printf("weight memory at tp %d: %.0f bytes measured, %.0f by the formula (whole model %.0f), ratio %.4f\n", tp, got,
-           want, 4.0 * (double)(rep + rest), got / want);
+    printf("weight memory at tp %d: %.0f bytes measured, %.0f by the formula (whole model %.0f), ratio %.4f\n", tp,
+           got, want, 4.0 * (double)(rep + rest), got / want);
     assert_true(got >= want * 0.95 && got <= want * 1.05);
     /* the KV cache holds the rank's heads only */
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);

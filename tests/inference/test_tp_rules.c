@@ -75,7 +75,8 @@ static void test_base_model_tp_plan(void **state) {
     char dir[512];
     dsc_infer_tp tp = {.tp_size = 2};
     dsc_tp_plan *plan;
-    with_model_plan(dir, sizeof dir, "{\"layers.*.self_attn.q_proj\": \"colwise\", \"layers.*.mlp.down_proj\": \"rowwise\"}");
+    with_model_plan(dir, sizeof dir,
+                    "{\"layers.*.self_attn.q_proj\": \"colwise\", \"layers.*.mlp.down_proj\": \"rowwise\"}");
     assert_ok(dsc_infer_model_plan(dir, &tp, &plan));
     assert_int_equal(entry(plan, "model.layers.0.self_attn.q_proj.weight")->source, DSC_TP_SOURCE_MODEL_PLAN);
     assert_int_equal(entry(plan, "model.layers.1.mlp.down_proj.weight")->source, DSC_TP_SOURCE_MODEL_PLAN);

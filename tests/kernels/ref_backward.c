@@ -71,8 +71,9 @@ void ref_swiglu_backward(double *dgate, double *dup, const double *dout, const d
     }
 }
 
-void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q, const double *k,
-                            const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
+void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q,
+                            const double *k, const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                            int64_t hs) {
     double *p = malloc((size_t)t * sizeof *p), *dp = malloc((size_t)t * sizeof *dp);
     double scale = 1 / sqrt((double)hs);
     for (int64_t i = 0; i < b * t * nh * hs; i++)
@@ -86,7 +87,8 @@ void ref_attention_backward(double *dq, double *dk, double *dv, const double *do
                 const double *qi = q + ((bi * t + i) * nh + h) * hs, *gi = dout + ((bi * t + i) * nh + h) * hs;
                 double mx = -INFINITY, sum = 0, dot = 0;
                 for (int64_t j = 0; j <= i; j++) {
-                    const double *kj = k + ((bi * t + j) * nkv + kvh) * hs, *vj = v + ((bi * t + j) * nkv + kvh) * hs;
+                    const double *kj = k + ((bi * t + j) * nkv + kvh) * hs,
+                                 *vj = v + ((bi * t + j) * nkv + kvh) * hs;
                     p[j] = dp[j] = 0;
                     for (int64_t d = 0; d < hs; d++) {
                         p[j] += qi[d] * kj[d] * scale;
@@ -121,8 +123,8 @@ void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, cons
         }
 }
 
-void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n, int64_t v,
-                                double dloss) {
+void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n,
+                                int64_t v, double dloss) {
     ref_softmax(dlogits, logits, n, v);
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < v; j++)

@@ -47,11 +47,12 @@ void ref_gelu_backward(double *dx, const double *dout, const double *x, int64_t 
 void ref_silu_backward(double *dx, const double *dout, const double *x, int64_t n);
 void ref_swiglu_backward(double *dgate, double *dup, const double *dout, const double *gate, const double *up,
                          int64_t n);
-void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q, const double *k,
-                            const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q,
+                            const double *k, const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
+                            int64_t hs);
 void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, const int32_t *tokens, int64_t n,
                             int64_t t, int64_t c);
-void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n, int64_t v,
-                                double dloss);
+void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n,
+                                int64_t v, double dloss);
 
 #endif

@@ -150,8 +150,8 @@ static void case_norm_forward(tc *c, const int64_t *a) {
     } else {
         assert_ok(dsc_kernel_layernorm_forward(out, mean, rstd, x, w, b, 1e-5f));
         if (c->ref)
-            ref_layernorm(tc_out(c, out), tc_out(c, mean), tc_out(c, rstd), tc_in(c, x), tc_in(c, w), tc_in(c, b), n,
-                          ch, 1e-5);
+            ref_layernorm(tc_out(c, out), tc_out(c, mean), tc_out(c, rstd), tc_in(c, x), tc_in(c, w), tc_in(c, b),
+                          n, ch, 1e-5);
     }
     tc_out(c, out), tc_out(c, rstd);
     if (!a[2]) tc_out(c, mean);
@@ -190,15 +190,27 @@ static void case_activation(tc *c, const int64_t *a) {
     dsc_tensor *x = RANDN(c, 2.0f, r, k), *up = RANDN(c, 1.0f, r, k), *out = FULL(c, 0.0f, r, k);
     double *want = tc_out(c, out);
     switch (a[2]) {
-    case GELU: assert_ok(dsc_kernel_gelu_forward(out, x)); break;
-    case SILU: assert_ok(dsc_kernel_silu_forward(out, x)); break;
-    default: assert_ok(dsc_kernel_swiglu_forward(out, x, up)); break;
+    case GELU:
+        assert_ok(dsc_kernel_gelu_forward(out, x));
+        break;
+    case SILU:
+        assert_ok(dsc_kernel_silu_forward(out, x));
+        break;
+    default:
+        assert_ok(dsc_kernel_swiglu_forward(out, x, up));
+        break;
     }
     if (!c->ref) return;
     switch (a[2]) {
-    case GELU: ref_gelu(want, tc_in(c, x), n); break;
-    case SILU: ref_silu(want, tc_in(c, x), n); break;
-    default: ref_swiglu(want, tc_in(c, x), tc_in(c, up), n); break;
+    case GELU:
+        ref_gelu(want, tc_in(c, x), n);
+        break;
+    case SILU:
+        ref_silu(want, tc_in(c, x), n);
+        break;
+    default:
+        ref_swiglu(want, tc_in(c, x), tc_in(c, up), n);
+        break;
     }
 }
 
@@ -208,15 +220,27 @@ static void case_activation_backward(tc *c, const int64_t *a) {
     dsc_tensor *dx = FULL(c, 0.0f, r, k), *dup = FULL(c, 0.0f, r, k);
     double *want = tc_out(c, dx), *want_up = a[2] == SWIGLU ? tc_out(c, dup) : NULL;
     switch (a[2]) {
-    case GELU: assert_ok(dsc_kernel_gelu_backward(dx, dout, x)); break;
-    case SILU: assert_ok(dsc_kernel_silu_backward(dx, dout, x)); break;
-    default: assert_ok(dsc_kernel_swiglu_backward(dx, dup, dout, x, up)); break;
+    case GELU:
+        assert_ok(dsc_kernel_gelu_backward(dx, dout, x));
+        break;
+    case SILU:
+        assert_ok(dsc_kernel_silu_backward(dx, dout, x));
+        break;
+    default:
+        assert_ok(dsc_kernel_swiglu_backward(dx, dup, dout, x, up));
+        break;
     }
     if (!c->ref) return;
     switch (a[2]) {
-    case GELU: ref_gelu_backward(want, tc_in(c, dout), tc_in(c, x), n); break;
-    case SILU: ref_silu_backward(want, tc_in(c, dout), tc_in(c, x), n); break;
-    default: ref_swiglu_backward(want, want_up, tc_in(c, dout), tc_in(c, x), tc_in(c, up), n); break;
+    case GELU:
+        ref_gelu_backward(want, tc_in(c, dout), tc_in(c, x), n);
+        break;
+    case SILU:
+        ref_silu_backward(want, tc_in(c, dout), tc_in(c, x), n);
+        break;
+    default:
+        ref_swiglu_backward(want, want_up, tc_in(c, dout), tc_in(c, x), tc_in(c, up), n);
+        break;
     }
 }
 
@@ -232,7 +256,8 @@ static void case_softmax(tc *c, const int64_t *a) {
 static void case_attention(tc *c, const int64_t *a) {
     int64_t b = a[0], t = a[1], nh = a[2], nkv = a[3], hs = a[4];
     dsc_tensor *q = RANDN(c, 1.0f, b, t, nh, hs), *k = RANDN(c, 1.0f, b, t, nkv, hs);
-    dsc_tensor *v = RANDN(c, 1.0f, b, t, nkv, hs), *out = FULL(c, 0.0f, b, t, nh, hs), *lse = FULL(c, 0.0f, b, nh, t);
+    dsc_tensor *v = RANDN(c, 1.0f, b, t, nkv, hs), *out = FULL(c, 0.0f, b, t, nh, hs),
+               *lse = FULL(c, 0.0f, b, nh, t);
     assert_ok(dsc_kernel_attention_forward(out, lse, q, k, v));
     double *want = tc_out(c, out), *want_lse = tc_out(c, lse);
     if (c->ref) ref_attention(want, want_lse, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
@@ -246,11 +271,13 @@ static void case_attention_backward(tc *c, const int64_t *a) {
     double *o = kt_zeros_d(b * t * nh * hs), *l = kt_zeros_d(b * nh * t);
     ref_attention(o, l, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
     dsc_tensor *out = tc_values(c, o, KT_SHAPE(b, t, nh, hs)), *lse = tc_values(c, l, KT_SHAPE(b, nh, t));
-    dsc_tensor *dq = FULL(c, 0.0f, b, t, nh, hs), *dk = FULL(c, 0.0f, b, t, nkv, hs), *dv = FULL(c, 0.0f, b, t, nkv, hs);
+    dsc_tensor *dq = FULL(c, 0.0f, b, t, nh, hs), *dk = FULL(c, 0.0f, b, t, nkv, hs),
+               *dv = FULL(c, 0.0f, b, t, nkv, hs);
     assert_ok(dsc_kernel_attention_backward(dq, dk, dv, dout, q, k, v, out, lse));
     double *wq = tc_out(c, dq), *wk = tc_out(c, dk), *wv = tc_out(c, dv);
     if (c->ref)
-        ref_attention_backward(wq, wk, wv, tc_in(c, dout), tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+        ref_attention_backward(wq, wk, wv, tc_in(c, dout), tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv,
+                               hs);
     free(o), free(l);
 }
 
@@ -385,9 +412,15 @@ static void case_reduce(tc *c, const int64_t *a) {
     double got;
     bool finite = true;
     switch (a[1]) {
-    case SUM: assert_ok(dsc_kernel_sum(&got, x)); break;
-    case SUM_SQUARES: assert_ok(dsc_kernel_sum_squares(&got, x)); break;
-    default: assert_ok(dsc_kernel_all_finite(&finite, x)); got = finite;
+    case SUM:
+        assert_ok(dsc_kernel_sum(&got, x));
+        break;
+    case SUM_SQUARES:
+        assert_ok(dsc_kernel_sum_squares(&got, x));
+        break;
+    default:
+        assert_ok(dsc_kernel_all_finite(&finite, x));
+        got = finite;
     }
     for (int64_t i = 0; i < n; i++) {
         double f = (float)vals[i];
@@ -405,9 +438,15 @@ static void case_elementwise(tc *c, const int64_t *a) {
     int64_t n = a[0];
     dsc_tensor *x = RANDN(c, 1.0f, n), *y = RANDN(c, 1.0f, n), *out = FULL(c, 0.0f, n);
     switch (a[1]) {
-    case SCALE: assert_ok(dsc_kernel_scale(x, 3.0f)); break;
-    case AXPY: assert_ok(dsc_kernel_axpy(y, 0.5f, x)); break;
-    case ADD: assert_ok(dsc_kernel_add(out, x, y)); break;
+    case SCALE:
+        assert_ok(dsc_kernel_scale(x, 3.0f));
+        break;
+    case AXPY:
+        assert_ok(dsc_kernel_axpy(y, 0.5f, x));
+        break;
+    case ADD:
+        assert_ok(dsc_kernel_add(out, x, y));
+        break;
     default: {
         double *bad = kt_zeros_d(n);
         for (int64_t i = 0; i < n; i++)
@@ -439,7 +478,8 @@ typedef struct op_case {
 } op_case;
 
 #define ENTRY(op) offsetof(struct dsc_kernel_ops, op)
-#define CASE(op, fn, tol, ...) {ENTRY(op), #op " (" #__VA_ARGS__ ")", fn, {__VA_ARGS__}, tol}
+#define CASE(op, fn, tol, ...)                                                                                    \
+    { ENTRY(op), #op " (" #__VA_ARGS__ ")", fn, {__VA_ARGS__}, tol }
 
 static const op_case cases[] = {
     /* gemm: m, n, k, trans_a, trans_b, batch */
@@ -624,8 +664,8 @@ static void test_cases(void **state) {
     int failed = 0;
     for (int i = 0; i < NUM_CASES; i++)
         failed += !check_case(&cases[i], device);
-    printf("  %d of %d cases agree (%d not implemented by the backend)\n", NUM_CASES - failed - unsupported, NUM_CASES,
-           unsupported);
+    printf("  %d of %d cases agree (%d not implemented by the backend)\n", NUM_CASES - failed - unsupported,
+           NUM_CASES, unsupported);
     assert_int_equal(failed, 0);
 }
 

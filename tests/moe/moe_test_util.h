@@ -35,8 +35,8 @@ void moe_test_model_free(moe_test_model *m);
 /* Forward and backward of one micro-batch (training, loss_scale 1, random
  * gate elements drawing from `rng`, may be NULL); the cross-entropy and the
  * summed gate losses come back in *loss and *aux. */
-dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets, dsc_rng *rng,
-                               double *loss, double *aux);
+dsc_status moe_test_model_step(moe_test_model *m, const dsc_tensor *tokens, const dsc_tensor *targets,
+                               dsc_rng *rng, double *loss, double *aux);
 
 /* n values uniform in [-scale, scale] from a stream seeded by `seed`. */
 void moe_test_fill(float *p, int64_t n, uint64_t seed, float scale);

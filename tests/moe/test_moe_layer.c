@@ -382,7 +382,8 @@ static void test_checkpointing_replays_noise(void **state) {
         moe_test_model m;
         assert_ok(moe_test_model_build(&m, &mc, &extra, 1, 2, 8));
         int32_t tok[16], tgt[16];
-        for (int i = 0; i < 16; i++) tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
+        for (int i = 0; i < 16; i++)
+            tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
         const int64_t shape[2] = {2, 8};
         dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
         dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
@@ -402,9 +403,10 @@ static void test_checkpointing_replays_noise(void **state) {
         }
         moe_test_model_free(&m);
     }
-    printf("  loss %.9f vs %.9f, gate loss %.9f vs %.9f; block bytes/token %lld vs %lld, MoE forwards %lld vs %lld\n",
-           loss[0], loss[1], aux[0], aux[1], (long long)block_bytes[0], (long long)block_bytes[1],
-           (long long)moe_forwards[0], (long long)moe_forwards[1]);
+    printf(
+        "  loss %.9f vs %.9f, gate loss %.9f vs %.9f; block bytes/token %lld vs %lld, MoE forwards %lld vs %lld\n",
+        loss[0], loss[1], aux[0], aux[1], (long long)block_bytes[0], (long long)block_bytes[1],
+        (long long)moe_forwards[0], (long long)moe_forwards[1]);
     assert_int_equal(block_bytes[1], 3 * 16 * (int64_t)sizeof(float)); /* x, out, din: (B, T, C = 16) */
     assert_true(block_bytes[0] > block_bytes[1]);
     assert_int_equal(moe_forwards[1], 2 * moe_forwards[0]); /* the recompute */

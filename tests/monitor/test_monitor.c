@@ -25,8 +25,12 @@ static void test_crc32c(void **state) {
 }
 
 /* The events the test writes, and read_tfevents.py expects. */
-static double loss_at(int i) { return 5.0 / (1.0 + i); }
-static double lr_at(int i) { return 1e-3 * (i + 1); }
+static double loss_at(int i) {
+    return 5.0 / (1.0 + i);
+}
+static double lr_at(int i) {
+    return 1e-3 * (i + 1);
+}
 
 static void write_events(const char *dir) {
     char json[1024];
@@ -66,7 +70,9 @@ static void check_csv(const char *dir) {
     assert_int_equal(rows, 5);
 }
 
-static uint32_t read_u32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t read_u32(const unsigned char *p) {
+    return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 static uint32_t masked(const void *data, size_t n) {
     uint32_t c = dsc_crc32c(data, n);
@@ -81,7 +87,8 @@ static void check_tfevents(const char *dir) {
     assert_non_null(d);
     path[0] = '\0';
     for (struct dirent *e; (e = readdir(d));)
-        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0) snprintf(path, sizeof path, "%s/%s", jobdir, e->d_name);
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) == 0)
+            snprintf(path, sizeof path, "%s/%s", jobdir, e->d_name);
     closedir(d);
     assert_true(path[0]);
     FILE *f = fopen(path, "rb");
@@ -90,7 +97,8 @@ static void check_tfevents(const char *dir) {
     int records = 0;
     while (fread(head, 1, 12, f) == 12) {
         uint64_t len = 0;
-        for (int i = 7; i >= 0; i--) len = len << 8 | head[i];
+        for (int i = 7; i >= 0; i--)
+            len = len << 8 | head[i];
         assert_int_equal(read_u32(head + 8), masked(head, 8));
         assert_true(len < sizeof data);
         assert_int_equal(fread(data, 1, len, f), len);

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsc/memory.h"
 #include "dsc/kernels.h"
+#include "dsc/memory.h"
 #include "nn_test_util.h"
 #include "test_mpi.h"
 

@@ -111,7 +111,8 @@ static void test_pp2_ep2_equals_one_process(void **state) {
     assert_true(last.phase_s[DSC_PHASE_FORWARD] > 0 && last.phase_s[DSC_PHASE_BACKWARD] > 0);
     assert_true(last.phase_s[DSC_PHASE_P2P] > 0 && last.phase_s[DSC_PHASE_OPTIMIZER] > 0);
     double phases = 0;
-    for (int p = 0; p < DSC_PHASE_COUNT; p++) phases += last.phase_s[p];
+    for (int p = 0; p < DSC_PHASE_COUNT; p++)
+        phases += last.phase_s[p];
     assert_true(phases <= last.step_s);
     dsc_param_store *got = dsc_pipe_trainer_params(t), *want = dsc_trainer_params(one);
     double pworst = 0;

@@ -113,7 +113,14 @@ static dsc_status gpt_module(int n_layer, int P, int v, const char *method, dsc_
     int n;
     DSC_TRY(dsc_nn_register_dense_layers());
     DSC_TRY(dsc_pipe_model_layers(&mc, &layers, &n));
-    dsc_pipe_module_options o = {.layers = layers, .n_layers = n, .stages = P, .chunks = v, .partition_method = method, .model = &mc, .width = 0, .expert_parallel = 1};
+    dsc_pipe_module_options o = {.layers = layers,
+                                 .n_layers = n,
+                                 .stages = P,
+                                 .chunks = v,
+                                 .partition_method = method,
+                                 .model = &mc,
+                                 .width = 0,
+                                 .expert_parallel = 1};
     dsc_status s = dsc_pipe_module_create(&o, m);
     free(layers);
     return s;

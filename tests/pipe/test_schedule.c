@@ -20,7 +20,8 @@ static int count_type(const dsc_schedule *s, dsc_instr_type type) {
     for (int t = 0; t < dsc_schedule_num_steps(s); t++) {
         int n;
         const dsc_instr *in = dsc_schedule_step(s, t, &n);
-        for (int i = 0; i < n; i++) total += in[i].type == type;
+        for (int i = 0; i < n; i++)
+            total += in[i].type == type;
     }
     return total;
 }
@@ -131,9 +132,12 @@ static void test_inference_three_stages(void **state) {
                 const dsc_instr *in = dsc_schedule_step(s, t, &n);
                 const int m = t - S;
                 int expect;
-                if (m < 0 || m > M) expect = 0;                        /* before the first input, idle tail */
-                else if (m == M) expect = S < 2 ? 1 : 0;                /* the send-only step S+M */
-                else expect = 1 + (S == 0 || S == 2) + (S > 0) + (S < 2 && m > 0);
+                if (m < 0 || m > M)
+                    expect = 0; /* before the first input, idle tail */
+                else if (m == M)
+                    expect = S < 2 ? 1 : 0; /* the send-only step S+M */
+                else
+                    expect = 1 + (S == 0 || S == 2) + (S > 0) + (S < 2 && m > 0);
                 assert_int_equal(n, expect);
                 if (m == M && S < 2) assert_int_equal(in[0].type, DSC_INSTR_SEND_ACTIVATION);
                 if (m >= 0 && m < M) assert_int_equal(in[n - 1].type, DSC_INSTR_FORWARD_PASS);
@@ -222,10 +226,13 @@ static void test_instruction_fields(void **state) {
  * ctest test_schedule_golden checks the same through the dsc-schedule app). */
 static void test_print_matches_goldens(void **state) {
     (void)state;
-    static const struct { const char *kind; int M, P, S; } cases[] = {
-        {"train", 4, 2, 0}, {"train", 4, 3, 1}, {"train", 1, 1, 0}, {"train", 8, 4, 3}, {"train", 8, 4, 0},
-        {"train", 2, 5, 2}, {"infer", 4, 3, 0}, {"infer", 4, 3, 1}, {"infer", 4, 3, 2}, {"infer", 1, 1, 0},
-        {"dp", 3, 1, 0},
+    static const struct {
+        const char *kind;
+        int M, P, S;
+    } cases[] = {
+        {"train", 4, 2, 0}, {"train", 4, 3, 1}, {"train", 1, 1, 0}, {"train", 8, 4, 3},
+        {"train", 8, 4, 0}, {"train", 2, 5, 2}, {"infer", 4, 3, 0}, {"infer", 4, 3, 1},
+        {"infer", 4, 3, 2}, {"infer", 1, 1, 0}, {"dp", 3, 1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char path[512];

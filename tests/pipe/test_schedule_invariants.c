@@ -56,14 +56,18 @@ static void load_pipeline(pipeline *p, dsc_schedule_kind kind, int M, int P, int
     }
 }
 
-static int training(const pipeline *p) { return p->kind != DSC_SCHEDULE_INFERENCE; }
+static int training(const pipeline *p) {
+    return p->kind != DSC_SCHEDULE_INFERENCE;
+}
 
 static int is_comm(dsc_instr_type t) {
     return t == DSC_INSTR_SEND_ACTIVATION || t == DSC_INSTR_RECV_ACTIVATION || t == DSC_INSTR_SEND_GRAD ||
            t == DSC_INSTR_RECV_GRAD;
 }
 
-static int is_batch_end(dsc_instr_type t) { return t >= DSC_INSTR_REDUCE_TIED_GRADS; }
+static int is_batch_end(dsc_instr_type t) {
+    return t >= DSC_INSTR_REDUCE_TIED_GRADS;
+}
 
 #define FAIL(...) return snprintf(why, len, __VA_ARGS__), 0
 
@@ -77,9 +81,15 @@ static int check_counts(const pipeline *p, char *why, size_t len) {
         case DSC_SCHEDULE_TRAIN_1F1B:
             steps = 2 * (M + P - 1), buffers = P - s < M ? P - s : M, buffers = buffers > 2 ? buffers : 2;
             break;
-        case DSC_SCHEDULE_INFERENCE: steps = M + P - 1, buffers = 2; break;
-        case DSC_SCHEDULE_GPIPE: steps = 2 * (M + P - 1), buffers = M; break;
-        default: steps = v * M + (v + 1) * P - 2; break; /* interleaved buffers: checked tight by liveness */
+        case DSC_SCHEDULE_INFERENCE:
+            steps = M + P - 1, buffers = 2;
+            break;
+        case DSC_SCHEDULE_GPIPE:
+            steps = 2 * (M + P - 1), buffers = M;
+            break;
+        default:
+            steps = v * M + (v + 1) * P - 2;
+            break; /* interleaved buffers: checked tight by liveness */
         }
         if (st->num_steps != steps) FAIL("stage %d: %d steps, expected %d", s, st->num_steps, steps);
         if (buffers >= 0 && st->num_buffers != buffers)
@@ -107,8 +117,8 @@ static int check_instructions(const pipeline *p, char *why, size_t len) {
         for (int i = 0; i < st->n; i++) {
             const dsc_instr *in = &st->in[i];
             if (is_batch_end(in->type)) {
-                const dsc_instr_type want = training(p) ? (dsc_instr_type)(DSC_INSTR_REDUCE_TIED_GRADS + batch_end)
-                                                        : DSC_INSTR_TYPE_COUNT;
+                const dsc_instr_type want =
+                    training(p) ? (dsc_instr_type)(DSC_INSTR_REDUCE_TIED_GRADS + batch_end) : DSC_INSTR_TYPE_COUNT;
                 if (in->type != want || st->step[i] != st->num_steps - 1 || i != st->n - 3 + batch_end)
                     FAIL("stage %d: misplaced %s at step %d", s, dsc_instr_name(in->type), st->step[i]);
                 batch_end++;
@@ -146,9 +156,12 @@ static int check_instructions(const pipeline *p, char *why, size_t len) {
                 const unit_trace *u = &traces[m * v + c];
                 const int j = c * P + s, first = j == 0, last = j == J - 1, tr = training(p);
                 const int want[DSC_INSTR_TYPE_COUNT] = {
-                    [DSC_INSTR_LOAD_MICRO_BATCH] = first || last, [DSC_INSTR_FORWARD_PASS] = 1,
-                    [DSC_INSTR_BACKWARD_PASS] = tr,              [DSC_INSTR_SEND_ACTIVATION] = !last,
-                    [DSC_INSTR_RECV_ACTIVATION] = !first,        [DSC_INSTR_SEND_GRAD] = tr && !first,
+                    [DSC_INSTR_LOAD_MICRO_BATCH] = first || last,
+                    [DSC_INSTR_FORWARD_PASS] = 1,
+                    [DSC_INSTR_BACKWARD_PASS] = tr,
+                    [DSC_INSTR_SEND_ACTIVATION] = !last,
+                    [DSC_INSTR_RECV_ACTIVATION] = !first,
+                    [DSC_INSTR_SEND_GRAD] = tr && !first,
                     [DSC_INSTR_RECV_GRAD] = tr && !last,
                 };
                 for (int k = 0; k < DSC_INSTR_REDUCE_TIED_GRADS; k++)
@@ -219,17 +232,19 @@ static int check_rendezvous(const pipeline *p, char *why, size_t len) {
         progress = 0;
         for (int s = 0; s < p->P; s++) {
             const stream *st = &p->st[s];
-            while (pc[s] < st->n && !is_comm(st->in[pc[s]].type)) pc[s]++, progress = 1;
+            while (pc[s] < st->n && !is_comm(st->in[pc[s]].type))
+                pc[s]++, progress = 1;
             if (pc[s] == st->n) continue;
             const dsc_instr *in = &st->in[pc[s]];
             const int q = in->peer_stage;
             const stream *qt = &p->st[q];
-            while (pc[q] < qt->n && !is_comm(qt->in[pc[q]].type)) pc[q]++;
+            while (pc[q] < qt->n && !is_comm(qt->in[pc[q]].type))
+                pc[q]++;
             if (pc[q] == qt->n || qt->in[pc[q]].peer_stage != s) continue;
             const message mine = describe(s, in), theirs = describe(q, &qt->in[pc[q]]);
             const int sends = in->type == DSC_INSTR_SEND_ACTIVATION || in->type == DSC_INSTR_SEND_GRAD;
-            const int q_sends = qt->in[pc[q]].type == DSC_INSTR_SEND_ACTIVATION ||
-                                qt->in[pc[q]].type == DSC_INSTR_SEND_GRAD;
+            const int q_sends =
+                qt->in[pc[q]].type == DSC_INSTR_SEND_ACTIVATION || qt->in[pc[q]].type == DSC_INSTR_SEND_GRAD;
             if (sends == q_sends || memcmp(&mine, &theirs, sizeof mine) != 0)
                 FAIL("stage %d step %d %s meets stage %d step %d %s: mismatched", s, st->step[pc[s]],
                      dsc_instr_name(in->type), q, qt->step[pc[q]], dsc_instr_name(qt->in[pc[q]].type));
@@ -254,7 +269,8 @@ static int check_liveness(const pipeline *p, char *why, size_t len) {
     for (int s = 0; s < p->P; s++) {
         const stream *st = &p->st[s];
         int first[12 * 4], last[12 * 4], buf[12 * 4];
-        for (int u = 0; u < p->M * v; u++) first[u] = -1;
+        for (int u = 0; u < p->M * v; u++)
+            first[u] = -1;
         for (int i = 0; i < st->n; i++) {
             const dsc_instr *in = &st->in[i];
             if (in->buffer < 0) continue;
@@ -263,7 +279,8 @@ static int check_liveness(const pipeline *p, char *why, size_t len) {
             const int u = in->micro_batch * v + in->chunk;
             if (first[u] < 0) first[u] = i, buf[u] = in->buffer;
             if (buf[u] != in->buffer)
-                FAIL("stage %d micro-batch %d: moved from buffer %d to %d", s, in->micro_batch, buf[u], in->buffer);
+                FAIL("stage %d micro-batch %d: moved from buffer %d to %d", s, in->micro_batch, buf[u],
+                     in->buffer);
             last[u] = i;
         }
         int peak = 0;
@@ -274,8 +291,9 @@ static int check_liveness(const pipeline *p, char *why, size_t len) {
                 live++;
                 for (int w = u + 1; w < p->M * v; w++)
                     if (buf[w] == buf[u] && first[w] <= i && last[w] >= i)
-                        FAIL("stage %d step %d: buffer %d holds micro-batch %d chunk %d and micro-batch %d chunk %d", s,
-                             st->step[i], buf[u], u / v, u % v, w / v, w % v);
+                        FAIL("stage %d step %d: buffer %d holds micro-batch %d chunk %d and micro-batch %d chunk "
+                             "%d",
+                             s, st->step[i], buf[u], u / v, u % v, w / v, w % v);
             }
             peak = live > peak ? live : peak;
         }
@@ -288,8 +306,11 @@ static int check_liveness(const pipeline *p, char *why, size_t len) {
 
 typedef int (*checker)(const pipeline *, char *, size_t);
 
-static const struct { const char *name; checker fn; } checks[] = {
-    {"counts", check_counts},       {"instructions", check_instructions}, {"pairing", check_same_step_pairing},
+static const struct {
+    const char *name;
+    checker fn;
+} checks[] = {
+    {"counts", check_counts},         {"instructions", check_instructions}, {"pairing", check_same_step_pairing},
     {"rendezvous", check_rendezvous}, {"liveness", check_liveness},
 };
 
@@ -297,8 +318,8 @@ static void check_all(const pipeline *p) {
     char why[256];
     for (size_t k = 0; k < sizeof checks / sizeof checks[0]; k++)
         if (!checks[k].fn(p, why, sizeof why))
-            fail_msg("%s M=%d P=%d v=%d, %s: %s", dsc_schedule_kind_name(p->kind), p->M, p->P, p->v, checks[k].name,
-                     why);
+            fail_msg("%s M=%d P=%d v=%d, %s: %s", dsc_schedule_kind_name(p->kind), p->M, p->P, p->v,
+                     checks[k].name, why);
 }
 
 static void sweep(dsc_schedule_kind kind, int v) {
@@ -314,9 +335,18 @@ static void sweep(dsc_schedule_kind kind, int v) {
            dsc_schedule_kind_name(kind), v, cases);
 }
 
-static void test_train_invariants(void **state) { (void)state; sweep(DSC_SCHEDULE_TRAIN_1F1B, 1); }
-static void test_inference_invariants(void **state) { (void)state; sweep(DSC_SCHEDULE_INFERENCE, 1); }
-static void test_gpipe_invariants(void **state) { (void)state; sweep(DSC_SCHEDULE_GPIPE, 1); }
+static void test_train_invariants(void **state) {
+    (void)state;
+    sweep(DSC_SCHEDULE_TRAIN_1F1B, 1);
+}
+static void test_inference_invariants(void **state) {
+    (void)state;
+    sweep(DSC_SCHEDULE_INFERENCE, 1);
+}
+static void test_gpipe_invariants(void **state) {
+    (void)state;
+    sweep(DSC_SCHEDULE_GPIPE, 1);
+}
 static void test_interleaved_invariants(void **state) {
     (void)state;
     sweep(DSC_SCHEDULE_INTERLEAVED, 2);
@@ -360,7 +390,8 @@ static void test_checkers_catch_broken_streams(void **state) {
     /* One buffer fewer on stage 0 (3 instead of min(P-S, M) = 3 -> 2). */
     broken_buf = pipe_buf;
     for (int i = 0; i < broken_buf.st[0].n; i++)
-        if (broken_buf.st[0].in[i].buffer >= 0) broken_buf.st[0].in[i].buffer = broken_buf.st[0].in[i].micro_batch % 2;
+        if (broken_buf.st[0].in[i].buffer >= 0)
+            broken_buf.st[0].in[i].buffer = broken_buf.st[0].in[i].micro_batch % 2;
     expect_failure(&broken_buf, check_liveness, "stage 0");
 
     /* Stage 0 receives its gradient after sending the activation while
@@ -390,8 +421,10 @@ static void test_checkers_catch_broken_streams(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_train_invariants),       cmocka_unit_test(test_inference_invariants),
-        cmocka_unit_test(test_gpipe_invariants),       cmocka_unit_test(test_interleaved_invariants),
+        cmocka_unit_test(test_train_invariants),
+        cmocka_unit_test(test_inference_invariants),
+        cmocka_unit_test(test_gpipe_invariants),
+        cmocka_unit_test(test_interleaved_invariants),
         cmocka_unit_test(test_checkers_catch_broken_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,13 +21,15 @@ static sim_case sc;
 
 static dsc_status run_case(dsc_schedule_kind kind, int M, int P, int v, dsc_pipe_sim_costs costs) {
     sc.P = P;
-    for (int s = 0; s < P; s++) assert_ok(dsc_schedule_create(kind, M, P, s, v, &sc.stages[s]));
+    for (int s = 0; s < P; s++)
+        assert_ok(dsc_schedule_create(kind, M, P, s, v, &sc.stages[s]));
     return dsc_pipe_sim_run(sc.stages, P, &costs, &sc.r);
 }
 
 static void free_case(void) {
     dsc_pipe_sim_free(&sc.r);
-    for (int s = 0; s < sc.P; s++) dsc_schedule_destroy(sc.stages[s]);
+    for (int s = 0; s < sc.P; s++)
+        dsc_schedule_destroy(sc.stages[s]);
 }
 
 /* Simulated makespan, bubble and peak_live equal the closed forms: exactly
@@ -43,7 +45,8 @@ static void expect_closed_form(dsc_schedule_kind kind, int M, int P, int v, dsc_
                  sc.r.bubble, cf.bubble);
     for (int s = 0; s < P; s++) {
         assert_int_equal(sc.r.stages[s].peak_live, dsc_pipe_sim_peak_live_bound(kind, M, P, s, v));
-        const double busy = kind == DSC_SCHEDULE_INFERENCE ? M * costs.forward : M * (costs.forward + costs.backward);
+        const double busy =
+            kind == DSC_SCHEDULE_INFERENCE ? M * costs.forward : M * (costs.forward + costs.backward);
         assert_true(fabs(sc.r.stages[s].busy - busy) <= tol * busy);
     }
     free_case();
@@ -66,7 +69,8 @@ static void test_unit_costs_match_closed_forms(void **state) {
                 cases += 3;
             }
         }
-    for (int M = 1; M <= 12; M++) expect_closed_form(DSC_SCHEDULE_DATA_PARALLEL, M, 1, 1, unit, 1);
+    for (int M = 1; M <= 12; M++)
+        expect_closed_form(DSC_SCHEDULE_DATA_PARALLEL, M, 1, 1, unit, 1);
     printf("%d pipelines: simulated makespan, bubble and peak_live equal the closed forms\n", cases + 12);
 }
 
@@ -123,8 +127,10 @@ static void test_p2p_cost(void **state) {
     for (int P = 1; P <= 4; P++) {
         assert_ok(run_case(DSC_SCHEDULE_TRAIN_1F1B, 8, P, 1, c));
         assert_ok(dsc_pipe_sim_closed_form(DSC_SCHEDULE_TRAIN_1F1B, 8, P, 1, &c, &cf));
-        if (P == 1) assert_true(sc.r.makespan == cf.makespan);
-        else assert_true(sc.r.makespan >= cf.makespan + 2 * (P - 1) * c.p2p);
+        if (P == 1)
+            assert_true(sc.r.makespan == cf.makespan);
+        else
+            assert_true(sc.r.makespan >= cf.makespan + 2 * (P - 1) * c.p2p);
         free_case();
     }
 }
@@ -173,9 +179,10 @@ static void test_ascii_timeline(void **state) {
     size_t len;
     char *text = read_back(f, &len);
     fclose(f);
-    assert_string_equal(text, "timeline: 1 column = 1 time units; F/B forward/backward (f/b odd model chunks), . idle\n"
-                              "stage   0 |FF.B.B|\n"
-                              "stage   1 |.FBFB.|\n");
+    assert_string_equal(text,
+                        "timeline: 1 column = 1 time units; F/B forward/backward (f/b odd model chunks), . idle\n"
+                        "stage   0 |FF.B.B|\n"
+                        "stage   1 |.FBFB.|\n");
     free(text);
     /* Scaled down: 33 time units into 11 columns, 3 units per column. */
     free_case();
@@ -204,7 +211,8 @@ static void test_svg(void **state) {
     assert_true(strncmp(text, "<svg ", 5) == 0);
     assert_non_null(strstr(text, "interleaved &lt;M=4&gt;"));
     int rects = 0;
-    for (const char *p = text; (p = strstr(p, "<rect")); p++) rects++;
+    for (const char *p = text; (p = strstr(p, "<rect")); p++)
+        rects++;
     assert_int_equal(rects, 2 + 2 * 2 * 4 * 2); /* one background per stage + every compute */
     free(text);
     assert_err(dsc_pipe_sim_write_svg(&sc.r, "x", "/nonexistent-dir/t.svg"), DSC_ERR_IO, "/nonexistent-dir/t.svg");

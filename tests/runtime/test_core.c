@@ -58,7 +58,7 @@ static void test_dtypes_and_half_conversions(void **state) {
     }
     assert_int_equal(dsc_f32_to_f16(1.0f), 0x3c00);
     assert_int_equal(dsc_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(dsc_f32_to_f16(1e6f), 0x7c00);  /* overflow is inf */
+    assert_int_equal(dsc_f32_to_f16(1e6f), 0x7c00);     /* overflow is inf */
     assert_int_equal(dsc_f32_to_f16(5.96e-8f), 0x0001); /* smallest subnormal */
     assert_true(isnan(dsc_f16_to_f32(dsc_f32_to_f16(NAN))));
     /* Round to nearest even: 1 + 2^-11 is halfway between two f16 values. */
@@ -76,7 +76,8 @@ static void test_tensor_alloc_and_accounting(void **state) {
     assert_ok(dsc_tensor_alloc(&t, DSC_DTYPE_F32, 2, shape, DSC_CPU, DSC_MEM_GRADS));
     assert_int_equal(dsc_tensor_numel(&t), 64);
     assert_int_equal(dsc_tensor_nbytes(&t), 256);
-    for (int i = 0; i < 64; i++) assert_true(((float *)t.data)[i] == 0.0f);
+    for (int i = 0; i < 64; i++)
+        assert_true(((float *)t.data)[i] == 0.0f);
     assert_int_equal((uintptr_t)t.data % DSC_MEM_ALIGN, 0);
     dsc_mem_get_stats(&during);
     assert_int_equal(during.current[DSC_MEM_GRADS] - before.current[DSC_MEM_GRADS], 256);
@@ -137,7 +138,8 @@ static void test_tensor_sizes_are_overflow_checked(void **state) {
 static void test_tensor_views_and_checks(void **state) {
     (void)state;
     float data[12];
-    for (int i = 0; i < 12; i++) data[i] = (float)i;
+    for (int i = 0; i < 12; i++)
+        data[i] = (float)i;
     int64_t shape[] = {3, 4};
     dsc_tensor t = dsc_tensor_view(data, DSC_DTYPE_F32, 2, shape, DSC_CPU);
     dsc_tensor rows = dsc_tensor_rows(&t, 1, 2);
@@ -159,7 +161,8 @@ static void test_tensor_views_and_checks(void **state) {
     float back[12];
     dsc_tensor b = dsc_tensor_view(back, DSC_DTYPE_F32, 2, shape, DSC_CPU);
     assert_ok(dsc_tensor_copy(&b, &h));
-    for (int i = 0; i < 12; i++) assert_true(back[i] == data[i]);
+    for (int i = 0; i < 12; i++)
+        assert_true(back[i] == data[i]);
 }
 
 static void test_rng_streams(void **state) {
@@ -190,10 +193,13 @@ static void test_rng_streams(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_messages),      cmocka_unit_test(test_try_macros),
-        cmocka_unit_test(test_dtypes_and_half_conversions), cmocka_unit_test(test_tensor_alloc_and_accounting),
+        cmocka_unit_test(test_status_messages),
+        cmocka_unit_test(test_try_macros),
+        cmocka_unit_test(test_dtypes_and_half_conversions),
+        cmocka_unit_test(test_tensor_alloc_and_accounting),
         cmocka_unit_test(test_tensor_sizes_are_overflow_checked),
-        cmocka_unit_test(test_tensor_views_and_checks), cmocka_unit_test(test_rng_streams),
+        cmocka_unit_test(test_tensor_views_and_checks),
+        cmocka_unit_test(test_rng_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

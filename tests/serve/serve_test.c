@@ -2,8 +2,8 @@
 #include "serve_test.h"
 
 #include <setjmp.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,20 +93,22 @@ double st_metric(int port, const char *name) {
 
 void st_wait_idle(int port) {
     for (int i = 0; i < 2000; i++) {
-        if (st_metric(port, "dsc_num_requests_in_flight") == 0 && st_metric(port, "dsc_num_requests_running") == 0 &&
-            st_metric(port, "dsc_num_requests_waiting") == 0 && st_metric(port, "dsc_kv_blocks_used") == 0)
+        if (st_metric(port, "dsc_num_requests_in_flight") == 0 &&
+            st_metric(port, "dsc_num_requests_running") == 0 && st_metric(port, "dsc_num_requests_waiting") == 0 &&
+            st_metric(port, "dsc_kv_blocks_used") == 0)
             return;
         usleep(10000);
     }
-    fail_msg("the server did not become idle within 20 s (in flight %g, running %g, waiting %g, KV blocks used %g)",
-             st_metric(port, "dsc_num_requests_in_flight"), st_metric(port, "dsc_num_requests_running"),
-             st_metric(port, "dsc_num_requests_waiting"), st_metric(port, "dsc_kv_blocks_used"));
+    fail_msg(
+        "the server did not become idle within 20 s (in flight %g, running %g, waiting %g, KV blocks used %g)",
+        st_metric(port, "dsc_num_requests_in_flight"), st_metric(port, "dsc_num_requests_running"),
+        st_metric(port, "dsc_num_requests_waiting"), st_metric(port, "dsc_kv_blocks_used"));
 }
 
 int32_t st_generate(const int32_t *prompt, int32_t n_prompt, const char *options, int32_t *out, int32_t cap) {
     char cmd[4096];
-    int at = snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s/bin/dsc-generate %s --quiet --tokens ", DSC_BINARY_DIR,
-                      st_model_dir());
+    int at = snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 %s/bin/dsc-generate %s --quiet --tokens ",
+                      DSC_BINARY_DIR, st_model_dir());
     for (int32_t i = 0; i < n_prompt; i++)
         at += snprintf(cmd + at, sizeof cmd - (size_t)at, i ? ",%d" : "%d", prompt[i]);
     snprintf(cmd + at, sizeof cmd - (size_t)at, " %s", options);

@@ -34,7 +34,7 @@ void st_wait_idle(int port);
 typedef struct st_stream {
     int32_t ids[64]; /* token_ids of the chunks (return_token_ids), the first 64 */
     int32_t n_ids;
-    int chunks; /* chunks with a choice */
+    int chunks;                           /* chunks with a choice */
     int prompt_tokens, completion_tokens; /* from the usage chunk (include_usage), else -1 */
     char finish[16];
     bool done_seen, error_seen;

@@ -8,8 +8,8 @@
  * blocks freed (seen in /metrics); the server exits 0 on SIGTERM. */
 #include <pthread.h>
 #include <setjmp.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +25,17 @@ static serve_proc server;
 
 static int setup(void **state) {
     (void)state;
-    const char *args[] = {"--kv-cache-bytes", "786432", "--max-concurrent-requests", "12", "--max-body-bytes", "65536",
-                          "--max-tokens-limit", "4000", "--max-prompt-tokens", "512", NULL};
+    const char *args[] = {"--kv-cache-bytes",
+                          "786432",
+                          "--max-concurrent-requests",
+                          "12",
+                          "--max-body-bytes",
+                          "65536",
+                          "--max-tokens-limit",
+                          "4000",
+                          "--max-prompt-tokens",
+                          "512",
+                          NULL};
     st_start(&server, args);
     return 0;
 }
@@ -183,7 +192,8 @@ static void test_prompt_list_and_logprobs(void **state) {
             assert_int_equal(cJSON_GetArrayItem(ids, t)->valueint, expect[t]);
         /* Greedy: each token is its row's most likely one, listed first among the top 3. */
         const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
-        const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"), *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+        const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"),
+                    *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
         assert_int_equal(cJSON_GetArraySize(tops), n);
         for (int32_t t = 0; t < n; t++) {
             const cJSON *top = cJSON_GetArrayItem(tops, t);
@@ -202,8 +212,8 @@ static void test_prompt_list_and_logprobs(void **state) {
     assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 13 + nb);
     cJSON_Delete(r);
     r = post_json("/v1/models", NULL, 200);
-    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "data"), 0), "id")->valuestring,
-                        "llama4k");
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "data"), 0), "id")->valuestring, "llama4k");
     cJSON_Delete(r);
     assert_true(st_metric(server.port, "dsc_kv_blocks_free") == 192);
 }
@@ -270,8 +280,8 @@ static void test_bad_requests(void **state) {
     snprintf(huge + at, 70000 - (size_t)at, "]}");
     expect_error(C, huge, 400, "prompt", "at most 512");
     free(huge);
-    expect_error("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 400, "messages",
-                 "--chat-template");
+    expect_error("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 400,
+                 "messages", "--chat-template");
     expect_error("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"x\":1}]}", 400,
                  "messages[0].x", "unknown field");
     expect_error("/v1/embeddings", "{}", 404, NULL, "no such route");
@@ -338,7 +348,8 @@ static void test_full_server_429(void **state) {
         usleep(10000);
     assert_true(st_metric(server.port, "dsc_num_requests_in_flight") == LIMIT);
     serve_client *cl;
-    assert_null(serve_client_open(server.port, "POST", "/v1/completions", ST_AUTH, "{\"prompt\":[1]}", 10, 0, &cl));
+    assert_null(
+        serve_client_open(server.port, "POST", "/v1/completions", ST_AUTH, "{\"prompt\":[1]}", 10, 0, &cl));
     assert_int_equal(serve_client_status(cl), 429);
     const char *retry = serve_client_header(cl, "Retry-After");
     assert_non_null(retry);
@@ -361,8 +372,8 @@ static void test_sigterm_exits_zero(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_dsc_generate),    cmocka_unit_test(test_prompt_list_and_logprobs),
-        cmocka_unit_test(test_bad_requests),            cmocka_unit_test(test_disconnect_frees_blocks),
-        cmocka_unit_test(test_full_server_429),         cmocka_unit_test(test_sigterm_exits_zero)};
+        cmocka_unit_test(test_matches_dsc_generate), cmocka_unit_test(test_prompt_list_and_logprobs),
+        cmocka_unit_test(test_bad_requests),         cmocka_unit_test(test_disconnect_frees_blocks),
+        cmocka_unit_test(test_full_server_429),      cmocka_unit_test(test_sigterm_exits_zero)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

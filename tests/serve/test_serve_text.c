@@ -53,7 +53,8 @@ static void test_text(void **state) {
     dsc_status s = serve_proc_start(&server, DSC_BINARY_DIR "/bin/dsc-serve", argv, 60.0);
     if (s) fail_msg("%s", dsc_status_message(s));
 
-    cJSON *r = post("/v1/completions", "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"echo\":true}");
+    cJSON *r =
+        post("/v1/completions", "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"echo\":true}");
     const char *text = cJSON_GetObjectItem(choice0(r), "text")->valuestring;
     printf("served: %s\n", text);
     assert_string_equal(text, expected);
@@ -62,8 +63,8 @@ static void test_text(void **state) {
 
     serve_client *cl;
     assert_null(serve_client_open(server.port, "POST", "/v1/completions", ST_AUTH,
-                                  "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"stream\":true}", 30, 0,
-                                  &cl));
+                                  "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"stream\":true}",
+                                  30, 0, &cl));
     char streamed[4096] = "ROMEO:";
     int chunks = 0;
     const char *data;
@@ -82,7 +83,8 @@ static void test_text(void **state) {
     memcpy(stop, expected + 6 + 3, 3);
     cJSON *esc = cJSON_CreateString(stop);
     char *stop_json = cJSON_PrintUnformatted(esc);
-    snprintf(body, sizeof body, "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"stop\":%s}", stop_json);
+    snprintf(body, sizeof body, "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"stop\":%s}",
+             stop_json);
     free(stop_json);
     cJSON_Delete(esc);
     r = post("/v1/completions", body);

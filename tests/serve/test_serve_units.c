@@ -74,10 +74,11 @@ static void test_request_parse(void **state) {
     (void)state;
     serve_params p;
     serve_error err = {0};
-    const char *ok = "{\"model\":\"m\",\"prompt\":[\"a\",[1,2]],\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,"
-                     "\"top_k\":-1,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"stop_token_ids\":[3],\"n\":1,\"echo\":true,"
-                     "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"repetition_penalty\":1.1,"
-                     "\"presence_penalty\":0,\"user\":\"u\",\"return_token_ids\":true}";
+    const char *ok =
+        "{\"model\":\"m\",\"prompt\":[\"a\",[1,2]],\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,"
+        "\"top_k\":-1,\"seed\":42,\"stop\":[\"x\",\"yz\"],\"stop_token_ids\":[3],\"n\":1,\"echo\":true,"
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"repetition_penalty\":1.1,"
+        "\"presence_penalty\":0,\"user\":\"u\",\"return_token_ids\":true}";
     assert_true(serve_params_parse(ok, strlen(ok), SERVE_KIND_COMPLETION, "m", &p, &err));
     assert_int_equal(p.n_prompts, 2);
     assert_string_equal(p.prompts[0].text, "a");
@@ -106,8 +107,8 @@ static void test_request_parse(void **state) {
         const char *body, *param;
         int http;
     } bad[] = {
-        {SERVE_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", "top_logprobs",
-         400},
+        {SERVE_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}",
+         "top_logprobs", 400},
         {SERVE_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}", "echo", 400},
         {SERVE_KIND_CHAT, "{\"messages\":[]}", "messages", 400},
         {SERVE_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
@@ -253,10 +254,9 @@ static void test_metrics_text(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_chat_templates_match_jinja),
-                                       cmocka_unit_test(test_request_parse),
-                                       cmocka_unit_test(test_stop_strings_and_utf8),
-                                       cmocka_unit_test(test_plan_applies_like_direct_submission),
-                                       cmocka_unit_test(test_metrics_text)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_templates_match_jinja), cmocka_unit_test(test_request_parse),
+        cmocka_unit_test(test_stop_strings_and_utf8), cmocka_unit_test(test_plan_applies_like_direct_submission),
+        cmocka_unit_test(test_metrics_text)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,8 +27,8 @@ static void test_deepspeed_qkv_cases(void **state) {
     (void)state;
     const struct {
         int nh, nkv, tp;
-    } ok[] = {{1, 1, 1}, {32, 32, 1}, {32, 32, 8}, {3, 3, 2},   {20, 20, 8},
-              {4, 2, 1}, {8, 2, 1},   {64, 16, 8}, {4, 2, 4},   {20, 4, 8}};
+    } ok[] = {{1, 1, 1}, {32, 32, 1}, {32, 32, 8}, {3, 3, 2}, {20, 20, 8},
+              {4, 2, 1}, {8, 2, 1},   {64, 16, 8}, {4, 2, 4}, {20, 4, 8}};
     for (size_t c = 0; c < sizeof ok / sizeof ok[0]; c++) {
         dsc_tp_dims d = dims(ok[c].nh, ok[c].nkv, 4, 0, 0);
         int32_t q_total = 0;
@@ -126,8 +126,8 @@ static void test_name_rules(void **state) {
     add(&m, "model.layers.0.self_attn.qkv_proj.weight", 2, (NH + 2 * NKV) * HS, C);
     add(&m, "model.layers.0.mlp.gate_up_proj.weight", 2, 2 * F, C);
     add(&m, "lm_head.weight", 2, V, C);
-    m.p[m.n] = (dsc_tp_param){.name = "transformer.h.0.attn.c_attn.weight", .ndim = 2, .shape = {C, 3 * C},
-                              .transposed = true};
+    m.p[m.n] = (dsc_tp_param){
+        .name = "transformer.h.0.attn.c_attn.weight", .ndim = 2, .shape = {C, 3 * C}, .transposed = true};
     m.n++;
     dsc_tp_dims d = dims((int)NH, (int)NKV, (int)HS, F, V);
     dsc_tp_options o = {.tp_size = 2, .grain = 8};
@@ -163,12 +163,13 @@ static void test_name_rules(void **state) {
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const dsc_tp_entry *e = entry(pl, want[i].name);
         if (e->kind != want[i].kind || e->unit != want[i].unit || e->axis != want[i].axis)
-            fail_msg("%s: got %s / %s / axis %d", want[i].name, dsc_tp_kind_name(e->kind), dsc_tp_unit_name(e->unit),
-                     e->axis);
+            fail_msg("%s: got %s / %s / axis %d", want[i].name, dsc_tp_kind_name(e->kind),
+                     dsc_tp_unit_name(e->unit), e->axis);
     }
     /* fused q|k|v of rank 1: its q heads [2,4), kv head 1 in the k and in the v block */
     const dsc_tp_span *sp;
-    assert_int_equal(dsc_tp_plan_spans(pl, dsc_tp_plan_find(pl, "model.layers.0.self_attn.qkv_proj.weight"), 1, &sp), 3);
+    assert_int_equal(
+        dsc_tp_plan_spans(pl, dsc_tp_plan_find(pl, "model.layers.0.self_attn.qkv_proj.weight"), 1, &sp), 3);
     assert_int_equal(sp[0].start, 2 * HS);
     assert_int_equal(sp[1].start, NH * HS + HS);
     assert_int_equal(sp[2].start, (NH + NKV) * HS + HS);
@@ -177,7 +178,8 @@ static void test_name_rules(void **state) {
 
     /* A GPT-2 MHA shape: the transposed Conv1D c_attn splits on axis 1. */
     model g = {.n = 0};
-    g.p[g.n++] = (dsc_tp_param){.name = "h.0.attn.c_attn.weight", .ndim = 2, .shape = {C, 3 * C}, .transposed = true};
+    g.p[g.n++] =
+        (dsc_tp_param){.name = "h.0.attn.c_attn.weight", .ndim = 2, .shape = {C, 3 * C}, .transposed = true};
     g.p[g.n++] = (dsc_tp_param){.name = "h.0.attn.c_proj.weight", .ndim = 2, .shape = {C, C}, .transposed = true};
     g.p[g.n++] = (dsc_tp_param){.name = "h.0.mlp.c_proj.weight", .ndim = 2, .shape = {F, C}, .transposed = true};
     dsc_tp_dims gd = dims(4, 4, 4, F, V);
@@ -196,18 +198,23 @@ static void test_rule_order(void **state) {
         {.name = "model.layers.0.mlp.fc_in.weight", .ndim = 2, .shape = {24, C}},
         {.name = "model.layers.1.mlp.fc_in.weight", .ndim = 2, .shape = {24, C}},
         {.name = "model.layers.0.mlp.fc_out.weight", .ndim = 2, .shape = {C, 24}, .declared = DSC_TP_KIND_ROW},
-        {.name = "model.layers.0.mlp.up_proj.weight", .ndim = 2, .shape = {24, 24}, .declared = DSC_TP_KIND_COLUMN,
+        {.name = "model.layers.0.mlp.up_proj.weight",
+         .ndim = 2,
+         .shape = {24, 24},
+         .declared = DSC_TP_KIND_COLUMN,
          .unit = DSC_TP_UNIT_FF},
         {.name = "model.layers.0.mlp.mystery.weight", .ndim = 2, .shape = {C, C}},
     };
     dsc_tp_dims d = dims(4, 4, 4, 24, 50);
     dsc_tp_rule user[] = {{"layers\\.1\\.mlp\\.fc_in\\.weight$", DSC_TP_KIND_COLUMN}};
     dsc_tp_rule plan[] = {{"layers.*.mlp.fc_in", DSC_TP_KIND_COLUMN}, {"layers.*.mlp.up_proj", DSC_TP_KIND_ROW}};
-    dsc_tp_options o = {.tp_size = 2, .grain = 1, .user = user, .n_user = 1, .model_plan = plan, .n_model_plan = 2};
+    dsc_tp_options o = {
+        .tp_size = 2, .grain = 1, .user = user, .n_user = 1, .model_plan = plan, .n_model_plan = 2};
     dsc_tp_plan *pl;
     /* the mystery matrix has no rule: refused, listed */
-    assert_err(dsc_tp_plan_create(p, 5, &d, &o, &pl), DSC_ERR_CONFIG,
-               "1 tensor(s) could not be placed: model.layers.0.mlp.mystery.weight (16, 16) as undeclared: no rule");
+    assert_err(
+        dsc_tp_plan_create(p, 5, &d, &o, &pl), DSC_ERR_CONFIG,
+        "1 tensor(s) could not be placed: model.layers.0.mlp.mystery.weight (16, 16) as undeclared: no rule");
     assert_ok(dsc_tp_plan_create(p, 4, &d, &o, &pl));
     assert_int_equal(entry(pl, "model.layers.1.mlp.fc_in.weight")->source, DSC_TP_SOURCE_USER);
     assert_int_equal(entry(pl, "model.layers.0.mlp.fc_in.weight")->source, DSC_TP_SOURCE_MODEL_PLAN);
@@ -220,7 +227,8 @@ static void test_rule_order(void **state) {
     /* use_default_specs = false: AutoTP's names no longer place an undeclared o_proj */
     dsc_tp_param o_proj = {.name = "model.layers.0.self_attn.o_proj.weight", .ndim = 2, .shape = {C, C}};
     dsc_tp_options bare = {.tp_size = 2, .no_name_rules = true};
-    assert_err(dsc_tp_plan_create(&o_proj, 1, &d, &bare, &pl), DSC_ERR_CONFIG, "o_proj.weight (16, 16) as undeclared");
+    assert_err(dsc_tp_plan_create(&o_proj, 1, &d, &bare, &pl), DSC_ERR_CONFIG,
+               "o_proj.weight (16, 16) as undeclared");
     bare.no_name_rules = false;
     assert_ok(dsc_tp_plan_create(&o_proj, 1, &d, &bare, &pl));
     dsc_tp_plan_destroy(pl);
@@ -276,9 +284,12 @@ static int64_t unit_size(const dsc_tp_dims *d, dsc_tp_unit u) {
     switch (u) {
     case DSC_TP_UNIT_Q_HEADS:
     case DSC_TP_UNIT_KV_HEADS:
-    case DSC_TP_UNIT_QKV: return d->head_size;
-    case DSC_TP_UNIT_QKV_INTERLEAVED: return 3 * d->head_size;
-    default: return 1;
+    case DSC_TP_UNIT_QKV:
+        return d->head_size;
+    case DSC_TP_UNIT_QKV_INTERLEAVED:
+        return 3 * d->head_size;
+    default:
+        return 1;
     }
 }
 
@@ -319,7 +330,8 @@ static void check_plan(const dsc_tp_plan *pl, const dsc_tp_dims *d, int tp) {
         for (int64_t k = 0; k < n; k++) {
             int64_t along = e->axis == 0 || e->ndim == 1 ? k / cols : k % cols;
             int want = along >= kv_lo && along < kv_hi ? replicas : 1;
-            if (hits[k] != want) fail_msg("%s element %lld written %d times, want %d", e->name, (long long)k, hits[k], want);
+            if (hits[k] != want)
+                fail_msg("%s element %lld written %d times, want %d", e->name, (long long)k, hits[k], want);
         }
         assert_memory_equal(full, out, (size_t)n * sizeof *full);
         free(full);
@@ -360,8 +372,9 @@ static void test_properties(void **state) {
             /* refused only for a reason the numbers give, and the message names them */
             bool heads = nkv < tp && (tp % nkv != 0 || group < tp / nkv);
             bool widths = F < tp || V < tp;
-            if (!heads && !widths) fail_msg("refused nh %d nkv %d tp %d F %lld V %lld: %s", nh, nkv, tp, (long long)F,
-                                            (long long)V, dsc_status_message(s));
+            if (!heads && !widths)
+                fail_msg("refused nh %d nkv %d tp %d F %lld V %lld: %s", nh, nkv, tp, (long long)F, (long long)V,
+                         dsc_status_message(s));
             char num[32];
             snprintf(num, sizeof num, "over %d ranks", tp);
             assert_non_null(strstr(dsc_status_message(s), num));
@@ -378,14 +391,16 @@ static void test_properties(void **state) {
         dsc_tp_plan_destroy(pl);
         planned++;
     }
-    printf("plan properties: %d combinations planned and checked, %d refused with their numbers\n", planned, refused);
+    printf("plan properties: %d combinations planned and checked, %d refused with their numbers\n", planned,
+           refused);
     assert_true(planned > 2000 && refused > 100);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_deepspeed_qkv_cases), cmocka_unit_test(test_widths), cmocka_unit_test(test_name_rules),
-        cmocka_unit_test(test_rule_order),          cmocka_unit_test(test_properties),
+        cmocka_unit_test(test_deepspeed_qkv_cases), cmocka_unit_test(test_widths),
+        cmocka_unit_test(test_name_rules),          cmocka_unit_test(test_rule_order),
+        cmocka_unit_test(test_properties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -83,8 +83,10 @@ static double worst_param_diff(dsc_trainer *tp, dsc_trainer *one, int64_t *compa
         const int ax = p->shard.axis < 0 ? 0 : p->shard.axis;
         const int64_t start = p->shard.axis < 0 ? 0 : p->shard.start;
         int64_t outer = 1, inner = 1;
-        for (int d = 0; d < ax; d++) outer *= p->shard.global[d];
-        for (int d = ax + 1; d < p->value.ndim; d++) inner *= p->shard.global[d];
+        for (int d = 0; d < ax; d++)
+            outer *= p->shard.global[d];
+        for (int d = ax + 1; d < p->value.ndim; d++)
+            inner *= p->shard.global[d];
         const int64_t run = p->value.shape[ax] * inner, stride = p->shard.global[ax] * inner;
         const float *x = p->value.data, *y = q->value.data;
         for (int64_t o = 0; o < outer; o++)
@@ -114,10 +116,11 @@ static void check_equivalence(const char *what, const char *const *over, int n) 
     int64_t compared;
     double worst = worst_param_diff(tp.t, one.t, &compared);
     if (dsc_comm_rank(world) == 0)
-        printf("  %s on %d ranks (tp %d x dp %d) vs 1 process, %d steps: max relative loss diff %.3e (loss %.4f -> %.4f), "
+        printf("  %s on %d ranks (tp %d x dp %d) vs 1 process, %d steps: max relative loss diff %.3e (loss %.4f "
+               "-> %.4f), "
                "max |param diff| %.3e over %lld elements of rank 0\n",
-               what, dsc_comm_size(world), tp.cfg.tensor_parallel.autotp_size, dp, STEPS, worst_loss, one.losses[0],
-               one.losses[STEPS - 1], worst, (long long)compared);
+               what, dsc_comm_size(world), tp.cfg.tensor_parallel.autotp_size, dp, STEPS, worst_loss,
+               one.losses[0], one.losses[STEPS - 1], worst, (long long)compared);
     assert_true(worst_loss <= 1e-6);
     assert_true(worst <= 1e-5);
     assert_true(one.losses[STEPS - 1] < one.losses[0]); /* it learns */
@@ -148,8 +151,12 @@ static void test_llama_gqa_uneven(void **state) {
     (void)state;
     set_tp_all();
     /* 10 query heads in 5 KV groups: 3 + 2 KV groups on 2 ranks, 2 + 1 + 1 + 1 on 4. */
-    const char *over[] = {tp_all,           "model.arch=\"llama\"",       "model.n_head=10",
-                          "model.n_kv_head=5", "model.d_model=40",        "model.d_ff=36",
+    const char *over[] = {tp_all,
+                          "model.arch=\"llama\"",
+                          "model.n_head=10",
+                          "model.n_kv_head=5",
+                          "model.d_model=40",
+                          "model.d_ff=36",
                           "tensor_parallel.tp_grain_size=1"};
     check_equivalence("GQA Llama, uneven heads", over, 7);
 }
@@ -167,8 +174,8 @@ static void test_with_zero(void **state) {
         char zs[64], what[64];
         snprintf(zs, sizeof zs, "zero_optimization.stage=%d", stage);
         snprintf(what, sizeof what, "GPT, tp %d x dp 2, ZeRO-%d", size / 2, stage);
-        const char *over[] = {half, zs, "model.n_head=4", "model.d_model=32", "model.d_ff=72",
-                              "tensor_parallel.tp_grain_size=8"};
+        const char *over[] = {
+            half, zs, "model.n_head=4", "model.d_model=32", "model.d_ff=72", "tensor_parallel.tp_grain_size=8"};
         check_equivalence(what, over, 6);
     }
 }
@@ -213,8 +220,10 @@ static void test_megatron_counts(void **state) {
     dsc_tensor tokens, targets;
     assert_ok(dsc_tensor_alloc(&tokens, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
     assert_ok(dsc_tensor_alloc(&targets, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
-    for (int64_t i = 0; i < b * t; i++) ((int32_t *)tokens.data)[i] = (int32_t)(i * 7 % 256);
-    for (int64_t i = 0; i < b * t; i++) ((int32_t *)targets.data)[i] = (int32_t)(i * 5 % 256);
+    for (int64_t i = 0; i < b * t; i++)
+        ((int32_t *)tokens.data)[i] = (int32_t)(i * 7 % 256);
+    for (int64_t i = 0; i < b * t; i++)
+        ((int32_t *)targets.data)[i] = (int32_t)(i * 5 % 256);
     dsc_micro_ctx ctx = {.tokens = &tokens, .targets = &targets, .loss_scale = 1.0f, .training = true};
     dsc_tensor x = {0}, y;
     for (int l = 0; l < n_layers; l++) {
@@ -236,9 +245,10 @@ static void test_megatron_counts(void **state) {
         dy = dx;
     }
     if (dsc_comm_rank(world) == 0)
-        printf("  per block and micro-batch (%lld x %lld x %lld): forward 2 all-reduces, backward 2, %lld bytes each "
-               "on this rank\n",
-               (long long)b, (long long)t, (long long)C, (long long)one);
+        printf(
+            "  per block and micro-batch (%lld x %lld x %lld): forward 2 all-reduces, backward 2, %lld bytes each "
+            "on this rank\n",
+            (long long)b, (long long)t, (long long)C, (long long)one);
     dsc_tensor_free(&probe);
     dsc_tensor_free(&tokens);
     dsc_tensor_free(&targets);
@@ -273,10 +283,11 @@ static void test_memory_formula(void **state) {
         psi += (double)dsc_param_global_numel(dsc_params_at(ps, i));
     const double formula = 16.0 * dsc_tp_params_per_rank(&mc, psi, tp);
     const double ratio = measured / formula;
-    printf("  rank %d of tp %d: parameter + gradient + AdamW bytes %.0f, formula 16 x ((%.0f - %.0f) / %d + %.0f) = "
-           "%.0f, ratio %.4f\n",
-           dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc), tp, dsc_tp_replicated_params(&mc),
-           formula, ratio);
+    printf(
+        "  rank %d of tp %d: parameter + gradient + AdamW bytes %.0f, formula 16 x ((%.0f - %.0f) / %d + %.0f) = "
+        "%.0f, ratio %.4f\n",
+        dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc), tp, dsc_tp_replicated_params(&mc),
+        formula, ratio);
     assert_true(fabs(ratio - 1.0) <= 0.05);
     finish(&r);
     unlink(data);

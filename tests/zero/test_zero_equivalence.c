@@ -150,7 +150,8 @@ static void test_pipeline_order(void **state) {
     assert_ok(dsc_comm_world(NULL, &dp));
     for (int stage = 1; stage <= 2; stage++) {
         run_variant(dp, &(variant){stage, 4, 700, 0, 0, 0, 2, true, DSC_OPTIMIZER_TYPE_ADAMW});
-        run_variant(dp, &(variant){stage, 4, 0, 0, 0, 0, 1, true, DSC_OPTIMIZER_TYPE_ADAMW}); /* per-micro-batch reduction, same order */
+        run_variant(dp, &(variant){stage, 4, 0, 0, 0, 0, 1, true,
+                                   DSC_OPTIMIZER_TYPE_ADAMW}); /* per-micro-batch reduction, same order */
     }
     run_variant(dp, &(variant){3, 4, 0, 0, 1 << 30, 1 << 30, 1, true, DSC_OPTIMIZER_TYPE_ADAMW});
     dsc_comm_free(dp);

@@ -27,7 +27,8 @@ int main(void) {
     }
     s = dsc_kernel_gemm(&to, &ta, &ta, NULL, false, false, 1.0f, 0.0f); /* (2,3) @ (2,3): inner sizes differ */
     if (!s || !strstr(dsc_status_message(s), "dsc_kernel_gemm")) {
-        fprintf(stderr, "bad shapes: expected an error naming dsc_kernel_gemm, got \"%s\"\n", dsc_status_message(s));
+        fprintf(stderr, "bad shapes: expected an error naming dsc_kernel_gemm, got \"%s\"\n",
+                dsc_status_message(s));
         return 1;
     }
     printf("external program: gemm ok, error \"%s\"\n", dsc_status_message(s));
