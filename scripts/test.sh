@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: the unit tests under the address/undefined sanitizers,
+# The whole test suite: the formatting check (.clang-format, every C/CUDA
+# source), the unit tests under the address/undefined sanitizers,
 # each parser's fuzz harness for 20 s (scripts/fuzz.sh: a new crash fails the
 # suite), then every test (unit and multi-rank) of the normal build, compiled as Release
 # (-O3) so that warnings only the optimiser finds fail the suite too.
@@ -8,6 +9,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 "$root/scripts/deps.sh"
+
+echo "== formatting (clang-format --dry-run --Werror over every C and CUDA source)"
+(cd "$root" && git ls-files '*.c' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror)
 
 echo "== sanitizer build (address, undefined): unit tests"
 DSC_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DDSC_SANITIZE=ON -DDSC_CUDA=OFF
