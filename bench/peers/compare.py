@@ -8,9 +8,13 @@ at batch 1 (64 tokens after a 16-token prompt) and prefill tokens/s of a
 min and median over the pairs, the ratio of medians, bench_decode's
 rooflines, and `uptime` before and after (the machine may be shared).
 
+llama.cpp runs through llama-cpp-python, or, where its sdist cannot be
+built, through xllamacpp (a prebuilt PyPI wheel of the same engine, whose
+server loop reports llama.cpp's own prompt and generation timings).
+
 Run (after bench/peers/setup.sh and make_llama.py):
   /work/.peers/venv/bin/python bench/peers/compare.py --dir /tmp/dsc-llama134m \\
-      --dsc build/bench/bench_decode [--pairs 3] [--threads 2] [--types f32:f32,bf16:f16,q8_0:q8_0] [--transformers]
+      --dsc build/bench/bench_decode [--pairs 3] [--threads 2] [--types f32:f32,bf16:f16,q8_0:q8_0] [--transformers [--hf-python PY]]
 A type pair is DSC_TYPE:GGUF_TYPE (bf16 against llama.cpp's f16: same bytes per
 weight; llama.cpp's CPU backend has no bf16 matmul of its own in every build).
 Prints, never asserts; never part of the test suite."""
@@ -29,8 +33,12 @@ def tokens(n, vocab=32000):
 
 
 def llama_worker(path, threads):
-    from llama_cpp import Llama
-
+    """llama.cpp through llama-cpp-python, else through xllamacpp (a prebuilt
+    wheel of the same engine, when the sdist of the former cannot be built)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return xllamacpp_worker(path, threads)
     llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=PREFILL,
                 n_ubatch=PREFILL, verbose=False)
     dec, pre = [], []
@@ -46,7 +54,28 @@ def llama_worker(path, threads):
         for s in range(STEPS):  # fixed tokens: the peer's sampling is not what is timed
             llm.eval([toks[PROMPT + s]])
         dec.append(STEPS / (time.perf_counter() - t))
-    return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre)}
+    return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre), "via": "llama-cpp-python"}
+
+
+def xllamacpp_worker(path, threads):
+    """llama.cpp's server loop in-process; its own timings (prompt and generated tokens/s) are read back."""
+    import xllamacpp as x
+
+    p = x.CommonParams()
+    p.model.path = path
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_parallel = 1024, PREFILL, PREFILL, 1
+    server = x.Server(p)
+    toks = tokens(PREFILL + STEPS)
+    dec, pre = [], []
+    for _ in range(REPS):
+        req = {"temperature": 0, "ignore_eos": True, "cache_prompt": False}
+        r = server.handle_completions(dict(req, prompt=toks[:PREFILL], n_predict=1))
+        pre.append(r["timings"]["prompt_per_second"])
+        r = server.handle_completions(dict(req, prompt=toks[:PROMPT], n_predict=STEPS))
+        dec.append(r["timings"]["predicted_per_second"])
+    return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre), "via": "xllamacpp"}
 
 
 def hf_worker(path, threads):
@@ -72,9 +101,9 @@ def hf_worker(path, threads):
     return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre)}
 
 
-def run_peer(kind, path, threads):
-    out = subprocess.run([sys.executable, __file__, "--worker", kind, "--model", path, "--threads", str(threads)],
-                         check=True, capture_output=True, text=True).stdout
+def run_peer(kind, path, threads, python=sys.executable):
+    out = subprocess.run([python, __file__, "--worker", kind, "--model", path, "--threads", str(threads)],
+                         check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -103,6 +132,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", default="f32:f32,bf16:f16,q8_0:q8_0")
     ap.add_argument("--transformers", action="store_true")
+    ap.add_argument("--hf-python", default=sys.executable, help="interpreter with torch + transformers")
     a = ap.parse_args()
     if a.worker:
         fn = llama_worker if a.worker == "llama" else hf_worker
@@ -117,7 +147,7 @@ def main():
         res = {"dsc": [], "peer": []}
         for _ in range(a.pairs):
             if peer_type == "hf":
-                res["peer"].append(run_peer("hf", a.dir, a.threads))
+                res["peer"].append(run_peer("hf", a.dir, a.threads, a.hf_python))
             else:
                 res["peer"].append(run_peer("llama", f"{a.dir}/model-{peer_type}.gguf", a.threads))
             res["dsc"].append(run_dsc(a.dsc, a.dir, dsc_type, a.threads))
@@ -126,6 +156,7 @@ def main():
             p = [r[key] for r in res["peer"]]
             print(f"{key:14s} dsc {dsc_type:5s} {summary('', d)} | {peer:17s} {summary('', p)} | "
                   f"ratio {statistics.median(d) / statistics.median(p):5.2f}")
+        print(f"  peer via {res['peer'][-1].get('via', 'transformers')}")
         last = res["dsc"][-1]
         print(f"  dsc {dsc_type}: read {last['read_GB_s']:.1f} GB/s -> decode roofline "
               f"{last['decode_roofline_tok_s']:.1f} tok/s (median at {statistics.median(r['decode_of_roofline'] for r in res['dsc']):.2f} of it); "
