@@ -139,7 +139,7 @@ def main():
         print(json.dumps(fn(a.model, a.threads)))
         return
     print(f"# {a.pairs} interleaved pairs per row, {a.threads} threads; start: {uptime()}")
-    rows = [tuple(t.split(":")) for t in a.types.split(",")]
+    rows = [tuple(t.split(":")) for t in a.types.split(",") if t]
     if a.transformers:
         rows.append(("f32", "hf"))
     for dsc_type, peer_type in rows:
