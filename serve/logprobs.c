@@ -47,6 +47,8 @@ static dsc_status allreduce(dsc_comm *comm, float *x, int64_t n, dsc_reduce_op o
 
 dsc_status serve_logprobs(dsc_comm *comm, const float *row, int32_t width, int32_t v0, int32_t token, int32_t n,
                           serve_logprob *out) {
+    DSC_CHECK(n >= 0 && n <= SERVE_LOGPROBS_MAX, DSC_ERR_INVALID, "logprobs: %d alternatives (0..%d)", n,
+              SERVE_LOGPROBS_MAX);
     bool mine = token >= v0 && token < v0 + width;
     float top[2] = {-INFINITY, mine ? row[token - v0] : -INFINITY}; /* the row's maximum, the token's logit */
     for (int32_t v = 0; v < width; v++)

@@ -11,12 +11,14 @@
 #include "dsc/comm.h"
 #include "dsc/status.h"
 
+enum { SERVE_LOGPROBS_MAX = 20 }; /* top alternatives per token: OpenAI's limit */
+
 typedef struct serve_logprob {
     int32_t id;
     float logprob;
 } serve_logprob;
 
-/* out[0]: `token` and its log-probability; out[1..n]: the n most likely
+/* out[0]: `token` and its log-probability; out[1..n] (n <= SERVE_LOGPROBS_MAX): the n most likely
  * ids, best first, ties to the lower id ((-1, -inf) past the vocabulary).
  * row holds the logits of ids [v0, v0 + width). comm NULL: row is the
  * whole vocabulary (v0 0). Otherwise every rank of comm calls this with its

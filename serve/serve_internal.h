@@ -21,7 +21,7 @@ enum {
     SERVE_MAX_STOP_LEN = 256, /* bytes per stop string */
     SERVE_MAX_STOP_IDS = 16,
     SERVE_MAX_PROMPTS = 64, /* prompts in one /v1/completions request */
-    SERVE_MAX_LOGPROBS = 20,
+    SERVE_MAX_LOGPROBS = SERVE_LOGPROBS_MAX,
     SERVE_MAX_MESSAGES = 256
 };
 
