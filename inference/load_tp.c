@@ -208,7 +208,14 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     const dsc_infer_tp *tp = req->tp;
     int size = !tp ? 1 : tp->comm ? dsc_comm_size(tp->comm) : tp->tp_size;
     DSC_CHECK(size >= 1, DSC_ERR_CONFIG, "tensor_parallel.tp_size must be >= 1, got %d", size);
-    if (!req->plan && size == 1) return dsc_infer_model_build(policy, mc, src, req->model);
+    dsc_infer_stage stage;
+    int32_t max_layers = 0;
+    if (!req->plan) DSC_TRY(dsc_infer_stage_plan(policy, mc, req->pp, &stage, &max_layers));
+    if (!req->plan && size == 1) {
+        DSC_TRY(dsc_infer_model_build_stage(policy, mc, src, &stage, req->model));
+        dsc_infer_stage_attach(*req->model, req->pp, max_layers);
+        return NULL;
+    }
     DSC_CHECK(req->plan || tp->comm, DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
     DSC_CHECK(req->plan || src->read_f32_span, DSC_ERR_UNSUPPORTED, "%s: this tensor source cannot read shards",
               source);
@@ -229,9 +236,10 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     local.vocab_size = (int32_t)sh->nv;
     shard_source ss = {src, plan, rank};
     dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};
-    s = dsc_infer_model_build(policy, &local, &wrapped, req->model);
+    s = dsc_infer_model_build_stage(policy, &local, &wrapped, &stage, req->model);
     if (!s) {
         dsc_infer_model *m = *req->model;
+        dsc_infer_stage_attach(m, req->pp, max_layers);
         m->cfg = *mc;
         m->shard = local;
         m->tp_comm = tp->comm;
