@@ -75,8 +75,9 @@ dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, in
         if (!s) s = pipe_p2p_create(m->pipe_comm, 1, &p->p2p);
     }
     if (s) {
+        int32_t P = p->P;
         infer_pipeline_destroy(p);
-        return dsc_error_wrap(s, "pipeline stage %d of %d", m->stage, p->P);
+        return dsc_error_wrap(s, "pipeline stage %d of %d", m->stage, P);
     }
     read_failpoint(p);
     *out = p;
