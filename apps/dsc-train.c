@@ -483,13 +483,14 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),
                                    dp, state_bytes(&cfg));
-    /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
-    if (!s && rank == 0 && moe && cfg.moe.ep_size > 1) {
-        if (a->sample_tokens > 0)
-            printf(
-                "dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
-                "checkpoint)\n",
-                cfg.moe.ep_size);
+    /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do; it grows the context one
+     * token at a time, which sequence parallelism cannot split. */
+    const bool sp = tp > 1 && cfg.tensor_parallel.sequence_parallel;
+    if (!s && ((moe && cfg.moe.ep_size > 1) || sp)) {
+        if (rank == 0 && a->sample_tokens > 0)
+            printf("dsc-train: no sample: %s (use dsc-generate on the checkpoint)\n",
+                   sp ? "tensor_parallel.sequence_parallel splits positions over the tensor ranks"
+                      : "generation runs on one rank and moe.ep_size > 1");
     }
     /* ZeRO-3 gathers parameters and tensor-parallel layers reduce collectively, so every rank generates and
      * rank 0 prints. */
