@@ -201,6 +201,7 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
                                    "false",
                                    src));
     check_scheduler(src, &cfg->scheduler, is);
+    dsc_config_muon_rules(root, src, cfg, is);
     check_offload(src, &cfg->zero_optimization, is);
     check_refused(src, cfg, is);
     check_loop(src, cfg, is);
