@@ -223,6 +223,17 @@ typedef struct dsc_config_monitor {
     char *job_name;
 } dsc_config_monitor;
 
+/* DeepSpeed's flops_profiler section: one step profiled per layer. */
+typedef struct dsc_config_flops_profiler {
+    bool enabled;
+    int64_t profile_step;        /* profile the step taken after this many (DeepSpeed's global_steps) */
+    int module_depth;            /* deepest layer nesting in the detailed table; -1 all */
+    int top_modules;             /* layers listed per measure in the aggregated profile */
+    bool detailed;               /* print the per-layer table */
+    double recompute_fwd_factor; /* forward recomputed in backward (activation checkpointing), for the estimate */
+    char *output_file;           /* "" : stdout */
+} dsc_config_flops_profiler;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -255,6 +266,7 @@ typedef struct dsc_config {
     bool wall_clock_breakdown;
     dsc_config_monitor tensorboard;
     dsc_config_monitor csv_monitor;
+    dsc_config_flops_profiler flops_profiler;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */
