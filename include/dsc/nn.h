@@ -109,11 +109,13 @@ DSC_API void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_
 DSC_API int64_t dsc_params_numel(const dsc_param_store *store,
                                  dsc_param_group group); /* flat length, gaps included */
 DSC_API int64_t dsc_param_numel(const dsc_param *param); /* elements of one parameter */
-/* Elements of the whole model this store is one expert-parallel rank's part
- * of: the store's parameters, each DSC_PARAM_EXPERT one counted ep_size times
- * (the ep_size ranks of an expert-parallel group hold disjoint experts of the
- * same shapes). ep_size 1: the store's own count. */
+/* Elements of the whole model this store is one rank's part of: each
+ * parameter's global size (a tensor-parallel piece counts its whole tensor),
+ * each DSC_PARAM_EXPERT one counted ep_size times (the ep_size ranks of an
+ * expert-parallel group hold disjoint experts of the same shapes). */
 DSC_API int64_t dsc_params_model_numel(const dsc_param_store *store, int ep_size);
+/* Elements the store itself holds (pieces as held, gaps excluded). */
+DSC_API int64_t dsc_params_held_numel(const dsc_param_store *store);
 DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
 /* Frees a group's flat value and/or gradient buffer after finalize, for an
  * optimizer that keeps them elsewhere (ZeRO-2 keeps gradient shards, ZeRO-3
@@ -172,6 +174,29 @@ struct dsc_layer {
     int slots;
     int64_t max_B, max_T;
 };
+
+/* One layer's share of a profiled region (the FLOPs profiler): its local
+ * parameters, and the wall time and kernel FLOPs (dsc_kernel_flop_count) of
+ * its forward and backward calls, children included; depth 0 for a layer
+ * the runner calls, 1 for one a layer calls, and so on. */
+typedef struct dsc_layer_profile {
+    const dsc_layer *layer;
+    char name[64];
+    const char *type;
+    int depth;
+    int64_t params;
+    double fwd_s, bwd_s;
+    int64_t fwd_flops, bwd_flops;
+    int fwd_calls, bwd_calls;
+} dsc_layer_profile;
+
+/* Opens a profile: until dsc_layer_profile_end, every dsc_layer_forward and
+ * dsc_layer_backward of this process is recorded. Not thread-safe: one
+ * profile at a time, layers run on one thread. */
+DSC_API void dsc_layer_profile_begin(void);
+/* Closes the profile and hands over its rows (in first-call order; the
+ * caller frees *rows). */
+DSC_API dsc_status dsc_layer_profile_end(dsc_layer_profile **rows, int *n);
 
 /* `count` f32 activation buffers of one shape, for a layer's slots
  * (released with dsc_buffers_free, which also takes a partial table). */
