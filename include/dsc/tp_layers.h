@@ -27,9 +27,13 @@
  * alike; every parameter is declared as its piece of the global tensor
  * (dsc_params_declare_shard), which is what checkpoints store.
  *
- * Not here: which ranks form the group (dsc/topology.h), sequence
- * parallelism (refused by the config), KV heads fewer than ranks (refused:
- * a KV head held by several ranks would need its gradient summed over them). */
+ * With tensor_parallel.sequence_parallel (Megatron's) the activations
+ * between the regions hold this rank's t / tp positions; each all-reduce
+ * becomes a reduce-scatter, each region's input an all-gather.
+ *
+ * Not here: which ranks form the group (dsc/topology.h), KV heads fewer
+ * than ranks (refused: a KV head held by several ranks would need its
+ * gradient summed over them). */
 #ifndef DSC_TP_LAYERS_H
 #define DSC_TP_LAYERS_H
 
@@ -56,6 +60,9 @@ typedef struct dsc_tp_build_extra {
     int rank, size;     /* in the group */
     int64_t grain;      /* tp_grain_size of the widths */
     dsc_tp_shard shard; /* this rank's heads and widths */
+    /* Megatron sequence parallelism: between the tensor-parallel regions a
+     * rank holds positions [rank t/tp, (rank+1) t/tp) of each sequence. */
+    bool sequence_parallel;
 } dsc_tp_build_extra;
 
 /* This rank's wiring for model `mc` over `group` (grain: tp_grain_size, <= 0
