@@ -59,6 +59,15 @@ dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, 
     return NULL;
 }
 
+dsc_status dsc_tp_sync_rng(dsc_comm *tensor_group, dsc_rng *rng) {
+    if (!tensor_group || dsc_comm_size(tensor_group) == 1) return NULL;
+    const int64_t words = 4;
+    dsc_tensor t = dsc_tensor_view(rng->s, DSC_DTYPE_I64, 1, &words, DSC_CPU);
+    dsc_status s = dsc_comm_broadcast(tensor_group, &t, 0);
+    return s ? dsc_error_wrap(s, "tensor parallelism: sharing the layers' random stream over the tensor group")
+             : NULL;
+}
+
 dsc_comm *dsc_tp_wiring_dp(const dsc_tp_wiring *w) {
     return dsc_groups_get(w->groups, DSC_GROUP_KIND_DATA);
 }

@@ -46,6 +46,7 @@
 #include "dsc/config.h"
 #include "dsc/engine.h"
 #include "dsc/model.h"
+#include "dsc/rng.h"
 #include "dsc/status.h"
 #include "dsc/topology.h"
 #include "dsc/tp.h"
@@ -92,6 +93,12 @@ DSC_API double dsc_tp_params_per_rank(const dsc_model_config *mc, double psi, in
  * types and sets out's tp, attention, model (the tensor group) and norm rule.
  * It is the pipeline trainer's hooks.prepare_tp. */
 DSC_API dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+
+/* Collective over the tensor group: its rank 0's stream becomes every
+ * rank's. The ranks of a tensor group see the same tokens, so stochastic
+ * layers (a MoE gate's sampled second expert, jitter) must draw alike; a
+ * resume from another layout restores per-rank streams that may not be. */
+DSC_API dsc_status dsc_tp_sync_rng(dsc_comm *tensor_group, dsc_rng *rng);
 
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {
