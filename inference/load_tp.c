@@ -186,11 +186,11 @@ static dsc_status transposed_read(void *impl, int64_t i, float *dst, int64_t num
     return s;
 }
 
-/* Builds from src, through the transposing wrapper for GPT-2. */
+/* Builds the stage from src, through the transposing wrapper for GPT-2. */
 static dsc_status build(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
-                        bool gpt2, dsc_infer_model **out) {
+                        bool gpt2, const dsc_infer_stage *stage, dsc_infer_model **out) {
     dsc_tensor_source t = {(void *)src, src->count, transposed_describe, transposed_read, NULL};
-    return dsc_infer_model_build(policy, mc, gpt2 ? &t : src, out);
+    return dsc_infer_model_build_stage(policy, mc, gpt2 ? &t : src, stage, out);
 }
 
 /* ---- plan, check, build ----------------------------------------------------------------------- */
@@ -275,12 +275,16 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     dsc_comm *ep = !req->plan && tp ? tp->ep_comm : NULL;
     dsc_infer_model_config local = *mc;
     if (ep) DSC_TRY(expert_shard(mc, ep, &local));
+    dsc_infer_stage stage;
+    int32_t max_layers = 0;
+    if (!req->plan) DSC_TRY(dsc_infer_stage_plan(policy, mc, req->pp, &stage, &max_layers));
     cJSON *root = config_json ? cJSON_Parse(config_json) : NULL;
     bool gpt2 = is_gpt2(root);
     if (!req->plan && size == 1) {
         cJSON_Delete(root);
-        DSC_TRY(build(policy, &local, src, gpt2, req->model));
+        DSC_TRY(build(policy, &local, src, gpt2, &stage, req->model));
         attach(*req->model, mc, ep);
+        dsc_infer_stage_attach(*req->model, req->pp, max_layers);
         return NULL;
     }
     dsc_status s = NULL;
@@ -303,10 +307,11 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     local.vocab_size = (int32_t)sh->nv;
     shard_source ss = {src, plan, rank};
     dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};
-    s = build(policy, &local, &wrapped, gpt2, req->model);
+    s = build(policy, &local, &wrapped, gpt2, &stage, req->model);
     if (!s) {
         dsc_infer_model *m = *req->model;
         attach(m, mc, ep);
+        dsc_infer_stage_attach(m, req->pp, max_layers);
         m->shard = local;
         m->tp_comm = tp->comm;
         m->tp_rank = rank;
