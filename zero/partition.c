@@ -110,6 +110,22 @@ static int by_flat_position(const void *a, const void *b) {
     return p->offset < q->offset ? -1 : p->offset > q->offset;
 }
 
+/* Stage 3's pool segment of a layer: its parameters that are not persistent,
+ * each once, back to back at aligned positions. With nothing persistent it
+ * is as long as the runs' layout. */
+static void pool_layout(const zero_optimizer *z, zero_layer *zl) {
+    const dsc_layer *layer = zl->layer;
+    for (int j = 0; j < layer->n_params; j++) {
+        zl->pool_param_at[j] = -1;
+        if (z->persistent && z->persistent[zl->param_index[j]]) continue;
+        for (int k = 0; k < j && zl->pool_param_at[j] < 0; k++)
+            if (layer->params[k] == layer->params[j]) zl->pool_param_at[j] = zl->pool_param_at[k];
+        if (zl->pool_param_at[j] >= 0) continue;
+        zl->pool_param_at[j] = zl->pool_numel;
+        zl->pool_numel += aligned(dsc_param_numel(layer->params[j]));
+    }
+}
+
 /* Runs: the layer's parameters sorted by (group, offset), neighbours in the
  * flat buffer merged; the layout puts the runs back to back. */
 static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer) {
@@ -118,8 +134,9 @@ static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer
     zl->runs = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->runs);
     zl->param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_at);
     zl->param_index = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_index);
+    zl->pool_param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->pool_param_at);
     dsc_param **sorted = malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
-    if (!zl->runs || !zl->param_at || !zl->param_index || !sorted) {
+    if (!zl->runs || !zl->param_at || !zl->param_index || !zl->pool_param_at || !sorted) {
         free(sorted);
         return dsc_error(DSC_ERR_NOMEM, "ZeRO: runs of layer %s", layer->name);
     }
@@ -152,6 +169,7 @@ static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer
                 zl->param_at[j] = run->at + (p->offset - run->begin);
         }
     }
+    pool_layout(z, zl);
     return NULL;
 }
 
@@ -169,6 +187,7 @@ void zero_layers_free(zero_optimizer *z) {
         free(z->layers[l].runs);
         free(z->layers[l].param_at);
         free(z->layers[l].param_index);
+        free(z->layers[l].pool_param_at);
     }
     free(z->layers);
     z->layers = NULL;

@@ -53,11 +53,13 @@ typedef struct zero_layer {
     dsc_layer *layer;
     zero_run *runs;
     int n_runs;
-    int64_t numel;     /* layout length: the runs back to back */
-    int64_t *param_at; /* [layer->n_params] position of each parameter in the layout */
-    int *param_index;  /* [layer->n_params] index in the store */
-    bool live;         /* stage 3: gathered into the pool */
-    int64_t pool_at;   /* stage 3: where in the pool, when live */
+    int64_t numel;          /* layout length: the runs back to back */
+    int64_t *param_at;      /* [layer->n_params] position of each parameter in the layout */
+    int *param_index;       /* [layer->n_params] index in the store */
+    bool live;              /* stage 3: gathered into the pool */
+    int64_t pool_at;        /* stage 3: where in the pool, when live */
+    int64_t pool_numel;     /* stage 3: pool elements it needs (its parameters that are not persistent) */
+    int64_t *pool_param_at; /* [layer->n_params] stage 3: position in its pool segment; -1 when persistent */
 } zero_layer;
 
 typedef struct zero_bucket {
@@ -88,6 +90,11 @@ typedef struct zero_optimizer {
     dsc_tensor staging; /* (largest layer layout) stages 2/3: one layer's gradients during its backward */
     dsc_tensor scratch; /* (largest own share of one staged reduce-scatter) stages 2/3: its receive buffer */
     dsc_tensor pool;    /* (pool capacity) stage 3: gathered parameters of live layers */
+    /* stage 3 persistence: parameters of at most stage3_param_persistence_threshold elements stay whole */
+    bool *persistent;    /* [n_params] */
+    int64_t *persist_at; /* [n_params] where a persistent parameter's value sits in `persist` */
+    dsc_tensor persist;  /* (their aligned sizes back to back) the whole values of persistent parameters */
+    bool persist_stale;  /* their pieces may have been written (a checkpoint restore): gather before use */
 } zero_optimizer;
 
 /* ---- partition.c ---- */
@@ -118,6 +125,11 @@ dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, fl
 
 /* ---- gather.c (stage 3) ---- */
 dsc_status zero_pool_init(zero_optimizer *z);
+/* Marks the parameters at or below the persistence threshold and gives them
+ * their whole values (copied from the store: call before it is released). */
+dsc_status zero_persist_init(zero_optimizer *z);
+/* All-gathers every persistent parameter's value from the ranks' pieces. */
+dsc_status zero_persist_refresh(zero_optimizer *z);
 dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward);
 void zero_gather_release(zero_optimizer *z, int layer);
 

@@ -264,6 +264,7 @@ static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stat
     z->step++;
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         DSC_TRY(update_group(z, &z->groups[g], lr, coef));
+    if (z->persistent) DSC_TRY(zero_persist_refresh(z)); /* stage 3: whole values of the updated pieces */
     if (z->full_grads) {
         DSC_TRY(dsc_params_zero_grads(z->o.params));
     } else {
@@ -315,6 +316,8 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     out->offset = pc->param_offset;
     out->local = piece_view(value ? &g->values : &g->state[kind], pc);
     out->is_value = value;
+    /* A checkpoint restore writes the pieces: persistent whole values are gathered again before use. */
+    if (value && z->persistent) z->persist_stale = true;
 }
 
 static void zero_destroy(dsc_optimizer *opt) {
@@ -325,6 +328,9 @@ static void zero_destroy(dsc_optimizer *opt) {
     dsc_tensor_free(&z->staging);
     dsc_tensor_free(&z->scratch);
     dsc_tensor_free(&z->pool);
+    dsc_tensor_free(&z->persist);
+    free(z->persistent);
+    free(z->persist_at);
     free(z->buckets);
     free(z->uses);
     free(z->uses_left);
@@ -423,6 +429,7 @@ static dsc_status setup(zero_optimizer *z) {
     bool split = z->z.stage == 3;
     DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_DENSE], DSC_PARAM_GROUP_DENSE, z->o.dp, split));
     DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp, split));
+    DSC_TRY(zero_persist_init(z)); /* before the layers' pool layouts, which leave persistent parameters out */
     DSC_TRY(zero_layers_init(z));
     for (int l = 0; l < z->n_layers; l++)
         for (int j = 0; j < z->layers[l].layer->n_params; j++)
@@ -451,6 +458,7 @@ void dsc_zero_options_from_config(const dsc_config *cfg, dsc_zero_options *zo) {
         .allgather_bucket_size = c->allgather_bucket_size,
         .stage3_max_live_parameters = c->stage3_max_live_parameters,
         .stage3_prefetch_bucket_size = c->stage3_prefetch_bucket_size,
+        .stage3_param_persistence_threshold = c->stage3_param_persistence_threshold,
     };
 }
 
