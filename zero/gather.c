@@ -21,9 +21,11 @@
  * every call; a layer whose parameters are all persistent gathers nothing.
  * Their gradients and optimizer state stay partitioned like any other.
  *
- * With blocking collectives a prefetch issues the next gather early rather
- * than overlapping it; the bookkeeping is what a non-blocking all-gather
- * would need.
+ * A prefetch runs ahead: its all-gathers are posted (non-blocking) before the
+ * current layer's call, tested at every layer hook while that call computes,
+ * and waited for only when the prefetched layer is called (or evicted).
+ * Gathers that are not prefetches block. Either way a gather copies the same
+ * pieces, so the values are bitwise the same.
  *
  * Not here: gradients (zero_optimizer.c reduce-scatters the staging buffer
  * after backward). */
@@ -109,21 +111,41 @@ static int64_t pool_find(const zero_optimizer *z, int64_t n) {
     return -1;
 }
 
-void zero_gather_release(zero_optimizer *z, int layer) {
+/* Waits for the layer's prefetch, if one is in flight. */
+static dsc_status settle(zero_layer *zl) {
+    dsc_status s = dsc_comm_waitall(zl->gathers, zl->layer->n_params);
+    return s ? dsc_error_wrap(s, "prefetching the parameters of layer %s", zl->layer->name) : NULL;
+}
+
+dsc_status zero_gather_progress(zero_optimizer *z) {
+    for (int l = 0; l < z->n_layers; l++)
+        for (int j = 0; z->layers[l].live && j < z->layers[l].layer->n_params; j++) {
+            bool done;
+            DSC_TRY(dsc_comm_test(&z->layers[l].gathers[j], &done));
+        }
+    return NULL;
+}
+
+dsc_status zero_gather_release(zero_optimizer *z, int layer) {
     zero_layer *zl = &z->layers[layer];
-    if (!zl->live) return;
+    if (!zl->live) return NULL;
+    DSC_TRY(settle(zl)); /* its pool space must not be reused under a gather in flight */
     zl->live = false;
     for (int j = 0; j < zl->layer->n_params; j++)
         if (zl->pool_param_at[j] >= 0) zl->layer->params[j]->value.data = NULL;
+    return NULL;
 }
 
-static dsc_status gather(zero_optimizer *z, int layer, int64_t at) {
+/* All-gathers the layer's partitioned parameters into the pool at `at`;
+ * `ahead` (a prefetch) only posts them. */
+static dsc_status gather(zero_optimizer *z, int layer, int64_t at, bool ahead) {
     zero_layer *zl = &z->layers[layer];
     for (int j = 0; j < zl->layer->n_params; j++) {
         if (zl->pool_param_at[j] < 0) continue; /* persistent */
         zero_group *g = &z->groups[zl->layer->params[j]->group];
         float *dst = (float *)z->pool.data + at + zl->pool_param_at[j];
-        dsc_status s = zero_all_gather_param(z, g, zl->param_index[j], dst);
+        dsc_status s = ahead ? zero_iall_gather_param(z, g, zl->param_index[j], dst, &zl->gathers[j])
+                             : zero_all_gather_param(z, g, zl->param_index[j], dst);
         if (s) return dsc_error_wrap(s, "gathering the parameters of layer %s", zl->layer->name);
     }
     zl->live = true;
@@ -134,19 +156,20 @@ static dsc_status gather(zero_optimizer *z, int layer, int64_t at) {
 /* Gathers `layer` unless live, evicting other live layers (never `keep`) when the pool is full. */
 static dsc_status make_live(zero_optimizer *z, int layer, int keep) {
     zero_layer *zl = &z->layers[layer];
-    if (zl->live) return NULL;
+    if (zl->live) return settle(zl); /* prefetched */
     int64_t at = pool_find(z, zl->pool_numel);
     for (int l = 0; l < z->n_layers && at < 0; l++)
         if (l != keep && l != layer && z->layers[l].live) {
-            zero_gather_release(z, l);
+            DSC_TRY(zero_gather_release(z, l));
             at = pool_find(z, zl->pool_numel);
         }
     DSC_ASSERT(at >= 0); /* the pool holds the largest layer */
-    return gather(z, layer, at);
+    return gather(z, layer, at, false);
 }
 
 dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward) {
     zero_layer *zl = &z->layers[layer];
+    DSC_TRY(zero_gather_progress(z));
     if (z->persist_stale) DSC_TRY(zero_persist_refresh(z));
     for (int j = 0; j < zl->layer->n_params; j++) {
         int i = zl->param_index[j];
@@ -163,5 +186,5 @@ dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward) {
     zero_layer *zn = &z->layers[next];
     if (zn->live || zn->pool_numel == 0 || zn->pool_numel > z->z.stage3_prefetch_bucket_size) return NULL;
     int64_t at = pool_find(z, zn->pool_numel);
-    return at >= 0 ? gather(z, next, at) : NULL;
+    return at >= 0 ? gather(z, next, at, true) : NULL;
 }

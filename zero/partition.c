@@ -135,8 +135,9 @@ static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer
     zl->param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_at);
     zl->param_index = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_index);
     zl->pool_param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->pool_param_at);
+    zl->gathers = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->gathers);
     dsc_param **sorted = malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
-    if (!zl->runs || !zl->param_at || !zl->param_index || !zl->pool_param_at || !sorted) {
+    if (!zl->runs || !zl->param_at || !zl->param_index || !zl->pool_param_at || !zl->gathers || !sorted) {
         free(sorted);
         return dsc_error(DSC_ERR_NOMEM, "ZeRO: runs of layer %s", layer->name);
     }
@@ -188,6 +189,7 @@ void zero_layers_free(zero_optimizer *z) {
         free(z->layers[l].param_at);
         free(z->layers[l].param_index);
         free(z->layers[l].pool_param_at);
+        free(z->layers[l].gathers);
     }
     free(z->layers);
     z->layers = NULL;
@@ -215,9 +217,30 @@ static const char *group_name(const zero_group *g) {
     return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense";
 }
 
+/* Posts the reduce-scatter (averaging) of chunk [lo, hi) of `src`, which
+ * holds [a, ...), into `recv` (this rank's share). */
+static dsc_status post_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t lo,
+                                      int64_t hi, dsc_tensor *recv, dsc_comm_request **req) {
+    int64_t counts[g->size];
+    dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
+    range_counts(g, lo, hi, counts);
+    dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, recv, counts, DSC_REDUCE_OP_AVG, req);
+    if (s)
+        return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g), (long long)lo,
+                              (long long)hi);
+    return NULL;
+}
+
+dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                     dsc_comm_request **req) {
+    *req = NULL;
+    if (!g->comm || g->size == 1) return NULL; /* one rank: the range is its share, in place */
+    dsc_tensor in_place = flat_view(src + (share_start(g, a, b) - a), zero_owned(g, g->rank, a, b), z->device);
+    return post_reduce_scatter(z, g, src, a, a, b, &in_place, req);
+}
+
 dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
                                bool accumulate) {
-    int64_t counts[g->size];
     if (chunk <= 0) chunk = b - a;
     for (int64_t lo = a; lo < b; lo += chunk) {
         int64_t hi = lo + chunk < b ? lo + chunk : b;
@@ -228,9 +251,9 @@ dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int
         dsc_tensor in_place = flat_view(src + (own_lo - a), mine, z->device);
         dsc_tensor recv = accumulate ? flat_view(z->scratch.data, mine, z->device) : in_place;
         if (g->comm && g->size > 1) {
-            dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
-            range_counts(g, lo, hi, counts);
-            dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
+            dsc_comm_request *req;
+            DSC_TRY(post_reduce_scatter(z, g, src, a, lo, hi, &recv, &req));
+            dsc_status s = dsc_comm_wait(&req);
             if (s)
                 return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
                                       (long long)lo, (long long)hi);
@@ -293,7 +316,9 @@ dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index
     return dsc_kernel_axpy(&dst, 1.0f, &recv);
 }
 
-dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
+dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst,
+                                  dsc_comm_request **req) {
+    *req = NULL;
     const dsc_param *p = dsc_params_at(z->o.params, index);
     int64_t n = dsc_param_numel(p), counts[g->size];
     piece_counts(g, n, counts);
@@ -301,7 +326,15 @@ dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, fl
     float *share = (float *)g->values.data + (mine > 0 ? g->pieces[g->piece_of[index]].pos : 0);
     dsc_tensor send = flat_view(share, mine, z->device), recv = flat_view(dst, n, z->device);
     if (!g->comm || g->size == 1) return dsc_tensor_copy(&recv, &send);
-    dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
+    dsc_status s = dsc_comm_iallgather(g->comm, &send, &recv, counts, req);
     if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", p->name);
+    return NULL;
+}
+
+dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
+    dsc_comm_request *req;
+    DSC_TRY(zero_iall_gather_param(z, g, index, dst, &req));
+    dsc_status s = dsc_comm_wait(&req);
+    if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", dsc_params_at(z->o.params, index)->name);
     return NULL;
 }

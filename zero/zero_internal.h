@@ -60,13 +60,14 @@ typedef struct zero_layer {
     int64_t pool_at;        /* stage 3: where in the pool, when live */
     int64_t pool_numel;     /* stage 3: pool elements it needs (its parameters that are not persistent) */
     int64_t *pool_param_at; /* [layer->n_params] stage 3: position in its pool segment; -1 when persistent */
+    dsc_comm_request **gathers; /* [layer->n_params] stage 3: all-gathers of its prefetch still in flight */
 } zero_layer;
 
 typedef struct zero_bucket {
     dsc_param_group group;
     int64_t begin, end;
     int params;  /* parameters overlapping the range */
-    int pending; /* of those, not yet final in this batch; -1 once reduced */
+    int pending; /* of those, not yet final in this batch; -1 once reduced or posted */
 } zero_bucket;
 
 typedef struct zero_optimizer {
@@ -84,6 +85,7 @@ typedef struct zero_optimizer {
     int n_layers;
     /* full-gradient reduction (stage 1): buckets reduced once all their parameters are final */
     zero_bucket *buckets;
+    dsc_comm_request **reqs; /* [n_buckets] overlap_comm: each bucket's reduce-scatter in flight */
     int n_buckets;
     int *uses, *uses_left;           /* [n_params] layers reading each parameter; not yet reported */
     int *first_bucket, *last_bucket; /* [n_params] */
@@ -112,6 +114,10 @@ int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
  * staged ones are received in the scratch buffer and added to g->grads. */
 dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
                                bool accumulate);
+/* Full gradients: posts the in-place reduce-scatter of [a, b) (src: the
+ * store's buffer from a) as one request; *req is NULL on one rank. */
+dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                     dsc_comm_request **req);
 /* All-gathers flat range [a, b) of the group's values into dst (b - a
  * elements), each rank sending its share from g->values (in place when
  * g->values is a view of dst's buffer). */
@@ -122,6 +128,9 @@ dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t
  * all-gathers its value into dst from every rank's piece. */
 dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src);
 dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst);
+/* The same all-gather posted; *req is NULL when nothing is in flight (one rank). */
+dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst,
+                                  dsc_comm_request **req);
 
 /* ---- gather.c (stage 3) ---- */
 dsc_status zero_pool_init(zero_optimizer *z);
@@ -131,6 +140,8 @@ dsc_status zero_persist_init(zero_optimizer *z);
 /* All-gathers every persistent parameter's value from the ranks' pieces. */
 dsc_status zero_persist_refresh(zero_optimizer *z);
 dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward);
-void zero_gather_release(zero_optimizer *z, int layer);
+dsc_status zero_gather_release(zero_optimizer *z, int layer);
+/* Tests the prefetches in flight (they move on only while tested); every layer hook calls it. */
+dsc_status zero_gather_progress(zero_optimizer *z);
 
 #endif

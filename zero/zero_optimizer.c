@@ -47,11 +47,23 @@ static float *flat_values(zero_optimizer *z, dsc_param_group g) {
 
 /* ---- full gradients: buckets --------------------------------------------------- */
 
-static dsc_status reduce_bucket(zero_optimizer *z, zero_bucket *b) {
+/* Reduces the bucket, or with overlap_comm posts its reduction (waited in reduce_grads). */
+static dsc_status reduce_bucket(zero_optimizer *z, int k) {
+    zero_bucket *b = &z->buckets[k];
     b->pending = -1;
     zero_group *g = &z->groups[b->group];
     float *src = flat_grads(z, b->group) + b->begin;
+    if (z->o.overlap_comm) return zero_ireduce_scatter_full(z, g, src, b->begin, b->end, &z->reqs[k]);
     return zero_reduce_scatter(z, g, src, b->begin, b->end, 0, false);
+}
+
+/* Moves the reductions in flight on (overlap_comm): MPI progresses them only while they are tested. */
+static dsc_status progress(zero_optimizer *z) {
+    for (int k = 0; k < z->n_buckets; k++) {
+        bool done;
+        DSC_TRY(dsc_comm_test(&z->reqs[k], &done));
+    }
+    return NULL;
 }
 
 static void reset_batch(zero_optimizer *z) {
@@ -63,6 +75,7 @@ static void reset_batch(zero_optimizer *z) {
 static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
     zero_optimizer *z = self_of(opt);
     if (!z->full_grads || z->deferred) return NULL;
+    DSC_TRY(progress(z));
     int l = zero_layer_find(z, layer);
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: grads_ready for layer %s, which the optimizer was not given",
               layer->name);
@@ -70,7 +83,7 @@ static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
         int i = z->layers[l].param_index[j];
         if (--z->uses_left[i] != 0) continue;
         for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++)
-            if (--z->buckets[k].pending == 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+            if (--z->buckets[k].pending == 0) DSC_TRY(reduce_bucket(z, k));
     }
     return NULL;
 }
@@ -78,7 +91,10 @@ static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
 static dsc_status zero_reduce_grads(dsc_optimizer *opt) {
     zero_optimizer *z = self_of(opt);
     for (int k = 0; k < z->n_buckets; k++)
-        if (z->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+        if (z->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(z, k));
+    /* together: every bucket in flight moves on while any is waited for */
+    dsc_status s = dsc_comm_waitall(z->reqs, z->n_buckets);
+    if (s) return dsc_error_wrap(s, "ZeRO: reducing gradients over %d buckets", z->n_buckets);
     reset_batch(z);
     return NULL;
 }
@@ -91,7 +107,8 @@ static dsc_status make_buckets(zero_optimizer *z) {
         count += (int)((n + per - 1) / per);
     }
     z->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *z->buckets);
-    DSC_CHECK(z->buckets, DSC_ERR_NOMEM, "ZeRO: %d buckets", count);
+    z->reqs = calloc((size_t)(count > 0 ? count : 1), sizeof *z->reqs);
+    DSC_CHECK(z->buckets && z->reqs, DSC_ERR_NOMEM, "ZeRO: %d buckets", count);
     int first[DSC_PARAM_GROUP_COUNT];
     int64_t per[DSC_PARAM_GROUP_COUNT];
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
@@ -135,6 +152,7 @@ static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool ba
     int l = zero_layer_find(z, layer);
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
     zero_layer *zl = &z->layers[l];
+    if (z->z.stage == 3) DSC_TRY(zero_gather_progress(z)); /* the prefetch moved on while this layer computed */
     if (backward && !z->full_grads) {
         for (int j = 0; j < layer->n_params; j++)
             layer->params[j]->grad.data = NULL;
@@ -151,7 +169,7 @@ static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool ba
             if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
         }
     }
-    if (z->z.stage == 3) zero_gather_release(z, l);
+    if (z->z.stage == 3) DSC_TRY(zero_gather_release(z, l));
     return NULL;
 }
 
@@ -332,6 +350,7 @@ static void zero_destroy(dsc_optimizer *opt) {
     free(z->persistent);
     free(z->persist_at);
     free(z->buckets);
+    free(z->reqs);
     free(z->uses);
     free(z->uses_left);
     free(z->first_bucket);

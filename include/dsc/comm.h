@@ -176,6 +176,11 @@ DSC_API dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, in
 DSC_API dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
 DSC_API dsc_status dsc_comm_wait(dsc_comm_request **req);
 DSC_API dsc_status dsc_comm_test(dsc_comm_request **req, bool *done);
+/* Waits for n requests together (NULL entries are skipped), testing every one
+ * in each round so that collectives in flight all move on at once; the
+ * deadline is the latest of theirs. Each is freed and set to NULL; after an
+ * error the ones still open are given up and freed too. */
+DSC_API dsc_status dsc_comm_waitall(dsc_comm_request **reqs, int n);
 
 /* Blocking forms: post and wait. */
 DSC_API dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);

@@ -316,6 +316,42 @@ dsc_status dsc_comm_wait(dsc_comm_request **reqp) {
     return retire(reqp, s, s == NULL);
 }
 
+typedef struct wait_all {
+    dsc_comm_request **reqs;
+    int n;
+} wait_all;
+
+/* Tests every request still open (each test moves its collective on), retiring those that completed. */
+static dsc_status test_all(void *arg, bool *done) {
+    wait_all *w = arg;
+    *done = true;
+    for (int i = 0; i < w->n; i++) {
+        dsc_comm_request *req = w->reqs[i];
+        if (!req) continue;
+        bool finished = false;
+        dsc_status s = req->comm->backend->test(req, &finished);
+        DSC_TRY(retire(&w->reqs[i], s, finished));
+        if (!finished) *done = false;
+    }
+    return NULL;
+}
+
+dsc_status dsc_comm_waitall(dsc_comm_request **reqs, int n) {
+    wait_all w = {reqs, n};
+    const dsc_comm_request *first = NULL;
+    double deadline = 0;
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        if (!first) first = reqs[i];
+        if (reqs[i]->deadline > deadline) deadline = reqs[i]->deadline;
+    }
+    if (!first) return NULL;
+    dsc_status s = dsc_comm_poll(first->comm, "waiting for requests", -1, deadline, test_all, &w);
+    for (int i = 0; s && i < n; i++) /* give up the rest */
+        if (reqs[i]) dsc_status_free(retire(&reqs[i], dsc_error(DSC_ERR_COMM, "given up"), false));
+    return s;
+}
+
 dsc_status dsc_comm_test(dsc_comm_request **reqp, bool *done) {
     *done = true;
     dsc_comm_request *req = *reqp;

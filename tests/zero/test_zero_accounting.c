@@ -13,7 +13,10 @@
  *    are gathered once per step instead of before every call (all-gather
  *    calls counted), take their whole size in parameter memory and none in
  *    the pool (allocator accounting), and training gives bitwise the same
- *    parameters as without. */
+ *    parameters as without;
+ *  - stage 3's prefetch runs ahead: the next layer's all-gathers are still in
+ *    flight (not yet completed, by the counters) while the current layer is
+ *    called, and complete when the next layer is. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,11 +219,47 @@ static void test_persistence_threshold(void **state) {
     dsc_comm_free(dp);
 }
 
+static int64_t gathers_done(dsc_comm *c) {
+    dsc_comm_stats st;
+    dsc_comm_get_stats(c, &st);
+    return st.calls[DSC_COMM_OP_ALLGATHER];
+}
+
+static void test_prefetch_runs_ahead(void **state) {
+    (void)state;
+    dsc_comm *dp;
+    assert_ok(dsc_comm_world(NULL, &dp));
+    toy_model m;
+    toy_spec spec;
+    big_spec(&spec); /* layers of 2, 3, 2 and 1 parameters */
+    toy_model_init(&m, &spec, dsc_comm_rank(dp));
+    dsc_optimizer_options o = toy_options(&m, dp);
+    dsc_optimizer *opt;
+    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){3, 1, 0, 1 << 30, 1 << 30, 0}, &opt));
+    dsc_comm_reset_stats(dp);
+    const int64_t params[4] = {2, 3, 2, 1};
+    int64_t done = 0;
+    for (int l = 0; l < 4; l++) {
+        assert_ok(dsc_optimizer_before_layer(opt, &m.layers[l], false));
+        done += params[l];
+        /* this layer's gathers completed; the next layer's (posted ahead) have not */
+        if (dsc_comm_size(dp) > 1) assert_int_equal(gathers_done(dp), done);
+        assert_ok(dsc_optimizer_after_layer(opt, &m.layers[l], false));
+    }
+    if (dsc_comm_rank(dp) == 0)
+        printf("  prefetch: %lld all-gathers, each completed only when its layer ran\n",
+               (long long)gathers_done(dp));
+    dsc_optimizer_destroy(opt);
+    toy_model_free(&m);
+    dsc_comm_free(dp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_matches_formula),
         cmocka_unit_test(test_comm_volume),
         cmocka_unit_test(test_persistence_threshold),
+        cmocka_unit_test(test_prefetch_runs_ahead),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
