@@ -239,31 +239,35 @@ dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *sr
     return post_reduce_scatter(z, g, src, a, a, b, &in_place, req);
 }
 
-dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
-                               bool accumulate) {
+/* Adds `n` elements of `src` to `dst` (one rank: its share is the chunk itself). */
+static dsc_status add_share(zero_optimizer *z, float *dst, const float *src, int64_t n) {
+    if (n == 0) return NULL;
+    dsc_tensor d = flat_view(dst, n, z->device), s = flat_view((float *)src, n, z->device);
+    return dsc_kernel_axpy(&d, 1.0f, &s);
+}
+
+static void record(zero_slot *slot, dsc_comm_request *req, float *recv, float *dst, int64_t n) {
+    slot->reqs[slot->n_ops] = req;
+    slot->ops[slot->n_ops++] = (zero_staged_op){recv, dst, n};
+}
+
+dsc_status zero_post_staged_range(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                  int64_t chunk, float **recv, zero_slot *slot) {
     if (chunk <= 0) chunk = b - a;
     for (int64_t lo = a; lo < b; lo += chunk) {
         int64_t hi = lo + chunk < b ? lo + chunk : b;
         int64_t mine = zero_owned(g, g->rank, lo, hi);
         int64_t own_lo = share_start(g, lo, hi);
-        /* This rank's share of the chunk, in send's layout: where an in-place reduce-scatter leaves it. With
-         * full gradients that is the rank's range of g->grads itself. */
-        dsc_tensor in_place = flat_view(src + (own_lo - a), mine, z->device);
-        dsc_tensor recv = accumulate ? flat_view(z->scratch.data, mine, z->device) : in_place;
-        if (g->comm && g->size > 1) {
-            dsc_comm_request *req;
-            DSC_TRY(post_reduce_scatter(z, g, src, a, lo, hi, &recv, &req));
-            dsc_status s = dsc_comm_wait(&req);
-            if (s)
-                return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
-                                      (long long)lo, (long long)hi);
-        } else {
-            recv = in_place; /* one rank: the chunk is its share */
+        float *dst = mine > 0 ? (float *)g->grads.data + (own_lo - g->begin) : NULL;
+        if (!g->comm || g->size == 1) {
+            DSC_TRY(add_share(z, dst, src + (own_lo - a), mine));
+            continue;
         }
-        if (accumulate && mine > 0) {
-            dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, z->device);
-            DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &recv));
-        }
+        dsc_tensor share = flat_view(*recv, mine, z->device);
+        dsc_comm_request *req;
+        DSC_TRY(post_reduce_scatter(z, g, src, a, lo, hi, &share, &req));
+        record(slot, req, *recv, dst, mine);
+        *recv += mine;
     }
     return NULL;
 }
@@ -298,22 +302,21 @@ static void piece_counts(const zero_group *g, int64_t numel, int64_t *counts) {
     }
 }
 
-dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src) {
+dsc_status zero_post_staged_param(zero_optimizer *z, zero_group *g, int index, float *src, float **recv,
+                                  zero_slot *slot) {
     const dsc_param *p = dsc_params_at(z->o.params, index);
     int64_t n = dsc_param_numel(p), counts[g->size];
     piece_counts(g, n, counts);
     int64_t mine = counts[g->rank];
-    dsc_tensor send = flat_view(src, n, z->device);
-    dsc_tensor recv = flat_view(z->scratch.data, mine, z->device);
-    if (g->comm && g->size > 1) {
-        dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
-        if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);
-    } else {
-        recv = send;
-    }
-    if (mine == 0) return NULL;
-    dsc_tensor dst = flat_view((float *)g->grads.data + g->pieces[g->piece_of[index]].pos, mine, z->device);
-    return dsc_kernel_axpy(&dst, 1.0f, &recv);
+    float *dst = mine > 0 ? (float *)g->grads.data + g->pieces[g->piece_of[index]].pos : NULL;
+    if (!g->comm || g->size == 1) return add_share(z, dst, src, mine);
+    dsc_tensor send = flat_view(src, n, z->device), share = flat_view(*recv, mine, z->device);
+    dsc_comm_request *req;
+    dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, &share, counts, DSC_REDUCE_OP_AVG, &req);
+    if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);
+    record(slot, req, *recv, dst, mine);
+    *recv += mine;
+    return NULL;
 }
 
 dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst,
