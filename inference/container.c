@@ -54,7 +54,7 @@ bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc) 
 
 int dsc_param_def_shape(const dsc_param_def *p, const dsc_infer_model_config *mc, int64_t *shape) {
     int nd = 0;
-    if (p->per_expert) shape[nd++] = mc->n_experts;
+    if (p->per_expert) shape[nd++] = dsc_model_local_experts(mc);
     int64_t rows = 0;
     for (int d = 0; d < p->n_deps; d++)
         rows += dsc_dim_value(mc, p->deps[d].rows);

@@ -202,13 +202,39 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
     return s;
 }
 
+/* Expert parallelism: the rank's range of experts (dsc_moe_expert_range) in `local`. */
+static dsc_status expert_shard(const dsc_infer_model_config *mc, dsc_comm *ep, dsc_infer_model_config *local) {
+    int size = dsc_comm_size(ep), rank = dsc_comm_rank(ep);
+    DSC_CHECK(mc->n_experts >= size, DSC_ERR_CONFIG,
+              "expert parallelism over %d ranks needs a MoE model with at least %d experts; this one has %d", size,
+              size, mc->n_experts);
+    DSC_CHECK(!mc->moe_residual || size == 1, DSC_ERR_UNSUPPORTED,
+              "expert parallelism: the PR-MoE residual MLP is not supported over %d ranks", size);
+    dsc_moe_expert_range(mc->n_experts, size, rank, &local->expert0, &local->n_local_experts);
+    return NULL;
+}
+
+/* The built model's whole-model config and expert-parallel group. */
+static void attach(dsc_infer_model *m, const dsc_infer_model_config *mc, dsc_comm *ep) {
+    m->cfg = *mc;
+    m->cfg.expert0 = m->cfg.n_local_experts = 0;
+    m->ep_comm = ep;
+}
+
 dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_config *mc,
                            const dsc_tensor_source *src, const char *config_json, const char *source,
                            const dsc_load_request *req) {
     const dsc_infer_tp *tp = req->tp;
     int size = !tp ? 1 : tp->comm ? dsc_comm_size(tp->comm) : tp->tp_size;
     DSC_CHECK(size >= 1, DSC_ERR_CONFIG, "tensor_parallel.tp_size must be >= 1, got %d", size);
-    if (!req->plan && size == 1) return dsc_infer_model_build(policy, mc, src, req->model);
+    dsc_comm *ep = !req->plan && tp ? tp->ep_comm : NULL;
+    dsc_infer_model_config local = *mc;
+    if (ep) DSC_TRY(expert_shard(mc, ep, &local));
+    if (!req->plan && size == 1) {
+        DSC_TRY(dsc_infer_model_build(policy, &local, src, req->model));
+        attach(*req->model, mc, ep);
+        return NULL;
+    }
     DSC_CHECK(req->plan || tp->comm, DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
     DSC_CHECK(req->plan || src->read_f32_span, DSC_ERR_UNSUPPORTED, "%s: this tensor source cannot read shards",
               source);
@@ -222,7 +248,6 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     }
     int rank = dsc_comm_rank(tp->comm);
     const dsc_tp_shard *sh = dsc_tp_plan_shard(plan, rank);
-    dsc_infer_model_config local = *mc;
     local.n_head = sh->nq;
     local.n_kv_head = sh->nkv;
     local.d_ff = (int32_t)sh->nf;
@@ -232,7 +257,7 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     s = dsc_infer_model_build(policy, &local, &wrapped, req->model);
     if (!s) {
         dsc_infer_model *m = *req->model;
-        m->cfg = *mc;
+        attach(m, mc, ep);
         m->shard = local;
         m->tp_comm = tp->comm;
         m->tp_rank = rank;

@@ -73,7 +73,7 @@ static dsc_status layout(build_state *b) {
             bool overflow = false;
             for (int i = 0; i < nd; i++)
                 overflow |= __builtin_mul_overflow(numel, shape[i], &numel);
-            int32_t experts = pd->per_expert ? mc->n_experts : 1;
+            int32_t experts = pd->per_expert ? dsc_model_local_experts(mc) : 1;
             overflow |= __builtin_add_overflow(numel, ALIGN_FLOATS - 1, &padded);
             padded = padded / ALIGN_FLOATS * ALIGN_FLOATS;
             overflow |= __builtin_mul_overflow((int64_t)experts, (int64_t)pd->n_deps, &deps);
@@ -179,8 +179,11 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
     DSC_CHECK(s->def, DSC_ERR_CORRUPT,
               "checkpoint tensor '%s' maps to %s, which this model's config does not have", name, map->target);
     if (!s->def->per_expert) expert = 0;
-    DSC_CHECK(expert >= 0 && expert < s->experts, DSC_ERR_CORRUPT,
-              "checkpoint tensor '%s' names expert %lld of %d", name, (long long)expert, s->experts);
+    int32_t all = s->def->per_expert ? b->mc->n_experts : 1, first = s->def->per_expert ? b->mc->expert0 : 0;
+    DSC_CHECK(expert >= 0 && expert < all, DSC_ERR_CORRUPT, "checkpoint tensor '%s' names expert %lld of %d", name,
+              (long long)expert, all);
+    expert -= first;
+    if (expert < 0 || expert >= s->experts) return NULL; /* another expert-parallel rank's expert */
     const dsc_param_dep *dep = &s->def->deps[d];
     int64_t want[2] = {dsc_dim_value(b->mc, dep->rows), dsc_dim_value(b->mc, dep->cols)};
     int want_nd = dep->cols == DSC_DIM_NONE ? 1 : 2;
@@ -263,7 +266,8 @@ static dsc_status check_complete(build_state *b) {
                     char name[512], rel[400];
                     const char *star = strchr(source, '*');
                     if (star)
-                        snprintf(rel, sizeof rel, "%.*s%d%s", (int)(star - source), source, e, star + 1);
+                        snprintf(rel, sizeof rel, "%.*s%d%s", (int)(star - source), source, e + b->mc->expert0,
+                                 star + 1);
                     else
                         snprintf(rel, sizeof rel, "%s", source);
                     if (c < b->mc->n_layer)
@@ -301,6 +305,11 @@ static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_c
                   (mc->n_experts == 0 || (mc->top_k >= 1 && mc->top_k <= mc->n_experts)),
               DSC_ERR_CONFIG, "policy %s: %d experts with top-k %d (checkpoint of %lld tensors)", arch,
               mc->n_experts, mc->top_k, (long long)tensors);
+    DSC_CHECK(mc->expert0 >= 0 && mc->n_local_experts >= 0 &&
+                  (int64_t)mc->expert0 + mc->n_local_experts <= mc->n_experts &&
+                  (mc->n_local_experts > 0 || mc->expert0 == 0),
+              DSC_ERR_CONFIG, "policy %s: experts [%d, %d + %d) are not a range of the %d experts", arch,
+              mc->expert0, mc->expert0, mc->n_local_experts, mc->n_experts);
     if (mc->family == DSC_INFER_FAMILY_LLAMA) {
         DSC_CHECK(mc->head_size % 2 == 0 && isfinite(mc->rope_theta) && mc->rope_theta > 0, DSC_ERR_CONFIG,
                   "policy %s: RoPE needs an even head size (%d) and a positive theta (%g)", arch, mc->head_size,

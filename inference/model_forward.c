@@ -25,16 +25,15 @@ typedef struct scratch_entry {
 static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     const dsc_infer_model_config *mc = &s->cfg;
     int64_t N = s->max_tokens, S = s->max_seqs, C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size;
-    int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts, K = mc->top_k;
+    int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts;
     const scratch_entry table[] = {
-        {(void **)&s->x, N * C * sizeof(float)},       {(void **)&s->h, N * C * sizeof(float)},
-        {(void **)&s->y, N * C * sizeof(float)},       {(void **)&s->q, N * Q * sizeof(float)},
-        {(void **)&s->k, N * KV * sizeof(float)},      {(void **)&s->v, N * KV * sizeof(float)},
-        {(void **)&s->att, N * Q * sizeof(float)},     {(void **)&s->ff1, N * F * sizeof(float)},
-        {(void **)&s->ff2, N * F * sizeof(float)},     {(void **)&s->moe, N * C * sizeof(float)},
-        {(void **)&s->router, N * E * sizeof(float)},  {(void **)&s->routes, N * K * sizeof(int32_t)},
-        {(void **)&s->weights, N * K * sizeof(float)}, {(void **)&s->rows, N * sizeof(int32_t)},
-        {(void **)&s->pos, N * sizeof(int32_t)},       {(void **)&s->last, S * C * sizeof(float)},
+        {(void **)&s->x, N * C * sizeof(float)},      {(void **)&s->h, N * C * sizeof(float)},
+        {(void **)&s->y, N * C * sizeof(float)},      {(void **)&s->q, N * Q * sizeof(float)},
+        {(void **)&s->k, N * KV * sizeof(float)},     {(void **)&s->v, N * KV * sizeof(float)},
+        {(void **)&s->att, N * Q * sizeof(float)},    {(void **)&s->ff1, N * F * sizeof(float)},
+        {(void **)&s->ff2, N * F * sizeof(float)},    {(void **)&s->moe, N * C * sizeof(float)},
+        {(void **)&s->router, N * E * sizeof(float)}, {(void **)&s->pos, N * sizeof(int32_t)},
+        {(void **)&s->last, S * C * sizeof(float)},
     };
     int n = (int)(sizeof table / sizeof table[0]);
     for (int i = 0; i < n; i++)
@@ -42,9 +41,19 @@ static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     return n;
 }
 
-dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model_config *mc, int64_t max_tokens,
+dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model *m, int64_t max_tokens,
                                     int64_t max_seqs) {
+    const dsc_infer_model_config *mc = &m->shard;
     *s = (dsc_forward_scratch){.max_tokens = max_tokens, .max_seqs = max_seqs, .cfg = *mc};
+    if (mc->n_experts > 0) {
+        dsc_moe_dropless_options o = {.num_experts = mc->n_experts,
+                                      .k = mc->top_k,
+                                      .width = mc->d_model,
+                                      .max_tokens = max_tokens,
+                                      .weighting = mc->moe_weighting,
+                                      .ep = m->ep_comm};
+        DSC_TRY(dsc_error_wrap(dsc_moe_dropless_create(&o, &s->moe_route), "inference MoE routing"));
+    }
     scratch_entry e[32];
     int n = scratch_table(s, e);
     for (int i = 0; i < n; i++) {
@@ -63,6 +72,7 @@ void dsc_forward_scratch_free(dsc_forward_scratch *s) {
     int n = scratch_table(s, e);
     for (int i = 0; i < n; i++)
         if (*e[i].p) dsc_mem_free(*e[i].p, e[i].bytes, DSC_MEM_ACTIVATIONS, DSC_CPU);
+    dsc_moe_dropless_destroy(s->moe_route);
     *s = (dsc_forward_scratch){0};
 }
 

@@ -6,6 +6,7 @@
 #define DSC_INFERENCE_MODEL_INTERNAL_H
 
 #include "dsc/inference.h"
+#include "dsc/moe_dropless.h"
 
 struct dsc_infer_model {
     const dsc_policy *policy;
@@ -16,6 +17,7 @@ struct dsc_infer_model {
     int64_t vocab0;          /* first vocabulary row of the shard */
     int32_t tp_max_kv_heads; /* the most KV heads any rank holds: sizes KV blocks alike on all ranks */
     double tp_comm_seconds;  /* time in the all-reduces */
+    dsc_comm *ep_comm;       /* expert-parallel group (shard.expert0 / n_local_experts); NULL: one rank */
     void *arena;             /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
@@ -49,31 +51,32 @@ extern const dsc_container_def dsc_policy_hf_outer;
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
 /* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */
 bool dsc_model_is_moe_layer(const dsc_infer_model_config *mc, int32_t layer);
+/* Experts this model holds: n_local_experts, or all n_experts when 0. */
+int32_t dsc_model_local_experts(const dsc_infer_model_config *mc);
 
 /* Per-forward scratch, sized once for the engine's limits (N tokens, S sequences). */
 typedef struct dsc_forward_scratch {
     int64_t max_tokens, max_seqs;
-    float *x;        /* (N, C) residual stream */
-    float *h;        /* (N, C) normed input */
-    float *y;        /* (N, C) output of attention or MLP before the residual add */
-    float *q;        /* (N, Q) */
-    float *k;        /* (N, KV) */
-    float *v;        /* (N, KV) */
-    float *att;      /* (N, Q) */
-    float *ff1;      /* (N, F) GELU pre-activation / SwiGLU gate */
-    float *ff2;      /* (N, F) SwiGLU up */
-    float *moe;      /* (N, C) expert output before the weighted sum */
-    float *router;   /* (N, E) */
-    int32_t *routes; /* (N, K) chosen experts */
-    float *weights;  /* (N, K) combine weights of the chosen experts */
-    int32_t *rows;   /* (N) tokens routed to one expert */
-    int32_t *pos;    /* (N) positions as i32 */
-    float *last;     /* (S, C) final hidden state of each sequence's last token */
+    float *x;      /* (N, C) residual stream */
+    float *h;      /* (N, C) normed input */
+    float *y;      /* (N, C) output of attention or MLP before the residual add */
+    float *q;      /* (N, Q) */
+    float *k;      /* (N, KV) */
+    float *v;      /* (N, KV) */
+    float *att;    /* (N, Q) */
+    float *ff1;    /* (N, F) GELU pre-activation / SwiGLU gate */
+    float *ff2;    /* (N, F) SwiGLU up */
+    float *moe;    /* (N, C) expert output before the weighted sum */
+    float *router; /* (N, E) */
+    int32_t *pos;  /* (N) positions as i32 */
+    float *last;   /* (S, C) final hidden state of each sequence's last token */
     size_t bytes;
-    dsc_infer_model_config cfg; /* the sizes the buffers were made for */
+    dsc_infer_model_config cfg;  /* the sizes the buffers were made for */
+    dsc_moe_dropless *moe_route; /* routing, dispatch, exchange, combine of the MoE layers; NULL: dense */
 } dsc_forward_scratch;
 
-dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model_config *mc, int64_t max_tokens,
+/* Scratch for model m's shard (and its MoE routing over m's expert-parallel group). */
+dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_model *m, int64_t max_tokens,
                                     int64_t max_seqs);
 void dsc_forward_scratch_free(dsc_forward_scratch *s);
 

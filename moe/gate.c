@@ -16,6 +16,7 @@
 dsc_moe_gate_config dsc_moe_gate_config_default(void) {
     return (dsc_moe_gate_config){
         .k = 1,
+        .weighting = DSC_MOE_WEIGHTING_DEEPSPEED,
         .capacity_factor = 1.0,
         .eval_capacity_factor = 1.0,
         .min_capacity = 4,
@@ -43,6 +44,8 @@ dsc_status dsc_moe_gate_config_validate(const dsc_moe_gate_config *cfg, int64_t 
               cfg->eval_capacity_factor);
     DSC_CHECK(cfg->min_capacity >= 0, DSC_ERR_INVALID, "moe gate config: min_capacity must be >= 0, got %lld",
               (long long)cfg->min_capacity);
+    DSC_CHECK(cfg->weighting >= DSC_MOE_WEIGHTING_RENORMALISED && cfg->weighting <= DSC_MOE_WEIGHTING_NONE,
+              DSC_ERR_INVALID, "moe gate config: unknown weighting %d", (int)cfg->weighting);
     DSC_CHECK(cfg->drop_policy == DSC_MOE_DROP_POLICY_PROBS || cfg->drop_policy == DSC_MOE_DROP_POLICY_POSITION,
               DSC_ERR_INVALID, "moe gate config: unknown drop_policy %d", (int)cfg->drop_policy);
     DSC_CHECK(cfg->noisy_gate_policy >= DSC_MOE_NOISY_GATE_NONE &&
@@ -164,8 +167,8 @@ static dsc_status pick_capacity(const dsc_moe_gate_config *cfg, bool training,
     return NULL;
 }
 
-/* Combine weights (renormalised over the kept routes for k >= 2, after
- * dropping), per-expert statistics, l_aux and the z-loss. */
+/* Combine weights (by cfg->weighting over the kept routes, after dropping), per-expert statistics, l_aux and the
+ * z-loss. */
 static void finish(const dsc_moe_gate_config *cfg, double lse_sq_sum, dsc_moe_gate_result *res) {
     const int64_t S = res->num_tokens, E = res->num_experts;
     const int K = cfg->k;
@@ -178,7 +181,7 @@ static void finish(const dsc_moe_gate_config *cfg, double lse_sq_sum, dsc_moe_ga
         double kept_sum = 0;
         for (int r = 0; r < K; r++)
             kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
-        double denom = K == 1 ? 1.0 : fmax(kept_sum, DSC_MOE_GATE_DENOM_EPS);
+        double denom = dsc_moe_gate_denom(cfg, kept_sum);
         bool any = false;
         for (int r = 0; r < K; r++) {
             bool kept = slot[r] >= 0;

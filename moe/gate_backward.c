@@ -2,8 +2,8 @@
  *
  * What autograd computes for DeepSpeed's gating functions, with the routing
  * held fixed: the combine weight of a kept route is its softmax probability
- * (top-1) or that probability renormalised over the token's kept routes
- * (top-2 / top-k, denominator clamped at float32 eps); l_aux depends on the
+ * or that probability renormalised over the token's kept routes
+ * (cfg->weighting; denominator clamped at float32 eps); l_aux depends on the
  * logits only through the mean probabilities me (ce, the masks, the capacity
  * and the counts are constants); the z-loss is mean(logsumexp^2). Selection,
  * dropping and slots have no gradient; this file does not revisit them.
@@ -59,13 +59,13 @@ dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tenso
 
         /* Weight gradient on the kept routes' probabilities: w_r = p_r / D with
          * D = max(sum of kept p, eps) gives dp_r = (dw_r - sum_j dw_j w_j) / D
-         * while D is not clamped, dp_r = dw_r / eps when it is; top-1 has D = 1. */
+         * while D is not clamped, dp_r = dw_r / eps when it is; unnormalised weights have D = 1. */
         double kept_sum = 0, dw_dot_w = 0;
         for (int r = 0; r < K; r++)
             kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
-        const bool normalised = K > 1;
+        const bool normalised = dsc_moe_gate_normalised(cfg);
         const bool clamped = normalised && kept_sum < DSC_MOE_GATE_DENOM_EPS;
-        const double denom = !normalised ? 1.0 : clamped ? DSC_MOE_GATE_DENOM_EPS : kept_sum;
+        const double denom = dsc_moe_gate_denom(cfg, kept_sum);
         if (normalised && !clamped && dws)
             for (int r = 0; r < K; r++)
                 dw_dot_w += slot[r] >= 0 ? dws[r] * prob[r] / denom : 0.0;

@@ -35,6 +35,19 @@ static inline double dsc_moe_gate_prob(const float *z, int64_t e, double max, do
     return exp((double)z[e] - max) / sum;
 }
 
+/* Whether a route's combine weight is its probability divided by the sum
+ * of the token's kept probabilities (clamped at DeepSpeed's eps), or the
+ * probability itself. Forward and backward share the rule. */
+static inline bool dsc_moe_gate_normalised(const dsc_moe_gate_config *cfg) {
+    return cfg->weighting == DSC_MOE_WEIGHTING_RENORMALISED ||
+           (cfg->weighting == DSC_MOE_WEIGHTING_DEEPSPEED && cfg->k > 1);
+}
+
+static inline double dsc_moe_gate_denom(const dsc_moe_gate_config *cfg, double kept_sum) {
+    if (!dsc_moe_gate_normalised(cfg)) return 1.0;
+    return kept_sum > DSC_MOE_GATE_DENOM_EPS ? kept_sum : DSC_MOE_GATE_DENOM_EPS;
+}
+
 /* Whether a variant balances on first choices only (DeepSpeed's top1gating
  * and top2gating) or on all k choices (topkgating). */
 static inline bool dsc_moe_gate_first_choice_aux(int k) {

@@ -65,6 +65,7 @@ typedef struct moe_layer {
     int64_t max_S, max_cap;
     moe_slot *slots;
     dsc_tensor buf[3];   /* (E, max_cap, M) each: dispatch / all-to-all / expert scratch, shared by slots */
+    int64_t *row0;       /* (E + 1) first row of each expert in the padded (E, Cap, M) buffers */
     dsc_tensor out, din; /* (B, T, M) shared output and input gradient */
     dsc_tensor dlogits;  /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
     dsc_tensor dweight;  /* (S, K) */
@@ -304,12 +305,13 @@ static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     const int64_t Cap = s->routes.capacity;
     DSC_CHECK(Cap <= m->max_cap, DSC_ERR_INTERNAL, "%s: capacity %lld exceeds the reserved %lld", self->name,
               (long long)Cap, (long long)m->max_cap);
-    moe_dispatch(&s->routes, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data);
+    moe_rows_padded(&s->routes, m->row0);
+    moe_dispatch(&s->routes, m->row0, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data);
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(run_experts(m, slot, s, Cap, &t0));
     *out = view(&m->out, 3, in->shape);
     dsc_tensor out2 = view(out, 2, (int64_t[]){S, M});
-    moe_combine(&s->routes, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data);
+    moe_combine(&s->routes, m->row0, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data);
     if (m->o.use_residual) DSC_TRY(residual_forward(m, slot, s, &x2, &out2));
     lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     ctx->aux_loss += s->routes.loss;
@@ -417,11 +419,12 @@ static dsc_status moe_backward(dsc_layer *self, int slot, const dsc_tensor *dout
         memset(din2.data, 0, (size_t)(S * M) * sizeof(float));
     }
     float *dy = m->ep_size == 1 ? m->buf[2].data : m->buf[0].data;
-    moe_combine_backward(&s->routes, dmoe, s->y.data, M, dy, m->dweight.data);
+    moe_rows_padded(&s->routes, m->row0);
+    moe_combine_backward(&s->routes, m->row0, dmoe, s->y.data, M, dy, m->dweight.data);
     lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     float *ddisp;
     DSC_TRY(experts_backward(m, slot, Cap, &ddisp, &t0));
-    moe_dispatch_backward(&s->routes, ddisp, M, din2.data, true);
+    moe_dispatch_backward(&s->routes, m->row0, ddisp, M, din2.data, true);
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(gate_backward(m, s, &x2, &din2, ctx));
     lap(m, DSC_MOE_PHASE_GATE, &t0);
@@ -439,6 +442,7 @@ static void moe_destroy(dsc_layer *self) {
     free(m->st_routed);
     free(m->st_kept);
     free(m->st_dropped);
+    free(m->row0);
     free(m);
 }
 
@@ -530,7 +534,8 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
     m->st_routed = calloc((size_t)m->E, sizeof *m->st_routed);
     m->st_kept = calloc((size_t)m->E, sizeof *m->st_kept);
     m->st_dropped = calloc((size_t)m->E, sizeof *m->st_dropped);
-    dsc_status s = m->st_routed && m->st_kept && m->st_dropped
+    m->row0 = calloc((size_t)m->E + 1, sizeof *m->row0);
+    dsc_status s = m->st_routed && m->st_kept && m->st_dropped && m->row0
                        ? NULL
                        : dsc_error(DSC_ERR_NOMEM, "%s: statistics", m->base.name);
     if (!s) s = declare(m, mc, store);

@@ -1,5 +1,5 @@
 /* moe/ private: moving token rows between token order and the experts'
- * (E, Cap, M) slot buffers, the layout change around the all-to-alls, and
+ * row buffers (padded (E, Cap, M) or packed), the layout change around the all-to-alls, and
  * the MoE layer's hooks for block.c (type check, statistics).
  *
  * These are plain CPU loops over f32 rows, driven by the gate's routes
@@ -18,25 +18,39 @@
 #include "dsc/moe.h"
 #include "dsc/moe_gate.h"
 
-/* buf (E, Cap, M) = 0, then buf[e][slot] = x[s] for every kept route (s -> e, slot); x (S, M). */
-void moe_dispatch(const dsc_moe_gate_result *r, const float *x, int64_t M, float *buf);
+/* Where each expert's rows start in an expert-row buffer, row0 (E + 1),
+ * row0[E] = the rows in all: padded, every expert Cap rows (training's
+ * (E, Cap, M) all-to-all buffers), or packed, kept_counts[e] rows each and
+ * no padding (serving's dropless all-to-all-v). Routes fill slots
+ * 0 .. kept_counts[e] - 1 of their expert, so both layouts hold every kept route. */
+void moe_rows_padded(const dsc_moe_gate_result *r, int64_t *row0);
+void moe_rows_packed(const dsc_moe_gate_result *r, int64_t *row0);
 
-/* out[s] = sum over the kept routes of s of weight * y[e][slot]; out (S, M), y (E, Cap, M).
+/* buf (row0[E], M) = 0, then row row0[e] + slot = x[s] for every kept route (s -> e, slot); x (S, M). */
+void moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf);
+
+/* out[s] = sum over the kept routes of s of weight * y[row0[e] + slot]; out (S, M), y (row0[E], M).
  * A token with no kept route gets a zero row. */
-void moe_combine(const dsc_moe_gate_result *r, const float *y, int64_t M, float *out);
+void moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out);
 
-/* Backward of moe_combine for dout (S, M): dy (E, Cap, M) = 0, then
- * dy[e][slot] = weight * dout[s] for every kept route; d_weight (S, K) =
- * dot(dout[s], y[e][slot]) for kept routes and 0 for dropped ones. */
-void moe_combine_backward(const dsc_moe_gate_result *r, const float *dout, const float *y, int64_t M, float *dy,
-                          float *d_weight);
+/* Backward of moe_combine for dout (S, M): dy (row0[E], M) = 0, then
+ * dy[row0[e] + slot] = weight * dout[s] for every kept route; d_weight (S, K) =
+ * dot(dout[s], y[row0[e] + slot]) for kept routes and 0 for dropped ones. */
+void moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout, const float *y,
+                          int64_t M, float *dy, float *d_weight);
 
-/* Backward of moe_dispatch: dx[s] (+)= sum over the kept routes of s of dbuf[e][slot];
+/* Backward of moe_dispatch: dx[s] (+)= sum over the kept routes of s of dbuf[row0[e] + slot];
  * dx (S, M) is overwritten unless `accumulate`. */
-void moe_dispatch_backward(const dsc_moe_gate_result *r, const float *dbuf, int64_t M, float *dx, bool accumulate);
+void moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
+                           float *dx, bool accumulate);
 
 /* dst (b, a, inner) = src (a, b, inner) with the first two axes swapped. */
 void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner);
+
+/* moe_swap_axes for blocks of varying size: src holds the (a, b) blocks in
+ * row-major order, block (i, j) rows[i * b + j] rows of `inner` floats;
+ * dst gets them in (b, a) order. rows (a * b). */
+void moe_swap_axes_v(const float *src, float *dst, const int64_t *rows, int64_t a, int64_t b, int64_t inner);
 
 /* ---- the MoE layer (layer.c), for the block factory and the statistics API ---- */
 

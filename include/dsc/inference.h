@@ -34,6 +34,7 @@
 
 #include "dsc/comm.h"
 #include "dsc/kv_cache.h"
+#include "dsc/moe_gate.h" /* dsc_moe_weighting */
 #include "dsc/sampling.h"
 #include "dsc/status.h"
 #include "dsc/tensor.h"
@@ -55,12 +56,6 @@ typedef enum dsc_rope_scaling {
     DSC_ROPE_SCALING_NONE = 0,
     DSC_ROPE_SCALING_LLAMA3 /* Llama-3.1's frequency-dependent rescaling */
 } dsc_rope_scaling;
-
-/* Combine weights of the k chosen experts (from the router's softmax p). */
-typedef enum dsc_moe_weighting {
-    DSC_MOE_WEIGHTING_RENORMALISED = 0, /* Hugging Face Mixtral: p / sum of the chosen k's p, also for k = 1 */
-    DSC_MOE_WEIGHTING_DEEPSPEED         /* k = 1: p itself (top1gating); k >= 2: p / max(sum, 2^-23) */
-} dsc_moe_weighting;
 
 typedef struct dsc_infer_model_config {
     dsc_infer_family family;
@@ -87,6 +82,10 @@ typedef struct dsc_infer_model_config {
     int32_t moe_layer_freq;
     dsc_moe_weighting moe_weighting;
     bool moe_residual; /* PR-MoE: a dense MLP mixed in by per-token coefficients */
+    /* Expert parallelism: the model holds experts [expert0, expert0 +
+     * n_local_experts) of the n_experts (the router always covers all);
+     * n_local_experts = 0 means all of them. */
+    int32_t expert0, n_local_experts;
 } dsc_infer_model_config;
 
 /* ---- parameters and layer containers -------------------------------------------------------
@@ -254,6 +253,12 @@ typedef struct dsc_infer_tp {
     const dsc_tp_rule *rules;
     int n_rules;
     bool no_name_rules; /* partition_config.use_default_specs = false */
+    /* Expert parallelism (dsc/moe_dropless.h): each rank of ep_comm holds a
+     * contiguous range of every MoE layer's experts (each expert's width
+     * still TP-split over `comm`) and MoE tokens travel by all-to-all-v.
+     * Its ranks hold the same tokens (attention replicated over it);
+     * NULL: every rank holds every expert. */
+    dsc_comm *ep_comm;
 } dsc_infer_tp;
 
 DSC_API dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);

@@ -40,8 +40,17 @@ extern "C" {
  *   DSC_MOE_NOISY_GATE_JITTER     multiply the gate input by U[0.99, 1.01] (the layer applies it)
  *   DSC_MOE_NOISY_GATE_RSAMPLE    top-1 only: expert = argmax(logits + Gumbel noise) */
 
+/* Combine weights of the k chosen experts from the gate probabilities p:
+ * one rule for training (dsc's gates) and serving (each model's). */
+typedef enum dsc_moe_weighting {
+    DSC_MOE_WEIGHTING_RENORMALISED = 0, /* Hugging Face Mixtral: p / sum of the kept routes' p, also for k = 1 */
+    DSC_MOE_WEIGHTING_DEEPSPEED,        /* k = 1: p itself (top1gating); k >= 2: p / max(sum, 2^-23) */
+    DSC_MOE_WEIGHTING_NONE              /* p itself for every k (Qwen2-MoE with norm_topk_prob = false) */
+} dsc_moe_weighting;
+
 typedef struct dsc_moe_gate_config {
     int k;                                /* routes per token, 1 <= k <= E */
+    dsc_moe_weighting weighting;          /* DeepSpeed's by default */
     double capacity_factor;               /* training mode */
     double eval_capacity_factor;          /* eval mode */
     int64_t min_capacity;                 /* lower bound of the configured capacity (drop mode) */
@@ -55,7 +64,8 @@ typedef struct dsc_moe_gate_config {
 } dsc_moe_gate_config;
 
 /* DeepSpeed's MoE defaults: k=1, capacity factors 1.0, min_capacity 4,
- * drop_tokens, probs policy, no noise, use_rts and second-expert sampling on;
+ * drop_tokens, probs policy, no noise, use_rts and second-expert sampling on,
+ * DeepSpeed's weighting;
  * aux_loss_coef 0.01 (Megatron-DeepSpeed's recommendation), z-loss off. */
 DSC_API dsc_moe_gate_config dsc_moe_gate_config_default(void);
 

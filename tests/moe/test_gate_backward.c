@@ -57,7 +57,9 @@ static double objective(const dsc_moe_gate_config *cfg, const dsc_moe_gate_resul
         for (int r = 0; r < K; r++) {
             const int64_t i = s * K + r;
             if (res->slot[i] < 0) continue;
-            double w = K == 1 ? p[res->expert[i]] : p[res->expert[i]] / fmax(kept, 0x1p-23);
+            const bool norm = cfg->weighting == DSC_MOE_WEIGHTING_RENORMALISED ||
+                              (cfg->weighting == DSC_MOE_WEIGHTING_DEEPSPEED && K > 1);
+            double w = norm ? p[res->expert[i]] / fmax(kept, 0x1p-23) : p[res->expert[i]];
             total += dw[i] * w;
         }
         /* ce counts choices before dropping: first choices for k <= 2, all k otherwise. */
@@ -166,7 +168,16 @@ static void test_backward_matches_finite_differences(void **state) {
         cfg.top2_2nd_expert_sampling = false;
         cfg.aux_loss_coef = 0.3; /* large enough that a wrong l_aux gradient shows */
         cfg.z_loss_coef = 0.05;
-        assert_true(check_gradient(fc->name, &cfg, &logits, &rng) < 2e-7);
+        /* Every weighting rule: DeepSpeed's, renormalised (also k = 1), raw probabilities. */
+        const dsc_moe_weighting rules[] = {DSC_MOE_WEIGHTING_DEEPSPEED, DSC_MOE_WEIGHTING_RENORMALISED,
+                                           DSC_MOE_WEIGHTING_NONE};
+        const char *rule_names[] = {"", " renormalised", " raw"};
+        for (int w = 0; w < 3; w++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s%s", fc->name, rule_names[w]);
+            cfg.weighting = rules[w];
+            assert_true(check_gradient(name, &cfg, &logits, &rng) < 2e-7);
+        }
         dsc_tensor_free(&logits);
     }
 }
