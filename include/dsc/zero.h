@@ -11,7 +11,9 @@
  *            updated range all-gathered into every replica);
  *   stage 2: + gradients only for its range: each layer's backward writes into
  *            a bounded staging buffer that is reduce-scattered into the range
- *            when the layer finishes (after_layer), every micro-batch;
+ *            when the layer finishes (after_layer), every micro-batch (with
+ *            overlap_comm two buffers alternate and the reductions stay in
+ *            flight during the next layer's backward);
  *   stage 3: + parameters only for its range: a layer's parameters are
  *            all-gathered into a bounded pool before each of its calls and
  *            released after, with the next layer prefetched when it fits;
