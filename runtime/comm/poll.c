@@ -2,31 +2,22 @@
  * communicator backends.
  *
  * Every blocking operation in dsc ends in dsc_comm_poll: test until done or
- * past the deadline. Between tests a waiting rank first yields (sched_yield)
- * for up to YIELD_S: when a peer rank (or anything else runnable) shares the
- * core, the scheduler runs it, so the wait never burns the core a peer needs;
- * when the core is free, yield returns at once and the next test follows
- * within a microsecond, so a small collective completes at MPI's latency.
- * That matters because Open MPI's non-blocking collectives and large
- * messages progress only inside MPI_Test: a wait that sleeps between tests
- * adds its sleep to every step of an algorithm (the earlier 100 us spin then
- * 50-200 us sleeps made 1 MB collectives 3-7x slower than Open MPI's
- * blocking calls, docs/comm.md). Only a wait longer than YIELD_S (a peer
- * still computing) sleeps, with a 50 -> 200 us backoff, so idle ranks leave
- * the machine to others. While it sleeps, a waiting rank answers its peers'
- * watchdog queries, and a timeout error carries the watchdog's diagnosis of
- * the peers (watchdog.c).
+ * past the deadline. For the first SPIN_S seconds it tests back to back
+ * (small messages complete here, at MPI's latency; MPI's own blocking calls
+ * spin forever); after that it sleeps between tests with a 50 -> 200 us
+ * backoff.
+ * Sleeping rather than spinning matters when ranks outnumber cores: a
+ * spinning rank would steal the CPU its peer needs to make progress.
+ * While it sleeps, a waiting rank answers its peers' watchdog queries, and a
+ * timeout error carries the watchdog's diagnosis of the peers (watchdog.c).
  * Not here: what is being waited for (the backends post the operations). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
-#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
 #include "runtime/comm/comm_internal.h"
 
-static const double YIELD_S = 2e-3;
-/* A sched_yield that takes longer than this ran another task: the core is contended. */
-static const double YIELD_BUSY_S = 20e-6;
+static const double SPIN_S = 100e-6;
 static const long SLEEP_MIN_NS = 50 * 1000, SLEEP_MAX_NS = 200 * 1000;
 
 double dsc_comm_now(void) {
@@ -49,7 +40,7 @@ dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer)
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg) {
     long sleep_ns = SLEEP_MIN_NS;
-    double yield_until = dsc_comm_now() + YIELD_S;
+    double spin_until = dsc_comm_now() + SPIN_S;
     dsc_comm_watch_waiting(c, what, peer);
     dsc_status s = NULL;
     for (;;) {
@@ -61,13 +52,7 @@ dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double d
             s = dsc_comm_timeout_error(c, what, peer);
             break;
         }
-        if (now < yield_until) {
-            sched_yield();
-            /* Someone else needed the core: sleeping between tests now serves the peers better than
-             * yielding, which returns only after the other task's time slice (up to milliseconds). */
-            if (dsc_comm_now() - now > YIELD_BUSY_S) yield_until = now;
-            continue;
-        }
+        if (now < spin_until) continue;
         dsc_comm_watch_serve();
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
