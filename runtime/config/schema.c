@@ -213,7 +213,8 @@ static const dsc_config_key schema[] = {
     INT("tensor_parallel.autotp_size", tensor_parallel.autotp_size, "1", 1, I32, 0,
         "Tensor-parallel degree: attention split by heads, MLP by width, vocabulary-parallel embedding and loss."),
     BOOL("tensor_parallel.sequence_parallel", tensor_parallel.sequence_parallel, "false", 0,
-         "Megatron sequence parallelism; true is refused (not implemented)."),
+         "Megatron sequence parallelism: between the tensor-parallel regions each rank holds seq_len / tp "
+         "positions (norms, residuals); each all-reduce becomes a reduce-scatter + all-gather."),
     INT("tensor_parallel.tp_grain_size", tensor_parallel.tp_grain_size, "64", 1, I53, 0,
         "Feed-forward and vocabulary widths are split in multiples of this (DeepSpeed's tp_grain_size)."),
 
