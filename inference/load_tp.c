@@ -207,6 +207,8 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
         p->transposed = gpt2 && conv1d_weight(p->name);
         const dsc_param_dep *dep = policy ? dependency_of(policy, mc, p->name) : NULL;
         if (dep) p->declared = declared_kind(dep, &p->unit);
+        /* Never loaded (GPT-2's and GPT-NeoX's causal-mask buffers, RoPE tables): nothing to split. */
+        if (policy && dsc_policy_ignores(policy, p->name)) p->declared = DSC_TP_KIND_REPLICATE;
     }
     dsc_tp_rule *model_rules = NULL;
     int n_model = 0;

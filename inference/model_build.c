@@ -126,7 +126,7 @@ static dsc_status allocate_arena(build_state *b) {
     return NULL;
 }
 
-static bool is_ignored(const dsc_policy *policy, const char *name) {
+bool dsc_policy_ignores(const dsc_policy *policy, const char *name) {
     if (!policy->ignored) return false;
     for (const char *const *g = policy->ignored; *g; g++) {
         const char *star = strchr(*g, '*');
@@ -157,7 +157,7 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
     int64_t shape[DSC_MAX_DIMS];
     src->describe(src->impl, i, &name, &nd, shape);
     *r = (route){.name = name};
-    if (is_ignored(b->policy, name)) return NULL;
+    if (dsc_policy_ignores(b->policy, name)) return NULL;
     const char *prefix = b->policy->layer_prefix, *rel = name;
     int32_t c = b->mc->n_layer;
     size_t plen = strlen(prefix);

@@ -90,6 +90,8 @@ extern const dsc_policy dsc_policy_hf_neox, dsc_policy_hf_gpt2, dsc_policy_hf_op
 extern const dsc_container_def dsc_policy_hf_outer;
 /* dsc's MoE training architectures (policy_dsc_moe.c). */
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
+/* Whether the policy skips checkpoint tensor `name` (its `ignored` list, `*` for any index). */
+bool dsc_policy_ignores(const dsc_policy *policy, const char *name);
 /* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */
 bool dsc_model_is_moe_layer(const dsc_infer_model_config *mc, int32_t layer);
 /* Experts this model holds: n_local_experts, or all n_experts when 0. */

@@ -6,17 +6,22 @@
  * spans of all ranks cover each tensor exactly once (KV replicas exactly
  * tp / NKV times), follow head boundaries, differ by at most one unit, and
  * the shards cut from a random tensor reassemble it bit-exactly; and the
- * plans of the GPT-NeoX, GPT-2 and OPT fixtures as their policies declare them. */
+ * plans of the GPT-NeoX, GPT-2 and OPT fixtures as their policies declare
+ * them (ignored buffers replicated, never refused). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "dsc/inference.h"
+#include "dsc/safetensors.h"
 #include "dsc/tp.h"
 #include "test_mpi.h"
 
@@ -293,6 +298,42 @@ static void test_family_plans(void **state) {
     }
 }
 
+/* A checkpoint that still carries GPT-2's causal-mask buffer (attn.bias, 4-D,
+ * which the policy ignores) plans: the buffer is replicated (never read),
+ * not refused as a matrix no rule places. */
+static void test_ignored_buffers(void **state) {
+    (void)state;
+    char dir[] = "/tmp/dsc_tp_plan_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[512], src[512];
+    snprintf(src, sizeof src, DSC_SOURCE_DIR "/tests/inference/fixtures/hf/gpt2_tf5/config.json");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *in = fopen(src, "rb"), *out = fopen(path, "wb");
+    assert_true(in && out);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+    static float mask[64 * 64], wte[101 * 48];
+    const char *names[] = {"transformer.h.0.attn.bias", "transformer.wte.weight"};
+    dsc_tensor t[] = {dsc_tensor_view(mask, DSC_DTYPE_F32, 4, (int64_t[]){1, 1, 64, 64}, DSC_CPU),
+                      dsc_tensor_view(wte, DSC_DTYPE_F32, 2, (int64_t[]){101, 48}, DSC_CPU)};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_ok(dsc_safetensors_write(path, 2, names, t, 0, NULL));
+    dsc_infer_tp tp = {.tp_size = 2};
+    dsc_tp_plan *pl;
+    assert_ok(dsc_infer_model_plan(dir, &tp, &pl));
+    assert_int_equal(entry(pl, "transformer.h.0.attn.bias")->kind, DSC_TP_KIND_REPLICATE);
+    assert_int_equal(entry(pl, "transformer.wte.weight")->kind, DSC_TP_KIND_VOCAB);
+    dsc_tp_plan_destroy(pl);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* partition_config beats base_model_tp_plan beats the policy beats names. */
 static void test_rule_order(void **state) {
     (void)state;
@@ -504,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_deepspeed_qkv_cases), cmocka_unit_test(test_widths),
         cmocka_unit_test(test_name_rules),          cmocka_unit_test(test_rule_order),
         cmocka_unit_test(test_properties),          cmocka_unit_test(test_family_plans),
+        cmocka_unit_test(test_ignored_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
