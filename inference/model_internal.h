@@ -47,6 +47,10 @@ extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_h
 /* Phi-3 (policy_hf_phi3.c) and the embedding / final norm / LM head container it shares with Llama. */
 extern const dsc_policy dsc_policy_hf_phi3;
 extern const dsc_container_def dsc_policy_hf_outer;
+/* The dense Llama / Qwen2 block (policy_hf.c), also Qwen2-MoE's dense layers. */
+extern const dsc_container_def dsc_policy_hf_dense_layer;
+/* Qwen2-MoE (policy_hf_qwen2_moe.c). */
+extern const dsc_policy dsc_policy_hf_qwen2_moe;
 /* dsc's MoE training architectures (policy_dsc_moe.c). */
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
 /* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */

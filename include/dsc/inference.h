@@ -86,6 +86,10 @@ typedef struct dsc_infer_model_config {
      * n_local_experts) of the n_experts (the router always covers all);
      * n_local_experts = 0 means all of them. */
     int32_t expert0, n_local_experts;
+    /* Qwen2-MoE: routed experts of width d_ff_expert (0: d_ff, the dense
+     * width) beside a shared SwiGLU expert of width d_ff_shared (0: none)
+     * whose output is scaled by sigmoid(x . shared_expert_gate). */
+    int32_t d_ff_expert, d_ff_shared;
 } dsc_infer_model_config;
 
 /* ---- parameters and layer containers -------------------------------------------------------
@@ -101,7 +105,10 @@ typedef enum dsc_dim {
     DSC_DIM_E,
     DSC_DIM_PAIR, /* 2: the PR-MoE residual's mixing coefficients */
     DSC_DIM_QKV,  /* Q + 2 KV: a checkpoint's fused [q | k | v] (Phi-3 qkv_proj) */
-    DSC_DIM_F2    /* 2 F: a checkpoint's fused [gate | up] (Phi-3 gate_up_proj) */
+    DSC_DIM_F2,   /* 2 F: a checkpoint's fused [gate | up] (Phi-3 gate_up_proj) */
+    DSC_DIM_FE,   /* a routed expert's width (d_ff_expert, else F) */
+    DSC_DIM_FS,   /* the shared expert's width (d_ff_shared) */
+    DSC_DIM_ONE   /* 1: the shared expert's gate */
 } dsc_dim;
 
 /* What the model forward uses a finalized parameter for. */
@@ -125,20 +132,24 @@ typedef enum dsc_param_role {
     DSC_PARAM_ROLE_POS_EMBED,
     DSC_PARAM_ROLE_FINAL_NORM_W,
     DSC_PARAM_ROLE_FINAL_NORM_B,
-    DSC_PARAM_ROLE_UNEMBED,    /* (V, C); absent when tied to the embedding */
-    DSC_PARAM_ROLE_MOE1_B,     /* (E, F): GELU experts' fc bias */
-    DSC_PARAM_ROLE_MOE2_B,     /* (E, C): GELU experts' proj bias */
-    DSC_PARAM_ROLE_MOE_COEF_W, /* (2, C): PR-MoE mixing logits; the residual MLP uses the MLP roles */
-    DSC_PARAM_ROLE_MOE_COEF_B, /* (2) */
+    DSC_PARAM_ROLE_UNEMBED,       /* (V, C); absent when tied to the embedding */
+    DSC_PARAM_ROLE_MOE1_B,        /* (E, F): GELU experts' fc bias */
+    DSC_PARAM_ROLE_MOE2_B,        /* (E, C): GELU experts' proj bias */
+    DSC_PARAM_ROLE_MOE_COEF_W,    /* (2, C): PR-MoE mixing logits; the residual MLP uses the MLP roles */
+    DSC_PARAM_ROLE_MOE_COEF_B,    /* (2) */
+    DSC_PARAM_ROLE_SHARED1_W,     /* (2 FS, C): the shared expert's rows gate | up */
+    DSC_PARAM_ROLE_SHARED2_W,     /* (C, FS) */
+    DSC_PARAM_ROLE_SHARED_GATE_W, /* (1, C): the shared expert's sigmoid gate */
     DSC_PARAM_ROLE_COUNT
 } dsc_param_role;
 
 /* When a slot exists for a given config. */
 typedef enum dsc_slot_when {
     DSC_SLOT_WHEN_ALWAYS = 0,
-    DSC_SLOT_WHEN_QKV_BIAS,    /* config.qkv_bias */
-    DSC_SLOT_WHEN_UNTIED,      /* !config.tie_embeddings */
-    DSC_SLOT_WHEN_MOE_RESIDUAL /* config.moe_residual */
+    DSC_SLOT_WHEN_QKV_BIAS,     /* config.qkv_bias */
+    DSC_SLOT_WHEN_UNTIED,       /* !config.tie_embeddings */
+    DSC_SLOT_WHEN_MOE_RESIDUAL, /* config.moe_residual */
+    DSC_SLOT_WHEN_SHARED_EXPERT /* config.d_ff_shared > 0 */
 } dsc_slot_when;
 
 #define DSC_PARAM_MAX_DEPS 4

@@ -9,7 +9,8 @@
  * replicated, experts split 4/ep per rank, uneven at 3 ranks) and, at 4
  * ranks, TP 2 x EP 2 (DeepSpeed's expert-tensor grid: attention and each
  * expert's width TP-split, experts split over the data axis). Models: the
- * Hugging Face Mixtral fixture and test_dsc_moe's gpt-moe and mixtral
+ * Hugging Face Mixtral and Qwen2-MoE (shared expert, dense and sparse
+ * layers, both weightings) fixtures and test_dsc_moe's gpt-moe and mixtral
  * checkpoints (directory argument). The weight memory of an EP rank must
  * hold only its experts: the whole model minus the others' experts. */
 #include <mpi.h>
@@ -161,6 +162,8 @@ static const char *dsc_ckpt_dir; /* argv[1]: test_dsc_moe's kept checkpoints (gp
 
 static void each_model(int tp) {
     compare(FIXTURES "mixtral", "hf mixtral", tp);
+    compare(FIXTURES "qwen2_moe", "hf qwen2-moe (raw top-k weights)", tp);
+    compare(FIXTURES "qwen2_moe_tf5", "hf qwen2-moe (renormalised)", tp);
     if (!dsc_ckpt_dir) return;
     const char *names[] = {"gpt-moe", "mixtral"};
     for (int i = 0; i < 2; i++) {

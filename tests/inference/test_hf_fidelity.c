@@ -3,7 +3,8 @@
  * tied embeddings), Mixtral (top-2 MoE) and Phi-3 (fused qkv_proj and
  * gate_up_proj) checkpoints made by tests/ref/make_hf_fixtures.py
  * (transformers 4.x; the Llama and Mistral ones also saved by 5.x, which
- * writes rope_parameters) are loaded with dsc's loader; for every
+ * writes rope_parameters) and Qwen2-MoE ones by 4.x and 5.x
+ * (fixtures/hf/make_qwen2_moe_fixtures.py) are loaded with dsc's loader; for every
  * prompt the logits of a whole-prompt forward, of the prompt fed one token
  * at a time through the KV cache, and of 6 greedy decode steps must match
  * PyTorch's within 1e-4 relative, and the greedy tokens must be the same. */
@@ -146,11 +147,19 @@ static void test_mistral_tf5(void **state) {
     (void)state;
     check_model("mistral_tf5");
 }
+/* Qwen2-MoE (fixtures/hf/make_qwen2_moe_fixtures.py): shared expert with its
+ * sigmoid gate, narrower routed experts, dense and sparse layers; raw top-k
+ * weights (4.x, norm_topk_prob false) and renormalised ones (5.x, true). */
+static void test_qwen2_moe(void **state) {
+    (void)state;
+    check_model("qwen2_moe");
+    check_model("qwen2_moe_tf5");
+}
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama),      cmocka_unit_test(test_mistral),
-                                       cmocka_unit_test(test_qwen2),      cmocka_unit_test(test_mixtral),
-                                       cmocka_unit_test(test_phi3),       cmocka_unit_test(test_llama_tf5),
-                                       cmocka_unit_test(test_mistral_tf5)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama),       cmocka_unit_test(test_mistral),
+                                       cmocka_unit_test(test_qwen2),       cmocka_unit_test(test_mixtral),
+                                       cmocka_unit_test(test_phi3),        cmocka_unit_test(test_llama_tf5),
+                                       cmocka_unit_test(test_mistral_tf5), cmocka_unit_test(test_qwen2_moe)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

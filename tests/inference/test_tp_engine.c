@@ -5,7 +5,8 @@
  * only, must equal the whole model's within 1e-5 relative, with the same
  * greedy tokens. Models: the Hugging Face fixtures (Llama GQA, Qwen2 with
  * biases and tied embeddings, Mistral, Mixtral, Phi-3 with fused qkv_proj
- * and gate_up_proj; 2 KV heads, so TP 3 is refused with the numbers) and two written here with random weights for
+ * and gate_up_proj, Qwen2-MoE with its shared expert and routed experts
+ * split by their own width; 2 KV heads, so TP 3 is refused with the numbers) and two written here with random weights for
  * the uneven cases: 6 heads (2,2,1,1 at TP 4), intermediate 50 and vocab
  * 101; and a Qwen2 with one KV head (replicated on every rank); and
  * test_dsc_moe's HDF5 checkpoints (GPT MoE with biases and learned
@@ -266,8 +267,8 @@ static void compare_or_refused(const char *dir, const char *what) {
 
 static void test_fixtures(void **state) {
     (void)state;
-    const char *names[] = {"llama", "qwen2", "mistral", "mixtral", "phi3"};
-    for (int i = 0; i < 5; i++) {
+    const char *names[] = {"llama", "qwen2", "mistral", "mixtral", "phi3", "qwen2_moe", "qwen2_moe_tf5"};
+    for (int i = 0; i < 7; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, FIXTURES "%s", names[i]);
         compare_or_refused(dir, names[i]);
