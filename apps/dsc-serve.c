@@ -4,8 +4,11 @@
  *
  * MODEL is a Hugging Face directory or a dsc checkpoint, as for
  * dsc-generate. Prints "dsc-serve: listening on http://HOST:PORT ..." once
- * it accepts requests; SIGTERM or SIGINT drains it (exit 0). Runs on one
- * rank: serving across ranks waits for the engine's distributed serving. */
+ * it accepts requests (with the pid of every rank); SIGTERM or SIGINT
+ * drains it (exit 0). With --tp N under `dsc-launch -n N` every rank loads
+ * its shard, rank 0 speaks HTTP and the others follow its batch plans; a
+ * signal to rank 0 drains every rank, the others ignore signals (they stop
+ * with rank 0's last plan). */
 #define _POSIX_C_SOURCE 200809L /* sigaction */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -14,8 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dsc/cli.h"
+#include "dsc/comm.h"
 #include "dsc/inference.h"
 #include "dsc/serve.h"
 #include "dsc/tokenizer.h"
@@ -24,7 +29,7 @@ typedef struct options {
     const char *model, *tokenizer;
     dsc_serve_config serve;
     int64_t max_model_len, kv_cache_bytes;
-    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve;
+    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp;
     bool bf16_kv, static_batching, prefill_first, eos_given;
 } options;
 
@@ -36,31 +41,31 @@ static void on_signal(int sig) {
 }
 
 static void usage(FILE *fp) {
-    fprintf(
-        fp,
-        "usage: dsc-serve MODEL [options]\n"
-        "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
-        "  --port N                     port (8000; 0 = any free port, printed)\n"
-        "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
-        "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
-        "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
-        "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
-        "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
-        "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
-        "  --seed N                     seed of requests that give none (+ request number)\n"
-        "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
-        "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
-        "  --block-size N               tokens per KV block (16)\n"
-        "  --max-num-seqs N             sequences in the engine at once (64)\n"
-        "  --max-num-batched-tokens N   tokens per forward (512)\n"
-        "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
-        "  --prefill-first              prompt chunks before decodes in each forward\n"
-        "  --static-batching            run admitted groups to completion (for comparison)\n"
-        "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
-        "  --max-body-bytes N           request body limit (1048576)\n"
-        "  --max-prompt-tokens N        tokens per prompt (8192)\n"
-        "  --max-tokens-limit N         largest max_tokens (4096)\n"
-        "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n");
+    fprintf(fp,
+            "usage: dsc-serve MODEL [options]\n"
+            "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
+            "  --port N                     port (8000; 0 = any free port, printed)\n"
+            "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
+            "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
+            "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
+            "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
+            "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
+            "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
+            "  --seed N                     seed of requests that give none (+ request number)\n"
+            "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
+            "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
+            "  --block-size N               tokens per KV block (16)\n"
+            "  --max-num-seqs N             sequences in the engine at once (64)\n"
+            "  --max-num-batched-tokens N   tokens per forward (512)\n"
+            "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
+            "  --prefill-first              prompt chunks before decodes in each forward\n"
+            "  --static-batching            run admitted groups to completion (for comparison)\n"
+            "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
+            "  --max-body-bytes N           request body limit (1048576)\n"
+            "  --max-prompt-tokens N        tokens per prompt (8192)\n"
+            "  --max-tokens-limit N         largest max_tokens (4096)\n"
+            "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n"
+            "  --tp N                       tensor parallelism over N ranks (run under dsc-launch -n N)\n");
 }
 
 static bool parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -150,6 +155,8 @@ static bool parse_args(int argc, char **argv, options *o) {
             ok = parse_int(v, 1, 65536, &x) && ((o->max_num_seqs = (int32_t)x), true);
         else if (strcmp(a, "--max-num-batched-tokens") == 0)
             ok = parse_int(v, 1, 1 << 20, &x) && ((o->max_batched_tokens = (int32_t)x), true);
+        else if (strcmp(a, "--tp") == 0)
+            ok = parse_int(v, 1, 1 << 16, &x) && ((o->tp = (int32_t)x), true);
         else if (strcmp(a, "--kv-reserve-tokens") == 0)
             ok = parse_int(v, -1, INT32_MAX, &x) && ((o->kv_reserve = (int32_t)x), true);
         else if (strcmp(a, "--max-concurrent-requests") == 0)
@@ -193,12 +200,31 @@ static void read_eos(const char *model, dsc_serve_config *sc) {
     cJSON_Delete(root);
 }
 
-static dsc_status serve(options *o) {
+/* Every rank's pid, in rank order, as "1,2,3" (what tests and scripts signal). */
+static dsc_status rank_pids(dsc_comm *world, char *out, size_t cap) {
+    int n = world ? dsc_comm_size(world) : 1;
+    int32_t mine = (int32_t)getpid(), *all = calloc((size_t)n, sizeof *all);
+    DSC_CHECK(all, DSC_ERR_NOMEM, "pids of %d ranks", n);
+    int64_t one = 1, len = n;
+    dsc_tensor send = dsc_tensor_view(&mine, DSC_DTYPE_I32, 1, &one, DSC_CPU);
+    dsc_tensor recv = dsc_tensor_view(all, DSC_DTYPE_I32, 1, &len, DSC_CPU);
+    dsc_status s = world ? dsc_comm_allgather(world, &send, &recv, NULL) : NULL;
+    if (!world) all[0] = mine;
+    size_t at = 0;
+    for (int r = 0; !s && r < n && at < cap; r++)
+        at += (size_t)snprintf(out + at, cap - at, r ? ",%d" : "%d", (int)all[r]);
+    free(all);
+    return s;
+}
+
+static dsc_status serve(options *o, dsc_comm *world) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
     dsc_server *srv = NULL;
-    dsc_status s = dsc_infer_model_load(o->model, &m);
+    const bool lead = !world || dsc_comm_rank(world) == 0;
+    dsc_infer_tp tp = {.comm = world};
+    dsc_status s = world ? dsc_infer_model_load_tp(o->model, &tp, &m) : dsc_infer_model_load(o->model, &m);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s) {
         dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
@@ -218,20 +244,26 @@ static dsc_status serve(options *o) {
         if (o->prefill_first) sc.prefill_priority = DSC_PREFILL_PRIORITY_PREFILL_FIRST;
         if (!o->eos_given) read_eos(o->model, &o->serve);
         o->serve.model_arch = dsc_infer_model_arch(m);
+        o->serve.comm = world;
         s = dsc_server_create(e, &sc, tok, &o->serve, &srv);
     }
+    char pids[1024] = "";
+    if (!s) s = rank_pids(world, pids, sizeof pids);
     if (!s) {
         const char *tmpl = dsc_server_chat_template(srv);
         const dsc_kv_config *kv = dsc_infer_engine_kv_config(e);
-        printf("dsc-serve: listening on http://%s:%d (model %s, %s, context %lld, %d KV blocks of %d, chat "
-               "template %s)\n",
-               o->serve.host, dsc_server_port(srv), o->serve.model_name, dsc_infer_model_arch(m),
-               (long long)kv->max_context, dsc_infer_engine_total_blocks(e), kv->block_size, tmpl ? tmpl : "none");
-        fflush(stdout);
+        if (lead) {
+            printf("dsc-serve: listening on http://%s:%d (model %s, %s, context %lld, %d KV blocks of %d, chat "
+                   "template %s, tp %d, pids %s)\n",
+                   o->serve.host, dsc_server_port(srv), o->serve.model_name, dsc_infer_model_arch(m),
+                   (long long)kv->max_context, dsc_infer_engine_total_blocks(e), kv->block_size,
+                   tmpl ? tmpl : "none", world ? dsc_comm_size(world) : 1, pids);
+            fflush(stdout);
+        }
         g_server = srv;
         s = dsc_server_run(srv);
         g_server = NULL;
-        fprintf(stderr, "dsc-serve: %s\n", s ? "stopped by an engine error" : "drained, exiting");
+        if (lead || s) fprintf(stderr, "dsc-serve: %s\n", s ? "stopped by an engine error" : "drained, exiting");
     }
     dsc_server_destroy(srv);
     dsc_infer_engine_destroy(e);
@@ -259,18 +291,22 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    dsc_status s = size == 1
-                       ? serve(&o)
-                       : dsc_error(DSC_ERR_UNSUPPORTED,
-                                   "dsc-serve runs on one rank (started on %d): serving across ranks waits for "
-                                   "the engine's distributed serving",
-                                   size);
+    int tp = o.tp > 0 ? o.tp : 1;
+    dsc_comm *world = NULL;
+    dsc_status s = tp == size ? NULL
+                              : dsc_error(DSC_ERR_CONFIG,
+                                          "--tp %d with %d ranks: dsc-serve runs one tensor-parallel group, so "
+                                          "launch it with dsc-launch -n %d",
+                                          tp, size, tp);
+    if (!s && size > 1) s = dsc_comm_world(NULL, &world);
+    if (!s) s = serve(&o, world);
     int rc = 0;
     if (s) {
         fprintf(stderr, "dsc-serve: %s\n", dsc_status_message(s));
         dsc_status_free(s);
         rc = 1;
     }
+    dsc_comm_free(world);
     MPI_Finalize();
     return rc;
 }

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
         const char *argv_s[] = {
             "dsc-serve", model, "--port", "0", "--max-num-seqs", "16", mode ? "--static-batching" : NULL, NULL};
         serve_proc p;
-        dsc_status s = serve_proc_start(&p, server, argv_s, 60);
+        dsc_status s = serve_proc_start(&p, server, argv_s, 60, false);
         if (s) {
             fprintf(stderr, "bench_serve: %s\n", dsc_status_message(s));
             return 1;

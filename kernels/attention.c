@@ -24,6 +24,12 @@ static dsc_status attention_shapes(const kernel_call *call, const dsc_tensor *q,
     return NULL;
 }
 
+/* The FLOPs of one causal (T x T) x (T x hs) product over every head: the
+ * keys j <= i of each query i, a multiply-add each. dims: b, t, nh, nkv, hs. */
+static int64_t causal_products(const int64_t *d) {
+    return 2 * d[0] * d[2] * (d[1] * (d[1] + 1) / 2) * d[4];
+}
+
 dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const dsc_tensor *q, const dsc_tensor *k,
                                         const dsc_tensor *v) {
     kernel_call call;
@@ -31,6 +37,7 @@ dsc_status dsc_kernel_attention_forward(dsc_tensor *out, dsc_tensor *lse, const 
     int64_t d[5];
     DSC_TRY(attention_shapes(&call, q, k, v, lse, d));
     DSC_TRY(kernel_expect_like(&call, out, "out", q, "q"));
+    kernel_count_flops(2 * causal_products(d)); /* q k^T, then p v */
     return KERNEL_RUN(&call, attention_forward, out->data, lse->data, q->data, k->data, v->data, d[0], d[1], d[2],
                       d[3], d[4]);
 }
@@ -48,6 +55,7 @@ dsc_status dsc_kernel_attention_backward(dsc_tensor *dq, dsc_tensor *dk, dsc_ten
     DSC_TRY(kernel_expect_like(&call, dq, "dq", q, "q"));
     DSC_TRY(kernel_expect_like(&call, dk, "dk", k, "k"));
     DSC_TRY(kernel_expect_like(&call, dv, "dv", v, "v"));
+    kernel_count_flops(5 * causal_products(d)); /* q k^T again, dO v^T, p^T dO, dS k, dS^T q */
     return KERNEL_RUN(&call, attention_backward, dq->data, dk->data, dv->data, dout->data, q->data, k->data,
                       v->data, out->data, lse->data, d[0], d[1], d[2], d[3], d[4]);
 }

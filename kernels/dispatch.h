@@ -29,6 +29,9 @@ typedef struct kernel_call {
     const struct dsc_kernel_ops *ops;
 } kernel_call;
 
+/* Adds n to the count dsc_kernel_flop_count reports (flop_count.c). */
+void kernel_count_flops(int64_t n);
+
 /* Checks that required arguments are present and that all present arguments
  * live on one device, then resolves that device's backend. */
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count);

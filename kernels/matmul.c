@@ -21,6 +21,7 @@ dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tenso
     DSC_TRY(kernel_expect(&call, b, "b", DSC_DTYPE_F32, nd, b_shape + (3 - nd)));
     DSC_TRY(kernel_expect(&call, out, "out", DSC_DTYPE_F32, nd, out_shape + (3 - nd)));
     DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &n));
+    kernel_count_flops(2 * bt * m * n * k);
     return KERNEL_RUN(&call, gemm, out->data, a->data, b->data, kernel_f32(bias), bt, m, n, k, trans_a, trans_b,
                       alpha, beta);
 }
@@ -48,6 +49,7 @@ dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const d
     int64_t oc = w->shape[0], c = w->shape[1];
     DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
     DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &oc));
+    kernel_count_flops(2 * rows * oc * c);
     return KERNEL_RUN(&call, gemm, y->data, x->data, w->data, kernel_f32(bias), 1, rows, oc, c, false, true, 1.0f,
                       0.0f);
 }
@@ -64,6 +66,7 @@ dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor
     DSC_TRY(kernel_expect_like(&call, dx, "dx", x, "x"));
     DSC_TRY(kernel_expect_like(&call, dw, "dw", w, "w"));
     DSC_TRY(kernel_expect(&call, dbias, "dbias", DSC_DTYPE_F32, 1, &oc));
+    kernel_count_flops(((dx != NULL) + (dw != NULL)) * 2 * rows * oc * c);
     /* dx (N, C) = dy (N, OC) @ w (OC, C) */
     if (dx)
         DSC_TRY(

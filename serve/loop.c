@@ -1,7 +1,7 @@
 /* The step loop (the thread that calls dsc_server_run owns the engine and
  * the scheduler): each iteration takes new jobs and cancellations from the
  * HTTP side, writes them into the batch plan, exchanges the plan (plan.h:
- * the seam where other ranks will follow), applies it, and runs one
+ * broadcast to the other ranks when the engine is split), applies it, and runs one
  * forward. Generated tokens come back through the scheduler's callback,
  * which turns each into an event of its job (text, logprobs, finish
  * reason) and wakes the job's HTTP thread.
@@ -9,7 +9,8 @@
  * Every release of a sequence from the scheduler — finished, stopped by a
  * stop string, cancelled because its client left or the drain timed out —
  * goes through the plan's cancel list, so all ranks release the same
- * sequences in the same iteration. Not here: HTTP (http.c), parsing and
+ * sequences in the same iteration; ranks other than 0 only follow (follow()).
+ * Not here: HTTP (http.c), parsing and
  * tokenizing (request.c, http.c), rendering (response.c). */
 #include <math.h>
 #include <stdlib.h>
@@ -287,7 +288,23 @@ static void fail_all(dsc_server *srv, dsc_status err) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* A rank other than 0: rank 0's plans, applied in the order they come, and
+ * a step whenever rank 0 steps (the same condition on the same scheduler
+ * state), until the plan that says stop. */
+static dsc_status follow(dsc_server *srv) {
+    for (;;) {
+        serve_plan_clear(&srv->plan);
+        DSC_TRY(srv->channel.exchange(srv->channel.impl, &srv->plan));
+        DSC_TRY(serve_plan_apply(&srv->plan, srv->sched, NULL, NULL));
+        if (srv->plan.stop) return NULL;
+        dsc_scheduler_counts c = dsc_scheduler_get_counts(srv->sched);
+        bool idle;
+        if (c.waiting + c.running > 0) DSC_TRY(dsc_scheduler_step(srv->sched, &idle));
+    }
+}
+
 dsc_status dsc_server_run(dsc_server *srv) {
+    if (srv->rank != 0) return follow(srv);
     dsc_status st = NULL;
     double deadline = 0;
     for (;;) {

@@ -9,15 +9,16 @@
  * refer to token ranges by offset) so that a channel can broadcast it as
  * three buffers.
  *
- * Only the one-rank channel exists now (its exchange does nothing); the
- * multi-rank channel (an MPI broadcast from rank 0 before each step) belongs
- * with the engine that serves across ranks. */
+ * Two channels: one rank (its exchange does nothing), and a communicator
+ * of the ranks that serve together (plan_comm.c: rank 0 broadcasts the plan
+ * before each step; a plan with `stop` ends every rank's loop). */
 #ifndef DSC_SERVE_PLAN_H
 #define DSC_SERVE_PLAN_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dsc/comm.h"
 #include "dsc/inference.h"
 #include "dsc/status.h"
 
@@ -65,5 +66,7 @@ typedef struct serve_plan_channel {
 
 /* One rank: nothing to exchange. */
 serve_plan_channel serve_plan_channel_single(void);
+/* The ranks of comm (borrowed): rank 0's plan is broadcast to the others. */
+serve_plan_channel serve_plan_channel_comm(dsc_comm *comm);
 
 #endif

@@ -185,6 +185,7 @@ struct dsc_server {
     int32_t chat_end_id; /* the template's end-of-turn token, or -1 */
     char chat_end[32];   /* its text: a stop string when it is not a token */
     int32_t vocab, max_context, block_size;
+    int rank, n_ranks; /* of cfg.comm; rank 0 speaks HTTP, the others follow its plans */
     int64_t created;
     pthread_mutex_t mu;
     pthread_cond_t wake; /* the step loop waits on it when idle */

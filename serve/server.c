@@ -1,7 +1,9 @@
 /* The server object: options checked, the scheduler created over the
  * borrowed engine, the chat template chosen (--chat-template, else from the
  * tokenizer's special tokens, else Mistral's for Mistral/Mixtral models
- * whose tokenizer has </s>), HTTP started; and its teardown. */
+ * whose tokenizer has </s>), the plan channel chosen (one rank, or rank 0
+ * broadcasting to the ranks of cfg->comm), HTTP started on rank 0; and its
+ * teardown. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +85,10 @@ dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_confi
     srv->max_context = (int32_t)dsc_infer_engine_kv_config(engine)->max_context;
     srv->block_size = dsc_infer_engine_kv_config(engine)->block_size;
     srv->created = (int64_t)time(NULL);
-    srv->channel = serve_plan_channel_single();
+    srv->rank = cfg->comm ? dsc_comm_rank(cfg->comm) : 0;
+    srv->n_ranks = cfg->comm ? dsc_comm_size(cfg->comm) : 1;
+    srv->channel = srv->n_ranks > 1 ? serve_plan_channel_comm(cfg->comm) : serve_plan_channel_single();
+    srv->port = -1;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->wake, NULL);
     srv->model_name = dup_or_null(cfg->model_name);
@@ -91,7 +96,7 @@ dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_confi
     dsc_status s = srv->model_name && (srv->api_key || !cfg->api_key) ? NULL : dsc_error(DSC_ERR_NOMEM, "server");
     if (!s) s = choose_template(srv);
     if (!s) s = dsc_scheduler_create(engine, sched, serve_loop_on_token, srv, &srv->sched);
-    if (!s) s = serve_http_start(srv);
+    if (!s && srv->rank == 0) s = serve_http_start(srv);
     /* Only the copies outlive this call. */
     srv->cfg.model_name = srv->model_name;
     srv->cfg.api_key = srv->api_key;

@@ -41,8 +41,15 @@ typedef enum dsc_optimizer_type {
     DSC_OPTIMIZER_TYPE_SGD,       /* with momentum */
     DSC_OPTIMIZER_TYPE_ADAM,      /* DeepSpeed's Adam: AdamW when adam_w_mode, else L2 added to the gradient */
     DSC_OPTIMIZER_TYPE_LAMB,      /* DeepSpeed's FusedLamb: Adam direction scaled by a clamped trust ratio */
-    DSC_OPTIMIZER_TYPE_LION       /* sign of interpolated momentum, decoupled weight decay */
+    DSC_OPTIMIZER_TYPE_LION,      /* sign of interpolated momentum, decoupled weight decay */
+    DSC_OPTIMIZER_TYPE_MUON       /* DeepSpeed's MuonWithAuxAdam: Muon for hidden matrices, Adam for the rest */
 } dsc_optimizer_type;
+
+/* Muon's orthogonalisation: DeepSpeed's two Newton-Schulz iterations. */
+typedef enum dsc_muon_ns_method {
+    DSC_MUON_NS_GRAM = 0, /* iterates on the small Gram matrix X X^T (DeepSpeed's default) */
+    DSC_MUON_NS_STANDARD  /* the quintic iteration on X itself */
+} dsc_muon_ns_method;
 
 typedef enum dsc_offload_device {
     DSC_OFFLOAD_DEVICE_NONE = 0,
@@ -113,6 +120,9 @@ typedef struct dsc_config_optimizer {
         bool bias_correction; /* Adam, AdamW, Lamb */
         double max_coeff;     /* Lamb: trust ratio clamp */
         double min_coeff;
+        double muon_lr; /* Muon: lr of the Muon parameters (resolved: lr, or 0.02 without lr) */
+        double adam_lr; /* Muon: lr of the Adam parameters (resolved: lr, or 3e-4 without lr) */
+        dsc_muon_ns_method ns_method;
     } params;
 } dsc_config_optimizer;
 
@@ -212,6 +222,17 @@ typedef struct dsc_config_monitor {
     char *job_name;
 } dsc_config_monitor;
 
+/* DeepSpeed's flops_profiler section: one step profiled per layer. */
+typedef struct dsc_config_flops_profiler {
+    bool enabled;
+    int64_t profile_step;        /* profile the step taken after this many (DeepSpeed's global_steps) */
+    int module_depth;            /* deepest layer nesting in the detailed table; -1 all */
+    int top_modules;             /* layers listed per measure in the aggregated profile */
+    bool detailed;               /* print the per-layer table */
+    double recompute_fwd_factor; /* forward recomputed in backward (activation checkpointing), for the estimate */
+    char *output_file;           /* "" : stdout */
+} dsc_config_flops_profiler;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -244,6 +265,7 @@ typedef struct dsc_config {
     bool wall_clock_breakdown;
     dsc_config_monitor tensorboard;
     dsc_config_monitor csv_monitor;
+    dsc_config_flops_profiler flops_profiler;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */

@@ -38,6 +38,10 @@ extern "C" {
 
 /* Threads used by CPU kernels: DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores. */
 DSC_API void dsc_kernels_set_num_threads(int n);
+/* Floating-point operations the GEMM, linear and attention kernels have been
+ * asked to do since the process started (2 per multiply-add; elementwise
+ * kernels are not counted). Differences of two reads count a region. */
+DSC_API int64_t dsc_kernel_flop_count(void);
 DSC_API int dsc_kernels_get_num_threads(void);
 
 /* ---- matrix products ------------------------------------------------------

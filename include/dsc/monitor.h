@@ -13,6 +13,7 @@
 
 #include "dsc/api.h"
 #include "dsc/config.h"
+#include "dsc/nn.h"
 #include "dsc/status.h"
 
 #ifdef __cplusplus
@@ -30,6 +31,22 @@ DSC_API dsc_status dsc_monitor_write(dsc_monitor *m, const char *tag, double val
 
 /* Flushes and closes the files. */
 DSC_API void dsc_monitor_destroy(dsc_monitor *m);
+
+/* ---- the FLOPs profiler's report ------------------------------------------------------
+ * What the profiled step was, beside the per-layer rows (dsc_layer_profile). */
+typedef struct dsc_flops_report {
+    int64_t step; /* 1-based number of the profiled step */
+    int rank;     /* world rank writing the report */
+    int dp_size, pp_size;
+    int64_t samples_per_rank; /* sequences this rank computed in the step */
+    double step_s;            /* the step's wall time */
+} dsc_flops_report;
+
+/* Writes DeepSpeed's print_model_profile layout to cfg->output_file (or
+ * stdout): summary, top cfg->top_modules layers, and, when cfg->detailed, a
+ * row per layer down to cfg->module_depth. */
+DSC_API dsc_status dsc_flops_profile_write(const dsc_config_flops_profiler *cfg, const dsc_flops_report *r,
+                                           const dsc_layer_profile *rows, int n);
 
 /* ---- the TensorBoard event file writer, on its own ---------------------------------
  * TFRecord framing (length, masked CRC-32C of the length, Event protobuf,

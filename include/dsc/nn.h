@@ -173,6 +173,29 @@ struct dsc_layer {
     int64_t max_B, max_T;
 };
 
+/* One layer's share of a profiled region (the FLOPs profiler): its local
+ * parameters, and the wall time and kernel FLOPs (dsc_kernel_flop_count) of
+ * its forward and backward calls, children included; depth 0 for a layer
+ * the runner calls, 1 for one a layer calls, and so on. */
+typedef struct dsc_layer_profile {
+    const dsc_layer *layer;
+    char name[64];
+    const char *type;
+    int depth;
+    int64_t params;
+    double fwd_s, bwd_s;
+    int64_t fwd_flops, bwd_flops;
+    int fwd_calls, bwd_calls;
+} dsc_layer_profile;
+
+/* Opens a profile: until dsc_layer_profile_end, every dsc_layer_forward and
+ * dsc_layer_backward of this process is recorded. Not thread-safe: one
+ * profile at a time, layers run on one thread. */
+DSC_API void dsc_layer_profile_begin(void);
+/* Closes the profile and hands over its rows (in first-call order; the
+ * caller frees *rows). */
+DSC_API dsc_status dsc_layer_profile_end(dsc_layer_profile **rows, int *n);
+
 /* `count` f32 activation buffers of one shape, for a layer's slots
  * (released with dsc_buffers_free, which also takes a partial table). */
 DSC_API dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape,

@@ -36,14 +36,19 @@ extern "C" {
 
 /* Hyper-parameters of the update, independent of how state is laid out. */
 typedef struct dsc_optim_hparams {
-    dsc_optimizer_type type;    /* AdamW, SGD, Adam, Lamb, Lion */
-    float beta1, beta2, eps;    /* Adam family, Lion (betas) */
-    float momentum;             /* SGD */
+    dsc_optimizer_type type;    /* AdamW, SGD, Adam, Lamb, Lion, Muon */
+    float beta1, beta2, eps;    /* Adam family, Lion (betas), Muon's Adam group */
+    float momentum;             /* SGD, Muon */
     float weight_decay;         /* not applied to DSC_PARAM_NO_DECAY parameters */
     double clip_norm;           /* global gradient-norm clipping; 0 disables */
     bool l2_decay;              /* Adam with adam_w_mode false: weight_decay * p joins the gradient */
     bool no_bias_correction;    /* Adam family with bias_correction false */
     float max_coeff, min_coeff; /* Lamb's trust-ratio clamp */
+    /* Muon: each group's lr is the step's lr times its scale — the group's own
+     * lr over optimizer.params.lr where the schedule keeps per-group rates (no
+     * scheduler, WarmupCosineLR), 1 where it sets one rate for all (the rest) */
+    float muon_lr_scale, adam_lr_scale;
+    dsc_muon_ns_method ns_method;
 } dsc_optim_hparams;
 
 /* State tensors per parameter element: 2 (exp_avg, exp_avg_sq) for the Adam
@@ -158,6 +163,17 @@ DSC_API void dsc_optimizer_destroy(dsc_optimizer *opt);
  * weight decay; `step` is 1-based. The gradient is scratch afterwards. */
 DSC_API dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad,
                                     dsc_tensor *state0, dsc_tensor *state1, float lr, bool decay, int64_t step);
+
+/* The update of one whole parameter with the rule its type and the
+ * parameter call for: Muon orthogonalises the hidden matrices
+ * (dsc_optim_uses_muon) and gives the rest Adam; every other type is
+ * dsc_optim_update with weight decay unless DSC_PARAM_NO_DECAY. state0 holds
+ * Muon's momentum, state0 and state1 its Adam group's moments. */
+DSC_API dsc_status dsc_optim_update_param(const dsc_optim_hparams *hp, dsc_param *param, dsc_tensor *state0,
+                                          dsc_tensor *state1, float lr, int64_t step);
+/* DeepSpeed's rule for Muon: two or more dimensions, not an embedding or the
+ * LM head (names holding "embed" or "lm_head", and dsc's "head.weight"). */
+DSC_API bool dsc_optim_uses_muon(const dsc_param *param);
 
 /* Lamb in two halves, for optimizers whose pieces split a parameter over
  * ranks: the direction of a piece is written over its gradient and the

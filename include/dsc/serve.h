@@ -9,10 +9,15 @@
  * meet only under the server's mutex. dsc_server_request_stop is
  * async-signal-safe.
  *
- * Ranks: the step loop turns each iteration's submits and cancels into a
- * batch plan (serve/plan.h) and hands it to a plan channel before applying
- * it, so that ranks other than 0 can follow the same plan once the engine
- * serves across ranks. This version runs on one rank.
+ * Ranks: an engine split over several ranks (tensor parallelism) is served
+ * by every rank of its communicator (cfg.comm) calling dsc_server_create
+ * and dsc_server_run. Rank 0 listens and runs the step loop, which turns
+ * each iteration's submits and cancels into a batch plan (serve/plan.h) and
+ * broadcasts it before applying it; the other ranks apply the same plans to
+ * their own scheduler replicas, so every rank forms the same batches, and
+ * leave when rank 0's drained plan says stop. Only rank 0 heeds
+ * dsc_server_request_stop. logprobs are refused across ranks (each rank
+ * holds a slice of the vocabulary).
  *
  * Not here: model loading, the command line (apps/dsc-serve.c). */
 #ifndef DSC_SERVE_H
@@ -22,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dsc/comm.h"
 #include "dsc/inference.h"
 #include "dsc/status.h"
 #include "dsc/tokenizer.h"
@@ -47,7 +53,8 @@ typedef struct dsc_serve_config {
     int32_t bos;               /* >= 0: prepended to text prompts of /v1/completions */
     int32_t eos[DSC_SERVE_MAX_EOS]; /* stop tokens of every request (the model's end of sequence) */
     int32_t n_eos;
-    uint64_t seed; /* seeds of requests that give none: seed + request number */
+    uint64_t seed;  /* seeds of requests that give none: seed + request number */
+    dsc_comm *comm; /* the ranks the engine is split over (borrowed); NULL: one rank */
 } dsc_serve_config;
 
 DSC_API dsc_serve_config dsc_serve_config_default(void);
@@ -59,13 +66,14 @@ typedef struct dsc_server dsc_server;
  * address that cannot be bound is an error naming it. */
 DSC_API dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_config *sched,
                                      dsc_tokenizer *tok, const dsc_serve_config *cfg, dsc_server **out);
-/* The port listened on. */
+/* The port listened on (rank 0; -1 on the other ranks). */
 DSC_API int dsc_server_port(const dsc_server *srv);
 /* The chat template in use ("llama-3", ...), NULL when chat is refused. */
 DSC_API const char *dsc_server_chat_template(const dsc_server *srv);
 /* Runs the step loop until a stop request has drained: new connections are
  * refused, in-flight requests finish (or are cancelled after the drain
- * timeout). An engine error ends it (every waiting client gets a 500). */
+ * timeout). An engine error ends it (every waiting client gets a 500). On
+ * ranks other than 0: follows rank 0's plans until its last one. */
 DSC_API dsc_status dsc_server_run(dsc_server *srv);
 /* Async-signal-safe: asks dsc_server_run to drain and return. */
 DSC_API void dsc_server_request_stop(dsc_server *srv);

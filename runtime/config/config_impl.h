@@ -129,6 +129,8 @@ dsc_status dsc_config_check_value(const char *source, const dsc_config_key *key,
 /* Fills "auto" (null) values and checks rules that span several keys,
  * recording every violation. */
 void dsc_config_apply_rules(const cJSON *root, const char *source, dsc_config *cfg, dsc_config_issues *is);
+/* The Muon optimizer's defaults and refusals (rules_muon.c). */
+void dsc_config_muon_rules(const cJSON *root, const char *source, dsc_config *cfg, dsc_config_issues *is);
 
 /* Frees the owned strings of the struct (not source / json). */
 void dsc_config_free_fields(dsc_config *cfg);

@@ -23,8 +23,11 @@ static cJSON *emit_value(const dsc_config_key *key, const dsc_config *cfg) {
         if (v == 0 && (key->flags & DSC_CONFIG_NULLABLE)) return cJSON_CreateNull();
         return cJSON_CreateNumber(v);
     }
-    case DSC_CONFIG_KIND_FLOAT:
-        return cJSON_CreateNumber(*(const double *)field);
+    case DSC_CONFIG_KIND_FLOAT: {
+        double v = *(const double *)field;
+        if (v == 0 && (key->flags & DSC_CONFIG_NULLABLE)) return cJSON_CreateNull(); /* Muon's rates, unused */
+        return cJSON_CreateNumber(v);
+    }
     case DSC_CONFIG_KIND_FLOATS:
         return cJSON_CreateDoubleArray((const double *)field, (int)(key->size / sizeof(double)));
     case DSC_CONFIG_KIND_STRING:

@@ -186,6 +186,10 @@ static void check_loop(const char *src, const dsc_config *c, dsc_config_issues *
     REQUIRE(is, c->train.eval_interval == 0 || c->data.val_fraction > 0,
             "%s: \"train.eval_interval\" %lld needs \"data.val_fraction\" > 0 (no held-out data to evaluate on)",
             src, (long long)c->train.eval_interval);
+    REQUIRE(is, !c->flops_profiler.enabled || c->flops_profiler.profile_step < c->train.steps,
+            "%s: \"flops_profiler.profile_step\" %lld is never reached: \"train.steps\" is %lld (the profiled "
+            "step is the one after profile_step steps)",
+            src, (long long)c->flops_profiler.profile_step, (long long)c->train.steps);
 }
 
 void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg, dsc_config_issues *is) {
@@ -201,6 +205,7 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
                                    "false",
                                    src));
     check_scheduler(src, &cfg->scheduler, is);
+    dsc_config_muon_rules(root, src, cfg, is);
     check_offload(src, &cfg->zero_optimization, is);
     check_refused(src, cfg, is);
     check_loop(src, cfg, is);

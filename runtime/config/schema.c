@@ -43,7 +43,8 @@
 /* Enum names; the index is the C enum value. Matching is case-insensitive so
  * DeepSpeed's spelling ("AdamW") is accepted. */
 static const char *const archs[] = {"gpt", "llama", "gpt-moe", "mixtral", NULL};
-static const char *const optimizers[] = {"adamw", "sgd", "adam", "lamb", "lion", NULL};
+static const char *const optimizers[] = {"adamw", "sgd", "adam", "lamb", "lion", "muon", NULL};
+static const char *const ns_methods[] = {"gram", "standard", NULL};
 static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
 static const char *const lr_schedules[] = {
     "constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest", NULL};
@@ -89,7 +90,8 @@ static const dsc_config_key schema[] = {
 
     SECTION("optimizer", "DeepSpeed's optimizer section."),
     ENUM("optimizer.type", optimizer.type, "\"adamw\"", optimizers, 0,
-         "adamw, adam (adam_w_mode), lamb, lion or sgd (with momentum); DeepSpeed's names, case-insensitive."),
+         "adamw, adam (adam_w_mode), lamb, lion, sgd (with momentum) or muon (Adam for embeddings, the head and "
+         "vectors); DeepSpeed's names, case-insensitive."),
     SECTION("optimizer.params", "Hyper-parameters of the optimizer."),
     FLOAT("optimizer.params.lr", optimizer.params.lr, "0.001", 0, INF, 0,
           "Learning rate (the peak for the warmup schedulers)."),
@@ -97,7 +99,8 @@ static const dsc_config_key schema[] = {
     FLOAT("optimizer.params.eps", optimizer.params.eps, "1e-08", 0, INF, GT, "Adam's epsilon."),
     FLOAT("optimizer.params.weight_decay", optimizer.params.weight_decay, "0.01", 0, INF, 0,
           "Decoupled weight decay (adamw) or L2 penalty (sgd)."),
-    FLOAT("optimizer.params.momentum", optimizer.params.momentum, "0", 0, 1, LT, "SGD momentum."),
+    FLOAT("optimizer.params.momentum", optimizer.params.momentum, "0", 0, 1, LT,
+          "SGD momentum; muon: its Nesterov momentum, 0.95 when absent."),
     BOOL("optimizer.params.adam_w_mode", optimizer.params.adam_w_mode, "true", 0,
          "adam: decoupled weight decay (AdamW); false adds weight_decay * p to the gradient (L2)."),
     BOOL("optimizer.params.bias_correction", optimizer.params.bias_correction, "true", 0,
@@ -106,6 +109,12 @@ static const dsc_config_key schema[] = {
           "lamb: upper clamp of the trust ratio ||p|| / ||update||."),
     FLOAT("optimizer.params.min_coeff", optimizer.params.min_coeff, "0.01", 0, INF, 0,
           "lamb: lower clamp of the trust ratio."),
+    FLOAT("optimizer.params.muon_lr", optimizer.params.muon_lr, "null", 0, INF, NUL | GT,
+          "muon: learning rate of the Muon parameters; null: lr, or 0.02 when lr is absent."),
+    FLOAT("optimizer.params.adam_lr", optimizer.params.adam_lr, "null", 0, INF, NUL | GT,
+          "muon: learning rate of the Adam parameters; null: lr, or 3e-4 when lr is absent."),
+    ENUM("optimizer.params.ns_method", optimizer.params.ns_method, "\"gram\"", ns_methods, 0,
+         "muon: Newton-Schulz on the Gram matrix (gram) or on the matrix itself (standard)."),
 
     SECTION("scheduler", "DeepSpeed's learning-rate scheduler section."),
     ENUM("scheduler.type", scheduler.type, "\"constant\"", lr_schedules, 0,
@@ -254,6 +263,20 @@ static const dsc_config_key schema[] = {
             "Write Train/Samples/train_loss and lr against samples seen, on the logging rank."),
     MONITOR("csv_monitor", csv_monitor, "CSV files, one per event (DeepSpeed's monitor layout).",
             "Write output_path/job_name/Train_Samples_<event>.csv with rows step,value."),
+
+    SECTION("flops_profiler", "DeepSpeed's FLOPs profiler: one step, per layer, on the logging rank."),
+    BOOL("flops_profiler.enabled", flops_profiler.enabled, "false", 0, "Profile one training step."),
+    INT("flops_profiler.profile_step", flops_profiler.profile_step, "1", 0, I53, 0,
+        "Profile the step after this many steps (DeepSpeed's global_steps; 1 skips the first, warm-up step)."),
+    INT("flops_profiler.module_depth", flops_profiler.module_depth, "-1", -1, I32, 0,
+        "Deepest layer nesting in the detailed table; -1 all."),
+    INT("flops_profiler.top_modules", flops_profiler.top_modules, "1", 1, I32, 0,
+        "Layers listed per measure (parameters, FLOPs, latency) in the aggregated profile."),
+    BOOL("flops_profiler.detailed", flops_profiler.detailed, "true", 0, "Print the per-layer table."),
+    FLOAT("flops_profiler.recompute_fwd_factor", flops_profiler.recompute_fwd_factor, "0", 0, 1, 0,
+          "Share of the forward recomputed in backward, for DeepSpeed's (3 + factor) * forward estimate."),
+    STRING("flops_profiler.output_file", flops_profiler.output_file, "\"\"",
+           "Write the profile to this file; empty: standard output."),
 
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),

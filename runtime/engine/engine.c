@@ -116,7 +116,7 @@ static dsc_status average_loss(dsc_engine *e, const dsc_batch_result *r, double 
     return NULL;
 }
 
-dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
+static dsc_status run_step(dsc_engine *e, dsc_step_metrics *m) {
     const dsc_config *cfg = e->o.cfg;
     int64_t index = e->steps_done, n = index + 1;
     double t0 = dsc_time_now();
@@ -162,6 +162,41 @@ dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
         memcpy(m->phase_s, res.phase_s, sizeof m->phase_s);
     }
     return NULL;
+}
+
+/* flops_profiler: the step runs with every layer call recorded; the logging
+ * rank writes the report (DeepSpeed profiles on global rank 0). */
+static dsc_status profiled_step(dsc_engine *e, dsc_step_metrics *m) {
+    dsc_step_metrics own;
+    if (!m) m = &own;
+    dsc_layer_profile_begin();
+    dsc_status s = run_step(e, m);
+    dsc_layer_profile *rows;
+    int n;
+    dsc_status end = dsc_layer_profile_end(&rows, &n);
+    if (s || end) {
+        free(rows);
+        dsc_status_free(s ? end : NULL);
+        return s ? s : end;
+    }
+    const dsc_config *cfg = e->o.cfg;
+    dsc_flops_report r = {
+        .step = m->step,
+        .rank = dsc_get_rank(),
+        .dp_size = e->o.dp ? dsc_comm_size(e->o.dp) : 1,
+        .pp_size = e->o.pipe ? dsc_comm_size(e->o.pipe) : 1,
+        .samples_per_rank = (int64_t)e->o.micro_batches * cfg->train_micro_batch_size_per_gpu,
+        .step_s = m->step_s,
+    };
+    if (e->o.log) s = dsc_flops_profile_write(&cfg->flops_profiler, &r, rows, n);
+    free(rows);
+    return s;
+}
+
+dsc_status dsc_engine_step(dsc_engine *e, dsc_step_metrics *m) {
+    const dsc_config_flops_profiler *fp = &e->o.cfg->flops_profiler;
+    if (fp->enabled && e->steps_done == fp->profile_step) return profiled_step(e, m);
+    return run_step(e, m);
 }
 
 dsc_status dsc_engine_evaluate(dsc_engine *e, double *val_loss) {

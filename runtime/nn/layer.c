@@ -9,6 +9,7 @@
 
 #include "dsc/model.h"
 #include "dsc/nn.h"
+#include "runtime/nn/nn_internal.h"
 
 dsc_status dsc_layer_reserve(dsc_layer *layer, int slots, int64_t B, int64_t T) {
     DSC_CHECK(slots >= 1 && B >= 1 && T >= 1, DSC_ERR_INVALID,
@@ -44,7 +45,9 @@ bool dsc_layer_release(dsc_layer *layer) {
 dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, dsc_tensor *out,
                              dsc_micro_ctx *ctx) {
     DSC_TRY(check_slot(layer, slot, "forward"));
+    nn_profile_mark mark = nn_profile_enter(layer);
     dsc_status s = layer->ops->forward(layer, slot, in, out, ctx);
+    nn_profile_leave(mark, false);
     if (s) return dsc_error_wrap(s, "layer %s (%s) forward slot %d", layer->name, layer->ops->type, slot);
     return NULL;
 }
@@ -52,7 +55,9 @@ dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tensor *in, d
 dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
                               dsc_micro_ctx *ctx) {
     DSC_TRY(check_slot(layer, slot, "backward"));
+    nn_profile_mark mark = nn_profile_enter(layer);
     dsc_status s = layer->ops->backward(layer, slot, dout, din, ctx);
+    nn_profile_leave(mark, true);
     if (s) return dsc_error_wrap(s, "layer %s (%s) backward slot %d", layer->name, layer->ops->type, slot);
     return NULL;
 }

@@ -19,6 +19,19 @@
 /* Enough for a block: 2 norms (2 each), q/k/v/o (2 each) and a 3-matrix MLP. */
 #define NN_MAX_LAYER_PARAMS 48
 
+/* ---- the FLOPs profiler's recorder (layer_profile.c) ------------------------------------ */
+
+/* Where a profiled layer call started; row -1 when no profile is open. */
+typedef struct nn_profile_mark {
+    int row;
+    double t0;
+    int64_t flops0;
+} nn_profile_mark;
+
+/* Around every layer forward / backward: records the call's time and FLOPs. */
+nn_profile_mark nn_profile_enter(const dsc_layer *layer);
+void nn_profile_leave(nn_profile_mark mark, bool backward);
+
 /* ---- shared helpers (layer.c) --------------------------------------------------------- */
 
 /* The parameters a layer is collecting while it declares them. */

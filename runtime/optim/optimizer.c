@@ -1,6 +1,7 @@
 /* The optimizer interface's wrappers and the pieces every implementation
  * shares: hyper-parameters from the config, the update rules (AdamW, Adam
- * with DeepSpeed's adam_w_mode, Lamb as DeepSpeed's FusedLamb, Lion, SGD),
+ * with DeepSpeed's adam_w_mode, Lamb as DeepSpeed's FusedLamb, Lion, SGD;
+ * Muon's in muon.c),
  * the clipping coefficient and the global-norm reduction.
  *
  * Not here: any state layout or gradient reduction (plain.c; zero/). */
@@ -25,7 +26,16 @@ void dsc_optim_hparams_from_config(const dsc_config *cfg, dsc_optim_hparams *hp)
         .no_bias_correction = !o->params.bias_correction,
         .max_coeff = (float)o->params.max_coeff,
         .min_coeff = (float)o->params.min_coeff,
+        .muon_lr_scale = 1.0f,
+        .adam_lr_scale = 1.0f,
+        .ns_method = o->params.ns_method,
     };
+    dsc_lr_schedule sched = cfg->scheduler.type;
+    bool per_group = sched == DSC_LR_SCHEDULE_CONSTANT || sched == DSC_LR_SCHEDULE_WARMUP_COSINE_LR;
+    if (o->type == DSC_OPTIMIZER_TYPE_MUON && per_group && o->params.lr > 0) {
+        hp->muon_lr_scale = (float)(o->params.muon_lr / o->params.lr);
+        hp->adam_lr_scale = (float)(o->params.adam_lr / o->params.lr);
+    }
 }
 
 int dsc_optim_state_kinds(dsc_optimizer_type type) {
@@ -83,6 +93,9 @@ dsc_status dsc_optim_update(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_
         DSC_TRY(dsc_optim_lamb_direction(hp, value, grad, state0, state1, decay, &w_sq, &u_sq));
         return dsc_optim_lamb_apply(hp, value, grad, lr, step, w_sq, u_sq);
     }
+    case DSC_OPTIMIZER_TYPE_MUON:
+        return dsc_error(DSC_ERR_UNSUPPORTED, "Muon updates whole matrices: it needs the parameter "
+                                              "(dsc_optim_update_param), not a piece of its flat buffer");
     case DSC_OPTIMIZER_TYPE_ADAM:
     case DSC_OPTIMIZER_TYPE_ADAMW:
         if (hp->l2_decay && wd != 0.0f) { /* torch.optim.Adam's weight_decay: g += wd * p */

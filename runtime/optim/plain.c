@@ -133,8 +133,7 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
         dsc_param *param = dsc_params_at(p->o.params, i);
         dsc_tensor s0 = state_view(&p->state[0][param->group], param);
         dsc_tensor s1 = p->n_state_kinds > 1 ? state_view(&p->state[1][param->group], param) : s0;
-        dsc_status s = dsc_optim_update(&p->o.hparams, &param->value, &param->grad, &s0, &s1, (float)lr,
-                                        !(param->flags & DSC_PARAM_NO_DECAY), p->step);
+        dsc_status s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
         if (s) return dsc_error_wrap(s, "step %lld: updating %s", (long long)p->step, param->name);
     }
     DSC_TRY(dsc_params_zero_grads(p->o.params));

@@ -262,8 +262,9 @@ static const bad_case bad_cases[] = {
     {"string for a section", "{\"optimizer\": \"adam\"}", NULL,
      "config.json: \"optimizer\" must be an object, got string \"adam\""},
     {"unknown enum value", "{\"optimizer\": {\"type\": \"adamm\"}}", NULL,
-     "config.json: \"optimizer.type\" must be one of \"adamw\", \"sgd\", \"adam\", \"lamb\", \"lion\", got string "
-     "\"adamm\""},
+     "config.json: \"optimizer.type\" must be one of \"adamw\", \"sgd\", \"adam\", \"lamb\", \"lion\", \"muon\", "
+     "got "
+     "string \"adamm\""},
     {"zero stage out of range", "{\"zero_optimization\": {\"stage\": 4}}", NULL,
      "config.json: \"zero_optimization.stage\" must be one of 0, 1, 2, 3, got 4"},
     {"top-k below 1", "{\"moe\": {\"k\": 0}}", NULL, "config.json: \"moe.k\" must be >= 1, got 0"},

@@ -11,18 +11,12 @@
 #include <cjson/cJSON.h>
 
 #include "dsc/optimizer.h"
+#include "json_floats.h"
 #include "test_mpi.h"
 
 enum { NW = 12, NB = 5 };
 
 static cJSON *fixture;
-
-static void read_floats(const cJSON *array, float *out, int n) {
-    assert_int_equal(cJSON_GetArraySize(array), n);
-    int i = 0;
-    for (const cJSON *x = array->child; x; x = x->next)
-        out[i++] = (float)x->valuedouble;
-}
 
 static double number(const char *key) {
     return cJSON_GetObjectItem(fixture, key)->valuedouble;
@@ -41,11 +35,11 @@ static void run_case(const rule_case *rc) {
     const cJSON *expected = cJSON_GetObjectItem(cJSON_GetObjectItem(fixture, "expected"), rc->name);
     assert_non_null(expected);
     for (int p = 0; p < 2; p++)
-        read_floats(cJSON_GetArrayItem(init, p), value[p], sizes[p]);
+        json_floats(cJSON_GetArrayItem(init, p), value[p], sizes[p]);
     for (int step = 1; step <= 3; step++) {
         for (int p = 0; p < 2; p++) {
             int64_t n = sizes[p];
-            read_floats(cJSON_GetArrayItem(cJSON_GetArrayItem(grads, step - 1), p), grad, sizes[p]);
+            json_floats(cJSON_GetArrayItem(cJSON_GetArrayItem(grads, step - 1), p), grad, sizes[p]);
             dsc_tensor v = dsc_tensor_view(value[p], DSC_DTYPE_F32, 1, &n, DSC_CPU);
             dsc_tensor g = dsc_tensor_view(grad, DSC_DTYPE_F32, 1, &n, DSC_CPU);
             dsc_tensor s0 = dsc_tensor_view(state[p][0], DSC_DTYPE_F32, 1, &n, DSC_CPU);
@@ -56,7 +50,7 @@ static void run_case(const rule_case *rc) {
     for (int p = 0; p < 2; p++) {
         char what[96];
         snprintf(what, sizeof what, "%s %s after 3 steps", rc->name, p == 0 ? "matrix" : "vector");
-        read_floats(cJSON_GetArrayItem(expected, p), want, sizes[p]);
+        json_floats(cJSON_GetArrayItem(expected, p), want, sizes[p]);
         assert_true(dsc_test_max_rel_err(value[p], want, sizes[p], 1e-3, what) <= 1e-5);
     }
 }

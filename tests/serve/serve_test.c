@@ -2,6 +2,7 @@
 #include "serve_test.h"
 
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -49,21 +50,42 @@ const char *st_model_dir(void) {
     return dir;
 }
 
-void st_start(serve_proc *p, const char *const *extra) {
-    const char *argv[64] = {"dsc-serve", st_model_dir(), "--port", "0", "--api-key", ST_KEY};
-    int n = 6;
+void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *const *extra) {
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    const char *argv[64] = {"dsc-launch", "-n", np}, *app = DSC_BINARY_DIR "/bin/dsc-launch";
+    int n = 3;
+    if (ranks == 1) { /* dsc-serve alone */
+        app = DSC_BINARY_DIR "/bin/dsc-serve";
+        n = 0;
+    }
+    const char *base[] = {DSC_BINARY_DIR "/bin/dsc-serve", st_model_dir(), "--port", "0", "--api-key", ST_KEY};
+    for (int i = 0; i < 6; i++)
+        argv[n++] = base[i];
     for (int i = 0; extra && extra[i] && n < 63; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    dsc_status s = serve_proc_start(p, DSC_BINARY_DIR "/bin/dsc-serve", argv, 60.0);
+    dsc_status s = serve_proc_start(p, app, argv, 120.0, merge_stderr);
     if (s) fail_msg("%s", dsc_status_message(s));
+    assert_int_equal(p->n_ranks, ranks);
+}
+
+void st_start(serve_proc *p, const char *const *extra) {
+    st_start_ranks(p, 1, false, extra);
+}
+
+int st_signal_stop(serve_proc *p, int sig) {
+    assert_int_equal(kill(p->ranks[0], sig), 0);
+    int code;
+    char out[4096];
+    dsc_status s = serve_proc_wait(p, 60.0, &code, out, sizeof out);
+    if (s) fail_msg("%s; it printed:\n%s", dsc_status_message(s), out);
+    if (code != 0) printf("the server exited with %d; it printed:\n%s\n", code, out);
+    return code;
 }
 
 int st_stop(serve_proc *p) {
-    int code;
-    dsc_status s = serve_proc_stop(p, 30.0, &code);
-    if (s) fail_msg("%s", dsc_status_message(s));
-    return code;
+    return st_signal_stop(p, SIGTERM);
 }
 
 int st_request(int port, const char *path, const char *body, char **resp) {

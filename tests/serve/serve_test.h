@@ -1,6 +1,7 @@
 /* Test helpers shared by the dsc-serve end-to-end tests: the long-context
  * copy of the tiny Llama fixture, starting a server with the test's
- * options (stopped by the caller, killed if the test dies), requests with
+ * options on one rank or several (stopped by the caller, killed if the
+ * test dies), requests with
  * the test API key, reading /metrics, and dsc-generate's output for the
  * same request. Bounded everywhere: every wait has a deadline. */
 #ifndef DSC_TESTS_SERVE_TEST_H
@@ -21,7 +22,15 @@
 const char *st_model_dir(void);
 /* dsc-serve st_model_dir() --port 0 --api-key ST_KEY <extra...> (NULL-terminated). */
 void st_start(serve_proc *p, const char *const *extra);
-/* SIGTERM, and the exit code (the test fails when it was killed). */
+/* The same on `ranks` ranks: dsc-launch -n ranks dsc-serve ... (extra names
+ * the layout, e.g. --tp 2); ranks 1 is st_start. merge_stderr: the
+ * launcher's verdict comes back through serve_proc_wait. */
+void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *const *extra);
+/* Sends sig to rank 0 (dsc-serve itself on one rank) and waits for the
+ * server (the launcher on several ranks) to exit: its exit code (the test
+ * fails when it had to be killed). */
+int st_signal_stop(serve_proc *p, int sig);
+/* st_signal_stop(p, SIGTERM). */
 int st_stop(serve_proc *p);
 /* POST or GET (body NULL) with the test key; *resp malloc'd. */
 int st_request(int port, const char *path, const char *body, char **resp);

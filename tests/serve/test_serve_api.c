@@ -1,11 +1,14 @@
-/* dsc-serve end to end on one rank, over 127.0.0.1, with the tiny Llama
- * fixture (4096-token context, a 192-block KV cache): 12 concurrent
+/* dsc-serve end to end on one rank, or (argument R) on R tensor-parallel
+ * ranks under dsc-launch, over 127.0.0.1, with the tiny Llama fixture
+ * (4096-token context, a 192-block KV cache on every rank): 12 concurrent
  * requests (streaming and not, greedy and seeded sampling) return exactly
  * the tokens dsc-generate prints for the same prompt and seed, with exact
  * usage and finish reasons; lists of token-id prompts; every 400, 401,
  * 404, 405, 413 and 429 path with OpenAI's error object naming the field;
  * a client that leaves mid-stream gets its sequence cancelled and its KV
- * blocks freed (seen in /metrics); the server exits 0 on SIGTERM. */
+ * blocks freed (seen in /metrics), and the next request still matches
+ * dsc-generate (on several ranks: every rank released the same sequence);
+ * the server exits 0 on SIGTERM. Across ranks, logprobs are a 400. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,11 +25,15 @@
 #include "serve_test.h"
 
 static serve_proc server;
+static int ranks = 1;
 
 static int setup(void **state) {
     (void)state;
+    char kv[32], tp[16];
+    snprintf(kv, sizeof kv, "%d", 786432 / ranks); /* the fixture's 2 KV heads split over 1 or 2 ranks */
+    snprintf(tp, sizeof tp, "%d", ranks);
     const char *args[] = {"--kv-cache-bytes",
-                          "786432",
+                          kv,
                           "--max-concurrent-requests",
                           "12",
                           "--max-body-bytes",
@@ -35,8 +42,10 @@ static int setup(void **state) {
                           "4000",
                           "--max-prompt-tokens",
                           "512",
+                          ranks > 1 ? "--tp" : NULL,
+                          tp,
                           NULL};
-    st_start(&server, args);
+    st_start_ranks(&server, ranks, false, args);
     return 0;
 }
 
@@ -177,8 +186,10 @@ static void test_prompt_list_and_logprobs(void **state) {
     assert_int_equal(st_generate(a, 5, "--max-new-tokens 6 --stop 2", ea, 8), 6);
     int32_t nb = st_generate(b, 2, "--max-new-tokens 6 --stop 2", eb, 8);
     cJSON *r = post_json("/v1/completions",
-                         "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
-                         "\"return_token_ids\":true,\"logprobs\":3}",
+                         ranks == 1 ? "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
+                                      "\"return_token_ids\":true,\"logprobs\":3}"
+                                    : "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
+                                      "\"return_token_ids\":true}",
                          200);
     const cJSON *choices = cJSON_GetObjectItem(r, "choices");
     assert_int_equal(cJSON_GetArraySize(choices), 2);
@@ -190,6 +201,7 @@ static void test_prompt_list_and_logprobs(void **state) {
         assert_int_equal(cJSON_GetArraySize(ids), n);
         for (int32_t t = 0; t < n; t++)
             assert_int_equal(cJSON_GetArrayItem(ids, t)->valueint, expect[t]);
+        if (ranks > 1) continue; /* no logprobs */
         /* Greedy: each token is its row's most likely one, listed first among the top 3. */
         const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
         const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"),
@@ -249,6 +261,7 @@ static void test_bad_requests(void **state) {
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":1.5}", 400, "max_tokens", "integer");
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":4001}", 400, "max_tokens", "at most 4000");
     expect_error(C, "{\"prompt\":[1],\"logprobs\":21}", 400, "logprobs", "[0, 20]");
+    if (ranks > 1) expect_error(C, "{\"prompt\":[1],\"logprobs\":2}", 400, "logprobs", "split over 2 ranks");
     expect_error(C, "{\"prompt\":[1],\"stream\":\"yes\"}", 400, "stream", "true or false");
     expect_error(C, "{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop", "at most 4");
     expect_error(C, "{\"prompt\":[1],\"echo\":true,\"logprobs\":1}", 400, "echo", "not supported");
@@ -335,6 +348,17 @@ static void test_disconnect_frees_blocks(void **state) {
     st_wait_idle(server.port);
     assert_true(st_metric(server.port, "dsc_sequences_cancelled_total") == cancelled + 1);
     assert_true(st_metric(server.port, "dsc_kv_blocks_used") == 0);
+    /* The cancel reached every rank's scheduler: the next request runs as on a fresh server. */
+    int32_t prompt[] = {71, 69, 123, 44, 56}, expect[12];
+    int32_t n = st_generate(prompt, 5, "--max-new-tokens 12 --stop 2", expect, 12);
+    cJSON *r = post_json(
+        "/v1/completions",
+        "{\"prompt\":[71,69,123,44,56],\"max_tokens\":12,\"temperature\":0,\"return_token_ids\":true}", 200);
+    const cJSON *ids = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "token_ids");
+    assert_int_equal(cJSON_GetArraySize(ids), n);
+    for (int32_t t = 0; t < n; t++)
+        assert_int_equal(cJSON_GetArrayItem(ids, t)->valueint, expect[t]);
+    cJSON_Delete(r);
 }
 
 static void test_full_server_429(void **state) {
@@ -370,7 +394,9 @@ static void test_sigterm_exits_zero(void **state) {
     assert_int_equal(st_stop(&server), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) ranks = atoi(argv[1]);
+    assert_true(ranks == 1 || ranks == 2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dsc_generate), cmocka_unit_test(test_prompt_list_and_logprobs),
         cmocka_unit_test(test_bad_requests),         cmocka_unit_test(test_disconnect_frees_blocks),

@@ -1,9 +1,13 @@
-/* dsc-serve's shutdown: SIGTERM with requests in flight stops new
- * connections, lets every in-flight request (streaming or not) finish
- * normally, and exits 0; with a short --drain-timeout the requests still
- * running are cancelled instead (streams end with finish_reason "abort",
- * an error event and [DONE]; waiting JSON requests get 503), the KV blocks
- * are freed, and the exit is 0 too. */
+/* dsc-serve's shutdown, on one rank or (argument R) on R tensor-parallel
+ * ranks under dsc-launch: SIGTERM to rank 0 with requests in flight stops
+ * new connections, lets every in-flight request (streaming or not) finish
+ * normally, and every rank exits 0 (the launcher too); SIGINT with a short
+ * --drain-timeout cancels the requests still running instead (streams end
+ * with finish_reason "abort", an error event and [DONE]; waiting JSON
+ * requests get 503), and the exit is 0 too. On several ranks, a rank killed
+ * mid-stream ends the server: the launcher exits non-zero naming that rank.
+ * Every wait is on a condition (metrics, the health route, the process's
+ * exit), bounded by a deadline, never a fixed sleep. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -63,27 +67,61 @@ static void *run_call(void *arg) {
 
 enum { N = 4 };
 
+static int ranks = 1;
+
+/* The layout options of `ranks` ranks, then `args` (NULL-terminated), into out. */
+static const char *const *with_layout(const char **out, const char *const *args) {
+    static char tp[16];
+    snprintf(tp, sizeof tp, "%d", ranks);
+    int n = 0;
+    if (ranks > 1) {
+        out[n++] = "--tp";
+        out[n++] = tp;
+    }
+    for (int i = 0; args[i]; i++)
+        out[n++] = args[i];
+    out[n] = NULL;
+    return out;
+}
+
+/* A 192-block KV cache (blocks of 16 tokens) on every rank: the fixture's two
+ * KV heads, split over `ranks` ranks (1 or 2), take 786432 bytes per head pair. */
+static const char *kv_bytes(void) {
+    static char kv[32];
+    snprintf(kv, sizeof kv, "%d", 786432 / ranks);
+    return kv;
+}
+
+/* Until /health answers 503 or refuses the connection: the server drains (bounded). */
+static void wait_draining(int port) {
+    for (int i = 0; i < 3000; i++) {
+        int status = 0;
+        char *resp = NULL;
+        dsc_status s = serve_client_fetch(port, "GET", "/health", NULL, NULL, 5, &status, &resp);
+        bool draining = s != NULL || status == 503;
+        dsc_status_free(s);
+        free(resp);
+        if (draining) return;
+        assert_int_equal(status, 200);
+        usleep(10000);
+    }
+    fail_msg("the server still accepted requests 30 s after the signal");
+}
+
 /* Starts N requests of max_tokens (even ones streaming), waits until all
- * are in flight, then sends SIGTERM; returns after the calls ended. */
-static void sigterm_during(serve_proc *p, call *calls, int max_tokens) {
+ * are in flight, then sends sig to rank 0 and waits until the server
+ * refuses new connections; returns after the calls ended. */
+static void signal_during(serve_proc *p, call *calls, int max_tokens, int sig) {
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
         calls[i] = (call){.port = p->port, .max_tokens = max_tokens, .stream = i % 2 == 0};
         assert_int_equal(pthread_create(&th[i], NULL, run_call, &calls[i]), 0);
-        usleep(20000); /* queued in this order */
     }
-    for (int i = 0; i < 1000 && st_metric(p->port, "dsc_num_requests_in_flight") < N; i++)
+    for (int i = 0; i < 6000 && st_metric(p->port, "dsc_num_requests_in_flight") < N; i++)
         usleep(10000);
     assert_true(st_metric(p->port, "dsc_num_requests_in_flight") == N);
-    assert_int_equal(kill(p->pid, SIGTERM), 0);
-    usleep(300000);
-    /* No new connection is accepted once draining. */
-    int status;
-    char *resp = NULL;
-    dsc_status s = serve_client_fetch(p->port, "GET", "/health", NULL, NULL, 5, &status, &resp);
-    assert_true(s != NULL || status == 503);
-    dsc_status_free(s);
-    free(resp);
+    assert_int_equal(kill(p->ranks[0], sig), 0);
+    wait_draining(p->port);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
 }
@@ -91,10 +129,13 @@ static void sigterm_during(serve_proc *p, call *calls, int max_tokens) {
 static void test_sigterm_finishes_in_flight(void **state) {
     (void)state;
     serve_proc p;
-    const char *args[] = {"--kv-cache-bytes", "786432", "--drain-timeout", "120", NULL};
-    st_start(&p, args);
+    const char *args[8];
+    st_start_ranks(
+        &p, ranks, false,
+        with_layout(args, (const char *[]){"--kv-cache-bytes", kv_bytes(), "--drain-timeout", "600", NULL}));
     call calls[N];
-    sigterm_during(&p, calls, 1500); /* two at a time in the cache, far below the drain timeout even when loaded */
+    /* Two at a time in the cache on one rank, far below the drain timeout; fewer tokens on slower TP ranks. */
+    signal_during(&p, calls, ranks == 1 ? 1500 : 400, SIGTERM);
     for (int i = 0; i < N; i++) {
         printf("call %d (%s): status %d, %d tokens, finish %s\n", i, calls[i].stream ? "stream" : "json",
                calls[i].status, calls[i].completion_tokens, calls[i].finish);
@@ -108,16 +149,21 @@ static void test_sigterm_finishes_in_flight(void **state) {
         }
     }
     assert_int_equal(calls[0].completion_tokens, calls[1].completion_tokens); /* same greedy request */
-    assert_int_equal(st_stop(&p), 0);
+    int code;
+    char out[4096];
+    assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out)); /* it exits by itself once drained */
+    assert_int_equal(code, 0);
 }
 
 static void test_drain_timeout_cancels(void **state) {
     (void)state;
     serve_proc p;
-    const char *args[] = {"--kv-cache-bytes", "786432", "--drain-timeout", "0.2", NULL};
-    st_start(&p, args);
+    const char *args[8];
+    st_start_ranks(
+        &p, ranks, false,
+        with_layout(args, (const char *[]){"--kv-cache-bytes", kv_bytes(), "--drain-timeout", "0.2", NULL}));
     call calls[N];
-    sigterm_during(&p, calls, 3000);
+    signal_during(&p, calls, 3000, SIGINT);
     int cancelled = 0;
     for (int i = 0; i < N; i++) {
         printf("call %d (%s): status %d, %d tokens seen, finish %s%s\n", i, calls[i].stream ? "stream" : "json",
@@ -130,13 +176,46 @@ static void test_drain_timeout_cancels(void **state) {
             cancelled += calls[i].status == 503 && calls[i].error_seen;
         }
     }
-    /* 4 requests of 3000 tokens, one at a time in a 192-block cache: the later ones cannot finish in 0.2 s. */
+    /* 4 requests of 3000 tokens, one at a time in 192 blocks: the later ones cannot finish in 0.2 s. */
     assert_true(cancelled >= 2);
-    assert_int_equal(st_stop(&p), 0);
+    int code;
+    char out[4096];
+    assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out));
+    assert_int_equal(code, 0);
 }
 
-int main(void) {
+/* Several ranks: rank `ranks - 1` killed while a stream is running. */
+static void test_rank_failure_named(void **state) {
+    (void)state;
+    if (ranks == 1) skip();
+    serve_proc p;
+    const char *args[8];
+    st_start_ranks(&p, ranks, true, with_layout(args, (const char *[]){NULL}));
+    call c = {.port = p.port, .max_tokens = 3000, .stream = true};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_call, &c), 0);
+    for (int i = 0; i < 6000 && st_metric(p.port, "dsc_num_requests_running") < 1; i++)
+        usleep(10000);
+    assert_true(st_metric(p.port, "dsc_num_requests_running") == 1);
+    assert_int_equal(kill(p.ranks[ranks - 1], SIGKILL), 0);
+    int code;
+    char out[16384];
+    assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out));
+    pthread_join(th, NULL);
+    printf("launcher exit %d; stream: %d tokens, finish \"%s\", [DONE] %s\n", code, c.tokens_seen, c.finish,
+           c.done_seen ? "seen" : "not seen");
+    char named[64];
+    snprintf(named, sizeof named, "job failed: rank %d killed by signal 9", ranks - 1);
+    if (!strstr(out, named)) fail_msg("the launcher did not say \"%s\"; it printed:\n%s", named, out);
+    assert_int_not_equal(code, 0);
+    assert_false(c.done_seen); /* the stream broke off: it did not end as if complete */
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) ranks = atoi(argv[1]);
+    assert_true(ranks == 1 || ranks == 2);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sigterm_finishes_in_flight),
-                                       cmocka_unit_test(test_drain_timeout_cancels)};
+                                       cmocka_unit_test(test_drain_timeout_cancels),
+                                       cmocka_unit_test(test_rank_failure_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,7 @@ static void test_text(void **state) {
     int k = 6;
     for (int i = 0; args[i]; i++)
         argv[k++] = args[i];
-    dsc_status s = serve_proc_start(&server, DSC_BINARY_DIR "/bin/dsc-serve", argv, 60.0);
+    dsc_status s = serve_proc_start(&server, DSC_BINARY_DIR "/bin/dsc-serve", argv, 60.0, false);
     if (s) fail_msg("%s", dsc_status_message(s));
 
     cJSON *r =

@@ -1,0 +1,213 @@
+/* Muon as DeepSpeed's MuonWithAuxAdam: the hidden matrices of the model get
+ * Nesterov momentum orthogonalised by five Newton-Schulz iterations (Keller
+ * Jordan's quintic, coefficients 3.4445, -4.7750, 2.0315), scaled by
+ * max(1, rows / cols)^0.5; every other parameter (embeddings, the LM head,
+ * norms, biases) gets Adam. A parameter of three dimensions is a bank of
+ * expert matrices, each orthogonalised on its own (DeepSpeed's expert path).
+ *
+ * The iterations work on X = U / ||U|| when U is wide and on X = U^T when it
+ * is tall; rather than transposing, each product is taken in U's own
+ * orientation (X X^T is U^T U for a tall U, and M X is U M^T), so U is
+ * updated in place. "gram" (DeepSpeed's default) iterates on the small
+ * square R = X X^T and applies the accumulated polynomial Q to X at the
+ * restart and the end; "standard" multiplies X itself every step. Both run
+ * in f32 with the backend's GEMM, so they run wherever the tensors live.
+ *
+ * Not here: which schedule sets the learning rates (hparams_from_config),
+ * or sharded state (dsc's ZeRO refuses Muon: it needs whole matrices). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "dsc/optimizer.h"
+
+enum { NS_STEPS = 5, GRAM_RESTART = 2 };
+static const float NS_A = 3.4445f, NS_B = -4.7750f, NS_C = 2.0315f;
+
+bool dsc_optim_uses_muon(const dsc_param *param) {
+    /* deepspeed.set_optimizer_flags: ndim >= 2 and no "embed" / "lm_head"; dsc's head is "head.weight" */
+    return param->value.ndim >= 2 && !strstr(param->name, "embed") && !strstr(param->name, "lm_head") &&
+           strcmp(param->name, "head.weight") != 0;
+}
+
+/* One matrix's scratch: square n x n buffers and one more of U's shape. */
+typedef struct ns_work {
+    dsc_tensor sq[6]; /* standard: A, B; gram: R, Z, Q, T, RZ, I */
+    dsc_tensor t;     /* U-shaped product */
+    int64_t rows, cols, n;
+    bool tall;
+} ns_work;
+
+static void work_free(ns_work *w) {
+    for (int i = 0; i < 6; i++)
+        dsc_tensor_free(&w->sq[i]);
+    dsc_tensor_free(&w->t);
+}
+
+static dsc_status identity(dsc_tensor *out) {
+    int64_t n = out->shape[0];
+    float *host = calloc((size_t)(n * n), sizeof *host);
+    DSC_CHECK(host, DSC_ERR_NOMEM, "muon: %lld x %lld identity", (long long)n, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        host[i * n + i] = 1.0f;
+    int64_t shape[2] = {n, n};
+    dsc_tensor h = dsc_tensor_view(host, DSC_DTYPE_F32, 2, shape, DSC_CPU);
+    dsc_status s = dsc_tensor_copy(out, &h);
+    free(host);
+    return s;
+}
+
+static dsc_status work_alloc(ns_work *w, int64_t rows, int64_t cols, dsc_device device) {
+    memset(w, 0, sizeof *w);
+    w->rows = rows, w->cols = cols, w->tall = rows > cols;
+    w->n = w->tall ? cols : rows;
+    int64_t sq[2] = {w->n, w->n}, u[2] = {rows, cols};
+    dsc_status s = dsc_tensor_alloc(&w->t, DSC_DTYPE_F32, 2, u, device, DSC_MEM_OPTIM);
+    for (int i = 0; i < 6 && !s; i++)
+        s = dsc_tensor_alloc(&w->sq[i], DSC_DTYPE_F32, 2, sq, device, DSC_MEM_OPTIM);
+    if (!s) s = identity(&w->sq[5]);
+    if (s) work_free(w);
+    return s;
+}
+
+/* out = X X^T, the n x n Gram matrix of X (U or U^T). */
+static dsc_status gram(const ns_work *w, dsc_tensor *out, const dsc_tensor *u) {
+    return dsc_kernel_gemm(out, u, u, NULL, w->tall, !w->tall, 1.0f, 0.0f);
+}
+
+/* out = M X in U's orientation: M U, or U M^T for a tall U. */
+static dsc_status left_mul(const ns_work *w, dsc_tensor *out, const dsc_tensor *m, const dsc_tensor *u) {
+    return w->tall ? dsc_kernel_gemm(out, u, m, NULL, false, true, 1.0f, 0.0f)
+                   : dsc_kernel_gemm(out, m, u, NULL, false, false, 1.0f, 0.0f);
+}
+
+/* out = b S + c S S, the iteration's polynomial part. */
+static dsc_status poly(dsc_tensor *out, const dsc_tensor *s) {
+    DSC_TRY(dsc_kernel_gemm(out, s, s, NULL, false, false, NS_C, 0.0f));
+    return dsc_kernel_axpy(out, NS_B, s);
+}
+
+/* out = a X + P X, where P X is already in out. */
+static dsc_status add_scaled(dsc_tensor *out, const dsc_tensor *x) {
+    return dsc_kernel_axpy(out, NS_A, x);
+}
+
+static void swap(dsc_tensor **a, dsc_tensor **b) {
+    dsc_tensor *t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* X <- a X + (b A + c A^2) X, NS_STEPS times, ping-ponging between *x and *y. */
+static dsc_status ns_standard(ns_work *w, dsc_tensor **x, dsc_tensor **y) {
+    dsc_tensor *a = &w->sq[0], *b = &w->sq[1];
+    for (int i = 0; i < NS_STEPS; i++) {
+        DSC_TRY(gram(w, a, *x));
+        DSC_TRY(poly(b, a));
+        DSC_TRY(left_mul(w, *y, b, *x));
+        DSC_TRY(add_scaled(*y, *x));
+        swap(x, y);
+    }
+    return NULL;
+}
+
+/* The Gram iteration: R = X X^T evolves as X would, Q accumulates the
+ * polynomial applied to X, X itself is multiplied only at the restart (which
+ * keeps rounding from compounding in R) and at the end. */
+static dsc_status ns_gram(ns_work *w, dsc_tensor **x, dsc_tensor **y) {
+    dsc_tensor *r = &w->sq[0], *z = &w->sq[1], *q = &w->sq[2], *t = &w->sq[3], *rz = &w->sq[4];
+    const dsc_tensor *eye = &w->sq[5];
+    bool have_q = false;
+    DSC_TRY(gram(w, r, *x));
+    for (int i = 0; i < NS_STEPS; i++) {
+        if (i == GRAM_RESTART) {
+            DSC_TRY(left_mul(w, *y, q, *x));
+            swap(x, y);
+            DSC_TRY(gram(w, r, *x));
+            have_q = false;
+        }
+        DSC_TRY(poly(z, r));
+        if (!have_q) { /* Q = Z + a I */
+            DSC_TRY(dsc_tensor_copy(q, z));
+            DSC_TRY(dsc_kernel_axpy(q, NS_A, eye));
+            have_q = true;
+        } else { /* Q = a Q + Z Q */
+            DSC_TRY(dsc_kernel_gemm(t, z, q, NULL, false, false, 1.0f, 0.0f));
+            DSC_TRY(add_scaled(t, q));
+            swap(&q, &t);
+        }
+        if (i < NS_STEPS - 1 && i + 1 != GRAM_RESTART) { /* R = a (a R + Z R) + Z (a R + Z R) */
+            DSC_TRY(dsc_kernel_gemm(rz, z, r, NULL, false, false, 1.0f, 0.0f));
+            DSC_TRY(add_scaled(rz, r));
+            DSC_TRY(dsc_kernel_gemm(r, z, rz, NULL, false, false, 1.0f, 0.0f));
+            DSC_TRY(add_scaled(r, rz));
+        }
+    }
+    DSC_TRY(left_mul(w, *y, q, *x));
+    swap(x, y);
+    return NULL;
+}
+
+/* Orthogonalises the matrix in *u; *u then points at the buffer (the
+ * matrix's own or w->t) that holds the result. */
+static dsc_status orthogonalise(const dsc_optim_hparams *hp, ns_work *w, dsc_tensor **u) {
+    double sq;
+    DSC_TRY(dsc_kernel_sum_squares(&sq, *u));
+    DSC_TRY(dsc_kernel_scale(*u, (float)(1.0 / (sqrt(sq) + 1e-7))));
+    dsc_tensor *other = &w->t;
+    /* a square matrix gains nothing from the Gram form; DeepSpeed iterates it directly */
+    if (hp->ns_method == DSC_MUON_NS_GRAM && w->rows != w->cols) return ns_gram(w, u, &other);
+    return ns_standard(w, u, &other);
+}
+
+/* Muon on one matrix: Nesterov momentum, orthogonalise, decay, step. The
+ * gradient is scratch afterwards. */
+static dsc_status muon_matrix(const dsc_optim_hparams *hp, ns_work *w, dsc_tensor *value, dsc_tensor *grad,
+                              dsc_tensor *momentum, float lr, float wd) {
+    float beta = hp->momentum;
+    DSC_TRY(dsc_kernel_scale(momentum, beta)); /* m = beta m + (1 - beta) g */
+    DSC_TRY(dsc_kernel_axpy(momentum, 1.0f - beta, grad));
+    DSC_TRY(dsc_kernel_scale(grad, 1.0f - beta)); /* u = (1 - beta) g + beta m */
+    DSC_TRY(dsc_kernel_axpy(grad, beta, momentum));
+    dsc_tensor *u = grad;
+    DSC_TRY(orthogonalise(hp, w, &u));
+    if (wd != 0.0f) DSC_TRY(dsc_kernel_scale(value, 1.0f - lr * wd));
+    double scale = w->rows > w->cols ? sqrt((double)w->rows / (double)w->cols) : 1.0;
+    return dsc_kernel_axpy(value, (float)(-lr * scale), u);
+}
+
+/* The i-th matrix of a parameter whose last two dimensions are (rows, cols). */
+static dsc_tensor matrix_at(const dsc_tensor *t, int64_t i, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    return dsc_tensor_view((float *)t->data + i * rows * cols, DSC_DTYPE_F32, 2, shape, t->device);
+}
+
+static dsc_status muon_param(const dsc_optim_hparams *hp, dsc_param *param, dsc_tensor *momentum, float lr) {
+    const dsc_tensor *v = &param->value;
+    int64_t rows = v->shape[v->ndim - 2], cols = v->shape[v->ndim - 1];
+    int64_t count = rows * cols > 0 ? dsc_tensor_numel(v) / (rows * cols) : 0;
+    float wd = (param->flags & DSC_PARAM_NO_DECAY) ? 0.0f : hp->weight_decay;
+    if (count == 0) return NULL;
+    ns_work w;
+    DSC_TRY(work_alloc(&w, rows, cols, v->device));
+    dsc_status s = NULL;
+    for (int64_t i = 0; i < count && !s; i++) {
+        dsc_tensor value = matrix_at(&param->value, i, rows, cols);
+        dsc_tensor grad = matrix_at(&param->grad, i, rows, cols);
+        dsc_tensor m = matrix_at(momentum, i, rows, cols);
+        s = muon_matrix(hp, &w, &value, &grad, &m, lr, wd);
+    }
+    work_free(&w);
+    return s;
+}
+
+dsc_status dsc_optim_update_param(const dsc_optim_hparams *hp, dsc_param *param, dsc_tensor *state0,
+                                  dsc_tensor *state1, float lr, int64_t step) {
+    bool decay = !(param->flags & DSC_PARAM_NO_DECAY);
+    if (hp->type != DSC_OPTIMIZER_TYPE_MUON)
+        return dsc_optim_update(hp, &param->value, &param->grad, state0, state1, lr, decay, step);
+    if (dsc_optim_uses_muon(param)) return muon_param(hp, param, state0, lr * hp->muon_lr_scale);
+    return dsc_kernel_adamw(&param->value, &param->grad, state0, state1, lr * hp->adam_lr_scale, hp->beta1,
+                            hp->beta2, hp->eps, decay ? hp->weight_decay : 0.0f, step);
+}
