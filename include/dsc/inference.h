@@ -299,6 +299,9 @@ DSC_API void dsc_infer_ds_config_free(dsc_infer_ds_config *c);
 
 /* This rank's vocabulary rows [*v0, *v0 + *nv) (the whole vocabulary without TP). */
 DSC_API void dsc_infer_model_vocab_shard(const dsc_infer_model *m, int64_t *v0, int64_t *nv);
+/* This rank's MoE experts [*first, *first + *count) (all n_experts without
+ * expert parallelism; 0 and 0 for a dense model). */
+DSC_API void dsc_infer_model_experts(const dsc_infer_model *m, int32_t *first, int32_t *count);
 /* Seconds this rank spent in tensor-parallel all-reduces since the load. */
 DSC_API double dsc_infer_model_comm_seconds(const dsc_infer_model *m);
 DSC_API void dsc_infer_model_destroy(dsc_infer_model *m);
