@@ -12,10 +12,12 @@
  * each output is then printed whole, in the order the prompts were given.
  * One prompt streams its tokens as they come. Runs as one process, or as
  * one tensor-parallel group with --tp N under `dsc-launch -n N` (every rank
- * loads its shard and runs the same scheduler; rank 0 prints), with --ep N
- * as N expert-parallel replicas of it (MoE experts split over them, tokens
- * exchanged by all-to-all-v; dsc-launch -n tp*N; the ranks print which
- * experts they hold). --config
+ * loads its shard and runs the same scheduler; rank 0 prints), or as a
+ * pipeline of --pp P stages (each loads its layers; combined with --tp on
+ * DeepSpeed's grid, axes pipe, data, model: dsc-launch -n P*N), with --ep E
+ * as E expert-parallel replicas of each stage's TP group (MoE experts split
+ * over them, tokens exchanged by all-to-all-v; dsc-launch -n P*N*E); the
+ * ranks print which layers, shards and experts they hold. --config
  * reads DeepSpeed inference config keys (tensor_parallel.tp_size,
  * tp_grain_size, partition_config, max_out_tokens, min_out_tokens). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -47,8 +49,9 @@ typedef struct options {
     int n_prompts;
     char **inputs; /* prompt files and stdin read into memory (the prompts point into them) */
     int n_inputs;
-    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp, ep;
-    int64_t grain;
+    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp, pp, ep;
+    int64_t grain, max_weight_bytes;
+    const char *partition;
     dsc_sampling_params sampling;
     uint64_t seed;
     bool quiet, print_plan;
@@ -88,8 +91,11 @@ static void usage(FILE *fp) {
           "  --tp N                  tensor parallelism over N ranks (run under dsc-launch -n N)\n"
           "  --tp-grain G            tp_grain_size: MLP and vocabulary cuts in multiples of G (64)\n"
           "  --print-plan            print the sharding plan for --tp N and exit (no ranks needed)\n"
-          "  --ep N                  expert parallelism: MoE experts split over N replicas of the TP group,\n"
-          "                          tokens routed by all-to-all-v (dsc-launch -n tp*N)\n"
+          "  --pp P                  pipeline parallelism over P stages (dsc-launch -n P, or P x N with --tp N)\n"
+          "  --partition METHOD      how layers are cut into stages: uniform (default) or parameters\n"
+          "  --max-weight-bytes B    refuse to load more than B bytes of weights on one rank\n"
+          "  --ep E                  expert parallelism: MoE experts split over E replicas of each stage's\n"
+          "                          TP group, tokens routed by all-to-all-v (dsc-launch -n P*N*E)\n"
           "  --config FILE           DeepSpeed inference config (tensor_parallel, max_out_tokens,\n"
           "                          min_out_tokens); command-line --tp / --tp-grain win\n"
           "  --help, --version\n"
@@ -209,9 +215,16 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--tp") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
             o->tp = (int32_t)k;
+        } else if (strcmp(a, "--pp") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
+            o->pp = (int32_t)k;
         } else if (strcmp(a, "--ep") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
             o->ep = (int32_t)k;
+        } else if (strcmp(a, "--partition") == 0) {
+            o->partition = v;
+        } else if (strcmp(a, "--max-weight-bytes") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, INT64_MAX, &o->max_weight_bytes));
         } else if (strcmp(a, "--tp-grain") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, INT64_MAX, &o->grain));
         } else if (strcmp(a, "--max-new-tokens") == 0) {
@@ -408,31 +421,34 @@ static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
     return NULL;
 }
 
-/* The ranks' layout: tp_size x ep ranks on DeepSpeed's expert-tensor grid
- * (axes pipe, data, model; the expert-parallel groups along data). */
+/* The ranks' layout: pp x ep x tp_size ranks on DeepSpeed's grid (axes
+ * pipe, data, model), the expert-parallel groups along data
+ * (expert-tensor parallelism: each expert's width TP-split inside a model group). */
 typedef struct layout {
     dsc_comm *world;
     dsc_groups *groups;
-    dsc_comm *tp, *ep; /* NULL when of size 1 */
+    dsc_comm *tp, *pipe, *ep; /* NULL when of size 1 */
 } layout;
 
-static dsc_status make_layout(const dsc_infer_ds_config *c, int ep, layout *l) {
+static dsc_status make_layout(const dsc_infer_ds_config *c, int pp, int ep, layout *l) {
     *l = (layout){0};
     int size, rank;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (c->tp.tp_size == 1 && ep == 1 && size == 1) return NULL;
-    DSC_CHECK(c->tp.tp_size * ep == size, DSC_ERR_CONFIG,
-              "tensor_parallel.tp_size %d x --ep %d with %d ranks: launch dsc-generate with dsc-launch -n %d",
-              c->tp.tp_size, ep, size, c->tp.tp_size * ep);
+    if (c->tp.tp_size == 1 && pp == 1 && ep == 1 && size == 1) return NULL;
+    DSC_CHECK(c->tp.tp_size * pp * ep == size, DSC_ERR_CONFIG,
+              "tensor_parallel.tp_size %d x --pp %d x --ep %d with %d ranks: dsc-generate runs one model "
+              "replica, so launch it with dsc-launch -n %d",
+              c->tp.tp_size, pp, ep, size, c->tp.tp_size * pp * ep);
     DSC_TRY(dsc_comm_world(NULL, &l->world));
     dsc_group_plan plan;
-    dsc_parallel_dims dims = {.pp = 1, .dp = ep, .tp = c->tp.tp_size, .ep = ep, .expert_tp = true};
+    dsc_parallel_dims dims = {.pp = pp, .dp = ep, .tp = c->tp.tp_size, .ep = ep, .expert_tp = true};
     DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
     dsc_status s = dsc_groups_create(l->world, &plan, &l->groups);
     dsc_group_plan_free(&plan);
     DSC_TRY(s);
     if (c->tp.tp_size > 1) l->tp = dsc_groups_get(l->groups, DSC_GROUP_KIND_TENSOR);
+    if (pp > 1) l->pipe = dsc_groups_get(l->groups, DSC_GROUP_KIND_PIPE);
     if (ep > 1) l->ep = dsc_groups_get(l->groups, DSC_GROUP_KIND_EXPERT);
     return NULL;
 }
@@ -442,23 +458,16 @@ static void layout_free(layout *l) {
     dsc_comm_free(l->world);
 }
 
-/* Rank 0 prints, in rank order, which experts and vocabulary rows every rank holds. */
+/* Rank 0 prints what every rank holds, in rank order. */
 static void print_layout(const layout *l, const dsc_infer_model *m) {
-    int32_t e0, ne;
-    int64_t v0, nv;
-    dsc_infer_model_experts(m, &e0, &ne);
-    dsc_infer_model_vocab_shard(m, &v0, &nv);
-    int64_t mine[4] = {e0, ne, v0, nv}, four = 4, size = dsc_comm_size(l->world), n = 4 * size;
-    int64_t *all = malloc((size_t)n * sizeof *all);
-    dsc_tensor a = dsc_tensor_view(mine, DSC_DTYPE_I64, 1, &four, DSC_CPU);
-    dsc_tensor b = dsc_tensor_view(all, DSC_DTYPE_I64, 1, &n, DSC_CPU);
-    dsc_status s = all ? dsc_comm_allgather(l->world, &a, &b, NULL) : dsc_error(DSC_ERR_NOMEM, "layout");
-    for (int r = 0; !s && dsc_comm_rank(l->world) == 0 && r < size; r++)
-        fprintf(stderr, "[rank %d] experts [%lld, %lld) of %d, vocabulary rows [%lld, %lld)\n", r,
-                (long long)all[4 * r], (long long)(all[4 * r] + all[4 * r + 1]),
-                dsc_infer_model_get_config(m)->n_experts, (long long)all[4 * r + 2],
-                (long long)(all[4 * r + 2] + all[4 * r + 3]));
-    dsc_status_free(s);
+    enum { LINE = 512 };
+    char mine[LINE];
+    dsc_infer_model_describe(m, mine, sizeof mine);
+    int size = dsc_comm_size(l->world), rank = dsc_comm_rank(l->world);
+    char *all = rank == 0 ? malloc((size_t)size * LINE) : NULL;
+    MPI_Gather(mine, LINE, MPI_CHAR, all, LINE, MPI_CHAR, 0, MPI_COMM_WORLD);
+    for (int r = 0; all && r < size; r++)
+        fprintf(stderr, "[rank %d] %s\n", r, all + (size_t)r * LINE);
     free(all);
 }
 
@@ -478,8 +487,10 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layo
     dsc_infer_tp tp = c->tp;
     tp.comm = lay->tp;
     tp.ep_comm = lay->ep;
-    if (!s) s = dsc_infer_model_load_tp(o->model, world ? &tp : NULL, &m);
-    if (!s && lay->ep && !o->quiet) print_layout(lay, m);
+    dsc_infer_pp pp = {
+        .comm = lay->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
+    if (!s) s = dsc_infer_model_load_parallel(o->model, lay->tp || lay->ep ? &tp : NULL, &pp, &m);
+    if (!s && world && !o->quiet) print_layout(lay, m);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
     if (!s) s = tokenize_all(o, tok, &b, &longest);
@@ -500,11 +511,12 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layo
         double end = now_s(), decode = end - st.first;
         fprintf(stderr,
                 "[%s: loaded in %.2f s; %d prompt%s, longest %lld tokens, first token after %.3f s; %lld tokens, "
-                "%.1f tokens/s after the first; %d threads; tp %d, ep %d, %.3f s in all-reduces]\n",
+                "%.1f tokens/s after the first; %d threads; tp %d, pp %d, ep %d, %.3f s in all-reduces]\n",
                 dsc_infer_model_arch(m), t_load - t0, R, R == 1 ? "" : "s", (long long)longest, st.first - st.t0,
                 (long long)st.n, st.n > 1 && decode > 0 ? (double)(st.n - 1) / decode : 0.0,
                 dsc_kernels_get_num_threads(), lay->tp ? dsc_comm_size(lay->tp) : 1,
-                lay->ep ? dsc_comm_size(lay->ep) : 1, dsc_infer_model_comm_seconds(m));
+                lay->pipe ? dsc_comm_size(lay->pipe) : 1, lay->ep ? dsc_comm_size(lay->ep) : 1,
+                dsc_infer_model_comm_seconds(m));
     }
     for (int r = 0; r < R; r++) {
         if (b.ids) free(b.ids[r]);
@@ -539,17 +551,20 @@ int main(int argc, char **argv) {
     if (!s && o.print_plan)
         s = print_plan(&o, &c);
     else if (!s) {
-        s = make_layout(&c, o.ep > 0 ? o.ep : 1, &lay);
+        s = make_layout(&c, o.pp > 0 ? o.pp : 1, o.ep > 0 ? o.ep : 1, &lay);
         if (!s) s = run(&o, &c, &lay);
     }
     dsc_infer_ds_config_free(&c);
-    layout_free(&lay);
     int rc = 0;
     if (s) {
         fprintf(stderr, "dsc-generate: %s\n", dsc_status_message(s));
+        fflush(stderr);
         dsc_status_free(s);
         rc = 1;
+        /* Peers may wait for this rank inside a transfer or a collective: end the whole job now. */
+        if (lay.world && dsc_comm_size(lay.world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    layout_free(&lay);
     options_free(&o);
     MPI_Finalize();
     return rc;

@@ -33,11 +33,6 @@ int32_t dsc_model_local_experts(const dsc_infer_model_config *mc) {
     return mc->n_local_experts > 0 ? mc->n_local_experts : mc->n_experts;
 }
 
-void dsc_infer_model_experts(const dsc_infer_model *m, int32_t *first, int32_t *count) {
-    *first = m->shard.expert0;
-    *count = dsc_model_local_experts(&m->shard);
-}
-
 /* The expert parameters of one layer; biases absent (NULL data) for SwiGLU. */
 typedef struct expert_params {
     dsc_tensor w1; /* (E, 2F, C) gate | up, or (E, F, C) fc */
