@@ -35,6 +35,7 @@ static const int32_t LENGTHS[NREQ] = {1, 9, 4, 14, 6, 2};
 typedef struct outputs {
     const dsc_scheduler *sched;
     int32_t width;
+    bool rows; /* this rank sees the logits rows (under PP only the last stage does) */
     int32_t n[NREQ];
     int32_t tok[NREQ][MAXNEW];
     float logits[NREQ][MAXNEW][VMAX];
@@ -45,7 +46,9 @@ static dsc_status collect(void *user, uint64_t uid, int32_t token, bool finished
     outputs *o = user;
     int i = (int)uid;
     DSC_CHECK(i >= 0 && i < NREQ && o->n[i] < MAXNEW, DSC_ERR_INTERNAL, "unexpected token for uid %d", i);
-    memcpy(o->logits[i][o->n[i]], dsc_scheduler_token_logits(o->sched), (size_t)o->width * sizeof(float));
+    const float *row = dsc_scheduler_token_logits(o->sched);
+    o->rows = row != NULL;
+    if (row) memcpy(o->logits[i][o->n[i]], row, (size_t)o->width * sizeof(float));
     o->tok[i][o->n[i]++] = token;
     return NULL;
 }
@@ -142,7 +145,7 @@ static void compare(const char *dir, const char *what, int tp, int pp) {
     for (int i = 0; i < NREQ; i++) {
         assert_int_equal(got->n[i], MAXNEW);
         assert_memory_equal(got->tok[i], want->tok[i], sizeof got->tok[i]);
-        for (int t = 0; t < MAXNEW; t++) {
+        for (int t = 0; got->rows && t < MAXNEW; t++) {
             double err = dsc_test_rel_err(got->logits[i][t], want->logits[i][t] + v0, nv);
             worst = err > worst ? err : worst;
         }
