@@ -113,4 +113,9 @@ dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c);
 /* The MPI datatype of a dsc dtype (bf16 and f16 travel as 16-bit integers). */
 MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype);
 
+/* comms_logger (comms_log.c): whether operations are being logged, and one
+ * completed operation of `bytes` (DeepSpeed's message size) taking `seconds`. */
+bool comm_log_enabled(void);
+void comm_log_record(const dsc_comm *c, dsc_comm_op op, int64_t bytes, double seconds);
+
 #endif
