@@ -12,7 +12,10 @@
  * each output is then printed whole, in the order the prompts were given.
  * One prompt streams its tokens as they come. Runs as one process, or as
  * one tensor-parallel group with --tp N under `dsc-launch -n N` (every rank
- * loads its shard and runs the same scheduler; rank 0 prints). --config
+ * loads its shard and runs the same scheduler; rank 0 prints), or as a
+ * pipeline of --pp P stages (each loads its layers; combined with --tp on
+ * DeepSpeed's grid, axes pipe, data, model: dsc-launch -n P*N); the ranks
+ * print which layers and shards they hold. --config
  * reads DeepSpeed inference config keys (tensor_parallel.tp_size,
  * tp_grain_size, partition_config, max_out_tokens, min_out_tokens). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -28,6 +31,7 @@
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
 #include "dsc/tokenizer.h"
+#include "dsc/topology.h"
 
 enum { MAX_IDS = 65536, MAX_STOP = 16 };
 
@@ -43,8 +47,9 @@ typedef struct options {
     int n_prompts;
     char **inputs; /* prompt files and stdin read into memory (the prompts point into them) */
     int n_inputs;
-    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp;
-    int64_t grain;
+    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp, pp;
+    int64_t grain, max_weight_bytes;
+    const char *partition;
     dsc_sampling_params sampling;
     uint64_t seed;
     bool quiet, print_plan;
@@ -84,6 +89,9 @@ static void usage(FILE *fp) {
           "  --tp N                  tensor parallelism over N ranks (run under dsc-launch -n N)\n"
           "  --tp-grain G            tp_grain_size: MLP and vocabulary cuts in multiples of G (64)\n"
           "  --print-plan            print the sharding plan for --tp N and exit (no ranks needed)\n"
+          "  --pp P                  pipeline parallelism over P stages (dsc-launch -n P, or P x N with --tp N)\n"
+          "  --partition METHOD      how layers are cut into stages: uniform (default) or parameters\n"
+          "  --max-weight-bytes B    refuse to load more than B bytes of weights on one rank\n"
           "  --config FILE           DeepSpeed inference config (tensor_parallel, max_out_tokens,\n"
           "                          min_out_tokens); command-line --tp / --tp-grain win\n"
           "  --help, --version\n"
@@ -203,6 +211,13 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--tp") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
             o->tp = (int32_t)k;
+        } else if (strcmp(a, "--pp") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
+            o->pp = (int32_t)k;
+        } else if (strcmp(a, "--partition") == 0) {
+            o->partition = v;
+        } else if (strcmp(a, "--max-weight-bytes") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, INT64_MAX, &o->max_weight_bytes));
         } else if (strcmp(a, "--tp-grain") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, INT64_MAX, &o->grain));
         } else if (strcmp(a, "--max-new-tokens") == 0) {
@@ -399,21 +414,55 @@ static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
     return NULL;
 }
 
-/* The tensor-parallel group: the whole world, which must have tp_size ranks (one group per launch). */
-static dsc_status tp_group(const dsc_infer_ds_config *c, dsc_comm **world) {
-    *world = NULL;
-    int size;
+/* The ranks' layout: tp_size x pp ranks on DeepSpeed's grid (axes pipe, data, model; one replica). */
+typedef struct layout {
+    dsc_comm *world;
+    dsc_groups *groups;
+    dsc_comm *tp, *pipe; /* NULL when of size 1 */
+} layout;
+
+static dsc_status make_layout(const dsc_infer_ds_config *c, int pp, layout *l) {
+    *l = (layout){0};
+    int size, rank;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (c->tp.tp_size == 1 && size == 1) return NULL;
-    DSC_CHECK(
-        c->tp.tp_size == size, DSC_ERR_CONFIG,
-        "tensor_parallel.tp_size %d with %d ranks: dsc-generate runs one tensor-parallel group, so launch it "
-        "with dsc-launch -n %d",
-        c->tp.tp_size, size, c->tp.tp_size);
-    return dsc_comm_world(NULL, world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (c->tp.tp_size == 1 && pp == 1 && size == 1) return NULL;
+    DSC_CHECK(c->tp.tp_size * pp == size, DSC_ERR_CONFIG,
+              "tensor_parallel.tp_size %d x --pp %d with %d ranks: dsc-generate runs one model replica, so launch "
+              "it with dsc-launch -n %d",
+              c->tp.tp_size, pp, size, c->tp.tp_size * pp);
+    DSC_TRY(dsc_comm_world(NULL, &l->world));
+    dsc_group_plan plan;
+    dsc_parallel_dims dims = {.pp = pp, .dp = 1, .tp = c->tp.tp_size};
+    DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
+    dsc_status s = dsc_groups_create(l->world, &plan, &l->groups);
+    dsc_group_plan_free(&plan);
+    DSC_TRY(s);
+    if (c->tp.tp_size > 1) l->tp = dsc_groups_get(l->groups, DSC_GROUP_KIND_TENSOR);
+    if (pp > 1) l->pipe = dsc_groups_get(l->groups, DSC_GROUP_KIND_PIPE);
+    return NULL;
 }
 
-static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *world) {
+static void layout_free(layout *l) {
+    dsc_groups_free(l->groups);
+    dsc_comm_free(l->world);
+}
+
+/* Rank 0 prints what every rank holds, in rank order. */
+static void print_layout(const layout *l, const dsc_infer_model *m) {
+    enum { LINE = 512 };
+    char mine[LINE];
+    dsc_infer_model_describe(m, mine, sizeof mine);
+    int size = dsc_comm_size(l->world), rank = dsc_comm_rank(l->world);
+    char *all = rank == 0 ? malloc((size_t)size * LINE) : NULL;
+    MPI_Gather(mine, LINE, MPI_CHAR, all, LINE, MPI_CHAR, 0, MPI_COMM_WORLD);
+    for (int r = 0; all && r < size; r++)
+        fprintf(stderr, "[rank %d] %s\n", r, all + (size_t)r * LINE);
+    free(all);
+}
+
+static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layout *lay) {
+    dsc_comm *world = lay->world;
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
@@ -426,8 +475,11 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *
     double t0 = now_s();
     int64_t longest = 0;
     dsc_infer_tp tp = c->tp;
-    tp.comm = world;
-    if (!s) s = dsc_infer_model_load_tp(o->model, world ? &tp : NULL, &m);
+    tp.comm = lay->tp;
+    dsc_infer_pp pp = {
+        .comm = lay->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
+    if (!s) s = dsc_infer_model_load_parallel(o->model, lay->tp ? &tp : NULL, &pp, &m);
+    if (!s && world && !o->quiet) print_layout(lay, m);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
     if (!s) s = tokenize_all(o, tok, &b, &longest);
@@ -448,10 +500,11 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, dsc_comm *
         double end = now_s(), decode = end - st.first;
         fprintf(stderr,
                 "[%s: loaded in %.2f s; %d prompt%s, longest %lld tokens, first token after %.3f s; %lld tokens, "
-                "%.1f tokens/s after the first; %d threads; tp %d, %.3f s in all-reduces]\n",
+                "%.1f tokens/s after the first; %d threads; tp %d, pp %d, %.3f s in all-reduces]\n",
                 dsc_infer_model_arch(m), t_load - t0, R, R == 1 ? "" : "s", (long long)longest, st.first - st.t0,
                 (long long)st.n, st.n > 1 && decode > 0 ? (double)(st.n - 1) / decode : 0.0,
-                dsc_kernels_get_num_threads(), world ? dsc_comm_size(world) : 1, dsc_infer_model_comm_seconds(m));
+                dsc_kernels_get_num_threads(), lay->tp ? dsc_comm_size(lay->tp) : 1,
+                lay->pipe ? dsc_comm_size(lay->pipe) : 1, dsc_infer_model_comm_seconds(m));
     }
     for (int r = 0; r < R; r++) {
         if (b.ids) free(b.ids[r]);
@@ -479,24 +532,27 @@ int main(int argc, char **argv) {
     }
     MPI_Init(&argc, &argv);
     dsc_infer_ds_config c;
-    dsc_comm *world = NULL;
+    layout lay = {0};
     s = dsc_infer_ds_config_load(o.config, &c);
     if (!s && o.tp > 0) c.tp.tp_size = o.tp;
     if (!s && o.grain > 0) c.tp.grain = o.grain;
     if (!s && o.print_plan)
         s = print_plan(&o, &c);
     else if (!s) {
-        s = tp_group(&c, &world);
-        if (!s) s = run(&o, &c, world);
+        s = make_layout(&c, o.pp > 0 ? o.pp : 1, &lay);
+        if (!s) s = run(&o, &c, &lay);
     }
     dsc_infer_ds_config_free(&c);
-    dsc_comm_free(world);
     int rc = 0;
     if (s) {
         fprintf(stderr, "dsc-generate: %s\n", dsc_status_message(s));
+        fflush(stderr);
         dsc_status_free(s);
         rc = 1;
+        /* Peers may wait for this rank inside a transfer or a collective: end the whole job now. */
+        if (lay.world && dsc_comm_size(lay.world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    layout_free(&lay);
     options_free(&o);
     MPI_Finalize();
     return rc;

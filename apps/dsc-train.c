@@ -207,28 +207,51 @@ static dsc_status estimate(const args *a) {
     return s;
 }
 
+/* DeepSpeed's moe.enable_expert_tensor_parallelism with tensor parallelism:
+ * every expert split over the tensor group with the dense MLP's cut of
+ * d_ff. Without it (or at TP 1) the experts stay whole on every tensor rank. */
+static dsc_status split_experts(const dsc_config *cfg, dsc_groups *groups, dsc_moe_options *o) {
+    const int tp = cfg->tensor_parallel.autotp_size;
+    if (!cfg->moe.enable_expert_tensor_parallelism || tp == 1) return NULL;
+    dsc_model_config mc;
+    DSC_TRY(dsc_trainer_model_config(cfg, &mc));
+    o->expert_tp = dsc_groups_get(groups, DSC_GROUP_KIND_TENSOR);
+    return dsc_tp_split_width(mc.d_ff, tp, cfg->tensor_parallel.tp_grain_size, dsc_comm_rank(o->expert_tp),
+                              "the experts' hidden width (moe.enable_expert_tensor_parallelism)", &o->tp_f0,
+                              &o->tp_nf);
+}
+
 /* MoE models (moe.num_experts > 0): DeepSpeed's expert-parallel and
  * expert-data-parallel groups for moe.ep_size, the MoE layer options and the
- * "moe_block" layer type, for the trainer. */
+ * "moe_block" layer type, for the trainer; with tensor parallelism also the
+ * tensor-parallel layers (attention by heads, experts whole or split). */
 typedef struct moe_wiring {
     dsc_group_plan plan;
     dsc_groups *groups;
     dsc_moe_build_extra extra;
+    dsc_tp_build_extra tp;
     dsc_trainer_layers layers;
 } moe_wiring;
 
 static dsc_status moe_wire(const dsc_config *cfg, dsc_comm *world, moe_wiring *w) {
-    const int size = dsc_comm_size(world);
-    DSC_TRY(dsc_moe_check_parallel(cfg->moe.num_experts, cfg->moe.ep_size, size));
+    const int size = dsc_comm_size(world), tp = cfg->tensor_parallel.autotp_size;
+    DSC_CHECK(size % tp == 0, DSC_ERR_CONFIG,
+              "%s: world = pp x tp x dp: %d ranks are not divisible by tensor_parallel.autotp_size %d",
+              cfg->source ? cfg->source : "config", size, tp);
+    DSC_TRY(dsc_moe_check_parallel(cfg->moe.num_experts, cfg->moe.ep_size, size / tp));
     DSC_TRY(dsc_moe_options_from_config(&cfg->moe, cfg->model.arch, &w->extra.options));
     DSC_TRY(dsc_moe_register_layers());
-    dsc_parallel_dims dims = {.pp = 1, .tp = 1, .ep = cfg->moe.ep_size};
+    /* Under TP the tensor ranks see the same tokens, so expert-parallel groups
+     * are cut from the data-parallel groups (DeepSpeed's rule when it has an mpu). */
+    dsc_parallel_dims dims = {.pp = 1, .tp = tp, .ep = cfg->moe.ep_size, .expert_tp = tp > 1};
     DSC_TRY(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &w->plan));
     DSC_TRY(dsc_groups_create(world, &w->plan, &w->groups));
+    if (tp > 1) DSC_TRY(dsc_tp_prepare(cfg, w->groups, &w->tp, &w->layers));
+    DSC_TRY(split_experts(cfg, w->groups, &w->extra.options));
     w->extra.ep = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT);
-    w->layers = (dsc_trainer_layers){.build_extra = &w->extra,
-                                     .expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA),
-                                     .ep = w->extra.ep};
+    w->layers.build_extra = &w->extra;
+    w->layers.expert_dp = dsc_groups_get(w->groups, DSC_GROUP_KIND_EXPERT_DATA);
+    w->layers.ep = w->extra.ep;
     return NULL;
 }
 
@@ -302,11 +325,11 @@ static dsc_status pipe_generate(void *model, const int32_t *prompt, int n_prompt
     return s;
 }
 
-/* " (N held per expert-parallel rank)" when expert parallelism splits the
- * model's `total` parameters so that each rank holds `per_rank`; "" otherwise. */
+/* " (N in rank 0's shard)" when expert or tensor parallelism splits the
+ * model's `total` parameters so that rank 0 holds `per_rank`; "" otherwise. */
 static void held_per_rank(int64_t total, int64_t per_rank, char *buf, size_t len) {
     buf[0] = '\0';
-    if (per_rank != total) snprintf(buf, len, " (%lld held per expert-parallel rank)", (long long)per_rank);
+    if (per_rank != total) snprintf(buf, len, " (%lld in rank 0's shard)", (long long)per_rank);
 }
 
 /* MoE blocks inside pipeline stages: all-to-alls over the stage's
@@ -317,6 +340,7 @@ static dsc_status pipe_moe_prepare(const dsc_config *cfg, dsc_groups *groups, vo
     DSC_TRY(dsc_moe_check_parallel(cfg->moe.num_experts, cfg->moe.ep_size, stage_ranks));
     DSC_TRY(dsc_moe_options_from_config(&cfg->moe, cfg->model.arch, &x->options));
     DSC_TRY(dsc_moe_register_layers());
+    DSC_TRY(split_experts(cfg, groups, &x->options));
     x->ep = dsc_groups_get(groups, DSC_GROUP_KIND_EXPERT);
     *extra = x;
     return NULL;
@@ -329,10 +353,6 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
               "%s: world = pp x tp x dp: %d ranks are not divisible by \"pipeline.stages\" %d x "
               "\"tensor_parallel.autotp_size\" %d",
               a->config, size, P, tp);
-    DSC_CHECK(tp == 1 || cfg->moe.num_experts == 0, DSC_ERR_UNSUPPORTED,
-              "%s: \"tensor_parallel.autotp_size\" = %d with \"moe.num_experts\" = %d: MoE layers with tensor "
-              "parallelism are not wired yet",
-              a->config, tp, cfg->moe.num_experts);
     DSC_TRY(dsc_comm_set_timeout(world, cfg->comm.timeout_s));
     DSC_TRY(dsc_config_resolve_batch(cfg, dp));
     const bool moe = cfg->moe.num_experts > 0;
@@ -418,29 +438,24 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     dsc_status s = dsc_comm_set_timeout(world, cfg.comm.timeout_s);
     const int tp = cfg.tensor_parallel.autotp_size, dp = size / (tp > 0 ? tp : 1);
     const bool moe = cfg.moe.num_experts > 0;
-    if (!s && moe && tp > 1)
-        s = dsc_error(DSC_ERR_UNSUPPORTED,
-                      "%s: \"tensor_parallel.autotp_size\" = %d with \"moe.num_experts\" = %d: MoE layers with "
-                      "tensor parallelism are not wired yet",
-                      a->config, tp, cfg.moe.num_experts);
     dsc_tp_wiring tw = {0};
-    if (!s && tp > 1) s = dsc_tp_wire(&cfg, world, &tw);
-    if (!s) s = dsc_config_resolve_batch(&cfg, dp);
-    dsc_trainer_options to = {&cfg, tp > 1 ? dsc_tp_wiring_dp(&tw) : world, rank == 0, a->metrics, a->progress};
     moe_wiring mw = {0};
     if (!s && moe) s = moe_wire(&cfg, world, &mw);
+    if (!s && !moe && tp > 1) s = dsc_tp_wire(&cfg, world, &tw);
+    if (!s) s = dsc_config_resolve_batch(&cfg, dp);
+    dsc_comm *dp_group = world;
+    if (!s && tp > 1) dp_group = moe ? dsc_groups_get(mw.groups, DSC_GROUP_KIND_DATA) : dsc_tp_wiring_dp(&tw);
+    dsc_trainer_options to = {&cfg, dp_group, rank == 0, a->metrics, a->progress};
     const dsc_trainer_layers *layers = moe ? &mw.layers : tp > 1 ? &tw.layers : NULL;
     if (!s) s = dsc_trainer_create_with_layers(&to, dsc_zero_make_optimizer, layers, &t);
     if (!s && rank == 0) {
         char held[96];
         held_per_rank(dsc_trainer_model_param_count(t), dsc_trainer_param_count(t), held, sizeof held);
-        /* Tensor parallelism shards the store, so its count is rank 0's shard. */
-        printf("dsc-train: %s, %lld parameters%s%s, %d tensor-parallel x %d data-parallel ranks x %d threads; "
+        printf("dsc-train: %s, %lld parameters%s, %d tensor-parallel x %d data-parallel ranks x %d threads; "
                "batch %lld sequences = %lld micro x %lld accumulation x %d replicas, seq_len %d; %lld steps\n",
-               a->config, (long long)dsc_trainer_model_param_count(t), tp > 1 ? " on rank 0" : "", held, tp, dp,
-               dsc_kernels_get_num_threads(), (long long)cfg.train_batch_size,
-               (long long)cfg.train_micro_batch_size_per_gpu, (long long)cfg.gradient_accumulation_steps, dp,
-               cfg.model.seq_len, (long long)cfg.train.steps);
+               a->config, (long long)dsc_trainer_model_param_count(t), held, tp, dp, dsc_kernels_get_num_threads(),
+               (long long)cfg.train_batch_size, (long long)cfg.train_micro_batch_size_per_gpu,
+               (long long)cfg.gradient_accumulation_steps, dp, cfg.model.seq_len, (long long)cfg.train.steps);
         if (tp > 1) s = dsc_tp_print_shards(stdout, &cfg);
         fflush(stdout);
     }
@@ -468,13 +483,14 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),
                                    dp, state_bytes(&cfg));
-    /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do. */
-    if (!s && rank == 0 && moe && cfg.moe.ep_size > 1) {
-        if (a->sample_tokens > 0)
-            printf(
-                "dsc-train: no sample: generation runs on one rank and moe.ep_size is %d (use dsc-generate on the "
-                "checkpoint)\n",
-                cfg.moe.ep_size);
+    /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do; it grows the context one
+     * token at a time, which sequence parallelism cannot split. */
+    const bool sp = tp > 1 && cfg.tensor_parallel.sequence_parallel;
+    if (!s && ((moe && cfg.moe.ep_size > 1) || sp)) {
+        if (rank == 0 && a->sample_tokens > 0)
+            printf("dsc-train: no sample: %s (use dsc-generate on the checkpoint)\n",
+                   sp ? "tensor_parallel.sequence_parallel splits positions over the tensor ranks"
+                      : "generation runs on one rank and moe.ep_size > 1");
     }
     /* ZeRO-3 gathers parameters and tensor-parallel layers reduce collectively, so every rank generates and
      * rank 0 prints. */

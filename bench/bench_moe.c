@@ -102,7 +102,13 @@ static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int
 
 /* Seconds per forward+backward of one GELU FFN of width k*F on S tokens. */
 static double time_dense(const bench_opts *o) {
-    dsc_moe_experts_options eo = {DSC_MOE_EXPERT_KIND_GELU, o->M, o->k * o->F, 1, -1, 0, 0.02f, 0.02f};
+    dsc_moe_experts_options eo = {.kind = DSC_MOE_EXPERT_KIND_GELU,
+                                  .d_model = o->M,
+                                  .d_ff = o->k * o->F,
+                                  .count = 1,
+                                  .first = -1,
+                                  .init_std = 0.02f,
+                                  .init_std_out = 0.02f};
     dsc_param_store *store;
     dsc_moe_experts *ffn;
     die(dsc_params_create(&store, DSC_CPU, 1));

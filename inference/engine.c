@@ -6,11 +6,17 @@
  * Under tensor parallelism every rank runs the same engine over its shard:
  * the KV cache holds the rank's KV heads only, and every rank gets the same
  * number of blocks (sized for the rank with the most KV heads), so the same
- * calls make the same block decisions everywhere.
+ * calls make the same block decisions everywhere. Under pipeline
+ * parallelism each stage's cache holds its layers only, with the block
+ * count of the stage holding the most layers (and KV heads), and forwards
+ * run as ticks of the micro-batch pipeline (pipeline.c): the scheduler
+ * keeps P micro-batches in flight; put() is one micro-batch through all
+ * stages, its logits shared from the last stage, so a caller of put /
+ * query / flush cannot tell the layout.
  * Not here: which requests to run (scheduler.c) or sampling. */
 #include <stdlib.h>
 
-#include "inference/model_internal.h"
+#include "inference/pipeline.h"
 #include "inference/sampling_internal.h"
 
 struct dsc_infer_engine {
@@ -18,7 +24,7 @@ struct dsc_infer_engine {
     dsc_kv_config kv;
     dsc_kv_cache *cache;
     dsc_kv_state *state;
-    dsc_ragged_batch batch;
+    infer_pipeline *pipe;
     dsc_forward_scratch scratch;
     dsc_sample_candidate *candidates; /* (shard V + V): a rank's own candidates, then the merged ones */
 };
@@ -39,7 +45,7 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
     dsc_infer_engine *e = calloc(1, sizeof *e);
     DSC_CHECK(e, DSC_ERR_NOMEM, "inference engine");
     e->model = m;
-    e->kv = (dsc_kv_config){.num_layers = m->cfg.n_layer,
+    e->kv = (dsc_kv_config){.num_layers = m->layer1 - m->layer0,
                             .num_kv_heads = m->shard.n_kv_head,
                             .head_size = m->cfg.head_size,
                             .block_size = cfg->block_size,
@@ -51,18 +57,19 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
                             .max_batch_sequences = cfg->max_batch_sequences,
                             .dtype = cfg->kv_dtype};
     dsc_status s = dsc_kv_config_validate(&e->kv);
-    if (!s && m->tp_comm) {
-        /* Every rank gets the block count of the rank holding the most KV heads, so
-         * all ranks make the same KV and scheduling decisions without talking. */
+    if (!s && (m->tp_comm || m->pipe_comm)) {
+        /* Every rank gets the block count of the rank holding the most KV heads and
+         * layers, so all ranks make the same KV and scheduling decisions without talking. */
         dsc_kv_config widest = e->kv;
-        widest.num_kv_heads = m->tp_max_kv_heads;
+        if (m->tp_comm) widest.num_kv_heads = m->tp_max_kv_heads;
+        widest.num_layers = m->pp_max_layers;
         int64_t blocks = cfg->kv_cache_bytes / (int64_t)dsc_kv_config_block_bytes(&widest);
         e->kv.kv_cache_bytes = blocks * (int64_t)dsc_kv_config_block_bytes(&e->kv);
         if (blocks < 1) s = dsc_kv_config_validate(&widest); /* names the budget that is too small */
     }
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
-    if (!s) s = dsc_ragged_batch_init(&e->batch, &e->kv);
+    if (!s) s = infer_pipeline_create(m, &e->kv, &e->pipe);
     if (!s) s = dsc_forward_scratch_init(&e->scratch, m, e->kv.max_tokens_per_forward, e->kv.max_batch_sequences);
     if (!s) {
         e->candidates = malloc(((size_t)m->shard.vocab_size + (size_t)m->cfg.vocab_size) * sizeof *e->candidates);
@@ -80,7 +87,7 @@ void dsc_infer_engine_destroy(dsc_infer_engine *e) {
     if (!e) return;
     free(e->candidates);
     dsc_forward_scratch_free(&e->scratch);
-    dsc_ragged_batch_free(&e->batch);
+    infer_pipeline_destroy(e->pipe);
     dsc_kv_state_destroy(e->state);
     dsc_kv_cache_destroy(e->cache);
     free(e);
@@ -105,8 +112,18 @@ dsc_status dsc_infer_engine_sample(dsc_infer_engine *e, const float *row, const 
     return dsc_sample_sharded(token, row, &shard, params, history, n_history, e->candidates, rng);
 }
 
-dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
-                                const int32_t *counts, float *logits) {
+int32_t dsc_infer_engine_depth(const dsc_infer_engine *e) {
+    return infer_pipeline_depth(e->pipe);
+}
+
+bool dsc_infer_engine_samples(const dsc_infer_engine *e) {
+    return e->model->last;
+}
+
+dsc_status dsc_infer_engine_tick(dsc_infer_engine *e, int32_t n, const uint64_t *uids,
+                                 const int32_t *const *tokens, const int32_t *counts, float *logits,
+                                 int32_t *landed) {
+    *landed = 0;
     /* Inputs are checked before any state changes, so a forward never fails on them. */
     int32_t V = e->model->cfg.vocab_size;
     for (int32_t i = 0; i < n; i++)
@@ -114,9 +131,26 @@ dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *
             DSC_CHECK(tokens[i][j] >= 0 && tokens[i][j] < V, DSC_ERR_INVALID,
                       "put: sequence %llu token %d is id %d, outside the vocabulary [0, %d)",
                       (unsigned long long)uids[i], j, tokens[i][j], V);
-    DSC_TRY(dsc_ragged_batch_build(&e->batch, e->state, n, uids, tokens, counts));
-    DSC_TRY(dsc_model_forward(e->model, &e->batch, e->cache, &e->scratch, logits));
-    return dsc_ragged_batch_finish(&e->batch, e->state);
+    dsc_ragged_batch *slot = infer_pipeline_push_slot(e->pipe);
+    if (n > 0) DSC_TRY(dsc_ragged_batch_build(slot, e->state, n, uids, tokens, counts));
+    return infer_pipeline_tick(e->pipe, e->cache, e->state, &e->scratch, logits, landed);
+}
+
+dsc_status dsc_infer_engine_share_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n) {
+    return infer_pipeline_share(e->pipe, tokens, DSC_DTYPE_I32, n);
+}
+
+dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
+                                const int32_t *counts, float *logits) {
+    DSC_CHECK(infer_pipeline_empty(e->pipe), DSC_ERR_INVALID,
+              "put: micro-batches of a scheduler are still in flight in this engine's pipeline");
+    DSC_CHECK(n >= 1, DSC_ERR_INVALID, "ragged batch: needs at least one sequence, got %d", n);
+    int32_t landed = 0, P = infer_pipeline_depth(e->pipe);
+    DSC_TRY(dsc_infer_engine_tick(e, n, uids, tokens, counts, logits, &landed));
+    for (int32_t t = 1; t < P; t++) /* the micro-batch reaches the last stage */
+        DSC_TRY(dsc_infer_engine_tick(e, 0, NULL, NULL, NULL, logits, &landed));
+    DSC_CHECK(landed == n, DSC_ERR_INTERNAL, "put: %d of %d sequences came back from the pipeline", landed, n);
+    return infer_pipeline_share(e->pipe, logits, DSC_DTYPE_F32, (int64_t)n * e->model->shard.vocab_size);
 }
 
 dsc_sched_result dsc_infer_engine_can_schedule(const dsc_infer_engine *e, const uint64_t *uids,
@@ -144,4 +178,8 @@ int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e) {
 int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid) {
     dsc_kv_seq_info info;
     return dsc_kv_state_lookup(e->state, uid, &info) ? info.seen_tokens : 0;
+}
+
+void dsc_infer_engine_busy(const dsc_infer_engine *e, double *busy_s, double *tick_s) {
+    infer_pipeline_times(e->pipe, busy_s, tick_s);
 }

@@ -9,6 +9,7 @@
  * shard) or only the tensor-parallel plan (*plan, no weights read). */
 typedef struct dsc_load_request {
     const dsc_infer_tp *tp; /* NULL: one rank */
+    const dsc_infer_pp *pp; /* NULL: one stage */
     dsc_infer_model **model;
     dsc_tp_plan **plan;
 } dsc_load_request;

@@ -31,10 +31,15 @@ static dsc_status load(const char *path, const dsc_load_request *req) {
     return dsc_load_dsc(file, req);
 }
 
-dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out) {
+dsc_status dsc_infer_model_load_parallel(const char *path, const dsc_infer_tp *tp, const dsc_infer_pp *pp,
+                                         dsc_infer_model **out) {
     *out = NULL;
-    dsc_load_request req = {.tp = tp, .model = out};
+    dsc_load_request req = {.tp = tp, .pp = pp, .model = out};
     return load(path, &req);
+}
+
+dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out) {
+    return dsc_infer_model_load_parallel(path, tp, NULL, out);
 }
 
 dsc_status dsc_infer_model_load(const char *path, dsc_infer_model **out) {

@@ -230,9 +230,13 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     dsc_comm *ep = !req->plan && tp ? tp->ep_comm : NULL;
     dsc_infer_model_config local = *mc;
     if (ep) DSC_TRY(expert_shard(mc, ep, &local));
+    dsc_infer_stage stage;
+    int32_t max_layers = 0;
+    if (!req->plan) DSC_TRY(dsc_infer_stage_plan(policy, mc, req->pp, &stage, &max_layers));
     if (!req->plan && size == 1) {
-        DSC_TRY(dsc_infer_model_build(policy, &local, src, req->model));
+        DSC_TRY(dsc_infer_model_build_stage(policy, &local, src, &stage, req->model));
         attach(*req->model, mc, ep);
+        dsc_infer_stage_attach(*req->model, req->pp, max_layers);
         return NULL;
     }
     DSC_CHECK(req->plan || tp->comm, DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
@@ -254,10 +258,11 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     local.vocab_size = (int32_t)sh->nv;
     shard_source ss = {src, plan, rank};
     dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};
-    s = dsc_infer_model_build(policy, &local, &wrapped, req->model);
+    s = dsc_infer_model_build_stage(policy, &local, &wrapped, &stage, req->model);
     if (!s) {
         dsc_infer_model *m = *req->model;
         attach(m, mc, ep);
+        dsc_infer_stage_attach(m, req->pp, max_layers);
         m->shard = local;
         m->tp_comm = tp->comm;
         m->tp_rank = rank;

@@ -8,6 +8,9 @@
  * The sizes come from a file, so they are distrusted: every product and sum
  * is overflow-checked, and every tensor is checked against the config
  * before the arena is allocated (so it is never larger than the checkpoint).
+ * For one pipeline stage only its parameters get slots: the other stages'
+ * tensors are skipped unread, and an arena over the stage's weight budget
+ * is refused before it is allocated.
  * Not here: where tensors come from (load_*.c) or the forward. */
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +37,7 @@ typedef struct slot_state {
 typedef struct build_state {
     const dsc_policy *policy;
     const dsc_infer_model_config *mc;
+    const dsc_infer_stage *stage; /* NULL: the whole model */
     dsc_infer_model *m;
     slot_state *slots; /* ((L + 1) * DSC_PARAM_MAX_ROLES), indexed by container and param index */
     int max_params;
@@ -67,7 +71,7 @@ static dsc_status layout(build_state *b) {
         const dsc_container_def *def = container_of(b, c);
         for (int p = 0; p < def->n_params; p++) {
             const dsc_param_def *pd = &def->params[p];
-            if (!dsc_slot_enabled(pd, mc)) continue;
+            if (!dsc_slot_enabled(pd, mc) || !dsc_infer_stage_holds(b->stage, mc, c, pd->role)) continue;
             int64_t shape[3], numel = 1, padded, deps;
             int nd = dsc_param_def_shape(pd, mc, shape);
             bool overflow = false;
@@ -167,6 +171,7 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
                   b->mc->n_layer);
         c = (int32_t)layer;
         rel = end + 1;
+        if (b->stage && (c < b->stage->layer0 || c >= b->stage->layer1)) return NULL; /* another stage's */
     }
     const dsc_container_def *def = container_of(b, c);
     int64_t expert;
@@ -176,6 +181,7 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
     int p, d;
     dsc_container_target(def, map->target, &p, &d);
     slot_state *s = slot_at(b, c, p);
+    if (p >= 0 && !dsc_infer_stage_holds(b->stage, b->mc, c, def->params[p].role)) return NULL;
     DSC_CHECK(s->def, DSC_ERR_CORRUPT,
               "checkpoint tensor '%s' maps to %s, which this model's config does not have", name, map->target);
     if (!s->def->per_expert) expert = 0;
@@ -327,12 +333,31 @@ static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_c
     return NULL;
 }
 
+/* The stage's arena against its weight budget, before anything is allocated. */
+static dsc_status check_budget(const build_state *b) {
+    const dsc_infer_stage *st = b->stage;
+    int64_t need = b->floats * (int64_t)sizeof(float);
+    if (!st || st->max_weight_bytes <= 0 || need <= st->max_weight_bytes) return NULL;
+    return dsc_error(DSC_ERR_CONFIG,
+                     "policy %s: layers %d-%d%s%s need %lld bytes of weights, over this rank's weight budget "
+                     "(max_weight_bytes) of %lld bytes: serve the model over more pipeline stages (--pp)",
+                     b->policy->arch, st->layer0, st->layer1 - 1, st->first ? " + embedding" : "",
+                     st->last ? " + final norm and LM head" : "", (long long)need,
+                     (long long)st->max_weight_bytes);
+}
+
 dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model_config *mc,
                                  const dsc_tensor_source *src, dsc_infer_model **out) {
+    return dsc_infer_model_build_stage(policy, mc, src, NULL, out);
+}
+
+dsc_status dsc_infer_model_build_stage(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                                       const dsc_tensor_source *src, const dsc_infer_stage *stage,
+                                       dsc_infer_model **out) {
     *out = NULL;
     DSC_TRY(check_config(policy, mc, src->count));
     dsc_infer_model *m = calloc(1, sizeof *m);
-    build_state b = {.policy = policy, .mc = mc, .m = m};
+    build_state b = {.policy = policy, .mc = mc, .stage = stage, .m = m};
     b.max_params = policy->layer->n_params > policy->non_layer->n_params ? policy->layer->n_params
                                                                          : policy->non_layer->n_params;
     if (policy->dense_layer && policy->dense_layer->n_params > b.max_params)
@@ -341,6 +366,12 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
     if (m) {
         m->policy = policy;
         m->cfg = m->shard = *mc; /* the TP loader widens cfg to the whole model's */
+        m->layer0 = stage ? stage->layer0 : 0;
+        m->layer1 = stage ? stage->layer1 : mc->n_layer;
+        m->first = !stage || stage->first;
+        m->last = !stage || stage->last;
+        m->stages = 1;
+        m->pp_max_layers = m->layer1 - m->layer0;
         m->params = calloc(n_containers * DSC_PARAM_ROLE_COUNT, sizeof *m->params);
         b.slots = calloc(n_containers * (size_t)b.max_params, sizeof *b.slots);
     }
@@ -350,6 +381,7 @@ dsc_status dsc_infer_model_build(const dsc_policy *policy, const dsc_infer_model
         goto done;
     }
     DSC_TRY_GOTO(s, layout(&b), done);
+    DSC_TRY_GOTO(s, check_budget(&b), done);
     DSC_TRY_GOTO(s, check_sources(&b, src), done);
     DSC_TRY_GOTO(s, check_complete(&b), done);
     DSC_TRY_GOTO(s, allocate_arena(&b), done);

@@ -7,8 +7,11 @@
  * of each sequence's last token only. Under tensor parallelism the widths
  * are the rank's shard (m->shard), the attention output and the MLP are
  * summed over the group (row-parallel), and the logits are the rank's
- * vocabulary slice. Compute goes through the shared kernels; this file only
- * wires views together. Not here: KV bookkeeping
+ * vocabulary slice. A pipeline stage runs its layers only: after the
+ * embedding when it is the first, else on the residual stream the caller
+ * received into s->x; and it ends with the logits when it is the last, else
+ * leaving its output in s->x. Compute goes through the shared kernels; this
+ * file only wires views together. Not here: KV bookkeeping
  * (the engine) or MoE routing (model_moe.c). */
 #include <stdlib.h>
 #include <string.h>
@@ -103,21 +106,28 @@ static dsc_status norm(const dsc_infer_model *m, float *out, const float *x, int
     return dsc_kernel_rmsnorm_forward(&ov, NULL, &xv, w, m->cfg.norm_eps);
 }
 
+/* Every token's position as i32 (RoPE reads them on every stage). */
+static dsc_status positions(const dsc_infer_model *m, const dsc_ragged_batch *batch, int32_t *pos) {
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        int64_t p = batch->positions[t];
+        DSC_CHECK(p < m->cfg.max_positions, DSC_ERR_INVALID, "position %lld beyond the model's %lld positions",
+                  (long long)p, (long long)m->cfg.max_positions);
+        pos[t] = (int32_t)p;
+    }
+    return NULL;
+}
+
 /* Token rows (vocabulary-parallel under TP: the rank holding a token's row
  * writes it, the others zeros, and the sum is the row), then positions. */
-static dsc_status embed(dsc_infer_model *m, const dsc_ragged_batch *batch, float *x, int32_t *pos) {
+static dsc_status embed(dsc_infer_model *m, const dsc_ragged_batch *batch, float *x) {
     const dsc_infer_model_config *mc = &m->cfg;
     const dsc_tensor *wte = param(m, mc->n_layer, DSC_PARAM_ROLE_EMBED);
     const dsc_tensor *wpe = param(m, mc->n_layer, DSC_PARAM_ROLE_POS_EMBED);
     int64_t C = mc->d_model, v0 = m->vocab0, nv = m->shard.vocab_size;
     for (int32_t t = 0; t < batch->n_tokens; t++) {
         int32_t id = batch->tokens[t];
-        int64_t p = batch->positions[t];
         DSC_CHECK(id >= 0 && id < mc->vocab_size, DSC_ERR_INVALID, "token id %d outside the vocabulary [0, %d)",
                   id, mc->vocab_size);
-        DSC_CHECK(p < mc->max_positions, DSC_ERR_INVALID, "position %lld beyond the model's %lld positions",
-                  (long long)p, (long long)mc->max_positions);
-        pos[t] = (int32_t)p;
         if (id >= v0 && id < v0 + nv)
             memcpy(x + t * C, (const float *)wte->data + (id - v0) * C, (size_t)C * sizeof *x);
         else
@@ -150,8 +160,8 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
     dsc_tensor k = dsc_tensor_view(s->k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
     dsc_tensor v = dsc_tensor_view(s->v, DSC_DTYPE_F32, 3, ks, DSC_CPU);
     dsc_tensor out = dsc_tensor_view(s->att, DSC_DTYPE_F32, 3, qs, DSC_CPU);
-    dsc_tensor layer_cache;
-    DSC_TRY(dsc_kv_cache_layer(cache, l, &layer_cache));
+    dsc_tensor layer_cache; /* the stage's cache holds its layers only */
+    DSC_TRY(dsc_kv_cache_layer(cache, l - m->layer0, &layer_cache));
     DSC_TRY(dsc_paged_attention_forward(&out, &q, &k, &v, batch, &layer_cache));
     const dsc_tensor *wo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W);
     return dsc_model_project(s->y, s->att, N, wo, dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B)), 0,
@@ -189,9 +199,10 @@ dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, 
     DSC_CHECK(N <= s->max_tokens && S <= s->max_seqs, DSC_ERR_INVALID,
               "batch of %lld tokens / %lld sequences exceeds the scratch (%lld / %lld)", (long long)N,
               (long long)S, (long long)s->max_tokens, (long long)s->max_seqs);
-    DSC_TRY(embed(m, batch, s->x, s->pos));
+    DSC_TRY(positions(m, batch, s->pos));
+    if (m->first) DSC_TRY(embed(m, batch, s->x));
     dsc_tensor xv = dsc_model_view2(s->x, N, C), yv = dsc_model_view2(s->y, N, C);
-    for (int32_t l = 0; l < mc->n_layer; l++) {
+    for (int32_t l = m->layer0; l < m->layer1; l++) {
         DSC_TRY(norm(m, s->h, s->x, N, param(m, l, DSC_PARAM_ROLE_ATTN_NORM_W),
                      param(m, l, DSC_PARAM_ROLE_ATTN_NORM_B)));
         DSC_TRY(attention(m, l, batch, cache, s));
@@ -203,6 +214,7 @@ dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, 
         DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
         DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
     }
+    if (!m->last) return NULL; /* s->x goes to the next stage */
     for (int64_t i = 0; i < S; i++)
         memcpy(s->last + i * C, s->x + (int64_t)batch->last_token[i] * C, (size_t)C * sizeof(float));
     int32_t L = mc->n_layer;

@@ -18,11 +18,44 @@ struct dsc_infer_model {
     int32_t tp_max_kv_heads; /* the most KV heads any rank holds: sizes KV blocks alike on all ranks */
     double tp_comm_seconds;  /* time in the all-reduces */
     dsc_comm *ep_comm;       /* expert-parallel group (shard.expert0 / n_local_experts); NULL: one rank */
-    void *arena;             /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
+    /* Pipeline stage (pipeline_stage.c): this rank's layers [layer0, layer1),
+     * whether it holds the embedding (first) and the final norm + LM head
+     * (last); the whole model, first and last, without PP. */
+    int32_t layer0, layer1;
+    bool first, last;
+    dsc_comm *pipe_comm; /* pipeline group (comm rank = stage); NULL: one stage */
+    int stage, stages;
+    int32_t pp_max_layers; /* the most layers any stage holds: sizes KV blocks alike on all stages */
+    void *arena;           /* one DSC_MEM_PARAMS allocation, every parameter 256-byte aligned */
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
     float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */
 };
+
+/* What one pipeline stage builds: transformer layers [layer0, layer1), the
+ * embedding (first; also on the last with tied embeddings), the final norm
+ * and LM head (last). A weight arena over max_weight_bytes (> 0) is refused
+ * before anything is read or allocated, naming the need. */
+typedef struct dsc_infer_stage {
+    int32_t layer0, layer1;
+    bool first, last;
+    int64_t max_weight_bytes;
+} dsc_infer_stage;
+
+/* dsc_infer_model_build for one stage (NULL: the whole model). */
+dsc_status dsc_infer_model_build_stage(const dsc_policy *policy, const dsc_infer_model_config *mc,
+                                       const dsc_tensor_source *src, const dsc_infer_stage *stage,
+                                       dsc_infer_model **out);
+/* Whether a parameter of container c (c == L: the non-layer one) with `role` belongs to the stage. */
+bool dsc_infer_stage_holds(const dsc_infer_stage *stage, const dsc_infer_model_config *mc, int32_t c,
+                           dsc_param_role role);
+/* The stage of this rank under `pp` (NULL or comm NULL: the whole model),
+ * with layers cut by pp->partition_method over the policy's parameter counts. */
+dsc_status dsc_infer_stage_plan(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_infer_pp *pp,
+                                dsc_infer_stage *out, int32_t *max_layers);
+
+/* Records the pipeline group on a model built for its stage. */
+void dsc_infer_stage_attach(dsc_infer_model *m, const dsc_infer_pp *pp, int32_t max_layers);
 
 /* Sums a row-parallel partial result (N, C) over the tensor-parallel group (a no-op without TP). */
 dsc_status dsc_model_tp_allreduce(dsc_infer_model *m, float *x, int64_t n);
@@ -81,7 +114,9 @@ dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_mode
 void dsc_forward_scratch_free(dsc_forward_scratch *s);
 
 /* Logits (n_seqs, shard V) of each sequence's last token of `batch`,
- * writing every token's K and V into the cache. */
+ * writing every token's K and V into the cache. On a pipeline stage: the
+ * stage's layers over s->x (the embedding on the first stage), logits only
+ * on the last (elsewhere the output stays in s->x, (N, C)). */
 dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
                              dsc_forward_scratch *s, float *logits);
 /* y (n, rows) = x (n, cols) @ W[row0 : row0 + rows]^T (+ b[row0 : row0 + rows]):

@@ -20,14 +20,29 @@
  * requests: its decisions depend only on the requests, the engine's block
  * counts (equal on all ranks) and the sampled tokens (equal on all ranks,
  * dsc_infer_engine_sample), never on the clock, so all ranks compose the
- * same batches with no broadcast. Not here: the forward (engine) or
+ * same batches with no broadcast.
+ *
+ * Under pipeline parallelism the engine keeps P micro-batches in flight
+ * (pipeline.c): each step composes one micro-batch from the running
+ * requests that are not in flight (at most ceil(running / P) sequences, so
+ * the P micro-batches share the work) and lands the one pushed P - 1 steps
+ * before. Every rank again runs this scheduler replica: the last stage
+ * samples the landed micro-batch's tokens and broadcasts them over the
+ * pipeline group, so every replica sees the same tokens (no plan is
+ * broadcast: the sampled tokens are the only input the replicas cannot
+ * compute themselves, and a broadcast of ids is smaller than one of
+ * plans). A request in flight is never preempted and its release waits for
+ * it to land (its KV blocks are still being written by later stages); when
+ * the newest running request is in flight the preemption rule waits for
+ * it. With P = 1 nothing is in flight when a step composes, and all of
+ * this is the single-rank scheduler. Not here: the forward (engine) or
  * sampling rules (sampling.c). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "inference/model_internal.h"
+#include "inference/pipeline.h"
 
 typedef enum req_state { REQ_WAITING = 0, REQ_RUNNING, REQ_DONE } req_state;
 
@@ -45,7 +60,15 @@ typedef struct request {
     double submit_time, first_token_time;
     int32_t chunk;  /* tokens scheduled in the current forward */
     bool preempted; /* waiting again after a preemption */
+    bool in_flight; /* in a micro-batch that has not landed */
+    bool released;  /* released while in flight: freed when it lands */
 } request;
+
+/* A micro-batch in flight: its requests in batch order. */
+typedef struct micro_batch {
+    int32_t n;
+    request **reqs; /* (max_batch_sequences) */
+} micro_batch;
 
 struct dsc_scheduler {
     dsc_infer_engine *engine;
@@ -61,7 +84,11 @@ struct dsc_scheduler {
     const int32_t **ptrs;
     int32_t *counts;
     request **batch;
-    float *logits; /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
+    float *logits;     /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
+    int32_t *sampled;  /* (max_batch_sequences) tokens drawn for a landed micro-batch */
+    micro_batch *ring; /* (depth): the micro-batch pushed at step t in slot t % depth */
+    int32_t depth;
+    int64_t steps;
     const float *cb_logits; /* (W) the row of the token being reported, only during the callback */
 };
 
@@ -108,7 +135,13 @@ dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config 
     s->counts = malloc((size_t)S * sizeof *s->counts);
     s->batch = malloc((size_t)S * sizeof *s->batch);
     s->logits = malloc((size_t)S * (size_t)W * sizeof *s->logits);
-    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits) {
+    s->sampled = malloc((size_t)S * sizeof *s->sampled);
+    s->depth = dsc_infer_engine_depth(e);
+    s->ring = calloc((size_t)s->depth, sizeof *s->ring);
+    bool ok = s->ring != NULL;
+    for (int32_t i = 0; ok && i < s->depth; i++)
+        ok = (s->ring[i].reqs = malloc((size_t)S * sizeof *s->ring[i].reqs)) != NULL;
+    if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits || !s->sampled || !ok) {
         dsc_scheduler_destroy(s);
         return dsc_error(DSC_ERR_NOMEM, "scheduler buffers for %d sequences", S);
     }
@@ -133,6 +166,10 @@ void dsc_scheduler_destroy(dsc_scheduler *s) {
     free(s->counts);
     free(s->batch);
     free(s->logits);
+    free(s->sampled);
+    for (int32_t i = 0; s->ring && i < s->depth; i++)
+        free(s->ring[i].reqs);
+    free(s->ring);
     free(s);
 }
 
@@ -236,13 +273,11 @@ static void admit(dsc_scheduler *s) {
     }
 }
 
+static request *newest_running(const dsc_scheduler *s);
+
 /* Recompute preemption of the newest running request. */
 static dsc_status preempt_newest(dsc_scheduler *s) {
-    request *newest = NULL;
-    for (int32_t i = 0; i < s->n_reqs; i++) {
-        request *r = s->reqs[i];
-        if (r->state == REQ_RUNNING && (!newest || r->order > newest->order)) newest = r;
-    }
+    request *newest = newest_running(s);
     DSC_CHECK(newest, DSC_ERR_INTERNAL, "scheduler: KV exhausted with nothing to preempt");
     if (newest->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, newest->uid));
     newest->n_cached = 0;
@@ -255,8 +290,9 @@ static dsc_status preempt_newest(dsc_scheduler *s) {
 
 /* Adds up to `max` tokens of r to the batch within the token and free-block
  * budgets; false when r got nothing for lack of blocks. */
-static bool take(dsc_scheduler *s, request *r, int64_t max, int32_t *n, int32_t *budget, int32_t *blocks) {
-    if (max <= 0 || *budget <= 0 || *n >= dsc_infer_engine_kv_config(s->engine)->max_batch_sequences) return true;
+static bool take(dsc_scheduler *s, request *r, int64_t max, int32_t *n, int32_t *budget, int32_t *blocks,
+                 int32_t seqs) {
+    if (max <= 0 || *budget <= 0 || *n >= seqs) return true;
     int64_t tokens;
     int32_t need;
     dsc_infer_engine_query(s->engine, r->uid, max < *budget ? max : *budget, *blocks, &tokens, &need);
@@ -284,8 +320,15 @@ static dsc_status compose(dsc_scheduler *s, int32_t *n_out, int64_t *starved) {
     int32_t n = 0, budget = s->cfg.token_budget, blocks = dsc_infer_engine_free_blocks(s->engine), n_run = 0;
     request **run = malloc((size_t)s->n_reqs * sizeof *run);
     DSC_CHECK(run, DSC_ERR_NOMEM, "scheduler: running list");
-    for (int32_t i = 0; i < s->n_reqs; i++)
-        if (s->reqs[i]->state == REQ_RUNNING) run[n_run++] = s->reqs[i];
+    int32_t running = 0;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        running += s->reqs[i]->state == REQ_RUNNING;
+        if (s->reqs[i]->state == REQ_RUNNING && !s->reqs[i]->in_flight) run[n_run++] = s->reqs[i];
+    }
+    /* P micro-batches in flight share the running requests. */
+    int32_t seqs = dsc_infer_engine_kv_config(s->engine)->max_batch_sequences,
+            share = (running + s->depth - 1) / s->depth;
+    if (share < seqs) seqs = share;
     qsort(run, (size_t)n_run, sizeof *run, by_order);
     *starved = -1;
     for (int32_t i = 0; i < n_run; i++)
@@ -296,7 +339,7 @@ static dsc_status compose(dsc_scheduler *s, int32_t *n_out, int64_t *starved) {
             request *r = run[i];
             int64_t pending = total_tokens(r) - r->n_cached;
             bool is_decode = pending == 1 && r->n_generated > 0;
-            if (is_decode != decodes || take(s, r, pending, &n, &budget, &blocks)) continue;
+            if (is_decode != decodes || take(s, r, pending, &n, &budget, &blocks, seqs)) continue;
             if (*starved < 0 || r->order < *starved) *starved = r->order;
         }
     }
@@ -305,10 +348,12 @@ static dsc_status compose(dsc_scheduler *s, int32_t *n_out, int64_t *starved) {
     return NULL;
 }
 
-static int64_t newest_running(const dsc_scheduler *s) {
-    int64_t newest = -1;
-    for (int32_t i = 0; i < s->n_reqs; i++)
-        if (s->reqs[i]->state == REQ_RUNNING && s->reqs[i]->order > newest) newest = s->reqs[i]->order;
+static request *newest_running(const dsc_scheduler *s) {
+    request *newest = NULL;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        request *r = s->reqs[i];
+        if (r->state == REQ_RUNNING && (!newest || r->order > newest->order)) newest = r;
+    }
     return newest;
 }
 
@@ -318,10 +363,8 @@ static bool is_stop(const request *r, int32_t tok) {
     return false;
 }
 
-/* Samples the next token of r from its logits row and streams it. */
-static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
-    int32_t tok;
-    DSC_TRY(dsc_infer_engine_sample(s->engine, row, &r->sampling, r->tokens, total_tokens(r), &r->rng, &tok));
+/* Appends the sampled token to r and streams it (row: its logits on a sampling rank, else NULL). */
+static dsc_status emit(dsc_scheduler *s, request *r, int32_t tok, const float *row) {
     r->tokens[total_tokens(r)] = tok;
     r->n_generated++;
     s->stats.tokens_generated++;
@@ -337,29 +380,87 @@ static dsc_status emit(dsc_scheduler *s, request *r, const float *row) {
     return st;
 }
 
+static void forget(dsc_scheduler *s, request *r) {
+    int32_t i = 0;
+    while (s->reqs[i] != r)
+        i++;
+    request_free(r);
+    s->reqs[i] = s->reqs[--s->n_reqs];
+}
+
+/* The micro-batch whose logits came back: the sampling ranks draw the
+ * tokens of the requests whose prompt is now cached, every rank gets them
+ * and streams them; requests released in flight are dropped now. */
+static dsc_status land(dsc_scheduler *s, micro_batch *mb) {
+    int32_t W = dsc_infer_engine_logits_width(s->engine), k = 0;
+    bool sampler = dsc_infer_engine_samples(s->engine);
+    for (int32_t i = 0; i < mb->n; i++) {
+        request *r = mb->reqs[i];
+        if (r->n_cached != total_tokens(r)) continue;
+        if (sampler)
+            DSC_TRY(dsc_infer_engine_sample(s->engine, s->logits + (size_t)i * (size_t)W, &r->sampling, r->tokens,
+                                            total_tokens(r), &r->rng, &s->sampled[k]));
+        k++;
+    }
+    DSC_TRY(dsc_infer_engine_share_tokens(s->engine, s->sampled, k));
+    k = 0;
+    for (int32_t i = 0; i < mb->n; i++) {
+        request *r = mb->reqs[i];
+        r->in_flight = false;
+        bool samples = r->n_cached == total_tokens(r);
+        int32_t tok = samples ? s->sampled[k++] : -1;
+        if (r->released) {
+            if (r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, r->uid));
+            forget(s, r);
+        } else if (samples) {
+            DSC_TRY(emit(s, r, tok, sampler ? s->logits + (size_t)i * (size_t)W : NULL));
+        }
+    }
+    mb->n = 0;
+    return NULL;
+}
+
+static bool any_in_flight(const dsc_scheduler *s) {
+    for (int32_t i = 0; i < s->depth; i++)
+        if (s->ring[i].n > 0) return true;
+    return false;
+}
+
 dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
     admit(s);
-    *idle = count_state(s, REQ_RUNNING) == 0 && !next_waiting(s);
+    *idle = count_state(s, REQ_RUNNING) == 0 && !next_waiting(s) && !any_in_flight(s);
     if (*idle) return NULL;
     int32_t n;
     int64_t starved;
     DSC_TRY(compose(s, &n, &starved));
     /* KV ran out under an optimistic reservation: the newest request yields
-     * to older starved ones (and to itself being retried later). */
-    while (n == 0 || (starved >= 0 && newest_running(s) > starved)) {
+     * to older starved ones (and to itself being retried later); a newest
+     * request in flight yields once it has landed. */
+    for (;;) {
+        request *newest = newest_running(s);
+        bool yield = n == 0 || (starved >= 0 && newest && newest->order > starved);
+        if (!yield || (newest && newest->in_flight)) break;
         DSC_TRY(preempt_newest(s));
         DSC_TRY(compose(s, &n, &starved));
     }
-    DSC_TRY(dsc_infer_engine_put(s->engine, n, s->uids, s->ptrs, s->counts, s->logits));
-    int32_t tokens = 0, W = dsc_infer_engine_logits_width(s->engine);
+    micro_batch *mb = &s->ring[s->steps % s->depth];
+    int32_t tokens = 0, landed;
     for (int32_t i = 0; i < n; i++) {
         request *r = s->batch[i];
+        mb->reqs[i] = r;
+        r->in_flight = true;
+        r->n_cached += r->chunk; /* the blocks are the engine's from now on */
         tokens += r->chunk;
-        r->n_cached += r->chunk;
-        if (r->n_cached == total_tokens(r)) DSC_TRY(emit(s, r, s->logits + (size_t)i * (size_t)W));
     }
+    mb->n = n;
+    DSC_TRY(dsc_infer_engine_tick(s->engine, n, s->uids, s->ptrs, s->counts, s->logits, &landed));
+    micro_batch *done = &s->ring[(s->steps + 1) % s->depth]; /* pushed depth - 1 steps ago */
+    s->steps++;
+    DSC_CHECK(landed == done->n, DSC_ERR_INTERNAL, "scheduler: %d sequences landed, %d expected", landed, done->n);
+    DSC_TRY(land(s, done));
     int32_t total = dsc_infer_engine_total_blocks(s->engine);
     double util = (double)(total - dsc_infer_engine_free_blocks(s->engine)) / total;
+    if (n == 0) return NULL; /* a tick that only drains the pipeline is no forward */
     s->stats.forwards++;
     s->stats.tokens_forwarded += tokens;
     if (tokens > s->stats.max_tokens_in_forward) s->stats.max_tokens_in_forward = tokens;
@@ -391,6 +492,7 @@ dsc_scheduler_counts dsc_scheduler_get_counts(const dsc_scheduler *s) {
     dsc_scheduler_counts c = {0};
     for (int32_t i = 0; i < s->n_reqs; i++) {
         const request *r = s->reqs[i];
+        if (r->released) continue;
         c.waiting += r->state == REQ_WAITING;
         c.preempted += r->state == REQ_WAITING && r->preempted;
         c.running += r->state == REQ_RUNNING;
@@ -406,9 +508,14 @@ dsc_status dsc_scheduler_release(dsc_scheduler *s, uint64_t uid) {
     DSC_CHECK(i < s->n_reqs, DSC_ERR_INVALID, "scheduler: release of unknown request %llu",
               (unsigned long long)uid);
     request *r = s->reqs[i];
+    DSC_CHECK(!r->released, DSC_ERR_INVALID, "scheduler: request %llu was already released",
+              (unsigned long long)uid);
+    if (r->in_flight) { /* later stages still write its KV: it goes when it lands */
+        r->released = true;
+        return NULL;
+    }
     /* A finished request was flushed when it ended; any other holds KV once it has cached tokens. */
     if (r->state != REQ_DONE && r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, uid));
-    request_free(r);
-    s->reqs[i] = s->reqs[--s->n_reqs];
+    forget(s, r);
     return NULL;
 }

@@ -12,7 +12,12 @@
  * applied as a rank-1 batched GEMM with a ones vector, since the GEMM's own
  * bias is shared by all batch entries.
  *
- * Not here: which rows belong to which token (the MoE layer). */
+ * With expert tensor parallelism a bank holds its rank's piece of every
+ * FFN's hidden width (row pieces in, column pieces out, declared as pieces
+ * of the global tensors so checkpoints reshard); its output is a partial sum.
+ *
+ * Not here: which rows belong to which token, the all-reduce of the partial
+ * sums over the tensor group (the MoE layer). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,8 +60,11 @@ static proj_bank *banks(dsc_moe_experts *x, int i) {
     return all[i];
 }
 
+/* split_axis: the axis of (rows, cols) (of (cols) for a bias) cut by expert
+ * tensor parallelism, -1 when the tensor stays whole. */
 static dsc_status declare_bank(dsc_moe_experts *x, proj_bank *b, const char *prefix, const char *leaf,
-                               int64_t rows, int64_t cols, bool bias, dsc_param_store *store, float std) {
+                               int64_t rows, int64_t cols, bool bias, int split_axis, dsc_param_store *store,
+                               float std) {
     const dsc_moe_experts_options *o = &x->o;
     b->rows = rows;
     b->cols = cols;
@@ -68,10 +76,17 @@ static dsc_status declare_bank(dsc_moe_experts *x, proj_bank *b, const char *pre
                                : snprintf(name, sizeof name, "%s.%d.%s", prefix, o->first + e, leaf);
         DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID,
                   "parameter name %s...%s is longer than %d", prefix, leaf, DSC_PARAM_NAME_MAX - 1);
-        const int64_t shape[2] = {rows, cols};
+        const int ndim = bias ? 1 : 2;
+        int64_t global[2] = {bias ? cols : rows, cols};
         uint32_t flags = o->flags | (bias ? DSC_PARAM_NO_DECAY : 0);
-        DSC_TRY(dsc_params_declare(store, name, bias ? 1 : 2, bias ? shape + 1 : shape, flags,
-                                   bias ? DSC_INIT_ZEROS : DSC_INIT_NORMAL, bias ? 0.0f : std, &b->p[e]));
+        const dsc_param_init init = bias ? DSC_INIT_ZEROS : DSC_INIT_NORMAL;
+        if (o->ff_global > 0 && split_axis >= 0) {
+            global[split_axis] = o->ff_global;
+            DSC_TRY(dsc_params_declare_shard(store, name, ndim, global, split_axis, o->ff_start, o->d_ff, flags,
+                                             init, bias ? 0.0f : std, &b->p[e]));
+        } else {
+            DSC_TRY(dsc_params_declare(store, name, ndim, global, flags, init, bias ? 0.0f : std, &b->p[e]));
+        }
         x->params[x->n_params++] = b->p[e];
     }
     return NULL;
@@ -81,14 +96,14 @@ static dsc_status declare(dsc_moe_experts *x, const char *prefix, dsc_param_stor
     const int64_t M = x->o.d_model, F = x->o.d_ff;
     const float std = x->o.init_std, std_out = x->o.init_std_out;
     if (gated(x)) {
-        DSC_TRY(declare_bank(x, &x->w_in, prefix, "gate.weight", F, M, false, store, std));
-        DSC_TRY(declare_bank(x, &x->w_up, prefix, "up.weight", F, M, false, store, std));
-        return declare_bank(x, &x->w_out, prefix, "down.weight", M, F, false, store, std_out);
+        DSC_TRY(declare_bank(x, &x->w_in, prefix, "gate.weight", F, M, false, 0, store, std));
+        DSC_TRY(declare_bank(x, &x->w_up, prefix, "up.weight", F, M, false, 0, store, std));
+        return declare_bank(x, &x->w_out, prefix, "down.weight", M, F, false, 1, store, std_out);
     }
-    DSC_TRY(declare_bank(x, &x->w_in, prefix, "fc.weight", F, M, false, store, std));
-    DSC_TRY(declare_bank(x, &x->b_in, prefix, "fc.bias", 1, F, true, store, 0));
-    DSC_TRY(declare_bank(x, &x->w_out, prefix, "proj.weight", M, F, false, store, std_out));
-    return declare_bank(x, &x->b_out, prefix, "proj.bias", 1, M, true, store, 0);
+    DSC_TRY(declare_bank(x, &x->w_in, prefix, "fc.weight", F, M, false, 0, store, std));
+    DSC_TRY(declare_bank(x, &x->b_in, prefix, "fc.bias", 1, F, true, 0, store, 0));
+    DSC_TRY(declare_bank(x, &x->w_out, prefix, "proj.weight", M, F, false, 1, store, std_out));
+    return declare_bank(x, &x->b_out, prefix, "proj.bias", 1, M, true, -1, store, 0);
 }
 
 static void release(dsc_moe_experts *x) {
@@ -130,6 +145,9 @@ dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *
               (long long)o->d_model, (long long)o->d_ff);
     DSC_CHECK(o->kind == DSC_MOE_EXPERT_KIND_GELU || o->kind == DSC_MOE_EXPERT_KIND_SWIGLU, DSC_ERR_INVALID,
               "expert bank %s: unknown expert kind %d", prefix, (int)o->kind);
+    DSC_CHECK(o->ff_global == 0 || (o->ff_start >= 0 && o->ff_start + o->d_ff <= o->ff_global), DSC_ERR_INVALID,
+              "expert bank %s: hidden columns [%lld, %lld) outside the FFN width %lld", prefix,
+              (long long)o->ff_start, (long long)(o->ff_start + o->d_ff), (long long)o->ff_global);
     dsc_moe_experts *x = calloc(1, sizeof *x);
     DSC_CHECK(x, DSC_ERR_NOMEM, "expert bank %s", prefix);
     x->o = *o;
@@ -314,7 +332,9 @@ dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tenso
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
-    return project(x, out, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL);
+    /* Under expert tensor parallelism the group's sum adds the bias once, from rank 0. */
+    const bool out_bias = x->b_out.p && (x->o.ff_global == 0 || x->o.tp_rank == 0);
+    return project(x, out, &act, &x->w_out, out_bias ? &x->b_out : NULL);
 }
 
 dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,

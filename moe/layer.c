@@ -23,6 +23,12 @@
  * layer keeps a view of its input and shares one output and one input
  * gradient buffer among slots. The gate, dispatch and combine run on the CPU.
  *
+ * Expert tensor parallelism (o.expert_tp, DeepSpeed's
+ * enable_expert_tensor_parallelism): the ranks of the tensor group gate the
+ * same tokens alike, and each holds a width piece of every local expert, so
+ * the expert output and, in backward, the expert input gradient are
+ * all-reduced over that group right at the bank (Megatron's MLP per expert).
+ *
  * Not here: the routing rules (moe/gate*.c), the row movement loops
  * (moe/dispatch.c), the expert FFNs (moe/experts.c), the block around it. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -97,6 +103,14 @@ static void lap(moe_layer *m, dsc_moe_phase phase, double *t0) {
 
 static dsc_tensor view(const dsc_tensor *buf, int ndim, const int64_t *shape) {
     return dsc_tensor_view(buf->data, DSC_DTYPE_F32, ndim, shape, buf->device);
+}
+
+/* Sums the experts' partial output (or input gradient) over the expert
+ * tensor-parallel group; a no-op with whole experts. */
+static dsc_status tp_sum(moe_layer *m, dsc_tensor *t) {
+    if (!m->o.expert_tp || dsc_comm_size(m->o.expert_tp) == 1) return NULL;
+    dsc_status s = dsc_comm_allreduce(m->o.expert_tp, t, DSC_REDUCE_OP_SUM);
+    return s ? dsc_error_wrap(s, "%s: summing the expert pieces over the tensor group", m->base.name) : NULL;
 }
 
 /* ---- capacity agreement ---------------------------------------------------------------- */
@@ -236,6 +250,7 @@ static dsc_status run_experts(moe_layer *m, int slot, moe_slot *s, int64_t Cap, 
     dsc_tensor xin = view(&s->xin, 3, local), y = view(&s->y, 3, global);
     if (m->ep_size == 1) {
         DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &y));
+        DSC_TRY(tp_sum(m, &y));
         lap(m, DSC_MOE_PHASE_EXPERTS, t0);
         return NULL;
     }
@@ -246,6 +261,7 @@ static dsc_status run_experts(moe_layer *m, int slot, moe_slot *s, int64_t Cap, 
     moe_swap_axes(recv.data, xin.data, m->ep_size, m->E_loc, Cap * M); /* (ep, E_loc) -> (E_loc, ep) */
     lap(m, DSC_MOE_PHASE_DISPATCH, t0);
     DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &eout));
+    DSC_TRY(tp_sum(m, &eout));
     lap(m, DSC_MOE_PHASE_EXPERTS, t0);
     moe_swap_axes(eout.data, send.data, m->E_loc, m->ep_size, Cap * M);
     lap(m, DSC_MOE_PHASE_COMBINE, t0);
@@ -360,6 +376,7 @@ static dsc_status experts_backward(moe_layer *m, int slot, int64_t Cap, float **
     if (m->ep_size == 1) {
         dsc_tensor dy = view(&m->buf[2], 3, local), dx = view(&m->buf[0], 3, local);
         DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
+        DSC_TRY(tp_sum(m, &dx));
         lap(m, DSC_MOE_PHASE_EXPERTS, t0);
         *ddisp = dx.data;
         return NULL;
@@ -371,6 +388,7 @@ static dsc_status experts_backward(moe_layer *m, int slot, int64_t Cap, float **
     lap(m, DSC_MOE_PHASE_COMBINE, t0);
     dsc_tensor dy = view(&c, 3, local), dx = view(&b, 3, local);
     DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
+    DSC_TRY(tp_sum(m, &dx));
     lap(m, DSC_MOE_PHASE_EXPERTS, t0);
     moe_swap_axes(b.data, a.data, m->E_loc, m->ep_size, Cap * M);
     lap(m, DSC_MOE_PHASE_DISPATCH, t0);
@@ -470,12 +488,25 @@ static dsc_status declare(moe_layer *m, const dsc_model_config *mc, dsc_param_st
     DSC_TRY(
         dsc_params_declare(store, prefix, 2, (int64_t[]){m->E, m->M}, 0, DSC_INIT_NORMAL, mc->init_std, &m->wg));
     const float std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    dsc_moe_experts_options eo = {
-        m->o.expert_kind, m->M,         mc->d_ff, (int)m->E_loc, (int)(m->ep_rank * m->E_loc),
-        DSC_PARAM_EXPERT, mc->init_std, std_out};
+    dsc_moe_experts_options eo = {.kind = m->o.expert_kind,
+                                  .d_model = m->M,
+                                  .d_ff = mc->d_ff,
+                                  .count = (int)m->E_loc,
+                                  .first = (int)(m->ep_rank * m->E_loc),
+                                  .flags = DSC_PARAM_EXPERT,
+                                  .init_std = mc->init_std,
+                                  .init_std_out = std_out};
+    if (m->o.expert_tp) {
+        eo.d_ff = m->o.tp_nf;
+        eo.ff_global = mc->d_ff;
+        eo.ff_start = m->o.tp_f0;
+        eo.tp_rank = dsc_comm_rank(m->o.expert_tp);
+    }
     snprintf(prefix, sizeof prefix, "%s.experts", m->base.name);
     DSC_TRY(dsc_moe_experts_create(&eo, prefix, store, m->device, &m->experts));
     if (!m->o.use_residual) return NULL;
+    eo.d_ff = mc->d_ff; /* the residual MLP stays whole */
+    eo.ff_global = eo.ff_start = 0;
     eo.count = 1;
     eo.first = -1;
     eo.flags = 0;

@@ -71,7 +71,9 @@ static dsc_status make_groups(dsc_pipe_trainer *t, const dsc_config *cfg, dsc_co
     dsc_parallel_dims dims = {.pp = cfg->pipeline.stages,
                               .dp = 0,
                               .tp = cfg->tensor_parallel.autotp_size,
-                              .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0};
+                              .ep = cfg->moe.num_experts > 0 ? cfg->moe.ep_size : 0,
+                              /* tensor ranks see the same tokens: expert groups come from data groups */
+                              .expert_tp = cfg->tensor_parallel.autotp_size > 1};
     DSC_TRY(dsc_groups_plan(dsc_comm_size(world), dsc_comm_rank(world), &dims, &t->plan));
     t->planned = true;
     DSC_TRY(dsc_groups_create(world, &t->plan, &t->groups));

@@ -106,7 +106,7 @@ static dsc_status describe(dsc_pipe_module *m) {
         dsc_layer_destroy(layer);
     }
     if (!s) {
-        m->rank_params = dsc_params_model_numel(scratch, 1);
+        m->rank_params = dsc_params_held_numel(scratch);
         m->unique_params = dsc_params_model_numel(scratch, m->ep);
     }
     dsc_params_destroy(scratch);

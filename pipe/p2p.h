@@ -1,5 +1,6 @@
-/* Private to pipe/: point-to-point transfers of activations and gradients
- * between virtual stages, with the meta handshake. See pipe/p2p.c. */
+/* Private to pipe/ (and inference/pipeline.c, whose serving stages send
+ * activations the same way): point-to-point transfers of activations and
+ * gradients between virtual stages, with the meta handshake. See pipe/p2p.c. */
 #ifndef DSC_PIPE_P2P_H
 #define DSC_PIPE_P2P_H
 

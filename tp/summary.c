@@ -1,6 +1,7 @@
 /* The tensor-parallel partition summary dsc-train prints: for each rank of
  * the tensor group, its query/KV heads, feed-forward columns and vocabulary
- * rows, and the local shapes of one block's pieces. A pure function of the
+ * rows, the local shapes of one block's pieces, and whether experts are
+ * split too. A pure function of the
  * config (the same cut dsc_tp_build_extra_init makes). */
 #include "dsc/tp_layers.h"
 
@@ -24,5 +25,13 @@ dsc_status dsc_tp_print_shards(FILE *f, const dsc_config *cfg) {
                 (long long)(sh.nkv * HS), (long long)C, (long long)C, (long long)(sh.nq * HS), (long long)sh.nf,
                 (long long)C, (long long)C, (long long)sh.nf, (long long)sh.nv, (long long)C);
     }
+    if (mc.moe_num_experts > 0)
+        fprintf(
+            f,
+            cfg->moe.enable_expert_tensor_parallelism
+                ? "  experts split over %d tensor ranks with the MLP's ff cut "
+                  "(moe.enable_expert_tensor_parallelism)\n"
+                : "  experts whole on each of the %d tensor ranks (moe.enable_expert_tensor_parallelism false)\n",
+            tp);
     return NULL;
 }

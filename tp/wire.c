@@ -5,7 +5,8 @@
  * sums over the tensor group, replicated parameters counted once).
  *
  * The pipeline trainer takes the same wiring through dsc_tp_prepare. Not
- * here: experts with tensor parallelism (dsc-train refuses it). */
+ * here: MoE models (dsc-train forms their groups with expert groups and calls
+ * dsc_tp_prepare itself, since tp/ does not know moe/). */
 #include <string.h>
 
 #include "dsc/tp_layers.h"

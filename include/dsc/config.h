@@ -196,6 +196,7 @@ typedef struct dsc_config_moe {
     int layer_freq;
     bool top2_2nd_expert_sampling;
     dsc_moe_drop_policy drop_policy;
+    bool enable_expert_tensor_parallelism; /* split every expert by width over the tensor group too */
 } dsc_config_moe;
 
 typedef struct dsc_config_checkpoint {

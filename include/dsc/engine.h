@@ -264,7 +264,8 @@ DSC_API dsc_param_store *dsc_trainer_params(dsc_trainer *t);
 DSC_API dsc_optimizer *dsc_trainer_optimizer(dsc_trainer *t);
 DSC_API int64_t dsc_trainer_param_count(const dsc_trainer *t); /* parameter elements this rank holds, each once */
 /* Parameter elements of the whole model: with expert parallelism, every
- * expert of the group (this rank holds 1/ep of them). */
+ * expert of the group (this rank holds 1/ep of them); with tensor
+ * parallelism, every piece's whole tensor. */
 DSC_API int64_t dsc_trainer_model_param_count(const dsc_trainer *t);
 /* The stream stochastic layers draw from (part of the state a resume restores). */
 DSC_API dsc_rng *dsc_trainer_rng(dsc_trainer *t);

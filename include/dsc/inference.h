@@ -19,8 +19,13 @@
  * dsc/tp.h's); a sharded engine samples over the vocabulary-parallel logits
  * without gathering a whole row on any rank.
  *
+ * Models also load as one pipeline stage per rank (dsc_infer_pp): the
+ * stage holds only its layers' weights and KV; the engine then keeps up to
+ * P micro-batches in flight behind the same put / query / flush and
+ * scheduler API (docs/inference.md, "Pipeline-parallel serving").
+ *
  * Not here: the KV cache, ragged batches and paged attention (dsc/kv_cache.h),
- * tokenizers (dsc/tokenizer.h), sampling rules (dsc/sampling.h), pipeline serving.
+ * tokenizers (dsc/tokenizer.h), sampling rules (dsc/sampling.h).
  *
  * Dimension letters: C model width, NH query heads, NKV key/value heads, HS
  * head size, Q = NH*HS, KV = NKV*HS, F feed-forward width, V vocabulary,
@@ -30,6 +35,7 @@
 
 #include "dsc/api.h"
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dsc/comm.h"
@@ -262,6 +268,30 @@ typedef struct dsc_infer_tp {
 } dsc_infer_tp;
 
 DSC_API dsc_status dsc_infer_model_load_tp(const char *path, const dsc_infer_tp *tp, dsc_infer_model **out);
+/* Pipeline parallelism: the transformer layers are cut into comm's size
+ * stages (comm rank = stage) by `partition_method` ("uniform": by layer
+ * count, DeepSpeed's partition_uniform; "parameters": DeepSpeed's balanced
+ * partition of [embedding, layers..., final norm + LM head] weighted by
+ * parameter count), every stage holding at least one layer. A stage loads
+ * only its layers, the first also the embedding, the last the final norm
+ * and LM head (and the embedding again when tied); its engine holds KV for
+ * its layers only. max_weight_bytes (> 0) is this rank's weight budget,
+ * also without PP: a shard needing more is DSC_ERR_CONFIG naming the bytes
+ * it needs, before anything is read. Every rank of comm (and of tp->comm)
+ * must call it. */
+typedef struct dsc_infer_pp {
+    dsc_comm *comm;               /* the pipeline group (the topology's `pipe` axis); NULL: one stage */
+    const char *partition_method; /* NULL: "uniform" */
+    int64_t max_weight_bytes;     /* <= 0: no budget */
+} dsc_infer_pp;
+
+/* tp and pp may each be NULL. Under both, the ranks of a stage form the TP
+ * group (DeepSpeed's grid: axes pipe, data, model). */
+DSC_API dsc_status dsc_infer_model_load_parallel(const char *path, const dsc_infer_tp *tp, const dsc_infer_pp *pp,
+                                                 dsc_infer_model **out);
+/* One line on what this rank holds: stage, layers, embedding / head, TP
+ * shard (heads, KV heads, feed-forward columns, vocabulary rows) and weight bytes. */
+DSC_API void dsc_infer_model_describe(const dsc_infer_model *m, char *buf, size_t len);
 /* The plan alone (no ranks, no weights read): what --print-plan prints. */
 DSC_API dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);
 /* The keys of a DeepSpeed inference config (init_inference / the JSON file
@@ -358,6 +388,10 @@ DSC_API int32_t dsc_infer_engine_free_blocks(const dsc_infer_engine *e);
 DSC_API int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e);
 /* Tokens in the cache for uid (0 when untracked). */
 DSC_API int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid);
+/* Seconds this rank spent computing its stage's forwards (*busy_s) and in
+ * forward calls altogether, waits for other stages included (*tick_s):
+ * busy / tick is the stage's busy fraction. */
+DSC_API void dsc_infer_engine_busy(const dsc_infer_engine *e, double *busy_s, double *tick_s);
 
 /* ---- scheduler (Dynamic SplitFuse continuous batching) -------------------------------------- */
 typedef struct dsc_scheduler dsc_scheduler;

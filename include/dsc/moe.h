@@ -65,6 +65,15 @@ typedef struct dsc_moe_experts_options {
     uint32_t flags;     /* DSC_PARAM_EXPERT for experts; 0 for a dense FFN */
     float init_std;     /* input projections */
     float init_std_out; /* output projection */
+    /* Expert tensor parallelism (DeepSpeed's enable_expert_tensor_parallelism):
+     * ff_global > 0 makes d_ff this bank's hidden columns [ff_start, ff_start +
+     * d_ff) of each FFN's ff_global: the input projections (and fc's bias) are
+     * declared as row pieces of the global tensors, the output projection as a
+     * column piece, its bias whole. The output is then one rank's part of a sum
+     * over the tensor group, so only tp_rank 0 adds the output bias; its
+     * gradient is the whole one on every rank. ff_global 0: whole FFNs. */
+    int64_t ff_global, ff_start;
+    int tp_rank;
 } dsc_moe_experts_options;
 
 typedef struct dsc_moe_experts dsc_moe_experts;
@@ -95,6 +104,15 @@ typedef struct dsc_moe_options {
     dsc_moe_gate_config gate;
     bool use_residual; /* PR-MoE: out = a * moe(x) + b * mlp(x), (a, b) = softmax(x @ Wc^T + bc) */
     dsc_moe_expert_kind expert_kind;
+    /* DeepSpeed's enable_expert_tensor_parallelism: every expert split by
+     * width over `expert_tp` (the tensor-parallel group, whose ranks see the
+     * same tokens), this rank holding hidden columns [tp_f0, tp_f0 + tp_nf) of
+     * d_ff; the experts' output and input gradient are all-reduced over it
+     * (Megatron's MLP inside each expert). NULL: experts whole. The residual
+     * MLP and the router stay whole. Not set by dsc_moe_options_from_config:
+     * the caller that forms the groups fills it. */
+    dsc_comm *expert_tp;
+    int64_t tp_f0, tp_nf;
 } dsc_moe_options;
 
 /* The config's moe section as layer options: GELU experts for gpt-moe,

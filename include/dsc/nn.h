@@ -109,11 +109,13 @@ DSC_API void dsc_params_flat(dsc_param_store *store, dsc_param_group group, dsc_
 DSC_API int64_t dsc_params_numel(const dsc_param_store *store,
                                  dsc_param_group group); /* flat length, gaps included */
 DSC_API int64_t dsc_param_numel(const dsc_param *param); /* elements of one parameter */
-/* Elements of the whole model this store is one expert-parallel rank's part
- * of: the store's parameters, each DSC_PARAM_EXPERT one counted ep_size times
- * (the ep_size ranks of an expert-parallel group hold disjoint experts of the
- * same shapes). ep_size 1: the store's own count. */
+/* Elements of the whole model this store is one rank's part of: each
+ * parameter's global size (a tensor-parallel piece counts its whole tensor),
+ * each DSC_PARAM_EXPERT one counted ep_size times (the ep_size ranks of an
+ * expert-parallel group hold disjoint experts of the same shapes). */
 DSC_API int64_t dsc_params_model_numel(const dsc_param_store *store, int ep_size);
+/* Elements the store itself holds (pieces as held, gaps excluded). */
+DSC_API int64_t dsc_params_held_numel(const dsc_param_store *store);
 DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
 /* Frees a group's flat value and/or gradient buffer after finalize, for an
  * optimizer that keeps them elsewhere (ZeRO-2 keeps gradient shards, ZeRO-3

@@ -103,9 +103,10 @@ DSC_API const dsc_pipe_layer_spec *dsc_pipe_module_layer(const dsc_pipe_module *
 DSC_API void dsc_pipe_module_range(const dsc_pipe_module *m, int stage, int chunk, int *first, int *end);
 /* Trainable parameter elements of every layer as one rank holds it (tied
  * copies each counted; a MoE layer's local experts), of the whole model with
- * each parameter once (every expert), and of the model as the ranks of one
- * expert-parallel group each hold it (the local experts only; equal to the
- * whole model without expert parallelism). */
+ * each parameter once (every expert, a tensor-parallel piece's whole
+ * tensor), and of the model as rank 0 of its stage holds it (the local
+ * experts and pieces only; equal to the whole model without expert or
+ * tensor parallelism). */
 DSC_API int64_t dsc_pipe_module_layer_params(const dsc_pipe_module *m, int index);
 DSC_API int64_t dsc_pipe_module_unique_params(const dsc_pipe_module *m);
 DSC_API int64_t dsc_pipe_module_rank_params(const dsc_pipe_module *m);

@@ -8,7 +8,9 @@
  *                 for the rest) and the all-reduce over the tensor group sums
  *                 the rows; learned positions are replicated, added after.
  *   tp_block      the pre-norm block with attention split by heads and the
- *                 MLP split by width (moe_block gets the same attention).
+ *                 MLP split by width (moe_block gets the same attention;
+ *                 its experts are whole, or split by moe/ itself under
+ *                 moe.enable_expert_tensor_parallelism).
  *   tp_lm_head    vocabulary-parallel logits and cross-entropy: the row max
  *                 and the sums of exponentials and of target logits are
  *                 all-reduced, so the full (V) logits row of a training

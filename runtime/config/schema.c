@@ -237,6 +237,11 @@ static const dsc_config_key schema[] = {
          "Top-2: sample the second expert with Gumbel noise."),
     ENUM("moe.drop_policy", moe.drop_policy, "\"probs\"", drop_policies, 0,
          "Which tokens an expert keeps when over capacity: highest probs or earliest position."),
+    BOOL(
+        "moe.enable_expert_tensor_parallelism", moe.enable_expert_tensor_parallelism, "false", 0,
+        "DeepSpeed's MoE argument: split every expert by width over the tensor-parallel group as well (fc/gate/up "
+        "by rows, the output projection by columns, one all-reduce each way); false: experts whole, replicated "
+        "over the tensor group."),
 
     SECTION("checkpoint", "Saving and restoring (HDF5)."),
     STRING("checkpoint.save_dir", checkpoint.save_dir, "\"\"", "Directory for checkpoints; \"\" disables saving."),

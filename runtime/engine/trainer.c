@@ -206,7 +206,7 @@ dsc_layer *const *dsc_trainer_model_layers(dsc_trainer *t, int *count) {
 }
 
 int64_t dsc_trainer_param_count(const dsc_trainer *t) {
-    return dsc_params_model_numel(t->params, 1);
+    return dsc_params_held_numel(t->params);
 }
 
 int64_t dsc_trainer_model_param_count(const dsc_trainer *t) {

@@ -230,8 +230,15 @@ int64_t dsc_params_model_numel(const dsc_param_store *store, int ep_size) {
     int64_t n = 0;
     for (int i = 0; i < store->count; i++) {
         const dsc_param *p = store->params[i];
-        n += dsc_param_numel(p) * (p->flags & DSC_PARAM_EXPERT ? ep_size : 1);
+        n += dsc_param_global_numel(p) * (p->flags & DSC_PARAM_EXPERT ? ep_size : 1);
     }
+    return n;
+}
+
+int64_t dsc_params_held_numel(const dsc_param_store *store) {
+    int64_t n = 0;
+    for (int i = 0; i < store->count; i++)
+        n += dsc_param_numel(store->params[i]);
     return n;
 }
 

@@ -237,7 +237,14 @@ static void ffn_ref(dsc_param *const *p, bool swiglu, int e, int count, const fl
 static void bank_case(dsc_moe_expert_kind kind, int64_t M, int64_t F) {
     const int count = 3;
     const int64_t R = 5;
-    dsc_moe_experts_options eo = {kind, M, F, count, 4, DSC_PARAM_EXPERT, 0.3f, 0.3f};
+    dsc_moe_experts_options eo = {.kind = kind,
+                                  .d_model = M,
+                                  .d_ff = F,
+                                  .count = count,
+                                  .first = 4,
+                                  .flags = DSC_PARAM_EXPERT,
+                                  .init_std = 0.3f,
+                                  .init_std_out = 0.3f};
     dsc_param_store *store;
     dsc_moe_experts *bank;
     assert_ok(dsc_params_create(&store, DSC_CPU, 8));

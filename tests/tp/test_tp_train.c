@@ -3,7 +3,8 @@
  * embeddings, biases) and of a GQA Llama whose KV heads do not divide
  * evenly over the ranks give the losses (<= 1e-6 relative) and parameters
  * (every rank's piece of every tensor, <= 1e-5) of the same model trained by
- * one process on the same data, computed on every rank. And the
+ * one process on the same data, computed on every rank, and its gradient
+ * norms (replicated parameters counted once; the clipping acts). And the
  * communication counters follow Megatron-LM's formula: per block and
  * micro-batch, forward one all-reduce of (b, t, C) after the attention and
  * one after the MLP, backward the same; the vocabulary-parallel embedding
@@ -28,6 +29,7 @@ enum { STEPS = 10 };
 
 typedef struct run_result {
     double losses[STEPS];
+    double norms[STEPS]; /* global gradient norms, before clipping at 0.5 */
     dsc_trainer *t;
     dsc_tp_wiring w;
     dsc_config cfg;
@@ -62,6 +64,7 @@ static void run(dsc_comm *world, int dp, const char *data, const char *const *ov
         dsc_step_metrics m;
         assert_ok(dsc_engine_step(dsc_trainer_engine(r->t), &m));
         r->losses[s] = m.loss;
+        r->norms[s] = m.grad_norm;
     }
 }
 
@@ -110,18 +113,24 @@ static void check_equivalence(const char *what, const char *const *over, int n) 
     run_result one, tp;
     run(NULL, dp, data, over, n, &one);
     run(world, dp, data, over, n, &tp);
-    double worst_loss = 0;
-    for (int s = 0; s < STEPS; s++)
+    double worst_loss = 0, worst_norm = 0;
+    for (int s = 0; s < STEPS; s++) {
         worst_loss = fmax(worst_loss, fabs(tp.losses[s] - one.losses[s]) / fabs(one.losses[s]));
+        worst_norm = fmax(worst_norm, fabs(tp.norms[s] - one.norms[s]) / one.norms[s]);
+    }
     int64_t compared;
     double worst = worst_param_diff(tp.t, one.t, &compared);
     if (dsc_comm_rank(world) == 0)
         printf("  %s on %d ranks (tp %d x dp %d) vs 1 process, %d steps: max relative loss diff %.3e (loss %.4f "
                "-> %.4f), "
-               "max |param diff| %.3e over %lld elements of rank 0\n",
+               "max |param diff| %.3e over %lld elements of rank 0; gradient norm (%.3f at step 1, clipped at "
+               "0.5) within %.3e relative\n",
                what, dsc_comm_size(world), tp.cfg.tensor_parallel.autotp_size, dp, STEPS, worst_loss,
-               one.losses[0], one.losses[STEPS - 1], worst, (long long)compared);
+               one.losses[0], one.losses[STEPS - 1], worst, (long long)compared, one.norms[0], worst_norm);
     assert_true(worst_loss <= 1e-6);
+    /* Replicated parameters counted once in the norm: twice would change it (and the clipping). */
+    assert_true(worst_norm <= 1e-5);
+    assert_true(one.norms[0] > 0.5); /* the clipping acts */
     assert_true(worst <= 1e-5);
     assert_true(one.losses[STEPS - 1] < one.losses[0]); /* it learns */
     finish(&tp);

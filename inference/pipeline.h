@@ -1,0 +1,48 @@
+/* Private to inference/: the engine's micro-batch pipeline (pipeline.c) and
+ * the engine calls the scheduler drives it with. Without pipeline
+ * parallelism the pipeline is one stage deep and a tick is one forward. */
+#ifndef DSC_INFERENCE_PIPELINE_H
+#define DSC_INFERENCE_PIPELINE_H
+
+#include "inference/model_internal.h"
+
+typedef struct infer_pipeline infer_pipeline;
+
+/* Collective over the model's pipeline group (when it has one). */
+dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, infer_pipeline **out);
+void infer_pipeline_destroy(infer_pipeline *p);
+/* P: micro-batches that may be in flight at once. */
+int32_t infer_pipeline_depth(const infer_pipeline *p);
+/* Whether no micro-batch is in flight. */
+bool infer_pipeline_empty(const infer_pipeline *p);
+/* The slot this tick's micro-batch is built into (left empty for an empty tick). */
+dsc_ragged_batch *infer_pipeline_push_slot(infer_pipeline *p);
+/* Runs this stage's forward of the micro-batch pushed `stage` ticks ago
+ * (receiving its input from the previous stage and sending its output to
+ * the next), then lands the micro-batch pushed P - 1 ticks ago: *landed is
+ * its sequence count (0 when that slot was empty), its logits in `logits`
+ * on the last stage. The KV of the landed sequences is committed in `state`. */
+dsc_status infer_pipeline_tick(infer_pipeline *p, dsc_kv_cache *cache, dsc_kv_state *state, dsc_forward_scratch *s,
+                               float *logits, int32_t *landed);
+/* n values from the last stage to every stage (a no-op with one stage). */
+dsc_status infer_pipeline_share(infer_pipeline *p, void *values, dsc_dtype dtype, int64_t n);
+/* Seconds this rank computed in forwards, and in ticks altogether. */
+void infer_pipeline_times(const infer_pipeline *p, double *busy, double *total);
+
+/* ---- the engine's side (engine.c) ---------------------------------------------------------- */
+
+/* Micro-batches the engine keeps in flight (1 without pipeline parallelism). */
+int32_t dsc_infer_engine_depth(const dsc_infer_engine *e);
+/* Whether this rank samples (holds logits): the last stage. */
+bool dsc_infer_engine_samples(const dsc_infer_engine *e);
+/* One tick: (n, uids, tokens, counts) as put() takes them, n = 0 for an
+ * empty tick, becomes the newest micro-batch; the one pushed depth - 1
+ * ticks ago lands: *landed its sequence count (0 when none), its logits
+ * (landed, logits width) in `logits` on a sampling rank. */
+dsc_status dsc_infer_engine_tick(dsc_infer_engine *e, int32_t n, const uint64_t *uids,
+                                 const int32_t *const *tokens, const int32_t *counts, float *logits,
+                                 int32_t *landed);
+/* The n tokens the sampling ranks drew, to every rank. */
+dsc_status dsc_infer_engine_share_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n);
+
+#endif

@@ -1,0 +1,317 @@
+/* Pipeline-parallel serving equals one process. Every rank generates the
+ * same continuous batch twice: with the whole model in one process (the
+ * reference) and with the model cut into stages over the world (PP = world
+ * size, and TP 2 x PP 2 on DeepSpeed's grid at 4 ranks). The batch mixes
+ * prompt lengths, runs chunked prefill, and its KV cache is small enough,
+ * with an optimistic reservation, that requests are preempted (asserted);
+ * the greedy tokens of every request must be equal, on every rank. Models:
+ * the Hugging Face fixtures (Llama, Qwen2 with tied embeddings; 2 layers),
+ * random-weight Llama checkpoints with 4 and 5 layers (uniform and
+ * parameters partitions, uneven stages), and test_dsc_moe's dsc checkpoint
+ * (gpt-moe) when its directory is given. Also:
+ *  - put() over the pipeline returns the one-process logits on every rank
+ *    (the API cannot tell the layout);
+ *  - KV blocks are accounted per stage and never leak: releasing requests
+ *    while their micro-batches are in flight, then finishing, leaves every
+ *    stage's cache wholly free, and the others' tokens are unchanged;
+ *  - a weight budget (max_weight_bytes) refuses the whole model on one rank
+ *    naming the bytes it needs, and PP over the world fits it, each rank's
+ *    weight and KV memory within 5% of the formula in docs/inference.md. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/inference.h"
+#include "dsc/memory.h"
+#include "dsc/pipe.h"
+#include "dsc/topology.h"
+#include "synth_model.h"
+#include "test_mpi.h"
+
+#define FIXTURES DSC_SOURCE_DIR "/tests/inference/fixtures/hf/"
+enum { NREQ = 6, MAX_NEW = 10, BLOCK = 4, BLOCKS = 12 };
+
+static const int32_t prompt_len[NREQ] = {3, 9, 5, 12, 2, 7};
+
+/* ---- layouts ---------------------------------------------------------------------------------- */
+
+typedef struct layout {
+    dsc_groups *groups;
+    dsc_comm *tp, *pipe; /* NULL when of size 1 */
+    int tp_size, pp_size;
+} layout;
+
+static void make_layout(dsc_comm *world, int tp, layout *l) {
+    int size = dsc_comm_size(world);
+    dsc_group_plan plan;
+    dsc_parallel_dims dims = {.pp = size / tp, .dp = 1, .tp = tp};
+    assert_ok(dsc_groups_plan(size, dsc_comm_rank(world), &dims, &plan));
+    assert_ok(dsc_groups_create(world, &plan, &l->groups));
+    dsc_group_plan_free(&plan);
+    l->tp_size = tp;
+    l->pp_size = size / tp;
+    l->tp = tp > 1 ? dsc_groups_get(l->groups, DSC_GROUP_KIND_TENSOR) : NULL;
+    l->pipe = l->pp_size > 1 ? dsc_groups_get(l->groups, DSC_GROUP_KIND_PIPE) : NULL;
+}
+
+static void load(const char *dir, const layout *l, const char *method, dsc_infer_model **m) {
+    dsc_infer_tp tp = {.comm = l ? l->tp : NULL};
+    dsc_infer_pp pp = {.comm = l ? l->pipe : NULL, .partition_method = method};
+    assert_ok(dsc_infer_model_load_parallel(dir, tp.comm ? &tp : NULL, &pp, m));
+}
+
+/* KV bytes for BLOCKS blocks on the widest rank (ceil(L / P) layers, ceil(NKV / TP) heads). */
+static int64_t kv_budget(const dsc_infer_model *m, int pp, int tp) {
+    const dsc_infer_model_config *c = dsc_infer_model_get_config(m);
+    int64_t layers = (c->n_layer + pp - 1) / pp, heads = (c->n_kv_head + tp - 1) / tp;
+    return (int64_t)BLOCKS * layers * 2 * BLOCK * heads * c->head_size * (int64_t)sizeof(float);
+}
+
+static dsc_infer_engine *engine(dsc_infer_model *m, int64_t kv_bytes) {
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.block_size = BLOCK;
+    ec.kv_cache_bytes = kv_bytes;
+    ec.max_sequences = ec.max_batch_sequences = NREQ;
+    ec.max_tokens_per_forward = 64;
+    dsc_infer_engine *e;
+    assert_ok(dsc_infer_engine_create(m, &ec, &e));
+    assert_int_equal(dsc_infer_engine_total_blocks(e), BLOCKS);
+    return e;
+}
+
+/* ---- generation -------------------------------------------------------------------------------- */
+
+typedef struct gen {
+    int32_t tokens[NREQ][MAX_NEW];
+    int32_t n[NREQ];
+    bool done[NREQ];
+} gen;
+
+static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finished) {
+    gen *g = user;
+    int r = (int)uid - 1;
+    if (g->n[r] >= MAX_NEW) return dsc_error(DSC_ERR_INTERNAL, "request %d: too many tokens", r + 1);
+    g->tokens[r][g->n[r]++] = token;
+    g->done[r] = finished;
+    return NULL;
+}
+
+typedef struct run_opts {
+    int cancel_after; /* > 0: release requests 2 and 5 after this many steps */
+} run_opts;
+
+/* The batch on engine e; returns the preemptions. */
+static int64_t generate(dsc_infer_engine *e, int32_t V, const run_opts *o, gen *g) {
+    memset(g, 0, sizeof *g);
+    dsc_scheduler_config sc = dsc_scheduler_config_default(e);
+    sc.token_budget = 8;      /* chunked prefill */
+    sc.kv_reserve_tokens = 1; /* optimistic: decodes outgrow the cache, so requests are preempted */
+    dsc_scheduler *s;
+    assert_ok(dsc_scheduler_create(e, &sc, on_token, g, &s));
+    for (int r = 0; r < NREQ; r++) {
+        int32_t prompt[16];
+        for (int i = 0; i < prompt_len[r]; i++)
+            prompt[i] = (7 * r + 13 * i + 5) % V;
+        dsc_gen_request req = {.uid = (uint64_t)r + 1,
+                               .prompt = prompt,
+                               .n_prompt = prompt_len[r],
+                               .max_new_tokens = MAX_NEW - r % 3,
+                               .sampling = dsc_sampling_params_greedy(),
+                               .seed = 1};
+        assert_ok(dsc_scheduler_submit(s, &req));
+    }
+    bool idle = false;
+    for (int step = 1; !idle; step++) {
+        assert_ok(dsc_scheduler_step(s, &idle));
+        if (step == o->cancel_after) {
+            assert_ok(dsc_scheduler_release(s, 2));
+            assert_ok(dsc_scheduler_release(s, 5));
+        }
+    }
+    int64_t preemptions = dsc_scheduler_get_stats(s)->preemptions;
+    for (int r = 0; r < NREQ; r++)
+        if (!o->cancel_after || (r != 1 && r != 4)) assert_ok(dsc_scheduler_release(s, (uint64_t)r + 1));
+    /* every stage's cache is free again: nothing leaked on preemption or cancellation */
+    assert_int_equal(dsc_infer_engine_free_blocks(e), dsc_infer_engine_total_blocks(e));
+    dsc_scheduler_destroy(s);
+    return preemptions;
+}
+
+static void expect_same_tokens(const gen *want, const gen *got, bool cancelled, const char *what) {
+    for (int r = 0; r < NREQ; r++) {
+        if (cancelled && (r == 1 || r == 4)) continue;
+        assert_int_equal(got->n[r], want->n[r]);
+        assert_true(got->done[r]);
+        for (int i = 0; i < want->n[r]; i++)
+            if (got->tokens[r][i] != want->tokens[r][i])
+                fail_msg("%s: request %d token %d is %d, one process gives %d", what, r + 1, i, got->tokens[r][i],
+                         want->tokens[r][i]);
+    }
+}
+
+/* put() through the pipeline: the one-process logits on every rank. */
+static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *what) {
+    int32_t W = dsc_infer_engine_logits_width(pp), V = dsc_infer_engine_vocab_size(ref);
+    if (W != V) return; /* under TP the logits are a slice: test_tp_engine checks those */
+    int32_t a[] = {1, 2, 3, 4}, b[] = {9, 8};
+    const int32_t *toks[] = {a, b};
+    int32_t counts[] = {4, 2};
+    uint64_t uids[] = {101, 102};
+    float *x = malloc(2 * (size_t)V * sizeof *x), *y = malloc(2 * (size_t)V * sizeof *y);
+    assert_ok(dsc_infer_engine_put(ref, 2, uids, toks, counts, x));
+    assert_ok(dsc_infer_engine_put(pp, 2, uids, toks, counts, y));
+    char label[256];
+    snprintf(label, sizeof label, "%s put() logits", what);
+    assert_true(dsc_test_max_rel_err(y, x, 2 * (int64_t)V, 1e-3, label) <= 1e-5);
+    for (int i = 0; i < 2; i++) {
+        assert_ok(dsc_infer_engine_flush(ref, uids[i]));
+        assert_ok(dsc_infer_engine_flush(pp, uids[i]));
+    }
+    free(x);
+    free(y);
+}
+
+static void compare(dsc_comm *world, const char *dir, int tp, const char *method, const char *what) {
+    layout l;
+    make_layout(world, tp, &l);
+    dsc_infer_model *one, *split;
+    load(dir, NULL, NULL, &one);
+    load(dir, &l, method, &split);
+    int32_t V = dsc_infer_model_get_config(one)->vocab_size;
+    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1)), *e2 = engine(split, kv_budget(split, l.pp_size, tp));
+    gen want, got;
+    run_opts plain = {0}, cancel = {.cancel_after = 3};
+    int64_t p1 = generate(e1, V, &plain, &want), p2 = generate(e2, V, &plain, &got);
+    char label[200];
+    snprintf(label, sizeof label, "%s at tp %d x pp %d (%s)", what, tp, l.pp_size, method ? method : "uniform");
+    expect_same_tokens(&want, &got, false, label);
+    assert_true(p1 > 0 && p2 > 0);
+    generate(e2, V, &cancel, &got);
+    expect_same_tokens(&want, &got, true, label);
+    check_put(e1, e2, label);
+    char holds[512];
+    dsc_infer_model_describe(split, holds, sizeof holds);
+    printf(
+        "%s: greedy tokens equal (%lld and %lld preemptions), cancellation leaves the cache free; rank %d: %s\n",
+        label, (long long)p1, (long long)p2, dsc_comm_rank(world), holds);
+    fflush(stdout);
+    dsc_infer_engine_destroy(e2);
+    dsc_infer_engine_destroy(e1);
+    dsc_infer_model_destroy(split);
+    dsc_infer_model_destroy(one);
+    dsc_groups_free(l.groups);
+}
+
+static void test_fixtures(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int size = dsc_comm_size(world);
+    if (size == 2) {
+        compare(world, FIXTURES "llama", 1, NULL, "hf llama");
+        compare(world, FIXTURES "qwen2", 1, NULL, "hf qwen2 (tied)");
+    } else if (size == 4) {
+        compare(world, FIXTURES "llama", 2, NULL, "hf llama");
+        compare(world, FIXTURES "qwen2", 2, NULL, "hf qwen2 (tied)");
+    }
+    dsc_comm_free(world);
+}
+
+static void test_deeper(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    char dir[512];
+    synth four = {"LlamaForCausalLM", 32, 4, 2, 8, 48, 97, 4, false, false};
+    synth_dir(dir, sizeof dir, "pp4", &four);
+    compare(world, dir, 1, NULL, "llama 4 layers");
+    synth five = {"Qwen2ForCausalLM", 32, 4, 2, 8, 40, 89, 5, true, true};
+    synth_dir(dir, sizeof dir, "pp5", &five);
+    compare(world, dir, 1, NULL, "qwen2 5 layers");
+    compare(world, dir, 1, "parameters", "qwen2 5 layers");
+    if (dsc_comm_size(world) == 4) compare(world, dir, 2, NULL, "qwen2 5 layers");
+    dsc_comm_free(world);
+}
+
+static const char *dsc_ckpt_dir; /* argv[1]: test_dsc_moe's kept checkpoints */
+
+static void test_dsc_checkpoint(void **state) {
+    (void)state;
+    if (!dsc_ckpt_dir) skip();
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    if (dsc_comm_size(world) == 2) {
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s/gpt-moe", dsc_ckpt_dir);
+        compare(world, dir, 1, NULL, "dsc gpt-moe");
+    }
+    dsc_comm_free(world);
+}
+
+/* ---- the weight budget ------------------------------------------------------------------------------ */
+
+static void test_weight_budget(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int P = dsc_comm_size(world), stage = dsc_comm_rank(world);
+    /* every size a multiple of 64 floats, so the 256-byte alignment adds nothing */
+    synth s = {"LlamaForCausalLM", 64, 4, 2, 16, 128, 256, 4, false, false};
+    char dir[512];
+    synth_dir(dir, sizeof dir, "budget", &s);
+    int64_t C = s.C, Q = (int64_t)s.NH * s.HS, KV = (int64_t)s.NKV * s.HS;
+    int64_t layer = 2 * C + (Q + 2 * KV) * C + C * Q + 3 * (int64_t)s.F * C, embed = (int64_t)s.V * C;
+    int64_t whole = 4 * (s.L * layer + embed + C + embed);
+    int64_t budget = whole * 3 / 5; /* the whole model does not fit; a half plus the head does */
+    dsc_infer_model *m = NULL;
+    dsc_infer_pp alone = {.max_weight_bytes = budget};
+    char needle[160];
+    snprintf(needle, sizeof needle,
+             "need %lld bytes of weights, over this rank's weight budget (max_weight_bytes) of %lld",
+             (long long)whole, (long long)budget);
+    assert_err(dsc_infer_model_load_parallel(dir, NULL, &alone, &m), DSC_ERR_CONFIG, needle);
+    if (P < 2) {
+        dsc_comm_free(world);
+        return;
+    }
+    /* uniform: stage k holds layers [bounds[k], bounds[k+1]) */
+    int bounds[8];
+    dsc_pipe_partition_uniform(s.L, P, bounds);
+    int64_t layers = bounds[stage + 1] - bounds[stage], widest = bounds[1] - bounds[0];
+    int64_t want_w = 4 * (layers * layer + (stage == 0 ? embed : 0) + (stage == P - 1 ? C + embed : 0));
+    int64_t kv_bytes = 1 << 16, block = 2 * 16 * KV * 4; /* per layer, block_size 16 */
+    int64_t want_kv = kv_bytes / (widest * block) * layers * block;
+    dsc_mem_stats before, after;
+    dsc_mem_get_stats(&before);
+    dsc_infer_pp pp = {.comm = world, .max_weight_bytes = budget};
+    assert_ok(dsc_infer_model_load_parallel(dir, NULL, &pp, &m));
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.kv_cache_bytes = kv_bytes;
+    dsc_infer_engine *e;
+    assert_ok(dsc_infer_engine_create(m, &ec, &e));
+    dsc_mem_get_stats(&after);
+    double got_w = (double)(after.current[DSC_MEM_PARAMS] - before.current[DSC_MEM_PARAMS]);
+    double got_kv = (double)(after.current[DSC_MEM_KV_CACHE] - before.current[DSC_MEM_KV_CACHE]);
+    printf("pp %d stage %d: weights %.0f bytes (formula %lld, ratio %.4f; whole model %lld, budget %lld), KV %.0f "
+           "bytes (formula %lld, ratio %.4f)\n",
+           P, stage, got_w, (long long)want_w, got_w / (double)want_w, (long long)whole, (long long)budget, got_kv,
+           (long long)want_kv, got_kv / (double)want_kv);
+    assert_true(got_w >= 0.95 * (double)want_w && got_w <= 1.05 * (double)want_w);
+    assert_true(got_kv >= 0.95 * (double)want_kv && got_kv <= 1.05 * (double)want_kv);
+    assert_true(got_w <= (double)budget);
+    dsc_infer_engine_destroy(e);
+    dsc_infer_model_destroy(m);
+    dsc_comm_free(world);
+}
+
+int main(int argc, char **argv) {
+    dsc_ckpt_dir = argc > 1 ? argv[1] : NULL;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_deeper),
+        cmocka_unit_test(test_dsc_checkpoint),
+        cmocka_unit_test(test_weight_budget),
+    };
+    return DSC_RUN_MPI_TESTS(tests);
+}
