@@ -8,7 +8,7 @@
  * a client that leaves mid-stream gets its sequence cancelled and its KV
  * blocks freed (seen in /metrics), and the next request still matches
  * dsc-generate (on several ranks: every rank released the same sequence);
- * the server exits 0 on SIGTERM. Across ranks, logprobs are a 400. */
+ * the server exits 0 on SIGTERM. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,10 +186,8 @@ static void test_prompt_list_and_logprobs(void **state) {
     assert_int_equal(st_generate(a, 5, "--max-new-tokens 6 --stop 2", ea, 8), 6);
     int32_t nb = st_generate(b, 2, "--max-new-tokens 6 --stop 2", eb, 8);
     cJSON *r = post_json("/v1/completions",
-                         ranks == 1 ? "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
-                                      "\"return_token_ids\":true,\"logprobs\":3}"
-                                    : "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
-                                      "\"return_token_ids\":true}",
+                         "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
+                         "\"return_token_ids\":true,\"logprobs\":3}",
                          200);
     const cJSON *choices = cJSON_GetObjectItem(r, "choices");
     assert_int_equal(cJSON_GetArraySize(choices), 2);
@@ -201,7 +199,6 @@ static void test_prompt_list_and_logprobs(void **state) {
         assert_int_equal(cJSON_GetArraySize(ids), n);
         for (int32_t t = 0; t < n; t++)
             assert_int_equal(cJSON_GetArrayItem(ids, t)->valueint, expect[t]);
-        if (ranks > 1) continue; /* no logprobs */
         /* Greedy: each token is its row's most likely one, listed first among the top 3. */
         const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
         const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"),
@@ -261,7 +258,6 @@ static void test_bad_requests(void **state) {
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":1.5}", 400, "max_tokens", "integer");
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":4001}", 400, "max_tokens", "at most 4000");
     expect_error(C, "{\"prompt\":[1],\"logprobs\":21}", 400, "logprobs", "[0, 20]");
-    if (ranks > 1) expect_error(C, "{\"prompt\":[1],\"logprobs\":2}", 400, "logprobs", "split over 2 ranks");
     expect_error(C, "{\"prompt\":[1],\"stream\":\"yes\"}", 400, "stream", "true or false");
     expect_error(C, "{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop", "at most 4");
     expect_error(C, "{\"prompt\":[1],\"echo\":true,\"logprobs\":1}", 400, "echo", "not supported");
