@@ -89,10 +89,42 @@ static void test_debug_and_prof_all(void **state) {
     dsc_comm_logger_configure(&(dsc_comm_logger_options){0});
 }
 
+/* Operations on this job's communicator land in the records, by message size. */
+static void test_real_operations(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int n = dsc_comm_size(world);
+    static float buf[1024], gathered[1024 * 8];
+    int64_t len = 1024, all = 1024 * n;
+    dsc_tensor t = dsc_tensor_view(buf, DSC_DTYPE_F32, 1, &len, DSC_CPU);
+    dsc_tensor g = dsc_tensor_view(gathered, DSC_DTYPE_F32, 1, &all, DSC_CPU);
+    dsc_comm_logger_configure(&(dsc_comm_logger_options){.enabled = true, .prof_all = true});
+    for (int i = 0; i < 3; i++)
+        assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_SUM));
+    assert_ok(dsc_comm_allgather(world, &t, &g, NULL));
+    assert_ok(dsc_comm_broadcast(world, &t, 0));
+    char *text = summary();
+    char fields[256], size[32];
+    long long count;
+    row(text, "all_reduce\n", "4.0 KB", fields, sizeof fields);
+    assert_int_equal(sscanf(fields, "%lld", &count), 1);
+    assert_int_equal(count, 3);
+    snprintf(size, sizeof size, "%d.0 KB", 4 * n); /* all-gather's size is its output */
+    row(text, "all_gather_into_tensor\n", size, fields, sizeof fields);
+    assert_int_equal(sscanf(fields, "%lld", &count), 1);
+    assert_int_equal(count, 1);
+    row(text, "broadcast\n", "4.0 KB", fields, sizeof fields);
+    free(text);
+    dsc_comm_logger_configure(&(dsc_comm_logger_options){0});
+    dsc_comm_free(world);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_summary_from_known_latencies),
         cmocka_unit_test(test_debug_and_prof_all),
+        cmocka_unit_test(test_real_operations),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
