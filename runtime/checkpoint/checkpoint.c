@@ -364,23 +364,15 @@ static void commit(const holdings *h, const char *staging) {
     }
 }
 
-/* RNG streams are per rank: they are restored only into the same layout
- * (world, pipeline, tensor, data and expert sizes) and stream count;
- * otherwise the job keeps its freshly seeded streams. The same world size is
- * not enough: ranks that must draw alike (the tensor-parallel peers of one
- * MoE router, whose top-2 Gumbel noise picks experts) would inherit the
- * streams of ranks that drew apart under the old layout. */
+/* RNG streams are per rank: they are restored only into the same world size
+ * and stream count; otherwise the job keeps its freshly seeded streams. */
 static dsc_status rng_matches(dsc_tfile *f, const dsc_checkpoint_state *st, bool *matches) {
     int size;
     MPI_Comm_size(st->comm, &size);
     int64_t world, streams;
     DSC_TRY(dsc_tfile_get_attr_int(f, "world_size", &world));
     DSC_TRY(dsc_tfile_get_attr_int(f, "rng_streams", &streams));
-    char *layout = NULL;
-    DSC_TRY(dsc_tfile_get_attr_string(f, "layout", &layout));
-    bool same_layout = strcmp(layout, st->layout_json ? st->layout_json : "{}") == 0;
-    free(layout);
-    *matches = world == size && same_layout && streams == st->n_rngs && st->n_rngs > 0;
+    *matches = world == size && streams == st->n_rngs && st->n_rngs > 0;
     return NULL;
 }
 
