@@ -176,7 +176,7 @@ typedef struct dsc_config_pipeline {
 /* DeepSpeed's tensor_parallel section (AutoTP training). */
 typedef struct dsc_config_tp {
     int autotp_size;        /* tensor-parallel degree; 1 disables */
-    bool sequence_parallel; /* Megatron sequence parallelism (refused: not implemented) */
+    bool sequence_parallel; /* Megatron sequence parallelism (tp/sequence.c) */
     int64_t tp_grain_size;  /* widths split in multiples of this */
 } dsc_config_tp;
 

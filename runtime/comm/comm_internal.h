@@ -33,29 +33,35 @@ struct dsc_comm {
     dsc_comm *watch_next; /* the watchdog's registry of live communicators */
 };
 
+/* A point-to-point message or a non-blocking collective in flight. */
 struct dsc_comm_request {
     dsc_comm *comm;
-    dsc_comm_op op; /* DSC_COMM_OP_SEND or DSC_COMM_OP_RECV */
-    int peer;
+    dsc_comm_op op; /* send, recv, all-reduce, reduce-scatter or all-gather */
+    int peer;       /* -1 for a collective */
     double deadline;
     dsc_dtype dtype;
-    size_t bytes;    /* size of the tensor */
-    MPI_Request mpi; /* MPI backend */
-    void *impl;      /* other backends */
+    size_t bytes;                   /* size of the tensor (point to point) */
+    int64_t sent_bytes, recv_bytes; /* counted when it completes (collectives.c's rule) */
+    MPI_Request mpi;                /* MPI backend, point to point */
+    void *impl;                     /* the backend's state of a collective; NCCL: the event */
 };
 
 /* A backend implements the data-moving operations; the front end validates
  * arguments, sets the deadline, counts bytes and names errors. Counts are in
- * elements and already checked against the tensors. all-to-all is all-to-all-v
- * with equal counts. */
+ * elements and already checked against the tensors (a backend copies what it
+ * needs of them: they may go away when the posting call returns). all-to-all
+ * is all-to-all-v with equal counts. All-reduce, reduce-scatter and
+ * all-gather are only posted (the blocking forms post and wait): they fill
+ * req->impl, and test / abandon finish them like point-to-point requests. */
 struct dsc_comm_backend {
     const char *name;
     dsc_status (*init)(dsc_comm *c); /* after c->mpi, rank and size are set */
     void (*fini)(dsc_comm *c);
-    dsc_status (*allreduce)(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
-    dsc_status (*reduce_scatter)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                 dsc_reduce_op op);
-    dsc_status (*allgather)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+    dsc_status (*iallreduce)(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request *req);
+    dsc_status (*ireduce_scatter)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                  dsc_reduce_op op, dsc_comm_request *req);
+    dsc_status (*iallgather)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                             dsc_comm_request *req);
     dsc_status (*alltoallv)(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
                             const int64_t *recv_counts);
     dsc_status (*broadcast)(dsc_comm *c, dsc_tensor *t, int root);
@@ -105,6 +111,10 @@ void dsc_comm_watch_diagnose(const dsc_comm *c, int peer, char *text, size_t len
  * may be MPI_STATUSES_IGNORE; an error in one status names its source rank. */
 dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,
                              MPI_Status *statuses);
+
+/* One MPI_Testall of n requests: sets *done; an error in one status names its source rank. */
+dsc_status dsc_comm_mpi_test(const dsc_comm *c, const char *what, MPI_Request *reqs, int n, MPI_Status *statuses,
+                             bool *done);
 
 /* NULL when rc is MPI_SUCCESS, otherwise DSC_ERR_COMM naming the call, MPI's
  * message and the communicator. */
