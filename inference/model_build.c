@@ -426,6 +426,7 @@ done:
 void dsc_infer_model_destroy(dsc_infer_model *m) {
     if (!m) return;
     if (m->arena) dsc_mem_free(m->arena, m->arena_bytes, DSC_MEM_PARAMS, DSC_CPU);
+    if (m->widen) dsc_mem_free(m->widen, (size_t)m->widen_floats * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
     free(m->params);
     free(m->inv_freq);
     free(m);

@@ -6,7 +6,9 @@
  * cache) and MLP (GELU / ReLU, SwiGLU from the fused gate|up parameter, or
  * the MoE feed-forward), arranged as the config says: pre-norm (Llama,
  * GPT-2, OPT), post-norm (OPT-350m) or GPT-NeoX's parallel residual; and
- * finally the norm and unembedding of each sequence's last token only.
+ * finally the norm and unembedding of each sequence's last token only. The
+ * projection weights may be narrow (bf16, f16, Q8_0: model_weights.c); for
+ * a single token q|k|v and gate|up are one pass each over the fused weight.
  * Under tensor parallelism the widths are the rank's shard (m->shard), the
  * attention output and the MLP are summed over the group (row-parallel; a
  * parallel-residual block sums both in one all-reduce), and the logits are
@@ -34,14 +36,12 @@ static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts;
     int64_t Y2 = mc->parallel_residual ? N * C : 0, P = mc->d_embed && mc->d_embed != C ? mc->d_embed : 0;
     const scratch_entry table[] = {
-        {(void **)&s->x, N * C * sizeof(float)},      {(void **)&s->h, N * C * sizeof(float)},
-        {(void **)&s->y, N * C * sizeof(float)},      {(void **)&s->q, N * Q * sizeof(float)},
-        {(void **)&s->k, N * KV * sizeof(float)},     {(void **)&s->v, N * KV * sizeof(float)},
-        {(void **)&s->att, N * Q * sizeof(float)},    {(void **)&s->ff1, N * F * sizeof(float)},
-        {(void **)&s->ff2, N * F * sizeof(float)},    {(void **)&s->moe, N * C * sizeof(float)},
-        {(void **)&s->y2, Y2 * sizeof(float)},        {(void **)&s->emb, N * P * sizeof(float)},
-        {(void **)&s->router, N * E * sizeof(float)}, {(void **)&s->pos, N * sizeof(int32_t)},
-        {(void **)&s->last, S * C * sizeof(float)},
+        {(void **)&s->x, N * C * sizeof(float)},   {(void **)&s->h, N * C * sizeof(float)},
+        {(void **)&s->y, N * C * sizeof(float)},   {(void **)&s->qkv, N * (Q + 2 * KV) * sizeof(float)},
+        {(void **)&s->att, N * Q * sizeof(float)}, {(void **)&s->ff1, N * 2 * F * sizeof(float)},
+        {(void **)&s->moe, N * C * sizeof(float)}, {(void **)&s->y2, Y2 * sizeof(float)},
+        {(void **)&s->emb, N * P * sizeof(float)}, {(void **)&s->router, N * E * sizeof(float)},
+        {(void **)&s->pos, N * sizeof(int32_t)},   {(void **)&s->last, S * C * sizeof(float)},
     };
     int n = (int)(sizeof table / sizeof table[0]);
     for (int i = 0; i < n; i++)
@@ -72,6 +72,7 @@ dsc_status dsc_forward_scratch_init(dsc_forward_scratch *s, const dsc_infer_mode
         }
         s->bytes += e[i].bytes;
     }
+    s->ff2 = s->ff1 + max_tokens * mc->d_ff;
     return NULL;
 }
 
@@ -101,6 +102,23 @@ dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tens
         b ? dsc_tensor_view((float *)b->data + row0, DSC_DTYPE_F32, 1, &rows, DSC_CPU) : (dsc_tensor){0};
     dsc_tensor xv = dsc_model_view2((float *)x, n, cols), yv = dsc_model_view2(y, n, rows);
     return dsc_kernel_linear_forward(&yv, &xv, &wv, b ? &bv : NULL);
+}
+
+/* dsc_model_project for the dense projections, whose weights may be narrow
+ * (model_weights.c): rows [row0, row0 + rows) of w through the packed kernel,
+ * with the model's widening workspace for prompt-sized batches. */
+static dsc_status project(const dsc_infer_model *m, float *y, const float *x, int64_t n, int64_t c,
+                          const dsc_tensor *w, const dsc_tensor *b, int64_t row0, int64_t rows) {
+    if (w->dtype == DSC_DTYPE_F32) return dsc_model_project(y, x, n, w, b, row0, rows);
+    int64_t cols = w->shape[1];
+    size_t row_bytes = (size_t)cols * dsc_dtype_size(w->dtype);
+    dsc_tensor wv =
+        dsc_tensor_view((char *)w->data + (size_t)row0 * row_bytes, w->dtype, 2, (int64_t[]){rows, cols}, DSC_CPU);
+    dsc_tensor bv =
+        b ? dsc_tensor_view((float *)b->data + row0, DSC_DTYPE_F32, 1, &rows, DSC_CPU) : (dsc_tensor){0};
+    dsc_tensor xv = dsc_model_view2((float *)x, n, c), yv = dsc_model_view2(y, n, rows);
+    dsc_tensor ws = dsc_tensor_view(m->widen, DSC_DTYPE_F32, 1, &(int64_t){m->widen_floats}, DSC_CPU);
+    return dsc_kernel_linear_forward_packed(&yv, &xv, &wv, b ? &bv : NULL, &ws);
 }
 
 static dsc_status norm(const dsc_infer_model *m, float *out, const float *x, int64_t n, const dsc_tensor *w,
@@ -157,42 +175,57 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
     int64_t N = batch->n_tokens, Q = (int64_t)mc->n_head * mc->head_size,
             KV = (int64_t)mc->n_kv_head * mc->head_size;
     const dsc_tensor *w = param(m, l, DSC_PARAM_ROLE_QKV_W), *b = param(m, l, DSC_PARAM_ROLE_QKV_B);
-    DSC_TRY(dsc_model_project(s->q, s->h, N, w, b, 0, Q));
-    DSC_TRY(dsc_model_project(s->k, s->h, N, w, b, Q, KV));
-    DSC_TRY(dsc_model_project(s->v, s->h, N, w, b, Q + KV, KV));
+    /* q, k, v packed back to back, so for one token they are the fused row: one pass over the weight. */
+    float *q = s->qkv, *k = q + N * Q, *v = k + N * KV;
+    int64_t C = mc->d_model;
+    if (N == 1) {
+        DSC_TRY(project(m, q, s->h, N, C, w, b, 0, Q + 2 * KV));
+    } else {
+        DSC_TRY(project(m, q, s->h, N, C, w, b, 0, Q));
+        DSC_TRY(project(m, k, s->h, N, C, w, b, Q, KV));
+        DSC_TRY(project(m, v, s->h, N, C, w, b, Q + KV, KV));
+    }
     if (dsc_model_rope_dims(mc) > 0) {
-        dsc_model_rope(m, s->q, N, mc->n_head, s->pos);
-        dsc_model_rope(m, s->k, N, mc->n_kv_head, s->pos);
+        dsc_model_rope(m, q, N, mc->n_head, s->pos);
+        dsc_model_rope(m, k, N, mc->n_kv_head, s->pos);
     }
     int64_t qs[3] = {N, mc->n_head, mc->head_size}, ks[3] = {N, mc->n_kv_head, mc->head_size};
-    dsc_tensor q = dsc_tensor_view(s->q, DSC_DTYPE_F32, 3, qs, DSC_CPU);
-    dsc_tensor k = dsc_tensor_view(s->k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
-    dsc_tensor v = dsc_tensor_view(s->v, DSC_DTYPE_F32, 3, ks, DSC_CPU);
+    dsc_tensor qv = dsc_tensor_view(q, DSC_DTYPE_F32, 3, qs, DSC_CPU);
+    dsc_tensor kv = dsc_tensor_view(k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
+    dsc_tensor vv = dsc_tensor_view(v, DSC_DTYPE_F32, 3, ks, DSC_CPU);
     dsc_tensor out = dsc_tensor_view(s->att, DSC_DTYPE_F32, 3, qs, DSC_CPU);
     dsc_tensor layer_cache; /* the stage's cache holds its layers only */
     DSC_TRY(dsc_kv_cache_layer(cache, l - m->layer0, &layer_cache));
-    DSC_TRY(dsc_paged_attention_forward(&out, &q, &k, &v, batch, &layer_cache));
+    DSC_TRY(dsc_paged_attention_forward(&out, &qv, &kv, &vv, batch, &layer_cache));
     const dsc_tensor *wo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W);
-    return dsc_model_project(s->y, s->att, N, wo, dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B)), 0,
-                             mc->d_model);
+    return project(m, s->y, s->att, N, Q, wo, dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B)), 0,
+                   mc->d_model);
 }
 
 dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, const float *h, float *out,
                                dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->shard;
     const dsc_tensor *w1 = param(m, l, DSC_PARAM_ROLE_MLP1_W), *b1 = param(m, l, DSC_PARAM_ROLE_MLP1_B);
-    dsc_tensor a = dsc_model_view2(s->ff1, N, mc->d_ff), g = dsc_model_view2(s->ff2, N, mc->d_ff);
+    int64_t C = mc->d_model, F = mc->d_ff;
+    dsc_tensor a = dsc_model_view2(s->ff1, N, F);
     if (mc->family == DSC_INFER_FAMILY_GPT) {
-        DSC_TRY(dsc_model_project(s->ff2, h, N, w1, b1, 0, mc->d_ff));
+        dsc_tensor g = dsc_model_view2(s->ff2, N, F);
+        DSC_TRY(project(m, s->ff2, h, N, C, w1, b1, 0, F));
         DSC_TRY(dsc_model_activation(mc, &a, &g));
     } else {
-        DSC_TRY(dsc_model_project(s->ff1, h, N, w1, NULL, 0, mc->d_ff));
-        DSC_TRY(dsc_model_project(s->ff2, h, N, w1, NULL, mc->d_ff, mc->d_ff));
-        dsc_tensor gate = dsc_model_view2(s->ff1, N, mc->d_ff);
-        DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &g));
+        /* up right after N rows of gate, so for one token gate | up is the fused row: one pass. */
+        float *up = s->ff1 + N * F;
+        if (N == 1) {
+            DSC_TRY(project(m, s->ff1, h, N, C, w1, NULL, 0, 2 * F));
+        } else {
+            DSC_TRY(project(m, s->ff1, h, N, C, w1, NULL, 0, F));
+            DSC_TRY(project(m, up, h, N, C, w1, NULL, F, F));
+        }
+        dsc_tensor gate = dsc_model_view2(s->ff1, N, F), u = dsc_model_view2(up, N, F);
+        DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &u));
     }
-    return dsc_model_project(out, s->ff1, N, param(m, l, DSC_PARAM_ROLE_MLP2_W),
-                             dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, mc->d_model);
+    return project(m, out, s->ff1, N, F, param(m, l, DSC_PARAM_ROLE_MLP2_W),
+                   dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, C);
 }
 
 /* h (N, C) -> out (N, C). */
@@ -271,5 +304,6 @@ dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, 
     }
     const dsc_tensor *unembed = param(m, L, DSC_PARAM_ROLE_UNEMBED);
     if (!unembed) unembed = param(m, L, DSC_PARAM_ROLE_EMBED);
-    return dsc_model_project(logits, h, S, unembed, NULL, 0, m->shard.vocab_size);
+    return project(m, logits, h, S, proj_out ? proj_out->shape[0] : mc->d_model, unembed, NULL, 0,
+                   m->shard.vocab_size);
 }

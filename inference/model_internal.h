@@ -6,6 +6,7 @@
 #define DSC_INFERENCE_MODEL_INTERNAL_H
 
 #include "dsc/inference.h"
+#include "dsc/kernels.h"
 #include "dsc/moe_dropless.h"
 
 struct dsc_infer_model {
@@ -30,6 +31,9 @@ struct dsc_infer_model {
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
     float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */
+    dsc_weight_format weight_format; /* of the projection weights (model_weights.c) */
+    float *widen;                    /* workspace of narrow-weight GEMMs; NULL for f32 */
+    int64_t widen_floats;
 };
 
 /* What one pipeline stage builds: transformer layers [layer0, layer1), the
@@ -99,12 +103,10 @@ typedef struct dsc_forward_scratch {
     float *x;      /* (N, C) residual stream */
     float *h;      /* (N, C) normed input */
     float *y;      /* (N, C) output of attention or MLP before the residual add */
-    float *q;      /* (N, Q) */
-    float *k;      /* (N, KV) */
-    float *v;      /* (N, KV) */
+    float *qkv;    /* q (n, Q), then k (n, KV), then v (n, KV) of a forward's n tokens */
     float *att;    /* (N, Q) */
     float *ff1;    /* (N, F) GELU pre-activation / SwiGLU gate */
-    float *ff2;    /* (N, F) SwiGLU up */
+    float *ff2;    /* (N, F) SwiGLU up (the dense MLP puts it right after n rows of ff1) */
     float *y2;     /* (N, C) MLP output of a parallel-residual block (else unused) */
     float *emb;    /* (N, P) token embeddings and the LM head's input when d_embed != C (else unused) */
     float *moe;    /* (N, C) expert output before the weighted sum */

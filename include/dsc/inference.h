@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "dsc/comm.h"
+#include "dsc/kernels.h"
 #include "dsc/kv_cache.h"
 #include "dsc/moe_gate.h" /* dsc_moe_weighting */
 #include "dsc/sampling.h"
@@ -357,6 +358,14 @@ DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_in
 DSC_API const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
 DSC_API const char *dsc_infer_model_arch(const dsc_infer_model *m);
+/* Load-time weight type: re-stores the projection weights (fused QKV,
+ * attention output, MLP, untied LM head) as bf16, f16 or Q8_0 (dsc/kernels.h;
+ * norms, biases, embeddings and MoE experts stay f32), freeing the f32 copy.
+ * Call once, before creating an engine; f32 is a no-op. Q8_0 needs widths
+ * that are multiples of 32 (DSC_ERR_UNSUPPORTED naming the parameter). The
+ * logits move from f32's by the documented tolerances (docs/performance.md). */
+DSC_API dsc_status dsc_infer_model_set_weight_type(dsc_infer_model *m, dsc_weight_format type);
+DSC_API dsc_weight_format dsc_infer_model_weight_type(const dsc_infer_model *m);
 /* Bytes of the finalized weight arena. */
 DSC_API size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
 /* A finalized parameter of layer `layer` (-1: the non-transformer
