@@ -31,6 +31,7 @@ typedef struct options {
     int64_t max_model_len, kv_cache_bytes;
     int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp;
     bool bf16_kv, static_batching, prefill_first, eos_given;
+    dsc_weight_format weight_type; /* of the projection weights (f32: as loaded) */
 } options;
 
 static dsc_server *volatile g_server;
@@ -54,6 +55,7 @@ static void usage(FILE *fp) {
             "  --seed N                     seed of requests that give none (+ request number)\n"
             "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
             "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
+            "  --weight-type T              projection weights f32 (default), bf16, f16 or q8_0\n"
             "  --block-size N               tokens per KV block (16)\n"
             "  --max-num-seqs N             sequences in the engine at once (64)\n"
             "  --max-num-batched-tokens N   tokens per forward (512)\n"
@@ -149,7 +151,11 @@ static bool parse_args(int argc, char **argv, options *o) {
             ok = parse_int(v, 1, INT64_MAX, &o->kv_cache_bytes);
         else if (strcmp(a, "--kv-dtype") == 0)
             ok = (o->bf16_kv = strcmp(v, "bf16") == 0) || strcmp(v, "f32") == 0;
-        else if (strcmp(a, "--block-size") == 0)
+        else if (strcmp(a, "--weight-type") == 0) {
+            dsc_status st = dsc_weight_format_from_name(v, &o->weight_type);
+            ok = !st;
+            dsc_status_free(st);
+        } else if (strcmp(a, "--block-size") == 0)
             ok = parse_int(v, 1, 4096, &x) && ((o->block_size = (int32_t)x), true);
         else if (strcmp(a, "--max-num-seqs") == 0)
             ok = parse_int(v, 1, 65536, &x) && ((o->max_num_seqs = (int32_t)x), true);
@@ -225,6 +231,7 @@ static dsc_status serve(options *o, dsc_comm *world) {
     const bool lead = !world || dsc_comm_rank(world) == 0;
     dsc_infer_tp tp = {.comm = world};
     dsc_status s = world ? dsc_infer_model_load_tp(o->model, &tp, &m) : dsc_infer_model_load(o->model, &m);
+    if (!s) s = dsc_infer_model_set_weight_type(m, o->weight_type);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s) {
         dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);

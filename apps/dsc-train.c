@@ -399,6 +399,9 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
                                    rank == 0};
     dsc_checkpointer *ckpt = NULL;
     if (!s) s = wire_checkpoints(a, hf, &co, &ckpt);
+    if (!s && tp > 1)
+        s = dsc_tp_sync_rng(dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_TENSOR),
+                            dsc_pipe_trainer_rng(t));
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
@@ -474,6 +477,7 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
                                        rank == 0};
         s = wire_checkpoints(a, hf, &co, &ckpt);
     }
+    if (!s && tp > 1) s = dsc_tp_sync_rng(moe ? mw.tp.group : tw.extra.group, dsc_trainer_rng(t));
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
     if (!s && moe) {
         int n_layers;

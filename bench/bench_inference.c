@@ -18,8 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_clock.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
 #include "dsc/rng.h"
@@ -29,12 +29,6 @@ static const char *const config_json =
     " \"intermediate_size\": 2048, \"num_hidden_layers\": 12, \"num_attention_heads\": 12,"
     " \"num_key_value_heads\": 4, \"max_position_embeddings\": 2048, \"rms_norm_eps\": 1e-6,"
     " \"tie_word_embeddings\": false}";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(dsc_status s) {
     if (!s) return;
@@ -244,11 +238,6 @@ static dsc_status ignore_token(void *user, uint64_t uid, int32_t token, bool fin
     (void)token;
     (void)finished;
     return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void serve(dsc_infer_model *m, const workload *w, const char *name, dsc_scheduler_config cfg,

@@ -1,14 +1,18 @@
 /* bench_serve — dsc-serve under load on 127.0.0.1: throughput, time to
  * first token and inter-token latency (p50/p90/p99, as the client sees
  * them) at several concurrencies, for continuous batching (the scheduler's
- * default) and static batching (--static-batching) on the same request mix.
+ * default) and static batching (--static-batching) on the same request mix,
+ * and for a tensor-parallel server on 2 ranks (--tp 2 under dsc-launch).
  * It starts and stops each server itself; every run is bounded by
- * --requests and --time. The reference is static batching: the ratio is
- * continuous / static throughput. Prints, never asserts.
+ * --requests and --time. The references: static batching for continuous
+ * (ratio continuous / static throughput), one rank for TP 2 (ratio TP 2 /
+ * one rank). Prints, never asserts.
  *
  *   bench_serve [MODEL] [--requests N] [--time S] [--concurrency 1,4,16] [--vocab V]
  *               [--max-tokens N] [--server PATH]
  * MODEL defaults to the tiny Llama fixture (vocabulary 128). */
+#define _POSIX_C_SOURCE 200809L /* kill */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,41 @@
 #include "serve/spawn.h"
 
 enum { MAX_LEVELS = 8 };
+
+/* One server of the comparison: its name, ranks and extra options. */
+typedef struct layout {
+    const char *name;
+    int ranks;
+    const char *opt, *value;
+} layout;
+
+/* dsc-serve MODEL (under dsc-launch -n ranks when ranks > 1) with the bench's engine options. */
+static dsc_status start(serve_proc *p, const char *server, const char *model, const layout *l) {
+    char np[16];
+    snprintf(np, sizeof np, "%d", l->ranks);
+    const char *argv[16] = {"dsc-launch", "-n", np}, *app = DSC_BINARY_DIR "/bin/dsc-launch";
+    int n = 3;
+    if (l->ranks == 1) {
+        app = server;
+        n = 0;
+    }
+    const char *base[] = {server, model, "--port", "0", "--max-num-seqs", "16", l->opt, l->value};
+    for (int i = 0; i < 8 && base[i]; i++)
+        argv[n++] = base[i];
+    argv[n] = NULL;
+    return serve_proc_start(p, app, argv, 120, false);
+}
+
+/* SIGTERM to rank 0, which drains every rank. */
+static void stop(serve_proc *p) {
+    int code;
+    char out[1024];
+    if (p->n_ranks > 0) kill(p->ranks[0], SIGTERM);
+    dsc_status s = serve_proc_wait(p, 60, &code, out, sizeof out);
+    if (s || code != 0)
+        fprintf(stderr, "bench_serve: the server exited with %d: %s\n", code, s ? dsc_status_message(s) : out);
+    dsc_status_free(s);
+}
 
 int main(int argc, char **argv) {
     const char *model = DSC_SOURCE_DIR "/tests/inference/fixtures/hf/llama",
@@ -61,17 +100,20 @@ int main(int argc, char **argv) {
     printf("dsc-serve %s: %d requests (or %.0f s) per run, token-id prompts 4..24, max_tokens 1..%d, greedy, "
            "streaming\n",
            model, requests, time_s, max_tokens);
-    printf("%-10s %5s %6s %9s %8s | %21s | %21s\n", "batching", "conc", "reqs", "tokens/s", "req/s",
+    printf("%-10s %5s %6s %9s %8s | %21s | %21s\n", "run", "conc", "reqs", "tokens/s", "req/s",
            "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99");
-    double tput[2][MAX_LEVELS] = {{0}};
-    for (int mode = 0; mode < 2; mode++) {
-        const char *argv_s[] = {
-            "dsc-serve", model, "--port", "0", "--max-num-seqs", "16", mode ? "--static-batching" : NULL, NULL};
+    /* One rank with continuous and static batching, then the layouts across ranks under dsc-launch. */
+    const layout runs[] = {
+        {"continuous", 1, NULL, NULL}, {"static", 1, "--static-batching", NULL}, {"tp2", 2, "--tp", "2"}};
+    enum { N_RUNS = sizeof runs / sizeof runs[0] };
+    double tput[N_RUNS][MAX_LEVELS] = {{0}};
+    for (int k = 0; k < N_RUNS; k++) {
         serve_proc p;
-        dsc_status s = serve_proc_start(&p, server, argv_s, 60, false);
+        dsc_status s = start(&p, server, model, &runs[k]);
         if (s) {
-            fprintf(stderr, "bench_serve: %s\n", dsc_status_message(s));
-            return 1;
+            fprintf(stderr, "bench_serve: %s: %s\n", runs[k].name, dsc_status_message(s));
+            dsc_status_free(s);
+            continue;
         }
         for (int l = -1; l < n_levels; l++) { /* l = -1: a warm-up, not printed */
             serve_load_config c = {.port = p.port,
@@ -88,20 +130,25 @@ int main(int argc, char **argv) {
             s = serve_load_run(&c, &r);
             if (s) {
                 fprintf(stderr, "bench_serve: %s\n", dsc_status_message(s));
+                dsc_status_free(s);
                 break;
             }
             if (l < 0) continue;
-            tput[mode][l] = (double)r.tokens / r.elapsed_s;
-            printf("%-10s %5d %6lld %9.0f %8.1f | %6.1f %6.1f %7.1f | %6.2f %6.2f %7.2f%s%s\n",
-                   mode ? "static" : "continuous", levels[l], (long long)r.completed, tput[mode][l],
-                   (double)r.completed / r.elapsed_s, 1e3 * r.ttft[0], 1e3 * r.ttft[1], 1e3 * r.ttft[2],
-                   1e3 * r.itl[0], 1e3 * r.itl[1], 1e3 * r.itl[2], r.failed ? "  failures: " : "", r.first_error);
+            tput[k][l] = (double)r.tokens / r.elapsed_s;
+            printf("%-10s %5d %6lld %9.0f %8.1f | %6.1f %6.1f %7.1f | %6.2f %6.2f %7.2f%s%s\n", runs[k].name,
+                   levels[l], (long long)r.completed, tput[k][l], (double)r.completed / r.elapsed_s,
+                   1e3 * r.ttft[0], 1e3 * r.ttft[1], 1e3 * r.ttft[2], 1e3 * r.itl[0], 1e3 * r.itl[1],
+                   1e3 * r.itl[2], r.failed ? "  failures: " : "", r.first_error);
         }
-        int code;
-        dsc_status_free(serve_proc_stop(&p, 30, &code));
+        stop(&p);
     }
-    for (int l = 0; l < n_levels; l++)
+    for (int l = 0; l < n_levels; l++) {
         printf("concurrency %2d: continuous %.0f tokens/s vs static (reference) %.0f tokens/s: ratio %.2f\n",
                levels[l], tput[0][l], tput[1][l], tput[1][l] > 0 ? tput[0][l] / tput[1][l] : 0.0);
+        for (int k = 2; k < N_RUNS; k++)
+            printf("concurrency %2d: %s %.0f tokens/s vs one rank (reference) %.0f tokens/s: ratio %.2f\n",
+                   levels[l], runs[k].name, tput[k][l], tput[0][l],
+                   tput[0][l] > 0 ? tput[k][l] / tput[0][l] : 0.0);
+    }
     return 0;
 }

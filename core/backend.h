@@ -72,6 +72,9 @@ void dsc_backend_register(dsc_device_type type, const dsc_backend_iface *iface);
  * not built in, the device is not present, or its context cannot be created. */
 dsc_status dsc_backend_get(dsc_device device, const dsc_backend **out);
 
+/* Weight rows widened per thread and workspace panel by linear_packed. */
+#define DSC_LINEAR_PACKED_PANEL 128
+
 /* The operation table of a backend type: raw pointers and extents, validated
  * already by the public wrappers (kernels/), on the device of `backend`. */
 struct dsc_kernel_ops {
@@ -80,6 +83,12 @@ struct dsc_kernel_ops {
                        float beta);
     dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                        int64_t oc);
+    /* y (n, oc) = x (n, c) @ W^T (+ bias), W (oc, c) stored in `format` (a dsc_weight_format) and
+     * widened on the fly; workspace (workspace_floats) serves the many-row case of narrow formats:
+     * each thread widens DSC_LINEAR_PACKED_PANEL rows at a time into its own c-wide slice. */
+    dsc_status (*linear_packed)(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
+                                const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
+                                int64_t workspace_floats);
     dsc_status (*layernorm_forward)(const dsc_backend *backend, float *out, float *mean, float *rstd,
                                     const float *x, const float *w, const float *b, int64_t n, int64_t c,
                                     float eps);

@@ -23,7 +23,7 @@ int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
     case DSC_DIM_V:
         return mc->vocab_size;
     case DSC_DIM_POS:
-        return mc->max_positions;
+        return mc->max_positions + mc->pos_offset;
     case DSC_DIM_E:
         return mc->n_experts;
     case DSC_DIM_PAIR:
@@ -38,6 +38,10 @@ int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
         return mc->d_ff_shared;
     case DSC_DIM_ONE:
         return 1;
+    case DSC_DIM_QKV_HEADS:
+        return 3 * (int64_t)mc->n_head * mc->head_size;
+    case DSC_DIM_P:
+        return mc->d_embed ? mc->d_embed : mc->d_model;
     case DSC_DIM_NONE:
         break;
     }
@@ -54,6 +58,10 @@ bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc) 
         return mc->moe_residual;
     case DSC_SLOT_WHEN_SHARED_EXPERT:
         return mc->d_ff_shared > 0;
+    case DSC_SLOT_WHEN_PRE_NORM:
+        return !mc->post_norm;
+    case DSC_SLOT_WHEN_PROJECTED:
+        return mc->d_embed && mc->d_embed != mc->d_model;
     case DSC_SLOT_WHEN_ALWAYS:
         break;
     }
@@ -133,6 +141,9 @@ dsc_status dsc_container_def_validate(const dsc_container_def *def) {
             DSC_CHECK(p->deps[d].cols == p->deps[0].cols && p->deps[d].rows != DSC_DIM_NONE, DSC_ERR_INVALID,
                       "container %s: dependency %s.%s must have rows and the columns of %s.%s", cn, p->name,
                       p->deps[d].name, p->name, p->deps[0].name);
+        /* An interleaved q/k/v is reordered into the parameter's rows, so it must be all of them. */
+        DSC_CHECK(p->n_deps == 1 || p->deps[0].rows != DSC_DIM_QKV_HEADS, DSC_ERR_INVALID,
+                  "container %s: parameter %s: an interleaved q/k/v dependency must be the only one", cn, p->name);
         for (int j = 0; j < i; j++) {
             DSC_CHECK(strcmp(def->params[j].name, p->name) != 0, DSC_ERR_INVALID,
                       "container %s: parameter %s declared twice", cn, p->name);

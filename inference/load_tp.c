@@ -6,8 +6,10 @@
  * replicated), with partition_config and config.json's
  * base_model_tp_plan ahead of it; then the model is built for the rank's
  * widths from a source that reports local shapes and reads only the rank's
- * spans of each tensor. A rule that would split a tensor otherwise than the
- * policy's forward computes it is refused, naming both.
+ * spans of each tensor (GPT-2's Conv1D weights, stored (in, out), are split
+ * as stored and transposed after the read, whole or sharded). A rule that
+ * would split a tensor otherwise than the policy's forward computes it is
+ * refused, naming both.
  * Not here: the forward's collectives (model_tp.c) or the plan rules (tp/). */
 #include <stdlib.h>
 #include <string.h>
@@ -44,11 +46,11 @@ static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
     const struct {
         dsc_dim dim;
         dsc_tp_unit unit;
-    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS},   {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS},
-                 {DSC_DIM_F, DSC_TP_UNIT_FF},        {DSC_DIM_QKV, DSC_TP_UNIT_QKV},
-                 {DSC_DIM_F2, DSC_TP_UNIT_GATE_UP},  {DSC_DIM_FE, DSC_TP_UNIT_FF_EXPERT},
-                 {DSC_DIM_FS, DSC_TP_UNIT_FF_SHARED}};
-    for (int i = 0; i < 7; i++)
+    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS},    {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS},
+                 {DSC_DIM_F, DSC_TP_UNIT_FF},         {DSC_DIM_QKV, DSC_TP_UNIT_QKV},
+                 {DSC_DIM_F2, DSC_TP_UNIT_GATE_UP},   {DSC_DIM_QKV_HEADS, DSC_TP_UNIT_QKV_INTERLEAVED},
+                 {DSC_DIM_FE, DSC_TP_UNIT_FF_EXPERT}, {DSC_DIM_FS, DSC_TP_UNIT_FF_SHARED}};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
         if (dep->rows == heads[i].dim) {
             *unit = heads[i].unit;
             return DSC_TP_KIND_COLUMN;
@@ -137,9 +139,15 @@ static dsc_status shard_read(void *impl, int64_t i, float *dst, int64_t numel) {
     return NULL;
 }
 
-/* ---- plan, check, build ----------------------------------------------------------------------- */
+/* ---- GPT-2's Conv1D weights: stored (in, out), given to the builder as (out, in) ----------- */
 
-/* GPT-2's Conv1D weights are stored (in, out). */
+/* Whether config.json is GPT-2's (model_type "gpt2"), whose Conv1D weights are stored (in, out). */
+static bool is_gpt2(const cJSON *root) {
+    const cJSON *type = root ? cJSON_GetObjectItemCaseSensitive(root, "model_type") : NULL;
+    return cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") == 0;
+}
+
+/* The weights of GPT-2's Conv1D modules (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj). */
 static bool conv1d_weight(const char *name) {
     const char *suffixes[] = {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"};
     size_t n = strlen(name);
@@ -150,7 +158,46 @@ static bool conv1d_weight(const char *name) {
     return false;
 }
 
-/* policy NULL: no declarations (a family planned by names); gpt2: Conv1D weights are transposed. */
+/* Wraps a source (whole, or a rank's shard: the plan splits the stored
+ * layout, so a rank reads only its columns) so that every Conv1D weight is
+ * described and read transposed; the builder and the forward only ever see
+ * (out, in). */
+static void transposed_describe(void *impl, int64_t i, const char **name, int *ndim, int64_t *shape) {
+    const dsc_tensor_source *inner = impl;
+    inner->describe(inner->impl, i, name, ndim, shape);
+    if (*ndim != 2 || !conv1d_weight(*name)) return;
+    int64_t t = shape[0];
+    shape[0] = shape[1];
+    shape[1] = t;
+}
+
+static dsc_status transposed_read(void *impl, int64_t i, float *dst, int64_t numel) {
+    const dsc_tensor_source *inner = impl;
+    const char *name;
+    int nd;
+    int64_t shape[DSC_MAX_DIMS];
+    inner->describe(inner->impl, i, &name, &nd, shape);
+    if (nd != 2 || !conv1d_weight(name)) return inner->read_f32(inner->impl, i, dst, numel);
+    float *tmp = malloc((size_t)numel * sizeof *tmp); /* (in, out) as stored */
+    DSC_CHECK(tmp, DSC_ERR_NOMEM, "transposing %s (%lld floats)", name, (long long)numel);
+    dsc_status s = inner->read_f32(inner->impl, i, tmp, numel);
+    for (int64_t r = 0; !s && r < shape[0]; r++)
+        for (int64_t c = 0; c < shape[1]; c++)
+            dst[c * shape[0] + r] = tmp[r * shape[1] + c];
+    free(tmp);
+    return s;
+}
+
+/* Builds the stage from src, through the transposing wrapper for GPT-2. */
+static dsc_status build(const dsc_policy *policy, const dsc_infer_model_config *mc, const dsc_tensor_source *src,
+                        bool gpt2, const dsc_infer_stage *stage, dsc_infer_model **out) {
+    dsc_tensor_source t = {(void *)src, src->count, transposed_describe, transposed_read, NULL};
+    return dsc_infer_model_build_stage(policy, mc, gpt2 ? &t : src, stage, out);
+}
+
+/* ---- plan, check, build ----------------------------------------------------------------------- */
+
+/* policy NULL: no declarations (a family planned by names); gpt2: Conv1D weights are stored transposed. */
 static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_config *mc,
                             const dsc_tensor_source *src, const cJSON *root, const char *source,
                             const dsc_infer_tp *tp, int size, bool gpt2, dsc_tp_plan **out) {
@@ -162,6 +209,8 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
         p->transposed = gpt2 && conv1d_weight(p->name);
         const dsc_param_dep *dep = policy ? dependency_of(policy, mc, p->name) : NULL;
         if (dep) p->declared = declared_kind(dep, &p->unit);
+        /* Never loaded (GPT-2's and GPT-NeoX's causal-mask buffers, RoPE tables): nothing to split. */
+        if (policy && dsc_policy_ignores(policy, p->name)) p->declared = DSC_TP_KIND_REPLICATE;
     }
     dsc_tp_rule *model_rules = NULL;
     int n_model = 0;
@@ -235,18 +284,22 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     dsc_infer_stage stage;
     int32_t max_layers = 0;
     if (!req->plan) DSC_TRY(dsc_infer_stage_plan(policy, mc, req->pp, &stage, &max_layers));
+    cJSON *root = config_json ? cJSON_Parse(config_json) : NULL;
+    bool gpt2 = is_gpt2(root);
     if (!req->plan && size == 1) {
-        DSC_TRY(dsc_infer_model_build_stage(policy, &local, src, &stage, req->model));
+        cJSON_Delete(root);
+        DSC_TRY(build(policy, &local, src, gpt2, &stage, req->model));
         attach(*req->model, mc, ep);
         dsc_infer_stage_attach(*req->model, req->pp, max_layers);
         return NULL;
     }
-    DSC_CHECK(req->plan || tp->comm, DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
-    DSC_CHECK(req->plan || src->read_f32_span, DSC_ERR_UNSUPPORTED, "%s: this tensor source cannot read shards",
-              source);
-    cJSON *root = config_json ? cJSON_Parse(config_json) : NULL;
+    dsc_status s = NULL;
+    if (!req->plan && !tp->comm)
+        s = dsc_error(DSC_ERR_INVALID, "a tensor-parallel load needs the group's communicator");
+    if (!s && !req->plan && !src->read_f32_span)
+        s = dsc_error(DSC_ERR_UNSUPPORTED, "%s: this tensor source cannot read shards", source);
     dsc_tp_plan *plan = NULL;
-    dsc_status s = make_plan(policy, mc, src, root, source, tp, size, false, &plan);
+    if (!s) s = make_plan(policy, mc, src, root, source, tp, size, gpt2, &plan);
     cJSON_Delete(root);
     if (s || req->plan) {
         if (req->plan) *req->plan = plan;
@@ -262,7 +315,7 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     local.vocab_size = (int32_t)sh->nv;
     shard_source ss = {src, plan, rank};
     dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};
-    s = dsc_infer_model_build_stage(policy, &local, &wrapped, &stage, req->model);
+    s = build(policy, &local, &wrapped, gpt2, &stage, req->model);
     if (!s) {
         dsc_infer_model *m = *req->model;
         attach(m, mc, ep);
@@ -315,8 +368,7 @@ dsc_status dsc_load_plan_by_names(const dsc_tensor_source *src, const char *conf
     if (!s) s = first_int(root, source, experts, 0, &e);
     if (!s && (c <= 0 || nh <= 0 || nkv <= 0 || v <= 0 || hs <= 0))
         s = dsc_error(DSC_ERR_CONFIG, "%s: cannot read the model's width, heads, KV heads and vocabulary", source);
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    bool gpt2 = cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") == 0;
+    bool gpt2 = is_gpt2(root);
     dsc_infer_model_config mc = {.d_model = (int32_t)c,
                                  .n_head = (int32_t)nh,
                                  .n_kv_head = (int32_t)nkv,

@@ -126,7 +126,7 @@ static dsc_status allocate_arena(build_state *b) {
     return NULL;
 }
 
-static bool is_ignored(const dsc_policy *policy, const char *name) {
+bool dsc_policy_ignores(const dsc_policy *policy, const char *name) {
     if (!policy->ignored) return false;
     for (const char *const *g = policy->ignored; *g; g++) {
         const char *star = strchr(*g, '*');
@@ -157,7 +157,7 @@ static dsc_status route_tensor(build_state *b, const dsc_tensor_source *src, int
     int64_t shape[DSC_MAX_DIMS];
     src->describe(src->impl, i, &name, &nd, shape);
     *r = (route){.name = name};
-    if (is_ignored(b->policy, name)) return NULL;
+    if (dsc_policy_ignores(b->policy, name)) return NULL;
     const char *prefix = b->policy->layer_prefix, *rel = name;
     int32_t c = b->mc->n_layer;
     size_t plen = strlen(prefix);
@@ -241,6 +241,22 @@ static dsc_status check_sources(build_state *b, const dsc_tensor_source *src) {
     return NULL;
 }
 
+/* An interleaved q/k/v (rows [head, q/k/v, HS]) read and reordered into
+ * [q | k | v] rows, the layout the forward reads, so no other file knows of it. */
+static dsc_status place_interleaved(const dsc_infer_model_config *mc, const dsc_tensor_source *src, int64_t i,
+                                    float *dst, int64_t numel, int64_t cols) {
+    float *tmp = malloc((size_t)numel * sizeof *tmp);
+    DSC_CHECK(tmp, DSC_ERR_NOMEM, "interleaved q/k/v (%lld floats)", (long long)numel);
+    dsc_status s = src->read_f32(src->impl, i, tmp, numel);
+    int64_t hs = mc->head_size, q = (int64_t)mc->n_head * hs;
+    for (int64_t h = 0; !s && h < mc->n_head; h++)
+        for (int64_t j = 0; j < 3; j++)
+            memcpy(dst + (j * q + h * hs) * cols, tmp + (h * 3 + j) * hs * cols,
+                   (size_t)(hs * cols) * sizeof *tmp);
+    free(tmp);
+    return s;
+}
+
 /* Reads tensor i of src into its place (routed again: routing is cheap). */
 static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i) {
     route r;
@@ -251,7 +267,8 @@ static dsc_status place(build_state *b, const dsc_tensor_source *src, int64_t i)
     for (int k = 0; k < r.dep; k++)
         row0 += dsc_dim_value(b->mc, s->def->deps[k].rows);
     float *dst = s->data + r.expert * s->expert_stride + row0 * s->cols;
-    return src->read_f32(src->impl, i, dst, r.numel);
+    if (s->def->deps[r.dep].rows != DSC_DIM_QKV_HEADS) return src->read_f32(src->impl, i, dst, r.numel);
+    return place_interleaved(b->mc, src, i, dst, r.numel, s->cols);
 }
 
 /* The first dependency no tensor set, named as the checkpoint would name it. */
@@ -316,10 +333,17 @@ static dsc_status check_config(const dsc_policy *policy, const dsc_infer_model_c
                   (mc->n_local_experts > 0 || mc->expert0 == 0),
               DSC_ERR_CONFIG, "policy %s: experts [%d, %d + %d) are not a range of the %d experts", arch,
               mc->expert0, mc->expert0, mc->n_local_experts, mc->n_experts);
-    if (mc->family == DSC_INFER_FAMILY_LLAMA) {
-        DSC_CHECK(mc->head_size % 2 == 0 && isfinite(mc->rope_theta) && mc->rope_theta > 0, DSC_ERR_CONFIG,
-                  "policy %s: RoPE needs an even head size (%d) and a positive theta (%g)", arch, mc->head_size,
-                  mc->rope_theta);
+    DSC_CHECK(mc->pos_offset >= 0 && mc->pos_offset <= 1024 && mc->d_embed >= 0 && mc->rope_dims >= 0 &&
+                  mc->rope_dims <= mc->head_size,
+              DSC_ERR_CONFIG, "policy %s: position offset %d, embedding width %d or RoPE dims %d (head size %d)",
+              arch, mc->pos_offset, mc->d_embed, mc->rope_dims, mc->head_size);
+    DSC_CHECK(!mc->parallel_residual || !mc->post_norm, DSC_ERR_CONFIG,
+              "policy %s: a parallel residual has no post-norm form", arch);
+    if (dsc_model_rope_dims(mc) > 0) {
+        DSC_CHECK(dsc_model_rope_dims(mc) % 2 == 0 && isfinite(mc->rope_theta) && mc->rope_theta > 0,
+                  DSC_ERR_CONFIG,
+                  "policy %s: RoPE needs an even number of rotated dims (%d) and a positive theta (%g)", arch,
+                  dsc_model_rope_dims(mc), mc->rope_theta);
         DSC_CHECK(mc->rope_scaling != DSC_ROPE_SCALING_LLAMA3 ||
                       (isfinite(mc->rope_factor) && mc->rope_factor > 0 && mc->rope_low_freq_factor > 0 &&
                        isfinite(mc->rope_high_freq_factor) &&
@@ -387,7 +411,7 @@ dsc_status dsc_infer_model_build_stage(const dsc_policy *policy, const dsc_infer
     DSC_TRY_GOTO(s, allocate_arena(&b), done);
     for (int64_t i = 0; i < src->count; i++)
         DSC_TRY_GOTO(s, place(&b, src, i), done);
-    if (mc->family == DSC_INFER_FAMILY_LLAMA) DSC_TRY_GOTO(s, dsc_model_rope_init(m), done);
+    if (dsc_model_rope_dims(mc) > 0) DSC_TRY_GOTO(s, dsc_model_rope_init(m), done);
 done:
     free(b.flags);
     free(b.slots);
@@ -402,6 +426,7 @@ done:
 void dsc_infer_model_destroy(dsc_infer_model *m) {
     if (!m) return;
     if (m->arena) dsc_mem_free(m->arena, m->arena_bytes, DSC_MEM_PARAMS, DSC_CPU);
+    if (m->widen) dsc_mem_free(m->widen, (size_t)m->widen_floats * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
     free(m->params);
     free(m->inv_freq);
     free(m);

@@ -6,6 +6,7 @@
 #define DSC_INFERENCE_MODEL_INTERNAL_H
 
 #include "dsc/inference.h"
+#include "dsc/kernels.h"
 #include "dsc/moe_dropless.h"
 
 struct dsc_infer_model {
@@ -30,6 +31,9 @@ struct dsc_infer_model {
     size_t arena_bytes;
     dsc_tensor *params; /* ((L + 1) * DSC_PARAM_ROLE_COUNT): layer l at l, the non-layer container at L */
     float *inv_freq;    /* (HS/2) RoPE frequencies, scaling applied */
+    dsc_weight_format weight_format; /* of the projection weights (model_weights.c) */
+    float *widen;                    /* workspace of narrow-weight GEMMs; NULL for f32 */
+    int64_t widen_floats;
 };
 
 /* What one pipeline stage builds: transformer layers [layer0, layer1), the
@@ -59,6 +63,8 @@ void dsc_infer_stage_attach(dsc_infer_model *m, const dsc_infer_pp *pp, int32_t 
 
 /* Sums a row-parallel partial result (N, C) over the tensor-parallel group (a no-op without TP). */
 dsc_status dsc_model_tp_allreduce(dsc_infer_model *m, float *x, int64_t n);
+/* The same for (N, cols) (the token embeddings of width P). */
+dsc_status dsc_model_tp_allreduce_rows(dsc_infer_model *m, float *x, int64_t n, int64_t cols);
 /* A row-parallel bias: added by TP rank 0 only, so the all-reduce counts it once. */
 const dsc_tensor *dsc_model_row_bias(const dsc_infer_model *m, const dsc_tensor *b);
 
@@ -79,6 +85,8 @@ extern const dsc_policy dsc_policy_hf_llama, dsc_policy_hf_mistral, dsc_policy_h
     dsc_policy_dsc_gpt, dsc_policy_dsc_llama;
 /* Phi-3 (policy_hf_phi3.c) and the embedding / final norm / LM head container it shares with Llama. */
 extern const dsc_policy dsc_policy_hf_phi3;
+/* The GPT-family Hugging Face checkpoints (policy_hf_neox.c, policy_hf_gpt2.c, policy_hf_opt.c). */
+extern const dsc_policy dsc_policy_hf_neox, dsc_policy_hf_gpt2, dsc_policy_hf_opt;
 extern const dsc_container_def dsc_policy_hf_outer;
 /* The dense Llama / Qwen2 block (policy_hf.c), also Qwen2-MoE's dense layers. */
 extern const dsc_container_def dsc_policy_hf_dense_layer;
@@ -86,6 +94,8 @@ extern const dsc_container_def dsc_policy_hf_dense_layer;
 extern const dsc_policy dsc_policy_hf_qwen2_moe;
 /* dsc's MoE training architectures (policy_dsc_moe.c). */
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
+/* Whether the policy skips checkpoint tensor `name` (its `ignored` list, `*` for any index). */
+bool dsc_policy_ignores(const dsc_policy *policy, const char *name);
 /* Whether layer `layer` is a MoE layer (n_experts > 0 and moe_layer_freq). */
 bool dsc_model_is_moe_layer(const dsc_infer_model_config *mc, int32_t layer);
 /* Experts this model holds: n_local_experts, or all n_experts when 0. */
@@ -97,12 +107,12 @@ typedef struct dsc_forward_scratch {
     float *x;      /* (N, C) residual stream */
     float *h;      /* (N, C) normed input */
     float *y;      /* (N, C) output of attention or MLP before the residual add */
-    float *q;      /* (N, Q) */
-    float *k;      /* (N, KV) */
-    float *v;      /* (N, KV) */
+    float *qkv;    /* q (n, Q), then k (n, KV), then v (n, KV) of a forward's n tokens */
     float *att;    /* (N, Q) */
     float *ff1;    /* (N, F) GELU pre-activation / SwiGLU gate */
-    float *ff2;    /* (N, F) SwiGLU up */
+    float *ff2;    /* (N, F) SwiGLU up (the dense MLP puts it right after n rows of ff1) */
+    float *y2;     /* (N, C) MLP output of a parallel-residual block (else unused) */
+    float *emb;    /* (N, P) token embeddings and the LM head's input when d_embed != C (else unused) */
     float *moe;    /* (N, C) expert output before the weighted sum */
     float *router; /* (N, E) */
     int32_t *pos;  /* (N) positions as i32 */
@@ -129,7 +139,8 @@ dsc_status dsc_model_project(float *y, const float *x, int64_t n, const dsc_tens
                              int64_t row0, int64_t rows);
 /* A (rows, cols) f32 CPU view. */
 dsc_tensor dsc_model_view2(float *p, int64_t rows, int64_t cols);
-/* The dense MLP of layer `layer` (GELU or SwiGLU by family): h (N, C) -> out (N, C). */
+/* The dense MLP of layer `layer` (GELU, ReLU or SwiGLU by family and
+ * activation): h (N, C) -> out (N, C). */
 dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t layer, int64_t n, const float *h, float *out,
                                dsc_forward_scratch *s);
 /* The MoE feed-forward of one layer (routing by mc->moe_weighting, GELU
@@ -137,8 +148,13 @@ dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t layer, int64_t 
  * residual when configured): h (N, C) -> out (N, C) overwritten. */
 dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t n, const float *h, float *out,
                          dsc_forward_scratch *s);
-/* RoPE on x (N, heads, HS) in place at per-token positions, with m->inv_freq. */
+/* The dims of each head RoPE rotates (0: none, learned positions). */
+int32_t dsc_model_rope_dims(const dsc_infer_model_config *mc);
+/* RoPE on the first dsc_model_rope_dims of each head of x (N, heads, HS) in
+ * place at per-token positions, with m->inv_freq. */
 void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos);
+/* The GPT family's MLP activation (mc->activation) of x into out, same shape. */
+dsc_status dsc_model_activation(const dsc_infer_model_config *mc, dsc_tensor *out, const dsc_tensor *x);
 /* Fills m->inv_freq from the config (theta, Llama-3 scaling). */
 dsc_status dsc_model_rope_init(dsc_infer_model *m);
 

@@ -1,23 +1,31 @@
 /* Rotary position embedding for inference: a frequency table computed once
- * per model (theta^(-2i/HS), with Llama-3's frequency-dependent rescaling
- * when the config asks for it) applied at each token's own position of the
- * ragged batch. The shared kernel dsc_kernel_rope derives its frequencies
- * from theta alone and so cannot express Llama-3 scaling; this table path
- * serves every Llama-family model instead of keeping two. Rotate-half
- * pairing (i, i + HS/2), angles in double, as the training kernel. */
+ * per model (theta^(-2i/D) over the D rotated dims of each head, with
+ * Llama-3's frequency-dependent rescaling when the config asks for it)
+ * applied at each token's own position of the ragged batch. D is the whole
+ * head for Llama-family models and GPT-NeoX's rotary_pct share of it, the
+ * rest of the head passing through. The shared kernel dsc_kernel_rope
+ * derives its frequencies from theta alone over whole heads and so can
+ * express neither; this table path serves every RoPE model instead of
+ * keeping two. Rotate-half pairing (i, i + D/2), angles in double, as the
+ * training kernel. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
 #include "inference/model_internal.h"
 
+int32_t dsc_model_rope_dims(const dsc_infer_model_config *mc) {
+    if (mc->family == DSC_INFER_FAMILY_LLAMA && mc->rope_dims == 0) return mc->head_size;
+    return mc->rope_dims;
+}
+
 dsc_status dsc_model_rope_init(dsc_infer_model *m) {
     const dsc_infer_model_config *mc = &m->cfg;
-    int32_t half = mc->head_size / 2;
+    int32_t dims = dsc_model_rope_dims(mc), half = dims / 2;
     m->inv_freq = malloc((size_t)half * sizeof *m->inv_freq);
     DSC_CHECK(m->inv_freq, DSC_ERR_NOMEM, "RoPE table (%d)", half);
     for (int32_t i = 0; i < half; i++) {
-        double f = pow(mc->rope_theta, -2.0 * i / mc->head_size);
+        double f = pow(mc->rope_theta, -2.0 * i / dims);
         if (mc->rope_scaling == DSC_ROPE_SCALING_LLAMA3) {
             /* Hugging Face's _compute_llama3_parameters: long wavelengths are
              * divided by the factor, short ones kept, the band between blended. */
@@ -37,7 +45,7 @@ dsc_status dsc_model_rope_init(dsc_infer_model *m) {
 }
 
 void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos) {
-    int32_t hs = m->cfg.head_size, half = hs / 2;
+    int32_t hs = m->cfg.head_size, half = dsc_model_rope_dims(&m->cfg) / 2;
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (n > 16) schedule(static)
     for (int64_t t = 0; t < n; t++) {

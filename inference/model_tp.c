@@ -15,8 +15,12 @@ static double now_s(void) {
 }
 
 dsc_status dsc_model_tp_allreduce(dsc_infer_model *m, float *x, int64_t n) {
+    return dsc_model_tp_allreduce_rows(m, x, n, m->cfg.d_model);
+}
+
+dsc_status dsc_model_tp_allreduce_rows(dsc_infer_model *m, float *x, int64_t n, int64_t cols) {
     if (!m->tp_comm) return NULL;
-    dsc_tensor t = dsc_model_view2(x, n, m->cfg.d_model);
+    dsc_tensor t = dsc_model_view2(x, n, cols);
     double t0 = now_s();
     dsc_status s = dsc_comm_allreduce(m->tp_comm, &t, DSC_REDUCE_OP_SUM);
     m->tp_comm_seconds += now_s() - t0;

@@ -2,16 +2,23 @@
  * batch over the blocked KV cache.
  *
  * Each token's new key/value is first written into its sequence's cache slot
- * (found through the block table), then every (token, query head) pair walks
- * its sequence's cached positions 0..pos with an online softmax, so prompt
- * chunks and decode tokens of many sequences share one call and no score
- * matrix exists. The cache holds f32 or bf16 (converted on the fly; the
- * arithmetic is f32). It does not apply rotary embeddings (the caller rotates
- * q and k first). */
+ * (found through the block table); then, for every sequence, query head and
+ * tile of up to 64 of its new tokens, the keys and values the tile can see
+ * are gathered from the cache a tile at a time (widened from bf16 when the
+ * cache holds bf16) and attended with two single-threaded GEMMs per key tile
+ * (scores = Q K^T, out += P V) and an online softmax whose exponentials are
+ * vectorised (kernels/cpu/cpu_simd.c), as the training path's attention
+ * does (kernels/cpu/cpu_attention.c). So a prompt runs at GEMM speed, prompt
+ * chunks and decode tokens of many sequences share one call, and no score
+ * matrix larger than one tile exists. It does not apply rotary embeddings
+ * (the caller rotates q and k first). */
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "dsc/kernels.h"
 #include "dsc/kv_cache.h"
+#include "kernels/cpu/cpu_simd.h"
 
 static dsc_status check_f32_cpu(const dsc_tensor *t, const char *what) {
     DSC_CHECK(t->dtype == DSC_DTYPE_F32 && t->device.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
@@ -84,76 +91,81 @@ static void store_row(cache_ref c, int64_t off, const float *src, int64_t hs) {
         dst[i] = dsc_f32_to_bf16(src[i]);
 }
 
-/* q . row, with 8 partial sums so the loop vectorises. */
-static inline float dot_row(const float *q, cache_ref c, int64_t off, int64_t n) {
-    float part[8] = {0}, s = 0.0f;
-    int64_t i = 0;
-    if (c.bf16) {
-        const uint16_t *r = (const uint16_t *)c.data + off;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++)
-                part[j] += q[i + j] * bf16_value(r[i + j]);
-        for (; i < n; i++)
-            s += q[i] * bf16_value(r[i]);
-    } else {
-        const float *r = (const float *)c.data + off;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++)
-                part[j] += q[i + j] * r[i + j];
-        for (; i < n; i++)
-            s += q[i] * r[i];
-    }
-    for (int j = 0; j < 8; j++)
-        s += part[j];
-    return s;
-}
+/* Query rows per tile, and the floats one gathered key (or value) tile may hold. */
+enum { QTILE = 64, KV_TILE_FLOATS = 16384 };
 
-/* out += w * row */
-static inline void axpy_row(float *out, float w, cache_ref c, int64_t off, int64_t n) {
-    if (c.bf16) {
-        const uint16_t *r = (const uint16_t *)c.data + off;
-        for (int64_t i = 0; i < n; i++)
-            out[i] += w * bf16_value(r[i]);
-    } else {
-        const float *r = (const float *)c.data + off;
-        for (int64_t i = 0; i < n; i++)
-            out[i] += w * r[i];
-    }
-}
-
-/* Keys per tile: scores of a tile are computed first (vectorisable dot
- * products), then the running max moves once per tile, not once per key. */
-enum { TILE = 64 };
-
-/* out (HS) = softmax(q . K[0..pos] * scale) @ V[0..pos] for one query row
- * against KV head g of one sequence; out doubles as the accumulator. */
-static void attend_one(float *out, const float *q, cache_ref cache, const int32_t *table, int64_t pos, int64_t g,
-                       int64_t bs, int64_t nkv, int64_t hs, float scale) {
-    float scores[TILE];
-    float m = -INFINITY, l = 0.0f;
-    memset(out, 0, sizeof(float) * (size_t)hs);
-    for (int64_t p0 = 0; p0 <= pos; p0 += TILE) {
-        int64_t n = pos + 1 - p0 < TILE ? pos + 1 - p0 : TILE;
-        float tile_max = -INFINITY;
-        for (int64_t j = 0; j < n; j++) {
-            scores[j] = dot_row(q, cache, cache_row(table, p0 + j, 0, g, bs, nkv, hs), hs) * scale;
-            if (scores[j] > tile_max) tile_max = scores[j];
-        }
-        if (tile_max > m) {
-            float c = expf(m - tile_max);
-            l *= c;
+/* dst (n, HS) = rows p0 .. p0 + n - 1 of K (kv = 0) or V (kv = 1) of kv head g, in f32. */
+static void gather(float *dst, cache_ref c, const int32_t *table, int64_t p0, int64_t n, int kv, int64_t g,
+                   int64_t bs, int64_t nkv, int64_t hs) {
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off = cache_row(table, p0 + j, kv, g, bs, nkv, hs);
+        if (c.bf16) {
+            const uint16_t *r = (const uint16_t *)c.data + off;
             for (int64_t i = 0; i < hs; i++)
-                out[i] *= c;
-            m = tile_max;
-        }
-        for (int64_t j = 0; j < n; j++) {
-            float w = expf(scores[j] - m);
-            l += w;
-            axpy_row(out, w, cache, cache_row(table, p0 + j, 1, g, bs, nkv, hs), hs);
+                dst[j * hs + i] = bf16_value(r[i]);
+        } else {
+            memcpy(dst + j * hs, (const float *)c.data + off, sizeof(float) * (size_t)hs);
         }
     }
-    for (int64_t i = 0; i < hs; i++)
-        out[i] /= l;
+}
+
+/* One query tile against its keys. */
+typedef struct tile_job {
+    float *out;         /* first row of the tile, row stride `stride` */
+    const float *q;     /* likewise */
+    const int64_t *pos; /* (ni) each row's position: it sees keys 0..pos */
+    int64_t ni, stride, g, bs, nkv, hs;
+    const int32_t *table; /* the sequence's block table */
+    cache_ref cache;
+    float scale;
+} tile_job;
+
+static void attend_tile(const tile_job *J) {
+    const int64_t ni = J->ni, hs = J->hs, ld = J->stride;
+    const int64_t kt = KV_TILE_FLOATS / hs < QTILE ? KV_TILE_FLOATS / hs : QTILE; /* keys per tile */
+    float kbuf[KV_TILE_FLOATS], vbuf[KV_TILE_FLOATS];                             /* (kt, HS) */
+    float s[QTILE * QTILE]; /* (ni, kt) scores, then probabilities */
+    float m[QTILE], l[QTILE];
+    int64_t last = 0;
+    for (int64_t r = 0; r < ni; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+        memset(J->out + r * ld, 0, sizeof(float) * (size_t)hs);
+        last = J->pos[r] > last ? J->pos[r] : last;
+    }
+    for (int64_t p0 = 0; p0 <= last; p0 += kt) {
+        int64_t nj = last + 1 - p0 < kt ? last + 1 - p0 : kt;
+        gather(kbuf, J->cache, J->table, p0, nj, 0, J->g, J->bs, J->nkv, hs);
+        gather(vbuf, J->cache, J->table, p0, nj, 1, J->g, J->bs, J->nkv, hs);
+        /* s (ni, nj) = scale * q tile (ni, HS) @ k tile^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)ni, (int)nj, (int)hs, J->scale, J->q, (int)ld,
+                    kbuf, (int)hs, 0.0f, s, (int)kt);
+        for (int64_t r = 0; r < ni; r++) {
+            float *sr = s + r * kt;
+            int64_t keys = J->pos[r] - p0 + 1; /* causal: keys p <= pos */
+            keys = keys < 0 ? 0 : keys > nj ? nj : keys;
+            float tile_max = -INFINITY;
+#pragma omp simd reduction(max : tile_max)
+            for (int64_t j = 0; j < keys; j++)
+                tile_max = sr[j] > tile_max ? sr[j] : tile_max;
+            for (int64_t j = keys; j < nj; j++)
+                sr[j] = 0.0f;
+            if (keys == 0) continue;
+            float m_new = tile_max > m[r] ? tile_max : m[r], corr = expf(m[r] - m_new);
+            l[r] = l[r] * corr + dsc_cpu_exp_shift_sum(sr, keys, m_new);
+            m[r] = m_new;
+            if (corr != 1.0f)
+                for (int64_t i = 0; i < hs; i++)
+                    J->out[r * ld + i] *= corr;
+        }
+        /* out tile (ni, HS) += p (ni, nj) @ v tile (nj, HS) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)ni, (int)hs, (int)nj, 1.0f, s, (int)kt, vbuf,
+                    (int)hs, 1.0f, J->out, (int)ld);
+    }
+    for (int64_t r = 0; r < ni; r++) {
+        float inv = 1.0f / l[r];
+        for (int64_t i = 0; i < hs; i++)
+            J->out[r * ld + i] *= inv;
+    }
 }
 
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
@@ -161,13 +173,16 @@ dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, con
     DSC_TRY(check_args(out, q, k, v, b, layer_cache));
     const int64_t ntok = b->n_tokens, nh = q->shape[1], nkv = layer_cache->shape[3], hs = layer_cache->shape[4];
     const int64_t bs = layer_cache->shape[2], group = nh / nkv;
+    DSC_CHECK(hs <= KV_TILE_FLOATS, DSC_ERR_UNSUPPORTED, "paged attention: head size %lld exceeds %d",
+              (long long)hs, KV_TILE_FLOATS);
     const cache_ref cache = {layer_cache->data, layer_cache->dtype == DSC_DTYPE_BF16}; /* (NB, 2, BS, NKV, HS) */
     const float *qd = q->data;                                                         /* (Ntok, NH, HS) */
     const float *kd = k->data, *vd = v->data;                                          /* (Ntok, NKV, HS) */
     float *od = out->data;                                                             /* (Ntok, NH, HS) */
     const float scale = 1.0f / sqrtf((float)hs);
+    const int nt = dsc_kernels_get_num_threads();
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(nt) if (ntok * nkv * hs > 32768) schedule(static)
     for (int64_t t = 0; t < ntok; t++) {
         const int32_t *table = b->seqs[b->token_seq[t]].block_table;
         for (int64_t g = 0; g < nkv; g++) {
@@ -177,11 +192,33 @@ dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, con
     }
 
     /* All writes land before any read: a token attends to keys written by
-     * earlier tokens of its own chunk. */
-#pragma omp parallel for collapse(2) schedule(dynamic, 8)
-    for (int64_t t = 0; t < ntok; t++)
-        for (int64_t h = 0; h < nh; h++)
-            attend_one(od + (t * nh + h) * hs, qd + (t * nh + h) * hs, cache, b->seqs[b->token_seq[t]].block_table,
-                       b->positions[t], h / group, bs, nkv, hs, scale);
+     * earlier tokens of its own chunk. Work items: (sequence, query tile, head). */
+    int64_t max_tiles = 0;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int64_t tiles = (b->seqs[i].n_new + QTILE - 1) / QTILE;
+        max_tiles = tiles > max_tiles ? tiles : max_tiles;
+    }
+    const int64_t items = (int64_t)b->n_seqs * max_tiles * nh;
+#pragma omp parallel for num_threads(nt) if (items > 1) schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t h = it % nh, tile = it / nh % max_tiles, si = it / nh / max_tiles;
+        const dsc_ragged_seq *seq = &b->seqs[si];
+        const int64_t t0 = seq->start + tile * QTILE;
+        if (tile * QTILE >= seq->n_new) continue;
+        const int64_t ni = seq->start + seq->n_new - t0 < QTILE ? seq->start + seq->n_new - t0 : QTILE;
+        tile_job J = {.out = od + (t0 * nh + h) * hs,
+                      .q = qd + (t0 * nh + h) * hs,
+                      .pos = b->positions + t0,
+                      .ni = ni,
+                      .stride = nh * hs,
+                      .g = h / group,
+                      .bs = bs,
+                      .nkv = nkv,
+                      .hs = hs,
+                      .table = seq->block_table,
+                      .cache = cache,
+                      .scale = scale};
+        attend_tile(&J);
+    }
     return NULL;
 }

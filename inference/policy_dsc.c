@@ -10,10 +10,7 @@
 
 static const dsc_param_def gpt_params[] = {
     DSC_POLICY_DSC_GPT_ATTN_PARAMS,
-    ONE("mlp_1", DSC_PARAM_ROLE_MLP1_W, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_C),
-    ONE("mlp_1_bias", DSC_PARAM_ROLE_MLP1_B, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_NONE),
-    ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_F),
-    ONE("mlp_2_bias", DSC_PARAM_ROLE_MLP2_B, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_NONE),
+    DSC_POLICY_GPT_MLP_PARAMS,
 };
 static const dsc_param_mapping gpt_mappings[] = {
     DSC_POLICY_DSC_GPT_ATTN_MAPPINGS,  {"mlp.fc.weight", "mlp_1.fc"},        {"mlp.fc.bias", "mlp_1_bias.fc"},
@@ -44,11 +41,7 @@ const dsc_container_def dsc_policy_dsc_llama_layer = {
     sizeof llama_mappings / sizeof llama_mappings[0], llama_mappings};
 
 static const dsc_param_def gpt_outer_params[] = {
-    ONE("embed", DSC_PARAM_ROLE_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_V, DSC_DIM_C),
-    ONE("pos_embed", DSC_PARAM_ROLE_POS_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_POS, DSC_DIM_C),
-    ONE("final_norm", DSC_PARAM_ROLE_FINAL_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),
-    ONE("final_norm_bias", DSC_PARAM_ROLE_FINAL_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),
-    ONE("lm_head", DSC_PARAM_ROLE_UNEMBED, DSC_SLOT_WHEN_UNTIED, "w", DSC_DIM_V, DSC_DIM_C),
+    DSC_POLICY_GPT_OUTER_PARAMS,
 };
 static const dsc_param_mapping gpt_outer_mappings[] = {
     {"embed.wte.weight", "embed.w"},      {"embed.wpe.weight", "pos_embed.w"},

@@ -14,14 +14,7 @@
 
 /* Norms and attention of a GPT block (entries of a dsc_param_def table). */
 /* clang-format off */
-#define DSC_POLICY_DSC_GPT_ATTN_PARAMS                                                                                \
-    ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                 \
-    ONE("attn_norm_bias", DSC_PARAM_ROLE_ATTN_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),            \
-    DSC_POLICY_QKV_PARAMS,                                                                                            \
-    ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),                      \
-    ONE("attn_out_bias", DSC_PARAM_ROLE_ATTN_OUT_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),              \
-    ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                   \
-    ONE("mlp_norm_bias", DSC_PARAM_ROLE_MLP_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE)
+#define DSC_POLICY_DSC_GPT_ATTN_PARAMS DSC_POLICY_GPT_NORM_OUT_PARAMS, DSC_POLICY_QKV_PARAMS
 #define DSC_POLICY_DSC_GPT_ATTN_MAPPINGS                                                                              \
     {"norm1.weight", "attn_norm.w"}, {"norm1.bias", "attn_norm_bias.b"}, {"attn.q.weight", "qkv.q"},                  \
     {"attn.k.weight", "qkv.k"}, {"attn.v.weight", "qkv.v"}, {"attn.q.bias", "qkv_bias.q"},                            \

@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "inference/hf_config.h"
 #include "inference/model_internal.h"
 #include "inference/policy_params.h"
 
@@ -75,68 +76,6 @@ static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_f
 /* ---- config.json ------------------------------------------------------------------------------- */
 
 typedef enum hf_variant { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_MIXTRAL } hf_variant;
-
-/* Bounds on sizes read from config.json: generous beside real models
- * (hidden sizes reach 16k, vocabularies 256k, experts 256), small enough that
- * a product of two stays far inside int64 and every count fits int32. */
-enum {
-    MAX_DIM = 1 << 20,   /* hidden_size, intermediate_size, heads x head_dim */
-    MAX_VOCAB = 1 << 24, /* vocab_size */
-    MAX_COUNT = 1 << 16, /* layers, heads, head_dim, experts */
-};
-
-/* One JSON object of config.json; `prefix` names it in messages ("rope_scaling."). */
-typedef struct json_reader {
-    const cJSON *obj;
-    const char *source, *prefix;
-} json_reader;
-
-/* An integer key in [lo, hi], checked on the double before any conversion
- * (a cast of 1e300, or of 4294967328 to int32, is not a number dsc may use). */
-static dsc_status get_int(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo,
-                          int64_t hi, int64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
-    if (!v || cJSON_IsNull(v)) {
-        DSC_CHECK(!required, DSC_ERR_CONFIG, "%s: missing key %s%s", r->source, r->prefix, key);
-        *out = dflt;
-        return NULL;
-    }
-    DSC_CHECK(cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble),
-              DSC_ERR_CONFIG, "%s: %s%s must be an integer", r->source, r->prefix, key);
-    DSC_CHECK(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi, DSC_ERR_CONFIG,
-              "%s: %s%s = %.17g is outside [%lld, %lld]", r->source, r->prefix, key, v->valuedouble, (long long)lo,
-              (long long)hi);
-    *out = (int64_t)v->valuedouble;
-    return NULL;
-}
-
-static dsc_status get_i32(const json_reader *r, const char *key, bool required, int64_t dflt, int64_t lo,
-                          int64_t hi, int32_t *out) {
-    int64_t v;
-    DSC_TRY(get_int(r, key, required, dflt, lo, hi, &v));
-    *out = (int32_t)v; /* hi <= INT32_MAX at every call */
-    return NULL;
-}
-
-/* A finite number in (lo, hi] (lo exclusive: every real key here must be positive). */
-static dsc_status get_num(const json_reader *r, const char *key, double dflt, double lo, double hi, double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
-    if (!v || cJSON_IsNull(v)) {
-        *out = dflt;
-        return NULL;
-    }
-    DSC_CHECK(cJSON_IsNumber(v) && isfinite(v->valuedouble), DSC_ERR_CONFIG, "%s: %s%s must be a finite number",
-              r->source, r->prefix, key);
-    DSC_CHECK(v->valuedouble > lo && v->valuedouble <= hi, DSC_ERR_CONFIG, "%s: %s%s = %.17g is outside (%g, %g]",
-              r->source, r->prefix, key, v->valuedouble, lo, hi);
-    *out = v->valuedouble;
-    return NULL;
-}
-
-static bool get_bool(const cJSON *obj, const char *key, bool dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
-}
 
 /* Refuses keys of a RoPE object that dsc would otherwise ignore. */
 static dsc_status only_keys(const json_reader *r, const char *const *known) {

@@ -1,9 +1,10 @@
 /* Private to inference/: parameter-table pieces every policy declares alike
- * (policy_hf.c for Hugging Face checkpoints, policy_dsc.h for dsc training
- * checkpoints): a parameter with one dependency, and the fused q|k|v
- * projection and the norms and attention of a Llama-style (pre-norm, no
- * biases but the optional q/k/v ones) block. Not here: the checkpoint-name
- * mappings, which differ per checkpoint format. */
+ * (policy_hf*.c for Hugging Face checkpoints, policy_dsc.h for dsc training
+ * checkpoints): a parameter with one dependency, the fused q|k|v
+ * projection, the norms and attention of a Llama-style (pre-norm, no
+ * biases but the optional q/k/v ones) block, and the LayerNorms, attention
+ * output and MLP of a GPT-style block (biases everywhere). Not here: the
+ * checkpoint-name mappings, which differ per checkpoint format. */
 #ifndef DSC_INFERENCE_POLICY_PARAMS_H
 #define DSC_INFERENCE_POLICY_PARAMS_H
 
@@ -47,6 +48,34 @@
     {"self_attn.q_proj.bias", "qkv_bias.q"}, {"self_attn.k_proj.bias", "qkv_bias.k"},                                 \
     {"self_attn.v_proj.bias", "qkv_bias.v"}, {"self_attn.o_proj.weight", "attn_out.w"},                               \
     {"post_attention_layernorm.weight", "mlp_norm.w"}
+
+/* A GPT block's LayerNorms (weight and bias) and attention output with its
+ * bias: everything of its attention but the q/k/v parameters. */
+#define DSC_POLICY_GPT_NORM_OUT_PARAMS                                                                                \
+    ONE("attn_norm", DSC_PARAM_ROLE_ATTN_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                 \
+    ONE("attn_norm_bias", DSC_PARAM_ROLE_ATTN_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),            \
+    ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),                      \
+    ONE("attn_out_bias", DSC_PARAM_ROLE_ATTN_OUT_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE),              \
+    ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE),                   \
+    ONE("mlp_norm_bias", DSC_PARAM_ROLE_MLP_NORM_B, DSC_SLOT_WHEN_ALWAYS, "b", DSC_DIM_C, DSC_DIM_NONE)
+
+/* A GPT block's non-gated MLP with biases (dependencies fc and proj). */
+#define DSC_POLICY_GPT_MLP_PARAMS                                                                                     \
+    ONE("mlp_1", DSC_PARAM_ROLE_MLP1_W, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_C),                            \
+    ONE("mlp_1_bias", DSC_PARAM_ROLE_MLP1_B, DSC_SLOT_WHEN_ALWAYS, "fc", DSC_DIM_F, DSC_DIM_NONE),                    \
+    ONE("mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_F),                          \
+    ONE("mlp_2_bias", DSC_PARAM_ROLE_MLP2_B, DSC_SLOT_WHEN_ALWAYS, "proj", DSC_DIM_C, DSC_DIM_NONE)
+
+/* A GPT model's final LayerNorm (weight and bias), present `when`. */
+#define DSC_POLICY_GPT_FINAL_NORM_PARAMS(when)                                                                        \
+    ONE("final_norm", DSC_PARAM_ROLE_FINAL_NORM_W, when, "w", DSC_DIM_C, DSC_DIM_NONE),                               \
+    ONE("final_norm_bias", DSC_PARAM_ROLE_FINAL_NORM_B, when, "b", DSC_DIM_C, DSC_DIM_NONE)
+/* A GPT model's embedding, learned positions, final LayerNorm and untied LM head. */
+#define DSC_POLICY_GPT_OUTER_PARAMS                                                                                   \
+    ONE("embed", DSC_PARAM_ROLE_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_V, DSC_DIM_C),                              \
+    ONE("pos_embed", DSC_PARAM_ROLE_POS_EMBED, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_POS, DSC_DIM_C),                    \
+    DSC_POLICY_GPT_FINAL_NORM_PARAMS(DSC_SLOT_WHEN_ALWAYS),                                                           \
+    ONE("lm_head", DSC_PARAM_ROLE_UNEMBED, DSC_SLOT_WHEN_UNTIED, "w", DSC_DIM_V, DSC_DIM_C)
 /* clang-format on */
 
 #endif

@@ -54,6 +54,41 @@ dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const d
                       0.0f);
 }
 
+/* The format a weight tensor's dtype stands for (u8: Q8_0), or DSC_WEIGHT_FORMAT_COUNT. */
+static dsc_weight_format format_of(dsc_dtype dtype) {
+    for (int f = 0; f < DSC_WEIGHT_FORMAT_COUNT; f++)
+        if (dsc_weight_dtype((dsc_weight_format)f) == dtype) return (dsc_weight_format)f;
+    return DSC_WEIGHT_FORMAT_COUNT;
+}
+
+dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
+                                            const dsc_tensor *bias, dsc_tensor *workspace) {
+    kernel_call call;
+    DSC_TRY(KERNEL_BEGIN(&call, "dsc_kernel_linear_forward_packed", KARG(y), KARG(x), KARG(w), KOPT(bias),
+                         KOPT(workspace)));
+    dsc_weight_format f = format_of(w->dtype);
+    DSC_CHECK(f != DSC_WEIGHT_FORMAT_COUNT && w->ndim == 2, DSC_ERR_INVALID,
+              "dsc_kernel_linear_forward_packed argument w: expected a 2-D f32, bf16, f16 or u8 (Q8_0) weight, "
+              "got %d-D %s",
+              w->ndim, dsc_dtype_name(w->dtype));
+    int64_t rows, c;
+    DSC_TRY(kernel_expect_rows(&call, x, "x", &rows, &c));
+    int64_t oc = w->shape[0], w_shape[2] = {oc, dsc_weight_cols(f, c)};
+    DSC_CHECK(w_shape[1] > 0 || c == 0, DSC_ERR_INVALID,
+              "dsc_kernel_linear_forward_packed: %lld input features do not fit format %s", (long long)c,
+              dsc_weight_format_name(f));
+    DSC_TRY(kernel_expect(&call, w, "w", w->dtype, 2, w_shape));
+    DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
+    DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &oc));
+    int64_t ws = 0, ws_rows, ws_cols;
+    if (workspace) {
+        DSC_TRY(kernel_expect_rows(&call, workspace, "workspace", &ws_rows, &ws_cols));
+        ws = dsc_tensor_numel(workspace);
+    }
+    return KERNEL_RUN(&call, linear_packed, y->data, x->data, w->data, (int)f, kernel_f32(bias), rows, oc, c,
+                      kernel_f32(workspace), ws);
+}
+
 dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias, const dsc_tensor *dy,
                                       const dsc_tensor *x, const dsc_tensor *w) {
     kernel_call call;

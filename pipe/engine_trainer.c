@@ -165,6 +165,7 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .counts_in_norm = counts_in_norm,
         .counts_in_norm_ctx = t,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
+        .overlap_comm = cfg->zero_optimization.overlap_comm,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
     if (o->hooks.make_optimizer)

@@ -6,7 +6,10 @@
 #      expert-parallel ranks: partition summary, progress bar, falling loss,
 #      per-expert load, checkpoints in build/main-ckpt;
 #   3. resume from the latest checkpoint and train further;
-#   4. generate text from the final checkpoint with the inference engine.
+#   4. generate text from the final checkpoint with the inference engine;
+#   5. serve the checkpoint over HTTP (dsc-serve, OpenAI's API) on 2
+#      tensor-parallel ranks, stream one completion with curl, stop it with
+#      SIGTERM to rank 0 (every rank drains and exits 0).
 # DSC_MAIN_STEPS (default 200) sets the total steps; the first run stops at
 # 3/4 of them. Extra arguments go to both dsc-train runs.
 set -euo pipefail
@@ -48,3 +51,32 @@ echo
 echo "== 4. generating from the checkpoint with the inference engine"
 "$bin/dsc-generate" "$ckpt" --prompt "ROMEO:" --max-new-tokens 58 --temperature 0.8 --top-p 0.95 --seed 1
 echo
+
+echo
+echo "== 5. serving the checkpoint over HTTP: dsc-serve on 2 tensor-parallel ranks"
+log=$build/main-serve.log
+"$bin/dsc-launch" -n 2 "$bin/dsc-serve" "$ckpt" --tp 2 --port 0 >"$log" 2>&1 &
+launcher=$!
+trap 'kill "$launcher" 2>/dev/null || true' EXIT
+for _ in $(seq 1200); do # the "listening on http://HOST:PORT (... pids RANK0,RANK1)" line, within 120 s
+  grep -q "listening on" "$log" && break
+  kill -0 "$launcher" 2>/dev/null || { cat "$log"; exit 1; }
+  sleep 0.1
+done
+listening=$(grep -m1 "listening on" "$log") || { cat "$log"; exit 1; }
+echo "$listening"
+url=$(echo "$listening" | grep -o 'http://[0-9.]*:[0-9]*')
+rank0=$(echo "$listening" | sed 's/.*pids \([0-9]*\).*/\1/')
+request='{"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0.8, "top_p": 0.95, "seed": 1, "stream": true}'
+echo "\$ curl -sN $url/v1/completions -d '$request'"
+sse=$build/main-serve.sse
+curl -sSN --fail-with-body --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' -d "$request" >"$sse"
+grep -m2 '^data: ' "$sse"
+echo "... ($(grep -c '^data: {' "$sse") chunks in all, one per token)"
+grep '^data: ' "$sse" | tail -n 2
+text=$(sed -n 's/^data: .*"text":"\(\([^"\\]\|\\.\)*\)",.*/\1/p' "$sse" | tr -d '\n')
+printf 'the completion: ROMEO:%b\n' "$text"
+kill -TERM "$rank0"
+wait "$launcher"
+trap - EXIT
+grep "dsc-serve:" "$log" | tail -n 1

@@ -226,12 +226,6 @@ static bool tokenize(dsc_server *srv, const char *text, bool bos, serve_prompt *
 
 /* Text prompts -> ids, checks ids, the chat template; fills *max_tokens. */
 static bool prepare(dsc_server *srv, serve_params *p, int32_t *max_tokens, serve_error *err) {
-    if (p->logprobs >= 0 &&
-        srv->n_ranks > 1) { /* each rank holds a slice of the logits, rank 0 not the whole row */
-        serve_error_set(err, 400, p->kind == SERVE_KIND_CHAT ? "top_logprobs" : "logprobs",
-                        "logprobs are not available when the model is split over %d ranks", srv->n_ranks);
-        return false;
-    }
     if (p->kind == SERVE_KIND_CHAT) {
         if (!srv->chat) {
             serve_error_set(

@@ -12,7 +12,6 @@
  * sequences in the same iteration; ranks other than 0 only follow (follow()).
  * Not here: HTTP (http.c), parsing and
  * tokenizing (request.c, http.c), rendering (response.c). */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -46,30 +45,11 @@ static bool is_stop_token(const dsc_server *srv, const serve_job *job, int32_t t
     return job->p.kind == SERVE_KIND_CHAT && srv->chat_end_id >= 0 && tok == srv->chat_end_id;
 }
 
-/* The token's log-probability, then the top `n` (id, log-probability). */
-static bool add_logprobs(serve_job *job, const float *row, int32_t V, int32_t token, int32_t n) {
-    if (!serve_grow((void **)&job->tops, &job->cap_tops, job->n_tops + 1 + n, sizeof *job->tops)) return false;
-    serve_logprob *lp = job->tops + job->n_tops;
-    float max = -INFINITY;
-    for (int32_t v = 0; v < V; v++)
-        if (row[v] > max) max = row[v];
-    double sum = 0;
-    for (int32_t v = 0; v < V; v++)
-        sum += exp((double)row[v] - max);
-    float lse = max + (float)log(sum);
-    lp[0] = (serve_logprob){token, row[token] - lse};
-    for (int32_t k = 1; k <= n; k++) { /* selection: n is at most SERVE_MAX_LOGPROBS */
-        int32_t best = -1;
-        for (int32_t v = 0; v < V; v++) {
-            bool taken = false;
-            for (int32_t j = 1; j < k && !taken; j++)
-                taken = lp[j].id == v;
-            if (!taken && (best < 0 || row[v] > row[best])) best = v;
-        }
-        lp[k] = (serve_logprob){best, best >= 0 ? row[best] - lse : -INFINITY};
-    }
-    job->n_tops += 1 + n;
-    return true;
+/* This sequence's top-logprobs count (-1: none), from the table every rank keeps. */
+static int32_t lp_count(const dsc_server *srv, uint64_t uid) {
+    for (int32_t i = 0; i < srv->n_lp_seqs; i++)
+        if (srv->lp_seqs[i].uid == uid) return srv->lp_seqs[i].n;
+    return -1;
 }
 
 static bool add_event(serve_job *job, serve_event ev) {
@@ -88,7 +68,16 @@ static void finish_seq(dsc_server *srv, serve_job *job, serve_seq *q, serve_fini
 
 dsc_status serve_loop_on_token(void *user, uint64_t uid, int32_t token, bool finished) {
     dsc_server *srv = user;
-    const float *row = dsc_scheduler_token_logits(srv->sched);
+    /* Every rank computes the logprobs (a collective across ranks), before rank 0 decides what to keep. */
+    serve_logprob lp[1 + SERVE_MAX_LOGPROBS];
+    int32_t n_lp = lp_count(srv, uid);
+    if (n_lp >= 0) {
+        const float *row = dsc_scheduler_token_logits(srv->sched);
+        DSC_CHECK(row, DSC_ERR_INTERNAL, "logprobs of sequence %llu: no logits row", (unsigned long long)uid);
+        DSC_TRY(serve_logprobs(srv->n_ranks > 1 ? srv->cfg.comm : NULL, row,
+                               dsc_infer_engine_logits_width(srv->engine), srv->vocab0, token, n_lp, lp));
+    }
+    if (srv->rank != 0) return NULL;
     dsc_status st = NULL;
     pthread_mutex_lock(&srv->mu);
     int32_t i;
@@ -116,9 +105,14 @@ dsc_status serve_loop_on_token(void *user, uint64_t uid, int32_t token, bool fin
                           .finish = f,
                           .top = job->n_tops,
                           .first = q->n_gen == 1};
-        if (!st && job->p.logprobs >= 0 && row &&
-            !add_logprobs(job, row, dsc_infer_engine_logits_width(srv->engine), token, job->p.logprobs))
-            st = dsc_error(DSC_ERR_NOMEM, "logprobs of request %s", job->id);
+        if (!st && n_lp >= 0) {
+            if (serve_grow((void **)&job->tops, &job->cap_tops, job->n_tops + 1 + n_lp, sizeof *job->tops)) {
+                memcpy(job->tops + job->n_tops, lp, (size_t)(1 + n_lp) * sizeof *lp);
+                job->n_tops += 1 + n_lp;
+            } else {
+                st = dsc_error(DSC_ERR_NOMEM, "logprobs of request %s", job->id);
+            }
+        }
         if (!st && !add_event(job, ev)) st = dsc_error(DSC_ERR_NOMEM, "events of request %s", job->id);
         if (f != SERVE_FINISH_NONE) finish_seq(srv, job, q, f);
         pthread_cond_broadcast(&job->cond);
@@ -155,7 +149,7 @@ static dsc_status plan_new_jobs(dsc_server *srv, int32_t *first_new) {
                                  .seed = seed,
                                  .stop_tokens = stop,
                                  .n_stop = n_stop};
-            DSC_TRY(serve_plan_add_submit(&srv->plan, &r));
+            DSC_TRY(serve_plan_add_submit(&srv->plan, &r, job->p.logprobs));
         }
     }
     srv->inbox_tail = NULL;
@@ -191,9 +185,8 @@ typedef struct submit_ctx {
     int32_t first_new;
 } submit_ctx;
 
-/* The plan's submit i belongs to the i-th new sequence, in job order. */
-static void on_submit(void *user, int32_t i, dsc_status result) {
-    submit_ctx *c = user;
+/* Rank 0: the plan's submit i belongs to the i-th new sequence, in job order. */
+static void admit(submit_ctx *c, int32_t i, dsc_status result) {
     dsc_server *srv = c->srv;
     for (int32_t j = c->first_new; j < srv->n_active; j++) {
         serve_job *job = srv->active[j];
@@ -219,6 +212,34 @@ static void on_submit(void *user, int32_t i, dsc_status result) {
         break;
     }
     dsc_status_free(result);
+}
+
+/* Every rank: an admitted sequence that reports logprobs joins the table (room was reserved). */
+static void on_submit(void *user, int32_t i, dsc_status result) {
+    submit_ctx *c = user;
+    dsc_server *srv = c->srv;
+    const serve_plan_submit *q = &srv->plan.submits[i];
+    if (!result && q->logprobs >= 0) srv->lp_seqs[srv->n_lp_seqs++] = (serve_lp_seq){q->uid, q->logprobs};
+    if (srv->rank == 0)
+        admit(c, i, result);
+    else
+        dsc_status_free(result);
+}
+
+/* Every rank: the plan applied to its scheduler; released sequences leave the logprobs table. */
+static dsc_status apply_plan(dsc_server *srv, submit_ctx *ctx) {
+    const serve_plan *p = &srv->plan;
+    DSC_CHECK(
+        serve_grow((void **)&srv->lp_seqs, &srv->cap_lp_seqs, srv->n_lp_seqs + p->n_submits, sizeof *srv->lp_seqs),
+        DSC_ERR_NOMEM, "logprobs table");
+    DSC_TRY(serve_plan_apply(p, srv->sched, on_submit, ctx));
+    for (int32_t k = 0; k < p->n_cancels; k++)
+        for (int32_t i = 0; i < srv->n_lp_seqs; i++)
+            if (srv->lp_seqs[i].uid == p->cancels[k]) {
+                srv->lp_seqs[i] = srv->lp_seqs[--srv->n_lp_seqs];
+                break;
+            }
+    return NULL;
 }
 
 /* Under the mutex, after the plan was applied: released sequences leave the
@@ -295,7 +316,8 @@ static dsc_status follow(dsc_server *srv) {
     for (;;) {
         serve_plan_clear(&srv->plan);
         DSC_TRY(srv->channel.exchange(srv->channel.impl, &srv->plan));
-        DSC_TRY(serve_plan_apply(&srv->plan, srv->sched, NULL, NULL));
+        submit_ctx ctx = {srv, 0};
+        DSC_TRY(apply_plan(srv, &ctx));
         if (srv->plan.stop) return NULL;
         dsc_scheduler_counts c = dsc_scheduler_get_counts(srv->sched);
         bool idle;
@@ -328,7 +350,7 @@ dsc_status dsc_server_run(dsc_server *srv) {
         if (!st) {
             /* The scheduler is the step loop's; on_submit's job fields are the mutex's. */
             pthread_mutex_lock(&srv->mu);
-            st = serve_plan_apply(&srv->plan, srv->sched, on_submit, &ctx);
+            st = apply_plan(srv, &ctx);
             settle(srv, first_new);
             publish_gauges(srv);
             pthread_mutex_unlock(&srv->mu);

@@ -7,7 +7,7 @@
 
 #include "serve/strbuf.h"
 
-dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r) {
+dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r, int32_t logprobs) {
     bool ok = serve_grow((void **)&p->submits, &p->cap_submits, p->n_submits + 1, sizeof *p->submits) &&
               serve_grow((void **)&p->ids, &p->cap_ids, p->n_ids + r->n_prompt + r->n_stop, sizeof *p->ids);
     DSC_CHECK(ok, DSC_ERR_NOMEM, "batch plan: request %llu", (unsigned long long)r->uid);
@@ -19,7 +19,8 @@ dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r) {
                              .sampling = r->sampling,
                              .seed = r->seed,
                              .stop_off = p->n_ids + r->n_prompt,
-                             .n_stop = r->n_stop};
+                             .n_stop = r->n_stop,
+                             .logprobs = logprobs};
     memcpy(p->ids + s->prompt_off, r->prompt, (size_t)r->n_prompt * sizeof *p->ids);
     if (r->n_stop > 0) memcpy(p->ids + s->stop_off, r->stop_tokens, (size_t)r->n_stop * sizeof *p->ids);
     p->n_ids += r->n_prompt + r->n_stop;

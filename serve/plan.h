@@ -31,6 +31,7 @@ typedef struct serve_plan_submit {
     uint64_t seed;
     int64_t stop_off; /* into ids */
     int32_t n_stop;
+    int32_t logprobs; /* top alternatives its tokens report (-1: none); every rank joins their computation */
 } serve_plan_submit;
 
 typedef struct serve_plan {
@@ -45,8 +46,9 @@ typedef struct serve_plan {
     bool stop; /* the last plan: every rank leaves its loop */
 } serve_plan;
 
-/* Copies r (its prompt and stop tokens) into the plan. */
-dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r);
+/* Copies r (its prompt and stop tokens) into the plan, with the number of
+ * top logprobs its tokens report (-1: none). */
+dsc_status serve_plan_add_submit(serve_plan *p, const dsc_gen_request *r, int32_t logprobs);
 dsc_status serve_plan_add_cancel(serve_plan *p, uint64_t uid);
 /* Empties the plan, keeping its buffers. */
 void serve_plan_clear(serve_plan *p);

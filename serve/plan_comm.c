@@ -4,13 +4,14 @@
  * and the stop flag), then the submits, the token ids and the cancels, each
  * skipped when empty. The submits travel as raw bytes: every rank runs the
  * same binary, so the struct's layout is the same everywhere. A follower
- * checks what it received (counts, and every token range inside the ids)
- * before allocating or applying it. Not here: what the plan means (plan.c)
+ * checks what it received (counts, every token range inside the ids, the
+ * logprobs counts) before allocating or applying it. Not here: what the plan means (plan.c)
  * or who builds it (loop.c). */
 #include <stdio.h>
 #include <string.h>
 
 #include "dsc/comm.h"
+#include "serve/logprobs.h"
 #include "serve/plan.h"
 #include "serve/strbuf.h"
 
@@ -43,6 +44,9 @@ static dsc_status check_submits(const serve_plan *p) {
                   DSC_ERR_CORRUPT,
                   "batch plan from rank 0: submit %d (uid %llu) names tokens outside the plan's %lld ids", i,
                   (unsigned long long)s->uid, (long long)p->n_ids);
+        DSC_CHECK(s->logprobs >= -1 && s->logprobs <= SERVE_LOGPROBS_MAX, DSC_ERR_CORRUPT,
+                  "batch plan from rank 0: submit %d (uid %llu) asks for %d logprobs (-1..%d)", i,
+                  (unsigned long long)s->uid, s->logprobs, SERVE_LOGPROBS_MAX);
     }
     return NULL;
 }

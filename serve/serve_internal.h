@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "dsc/serve.h"
+#include "serve/logprobs.h"
 #include "serve/metrics.h"
 #include "serve/plan.h"
 
@@ -20,7 +21,7 @@ enum {
     SERVE_MAX_STOP_LEN = 256, /* bytes per stop string */
     SERVE_MAX_STOP_IDS = 16,
     SERVE_MAX_PROMPTS = 64, /* prompts in one /v1/completions request */
-    SERVE_MAX_LOGPROBS = 20,
+    SERVE_MAX_LOGPROBS = SERVE_LOGPROBS_MAX,
     SERVE_MAX_MESSAGES = 256
 };
 
@@ -116,11 +117,6 @@ typedef struct serve_seq {
     double t_last; /* time of the latest token (inter-token latency) */
 } serve_seq;
 
-typedef struct serve_logprob {
-    int32_t id;
-    float logprob;
-} serve_logprob;
-
 /* One generated token: its text is seqs[seq].text.all[off, off + len). */
 typedef struct serve_event {
     int32_t seq;
@@ -174,6 +170,12 @@ void serve_job_unref(dsc_server *srv, serve_job *job);
 /* ---- the server ------------------------------------------------------------------------------ */
 typedef struct serve_chat_template serve_chat_template;
 
+/* A sequence whose tokens report logprobs: n top alternatives. */
+typedef struct serve_lp_seq {
+    uint64_t uid;
+    int32_t n;
+} serve_lp_seq;
+
 struct dsc_server {
     dsc_serve_config cfg;
     char *model_name;
@@ -199,6 +201,10 @@ struct dsc_server {
     bool draining;
     serve_metrics metrics;
     /* step loop only: */
+    serve_lp_seq *lp_seqs; /* (n_lp_seqs) on every rank: computing logprobs is collective across ranks */
+    int32_t n_lp_seqs;
+    int64_t cap_lp_seqs;
+    int32_t vocab0; /* the first vocabulary id of this rank's logits rows */
     uint64_t next_uid;
     serve_plan plan;
     serve_plan_channel channel;

@@ -64,6 +64,30 @@ static dsc_status choose_template(dsc_server *srv) {
     return NULL;
 }
 
+/* Under tensor parallelism each rank's logits rows are a slice of the
+ * vocabulary, in rank order: this rank's first id is the widths before it. */
+static dsc_status find_vocab0(dsc_server *srv) {
+    srv->vocab0 = 0;
+    if (srv->n_ranks == 1) return NULL;
+    int32_t mine = dsc_infer_engine_logits_width(srv->engine), *all = calloc((size_t)srv->n_ranks, sizeof *all);
+    DSC_CHECK(all, DSC_ERR_NOMEM, "logits widths of %d ranks", srv->n_ranks);
+    int64_t one = 1, n = srv->n_ranks, total = 0;
+    dsc_tensor send = dsc_tensor_view(&mine, DSC_DTYPE_I32, 1, &one, DSC_CPU);
+    dsc_tensor recv = dsc_tensor_view(all, DSC_DTYPE_I32, 1, &n, DSC_CPU);
+    dsc_status s = dsc_comm_allgather(srv->cfg.comm, &send, &recv, NULL);
+    for (int r = 0; !s && r < srv->n_ranks; r++) {
+        if (r == srv->rank) srv->vocab0 = (int32_t)total;
+        total += all[r];
+    }
+    free(all);
+    DSC_TRY(s);
+    DSC_CHECK(total == srv->vocab, DSC_ERR_CONFIG,
+              "the ranks' logits widths add up to %lld, not the vocabulary's %d: dsc-serve needs one vocabulary "
+              "slice per rank",
+              (long long)total, srv->vocab);
+    return NULL;
+}
+
 static char *dup_or_null(const char *s) {
     return s ? strdup(s) : NULL;
 }
@@ -96,6 +120,7 @@ dsc_status dsc_server_create(dsc_infer_engine *engine, const dsc_scheduler_confi
     dsc_status s = srv->model_name && (srv->api_key || !cfg->api_key) ? NULL : dsc_error(DSC_ERR_NOMEM, "server");
     if (!s) s = choose_template(srv);
     if (!s) s = dsc_scheduler_create(engine, sched, serve_loop_on_token, srv, &srv->sched);
+    if (!s) s = find_vocab0(srv);
     if (!s && srv->rank == 0) s = serve_http_start(srv);
     /* Only the copies outlive this call. */
     srv->cfg.model_name = srv->model_name;
@@ -127,6 +152,7 @@ void dsc_server_destroy(dsc_server *srv) {
     serve_http_stop(srv);
     dsc_scheduler_destroy(srv->sched);
     serve_plan_free(&srv->plan);
+    free(srv->lp_seqs);
     free(srv->active);
     free(srv->model_name);
     free(srv->api_key);

@@ -5,7 +5,9 @@
  * projections, RoPE and attention, then one all-reduce of the (b, t, C)
  * output; o's bias is added by the group's rank 0 before the sum, so once.
  * Backward: local until the input gradient, whose partial sums (q, k and v
- * of this rank's heads) are all-reduced once.
+ * of this rank's heads) are all-reduced once. With sequence parallelism
+ * (sequence.c) the input and the output gradient are gathered along t first
+ * and each all-reduce is a reduce-scatter back to this rank's positions.
  *
  * It lives inside a block, which keeps the input unchanged until the slot's
  * backward (so only a view of it is kept). Not here: the norms and the
@@ -33,6 +35,7 @@ typedef struct tp_attention {
     dsc_tensor *out, *din; /* [slots] (B, T, C) */
     dsc_tensor *scratch;   /* [4] datt, dq (B, T, nq HS); dk, dv (B, T, nkv HS) */
     dsc_tensor positions;  /* (T) i32, RoPE only */
+    tp_seq seq;            /* sequence parallelism's buffers */
 } tp_attention;
 
 static void release(tp_attention *a) {
@@ -47,6 +50,7 @@ static void release(tp_attention *a) {
     dsc_buffers_free(&a->din, a->slots);
     dsc_buffers_free(&a->scratch, 4);
     dsc_tensor_free(&a->positions);
+    tp_seq_release(&a->seq);
     a->slots = 0;
 }
 
@@ -75,6 +79,7 @@ static dsc_status attn_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     if (!s) s = dsc_buffers_alloc(&a->din, slots, 3, c_shape, a->device);
     if (!s) s = dsc_buffers_alloc(&a->scratch, 4, 4, q_shape, a->device); /* dk, dv fit: nkv <= nq */
     if (!s && a->rope) s = reserve_positions(a, T);
+    if (!s) s = tp_seq_reserve(&a->seq, a->tp, slots, B, T, a->C, a->device);
     if (s) release(a);
     return s;
 }
@@ -94,12 +99,17 @@ static views slot_views(const tp_attention *a, int slot, int64_t b, int64_t t) {
     return w;
 }
 
-static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *local, dsc_tensor *out,
                                dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_attention *a = (tp_attention *)self;
-    DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, a->C}));
+    DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, a->C}));
+    dsc_tensor x;
+    DSC_TRY(tp_seq_gather(&a->seq, a->tp, local, slot, &x));
+    const dsc_tensor *in = &x;
     const int64_t b = in->shape[0], t = in->shape[1];
+    DSC_CHECK(t <= self->max_T, DSC_ERR_INVALID, "%lld positions exceed the reserved %lld", (long long)t,
+              (long long)self->max_T);
     a->in[slot] = *in;
     views w = slot_views(a, slot, b, t);
     DSC_TRY(dsc_param_linear_forward(&w.q, in, a->wq, a->bq));
@@ -110,17 +120,20 @@ static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *in, 
         DSC_TRY(dsc_kernel_rope(&w.k, &w.k, &w.pos, a->rope_theta, false));
     }
     DSC_TRY(dsc_kernel_attention_forward(&w.att, &w.lse, &w.q, &w.k, &w.v));
-    *out = tp_view(&a->out[slot], 3, in->shape);
-    DSC_TRY(dsc_param_linear_forward(out, &w.att, a->wo, a->tp->rank == 0 ? a->bo : NULL));
-    return tp_allreduce(a->tp, out);
+    dsc_tensor partial = tp_seq_partial(&a->seq, a->tp, &a->out[slot], in->shape);
+    DSC_TRY(dsc_param_linear_forward(&partial, &w.att, a->wo, a->tp->rank == 0 ? a->bo : NULL));
+    return tp_seq_sum(&a->seq, a->tp, &partial, &a->out[slot], out);
 }
 
-static dsc_status attn_backward(dsc_layer *self, int slot, const dsc_tensor *dy, dsc_tensor *dx,
+static dsc_status attn_backward(dsc_layer *self, int slot, const dsc_tensor *dlocal, dsc_tensor *dx_out,
                                 dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_attention *a = (tp_attention *)self;
     const dsc_tensor *x = &a->in[slot];
     DSC_CHECK(x->data, DSC_ERR_INVALID, "backward without a forward");
+    dsc_tensor dfull;
+    DSC_TRY(tp_seq_gather(&a->seq, a->tp, dlocal, -1, &dfull));
+    const dsc_tensor *dy = &dfull;
     DSC_TRY(dsc_tensor_expect(dy, "output gradient", DSC_DTYPE_F32, 3, x->shape));
     const int64_t b = x->shape[0], t = x->shape[1];
     views w = slot_views(a, slot, b, t);
@@ -134,12 +147,12 @@ static dsc_status attn_backward(dsc_layer *self, int slot, const dsc_tensor *dy,
         DSC_TRY(dsc_kernel_rope(&dq, &dq, &w.pos, a->rope_theta, true));
         DSC_TRY(dsc_kernel_rope(&dk, &dk, &w.pos, a->rope_theta, true));
     }
-    *dx = tp_view(&a->din[slot], 3, x->shape);
-    DSC_TRY(dsc_param_linear_backward(dx, false, a->wq, a->bq, &dq, x));
-    DSC_TRY(dsc_param_linear_backward(dx, true, a->wk, a->bk, &dk, x));
-    DSC_TRY(dsc_param_linear_backward(dx, true, a->wv, a->bv, &dv, x));
+    dsc_tensor dx = tp_seq_partial(&a->seq, a->tp, &a->din[slot], x->shape);
+    DSC_TRY(dsc_param_linear_backward(&dx, false, a->wq, a->bq, &dq, x));
+    DSC_TRY(dsc_param_linear_backward(&dx, true, a->wk, a->bk, &dk, x));
+    DSC_TRY(dsc_param_linear_backward(&dx, true, a->wv, a->bv, &dv, x));
     a->in[slot] = (dsc_tensor){0};
-    return tp_allreduce(a->tp, dx);
+    return tp_seq_sum(&a->seq, a->tp, &dx, &a->din[slot], dx_out);
 }
 
 static void attn_destroy(dsc_layer *self) {

@@ -2,8 +2,12 @@
  * this rank holds token rows [v0, v0 + nv) of "embed.wte.weight", writes
  * the rows of the tokens in its range and zeros for the rest, and one
  * all-reduce over the tensor group completes every row; GPT's learned
- * positions are replicated and added after the sum. Backward needs no
- * communication: each rank accumulates the rows it holds.
+ * positions are replicated and added by the group's rank 0 before the sum
+ * (exactly the rows' value plus the position's: the other ranks add zeros).
+ * Backward needs no communication: each rank accumulates the rows it holds.
+ * With sequence parallelism (sequence.c) the sum is a reduce-scatter to
+ * this rank's positions, and backward first gathers the output gradient, so
+ * the positions' gradient is whole on every rank.
  *
  * CPU tensors only (the wiring refuses others). Not here: the LM head that
  * shares the weight when embeddings are tied (layer_head.c). */
@@ -24,6 +28,7 @@ typedef struct tp_embedding {
     int32_t *tokens;  /* (slots, B, T) copies of the slot's ids */
     dsc_tensor *out;  /* [slots] (B, T, C) */
     int64_t (*bt)[2]; /* [slots] (b, t) of the pending forward; b = 0 when none */
+    tp_seq seq;       /* sequence parallelism's buffers */
 } tp_embedding;
 
 static void release(tp_embedding *e) {
@@ -32,6 +37,7 @@ static void release(tp_embedding *e) {
     dsc_buffers_free(&e->out, e->slots);
     free(e->bt);
     e->bt = NULL;
+    tp_seq_release(&e->seq);
     e->slots = 0;
 }
 
@@ -45,6 +51,7 @@ static dsc_status emb_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     e->bt = calloc((size_t)slots, sizeof *e->bt);
     dsc_status s = e->tokens && e->bt ? NULL : dsc_error(DSC_ERR_NOMEM, "token copies for %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&e->out, slots, 3, (int64_t[]){B, T, e->C}, e->device);
+    if (!s) s = tp_seq_reserve(&e->seq, e->tp, slots, B, T, e->C, e->device);
     if (s) release(e);
     return s;
 }
@@ -64,8 +71,8 @@ static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
               (long long)self->max_B, (long long)self->max_T);
     int32_t *tok = e->tokens + (size_t)slot * (size_t)(self->max_B * self->max_T);
     memcpy(tok, ids->data, (size_t)(b * t) * sizeof *tok);
-    *out = tp_view(&e->out[slot], 3, (int64_t[]){b, t, C});
-    float *o = out->data;
+    dsc_tensor full = tp_seq_partial(&e->seq, e->tp, &e->out[slot], (int64_t[]){b, t, C});
+    float *o = full.data;
     const float *w = e->wte->value.data;
     for (int64_t i = 0; i < b * t; i++) {
         DSC_CHECK(tok[i] >= 0 && tok[i] < e->V, DSC_ERR_INVALID, "token id %d at (%lld, %lld) outside [0, %lld)",
@@ -76,26 +83,29 @@ static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
         else
             memset(o + i * C, 0, (size_t)C * sizeof *o);
     }
-    DSC_TRY(tp_allreduce(e->tp, out));
-    if (e->wpe) {
+    if (e->wpe && e->tp->rank == 0) {
         const float *pe = e->wpe->value.data;
         for (int64_t i = 0; i < b * t; i++)
             for (int64_t c = 0; c < C; c++)
                 o[i * C + c] += pe[(i % t) * C + c];
     }
+    DSC_TRY(tp_seq_sum(&e->seq, e->tp, &full, &e->out[slot], out));
     e->bt[slot][0] = b;
     e->bt[slot][1] = t;
     return NULL;
 }
 
-static dsc_status emb_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
+static dsc_status emb_backward(dsc_layer *self, int slot, const dsc_tensor *dlocal, dsc_tensor *din,
                                dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_embedding *e = (tp_embedding *)self;
     *din = (dsc_tensor){0};
     const int64_t b = e->bt[slot][0], t = e->bt[slot][1], C = e->C, v0 = e->tp->shard.v0, nv = e->tp->shard.nv;
     DSC_CHECK(b > 0, DSC_ERR_INVALID, "backward without a pending forward");
-    DSC_CHECK(dout, DSC_ERR_INVALID, "no output gradient");
+    DSC_CHECK(dlocal, DSC_ERR_INVALID, "no output gradient");
+    dsc_tensor dfull;
+    DSC_TRY(tp_seq_gather(&e->seq, e->tp, dlocal, -1, &dfull));
+    const dsc_tensor *dout = &dfull;
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, (int64_t[]){b, t, C}));
     const int32_t *tok = e->tokens + (size_t)slot * (size_t)(self->max_B * self->max_T);
     const float *g = dout->data;

@@ -7,6 +7,9 @@
  * both) — so a training token's (V) logits row never exists on one rank.
  * Backward: the local softmax minus the local one-hot gives this rank's
  * logits gradient; the input gradient's partial sums are all-reduced once.
+ * With sequence parallelism (sequence.c) the input is first gathered along
+ * t and the final norm runs on every position (so its gradient is whole on
+ * every rank); backward keeps this rank's positions of the input gradient.
  *
  * Without targets (generation) the forward gathers the full (b, t, V)
  * logits on every rank. CPU tensors only. Not here: sampling. */
@@ -40,6 +43,7 @@ typedef struct tp_head {
     dsc_tensor dnormed;      /* (B, T, C) backward scratch */
     dsc_tensor gathered;     /* (B*T*V) generation only: every rank's logits, rank after rank */
     dsc_tensor full;         /* (B, T, V) generation only */
+    tp_seq seq;              /* sequence parallelism's buffers */
 } tp_head;
 
 static void release(tp_head *h) {
@@ -53,6 +57,7 @@ static void release(tp_head *h) {
     dsc_tensor_free(&h->dnormed);
     dsc_tensor_free(&h->gathered);
     dsc_tensor_free(&h->full);
+    tp_seq_release(&h->seq);
     h->slots = 0;
 }
 
@@ -75,6 +80,7 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     if (!s) s = dsc_buffers_alloc(&h->losses, slots, 2, (int64_t[]){B, T}, h->device);
     if (!s) s = dsc_buffers_alloc(&h->din, slots, 3, c_shape, h->device);
     if (!s) s = dsc_tensor_alloc(&h->dnormed, DSC_DTYPE_F32, 3, c_shape, h->device, DSC_MEM_ACTIVATIONS);
+    if (!s) s = tp_seq_reserve(&h->seq, h->tp, slots, B, T, h->C, h->device);
     if (s) release(h);
     return s;
 }
@@ -158,10 +164,13 @@ static dsc_status row_stats(tp_head *h, int slot, int64_t N) {
     return tp_allreduce(h->tp, &st);
 }
 
-static dsc_status head_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+static dsc_status head_forward(dsc_layer *self, int slot, const dsc_tensor *local, dsc_tensor *out,
                                dsc_micro_ctx *ctx) {
     tp_head *h = (tp_head *)self;
-    DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, h->C}));
+    DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, h->C}));
+    dsc_tensor gathered;
+    DSC_TRY(tp_seq_gather(&h->seq, h->tp, local, slot, &gathered));
+    const dsc_tensor *in = &gathered;
     const int64_t b = in->shape[0], t = in->shape[1], N = b * t;
     DSC_CHECK(b <= self->max_B && t <= self->max_T, DSC_ERR_INVALID, "input (%lld, %lld) exceeds the reserve",
               (long long)b, (long long)t);
@@ -221,8 +230,9 @@ static dsc_status head_backward(dsc_layer *self, int slot, const dsc_tensor *dou
     dsc_tensor dnormed = tp_view(&h->dnormed, 3, shape);
     DSC_TRY(dsc_param_linear_backward(&dnormed, false, h->w, NULL, &dlogits, &normed));
     DSC_TRY(tp_allreduce(h->tp, &dnormed));
-    *din = tp_view(&h->din[slot], 3, shape);
-    DSC_TRY(norm_backward(h, slot, &x, &dnormed, din));
+    dsc_tensor dx = tp_seq_partial(&h->seq, h->tp, &h->din[slot], shape);
+    DSC_TRY(norm_backward(h, slot, &x, &dnormed, &dx));
+    tp_seq_take(h->tp, &dx, &h->din[slot], din);
     h->bt[slot][0] = 0;
     return NULL;
 }

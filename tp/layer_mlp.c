@@ -3,7 +3,10 @@
  * this rank's columns [f0, f0 + nf), proj or down row-parallel over the same
  * columns. Forward: local up to one all-reduce of the (b, t, C) output (the
  * proj bias added once, by the group's rank 0); backward: local up to one
- * all-reduce of the input gradient.
+ * all-reduce of the input gradient. With sequence parallelism (sequence.c)
+ * the input and output gradient are gathered along t first and each
+ * all-reduce is a reduce-scatter; proj's bias gradient comes from the
+ * gathered output gradient, so it is whole on every rank as before.
  *
  * It lives inside a block, which keeps the input until the slot's backward.
  * Not here: MoE experts (moe/), the norms (the block). */
@@ -30,6 +33,7 @@ typedef struct tp_mlp {
     dsc_tensor *pre, *up, *act; /* [slots] (B, T, nf) */
     dsc_tensor *out, *din;      /* [slots] (B, T, C) */
     dsc_tensor *scratch;        /* [3] (B, T, nf): dact, dpre, dup */
+    tp_seq seq;                 /* sequence parallelism's buffers */
 } tp_mlp;
 
 static void release(tp_mlp *m) {
@@ -41,6 +45,7 @@ static void release(tp_mlp *m) {
     dsc_buffers_free(&m->out, m->slots);
     dsc_buffers_free(&m->din, m->slots);
     dsc_buffers_free(&m->scratch, 3);
+    tp_seq_release(&m->seq);
     m->slots = 0;
 }
 
@@ -57,15 +62,19 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     if (!s) s = dsc_buffers_alloc(&m->out, slots, 3, c_shape, m->device);
     if (!s) s = dsc_buffers_alloc(&m->din, slots, 3, c_shape, m->device);
     if (!s) s = dsc_buffers_alloc(&m->scratch, 3, 3, f_shape, m->device);
+    if (!s) s = tp_seq_reserve(&m->seq, m->tp, slots, B, T, m->C, m->device);
     if (s) release(m);
     return s;
 }
 
-static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
+static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *local, dsc_tensor *out,
                               dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_mlp *m = (tp_mlp *)self;
-    DSC_TRY(dsc_tensor_expect(in, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, m->C}));
+    DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, m->C}));
+    dsc_tensor x;
+    DSC_TRY(tp_seq_gather(&m->seq, m->tp, local, slot, &x));
+    const dsc_tensor *in = &x;
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     m->in[slot] = *in;
     dsc_tensor pre = tp_view(&m->pre[slot], 3, f_shape), act = tp_view(&m->act[slot], 3, f_shape);
@@ -77,34 +86,37 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
-    *out = tp_view(&m->out[slot], 3, in->shape);
-    DSC_TRY(dsc_param_linear_forward(out, &act, m->w_out, m->tp->rank == 0 ? m->b_out : NULL));
-    return tp_allreduce(m->tp, out);
+    dsc_tensor partial = tp_seq_partial(&m->seq, m->tp, &m->out[slot], in->shape);
+    DSC_TRY(dsc_param_linear_forward(&partial, &act, m->w_out, m->tp->rank == 0 ? m->b_out : NULL));
+    return tp_seq_sum(&m->seq, m->tp, &partial, &m->out[slot], out);
 }
 
-static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout, dsc_tensor *din,
+static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dlocal, dsc_tensor *din,
                                dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_mlp *m = (tp_mlp *)self;
     const dsc_tensor *in = &m->in[slot];
     DSC_CHECK(in->data, DSC_ERR_INVALID, "backward without a forward");
+    dsc_tensor dfull;
+    DSC_TRY(tp_seq_gather(&m->seq, m->tp, dlocal, -1, &dfull));
+    const dsc_tensor *dout = &dfull;
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     dsc_tensor pre = tp_view(&m->pre[slot], 3, f_shape), act = tp_view(&m->act[slot], 3, f_shape);
     dsc_tensor dact = tp_view(&m->scratch[0], 3, f_shape), dpre = tp_view(&m->scratch[1], 3, f_shape);
-    *din = tp_view(&m->din[slot], 3, in->shape);
+    dsc_tensor dx = tp_seq_partial(&m->seq, m->tp, &m->din[slot], in->shape);
     DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
     if (m->gated) {
         dsc_tensor up = tp_view(&m->up[slot], 3, f_shape), dup = tp_view(&m->scratch[2], 3, f_shape);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
-        DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, NULL, &dpre, in));
-        DSC_TRY(dsc_param_linear_backward(din, true, m->w_up, NULL, &dup, in));
+        DSC_TRY(dsc_param_linear_backward(&dx, false, m->w_in, NULL, &dpre, in));
+        DSC_TRY(dsc_param_linear_backward(&dx, true, m->w_up, NULL, &dup, in));
     } else {
         DSC_TRY(dsc_kernel_gelu_backward(&dpre, &dact, &pre));
-        DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, m->b_in, &dpre, in));
+        DSC_TRY(dsc_param_linear_backward(&dx, false, m->w_in, m->b_in, &dpre, in));
     }
     m->in[slot] = (dsc_tensor){0};
-    return tp_allreduce(m->tp, din);
+    return tp_seq_sum(&m->seq, m->tp, &dx, &m->din[slot], din);
 }
 
 static void mlp_destroy(dsc_layer *self) {

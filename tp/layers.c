@@ -28,16 +28,9 @@ dsc_status dsc_tp_build_extra_init(dsc_tp_build_extra *x, const dsc_model_config
     return s ? dsc_error_wrap(s, "tensor_parallel.autotp_size = %d", x->size) : NULL;
 }
 
-static dsc_status tp_block_factory(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out) {
-    *out = NULL;
-    dsc_layer *ffn;
-    DSC_TRY(tp_mlp_create(ctx, spec->block, &ffn));
-    return dsc_block_create(spec, ctx, ffn, out);
-}
-
 dsc_status dsc_tp_register_layers(void) {
     DSC_TRY(dsc_layer_register("tp_embedding", tp_embedding_create));
-    DSC_TRY(dsc_layer_register("tp_block", tp_block_factory));
+    DSC_TRY(dsc_layer_register("tp_block", tp_block_create));
     return dsc_layer_register("tp_lm_head", tp_head_create);
 }
 

@@ -110,6 +110,22 @@ static int by_flat_position(const void *a, const void *b) {
     return p->offset < q->offset ? -1 : p->offset > q->offset;
 }
 
+/* Stage 3's pool segment of a layer: its parameters that are not persistent,
+ * each once, back to back at aligned positions. With nothing persistent it
+ * is as long as the runs' layout. */
+static void pool_layout(const zero_optimizer *z, zero_layer *zl) {
+    const dsc_layer *layer = zl->layer;
+    for (int j = 0; j < layer->n_params; j++) {
+        zl->pool_param_at[j] = -1;
+        if (z->persistent && z->persistent[zl->param_index[j]]) continue;
+        for (int k = 0; k < j && zl->pool_param_at[j] < 0; k++)
+            if (layer->params[k] == layer->params[j]) zl->pool_param_at[j] = zl->pool_param_at[k];
+        if (zl->pool_param_at[j] >= 0) continue;
+        zl->pool_param_at[j] = zl->pool_numel;
+        zl->pool_numel += aligned(dsc_param_numel(layer->params[j]));
+    }
+}
+
 /* Runs: the layer's parameters sorted by (group, offset), neighbours in the
  * flat buffer merged; the layout puts the runs back to back. */
 static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer) {
@@ -118,8 +134,10 @@ static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer
     zl->runs = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->runs);
     zl->param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_at);
     zl->param_index = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->param_index);
+    zl->pool_param_at = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->pool_param_at);
+    zl->gathers = calloc((size_t)(n > 0 ? n : 1), sizeof *zl->gathers);
     dsc_param **sorted = malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
-    if (!zl->runs || !zl->param_at || !zl->param_index || !sorted) {
+    if (!zl->runs || !zl->param_at || !zl->param_index || !zl->pool_param_at || !zl->gathers || !sorted) {
         free(sorted);
         return dsc_error(DSC_ERR_NOMEM, "ZeRO: runs of layer %s", layer->name);
     }
@@ -152,6 +170,7 @@ static dsc_status layer_init(zero_optimizer *z, zero_layer *zl, dsc_layer *layer
                 zl->param_at[j] = run->at + (p->offset - run->begin);
         }
     }
+    pool_layout(z, zl);
     return NULL;
 }
 
@@ -169,6 +188,8 @@ void zero_layers_free(zero_optimizer *z) {
         free(z->layers[l].runs);
         free(z->layers[l].param_at);
         free(z->layers[l].param_index);
+        free(z->layers[l].pool_param_at);
+        free(z->layers[l].gathers);
     }
     free(z->layers);
     z->layers = NULL;
@@ -196,32 +217,57 @@ static const char *group_name(const zero_group *g) {
     return g->id == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense";
 }
 
-dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
-                               bool accumulate) {
+/* Posts the reduce-scatter (averaging) of chunk [lo, hi) of `src`, which
+ * holds [a, ...), into `recv` (this rank's share). */
+static dsc_status post_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t lo,
+                                      int64_t hi, dsc_tensor *recv, dsc_comm_request **req) {
     int64_t counts[g->size];
+    dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
+    range_counts(g, lo, hi, counts);
+    dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, recv, counts, DSC_REDUCE_OP_AVG, req);
+    if (s)
+        return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g), (long long)lo,
+                              (long long)hi);
+    return NULL;
+}
+
+dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                     dsc_comm_request **req) {
+    *req = NULL;
+    if (!g->comm || g->size == 1) return NULL; /* one rank: the range is its share, in place */
+    dsc_tensor in_place = flat_view(src + (share_start(g, a, b) - a), zero_owned(g, g->rank, a, b), z->device);
+    return post_reduce_scatter(z, g, src, a, a, b, &in_place, req);
+}
+
+/* Adds `n` elements of `src` to `dst` (one rank: its share is the chunk itself). */
+static dsc_status add_share(zero_optimizer *z, float *dst, const float *src, int64_t n) {
+    if (n == 0) return NULL;
+    dsc_tensor d = flat_view(dst, n, z->device), s = flat_view((float *)src, n, z->device);
+    return dsc_kernel_axpy(&d, 1.0f, &s);
+}
+
+static void record(zero_slot *slot, dsc_comm_request *req, float *recv, float *dst, int64_t n) {
+    slot->reqs[slot->n_ops] = req;
+    slot->ops[slot->n_ops++] = (zero_staged_op){recv, dst, n};
+}
+
+dsc_status zero_post_staged_range(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                  int64_t chunk, float **recv, zero_slot *slot) {
     if (chunk <= 0) chunk = b - a;
     for (int64_t lo = a; lo < b; lo += chunk) {
         int64_t hi = lo + chunk < b ? lo + chunk : b;
         int64_t mine = zero_owned(g, g->rank, lo, hi);
         int64_t own_lo = share_start(g, lo, hi);
-        /* This rank's share of the chunk, in send's layout: where an in-place reduce-scatter leaves it. With
-         * full gradients that is the rank's range of g->grads itself. */
-        dsc_tensor in_place = flat_view(src + (own_lo - a), mine, z->device);
-        dsc_tensor recv = accumulate ? flat_view(z->scratch.data, mine, z->device) : in_place;
-        if (g->comm && g->size > 1) {
-            dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
-            range_counts(g, lo, hi, counts);
-            dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
-            if (s)
-                return dsc_error_wrap(s, "ZeRO: reduce-scatter of %s gradients [%lld, %lld)", group_name(g),
-                                      (long long)lo, (long long)hi);
-        } else {
-            recv = in_place; /* one rank: the chunk is its share */
+        float *dst = mine > 0 ? (float *)g->grads.data + (own_lo - g->begin) : NULL;
+        if (!g->comm || g->size == 1) {
+            DSC_TRY(add_share(z, dst, src + (own_lo - a), mine));
+            continue;
         }
-        if (accumulate && mine > 0) {
-            dsc_tensor dst = flat_view((float *)g->grads.data + (own_lo - g->begin), mine, z->device);
-            DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &recv));
-        }
+        dsc_tensor share = flat_view(*recv, mine, z->device);
+        dsc_comm_request *req;
+        DSC_TRY(post_reduce_scatter(z, g, src, a, lo, hi, &share, &req));
+        record(slot, req, *recv, dst, mine);
+        *recv += mine;
     }
     return NULL;
 }
@@ -256,25 +302,26 @@ static void piece_counts(const zero_group *g, int64_t numel, int64_t *counts) {
     }
 }
 
-dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src) {
+dsc_status zero_post_staged_param(zero_optimizer *z, zero_group *g, int index, float *src, float **recv,
+                                  zero_slot *slot) {
     const dsc_param *p = dsc_params_at(z->o.params, index);
     int64_t n = dsc_param_numel(p), counts[g->size];
     piece_counts(g, n, counts);
     int64_t mine = counts[g->rank];
-    dsc_tensor send = flat_view(src, n, z->device);
-    dsc_tensor recv = flat_view(z->scratch.data, mine, z->device);
-    if (g->comm && g->size > 1) {
-        dsc_status s = dsc_comm_reduce_scatter(g->comm, &send, &recv, counts, DSC_REDUCE_OP_AVG);
-        if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);
-    } else {
-        recv = send;
-    }
-    if (mine == 0) return NULL;
-    dsc_tensor dst = flat_view((float *)g->grads.data + g->pieces[g->piece_of[index]].pos, mine, z->device);
-    return dsc_kernel_axpy(&dst, 1.0f, &recv);
+    float *dst = mine > 0 ? (float *)g->grads.data + g->pieces[g->piece_of[index]].pos : NULL;
+    if (!g->comm || g->size == 1) return add_share(z, dst, src, mine);
+    dsc_tensor send = flat_view(src, n, z->device), share = flat_view(*recv, mine, z->device);
+    dsc_comm_request *req;
+    dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, &share, counts, DSC_REDUCE_OP_AVG, &req);
+    if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);
+    record(slot, req, *recv, dst, mine);
+    *recv += mine;
+    return NULL;
 }
 
-dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
+dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst,
+                                  dsc_comm_request **req) {
+    *req = NULL;
     const dsc_param *p = dsc_params_at(z->o.params, index);
     int64_t n = dsc_param_numel(p), counts[g->size];
     piece_counts(g, n, counts);
@@ -282,7 +329,15 @@ dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, fl
     float *share = (float *)g->values.data + (mine > 0 ? g->pieces[g->piece_of[index]].pos : 0);
     dsc_tensor send = flat_view(share, mine, z->device), recv = flat_view(dst, n, z->device);
     if (!g->comm || g->size == 1) return dsc_tensor_copy(&recv, &send);
-    dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
+    dsc_status s = dsc_comm_iallgather(g->comm, &send, &recv, counts, req);
     if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", p->name);
+    return NULL;
+}
+
+dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
+    dsc_comm_request *req;
+    DSC_TRY(zero_iall_gather_param(z, g, index, dst, &req));
+    dsc_status s = dsc_comm_wait(&req);
+    if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", dsc_params_at(z->o.params, index)->name);
     return NULL;
 }

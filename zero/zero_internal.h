@@ -53,19 +53,37 @@ typedef struct zero_layer {
     dsc_layer *layer;
     zero_run *runs;
     int n_runs;
-    int64_t numel;     /* layout length: the runs back to back */
-    int64_t *param_at; /* [layer->n_params] position of each parameter in the layout */
-    int *param_index;  /* [layer->n_params] index in the store */
-    bool live;         /* stage 3: gathered into the pool */
-    int64_t pool_at;   /* stage 3: where in the pool, when live */
+    int64_t numel;              /* layout length: the runs back to back */
+    int64_t *param_at;          /* [layer->n_params] position of each parameter in the layout */
+    int *param_index;           /* [layer->n_params] index in the store */
+    bool live;                  /* stage 3: gathered into the pool */
+    int64_t pool_at;            /* stage 3: where in the pool, when live */
+    int64_t pool_numel;         /* stage 3: pool elements it needs (its parameters that are not persistent) */
+    int64_t *pool_param_at;     /* [layer->n_params] stage 3: position in its pool segment; -1 when persistent */
+    dsc_comm_request **gathers; /* [layer->n_params] stage 3: all-gathers of its prefetch still in flight */
 } zero_layer;
 
 typedef struct zero_bucket {
     dsc_param_group group;
     int64_t begin, end;
     int params;  /* parameters overlapping the range */
-    int pending; /* of those, not yet final in this batch; -1 once reduced */
+    int pending; /* of those, not yet final in this batch; -1 once reduced or posted */
 } zero_bucket;
+
+/* A staged reduce-scatter posted: where this rank's share arrives and where it is added. */
+typedef struct zero_staged_op {
+    float *recv, *dst;
+    int64_t n;
+} zero_staged_op;
+
+/* A staging slot (staged.c): one layer's gradients during its backward and its reductions in flight. */
+typedef struct zero_slot {
+    dsc_tensor staging;      /* (largest layer layout) */
+    dsc_tensor recv;         /* (largest layer share of this rank) */
+    zero_staged_op *ops;     /* [most reductions of a layer] posted, in order */
+    dsc_comm_request **reqs; /* [same] their requests */
+    int n_ops;
+} zero_slot;
 
 typedef struct zero_optimizer {
     dsc_optimizer base;
@@ -82,12 +100,18 @@ typedef struct zero_optimizer {
     int n_layers;
     /* full-gradient reduction (stage 1): buckets reduced once all their parameters are final */
     zero_bucket *buckets;
+    dsc_comm_request **reqs; /* [n_buckets] overlap_comm: each bucket's reduce-scatter in flight */
     int n_buckets;
     int *uses, *uses_left;           /* [n_params] layers reading each parameter; not yet reported */
     int *first_bucket, *last_bucket; /* [n_params] */
-    dsc_tensor staging; /* (largest layer layout) stages 2/3: one layer's gradients during its backward */
-    dsc_tensor scratch; /* (largest own share of one staged reduce-scatter) stages 2/3: its receive buffer */
-    dsc_tensor pool;    /* (pool capacity) stage 3: gathered parameters of live layers */
+    zero_slot slots[2];              /* stages 2/3: staged gradients (two with overlap_comm, used in turn) */
+    int n_slots, next_slot;
+    dsc_tensor pool; /* (pool capacity) stage 3: gathered parameters of live layers */
+    /* stage 3 persistence: parameters of at most stage3_param_persistence_threshold elements stay whole */
+    bool *persistent;    /* [n_params] */
+    int64_t *persist_at; /* [n_params] where a persistent parameter's value sits in `persist` */
+    dsc_tensor persist;  /* (their aligned sizes back to back) the whole values of persistent parameters */
+    bool persist_stale;  /* their pieces may have been written (a checkpoint restore): gather before use */
 } zero_optimizer;
 
 /* ---- partition.c ---- */
@@ -99,26 +123,53 @@ int64_t zero_owned(const zero_group *g, int rank, int64_t a, int64_t b);
 dsc_status zero_layers_init(zero_optimizer *z);
 void zero_layers_free(zero_optimizer *z);
 int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
-/* Reduce-scatters (averaging over the group) `src`, the values of flat range
- * [a, b), in chunks of at most `chunk` elements. Full gradients (`accumulate`
- * false: src is the store's buffer, which holds g->grads) reduce in place;
- * staged ones are received in the scratch buffer and added to g->grads. */
-dsc_status zero_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b, int64_t chunk,
-                               bool accumulate);
+/* Full gradients: posts the in-place reduce-scatter (averaging over the
+ * group) of flat range [a, b) (src: the store's buffer from a, which holds
+ * g->grads) as one request; *req is NULL on one rank. */
+dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                     dsc_comm_request **req);
 /* All-gathers flat range [a, b) of the group's values into dst (b - a
  * elements), each rank sending its share from g->values (in place when
  * g->values is a view of dst's buffer). */
 dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b);
 
-/* Split layout, one parameter (store index `index`): reduce-scatters its
- * gradient `src` (all its elements), adding this rank's piece to g->grads;
- * all-gathers its value into dst from every rank's piece. */
-dsc_status zero_reduce_scatter_param(zero_optimizer *z, zero_group *g, int index, float *src);
+/* Staged gradients: posts the reduce-scatters (averaging) of `src`, the
+ * staged values of flat range [a, b), in chunks of at most `chunk` elements
+ * (stage 2), or of one parameter's whole gradient (stage 3, store index
+ * `index`), this rank's shares arriving at *recv (advanced past them) and
+ * recorded in `slot` for adding to g->grads; on one rank the share is added
+ * at once. */
+dsc_status zero_post_staged_range(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
+                                  int64_t chunk, float **recv, zero_slot *slot);
+dsc_status zero_post_staged_param(zero_optimizer *z, zero_group *g, int index, float *src, float **recv,
+                                  zero_slot *slot);
+/* Split layout: all-gathers one parameter's value into dst from every rank's piece. */
 dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst);
+/* The same all-gather posted; *req is NULL when nothing is in flight (one rank). */
+dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst, dsc_comm_request **req);
+
+/* ---- staged.c (stages 2, 3 without a pipeline) ---- */
+dsc_status zero_staged_init(zero_optimizer *z);
+void zero_staged_free(zero_optimizer *z);
+/* Before a layer's backward: settles the slot it will use, zeroes it, points the gradient views into it. */
+dsc_status zero_staged_begin(zero_optimizer *z, int layer);
+/* After it: posts the layer's reduce-scatters (settled at once without overlap_comm). */
+dsc_status zero_staged_post(zero_optimizer *z, int layer);
+/* Tests the reductions in flight. */
+dsc_status zero_staged_progress(zero_optimizer *z);
+/* Settles every slot, oldest first (reduce_grads). */
+dsc_status zero_staged_finish(zero_optimizer *z);
 
 /* ---- gather.c (stage 3) ---- */
 dsc_status zero_pool_init(zero_optimizer *z);
+/* Marks the parameters at or below the persistence threshold and gives them
+ * their whole values (copied from the store: call before it is released). */
+dsc_status zero_persist_init(zero_optimizer *z);
+/* All-gathers every persistent parameter's value from the ranks' pieces. */
+dsc_status zero_persist_refresh(zero_optimizer *z);
 dsc_status zero_gather_before(zero_optimizer *z, int layer, bool backward);
-void zero_gather_release(zero_optimizer *z, int layer);
+dsc_status zero_gather_release(zero_optimizer *z, int layer);
+/* Tests the prefetches in flight (they move on only while tested); every layer hook calls it. */
+dsc_status zero_gather_progress(zero_optimizer *z);
 
 #endif

@@ -12,7 +12,10 @@
  *    gradient views point into a zeroed staging buffer laid out as the
  *    layer's runs; after it the runs (stage 3: each parameter, split over the
  *    ranks) are reduce-scattered and added to the rank's gradients, every
- *    micro-batch. No full gradient exists.
+ *    micro-batch (staged.c). No full gradient exists.
+ * With overlap_comm the reductions are posted and waited in reduce_grads
+ * (staged ones: before their staging slot is reused), progressing at every
+ * hook; the results are bitwise those of blocking reduction.
  * The step then computes the global norm from the ranges (summed over each
  * group, then over expert-parallel and pipeline ranks), clips, updates each
  * (parameter, piece) of the range and, in stages 1 and 2, all-gathers the
@@ -47,11 +50,23 @@ static float *flat_values(zero_optimizer *z, dsc_param_group g) {
 
 /* ---- full gradients: buckets --------------------------------------------------- */
 
-static dsc_status reduce_bucket(zero_optimizer *z, zero_bucket *b) {
+/* Reduces the bucket, or with overlap_comm posts its reduction (waited in reduce_grads). */
+static dsc_status reduce_bucket(zero_optimizer *z, int k) {
+    zero_bucket *b = &z->buckets[k];
     b->pending = -1;
     zero_group *g = &z->groups[b->group];
     float *src = flat_grads(z, b->group) + b->begin;
-    return zero_reduce_scatter(z, g, src, b->begin, b->end, 0, false);
+    DSC_TRY(zero_ireduce_scatter_full(z, g, src, b->begin, b->end, &z->reqs[k]));
+    return z->o.overlap_comm ? NULL : dsc_comm_wait(&z->reqs[k]);
+}
+
+/* Moves the reductions in flight on (overlap_comm): MPI progresses them only while they are tested. */
+static dsc_status progress(zero_optimizer *z) {
+    for (int k = 0; k < z->n_buckets; k++) {
+        bool done;
+        DSC_TRY(dsc_comm_test(&z->reqs[k], &done));
+    }
+    return NULL;
 }
 
 static void reset_batch(zero_optimizer *z) {
@@ -63,6 +78,7 @@ static void reset_batch(zero_optimizer *z) {
 static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
     zero_optimizer *z = self_of(opt);
     if (!z->full_grads || z->deferred) return NULL;
+    DSC_TRY(progress(z));
     int l = zero_layer_find(z, layer);
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: grads_ready for layer %s, which the optimizer was not given",
               layer->name);
@@ -70,7 +86,7 @@ static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
         int i = z->layers[l].param_index[j];
         if (--z->uses_left[i] != 0) continue;
         for (int k = z->first_bucket[i]; k <= z->last_bucket[i]; k++)
-            if (--z->buckets[k].pending == 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+            if (--z->buckets[k].pending == 0) DSC_TRY(reduce_bucket(z, k));
     }
     return NULL;
 }
@@ -78,7 +94,11 @@ static dsc_status zero_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
 static dsc_status zero_reduce_grads(dsc_optimizer *opt) {
     zero_optimizer *z = self_of(opt);
     for (int k = 0; k < z->n_buckets; k++)
-        if (z->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(z, &z->buckets[k]));
+        if (z->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(z, k));
+    /* together: every bucket in flight moves on while any is waited for */
+    dsc_status s = dsc_comm_waitall(z->reqs, z->n_buckets);
+    if (s) return dsc_error_wrap(s, "ZeRO: reducing gradients over %d buckets", z->n_buckets);
+    if (!z->full_grads) DSC_TRY(zero_staged_finish(z));
     reset_batch(z);
     return NULL;
 }
@@ -91,7 +111,8 @@ static dsc_status make_buckets(zero_optimizer *z) {
         count += (int)((n + per - 1) / per);
     }
     z->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *z->buckets);
-    DSC_CHECK(z->buckets, DSC_ERR_NOMEM, "ZeRO: %d buckets", count);
+    z->reqs = calloc((size_t)(count > 0 ? count : 1), sizeof *z->reqs);
+    DSC_CHECK(z->buckets && z->reqs, DSC_ERR_NOMEM, "ZeRO: %d buckets", count);
     int first[DSC_PARAM_GROUP_COUNT];
     int64_t per[DSC_PARAM_GROUP_COUNT];
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
@@ -119,39 +140,24 @@ static dsc_status zero_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool b
     zero_optimizer *z = self_of(opt);
     int l = zero_layer_find(z, layer);
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
+    if (!z->full_grads) DSC_TRY(zero_staged_progress(z));
     if (z->z.stage == 3) DSC_TRY(zero_gather_before(z, l, backward));
     if (!backward || z->full_grads) return NULL;
-    zero_layer *zl = &z->layers[l];
-    if (zl->numel == 0) return NULL;
-    dsc_tensor staged = dsc_tensor_view(z->staging.data, DSC_DTYPE_F32, 1, &zl->numel, z->staging.device);
-    DSC_TRY(dsc_kernel_zero(&staged));
-    for (int j = 0; j < layer->n_params; j++)
-        layer->params[j]->grad.data = (float *)z->staging.data + zl->param_at[j];
-    return NULL;
+    return zero_staged_begin(z, l);
 }
 
 static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     zero_optimizer *z = self_of(opt);
     int l = zero_layer_find(z, layer);
     DSC_CHECK(l >= 0, DSC_ERR_INVALID, "ZeRO: layer %s was not given to the optimizer", layer->name);
-    zero_layer *zl = &z->layers[l];
+    /* what is in flight moved on while this layer computed */
+    if (z->z.stage == 3) DSC_TRY(zero_gather_progress(z));
+    if (!z->full_grads) DSC_TRY(zero_staged_progress(z));
     if (backward && !z->full_grads) {
-        for (int j = 0; j < layer->n_params; j++)
-            layer->params[j]->grad.data = NULL;
-        for (int j = 0; j < layer->n_params && z->z.stage == 3; j++) {
-            zero_group *g = &z->groups[layer->params[j]->group];
-            float *src = (float *)z->staging.data + zl->param_at[j];
-            dsc_status s = zero_reduce_scatter_param(z, g, zl->param_index[j], src);
-            if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
-        }
-        for (int r = 0; r < zl->n_runs && z->z.stage == 2; r++) {
-            const zero_run *run = &zl->runs[r];
-            dsc_status s = zero_reduce_scatter(z, &z->groups[run->group], (float *)z->staging.data + run->at,
-                                               run->begin, run->end, z->o.reduce_bucket_size, true);
-            if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
-        }
+        dsc_status s = zero_staged_post(z, l);
+        if (s) return dsc_error_wrap(s, "after the backward of layer %s", layer->name);
     }
-    if (z->z.stage == 3) zero_gather_release(z, l);
+    if (z->z.stage == 3) DSC_TRY(zero_gather_release(z, l));
     return NULL;
 }
 
@@ -264,6 +270,7 @@ static dsc_status zero_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stat
     z->step++;
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         DSC_TRY(update_group(z, &z->groups[g], lr, coef));
+    if (z->persistent) DSC_TRY(zero_persist_refresh(z)); /* stage 3: whole values of the updated pieces */
     if (z->full_grads) {
         DSC_TRY(dsc_params_zero_grads(z->o.params));
     } else {
@@ -315,6 +322,8 @@ static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     out->offset = pc->param_offset;
     out->local = piece_view(value ? &g->values : &g->state[kind], pc);
     out->is_value = value;
+    /* A checkpoint restore writes the pieces: persistent whole values are gathered again before use. */
+    if (value && z->persistent) z->persist_stale = true;
 }
 
 static void zero_destroy(dsc_optimizer *opt) {
@@ -322,10 +331,13 @@ static void zero_destroy(dsc_optimizer *opt) {
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         zero_group_free(&z->groups[g]);
     zero_layers_free(z);
-    dsc_tensor_free(&z->staging);
-    dsc_tensor_free(&z->scratch);
+    zero_staged_free(z);
     dsc_tensor_free(&z->pool);
+    dsc_tensor_free(&z->persist);
+    free(z->persistent);
+    free(z->persist_at);
     free(z->buckets);
+    free(z->reqs);
     free(z->uses);
     free(z->uses_left);
     free(z->first_bucket);
@@ -348,26 +360,6 @@ static const dsc_optimizer_ops zero_ops[4] = {
 };
 
 /* ---- setup ------------------------------------------------------------------------------ */
-
-/* The largest share this rank receives in one staged reduce-scatter (stages 2, 3). */
-static int64_t largest_staged_share(const zero_optimizer *z) {
-    int64_t most = 0;
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
-        for (int i = 0; i < z->groups[g].n_pieces && z->groups[g].split; i++)
-            if (z->groups[g].pieces[i].numel > most) most = z->groups[g].pieces[i].numel;
-    if (z->z.stage == 3) return most;
-    for (int l = 0; l < z->n_layers; l++)
-        for (int r = 0; r < z->layers[l].n_runs; r++) {
-            const zero_run *run = &z->layers[l].runs[r];
-            const zero_group *g = &z->groups[run->group];
-            int64_t chunk = z->o.reduce_bucket_size > 0 ? z->o.reduce_bucket_size : run->end - run->begin;
-            for (int64_t a = run->begin; a < run->end; a += chunk) {
-                int64_t n = zero_owned(g, g->rank, a, a + chunk < run->end ? a + chunk : run->end);
-                if (n > most) most = n;
-            }
-        }
-    return most;
-}
 
 static dsc_status alloc_range(dsc_tensor *t, const zero_group *g, dsc_device dev, dsc_mem_category cat) {
     int64_t n = g->len;
@@ -423,6 +415,7 @@ static dsc_status setup(zero_optimizer *z) {
     bool split = z->z.stage == 3;
     DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_DENSE], DSC_PARAM_GROUP_DENSE, z->o.dp, split));
     DSC_TRY(zero_group_init(z, &z->groups[DSC_PARAM_GROUP_EXPERT], DSC_PARAM_GROUP_EXPERT, z->o.expert_dp, split));
+    DSC_TRY(zero_persist_init(z)); /* before the layers' pool layouts, which leave persistent parameters out */
     DSC_TRY(zero_layers_init(z));
     for (int l = 0; l < z->n_layers; l++)
         for (int j = 0; j < z->layers[l].layer->n_params; j++)
@@ -430,16 +423,8 @@ static dsc_status setup(zero_optimizer *z) {
     if (z->full_grads) DSC_TRY(make_buckets(z));
     reset_batch(z);
     z->n_state_kinds = dsc_optim_state_kinds(z->o.hparams.type);
-    int64_t largest_layer = 0;
-    for (int l = 0; l < z->n_layers; l++)
-        if (z->layers[l].numel > largest_layer) largest_layer = z->layers[l].numel;
-    if (!z->full_grads)
-        DSC_TRY(dsc_tensor_alloc(&z->staging, DSC_DTYPE_F32, 1, &largest_layer, dev, DSC_MEM_COMM));
+    if (!z->full_grads) DSC_TRY(zero_staged_init(z));
     if (z->z.stage == 3) DSC_TRY(zero_pool_init(z));
-    if (!z->full_grads) {
-        int64_t share = largest_staged_share(z);
-        DSC_TRY(dsc_tensor_alloc(&z->scratch, DSC_DTYPE_F32, 1, &share, dev, DSC_MEM_COMM));
-    }
     return setup_ranges(z, dev);
 }
 
@@ -451,6 +436,7 @@ void dsc_zero_options_from_config(const dsc_config *cfg, dsc_zero_options *zo) {
         .allgather_bucket_size = c->allgather_bucket_size,
         .stage3_max_live_parameters = c->stage3_max_live_parameters,
         .stage3_prefetch_bucket_size = c->stage3_prefetch_bucket_size,
+        .stage3_param_persistence_threshold = c->stage3_param_persistence_threshold,
     };
 }
 
@@ -488,7 +474,7 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
     DSC_LOG_DEBUG(
         "ZeRO stage %d: dense range [%lld, %lld) of %lld over %d ranks, %d buckets, staging %lld, pool %lld",
         zo->stage, (long long)d->begin, (long long)d->end, (long long)d->numel, d->size, z->n_buckets,
-        (long long)dsc_tensor_numel(&z->staging), (long long)dsc_tensor_numel(&z->pool));
+        (long long)dsc_tensor_numel(&z->slots[0].staging), (long long)dsc_tensor_numel(&z->pool));
     *out = &z->base;
     return NULL;
 }

@@ -24,6 +24,7 @@
 #include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/status.h"
 #include "dsc/tensor.h"
@@ -144,6 +145,26 @@ DSC_API dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root);
 
 DSC_API dsc_status dsc_comm_barrier(dsc_comm *c);
 
+/* ---- non-blocking collectives ------------------------------------------------------
+ * The same operations, posted: *req completes through dsc_comm_wait /
+ * dsc_comm_test as a point-to-point request does (NULL when there is nothing
+ * to move). Every rank posts the collectives of a communicator in the same
+ * order, blocking ones included; several may be in flight and they may be
+ * finished in any order. The tensors must stay alive and untouched until the
+ * request completes (counts need not: they are copied). A collective moves
+ * forward only while this rank tests or waits on its request (Open MPI
+ * progresses non-blocking collectives inside MPI_Test, and the ring
+ * algorithms post their next step there): to overlap compute, test between
+ * pieces of work. NCCL runs it on the communicator's stream, ordered after
+ * the compute stream's work queued so far. Bytes are counted when it
+ * completes; a failure or timeout breaks the communicator as for the blocking
+ * forms. */
+DSC_API dsc_status dsc_comm_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request **req);
+DSC_API dsc_status dsc_comm_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                            const int64_t *counts, dsc_reduce_op op, dsc_comm_request **req);
+DSC_API dsc_status dsc_comm_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                       const int64_t *counts, dsc_comm_request **req);
+
 /* ---- point to point ------------------------------------------------------------
  * Non-blocking: the tensor must stay alive and untouched until the request
  * completes. wait/test free the request once it has completed and set *req to
@@ -156,10 +177,30 @@ DSC_API dsc_status dsc_comm_isend(dsc_comm *c, const dsc_tensor *t, int peer, in
 DSC_API dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_comm_request **req);
 DSC_API dsc_status dsc_comm_wait(dsc_comm_request **req);
 DSC_API dsc_status dsc_comm_test(dsc_comm_request **req, bool *done);
+/* Waits for n requests together (NULL entries are skipped), testing every one
+ * in each round so that collectives in flight all move on at once; the
+ * deadline is the latest of theirs. Each is freed and set to NULL; after an
+ * error the ones still open are given up and freed too. */
+DSC_API dsc_status dsc_comm_waitall(dsc_comm_request **reqs, int n);
 
 /* Blocking forms: post and wait. */
 DSC_API dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);
 DSC_API dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag);
+
+/* ---- DeepSpeed's comms_logger (comms_log.c) -------------------------------------------
+ * One logger per process: with `enabled` and `prof_all`, every operation's
+ * latency is recorded by DeepSpeed's operation name and message size (and
+ * communicator, with `debug`); `verbose` prints each as it completes.
+ * Configuring clears what was recorded. */
+typedef struct dsc_comm_logger_options {
+    bool enabled, verbose, prof_all, debug;
+} dsc_comm_logger_options;
+DSC_API void dsc_comm_logger_configure(const dsc_comm_logger_options *o);
+DSC_API void dsc_comm_logger_reset(void);
+/* deepspeed.comm.log_summary's table: per operation and message size the
+ * count, total and trimmed-mean latency (ms), algorithmic and bus bandwidth
+ * (Gbps, trimmed means). */
+DSC_API dsc_status dsc_comm_logger_summary(FILE *out);
 
 #ifdef __cplusplus
 }

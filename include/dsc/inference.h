@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "dsc/comm.h"
+#include "dsc/kernels.h"
 #include "dsc/kv_cache.h"
 #include "dsc/moe_gate.h" /* dsc_moe_weighting */
 #include "dsc/sampling.h"
@@ -54,9 +55,16 @@ extern "C" {
 /* ---- model configuration -------------------------------------------------------------- */
 
 typedef enum dsc_infer_family {
-    DSC_INFER_FAMILY_GPT = 0, /* LayerNorm, learned positions, GELU (tanh) MLP, biases */
+    DSC_INFER_FAMILY_GPT = 0, /* LayerNorm, learned positions (or partial RoPE), non-gated MLP, biases */
     DSC_INFER_FAMILY_LLAMA    /* RMSNorm, RoPE, SwiGLU MLP (dense or top-k MoE) */
 } dsc_infer_family;
+
+/* The activation of the GPT family's non-gated MLP. */
+typedef enum dsc_infer_activation {
+    DSC_INFER_ACT_GELU_TANH = 0, /* GPT-2's gelu_new, dsc's gpt */
+    DSC_INFER_ACT_GELU_ERF,      /* exact GELU (GPT-NeoX's gelu) */
+    DSC_INFER_ACT_RELU           /* OPT */
+} dsc_infer_activation;
 
 typedef enum dsc_rope_scaling {
     DSC_ROPE_SCALING_NONE = 0,
@@ -96,6 +104,18 @@ typedef struct dsc_infer_model_config {
      * width) beside a shared SwiGLU expert of width d_ff_shared (0: none)
      * whose output is scaled by sigmoid(x . shared_expert_gate). */
     int32_t d_ff_expert, d_ff_shared;
+    /* How the GPT-family checkpoints of Hugging Face differ (all zero: dsc's gpt). */
+    dsc_infer_activation activation;
+    /* RoPE on the first rope_dims of each head (rotate-half pairs within
+     * them): GPT family 0 = learned positions instead (GPT-NeoX: head_size x
+     * rotary_pct); Llama family 0 = the whole head. */
+    int32_t rope_dims;
+    bool parallel_residual; /* GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)), one all-reduce under TP */
+    bool post_norm;         /* OPT-350m: x = norm(x + sublayer(x)) after each block, no final norm */
+    int32_t pos_offset;     /* learned position p is row p + pos_offset (OPT: 2) */
+    /* P: token-embedding width when project_in (C, P) and project_out (P, C)
+     * map it to and from C (OPT's word_embed_proj_dim); 0 = C, no projections. */
+    int32_t d_embed;
 } dsc_infer_model_config;
 
 /* ---- parameters and layer containers -------------------------------------------------------
@@ -114,7 +134,11 @@ typedef enum dsc_dim {
     DSC_DIM_F2,   /* 2 F: a checkpoint's fused [gate | up] (Phi-3 gate_up_proj) */
     DSC_DIM_FE,   /* a routed expert's width (d_ff_expert, else F) */
     DSC_DIM_FS,   /* the shared expert's width (d_ff_shared) */
-    DSC_DIM_ONE   /* 1: the shared expert's gate */
+    DSC_DIM_ONE,  /* 1: the shared expert's gate */
+    /* 3 NH HS stored [head, q/k/v, HS] (GPT-NeoX query_key_value, NKV = NH):
+     * finalized as [q | k | v] rows, so the forward sees DSC_DIM_QKV's layout */
+    DSC_DIM_QKV_HEADS,
+    DSC_DIM_P /* the token-embedding width (d_embed, else C) */
 } dsc_dim;
 
 /* What the model forward uses a finalized parameter for. */
@@ -146,16 +170,20 @@ typedef enum dsc_param_role {
     DSC_PARAM_ROLE_SHARED1_W,     /* (2 FS, C): the shared expert's rows gate | up */
     DSC_PARAM_ROLE_SHARED2_W,     /* (C, FS) */
     DSC_PARAM_ROLE_SHARED_GATE_W, /* (1, C): the shared expert's sigmoid gate */
+    DSC_PARAM_ROLE_PROJ_IN,       /* (C, P): embedding -> model width (OPT project_in) */
+    DSC_PARAM_ROLE_PROJ_OUT,      /* (P, C): model width -> LM head input (OPT project_out) */
     DSC_PARAM_ROLE_COUNT
 } dsc_param_role;
 
 /* When a slot exists for a given config. */
 typedef enum dsc_slot_when {
     DSC_SLOT_WHEN_ALWAYS = 0,
-    DSC_SLOT_WHEN_QKV_BIAS,     /* config.qkv_bias */
-    DSC_SLOT_WHEN_UNTIED,       /* !config.tie_embeddings */
-    DSC_SLOT_WHEN_MOE_RESIDUAL, /* config.moe_residual */
-    DSC_SLOT_WHEN_SHARED_EXPERT /* config.d_ff_shared > 0 */
+    DSC_SLOT_WHEN_QKV_BIAS,      /* config.qkv_bias */
+    DSC_SLOT_WHEN_UNTIED,        /* !config.tie_embeddings */
+    DSC_SLOT_WHEN_MOE_RESIDUAL,  /* config.moe_residual */
+    DSC_SLOT_WHEN_SHARED_EXPERT, /* config.d_ff_shared > 0 */
+    DSC_SLOT_WHEN_PRE_NORM,      /* !config.post_norm (the final norm) */
+    DSC_SLOT_WHEN_PROJECTED      /* config.d_embed is set and differs from C */
 } dsc_slot_when;
 
 #define DSC_PARAM_MAX_DEPS 4
@@ -220,8 +248,8 @@ typedef struct dsc_policy {
  * the policy and the entry; nothing is registered. */
 DSC_API dsc_status dsc_policy_register(const dsc_policy *policy);
 /* Registers gpt, llama, LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, gpt-moe and
- * mixtral. Idempotent. */
+ * Qwen2ForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, GPTNeoXForCausalLM,
+ * GPT2LMHeadModel, OPTForCausalLM, gpt-moe and mixtral. Idempotent. */
 DSC_API dsc_status dsc_policy_register_builtin(void);
 /* DSC_ERR_UNSUPPORTED listing the registered names when none matches. */
 DSC_API dsc_status dsc_policy_find(const char *arch, const dsc_policy **out);
@@ -342,6 +370,14 @@ DSC_API dsc_status dsc_infer_model_open_tokenizer(const char *path, const dsc_in
 DSC_API const dsc_infer_model_config *dsc_infer_model_get_config(const dsc_infer_model *m);
 /* "LlamaForCausalLM", "gpt", ... */
 DSC_API const char *dsc_infer_model_arch(const dsc_infer_model *m);
+/* Load-time weight type: re-stores the projection weights (fused QKV,
+ * attention output, MLP, untied LM head) as bf16, f16 or Q8_0 (dsc/kernels.h;
+ * norms, biases, embeddings and MoE experts stay f32), freeing the f32 copy.
+ * Call once, before creating an engine; f32 is a no-op. Q8_0 needs widths
+ * that are multiples of 32 (DSC_ERR_UNSUPPORTED naming the parameter). The
+ * logits move from f32's by the documented tolerances (docs/performance.md). */
+DSC_API dsc_status dsc_infer_model_set_weight_type(dsc_infer_model *m, dsc_weight_format type);
+DSC_API dsc_weight_format dsc_infer_model_weight_type(const dsc_infer_model *m);
 /* Bytes of the finalized weight arena. */
 DSC_API size_t dsc_infer_model_arena_bytes(const dsc_infer_model *m);
 /* A finalized parameter of layer `layer` (-1: the non-transformer

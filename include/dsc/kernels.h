@@ -56,6 +56,42 @@ DSC_API dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const d
  * x and y may also be (..., C) and (..., OC) with equal leading dimensions. */
 DSC_API dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                              const dsc_tensor *bias);
+/* ---- narrow weights --------------------------------------------------------
+ * A linear layer's weight (OC, C) may stay narrow in memory and be widened
+ * in registers (inference: half or a quarter of the bytes per token):
+ *   DSC_WEIGHT_BF16, DSC_WEIGHT_F16  2 bytes a value; tensor dtype bf16 / f16, shape (OC, C);
+ *   DSC_WEIGHT_Q8_0  llama.cpp's Q8_0: per block of 32 values along C an f16
+ *                    scale d and 32 int8 q (value d * q), 34 bytes a block;
+ *                    tensor dtype u8, shape (OC, C / 32 * 34); C % 32 == 0.
+ * The format follows from the tensor's dtype (f32, bf16, f16, u8 = Q8_0). */
+typedef enum dsc_weight_format {
+    DSC_WEIGHT_F32 = 0,
+    DSC_WEIGHT_BF16,
+    DSC_WEIGHT_F16,
+    DSC_WEIGHT_Q8_0,
+    DSC_WEIGHT_FORMAT_COUNT
+} dsc_weight_format;
+
+/* "f32", "bf16", "f16", "q8_0"; from_name is DSC_ERR_INVALID naming the choices. */
+DSC_API const char *dsc_weight_format_name(dsc_weight_format format);
+DSC_API dsc_status dsc_weight_format_from_name(const char *name, dsc_weight_format *out);
+/* Bytes of one row of c values; 0 when c does not fit the format (Q8_0: c % 32 != 0). */
+DSC_API size_t dsc_weight_row_bytes(dsc_weight_format format, int64_t c);
+/* The dtype and column count of the tensor that holds an (OC, c) weight in `format`. */
+DSC_API dsc_dtype dsc_weight_dtype(dsc_weight_format format);
+DSC_API int64_t dsc_weight_cols(dsc_weight_format format, int64_t c);
+/* Packs src (rows, c) f32 into dst (rows * row_bytes bytes) on the host: bf16 / f16 round to
+ * nearest even; Q8_0 takes d = max|x| / 127 per block (rounded to f16) and q = round(x / d). */
+DSC_API dsc_status dsc_weight_pack(void *dst, dsc_weight_format format, const float *src, int64_t rows, int64_t c);
+/* Floats of workspace dsc_kernel_linear_forward_packed needs for `threads` threads when x has
+ * more rows than one weight pass serves (0 for f32, which needs none). */
+DSC_API int64_t dsc_kernel_linear_packed_workspace(dsc_weight_format format, int64_t c, int threads);
+/* y (N, OC) = x (N, C) @ w^T + bias with w in any weight format (see above). Up to a few rows
+ * (decode) the weight is streamed once for all of them, widened in registers; beyond, row
+ * panels are widened into `workspace` (f32, dsc_kernel_linear_packed_workspace floats; NULL
+ * for f32 weights) and multiplied as GEMMs. */
+DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
+                                                    const dsc_tensor *bias, dsc_tensor *workspace);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
  * dbias (OC) += sum_rows dy (NULL to skip). */
 DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias,

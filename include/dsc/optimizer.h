@@ -135,11 +135,16 @@ typedef struct dsc_optimizer_options {
     void *counts_in_norm_ctx;
     dsc_optim_hparams hparams;
     int64_t reduce_bucket_size; /* gradient elements per all-reduce; <= 0: one bucket per group */
+    /* zero_optimization.overlap_comm: a bucket's reduction (ZeRO-2/3: a layer's staged reduce-scatters) is
+     * posted non-blocking as soon as its gradients are final and waited in reduce_grads (or before its staging
+     * buffer is reused), progressing at every hook of backward; false reduces with blocking calls there and
+     * then. The results are bitwise the same. */
+    bool overlap_comm;
 } dsc_optimizer_options;
 
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce
- * (a bucket is reduced as soon as grads_ready has seen all of its
- * parameters), averaging by the group size. */
+ * (a bucket is reduced, or with overlap_comm posted, as soon as grads_ready
+ * has seen all of its parameters), averaging by the group size. */
 DSC_API dsc_status dsc_optimizer_create_plain(const dsc_optimizer_options *opts, dsc_optimizer **out);
 
 /* ---- wrappers (skip NULL hooks) ---------------------------------------------- */

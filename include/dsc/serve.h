@@ -16,8 +16,8 @@
  * broadcasts it before applying it; the other ranks apply the same plans to
  * their own scheduler replicas, so every rank forms the same batches, and
  * leave when rank 0's drained plan says stop. Only rank 0 heeds
- * dsc_server_request_stop. logprobs are refused across ranks (each rank
- * holds a slice of the vocabulary).
+ * dsc_server_request_stop. logprobs across ranks are computed from each
+ * rank's vocabulary slice (collectives in the token callback).
  *
  * Not here: model loading, the command line (apps/dsc-serve.c). */
 #ifndef DSC_SERVE_H

@@ -27,9 +27,13 @@
  * alike; every parameter is declared as its piece of the global tensor
  * (dsc_params_declare_shard), which is what checkpoints store.
  *
- * Not here: which ranks form the group (dsc/topology.h), sequence
- * parallelism (refused by the config), KV heads fewer than ranks (refused:
- * a KV head held by several ranks would need its gradient summed over them). */
+ * With tensor_parallel.sequence_parallel (Megatron's) the activations
+ * between the regions hold this rank's t / tp positions; each all-reduce
+ * becomes a reduce-scatter, each region's input an all-gather.
+ *
+ * Not here: which ranks form the group (dsc/topology.h), KV heads fewer
+ * than ranks (refused: a KV head held by several ranks would need its
+ * gradient summed over them). */
 #ifndef DSC_TP_LAYERS_H
 #define DSC_TP_LAYERS_H
 
@@ -42,6 +46,7 @@
 #include "dsc/config.h"
 #include "dsc/engine.h"
 #include "dsc/model.h"
+#include "dsc/rng.h"
 #include "dsc/status.h"
 #include "dsc/topology.h"
 #include "dsc/tp.h"
@@ -56,6 +61,9 @@ typedef struct dsc_tp_build_extra {
     int rank, size;     /* in the group */
     int64_t grain;      /* tp_grain_size of the widths */
     dsc_tp_shard shard; /* this rank's heads and widths */
+    /* Megatron sequence parallelism: between the tensor-parallel regions a
+     * rank holds positions [rank t/tp, (rank+1) t/tp) of each sequence. */
+    bool sequence_parallel;
 } dsc_tp_build_extra;
 
 /* This rank's wiring for model `mc` over `group` (grain: tp_grain_size, <= 0
@@ -85,6 +93,12 @@ DSC_API double dsc_tp_params_per_rank(const dsc_model_config *mc, double psi, in
  * types and sets out's tp, attention, model (the tensor group) and norm rule.
  * It is the pipeline trainer's hooks.prepare_tp. */
 DSC_API dsc_status dsc_tp_prepare(const dsc_config *cfg, dsc_groups *groups, void *ctx, dsc_trainer_layers *out);
+
+/* Collective over the tensor group: its rank 0's stream becomes every
+ * rank's. The ranks of a tensor group see the same tokens, so stochastic
+ * layers (a MoE gate's sampled second expert, jitter) must draw alike; a
+ * resume from another layout restores per-rank streams that may not be. */
+DSC_API dsc_status dsc_tp_sync_rng(dsc_comm *tensor_group, dsc_rng *rng);
 
 /* A data-parallel trainer's tensor-parallel wiring (dsc-train, tests). */
 typedef struct dsc_tp_wiring {

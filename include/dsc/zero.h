@@ -11,10 +11,17 @@
  *            updated range all-gathered into every replica);
  *   stage 2: + gradients only for its range: each layer's backward writes into
  *            a bounded staging buffer that is reduce-scattered into the range
- *            when the layer finishes (after_layer), every micro-batch;
+ *            when the layer finishes (after_layer), every micro-batch (with
+ *            overlap_comm two buffers alternate and the reductions stay in
+ *            flight during the next layer's backward);
  *   stage 3: + parameters only for its range: a layer's parameters are
  *            all-gathered into a bounded pool before each of its calls and
- *            released after, with the next layer prefetched when it fits.
+ *            released after, with the next layer prefetched when it fits;
+ *            parameters of at most stage3_param_persistence_threshold
+ *            elements stay whole on every rank instead (DeepSpeed's
+ *            persistent parameters: their gradients and optimizer state are
+ *            still partitioned, and the updated pieces are all-gathered once
+ *            per step rather than before every call).
  * With pipeline parallelism (pipeline_stages > 1) stages 1 and 2 reduce once
  * per step in reduce_grads, after the pipeline's tied-gradient reduction,
  * from gradients accumulated over the step's micro-batches; stage 3 is
@@ -41,11 +48,12 @@ extern "C" {
 /* The ZeRO part of the configuration (DeepSpeed's zero_optimization keys; the
  * bucket sizes of dsc_optimizer_options.reduce_bucket_size apply too). */
 typedef struct dsc_zero_options {
-    int stage;                           /* 1, 2 or 3 (0 is the plain optimizer) */
-    int pipeline_stages;                 /* pipeline.stages; > 1 defers reduction to reduce_grads */
-    int64_t allgather_bucket_size;       /* parameter elements per all-gather (stages 1, 2); <= 0: one */
-    int64_t stage3_max_live_parameters;  /* gathered elements resident at once (at least one layer's) */
-    int64_t stage3_prefetch_bucket_size; /* largest next layer gathered ahead; 0 disables prefetch */
+    int stage;                                  /* 1, 2 or 3 (0 is the plain optimizer) */
+    int pipeline_stages;                        /* pipeline.stages; > 1 defers reduction to reduce_grads */
+    int64_t allgather_bucket_size;              /* parameter elements per all-gather (stages 1, 2); <= 0: one */
+    int64_t stage3_max_live_parameters;         /* gathered elements resident at once (at least one layer's) */
+    int64_t stage3_prefetch_bucket_size;        /* largest next layer gathered ahead; 0 disables prefetch */
+    int64_t stage3_param_persistence_threshold; /* stage 3: numel <= this stays whole on every rank; 0: none */
 } dsc_zero_options;
 
 /* The zero_optimization section and pipeline.stages as options. */

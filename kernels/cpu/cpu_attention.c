@@ -2,21 +2,22 @@
  * are processed in tiles of 64 rows against key blocks of 64, with an online
  * softmax, so nothing larger than one (64, 64) score tile (a stack array)
  * ever exists. The tile products are small single-threaded OpenBLAS GEMMs on
- * strided views of q, k, v (no copies); the exponentials in between are plain
- * loops. The backward recomputes each tile's probabilities from the saved
- * log-sum-exp instead of storing them.
+ * strided views of q, k, v (no copies); the exponentials in between are
+ * vectorised (cpu_simd.c). The backward recomputes each tile's
+ * probabilities from the saved log-sum-exp instead of storing them.
  *
  * Layout: q, out, dq (B, T, NH, HS); k, v, dk, dv (B, T, NKV, HS); lse (B, NH, T).
  * Forward is parallel over (b, query head); backward over (b, key/value head),
  * so the thread that owns a kv head owns its dk, dv and the dq of every query
  * head that reads it: no atomics, and results do not depend on the thread
- * count. OpenBLAS runs single-threaded inside the parallel region (OpenMP
- * supplies the parallelism) and gets its thread count back afterwards. */
+ * count. OpenBLAS runs single-threaded (cpu_threads.c): OpenMP supplies the
+ * parallelism. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_simd.h"
 
 #define TILE 64
 
@@ -71,14 +72,12 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
         for (int64_t r = 0; r < ni; r++) {
             float *sr = s + r * TILE;
             int64_t keys = min64(nj, i0 + r - j0 + 1); /* causal: keys j <= i */
-            float block_max = -INFINITY, sum = 0;
+            float block_max = -INFINITY;
+#pragma omp simd reduction(max : block_max)
             for (int64_t c = 0; c < keys; c++)
                 block_max = sr[c] > block_max ? sr[c] : block_max;
             float m_new = block_max > m[r] ? block_max : m[r], corr = expf(m[r] - m_new);
-            for (int64_t c = 0; c < keys; c++) {
-                sr[c] = expf(sr[c] - m_new);
-                sum += sr[c];
-            }
+            float sum = dsc_cpu_exp_shift_sum(sr, keys, m_new);
             for (int64_t c = keys; c < nj; c++)
                 sr[c] = 0.0f;
             l[r] = l[r] * corr + sum;
@@ -126,10 +125,11 @@ static void attend_tile_backward(const attn_slice *A, int64_t i0) {
         for (int64_t r = 0; r < ni; r++) {
             int64_t keys = min64(nj, i0 + r - j0 + 1);
             float *pr = p + r * TILE, *dsr = ds + r * TILE, lse = A->lse[i0 + r];
-            for (int64_t c = 0; c < nj; c++) {
-                pr[c] = c < keys ? expf(pr[c] - lse) : 0.0f;
+            dsc_cpu_exp_shift_sum(pr, keys, lse);
+            for (int64_t c = keys; c < nj; c++)
+                pr[c] = 0.0f;
+            for (int64_t c = 0; c < nj; c++)
                 dsr[c] = pr[c] * (dsr[c] - d_row[r]) * A->scale;
-            }
         }
         /* dq tile += ds @ k block; dk block += ds^T @ q tile; dv block += p^T @ dout tile */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)ni, (int)hs, (int)nj, 1.0f, ds, TILE, kb,
@@ -147,7 +147,6 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    openblas_set_num_threads(1);
 #pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
@@ -159,7 +158,6 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
                 attend_tile(&A, i0);
         }
     }
-    openblas_set_num_threads(nt);
     return NULL;
 }
 
@@ -170,7 +168,6 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    openblas_set_num_threads(1);
 #pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
     schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
@@ -191,6 +188,5 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
             }
         }
     }
-    openblas_set_num_threads(nt);
     return NULL;
 }

@@ -1,11 +1,66 @@
 /* GEMM on the CPU through OpenBLAS (row-major cblas_sgemm, one call per
  * batch entry: this OpenBLAS has no batched entry point), plus the bias
- * broadcast and the bias gradient. Threads come from OpenBLAS itself, which
- * dsc_kernels_set_num_threads keeps in step with OpenMP. */
+ * broadcast and the bias gradient. There is one thread pool, OpenMP's:
+ * OpenBLAS always runs single-threaded (cpu_threads.c) and a large product
+ * is split into one contiguous block of rows (or columns) per OpenMP
+ * thread, each a single-threaded sgemm that adds the bias to its own block
+ * while it is in cache. So BLAS threads and OpenMP threads never compete
+ * for cores, and nothing spins between calls but the pool itself. A linear
+ * layer's forward over a few rows (decode) streams the weight instead
+ * (cpu_linear.c). */
 #include <cblas.h>
 #include <limits.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_simd.h"
+
+/* Multiply-adds below which one thread does the whole product. */
+#define SPLIT_MIN_WORK (1 << 18)
+
+typedef struct gemm_args {
+    float *o;
+    const float *a, *b, *bias;
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+} gemm_args;
+
+/* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias. */
+static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    int64_t m = r1 - r0, n = c1 - c0, k = g->k;
+    if (m <= 0 || n <= 0) return;
+    /* Leading dimensions of the stored (untransposed) matrices; BLAS wants at least 1. */
+    int lda = (int)(g->ta ? g->m : k), ldb = (int)(g->tb ? k : g->n);
+    if (lda < 1) lda = 1;
+    if (ldb < 1) ldb = 1;
+    const float *a = g->a + (g->ta ? r0 : r0 * k); /* (M, K) or (K, M) */
+    const float *b = g->b + (g->tb ? c0 * k : c0); /* (K, N) or (N, K) */
+    float *o = g->o + r0 * g->n + c0;
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, g->alpha, a, lda, b, ldb, g->beta, o, (int)g->n);
+    for (int64_t r = 0; g->bias && r < m; r++)
+        for (int64_t j = 0; j < n; j++)
+            o[r * g->n + j] += g->bias[c0 + j];
+}
+
+static void gemm_split(const gemm_args *g) {
+    int nt = dsc_kernels_get_num_threads();
+    if (nt <= 1 || g->m * g->n * g->k < SPLIT_MIN_WORK) {
+        gemm_block(g, 0, g->m, 0, g->n);
+        return;
+    }
+    /* The longer side is split (in multiples of 16, the kernels' register blocks). */
+    bool by_rows = g->m >= g->n;
+    int64_t len = by_rows ? g->m : g->n, part = ((len + nt - 1) / nt + 15) / 16 * 16;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int p = 0; p < nt; p++) {
+        int64_t s = p * part, e = s + part < len ? s + part : len;
+        if (by_rows)
+            gemm_block(g, s, e, 0, g->n);
+        else
+            gemm_block(g, 0, g->m, s, e);
+    }
+}
 
 dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
@@ -14,28 +69,14 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
     DSC_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, DSC_ERR_UNSUPPORTED,
               "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
               (long long)n, (long long)k);
-    dsc_kernels_get_num_threads(); /* applies the thread count to OpenBLAS on first use */
-    /* Leading dimensions of the stored (untransposed) matrices; BLAS wants at least 1. */
-    int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n);
-    if (lda < 1) lda = 1;
-    if (ldb < 1) ldb = 1;
     for (int64_t i = 0; i < batch; i++) {
-        float *o = out + i * m * n;      /* (M, N) */
-        const float *ai = a + i * m * k; /* (M, K) or (K, M) */
-        const float *bi = b + i * k * n; /* (K, N) or (N, K) */
-        if (m == 1 && n > 0 && k > 0)
-            /* One row (a decode step): sgemv reads b once, where sgemm would first pack all of it. */
-            cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, (int)(trans_b ? n : k),
-                        (int)(trans_b ? k : n), alpha, bi, ldb, ai, 1, beta, o, 1);
-        else if (m > 0 && n > 0)
-            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                        (int)m, (int)n, (int)k, alpha, ai, lda, bi, ldb, beta, o, (int)n);
-        if (!bias) continue;
-        for (int64_t r = 0; r < m; r++) {
-            float *row = o + r * n;
-            for (int64_t j = 0; j < n; j++)
-                row[j] += bias[j];
-        }
+        gemm_args g = {out + i * m * n, a + i * m * k, b + i * k * n, bias, m, n, k,
+                       trans_a,         trans_b,       alpha,         beta};
+        if (m <= DSC_CPU_GEMV_MAX_ROWS && !trans_a && trans_b && alpha == 1.0f && beta == 0.0f && k > 0)
+            /* A linear layer over a few rows (decode): stream b once instead of packing it. */
+            dsc_cpu_stream_rows(g.o, g.a, g.b, DSC_WEIGHT_F32, bias, m, n, k);
+        else
+            gemm_split(&g);
     }
     return NULL;
 }

@@ -17,6 +17,13 @@ dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool 
 dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
                         float beta);
+/* y (n, oc) = x (n, c) @ W^T (+ bias), W (oc, c) in format f, the threads splitting W's rows and
+ * each streaming its share once (any n; meant for n <= DSC_CPU_GEMV_MAX_ROWS). */
+void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
+                         int64_t n, int64_t oc, int64_t c);
+dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
+                                 const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
+                                 int64_t workspace_floats);
 dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                         int64_t oc);
 

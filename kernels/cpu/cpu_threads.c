@@ -1,7 +1,9 @@
 /* How many threads the CPU kernels use. Read once from the environment
- * (DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores) and handed to both
- * OpenMP (per parallel region, via num_threads) and OpenBLAS, so the two
- * never oversubscribe each other. Not a thread pool: OpenMP owns that. */
+ * (DSC_NUM_THREADS, else OMP_NUM_THREADS, else all cores) and handed to
+ * OpenMP per parallel region (num_threads). OpenBLAS is kept at one thread:
+ * its own pthread pool would compete with OpenMP's for the same cores (each
+ * spinning while the other works), so the kernels split large products over
+ * OpenMP threads themselves (cpu_gemm.c). Not a thread pool: OpenMP owns that. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -22,7 +24,7 @@ static int parse_threads(const char *value) {
 void dsc_kernels_set_num_threads(int n) {
     if (n < 1) n = 1;
     atomic_store(&num_threads, n);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1);
 }
 
 int dsc_kernels_get_num_threads(void) {

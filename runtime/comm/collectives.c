@@ -2,7 +2,9 @@
  * counting and dispatch to the communicator's backend; non-blocking requests.
  *
  * Collectives whose total size is zero (the same on every rank) complete
- * without messages.
+ * without messages. All-reduce, reduce-scatter and all-gather are posted as
+ * requests (the blocking forms post and wait), which count their bytes when
+ * they complete.
  * Counting rule (docs/comm.md): bytes are the operation's logical volume for
  * this rank, independent of the algorithm the backend picks. all-reduce counts
  * as reduce-scatter + all-gather of the even split (piece i has n/P elements,
@@ -76,21 +78,27 @@ static int64_t piece(const dsc_comm *c, const int64_t *counts, int64_t total, in
 static dsc_status begin(dsc_comm *c, dsc_comm_op op) {
     DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", dsc_comm_op_name(op),
               c->name, c->broken);
-    c->deadline = dsc_comm_now() + c->opts.timeout_s;
+    c->op_t0 = dsc_comm_now();
+    c->op_msg_bytes = 0;
+    c->deadline = c->op_t0 + c->opts.timeout_s;
     c->seq++;
     return NULL;
 }
 
-static void count(dsc_comm *c, dsc_comm_op op, int64_t sent_bytes, int64_t recv_bytes) {
+/* A completed operation: the byte counters, and the comms_logger's record
+ * of its message size and latency since t0. */
+static void count(dsc_comm *c, dsc_comm_op op, int64_t sent_bytes, int64_t recv_bytes, int64_t msg_bytes,
+                  double t0) {
     c->stats.calls[op]++;
     c->stats.bytes_sent[op] += sent_bytes;
     c->stats.bytes_recv[op] += recv_bytes;
+    if (comm_log_enabled()) comm_log_record(c, op, msg_bytes, dsc_comm_now() - t0);
 }
 
 /* A collective that failed after posting messages leaves the ranks out of step: refuse later collectives. */
 static dsc_status finish(dsc_comm *c, dsc_comm_op op, dsc_status s, int64_t sent_bytes, int64_t recv_bytes) {
     if (!s) {
-        count(c, op, sent_bytes, recv_bytes);
+        count(c, op, sent_bytes, recv_bytes, c->op_msg_bytes, c->op_t0);
         return NULL;
     }
     if (dsc_status_code(s) == DSC_ERR_TIMEOUT || dsc_status_code(s) == DSC_ERR_COMM)
@@ -99,19 +107,53 @@ static dsc_status finish(dsc_comm *c, dsc_comm_op op, dsc_status s, int64_t sent
     return s;
 }
 
-dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+/* A request of this communicator, counted as sent / recv bytes when it completes. */
+static dsc_status new_request(dsc_comm *c, dsc_comm_op kind, int peer, int64_t sent, int64_t recv,
+                              int64_t msg_bytes, dsc_comm_request **out) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
+    *req = (dsc_comm_request){.comm = c,
+                              .op = kind,
+                              .peer = peer,
+                              .sent_bytes = sent,
+                              .recv_bytes = recv,
+                              .msg_bytes = msg_bytes,
+                              .t0 = dsc_comm_now(),
+                              .mpi = MPI_REQUEST_NULL};
+    req->deadline = req->t0 + c->opts.timeout_s;
+    *out = req;
+    return NULL;
+}
+
+/* After the backend posted (or failed to post) a collective. */
+static dsc_status posted(dsc_comm *c, dsc_comm_op kind, dsc_status s, dsc_comm_request *req,
+                         dsc_comm_request **out) {
+    if (s) {
+        dsc_mem_free(req, sizeof *req, DSC_MEM_COMM, DSC_CPU);
+        return finish(c, kind, s, 0, 0);
+    }
+    *out = req;
+    return NULL;
+}
+
+dsc_status dsc_comm_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request **out) {
     const dsc_comm_op kind = DSC_COMM_OP_ALLREDUCE;
+    *out = NULL;
     DSC_TRY(check_tensor(c, kind, "buffer", t));
     DSC_TRY(check_reduce_op(c, kind, op));
     DSC_TRY(begin(c, kind));
     int64_t n = dsc_tensor_numel(t), mine = piece(c, NULL, n, c->rank);
     int64_t bytes = (n - mine + (int64_t)(c->size - 1) * mine) * (int64_t)dsc_dtype_size(t->dtype);
-    return finish(c, kind, n ? c->backend->allreduce(c, t, op) : NULL, bytes, bytes);
+    if (n == 0) return finish(c, kind, NULL, 0, 0);
+    dsc_comm_request *req;
+    DSC_TRY(new_request(c, kind, -1, bytes, bytes, n * (int64_t)dsc_dtype_size(t->dtype), &req));
+    return posted(c, kind, c->backend->iallreduce(c, t, op, req), req, out);
 }
 
-dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                   dsc_reduce_op op) {
+dsc_status dsc_comm_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                    dsc_reduce_op op, dsc_comm_request **out) {
     const dsc_comm_op kind = DSC_COMM_OP_REDUCE_SCATTER;
+    *out = NULL;
     DSC_TRY(check_pair(c, kind, send, recv));
     DSC_TRY(check_reduce_op(c, kind, op));
     int64_t n = dsc_tensor_numel(send);
@@ -121,13 +163,17 @@ dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tens
               "reduce-scatter on communicator \"%s\": recv has %lld elements but this rank's piece has %lld",
               c->name, (long long)dsc_tensor_numel(recv), (long long)mine);
     DSC_TRY(begin(c, kind));
+    if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
-    return finish(c, kind, n ? c->backend->reduce_scatter(c, send, recv, counts, op) : NULL, (n - mine) * esize,
-                  (int64_t)(c->size - 1) * mine * esize);
+    dsc_comm_request *req;
+    DSC_TRY(new_request(c, kind, -1, (n - mine) * esize, (int64_t)(c->size - 1) * mine * esize, n * esize, &req));
+    return posted(c, kind, c->backend->ireduce_scatter(c, send, recv, counts, op, req), req, out);
 }
 
-dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
+dsc_status dsc_comm_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                               dsc_comm_request **out) {
     const dsc_comm_op kind = DSC_COMM_OP_ALLGATHER;
+    *out = NULL;
     DSC_TRY(check_pair(c, kind, send, recv));
     int64_t n = dsc_tensor_numel(recv);
     DSC_TRY(check_counts(c, kind, "counts", counts, n));
@@ -136,9 +182,30 @@ dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *r
               "all-gather on communicator \"%s\": send has %lld elements but this rank's piece has %lld", c->name,
               (long long)dsc_tensor_numel(send), (long long)mine);
     DSC_TRY(begin(c, kind));
+    if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
-    return finish(c, kind, n ? c->backend->allgather(c, send, recv, counts) : NULL,
-                  (int64_t)(c->size - 1) * mine * esize, (n - mine) * esize);
+    dsc_comm_request *req;
+    DSC_TRY(new_request(c, kind, -1, (int64_t)(c->size - 1) * mine * esize, (n - mine) * esize, n * esize, &req));
+    return posted(c, kind, c->backend->iallgather(c, send, recv, counts, req), req, out);
+}
+
+dsc_status dsc_comm_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_comm_iallreduce(c, t, op, &req));
+    return dsc_comm_wait(&req);
+}
+
+dsc_status dsc_comm_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                   dsc_reduce_op op) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_comm_ireduce_scatter(c, send, recv, counts, op, &req));
+    return dsc_comm_wait(&req);
+}
+
+dsc_status dsc_comm_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
+    dsc_comm_request *req;
+    DSC_TRY(dsc_comm_iallgather(c, send, recv, counts, &req));
+    return dsc_comm_wait(&req);
 }
 
 static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *send, const int64_t *send_counts,
@@ -147,6 +214,7 @@ static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *sen
     DSC_TRY(check_counts(c, kind, "recv counts", recv_counts, dsc_tensor_numel(recv)));
     DSC_TRY(begin(c, kind));
     int64_t sent = 0, received = 0, esize = (int64_t)dsc_dtype_size(send->dtype);
+    c->op_msg_bytes = dsc_tensor_numel(send) * esize;
     for (int j = 0; j < c->size; j++) {
         if (j == c->rank) continue;
         sent += send_counts[j] * esize;
@@ -185,6 +253,7 @@ dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
               "broadcast on communicator \"%s\": root %d not in [0, %d)", c->name, root, c->size);
     DSC_TRY(begin(c, kind));
     int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
+    c->op_msg_bytes = bytes;
     bool is_root = root == c->rank;
     return finish(c, kind, bytes ? c->backend->broadcast(c, t, root) : NULL,
                   is_root ? (int64_t)(c->size - 1) * bytes : 0, is_root ? 0 : bytes);
@@ -212,14 +281,11 @@ static dsc_status post(dsc_comm *c, dsc_comm_op kind, dsc_tensor *t, int peer, i
     DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", what, c->name,
               c->broken);
     dsc_comm_request *req;
-    DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
-    *req = (dsc_comm_request){.comm = c,
-                              .op = kind,
-                              .peer = peer,
-                              .dtype = t->dtype,
-                              .bytes = dsc_tensor_nbytes(t),
-                              .mpi = MPI_REQUEST_NULL};
-    req->deadline = dsc_comm_now() + c->opts.timeout_s;
+    int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
+    bool sending = kind == DSC_COMM_OP_SEND;
+    DSC_TRY(new_request(c, kind, peer, sending ? bytes : 0, sending ? 0 : bytes, bytes, &req));
+    req->dtype = t->dtype;
+    req->bytes = (size_t)bytes;
     dsc_status s = kind == DSC_COMM_OP_SEND ? c->backend->isend(c, t, peer, tag, req)
                                             : c->backend->irecv(c, t, peer, tag, req);
     if (s) {
@@ -239,15 +305,14 @@ dsc_status dsc_comm_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_com
     return post(c, DSC_COMM_OP_RECV, t, peer, tag, req);
 }
 
-/* Ends a request: counts it when it completed, gives it up otherwise, frees it. */
+/* Ends a request: counts it when it completed, gives it up otherwise (a
+ * failed collective also breaks its communicator), frees it. */
 static dsc_status retire(dsc_comm_request **reqp, dsc_status s, bool done) {
     dsc_comm_request *req = *reqp;
     if (!s && !done) return NULL;
     if (s && !done) req->comm->backend->abandon(req);
-    if (!s) {
-        bool sent = req->op == DSC_COMM_OP_SEND;
-        count(req->comm, req->op, sent ? (int64_t)req->bytes : 0, sent ? 0 : (int64_t)req->bytes);
-    }
+    if (!s) count(req->comm, req->op, req->sent_bytes, req->recv_bytes, req->msg_bytes, req->t0);
+    if (s && req->peer < 0) s = finish(req->comm, req->op, s, 0, 0);
     dsc_mem_free(req, sizeof *req, DSC_MEM_COMM, DSC_CPU);
     *reqp = NULL;
     return s;
@@ -263,6 +328,42 @@ dsc_status dsc_comm_wait(dsc_comm_request **reqp) {
     dsc_status s =
         dsc_comm_poll(req->comm, dsc_comm_op_name(req->op), req->peer, req->deadline, test_request, req);
     return retire(reqp, s, s == NULL);
+}
+
+typedef struct wait_all {
+    dsc_comm_request **reqs;
+    int n;
+} wait_all;
+
+/* Tests every request still open (each test moves its collective on), retiring those that completed. */
+static dsc_status test_all(void *arg, bool *done) {
+    wait_all *w = arg;
+    *done = true;
+    for (int i = 0; i < w->n; i++) {
+        dsc_comm_request *req = w->reqs[i];
+        if (!req) continue;
+        bool finished = false;
+        dsc_status s = req->comm->backend->test(req, &finished);
+        DSC_TRY(retire(&w->reqs[i], s, finished));
+        if (!finished) *done = false;
+    }
+    return NULL;
+}
+
+dsc_status dsc_comm_waitall(dsc_comm_request **reqs, int n) {
+    wait_all w = {reqs, n};
+    const dsc_comm_request *first = NULL;
+    double deadline = 0;
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        if (!first) first = reqs[i];
+        if (reqs[i]->deadline > deadline) deadline = reqs[i]->deadline;
+    }
+    if (!first) return NULL;
+    dsc_status s = dsc_comm_poll(first->comm, "waiting for requests", -1, deadline, test_all, &w);
+    for (int i = 0; s && i < n; i++) /* give up the rest */
+        if (reqs[i]) dsc_status_free(retire(&reqs[i], dsc_error(DSC_ERR_COMM, "given up"), false));
+    return s;
 }
 
 dsc_status dsc_comm_test(dsc_comm_request **reqp, bool *done) {

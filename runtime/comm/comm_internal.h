@@ -27,35 +27,45 @@ struct dsc_comm {
     double deadline;  /* of the blocking operation in progress (dsc_comm_now clock) */
     char broken[160]; /* non-empty after a collective timed out: later calls refuse */
     dsc_comm_stats stats;
+    double op_t0;         /* when the blocking operation in progress began (the comms_logger) */
+    int64_t op_msg_bytes; /* and its message size */
     int64_t seq;          /* collectives entered so far (the watchdog compares it across ranks) */
     int64_t watch_id;     /* the same on every member: hash of name and world ranks */
     bool watched;         /* registered with the watchdog */
     dsc_comm *watch_next; /* the watchdog's registry of live communicators */
 };
 
+/* A point-to-point message or a non-blocking collective in flight. */
 struct dsc_comm_request {
     dsc_comm *comm;
-    dsc_comm_op op; /* DSC_COMM_OP_SEND or DSC_COMM_OP_RECV */
-    int peer;
+    dsc_comm_op op; /* send, recv, all-reduce, reduce-scatter or all-gather */
+    int peer;       /* -1 for a collective */
     double deadline;
     dsc_dtype dtype;
-    size_t bytes;    /* size of the tensor */
-    MPI_Request mpi; /* MPI backend */
-    void *impl;      /* other backends */
+    size_t bytes;                   /* size of the tensor (point to point) */
+    int64_t sent_bytes, recv_bytes; /* counted when it completes (collectives.c's rule) */
+    int64_t msg_bytes;              /* the comms_logger's message size (DeepSpeed's) */
+    double t0;                      /* when it was posted (the comms_logger's latency) */
+    MPI_Request mpi;                /* MPI backend, point to point */
+    void *impl;                     /* the backend's state of a collective; NCCL: the event */
 };
 
 /* A backend implements the data-moving operations; the front end validates
  * arguments, sets the deadline, counts bytes and names errors. Counts are in
- * elements and already checked against the tensors. all-to-all is all-to-all-v
- * with equal counts. */
+ * elements and already checked against the tensors (a backend copies what it
+ * needs of them: they may go away when the posting call returns). all-to-all
+ * is all-to-all-v with equal counts. All-reduce, reduce-scatter and
+ * all-gather are only posted (the blocking forms post and wait): they fill
+ * req->impl, and test / abandon finish them like point-to-point requests. */
 struct dsc_comm_backend {
     const char *name;
     dsc_status (*init)(dsc_comm *c); /* after c->mpi, rank and size are set */
     void (*fini)(dsc_comm *c);
-    dsc_status (*allreduce)(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op);
-    dsc_status (*reduce_scatter)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                 dsc_reduce_op op);
-    dsc_status (*allgather)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts);
+    dsc_status (*iallreduce)(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request *req);
+    dsc_status (*ireduce_scatter)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                  dsc_reduce_op op, dsc_comm_request *req);
+    dsc_status (*iallgather)(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                             dsc_comm_request *req);
     dsc_status (*alltoallv)(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
                             const int64_t *recv_counts);
     dsc_status (*broadcast)(dsc_comm *c, dsc_tensor *t, int root);
@@ -106,11 +116,20 @@ void dsc_comm_watch_diagnose(const dsc_comm *c, int peer, char *text, size_t len
 dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,
                              MPI_Status *statuses);
 
+/* One MPI_Testall of n requests: sets *done; an error in one status names its source rank. */
+dsc_status dsc_comm_mpi_test(const dsc_comm *c, const char *what, MPI_Request *reqs, int n, MPI_Status *statuses,
+                             bool *done);
+
 /* NULL when rc is MPI_SUCCESS, otherwise DSC_ERR_COMM naming the call, MPI's
  * message and the communicator. */
 dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c);
 
 /* The MPI datatype of a dsc dtype (bf16 and f16 travel as 16-bit integers). */
 MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype);
+
+/* comms_logger (comms_log.c): whether operations are being logged, and one
+ * completed operation of `bytes` (DeepSpeed's message size) taking `seconds`. */
+bool comm_log_enabled(void);
+void comm_log_record(const dsc_comm *c, dsc_comm_op op, int64_t bytes, double seconds);
 
 #endif

@@ -4,10 +4,17 @@
  * Algorithm choice (measured, docs/comm.md): on more than 2 ranks, messages
  * below 64 KB use MPI's own non-blocking collectives; larger all-reduce,
  * reduce-scatter and all-gather, and all of them on 2 ranks, use the ring
- * algorithms of ring.c over a private duplicate of the communicator (so their messages never match the user's
- * point-to-point); all-to-all(v) posts every send and receive at once and checks each received size against the
- * expected count. bf16/f16 reductions always take the ring, which reduces them in f32 (MPI has no such types). Not
- * here: argument checks, deadlines and byte counting (collectives.c). */
+ * algorithms of ring.c over a private duplicate of the communicator (so their
+ * messages never match the user's point-to-point); all-to-all(v) posts every
+ * send and receive at once and checks each received size against the
+ * expected count. bf16/f16 reductions always take the ring, which reduces
+ * them in f32 (MPI has no such types).
+ * All-reduce, reduce-scatter and all-gather are posted as requests (a
+ * `collective` in req->impl: MPI's request, or a ring that test advances
+ * step by step, an all-reduce being a reduce-scatter ring then an all-gather
+ * ring), so that several can be in flight; their ring temporaries come from a
+ * small per-communicator cache that keeps allocation out of the steady state.
+ * Not here: argument checks, deadlines and byte counting (collectives.c). */
 #include <limits.h>
 #include <string.h>
 
@@ -20,18 +27,46 @@
  * ranks the ring is a single exchange per phase and wins at every size. */
 static const size_t RING_MIN_BYTES = 64 * 1024;
 
-enum { ALLTOALL_TAG = 7002 };
+/* all-to-all's tag; rings take theirs from RING_TAG_BASE + the collective's sequence number modulo RING_TAGS */
+enum { ALLTOALL_TAG = 7002, RING_TAG_BASE = 8192, RING_TAGS = 8192 };
+
+/* Ring temporaries kept for reuse: enough for the buckets a training step keeps in flight. */
+enum { SCRATCH_KEPT = 8 };
+
+typedef struct scratch_block {
+    void *data;
+    size_t bytes;
+    bool busy;
+} scratch_block;
 
 typedef struct mpi_state {
     MPI_Comm coll;        /* duplicate of c->mpi for the algorithms' point-to-point */
-    int64_t *counts;      /* (P) pieces of the current operation */
-    int64_t *displs;      /* (P) */
-    int *icounts;         /* (2P) int counts and offsets for MPI's v-collectives */
-    MPI_Request *reqs;    /* (2P) */
+    MPI_Request *reqs;    /* (2P) all-to-all's */
     MPI_Status *statuses; /* (2P) */
-    void *scratch;        /* grows to the largest ring temporary seen */
-    size_t scratch_bytes;
+    scratch_block kept[SCRATCH_KEPT];
 } mpi_state;
+
+/* One all-reduce, reduce-scatter or all-gather in flight (req->impl). */
+typedef struct collective {
+    dsc_comm *comm;
+    dsc_comm_op kind;
+    dsc_reduce_op op;
+    dsc_dtype dtype;
+    void *result; /* what AVG divides once the data is complete */
+    int64_t n_result;
+    void *move_to; /* native in-place reduce-scatter: this rank's piece, moved here from the buffer's start */
+    bool native;   /* MPI's own non-blocking collective in `mpi` */
+    MPI_Request mpi;
+    int rings_left; /* ring algorithm: rings not yet finished (an all-reduce runs two) */
+    int tag;        /* of its rings, fixed when posted (every rank posts collectives in the same order) */
+    dsc_ring ring;
+    void *allgather_buf;      /* all-reduce: the buffer its second ring gathers in place */
+    int64_t *counts, *displs; /* (P) pieces */
+    int *icounts;             /* (2P) int counts and offsets for MPI's v-collectives */
+    int scratch_slot;         /* index in kept[], or -1 when allocated for this one */
+    void *scratch;            /* (2 max piece) ring temporaries */
+    size_t scratch_bytes;
+} collective;
 
 #define ARRAY_BYTES(n, type) ((size_t)(n) * sizeof(type))
 
@@ -46,9 +81,6 @@ static dsc_status mpi_init(dsc_comm *c) {
     c->impl = st;
     st->coll = MPI_COMM_NULL;
     int p = c->size;
-    DSC_TRY(dsc_mem_alloc((void **)&st->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
-    DSC_TRY(dsc_mem_alloc((void **)&st->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
-    DSC_TRY(dsc_mem_alloc((void **)&st->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU));
     DSC_TRY(dsc_mem_alloc((void **)&st->reqs, ARRAY_BYTES(2 * p, MPI_Request), DSC_MEM_COMM, DSC_CPU));
     DSC_TRY(dsc_mem_alloc((void **)&st->statuses, ARRAY_BYTES(2 * p, MPI_Status), DSC_MEM_COMM, DSC_CPU));
     MPI_Request req;
@@ -61,29 +93,55 @@ static void mpi_fini(dsc_comm *c) {
     if (!st) return;
     int p = c->size;
     if (st->coll != MPI_COMM_NULL) MPI_Comm_free(&st->coll);
-    dsc_mem_free(st->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(st->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(st->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU);
     dsc_mem_free(st->reqs, ARRAY_BYTES(2 * p, MPI_Request), DSC_MEM_COMM, DSC_CPU);
     dsc_mem_free(st->statuses, ARRAY_BYTES(2 * p, MPI_Status), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(st->scratch, st->scratch_bytes, DSC_MEM_COMM, DSC_CPU);
+    for (int i = 0; i < SCRATCH_KEPT; i++)
+        dsc_mem_free(st->kept[i].data, st->kept[i].bytes, DSC_MEM_COMM, DSC_CPU);
     dsc_mem_free(st, sizeof *st, DSC_MEM_COMM, DSC_CPU);
     c->impl = NULL;
 }
 
-/* Two temporaries of `bytes` each, kept between calls (allocation stays out of the hot loop). */
-static dsc_status scratch_pair(dsc_comm *c, size_t bytes, void **a, void **b) {
+/* Ring temporaries of `bytes`: a free kept block large enough, else a free
+ * kept slot regrown, else (every slot busy) a block of this collective's own. */
+static dsc_status scratch_take(dsc_comm *c, collective *k, size_t bytes) {
     mpi_state *st = c->impl;
-    if (2 * bytes > st->scratch_bytes) {
-        dsc_mem_free(st->scratch, st->scratch_bytes, DSC_MEM_COMM, DSC_CPU);
-        st->scratch = NULL;
-        st->scratch_bytes = 0;
-        DSC_TRY(dsc_mem_alloc(&st->scratch, 2 * bytes, DSC_MEM_COMM, DSC_CPU));
-        st->scratch_bytes = 2 * bytes;
+    int slot = -1;
+    for (int i = 0; i < SCRATCH_KEPT && slot < 0; i++)
+        if (!st->kept[i].busy && st->kept[i].bytes >= bytes) slot = i;
+    for (int i = 0; i < SCRATCH_KEPT && slot < 0; i++)
+        if (!st->kept[i].busy) slot = i;
+    if (slot < 0) {
+        DSC_TRY(dsc_mem_alloc(&k->scratch, bytes, DSC_MEM_COMM, DSC_CPU));
+        k->scratch_bytes = bytes;
+        return NULL;
     }
-    *a = st->scratch;
-    *b = (char *)st->scratch + bytes;
+    scratch_block *blk = &st->kept[slot];
+    if (blk->bytes < bytes) {
+        dsc_mem_free(blk->data, blk->bytes, DSC_MEM_COMM, DSC_CPU);
+        blk->data = NULL;
+        blk->bytes = 0;
+        DSC_TRY(dsc_mem_alloc(&blk->data, bytes, DSC_MEM_COMM, DSC_CPU));
+        blk->bytes = bytes;
+    }
+    blk->busy = true;
+    k->scratch_slot = slot;
+    k->scratch = blk->data;
     return NULL;
+}
+
+static void collective_free(collective *k) {
+    if (!k) return;
+    dsc_comm *c = k->comm;
+    mpi_state *st = c->impl;
+    int p = c->size;
+    if (k->scratch_slot >= 0)
+        st->kept[k->scratch_slot].busy = false;
+    else
+        dsc_mem_free(k->scratch, k->scratch_bytes, DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(k->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(k->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(k->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(k, sizeof *k, DSC_MEM_COMM, DSC_CPU);
 }
 
 static dsc_status check_int(const dsc_comm *c, int64_t n, const char *what) {
@@ -92,18 +150,37 @@ static dsc_status check_int(const dsc_comm *c, int64_t n, const char *what) {
     return NULL;
 }
 
-/* Fills the state's pieces from `counts` (or an even split of n) and returns them. */
-static dsc_ring_pieces make_pieces(dsc_comm *c, const int64_t *counts, int64_t n) {
-    mpi_state *st = c->impl;
+/* A collective's state with its pieces from `counts` (or an even split of n). */
+static dsc_status collective_new(dsc_comm *c, dsc_comm_op kind, dsc_dtype dtype, dsc_reduce_op op,
+                                 const int64_t *counts, int64_t n, collective **out) {
     int p = c->size;
-    dsc_ring_pieces pieces = {st->counts, st->displs, 0};
+    collective *k;
+    *out = NULL;
+    DSC_TRY(dsc_mem_alloc((void **)&k, sizeof *k, DSC_MEM_COMM, DSC_CPU));
+    *k = (collective){.comm = c,
+                      .kind = kind,
+                      .op = op,
+                      .dtype = dtype,
+                      .mpi = MPI_REQUEST_NULL,
+                      .scratch_slot = -1,
+                      .tag = RING_TAG_BASE + (int)(c->seq % RING_TAGS)};
+    *out = k;
+    DSC_TRY(dsc_mem_alloc((void **)&k->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
+    DSC_TRY(dsc_mem_alloc((void **)&k->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
+    DSC_TRY(dsc_mem_alloc((void **)&k->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU));
     int64_t offset = 0;
     for (int i = 0; i < p; i++) {
-        st->counts[i] = counts ? counts[i] : n / p + (i < n % p);
-        st->displs[i] = offset;
-        offset += st->counts[i];
-        if (st->counts[i] > pieces.max_count) pieces.max_count = st->counts[i];
+        k->counts[i] = counts ? counts[i] : n / p + (i < n % p);
+        k->displs[i] = offset;
+        offset += k->counts[i];
     }
+    return NULL;
+}
+
+static dsc_ring_pieces pieces_of(const collective *k) {
+    dsc_ring_pieces pieces = {k->counts, k->displs, 0};
+    for (int i = 0; i < k->comm->size; i++)
+        if (k->counts[i] > pieces.max_count) pieces.max_count = k->counts[i];
     return pieces;
 }
 
@@ -119,88 +196,139 @@ static MPI_Op mpi_op(dsc_reduce_op op) {
     return op == DSC_REDUCE_OP_MAX ? MPI_MAX : MPI_SUM;
 }
 
-static dsc_status ring_scratch(dsc_comm *c, const dsc_ring_pieces *pieces, dsc_dtype dtype, void **a, void **b) {
-    DSC_TRY(check_int(c, pieces->max_count, "ring step"));
-    return scratch_pair(c, (size_t)pieces->max_count * dsc_dtype_size(dtype), a, b);
+/* The reduce-scatter ring of `send` into `recv`, with its temporaries. */
+static dsc_status start_reduce_ring(collective *k, const void *send, void *recv) {
+    dsc_comm *c = k->comm;
+    mpi_state *st = c->impl;
+    dsc_ring_pieces pieces = pieces_of(k);
+    DSC_TRY(check_int(c, pieces.max_count, dsc_comm_op_name(k->kind)));
+    size_t bytes = (size_t)pieces.max_count * dsc_dtype_size(k->dtype);
+    DSC_TRY(scratch_take(c, k, 2 * bytes));
+    k->rings_left = k->kind == DSC_COMM_OP_ALLREDUCE ? 2 : 1;
+    return dsc_ring_start_reduce_scatter(&k->ring, c, st->coll, dsc_comm_op_name(k->kind), k->tag, send, recv,
+                                         &pieces, k->dtype, k->op, k->scratch, (char *)k->scratch + bytes);
 }
 
-static dsc_status mpi_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+static dsc_status start_gather_ring(collective *k, void *buf) {
+    dsc_comm *c = k->comm;
     mpi_state *st = c->impl;
-    int64_t n = dsc_tensor_numel(t);
-    const char *what = "all-reduce";
-    if (mpi_native(t->dtype) && !use_ring(c, dsc_tensor_nbytes(t))) {
-        MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(
-            MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)n, dsc_comm_mpi_type(t->dtype), mpi_op(op), c->mpi, &req),
-            "MPI_Iallreduce", c));
-        DSC_TRY(dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE));
-    } else {
-        dsc_ring_pieces pieces = make_pieces(c, NULL, n);
-        void *a, *b;
-        DSC_TRY(ring_scratch(c, &pieces, t->dtype, &a, &b));
-        void *mine = shift(t->data, pieces.displs[c->rank], dsc_dtype_size(t->dtype));
-        DSC_TRY(dsc_ring_reduce_scatter(c, st->coll, what, t->data, mine, &pieces, t->dtype, op, a, b));
-        DSC_TRY(dsc_ring_allgather(c, st->coll, what, t->data, &pieces, t->dtype));
+    dsc_ring_pieces pieces = pieces_of(k);
+    DSC_TRY(check_int(c, pieces.max_count, dsc_comm_op_name(k->kind)));
+    if (k->kind != DSC_COMM_OP_ALLREDUCE) k->rings_left = 1;
+    return dsc_ring_start_allgather(&k->ring, c, st->coll, dsc_comm_op_name(k->kind), k->tag, buf, &pieces,
+                                    k->dtype);
+}
+
+/* Hands the collective to the request, or frees it when posting failed. */
+static dsc_status post(dsc_comm_request *req, collective *k, dsc_status s) {
+    if (s) {
+        collective_free(k);
+        return s;
     }
-    dsc_comm_reduce_finish(t->data, n, t->dtype, op, c->size);
+    req->impl = k;
     return NULL;
 }
 
-static dsc_status mpi_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                     dsc_reduce_op op) {
-    mpi_state *st = c->impl;
-    const char *what = "reduce-scatter";
-    dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(send));
-    bool in_place = recv->data == shift(send->data, pieces.displs[c->rank], dsc_dtype_size(send->dtype));
+static dsc_status mpi_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request *req) {
+    int64_t n = dsc_tensor_numel(t);
+    collective *k;
+    dsc_status s = collective_new(c, DSC_COMM_OP_ALLREDUCE, t->dtype, op, NULL, n, &k);
+    if (s) return post(req, k, s);
+    k->result = t->data;
+    k->n_result = n;
+    if (mpi_native(t->dtype) && !use_ring(c, dsc_tensor_nbytes(t))) {
+        k->native = true;
+        s = dsc_comm_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t->data, (int)n, dsc_comm_mpi_type(t->dtype),
+                                              mpi_op(op), c->mpi, &k->mpi),
+                               "MPI_Iallreduce", c);
+    } else {
+        /* this rank's piece is reduced in place, then the whole buffer gathered */
+        k->allgather_buf = t->data;
+        s = start_reduce_ring(k, t->data, shift(t->data, k->displs[c->rank], dsc_dtype_size(t->dtype)));
+    }
+    return post(req, k, s);
+}
+
+static dsc_status mpi_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                      dsc_reduce_op op, dsc_comm_request *req) {
+    collective *k;
+    dsc_status s =
+        collective_new(c, DSC_COMM_OP_REDUCE_SCATTER, send->dtype, op, counts, dsc_tensor_numel(send), &k);
+    if (s) return post(req, k, s);
+    k->result = recv->data;
+    k->n_result = dsc_tensor_numel(recv);
+    bool in_place = recv->data == shift(send->data, k->displs[c->rank], dsc_dtype_size(send->dtype));
     /* The algorithm depends only on what every rank shares (dtype, total
      * size), never on one rank's buffers: ranks taking different paths hang. */
     if (mpi_native(send->dtype) && !use_ring(c, dsc_tensor_nbytes(send))) {
         for (int i = 0; i < c->size; i++)
-            st->icounts[i] = (int)pieces.counts[i];
+            k->icounts[i] = (int)k->counts[i];
         /* MPI's in-place form reads the whole vector from the receive buffer
          * and leaves this rank's piece at its start; it is moved to its slot after. */
-        MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(MPI_Ireduce_scatter(in_place ? MPI_IN_PLACE : send->data,
-                                                       in_place ? send->data : recv->data, st->icounts,
-                                                       dsc_comm_mpi_type(send->dtype), mpi_op(op), c->mpi, &req),
-                                   "MPI_Ireduce_scatter", c));
-        DSC_TRY(dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE));
-        if (in_place)
-            memmove(recv->data, send->data, (size_t)pieces.counts[c->rank] * dsc_dtype_size(send->dtype));
+        if (in_place) {
+            k->move_to = recv->data;
+            k->result = send->data;
+        }
+        k->native = true;
+        s = dsc_comm_mpi_check(MPI_Ireduce_scatter(in_place ? MPI_IN_PLACE : send->data,
+                                                   in_place ? send->data : recv->data, k->icounts,
+                                                   dsc_comm_mpi_type(send->dtype), mpi_op(op), c->mpi, &k->mpi),
+                               "MPI_Ireduce_scatter", c);
     } else {
-        void *a, *b;
-        DSC_TRY(ring_scratch(c, &pieces, send->dtype, &a, &b));
-        DSC_TRY(
-            dsc_ring_reduce_scatter(c, st->coll, what, send->data, recv->data, &pieces, send->dtype, op, a, b));
+        s = start_reduce_ring(k, send->data, recv->data);
     }
-    dsc_comm_reduce_finish(recv->data, dsc_tensor_numel(recv), recv->dtype, op, c->size);
-    return NULL;
+    return post(req, k, s);
 }
 
-static dsc_status mpi_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
-    mpi_state *st = c->impl;
-    const char *what = "all-gather";
-    dsc_ring_pieces pieces = make_pieces(c, counts, dsc_tensor_numel(recv));
-    size_t esize = dsc_dtype_size(recv->dtype);
-    char *own = shift(recv->data, pieces.displs[c->rank], esize); /* send may already be there */
+static dsc_status mpi_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                 dsc_comm_request *req) {
+    collective *k;
+    dsc_status s = collective_new(c, DSC_COMM_OP_ALLGATHER, recv->dtype, DSC_REDUCE_OP_SUM, counts,
+                                  dsc_tensor_numel(recv), &k);
+    if (s) return post(req, k, s);
+    char *own = shift(recv->data, k->displs[c->rank], dsc_dtype_size(recv->dtype)); /* send may already be there */
+    /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
+    if (send->data != own) memmove(own, send->data, dsc_tensor_nbytes(send));
     if (!use_ring(c, dsc_tensor_nbytes(recv))) {
-        int *icounts = st->icounts, *idispls = st->icounts + c->size;
+        int *icounts = k->icounts, *idispls = k->icounts + c->size;
         for (int i = 0; i < c->size; i++) {
-            icounts[i] = (int)pieces.counts[i];
-            idispls[i] = (int)pieces.displs[i];
+            icounts[i] = (int)k->counts[i];
+            idispls[i] = (int)k->displs[i];
         }
         MPI_Datatype type = dsc_comm_mpi_type(recv->dtype);
-        /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
-        if (send->data != own) memmove(own, send->data, dsc_tensor_nbytes(send));
-        MPI_Request req;
-        DSC_TRY(dsc_comm_mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, icounts[c->rank], type, recv->data, icounts,
-                                                   idispls, type, c->mpi, &req),
-                                   "MPI_Iallgatherv", c));
-        return dsc_comm_mpi_wait(c, what, -1, &req, 1, MPI_STATUSES_IGNORE);
+        k->native = true;
+        s = dsc_comm_mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, icounts[c->rank], type, recv->data, icounts, idispls,
+                                               type, c->mpi, &k->mpi),
+                               "MPI_Iallgatherv", c);
+    } else {
+        s = start_gather_ring(k, recv->data);
     }
-    DSC_TRY(check_int(c, pieces.max_count, what));
-    memmove(own, send->data, dsc_tensor_nbytes(send));
-    return dsc_ring_allgather(c, st->coll, what, recv->data, &pieces, recv->dtype);
+    return post(req, k, s);
+}
+
+/* Advances a collective; once complete: the in-place move and AVG's division. */
+static dsc_status collective_test(collective *k, bool *done) {
+    dsc_comm *c = k->comm;
+    *done = false;
+    if (k->native) {
+        DSC_TRY(dsc_comm_mpi_test(c, dsc_comm_op_name(k->kind), &k->mpi, 1, MPI_STATUSES_IGNORE, done));
+        if (!*done) return NULL;
+        if (k->move_to) {
+            memmove(k->move_to, k->result, (size_t)k->counts[c->rank] * dsc_dtype_size(k->dtype));
+            k->result = k->move_to;
+        }
+    } else {
+        for (;;) {
+            bool ring_done = false;
+            DSC_TRY(dsc_ring_advance(&k->ring, &ring_done));
+            if (!ring_done) return NULL;
+            if (--k->rings_left == 0) break;
+            DSC_TRY(start_gather_ring(k, k->allgather_buf)); /* all-reduce: the reduced pieces to every rank */
+        }
+        *done = true;
+    }
+    if (k->kind != DSC_COMM_OP_ALLGATHER) dsc_comm_reduce_finish(k->result, k->n_result, k->dtype, k->op, c->size);
+    return NULL;
 }
 
 static dsc_status check_received(const dsc_comm *c, const MPI_Status *status, const char *what, int peer,
@@ -279,6 +407,14 @@ static dsc_status mpi_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_c
 }
 
 static dsc_status mpi_test(dsc_comm_request *req, bool *done) {
+    if (req->impl) {
+        DSC_TRY(collective_test(req->impl, done));
+        if (*done) {
+            collective_free(req->impl);
+            req->impl = NULL;
+        }
+        return NULL;
+    }
     int flag = 0;
     MPI_Status status;
     DSC_TRY(dsc_comm_mpi_check(MPI_Test(&req->mpi, &flag, &status), "MPI_Test", req->comm));
@@ -290,6 +426,15 @@ static dsc_status mpi_test(dsc_comm_request *req, bool *done) {
 }
 
 static void mpi_abandon(dsc_comm_request *req) {
+    collective *k = req->impl;
+    if (k) {
+        req->impl = NULL;
+        /* MPI cannot cancel its own collectives: that state (and the counts it reads) stays with MPI. */
+        if (k->native) return;
+        dsc_ring_abandon(&k->ring);
+        collective_free(k);
+        return;
+    }
     if (req->mpi == MPI_REQUEST_NULL) return;
     /* An unmatched receive can be cancelled and completed locally; a send can
      * only be released (MPI finishes it if the peer ever receives). */
@@ -305,9 +450,9 @@ const dsc_comm_backend dsc_comm_mpi_backend = {
     .name = "mpi",
     .init = mpi_init,
     .fini = mpi_fini,
-    .allreduce = mpi_allreduce,
-    .reduce_scatter = mpi_reduce_scatter,
-    .allgather = mpi_allgather,
+    .iallreduce = mpi_iallreduce,
+    .ireduce_scatter = mpi_ireduce_scatter,
+    .iallgather = mpi_iallgather,
     .alltoallv = mpi_alltoallv,
     .broadcast = mpi_broadcast,
     .isend = mpi_isend,

@@ -5,7 +5,10 @@
  * NCCL communicators are created non-blocking (ncclConfig_t.blocking = 0) so
  * that nothing here can wait without a deadline: every call is settled by
  * polling ncclCommGetAsyncError, and every operation ends by recording an
- * event on the communicator's stream and polling it through dsc_comm_poll. On
+ * event on the communicator's stream and polling it through dsc_comm_poll
+ * (all-reduce, reduce-scatter, all-gather and point to point record their
+ * own event into the request, which test queries, so they can be in flight
+ * while the compute stream runs on). On
  * a timeout the NCCL communicator is aborted (NCCL cannot cancel a single
  * operation) and the dsc communicator refuses further work. The unique id
  * travels over the communicator's MPI twin. Uneven reduce-scatter and
@@ -158,12 +161,26 @@ static void nccl_fini(dsc_comm *c) {
 
 /* ---- collectives ---------------------------------------------------------------- */
 
-static dsc_status nccl_allreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op) {
+/* Waits until the calls just issued are enqueued, then records the request's
+ * event after them on the communicator's stream (test queries it). */
+static dsc_status post_event(dsc_comm *c, dsc_comm_request *req, ncclResult_t issued, const char *call) {
+    nccl_state *st = c->impl;
+    c->deadline = req->deadline;
+    DSC_TRY(nccl_check(issued, call, c));
+    dsc_status s = dsc_comm_poll(c, call, req->peer, c->deadline, test_settled, c);
+    if (s) return give_up(c, s);
+    cudaEvent_t event;
+    DSC_TRY(cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", c));
+    req->impl = event;
+    return cuda_check(cudaEventRecord(event, st->stream), "cudaEventRecord", c);
+}
+
+static dsc_status nccl_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc_comm_request *req) {
     nccl_state *st = c->impl;
     DSC_TRY(after_compute(c));
     ncclResult_t r = ncclAllReduce(t->data, t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), nccl_op(op),
                                    st->comm, st->stream);
-    return finish_on_stream(c, "all-reduce", -1, r, "ncclAllReduce");
+    return post_event(c, req, r, "ncclAllReduce");
 }
 
 static bool even(const dsc_comm *c, const int64_t *counts) {
@@ -172,16 +189,16 @@ static bool even(const dsc_comm *c, const int64_t *counts) {
     return true;
 }
 
-static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
-                                      dsc_reduce_op op) {
+static dsc_status nccl_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv,
+                                       const int64_t *counts, dsc_reduce_op op, dsc_comm_request *req) {
     nccl_state *st = c->impl;
     ncclDataType_t type = nccl_type(send->dtype);
     DSC_TRY(after_compute(c));
     if (even(c, counts))
-        return finish_on_stream(c, "reduce-scatter", -1,
-                                ncclReduceScatter(send->data, recv->data, (size_t)dsc_tensor_numel(recv), type,
-                                                  nccl_op(op), st->comm, st->stream),
-                                "ncclReduceScatter");
+        return post_event(c, req,
+                          ncclReduceScatter(send->data, recv->data, (size_t)dsc_tensor_numel(recv), type,
+                                            nccl_op(op), st->comm, st->stream),
+                          "ncclReduceScatter");
     size_t esize = dsc_dtype_size(send->dtype), offset = 0;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < c->size && (r == ncclSuccess || r == ncclInProgress); i++) {
@@ -190,17 +207,17 @@ static dsc_status nccl_reduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_t
         offset += (size_t)counts[i];
     }
     ncclResult_t end = ncclGroupEnd();
-    return finish_on_stream(c, "reduce-scatter", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
-                            "ncclReduce (grouped)");
+    return post_event(c, req, r == ncclSuccess || r == ncclInProgress ? end : r, "ncclReduce (grouped)");
 }
 
-static dsc_status nccl_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts) {
+static dsc_status nccl_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *recv, const int64_t *counts,
+                                  dsc_comm_request *req) {
     nccl_state *st = c->impl;
     ncclDataType_t type = nccl_type(send->dtype);
     DSC_TRY(after_compute(c));
     if (even(c, counts))
-        return finish_on_stream(
-            c, "all-gather", -1,
+        return post_event(
+            c, req,
             ncclAllGather(send->data, recv->data, (size_t)dsc_tensor_numel(send), type, st->comm, st->stream),
             "ncclAllGather");
     size_t esize = dsc_dtype_size(send->dtype), offset = 0;
@@ -211,8 +228,7 @@ static dsc_status nccl_allgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
         offset += (size_t)counts[i];
     }
     ncclResult_t end = ncclGroupEnd();
-    return finish_on_stream(c, "all-gather", -1, r == ncclSuccess || r == ncclInProgress ? end : r,
-                            "ncclBroadcast (grouped)");
+    return post_event(c, req, r == ncclSuccess || r == ncclInProgress ? end : r, "ncclBroadcast (grouped)");
 }
 
 static dsc_status nccl_alltoallv(dsc_comm *c, const dsc_tensor *send, const int64_t *send_counts, dsc_tensor *recv,
@@ -262,26 +278,14 @@ static dsc_status nccl_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
                             "ncclBroadcast");
 }
 
-/* ---- point to point: each request carries its own event ------------------------- */
-
-static dsc_status post_p2p(dsc_comm *c, dsc_comm_request *req, ncclResult_t issued, const char *call) {
-    nccl_state *st = c->impl;
-    c->deadline = req->deadline;
-    DSC_TRY(nccl_check(issued, call, c));
-    dsc_status s = dsc_comm_poll(c, call, req->peer, c->deadline, test_settled, c);
-    if (s) return give_up(c, s);
-    cudaEvent_t event;
-    DSC_TRY(cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", c));
-    req->impl = event;
-    return cuda_check(cudaEventRecord(event, st->stream), "cudaEventRecord", c);
-}
+/* ---- point to point ------------------------------------------------------------ */
 
 static dsc_status nccl_isend(dsc_comm *c, const dsc_tensor *t, int peer, int tag, dsc_comm_request *req) {
     nccl_state *st = c->impl;
     DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "send on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
               tag);
     DSC_TRY(after_compute(c));
-    return post_p2p(
+    return post_event(
         c, req, ncclSend(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
         "ncclSend");
 }
@@ -291,7 +295,7 @@ static dsc_status nccl_irecv(dsc_comm *c, dsc_tensor *t, int peer, int tag, dsc_
     DSC_CHECK(tag == 0, DSC_ERR_UNSUPPORTED, "recv on communicator \"%s\": NCCL has no tags (tag %d)", c->name,
               tag);
     DSC_TRY(after_compute(c));
-    return post_p2p(
+    return post_event(
         c, req, ncclRecv(t->data, (size_t)dsc_tensor_numel(t), nccl_type(t->dtype), peer, st->comm, st->stream),
         "ncclRecv");
 }
@@ -312,16 +316,16 @@ static void nccl_abandon(dsc_comm_request *req) {
     if (req->impl) cudaEventDestroy((cudaEvent_t)req->impl);
     req->impl = NULL;
     nccl_state *st = req->comm->impl;
-    if (st->comm) dsc_status_free(give_up(req->comm, dsc_error(DSC_ERR_TIMEOUT, "a point-to-point request")));
+    if (st->comm) dsc_status_free(give_up(req->comm, dsc_error(DSC_ERR_TIMEOUT, "a request")));
 }
 
 const dsc_comm_backend dsc_comm_nccl_backend = {
     .name = "nccl",
     .init = nccl_init,
     .fini = nccl_fini,
-    .allreduce = nccl_allreduce,
-    .reduce_scatter = nccl_reduce_scatter,
-    .allgather = nccl_allgather,
+    .iallreduce = nccl_iallreduce,
+    .ireduce_scatter = nccl_ireduce_scatter,
+    .iallgather = nccl_iallgather,
     .alltoallv = nccl_alltoallv,
     .broadcast = nccl_broadcast,
     .isend = nccl_isend,

@@ -62,6 +62,23 @@ dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double d
     return s;
 }
 
+dsc_status dsc_comm_mpi_test(const dsc_comm *c, const char *what, MPI_Request *reqs, int n, MPI_Status *statuses,
+                             bool *done) {
+    int flag = 0;
+    int rc = MPI_Testall(n, reqs, &flag, statuses);
+    if (rc == MPI_ERR_IN_STATUS && statuses != MPI_STATUSES_IGNORE) {
+        for (int i = 0; i < n; i++) {
+            MPI_Status *st = &statuses[i];
+            if (st->MPI_ERROR == MPI_SUCCESS || st->MPI_ERROR == MPI_ERR_PENDING) continue;
+            return dsc_error_wrap(dsc_comm_mpi_check(st->MPI_ERROR, "MPI_Testall", c), "%s, message from peer %d",
+                                  what, st->MPI_SOURCE);
+        }
+    }
+    DSC_TRY(dsc_error_wrap(dsc_comm_mpi_check(rc, "MPI_Testall", c), "%s", what));
+    *done = flag != 0;
+    return NULL;
+}
+
 typedef struct mpi_wait {
     const dsc_comm *comm;
     const char *what;
@@ -72,19 +89,7 @@ typedef struct mpi_wait {
 
 static dsc_status test_mpi(void *arg, bool *done) {
     mpi_wait *w = arg;
-    int flag = 0;
-    int rc = MPI_Testall(w->n, w->reqs, &flag, w->statuses);
-    if (rc == MPI_ERR_IN_STATUS && w->statuses != MPI_STATUSES_IGNORE) {
-        for (int i = 0; i < w->n; i++) {
-            MPI_Status *st = &w->statuses[i];
-            if (st->MPI_ERROR == MPI_SUCCESS || st->MPI_ERROR == MPI_ERR_PENDING) continue;
-            return dsc_error_wrap(dsc_comm_mpi_check(st->MPI_ERROR, "MPI_Testall", w->comm),
-                                  "%s, message from peer %d", w->what, st->MPI_SOURCE);
-        }
-    }
-    DSC_TRY(dsc_error_wrap(dsc_comm_mpi_check(rc, "MPI_Testall", w->comm), "%s", w->what));
-    *done = flag != 0;
-    return NULL;
+    return dsc_comm_mpi_test(w->comm, w->what, w->reqs, w->n, w->statuses, done);
 }
 
 dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,

@@ -197,13 +197,6 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
     check_model(src, &cfg->model, is);
     check_moe(src, cfg, is);
     check_pipeline(src, &cfg->pipeline, is);
-    if (cfg->tensor_parallel.sequence_parallel)
-        dsc_config_issue(is,
-                         dsc_error(DSC_ERR_UNSUPPORTED,
-                                   "%s: \"tensor_parallel.sequence_parallel\" = true is not implemented yet "
-                                   "(tensor parallelism runs with replicated norms and all-reduces); set it to "
-                                   "false",
-                                   src));
     check_scheduler(src, &cfg->scheduler, is);
     dsc_config_muon_rules(root, src, cfg, is);
     check_offload(src, &cfg->zero_optimization, is);

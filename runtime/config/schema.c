@@ -175,8 +175,8 @@ static const dsc_config_key schema[] = {
     INT("zero_optimization.allgather_bucket_size", zero_optimization.allgather_bucket_size, "500000000", 1, I53, 0,
         "Parameter elements per all-gather bucket."),
     BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, "null", NUL,
-         "Accepted; collectives are blocking, so reduction interleaves with backward, never overlaps; null: stage "
-         "3."),
+         "Post gradient reductions as non-blocking collectives during backward, waited before the step (stages "
+         "0, 1; docs/zero.md); null: on for stage 3."),
     BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, "true", 0,
          "Gradients in one contiguous buffer: always so in dsc, so false is refused."),
     INT("zero_optimization.stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size, "50000000",
@@ -185,7 +185,7 @@ static const dsc_config_key schema[] = {
         0, I53, 0, "Stage 3: most gathered parameter elements resident at once."),
     INT("zero_optimization.stage3_param_persistence_threshold",
         zero_optimization.stage3_param_persistence_threshold, "100000", 0, I53, 0,
-        "Stage 3: DeepSpeed keeps smaller parameters whole; dsc still partitions every one (not implemented)."),
+        "Stage 3: parameters of at most this many elements stay whole on every rank (gathered once per step)."),
     SECTION("zero_optimization.offload_optimizer", "Where the optimizer state lives (DeepSpeed's ZeRO-Offload)."),
     ENUM("zero_optimization.offload_optimizer.device", zero_optimization.offload_optimizer, "\"none\"",
          offload_devices, 0, "none or cpu (a CPU job's state is in host memory already); nvme is refused."),
@@ -213,7 +213,8 @@ static const dsc_config_key schema[] = {
     INT("tensor_parallel.autotp_size", tensor_parallel.autotp_size, "1", 1, I32, 0,
         "Tensor-parallel degree: attention split by heads, MLP by width, vocabulary-parallel embedding and loss."),
     BOOL("tensor_parallel.sequence_parallel", tensor_parallel.sequence_parallel, "false", 0,
-         "Megatron sequence parallelism; true is refused (not implemented)."),
+         "Megatron sequence parallelism: between the tensor-parallel regions each rank holds seq_len / tp "
+         "positions (norms, residuals); each all-reduce becomes a reduce-scatter + all-gather."),
     INT("tensor_parallel.tp_grain_size", tensor_parallel.tp_grain_size, "64", 1, I53, 0,
         "Feed-forward and vocabulary widths are split in multiples of this (DeepSpeed's tp_grain_size)."),
 
@@ -282,6 +283,15 @@ static const dsc_config_key schema[] = {
           "Share of the forward recomputed in backward, for DeepSpeed's (3 + factor) * forward estimate."),
     STRING("flops_profiler.output_file", flops_profiler.output_file, "\"\"",
            "Write the profile to this file; empty: standard output."),
+
+    SECTION("comms_logger", "DeepSpeed's communication logger: latency and bandwidth per operation."),
+    BOOL("comms_logger.enabled", comms_logger.enabled, "false", 0,
+         "Time every collective and point-to-point operation; the logging rank prints the summary at the end."),
+    BOOL("comms_logger.verbose", comms_logger.verbose, "false", 0, "Print a line per operation as it completes."),
+    BOOL("comms_logger.prof_all", comms_logger.prof_all, "true", 0,
+         "Log every operation; false logs none (prof_ops lists are refused)."),
+    BOOL("comms_logger.debug", comms_logger.debug, "false", 0,
+         "Name each record's communicator (DeepSpeed names the calling function)."),
 
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),

@@ -132,6 +132,7 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .counts_in_norm = t->ext.counts_in_norm,
         .counts_in_norm_ctx = t->ext.counts_in_norm_ctx,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
+        .overlap_comm = cfg->zero_optimization.overlap_comm,
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
     if (make_optimizer)

@@ -8,9 +8,12 @@
  * such as a tied embedding, after the last of them), so reduction starts
  * during backward; reduce_grads reduces whatever is left. The order is the
  * same on every rank because every rank runs the same layers in the same
- * order. With blocking collectives this interleaves rather than overlaps; a
- * non-blocking all-reduce in dsc/comm.h would make it overlap without
- * changing this file's bookkeeping.
+ * order. Without overlap_comm each bucket's all-reduce blocks there and then
+ * (reduction interleaves with backward); with it the all-reduce is posted,
+ * every later grads_ready tests the buckets in flight (that is when MPI moves
+ * them on) and reduce_grads waits for them, so the reduction runs while the
+ * next layers' backward computes. Either way every bucket is reduced by the
+ * same algorithm on the same data: the results are bitwise equal.
  *
  * Not here: sharding (zero/), learning-rate schedules (engine), and tied
  * gradients across pipeline stages (pipe/). */
@@ -27,7 +30,7 @@ typedef struct bucket {
     dsc_param_group group;
     int64_t begin, end; /* element range of the group's flat gradient buffer */
     int params;         /* parameters overlapping the range */
-    int pending;        /* of those, not yet final in this batch */
+    int pending;        /* of those, not yet final in this batch; -1 once reduced or posted */
 } bucket;
 
 typedef struct plain_optimizer {
@@ -39,6 +42,7 @@ typedef struct plain_optimizer {
     int n_state_kinds;                   /* 2 for AdamW, 1 for SGD */
     int64_t step;
     bucket *buckets;
+    dsc_comm_request **reqs; /* [n_buckets] overlap_comm: each bucket's all-reduce in flight */
     int n_buckets;
     int *uses;                       /* [n_params] layers reading each parameter */
     int *uses_left;                  /* [n_params] of those, not yet reported in this batch */
@@ -59,18 +63,33 @@ static int param_index(plain_optimizer *p, const dsc_param *param) {
     return -1;
 }
 
-static dsc_status reduce_bucket(plain_optimizer *p, bucket *b) {
-    b->pending = -1; /* reduced */
+static dsc_status bucket_error(const bucket *b, dsc_status s) {
+    return dsc_error_wrap(s, "averaging gradients [%lld, %lld) of the %s group", (long long)b->begin,
+                          (long long)b->end, b->group == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+}
+
+/* Reduces the bucket, or with overlap_comm posts its reduction. */
+static dsc_status reduce_bucket(plain_optimizer *p, int k) {
+    bucket *b = &p->buckets[k];
+    b->pending = -1;
     dsc_comm *c = group_comm(p, b->group);
     if (!c || dsc_comm_size(c) == 1) return NULL;
     dsc_tensor values, grads;
     dsc_params_flat(p->o.params, b->group, &values, &grads);
     int64_t n = b->end - b->begin;
     dsc_tensor piece = dsc_tensor_view((float *)grads.data + b->begin, DSC_DTYPE_F32, 1, &n, grads.device);
-    dsc_status s = dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
-    if (s)
-        return dsc_error_wrap(s, "averaging gradients [%lld, %lld) of the %s group", (long long)b->begin,
-                              (long long)b->end, b->group == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+    dsc_status s = p->o.overlap_comm ? dsc_comm_iallreduce(c, &piece, DSC_REDUCE_OP_AVG, &p->reqs[k])
+                                     : dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
+    return s ? bucket_error(b, s) : NULL;
+}
+
+/* Moves the buckets in flight on (overlap_comm): MPI progresses them only while they are tested. */
+static dsc_status progress(plain_optimizer *p) {
+    for (int k = 0; k < p->n_buckets; k++) {
+        bool done;
+        dsc_status s = dsc_comm_test(&p->reqs[k], &done);
+        if (s) return bucket_error(&p->buckets[k], s);
+    }
     return NULL;
 }
 
@@ -82,11 +101,12 @@ static void reset_batch(plain_optimizer *p) {
 
 static dsc_status plain_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
     plain_optimizer *p = self_of(opt);
+    DSC_TRY(progress(p));
     for (int j = 0; j < layer->n_params; j++) {
         int i = param_index(p, layer->params[j]);
         if (i < 0 || --p->uses_left[i] != 0) continue;
         for (int k = p->first_bucket[i]; k <= p->last_bucket[i]; k++)
-            if (--p->buckets[k].pending == 0) DSC_TRY(reduce_bucket(p, &p->buckets[k]));
+            if (--p->buckets[k].pending == 0) DSC_TRY(reduce_bucket(p, k));
     }
     return NULL;
 }
@@ -94,7 +114,10 @@ static dsc_status plain_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
 static dsc_status plain_reduce_grads(dsc_optimizer *opt) {
     plain_optimizer *p = self_of(opt);
     for (int k = 0; k < p->n_buckets; k++)
-        if (p->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(p, &p->buckets[k]));
+        if (p->buckets[k].pending >= 0) DSC_TRY(reduce_bucket(p, k));
+    /* together: every bucket in flight moves on while any is waited for */
+    dsc_status s = dsc_comm_waitall(p->reqs, p->n_buckets);
+    if (s) return dsc_error_wrap(s, "averaging gradients over %d buckets", p->n_buckets);
     reset_batch(p);
     return NULL;
 }
@@ -170,6 +193,7 @@ static void plain_destroy(dsc_optimizer *opt) {
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
             dsc_tensor_free(&p->state[k][g]);
     free(p->buckets);
+    free(p->reqs);
     free(p->uses);
     free(p->uses_left);
     free(p->first_bucket);
@@ -212,7 +236,8 @@ static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
         count += (int)((numel[g] + per[g] - 1) / per[g]);
     }
     p->buckets = calloc((size_t)(count > 0 ? count : 1), sizeof *p->buckets);
-    DSC_CHECK(p->buckets, DSC_ERR_NOMEM, "plain optimizer: %d buckets", count);
+    p->reqs = calloc((size_t)(count > 0 ? count : 1), sizeof *p->reqs);
+    DSC_CHECK(p->buckets && p->reqs, DSC_ERR_NOMEM, "plain optimizer: %d buckets", count);
     int first_of_group[DSC_PARAM_GROUP_COUNT];
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         first_of_group[g] = p->n_buckets;

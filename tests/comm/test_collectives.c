@@ -2,7 +2,9 @@
  * reduce op on sizes that take both the MPI path and the ring path (and
  * zero-length buffers), with uneven and empty pieces; results compare with
  * values computed here from the closed-form inputs, and each call's byte
- * counters with the counting rule of docs/comm.md. */
+ * counters with the counting rule of docs/comm.md. The non-blocking forms
+ * with several collectives of every path in flight at once, tested in one
+ * order and waited in the reverse one, give the same results. */
 #include <stdio.h>
 #include <string.h>
 
@@ -358,13 +360,92 @@ static void test_barrier(void **state) {
     dsc_comm_free(c);
 }
 
+/* Five collectives in flight at once (ring and MPI paths, uneven pieces, a
+ * zero-length one), tested round-robin a few times and then waited in the
+ * reverse of their posting order; the counts arrays are overwritten as soon
+ * as each is posted (the API copies them). */
+static void test_nonblocking(void **state) {
+    (void)state;
+    dsc_comm *c = world_comm();
+    int p = dsc_comm_size(c), r = dsc_comm_rank(c);
+    dsc_tensor big, half, tiny, rs_send, rs_recv, ag_send, ag_recv, empty;
+    int64_t big_n = 100003, rs_counts[8], rs_displs[8], rs_total, ag_counts[8], ag_displs[8], ag_total;
+    assert_ok(vec_alloc(&big, DSC_DTYPE_F32, big_n));
+    assert_ok(vec_alloc(&half, DSC_DTYPE_BF16, 1000));
+    assert_ok(vec_alloc(&tiny, DSC_DTYPE_I32, 5));
+    assert_ok(vec_alloc(&empty, DSC_DTYPE_F32, 0));
+    uneven_counts(p, 20000, rs_counts, rs_displs, &rs_total);
+    uneven_counts(p, 1, ag_counts, ag_displs, &ag_total);
+    assert_ok(vec_alloc(&rs_send, DSC_DTYPE_F32, rs_total));
+    assert_ok(vec_alloc(&rs_recv, DSC_DTYPE_F32, rs_counts[r]));
+    assert_ok(vec_alloc(&ag_send, DSC_DTYPE_U8, ag_counts[r]));
+    assert_ok(vec_alloc(&ag_recv, DSC_DTYPE_U8, ag_total));
+    dsc_tensor *inputs[] = {&big, &half, &tiny, &rs_send};
+    for (size_t k = 0; k < 4; k++)
+        for (int64_t i = 0; i < dsc_tensor_numel(inputs[k]); i++)
+            elem_set(inputs[k], i, v(r, i));
+    for (int64_t j = 0; j < ag_counts[r]; j++)
+        elem_set(&ag_send, j, v(r, ag_displs[r] + j));
+    dsc_comm_stats before, after;
+    dsc_comm_get_stats(c, &before);
+    enum { N_REQ = 6 };
+    dsc_comm_request *req[N_REQ];
+    int64_t scratch_counts[8];
+    memcpy(scratch_counts, rs_counts, sizeof scratch_counts);
+    assert_ok(dsc_comm_iallreduce(c, &big, DSC_REDUCE_OP_SUM, &req[0]));
+    assert_ok(dsc_comm_iallreduce(c, &half, DSC_REDUCE_OP_AVG, &req[1]));
+    assert_ok(dsc_comm_iallreduce(c, &tiny, DSC_REDUCE_OP_MAX, &req[2]));
+    assert_ok(dsc_comm_ireduce_scatter(c, &rs_send, &rs_recv, scratch_counts, DSC_REDUCE_OP_SUM, &req[3]));
+    memset(scratch_counts, 0, sizeof scratch_counts);
+    memcpy(scratch_counts, ag_counts, sizeof scratch_counts);
+    assert_ok(dsc_comm_iallgather(c, &ag_send, &ag_recv, scratch_counts, &req[4]));
+    memset(scratch_counts, 0, sizeof scratch_counts);
+    assert_ok(dsc_comm_iallreduce(c, &empty, DSC_REDUCE_OP_SUM, &req[5]));
+    assert_null(req[5]); /* nothing to move */
+    for (int round = 0; round < 3; round++)
+        for (int k = 0; k < N_REQ; k++) {
+            bool done;
+            assert_ok(dsc_comm_test(&req[k], &done));
+            assert_true(done == (req[k] == NULL));
+        }
+    for (int k = N_REQ - 1; k >= 0; k--)
+        assert_ok(dsc_comm_wait(&req[k]));
+    for (int64_t i = 0; i < big_n; i++)
+        assert_true(elem_get(&big, i) == reduced(DSC_DTYPE_F32, DSC_REDUCE_OP_SUM, p, i));
+    for (int64_t i = 0; i < 1000; i++)
+        assert_true(elem_get(&half, i) == reduced(DSC_DTYPE_BF16, DSC_REDUCE_OP_AVG, p, i));
+    for (int64_t i = 0; i < 5; i++)
+        assert_true(elem_get(&tiny, i) == reduced(DSC_DTYPE_I32, DSC_REDUCE_OP_MAX, p, i));
+    for (int64_t j = 0; j < rs_counts[r]; j++)
+        assert_true(elem_get(&rs_recv, j) == reduced(DSC_DTYPE_F32, DSC_REDUCE_OP_SUM, p, rs_displs[r] + j));
+    for (int q = 0; q < p; q++)
+        for (int64_t j = 0; j < ag_counts[q]; j++)
+            assert_true(elem_get(&ag_recv, ag_displs[q] + j) == v(q, ag_displs[q] + j));
+    dsc_comm_get_stats(c, &after);
+    int64_t calls, sent, recv, e = 4;
+    stats_delta(&before, &after, DSC_COMM_OP_ALLREDUCE, &calls, &sent, &recv);
+    assert_int_equal(calls, 4);
+    stats_delta(&before, &after, DSC_COMM_OP_REDUCE_SCATTER, &calls, &sent, &recv);
+    assert_int_equal(calls, 1);
+    assert_int_equal(sent, (rs_total - rs_counts[r]) * e);
+    assert_int_equal(recv, (p - 1) * rs_counts[r] * e);
+    stats_delta(&before, &after, DSC_COMM_OP_ALLGATHER, &calls, &sent, &recv);
+    assert_int_equal(calls, 1);
+    assert_int_equal(sent, (p - 1) * ag_counts[r]);
+    assert_int_equal(recv, ag_total - ag_counts[r]);
+    dsc_tensor *all[] = {&big, &half, &tiny, &rs_send, &rs_recv, &ag_send, &ag_recv, &empty};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        dsc_tensor_free(all[k]);
+    dsc_comm_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce), cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_allgather), cmocka_unit_test(test_in_place),
         cmocka_unit_test(test_alltoall),  cmocka_unit_test(test_alltoallv_uneven),
         cmocka_unit_test(test_broadcast), cmocka_unit_test(test_point_to_point),
-        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_barrier),   cmocka_unit_test(test_nonblocking),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -3,7 +3,8 @@
  * tied embeddings), Mixtral (top-2 MoE) and Phi-3 (fused qkv_proj and
  * gate_up_proj) checkpoints made by tests/ref/make_hf_fixtures.py
  * (transformers 4.x; the Llama and Mistral ones also saved by 5.x, which
- * writes rope_parameters) and Qwen2-MoE ones by 4.x and 5.x
+ * writes rope_parameters), GPT-NeoX, GPT-2 and OPT ones saved by both
+ * (fixtures/hf/make_family_fixtures.py) and Qwen2-MoE ones by both
  * (fixtures/hf/make_qwen2_moe_fixtures.py) are loaded with dsc's loader; for every
  * prompt the logits of a whole-prompt forward, of the prompt fed one token
  * at a time through the KV cache, and of 6 greedy decode steps must match
@@ -117,49 +118,25 @@ static void check_model(const char *name) {
     dsc_infer_model_destroy(m);
 }
 
-static void test_llama(void **state) {
-    (void)state;
-    check_model("llama");
+/* The fixture named by the test's state. Saved by transformers 4.x
+ * (tests/ref/make_hf_fixtures.py, fixtures/hf/make_family_fixtures.py) and
+ * 5.x (the *_tf5 ones: rope_parameters instead of rope_theta / rope_scaling
+ * / rotary_pct): Llama-3 scaling and a non-default theta; GPT-NeoX
+ * (interleaved query_key_value, partial rotary, parallel and sequential
+ * residuals), GPT-2 (Conv1D weights stored (in, out), tied head) and OPT
+ * (ReLU, positions + 2; post-LN with project_in / project_out, and pre-LN);
+ * Qwen2-MoE (shared expert with its sigmoid gate, narrower routed experts,
+ * dense and sparse layers; raw top-k weights in 4.x, renormalised in 5.x). */
+static void test_model(void **state) {
+    check_model(*state);
 }
-static void test_mistral(void **state) {
-    (void)state;
-    check_model("mistral");
-}
-static void test_qwen2(void **state) {
-    (void)state;
-    check_model("qwen2");
-}
-static void test_mixtral(void **state) {
-    (void)state;
-    check_model("mixtral");
-}
-static void test_phi3(void **state) {
-    (void)state;
-    check_model("phi3");
-}
-/* Saved by transformers 5.x, which spells RoPE as rope_parameters
- * (fixtures/hf/make_tf5_fixtures.py): Llama-3 scaling and a non-default theta. */
-static void test_llama_tf5(void **state) {
-    (void)state;
-    check_model("llama_tf5");
-}
-static void test_mistral_tf5(void **state) {
-    (void)state;
-    check_model("mistral_tf5");
-}
-/* Qwen2-MoE (fixtures/hf/make_qwen2_moe_fixtures.py): shared expert with its
- * sigmoid gate, narrower routed experts, dense and sparse layers; raw top-k
- * weights (4.x, norm_topk_prob false) and renormalised ones (5.x, true). */
-static void test_qwen2_moe(void **state) {
-    (void)state;
-    check_model("qwen2_moe");
-    check_model("qwen2_moe_tf5");
-}
+#define MODEL(name) cmocka_unit_test_prestate_setup_teardown(test_model, NULL, NULL, (void *)(name))
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama),       cmocka_unit_test(test_mistral),
-                                       cmocka_unit_test(test_qwen2),       cmocka_unit_test(test_mixtral),
-                                       cmocka_unit_test(test_phi3),        cmocka_unit_test(test_llama_tf5),
-                                       cmocka_unit_test(test_mistral_tf5), cmocka_unit_test(test_qwen2_moe)};
+    const struct CMUnitTest tests[] = {
+        MODEL("llama"),     MODEL("mistral"),     MODEL("qwen2"),    MODEL("mixtral"),      MODEL("phi3"),
+        MODEL("llama_tf5"), MODEL("mistral_tf5"), MODEL("gpt_neox"), MODEL("gpt_neox_tf5"), MODEL("gpt2"),
+        MODEL("gpt2_tf5"),  MODEL("opt"),         MODEL("opt_tf5"),  MODEL("qwen2_moe"),    MODEL("qwen2_moe_tf5"),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

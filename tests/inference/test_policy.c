@@ -113,7 +113,7 @@ static void test_registry(void **state) {
         assert_string_equal(p->arch, names[i]);
     }
     const dsc_policy *p;
-    assert_err(dsc_policy_find("GPT2LMHeadModel", &p), DSC_ERR_UNSUPPORTED, "registered: gpt, llama, Llama");
+    assert_err(dsc_policy_find("BloomForCausalLM", &p), DSC_ERR_UNSUPPORTED, "registered: gpt, llama, Llama");
     assert_ok(dsc_policy_register_builtin());
 }
 
@@ -237,8 +237,8 @@ static void test_unsupported_configs(void **state) {
     char dir[] = "/tmp/dsc_policy_XXXXXX";
     assert_non_null(mkdtemp(dir));
     dsc_infer_model *m;
-    write_config(dir, "{\"architectures\": [\"GPT2LMHeadModel\"]}");
-    assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED, "'GPT2LMHeadModel' has no inference policy");
+    write_config(dir, "{\"architectures\": [\"BloomForCausalLM\"]}");
+    assert_err(dsc_infer_model_load(dir, &m), DSC_ERR_UNSUPPORTED, "'BloomForCausalLM' has no inference policy");
     const char *base =
         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 32, \"intermediate_size\": 48,"
         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 128, ";
@@ -265,9 +265,63 @@ static void test_unsupported_configs(void **state) {
     rmdir(dir);
 }
 
+/* GPT-NeoX, GPT-2 and OPT options dsc does not compute are refused by key,
+ * before any weight is looked for (a missing model.safetensors is the IO
+ * error of a config that was accepted). */
+static void test_family_configs(void **state) {
+    (void)state;
+    char dir[] = "/tmp/dsc_policy_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *neox = "{\"architectures\": [\"GPTNeoXForCausalLM\"], \"hidden_size\": 32, \"intermediate_size\": "
+                       "48, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 64";
+    const char *gpt2 = "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\", \"n_embd\": 32, "
+                       "\"n_layer\": 1, \"n_head\": 4, \"vocab_size\": 64";
+    const char *opt = "{\"architectures\": [\"OPTForCausalLM\"], \"hidden_size\": 32, \"ffn_dim\": 48, "
+                      "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 64";
+    const struct {
+        const char *base, *extra;
+        dsc_code code;
+        const char *msg;
+    } cases[] = {
+        {neox, "", DSC_ERR_IO, ""},
+        {neox, ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}", DSC_ERR_UNSUPPORTED,
+         "rope_scaling is not supported for GPT-NeoX"},
+        {neox, ", \"rope_parameters\": {\"rope_type\": \"dynamic\"}", DSC_ERR_UNSUPPORTED,
+         "rope_parameters.rope_type 'dynamic' is not supported"},
+        {neox, ", \"rope_parameters\": {\"rope_type\": \"default\", \"factor\": 2}", DSC_ERR_UNSUPPORTED,
+         "rope_parameters.factor is not supported"},
+        {neox, ", \"rotary_pct\": 0.1", DSC_ERR_UNSUPPORTED, "rotary_pct 0.1 of head size 8 rotates 0 dims"},
+        {neox, ", \"attention_bias\": false", DSC_ERR_UNSUPPORTED, "attention_bias = false"},
+        {neox, ", \"hidden_act\": \"silu\"", DSC_ERR_UNSUPPORTED, "hidden_act 'silu' is not supported"},
+        {gpt2, "", DSC_ERR_IO, ""},
+        {gpt2, ", \"scale_attn_by_inverse_layer_idx\": true", DSC_ERR_UNSUPPORTED,
+         "scale_attn_by_inverse_layer_idx = true"},
+        {gpt2, ", \"scale_attn_weights\": false", DSC_ERR_UNSUPPORTED, "scale_attn_weights = false"},
+        {gpt2, ", \"add_cross_attention\": true", DSC_ERR_UNSUPPORTED, "add_cross_attention = true"},
+        {gpt2, ", \"n_inner\": 0", DSC_ERR_CONFIG, "n_inner = 0 is outside"},
+        {opt, "", DSC_ERR_IO, ""},
+        {opt, ", \"enable_bias\": false", DSC_ERR_UNSUPPORTED, "enable_bias = false"},
+        {opt, ", \"layer_norm_elementwise_affine\": false", DSC_ERR_UNSUPPORTED, "layer_norm_elementwise_affine"},
+        {opt, ", \"_remove_final_layer_norm\": true", DSC_ERR_UNSUPPORTED, "_remove_final_layer_norm = true"},
+        {opt, ", \"activation_function\": \"swish\"", DSC_ERR_UNSUPPORTED, "activation_function 'swish'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "%s%s}", cases[i].base, cases[i].extra);
+        write_config(dir, json);
+        dsc_infer_model *m = NULL;
+        assert_err(dsc_infer_model_load(dir, &m), cases[i].code, cases[i].msg);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_mapping_validation), cmocka_unit_test(test_registry),
-                                       cmocka_unit_test(test_load_errors), cmocka_unit_test(test_fused_layout),
-                                       cmocka_unit_test(test_unsupported_configs)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mapping_validation),  cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_load_errors),         cmocka_unit_test(test_fused_layout),
+        cmocka_unit_test(test_unsupported_configs), cmocka_unit_test(test_family_configs)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,6 +129,53 @@ static void case_gemm(tc *c, const int64_t *a) {
     if (c->ref) ref_gemm(want, tc_in(c, x), tc_in(c, y), tc_in(c, bias), bt ? bt : 1, m, n, k, ta, tb, 0.5, 1.0);
 }
 
+/* The value of element j of a packed weight row, widened in double by the
+ * format's definition (dsc/kernels.h), not by the kernels' code. */
+static double packed_value(const uint8_t *row, dsc_weight_format f, int64_t j) {
+    uint16_t h;
+    switch (f) {
+    case DSC_WEIGHT_BF16:
+        memcpy(&h, row + 2 * j, 2);
+        return dsc_bf16_to_f32(h);
+    case DSC_WEIGHT_F16:
+        memcpy(&h, row + 2 * j, 2);
+        return dsc_f16_to_f32(h);
+    case DSC_WEIGHT_Q8_0:
+        memcpy(&h, row + (j / 32) * 34, 2);
+        return (double)dsc_f16_to_f32(h) * (int8_t)row[(j / 32) * 34 + 2 + j % 32];
+    default: {
+        float v;
+        memcpy(&v, row + 4 * j, 4);
+        return v;
+    }
+    }
+}
+
+/* a: rows, out channels, in channels, format, bias, workspace threads (panels of widened rows). */
+static void case_linear_packed(tc *c, const int64_t *a) {
+    int64_t n = a[0], oc = a[1], ch = a[2];
+    dsc_weight_format f = (dsc_weight_format)a[3];
+    dsc_tensor src = kt_randn(&c->rng, 1.0f, KT_SHAPE(oc, ch)), packed;
+    int64_t shape[2] = {oc, dsc_weight_cols(f, ch)};
+    assert_ok(dsc_tensor_alloc(&packed, dsc_weight_dtype(f), 2, shape, DSC_CPU, DSC_MEM_OTHER));
+    assert_ok(dsc_weight_pack(packed.data, f, kt_f(&src), oc, ch));
+    dsc_tensor_free(&src);
+    dsc_tensor *w = tc_add(c, packed), *x = RANDN(c, 1.0f, n, ch), *y = FULL(c, 0.0f, n, oc);
+    dsc_tensor *bias = a[4] ? RANDN(c, 1.0f, oc) : NULL;
+    int64_t ws = dsc_kernel_linear_packed_workspace(f, ch, (int)a[5]);
+    dsc_tensor *work = ws ? FULL(c, 0.0f, ws) : NULL;
+    assert_ok(dsc_kernel_linear_forward_packed(y, x, w, bias, work));
+    double *want = tc_out(c, y);
+    if (!c->ref) return;
+    double *wide = kt_zeros_d(oc * ch);
+    size_t rb = dsc_weight_row_bytes(f, ch);
+    for (int64_t r = 0; r < oc; r++)
+        for (int64_t j = 0; j < ch; j++)
+            wide[r * ch + j] = packed_value((const uint8_t *)c->init[tc_index(c, w)].data + r * rb, f, j);
+    ref_gemm(want, tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    free(wide);
+}
+
 /* a: rows, out channels. Only dbias is asked for, so only the bias entry runs. */
 static void case_linear_bias(tc *c, const int64_t *a) {
     int64_t rows = a[0], oc = a[1];
@@ -491,6 +538,17 @@ static const op_case cases[] = {
     CASE(gemm, case_gemm, 1e-4, 1, 1, 1, 0, 0, 0),
     CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
     CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
+    /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 4 rows stream the
+     * weight (odd C: the vector loops' tails); more rows take the GEMM paths (f32 directly,
+     * narrow formats in 128-row panels, one or two at a time). */
+    CASE(linear_packed, case_linear_packed, 1e-4, 1, 130, 64, DSC_WEIGHT_F32, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 3, 77, 45, DSC_WEIGHT_BF16, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 4, 33, 24, DSC_WEIGHT_F16, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 2, 50, 96, DSC_WEIGHT_Q8_0, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 6, 40, 33, DSC_WEIGHT_F32, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 9, 300, 64, DSC_WEIGHT_BF16, 1, 2),
+    CASE(linear_packed, case_linear_packed, 1e-4, 70, 131, 96, DSC_WEIGHT_Q8_0, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 5, 20, 45, DSC_WEIGHT_F16, 0, 2),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),

@@ -1,4 +1,4 @@
-/* dsc-serve end to end on one rank, or (argument R) on R tensor-parallel
+/* dsc-serve end to end on one rank, or (arguments TP [PP]) on several
  * ranks under dsc-launch, over 127.0.0.1, with the tiny Llama fixture
  * (4096-token context, a 192-block KV cache on every rank): 12 concurrent
  * requests (streaming and not, greedy and seeded sampling) return exactly
@@ -8,7 +8,7 @@
  * a client that leaves mid-stream gets its sequence cancelled and its KV
  * blocks freed (seen in /metrics), and the next request still matches
  * dsc-generate (on several ranks: every rank released the same sequence);
- * the server exits 0 on SIGTERM. Across ranks, logprobs are a 400. */
+ * the server exits 0 on SIGTERM. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,27 +25,14 @@
 #include "serve_test.h"
 
 static serve_proc server;
-static int ranks = 1;
-
 static int setup(void **state) {
     (void)state;
-    char kv[32], tp[16];
-    snprintf(kv, sizeof kv, "%d", 786432 / ranks); /* the fixture's 2 KV heads split over 1 or 2 ranks */
-    snprintf(tp, sizeof tp, "%d", ranks);
-    const char *args[] = {"--kv-cache-bytes",
-                          kv,
-                          "--max-concurrent-requests",
-                          "12",
-                          "--max-body-bytes",
-                          "65536",
-                          "--max-tokens-limit",
-                          "4000",
-                          "--max-prompt-tokens",
-                          "512",
-                          ranks > 1 ? "--tp" : NULL,
-                          tp,
-                          NULL};
-    st_start_ranks(&server, ranks, false, args);
+    const char *args[16];
+    st_start_ranks(
+        &server, st_ranks(), false,
+        st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--max-concurrent-requests", "12",
+                                              "--max-body-bytes", "65536", "--max-tokens-limit", "4000",
+                                              "--max-prompt-tokens", "512", NULL}));
     return 0;
 }
 
@@ -186,10 +173,8 @@ static void test_prompt_list_and_logprobs(void **state) {
     assert_int_equal(st_generate(a, 5, "--max-new-tokens 6 --stop 2", ea, 8), 6);
     int32_t nb = st_generate(b, 2, "--max-new-tokens 6 --stop 2", eb, 8);
     cJSON *r = post_json("/v1/completions",
-                         ranks == 1 ? "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
-                                      "\"return_token_ids\":true,\"logprobs\":3}"
-                                    : "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
-                                      "\"return_token_ids\":true}",
+                         "{\"prompt\":[[71,69,123,44,56],[9,8]],\"max_tokens\":6,\"temperature\":0,"
+                         "\"return_token_ids\":true,\"logprobs\":3}",
                          200);
     const cJSON *choices = cJSON_GetObjectItem(r, "choices");
     assert_int_equal(cJSON_GetArraySize(choices), 2);
@@ -201,7 +186,6 @@ static void test_prompt_list_and_logprobs(void **state) {
         assert_int_equal(cJSON_GetArraySize(ids), n);
         for (int32_t t = 0; t < n; t++)
             assert_int_equal(cJSON_GetArrayItem(ids, t)->valueint, expect[t]);
-        if (ranks > 1) continue; /* no logprobs */
         /* Greedy: each token is its row's most likely one, listed first among the top 3. */
         const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
         const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"),
@@ -261,7 +245,6 @@ static void test_bad_requests(void **state) {
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":1.5}", 400, "max_tokens", "integer");
     expect_error(C, "{\"prompt\":[1],\"max_tokens\":4001}", 400, "max_tokens", "at most 4000");
     expect_error(C, "{\"prompt\":[1],\"logprobs\":21}", 400, "logprobs", "[0, 20]");
-    if (ranks > 1) expect_error(C, "{\"prompt\":[1],\"logprobs\":2}", 400, "logprobs", "split over 2 ranks");
     expect_error(C, "{\"prompt\":[1],\"stream\":\"yes\"}", 400, "stream", "true or false");
     expect_error(C, "{\"prompt\":[1],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop", "at most 4");
     expect_error(C, "{\"prompt\":[1],\"echo\":true,\"logprobs\":1}", 400, "echo", "not supported");
@@ -395,8 +378,7 @@ static void test_sigterm_exits_zero(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) ranks = atoi(argv[1]);
-    assert_true(ranks == 1 || ranks == 2);
+    st_layout(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dsc_generate), cmocka_unit_test(test_prompt_list_and_logprobs),
         cmocka_unit_test(test_bad_requests),         cmocka_unit_test(test_disconnect_frees_blocks),

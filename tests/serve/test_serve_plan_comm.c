@@ -1,9 +1,10 @@
 /* The multi-rank plan channel (serve/plan_comm.c) on 2 and 3 ranks: every
  * rank ends with rank 0's plan, field for field (submits with their prompt
- * and stop tokens, cancels, the stop flag), whatever it held before (a
- * bigger plan grows the followers' buffers, an empty one clears them); a
- * submit whose tokens lie outside the plan's ids is refused by the
- * followers as corrupt. */
+ * and stop tokens and logprobs counts, cancels, the stop flag), whatever
+ * it held before (a bigger plan grows the followers' buffers, an empty one
+ * clears them); a
+ * submit whose tokens lie outside the plan's ids, or that asks for more
+ * logprobs than OpenAI allows, is refused by the followers as corrupt. */
 #include <stdio.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ static void build(serve_plan *p, int round) {
             .seed = 77 + (uint64_t)i,
             .stop_tokens = stop,
             .n_stop = i % 4};
-        assert_ok(serve_plan_add_submit(p, &r));
+        assert_ok(serve_plan_add_submit(p, &r, i % 3 - 1));
     }
     for (int i = 0; i < round; i++)
         assert_ok(serve_plan_add_cancel(p, (uint64_t)(500 + i)));
@@ -48,6 +49,7 @@ static void assert_same(const serve_plan *a, const serve_plan *b) {
         assert_int_equal(x->n_stop, y->n_stop);
         assert_int_equal(x->max_new_tokens, y->max_new_tokens);
         assert_int_equal(x->seed, y->seed);
+        assert_int_equal(x->logprobs, y->logprobs);
         assert_true(x->sampling.temperature == y->sampling.temperature && x->sampling.top_k == y->sampling.top_k &&
                     x->sampling.top_p == y->sampling.top_p);
         assert_memory_equal(a->ids + x->prompt_off, b->ids + y->prompt_off, (size_t)x->n_prompt * sizeof(int32_t));
@@ -90,8 +92,12 @@ static void test_followers_refuse_a_bad_range(void **state) {
     if (dsc_comm_rank(world) == 0) {
         p.submits[2].prompt_off = p.n_ids - 1; /* its prompt runs past the ids */
         assert_ok(ch.exchange(ch.impl, &p));
+        build(&p, 1);
+        p.submits[1].logprobs = 21;
+        assert_ok(ch.exchange(ch.impl, &p));
     } else {
         assert_err(ch.exchange(ch.impl, &p), DSC_ERR_CORRUPT, "submit 2 (uid 1002) names tokens outside");
+        assert_err(ch.exchange(ch.impl, &p), DSC_ERR_CORRUPT, "submit 1 (uid 1001) asks for 21 logprobs");
     }
     serve_plan_free(&p);
     dsc_comm_free(world);

@@ -208,7 +208,7 @@ static void test_plan_applies_like_direct_submission(void **state) {
                              .stop_tokens = &stop,
                              .n_stop = 1};
         assert_ok(dsc_scheduler_submit(a, &r));
-        assert_ok(serve_plan_add_submit(&plan, &r));
+        assert_ok(serve_plan_add_submit(&plan, &r, -1));
     }
     memset(prompt, 0, sizeof prompt); /* the plan holds its own copies */
     assert_ok(dsc_scheduler_run(a));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # 3D parallelism equals one process: 10 steps at TP 2 x PP 2 (4 ranks),
-# TP 2 x PP 2 x DP 2 (8 ranks, ZeRO-1) and TP 2 x DP 2 with ZeRO-3 (pipelines
-# off; parameters gathered on use) print the losses of one rank and end
+# TP 2 x PP 2 x DP 2 (8 ranks, ZeRO-1), TP 2 x DP 2 with ZeRO-3 (pipelines
+# off; parameters gathered on use) and TP 2 x PP 2 with sequence parallelism
+# (stages pass this tensor rank's positions) print the losses of one rank and end
 # within 1e-5 of its parameters; the TP 2 x PP 2 checkpoint of step 5
 # resumes at TP 4 x PP 1 and on one rank with the losses of continuing
 # unchanged. Through dsc-train and dsc-launch (one thread per rank).
@@ -36,7 +37,7 @@ seed_dir() { mkdir -p "$2" && cp -r "$1" "$2/" && basename "$1" > "$2/latest"; }
 
 train one 1 1 1
 for case in "tp2pp2 4 2 2" "tp2pp2dp2 8 2 2 --set zero_optimization.stage=1" \
-  "tp2dp2z3 4 1 2 --set zero_optimization.stage=3"; do
+  "tp2dp2z3 4 1 2 --set zero_optimization.stage=3" "tp2pp2sp 4 2 2 --set tensor_parallel.sequence_parallel=true"; do
   read -r name np pp tp extra <<< "$case"
   # shellcheck disable=SC2086
   train "$name" "$np" "$pp" "$tp" $extra

@@ -7,7 +7,8 @@
 # losses of one rank (metrics JSONL, <= 1e-6 relative) and its parameters
 # (<= 1e-5), and print the whole model's parameter count. The PP 2 x EP 2 checkpoint of step 5 resumes at PP 2 x TP 2 with
 # the experts split by TP, and the TP 2 x EP 2 split-expert one on one rank,
-# with the losses and parameters of continuing unchanged. Through dsc-train
+# with the losses and parameters of continuing unchanged, also with a gate
+# that samples (the tensor group shares its stream). Through dsc-train
 # and dsc-launch (one thread per rank).
 # Usage: test_tp_moe.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -69,4 +70,14 @@ for case in "pp2tp2x 4 2 2 1 pp2ep2" "single 1 1 1 1 tp2ep2x"; do
   check "$name: parameters within 1e-5 of $from's at step 10" \
     model_within "$work/$from/global_step10" "$work/$name/global_step10"
 done
+# With the gate's sampled second expert the restored per-rank streams of PP 2 x EP 2 differ between the ranks
+# that become one tensor group; they must draw alike (dsc_tp_sync_rng), or their expert capacities disagree.
+sample="--set moe.top2_2nd_expert_sampling=true"
+# shellcheck disable=SC2086
+train pp2ep2s 4 2 1 2 $sample
+seed_dir "$work/pp2ep2s/global_step5" "$work/pp2tp2xs"
+# shellcheck disable=SC2086
+train pp2tp2xs 4 2 2 1 --resume $split $sample
+check "pp2tp2xs: a sampling gate resumes at PP 2 x TP 2 and trains to step 10" grep -q "^step *10/10" \
+  "$work/pp2tp2xs.log"
 check_summary

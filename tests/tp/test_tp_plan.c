@@ -5,16 +5,23 @@
  * of (heads, KV heads, head size, widths, tp_size, grain) combinations: the
  * spans of all ranks cover each tensor exactly once (KV replicas exactly
  * tp / NKV times), follow head boundaries, differ by at most one unit, and
- * the shards cut from a random tensor reassemble it bit-exactly. */
+ * the shards cut from a random tensor reassemble it bit-exactly; and the
+ * plans of the GPT-NeoX, GPT-2 and OPT fixtures as their policies declare
+ * them (ignored buffers replicated, never refused). */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "dsc/inference.h"
+#include "dsc/safetensors.h"
 #include "dsc/tp.h"
 #include "test_mpi.h"
 
@@ -188,6 +195,143 @@ static void test_name_rules(void **state) {
     assert_int_equal(entry(pl, "h.0.attn.c_proj.weight")->axis, 0);
     assert_int_equal(entry(pl, "h.0.mlp.c_proj.weight")->unit, DSC_TP_UNIT_FF);
     dsc_tp_plan_destroy(pl);
+}
+
+/* Rank r's spans of tensor `name` as "[a,b)+[c,d)@axis". */
+static void spans_text(const dsc_tp_plan *pl, const char *name, int r, char *buf, size_t len) {
+    int64_t i = dsc_tp_plan_find(pl, name);
+    if (i < 0) fail_msg("the plan has no tensor %s", name);
+    const dsc_tp_span *sp;
+    int n = dsc_tp_plan_spans(pl, i, r, &sp);
+    size_t used = 0;
+    for (int k = 0; k < n && used < len; k++)
+        used += (size_t)snprintf(buf + used, len - used, "%s[%lld,%lld)", k ? "+" : "", (long long)sp[k].start,
+                                 (long long)(sp[k].start + sp[k].count));
+    if (used < len) snprintf(buf + used, len - used, "@%d", dsc_tp_plan_entry(pl, i)->axis);
+}
+
+/* The plans of the GPT-NeoX, GPT-2 and OPT fixtures at TP 4 (6 heads of 8:
+ * 2,2,1,1; F 50: 13,13,12,12; V 101: 26,25,25,25), as their policies declare
+ * them: every tensor's kind and unit, and rank 3's spans (the last head, the
+ * tail widths). GPT-NeoX's query_key_value by head triplets, GPT-2's
+ * transposed Conv1D weights on the stored axis (1 for c_attn / c_fc, 0 for
+ * the row-parallel c_proj), OPT's projections to and from its narrower
+ * embedding replicated. */
+static void test_family_plans(void **state) {
+    (void)state;
+    typedef struct {
+        const char *name;
+        dsc_tp_kind kind;
+        dsc_tp_unit unit;
+        const char *rank3;
+    } expect;
+    const dsc_tp_kind COL = DSC_TP_KIND_COLUMN, ROW = DSC_TP_KIND_ROW, VOC = DSC_TP_KIND_VOCAB,
+                      REP = DSC_TP_KIND_REPLICATE;
+    const expect neox[] = {
+        {"gpt_neox.embed_in.weight", VOC, DSC_TP_UNIT_VOCAB, "[76,101)@0"},
+        {"embed_out.weight", VOC, DSC_TP_UNIT_VOCAB, "[76,101)@0"},
+        {"gpt_neox.layers.0.attention.query_key_value.weight", COL, DSC_TP_UNIT_QKV_INTERLEAVED, "[120,144)@0"},
+        {"gpt_neox.layers.0.attention.query_key_value.bias", COL, DSC_TP_UNIT_QKV_INTERLEAVED, "[120,144)@0"},
+        {"gpt_neox.layers.0.attention.dense.weight", ROW, DSC_TP_UNIT_Q_HEADS, "[40,48)@1"},
+        {"gpt_neox.layers.0.attention.dense.bias", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {"gpt_neox.layers.0.mlp.dense_h_to_4h.weight", COL, DSC_TP_UNIT_FF, "[38,50)@0"},
+        {"gpt_neox.layers.0.mlp.dense_h_to_4h.bias", COL, DSC_TP_UNIT_FF, "[38,50)@0"},
+        {"gpt_neox.layers.0.mlp.dense_4h_to_h.weight", ROW, DSC_TP_UNIT_FF, "[38,50)@1"},
+        {"gpt_neox.layers.1.input_layernorm.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {NULL, 0, 0, NULL}};
+    const expect gpt2[] = {
+        {"transformer.wte.weight", VOC, DSC_TP_UNIT_VOCAB, "[76,101)@0"},
+        {"transformer.wpe.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {"transformer.h.0.attn.c_attn.weight", COL, DSC_TP_UNIT_QKV, "[40,48)+[88,96)+[136,144)@1"},
+        {"transformer.h.0.attn.c_attn.bias", COL, DSC_TP_UNIT_QKV, "[40,48)+[88,96)+[136,144)@0"},
+        {"transformer.h.0.attn.c_proj.weight", ROW, DSC_TP_UNIT_Q_HEADS, "[40,48)@0"},
+        {"transformer.h.0.mlp.c_fc.weight", COL, DSC_TP_UNIT_FF, "[38,50)@1"},
+        {"transformer.h.0.mlp.c_proj.weight", ROW, DSC_TP_UNIT_FF, "[38,50)@0"},
+        {"transformer.h.1.mlp.c_proj.bias", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {"transformer.ln_f.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {NULL, 0, 0, NULL}};
+    const expect opt[] = {
+        {"model.decoder.embed_tokens.weight", VOC, DSC_TP_UNIT_VOCAB, "[76,101)@0"},
+        {"model.decoder.embed_positions.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {"model.decoder.layers.0.self_attn.q_proj.weight", COL, DSC_TP_UNIT_Q_HEADS, "[40,48)@0"},
+        {"model.decoder.layers.0.self_attn.k_proj.bias", COL, DSC_TP_UNIT_KV_HEADS, "[40,48)@0"},
+        {"model.decoder.layers.0.self_attn.out_proj.weight", ROW, DSC_TP_UNIT_Q_HEADS, "[40,48)@1"},
+        {"model.decoder.layers.0.fc1.weight", COL, DSC_TP_UNIT_FF, "[38,50)@0"},
+        {"model.decoder.layers.1.fc2.weight", ROW, DSC_TP_UNIT_FF, "[38,50)@1"},
+        {"model.decoder.layers.1.final_layer_norm.bias", REP, DSC_TP_UNIT_NONE, "@-1"},
+        {NULL, 0, 0, NULL}};
+    /* OPT-350m's shape (the 4.x fixture): the projections to and from the narrower embedding */
+    const expect opt_proj[] = {{"model.decoder.project_in.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+                               {"model.decoder.project_out.weight", REP, DSC_TP_UNIT_NONE, "@-1"},
+                               {NULL, 0, 0, NULL}};
+    const struct {
+        const char *dir;
+        const expect *want[2];
+    } families[] = {{"gpt_neox", {neox, NULL}},
+                    {"gpt_neox_tf5", {neox, NULL}},
+                    {"gpt2_tf5", {gpt2, NULL}},
+                    {"opt", {opt, opt_proj}},
+                    {"opt_tf5", {opt, NULL}}};
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, DSC_SOURCE_DIR "/tests/inference/fixtures/hf/%s", families[f].dir);
+        dsc_infer_tp tp = {.tp_size = 4};
+        dsc_tp_plan *pl;
+        assert_ok(dsc_infer_model_plan(dir, &tp, &pl));
+        for (int64_t i = 0; i < dsc_tp_plan_count(pl); i++)
+            if (dsc_tp_plan_entry(pl, i)->source != DSC_TP_SOURCE_POLICY)
+                fail_msg("%s: %s decided by %s, not the policy", families[f].dir, dsc_tp_plan_entry(pl, i)->name,
+                         dsc_tp_source_name(dsc_tp_plan_entry(pl, i)->source));
+        for (int k = 0; k < 2 && families[f].want[k]; k++)
+            for (const expect *w = families[f].want[k]; w->name; w++) {
+                const dsc_tp_entry *e = entry(pl, w->name);
+                char got[160];
+                spans_text(pl, w->name, 3, got, sizeof got);
+                if (e->kind != w->kind || e->unit != w->unit || strcmp(got, w->rank3) != 0)
+                    fail_msg("%s: %s is %s / %s, rank 3 %s; expected %s / %s, rank 3 %s", families[f].dir, w->name,
+                             dsc_tp_kind_name(e->kind), dsc_tp_unit_name(e->unit), got, dsc_tp_kind_name(w->kind),
+                             dsc_tp_unit_name(w->unit), w->rank3);
+            }
+        printf("%s at tp 4: %lld tensors planned as its policy declares\n", families[f].dir,
+               (long long)dsc_tp_plan_count(pl));
+        dsc_tp_plan_destroy(pl);
+    }
+}
+
+/* A checkpoint that still carries GPT-2's causal-mask buffer (attn.bias, 4-D,
+ * which the policy ignores) plans: the buffer is replicated (never read),
+ * not refused as a matrix no rule places. */
+static void test_ignored_buffers(void **state) {
+    (void)state;
+    char dir[] = "/tmp/dsc_tp_plan_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[512], src[512];
+    snprintf(src, sizeof src, DSC_SOURCE_DIR "/tests/inference/fixtures/hf/gpt2_tf5/config.json");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *in = fopen(src, "rb"), *out = fopen(path, "wb");
+    assert_true(in && out);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+    static float mask[64 * 64], wte[101 * 48];
+    const char *names[] = {"transformer.h.0.attn.bias", "transformer.wte.weight"};
+    dsc_tensor t[] = {dsc_tensor_view(mask, DSC_DTYPE_F32, 4, (int64_t[]){1, 1, 64, 64}, DSC_CPU),
+                      dsc_tensor_view(wte, DSC_DTYPE_F32, 2, (int64_t[]){101, 48}, DSC_CPU)};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_ok(dsc_safetensors_write(path, 2, names, t, 0, NULL));
+    dsc_infer_tp tp = {.tp_size = 2};
+    dsc_tp_plan *pl;
+    assert_ok(dsc_infer_model_plan(dir, &tp, &pl));
+    assert_int_equal(entry(pl, "transformer.h.0.attn.bias")->kind, DSC_TP_KIND_REPLICATE);
+    assert_int_equal(entry(pl, "transformer.wte.weight")->kind, DSC_TP_KIND_VOCAB);
+    dsc_tp_plan_destroy(pl);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* partition_config beats base_model_tp_plan beats the policy beats names. */
@@ -400,7 +544,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deepspeed_qkv_cases), cmocka_unit_test(test_widths),
         cmocka_unit_test(test_name_rules),          cmocka_unit_test(test_rule_order),
-        cmocka_unit_test(test_properties),
+        cmocka_unit_test(test_properties),          cmocka_unit_test(test_family_plans),
+        cmocka_unit_test(test_ignored_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -170,6 +170,28 @@ static void test_llama_gqa_uneven(void **state) {
     check_equivalence("GQA Llama, uneven heads", over, 7);
 }
 
+/* Megatron sequence parallelism: the same models with the norms and residuals on seq_len / tp positions. */
+static void test_sequence_parallel(void **state) {
+    (void)state;
+    set_tp_all();
+    const char *gpt[] = {tp_all,
+                         "model.n_head=4",
+                         "model.d_model=32",
+                         "model.d_ff=72",
+                         "tensor_parallel.tp_grain_size=8",
+                         "tensor_parallel.sequence_parallel=true"};
+    check_equivalence("GPT, sequence parallel", gpt, 6);
+    const char *llama[] = {tp_all,
+                           "model.arch=\"llama\"",
+                           "model.n_head=10",
+                           "model.n_kv_head=5",
+                           "model.d_model=40",
+                           "model.d_ff=36",
+                           "tensor_parallel.tp_grain_size=1",
+                           "tensor_parallel.sequence_parallel=true"};
+    check_equivalence("GQA Llama, sequence parallel", llama, 8);
+}
+
 static void test_with_zero(void **state) {
     (void)state;
     dsc_comm *world;
@@ -187,6 +209,15 @@ static void test_with_zero(void **state) {
             half, zs, "model.n_head=4", "model.d_model=32", "model.d_ff=72", "tensor_parallel.tp_grain_size=8"};
         check_equivalence(what, over, 6);
     }
+    /* ZeRO-2 reduces each micro-batch's gradients: the norms' sums over the tensor group come first. */
+    const char *sp[] = {half,
+                        "zero_optimization.stage=2",
+                        "model.n_head=4",
+                        "model.d_model=32",
+                        "model.d_ff=72",
+                        "tensor_parallel.tp_grain_size=8",
+                        "tensor_parallel.sequence_parallel=true"};
+    check_equivalence("GPT, tp x dp 2, ZeRO-2, sequence parallel", sp, 7);
 }
 
 /* The world, a token file at `data` and tp_all, for a test named `tag`. */
@@ -199,13 +230,41 @@ static dsc_comm *open_job(char *data, size_t len, const char *tag) {
     return world;
 }
 
-/* All-reduces and bytes on the tensor group since the last reset. */
+/* Calls and bytes of `op` on the tensor group since the last reset (which this starts anew). */
+static void counted_op(dsc_comm *c, dsc_comm_op op, int64_t *calls, int64_t *bytes, dsc_comm_stats *all) {
+    dsc_comm_get_stats(c, all);
+    *calls = all->calls[op];
+    *bytes = all->bytes_sent[op];
+    dsc_comm_reset_stats(c);
+}
+
 static void counted(dsc_comm *c, int64_t *calls, int64_t *bytes) {
     dsc_comm_stats st;
-    dsc_comm_get_stats(c, &st);
-    *calls = st.calls[DSC_COMM_OP_ALLREDUCE];
-    *bytes = st.bytes_sent[DSC_COMM_OP_ALLREDUCE];
-    dsc_comm_reset_stats(c);
+    counted_op(c, DSC_COMM_OP_ALLREDUCE, calls, bytes, &st);
+}
+
+/* The bytes of one all-reduce of `n` floats on `g`, measured (the counters start anew). */
+static int64_t allreduce_bytes(dsc_comm *g, int64_t n) {
+    dsc_tensor probe;
+    assert_ok(dsc_tensor_alloc(&probe, DSC_DTYPE_F32, 1, &n, DSC_CPU, DSC_MEM_OTHER));
+    memset(probe.data, 0, (size_t)n * sizeof(float));
+    int64_t calls, bytes;
+    counted(g, &calls, &bytes);
+    assert_ok(dsc_comm_allreduce(g, &probe, DSC_REDUCE_OP_SUM));
+    counted(g, &calls, &bytes);
+    dsc_tensor_free(&probe);
+    return bytes;
+}
+
+/* A (b, t) micro-batch of fixed token ids and targets; free the tensors after. */
+static dsc_micro_ctx make_batch(int64_t b, int64_t t, dsc_tensor *tokens, dsc_tensor *targets) {
+    assert_ok(dsc_tensor_alloc(tokens, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
+    assert_ok(dsc_tensor_alloc(targets, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
+    for (int64_t i = 0; i < b * t; i++) {
+        ((int32_t *)tokens->data)[i] = (int32_t)(i * 7 % 256);
+        ((int32_t *)targets->data)[i] = (int32_t)(i * 5 % 256);
+    }
+    return (dsc_micro_ctx){.tokens = tokens, .targets = targets, .loss_scale = 1.0f, .training = true};
 }
 
 static void test_megatron_counts(void **state) {
@@ -216,24 +275,12 @@ static void test_megatron_counts(void **state) {
     run_result r;
     run(world, 1, data, over, 4, &r);
     dsc_comm *g = r.w.extra.group;
-    const int64_t b = 2, t = 16, C = 32;
-    /* The bytes of one all-reduce of (b, t, C) on this group, measured. */
-    dsc_tensor probe;
-    assert_ok(dsc_tensor_alloc(&probe, DSC_DTYPE_F32, 3, (int64_t[]){b, t, C}, DSC_CPU, DSC_MEM_OTHER));
-    int64_t calls, bytes, one;
-    counted(g, &calls, &bytes);
-    assert_ok(dsc_comm_allreduce(g, &probe, DSC_REDUCE_OP_SUM));
-    counted(g, &calls, &one);
+    const int64_t b = 2, t = 16, C = 32, one = allreduce_bytes(g, b * t * C);
+    int64_t calls, bytes;
     int n_layers;
     dsc_layer *const *layers = dsc_trainer_model_layers(r.t, &n_layers);
     dsc_tensor tokens, targets;
-    assert_ok(dsc_tensor_alloc(&tokens, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
-    assert_ok(dsc_tensor_alloc(&targets, DSC_DTYPE_I32, 2, (int64_t[]){b, t}, DSC_CPU, DSC_MEM_OTHER));
-    for (int64_t i = 0; i < b * t; i++)
-        ((int32_t *)tokens.data)[i] = (int32_t)(i * 7 % 256);
-    for (int64_t i = 0; i < b * t; i++)
-        ((int32_t *)targets.data)[i] = (int32_t)(i * 5 % 256);
-    dsc_micro_ctx ctx = {.tokens = &tokens, .targets = &targets, .loss_scale = 1.0f, .training = true};
+    dsc_micro_ctx ctx = make_batch(b, t, &tokens, &targets);
     dsc_tensor x = {0}, y;
     for (int l = 0; l < n_layers; l++) {
         assert_ok(dsc_layer_forward(layers[l], 0, &x, &y, &ctx));
@@ -258,7 +305,68 @@ static void test_megatron_counts(void **state) {
             "  per block and micro-batch (%lld x %lld x %lld): forward 2 all-reduces, backward 2, %lld bytes each "
             "on this rank\n",
             (long long)b, (long long)t, (long long)C, (long long)one);
-    dsc_tensor_free(&probe);
+    dsc_tensor_free(&tokens);
+    dsc_tensor_free(&targets);
+    finish(&r);
+    unlink(data);
+    dsc_comm_free(world);
+}
+
+/* Sequence parallelism replaces each block's all-reduce of (b, t, C) by a
+ * reduce-scatter plus an all-gather of the same total bytes: per block and
+ * micro-batch, forward 2 all-gathers (attention and MLP inputs) and 2
+ * reduce-scatters (their outputs), backward the same pair for the output
+ * gradients and input gradients, and only the norms' small gradient sum is
+ * left as an all-reduce (4 C floats, GPT's two LayerNorms). */
+static void test_sequence_parallel_counts(void **state) {
+    (void)state;
+    char data[128];
+    dsc_comm *world = open_job(data, sizeof data, "spcount");
+    const char *over[] = {tp_all, "model.n_head=4", "model.d_model=32", "model.d_ff=72",
+                          "tensor_parallel.sequence_parallel=true"};
+    run_result r;
+    run(world, 1, data, over, 5, &r);
+    dsc_comm *g = r.w.extra.group;
+    const int64_t b = 2, t = 16, C = 32, tp = dsc_comm_size(g), one = allreduce_bytes(g, b * t * C);
+    const int64_t norm_bytes = allreduce_bytes(g, 4 * C); /* GPT's two LayerNorms: weights and biases */
+    int64_t ag, ag_bytes, rs, rs_bytes;
+    dsc_comm_stats st;
+    int n_layers;
+    dsc_layer *const *layers = dsc_trainer_model_layers(r.t, &n_layers);
+    dsc_tensor tokens, targets;
+    dsc_micro_ctx ctx = make_batch(b, t, &tokens, &targets);
+    dsc_tensor x = {0}, y;
+    for (int l = 0; l < n_layers; l++) {
+        assert_ok(dsc_layer_forward(layers[l], 0, &x, &y, &ctx));
+        counted_op(g, DSC_COMM_OP_ALLGATHER, &ag, &ag_bytes, &st);
+        rs = st.calls[DSC_COMM_OP_REDUCE_SCATTER], rs_bytes = st.bytes_sent[DSC_COMM_OP_REDUCE_SCATTER];
+        if (l > 0 && l < n_layers - 1) {
+            assert_int_equal(st.calls[DSC_COMM_OP_ALLREDUCE], 0);
+            assert_int_equal(y.shape[1], t / tp); /* the residual stream holds this rank's positions */
+            assert_int_equal(ag, 2);
+            assert_int_equal(rs, 2);
+            assert_int_equal(ag_bytes + rs_bytes, 2 * one);
+        }
+        x = y;
+    }
+    dsc_tensor dy = {0}, dx;
+    for (int l = n_layers - 1; l >= 0; l--) {
+        assert_ok(dsc_layer_backward(layers[l], 0, &dy, &dx, &ctx));
+        counted_op(g, DSC_COMM_OP_ALLGATHER, &ag, &ag_bytes, &st);
+        rs = st.calls[DSC_COMM_OP_REDUCE_SCATTER], rs_bytes = st.bytes_sent[DSC_COMM_OP_REDUCE_SCATTER];
+        if (l > 0 && l < n_layers - 1) {
+            assert_int_equal(ag, 2);
+            assert_int_equal(rs, 2);
+            assert_int_equal(ag_bytes + rs_bytes, 2 * one);
+            assert_int_equal(st.calls[DSC_COMM_OP_ALLREDUCE], 1); /* the norms' gradient contribution */
+            assert_int_equal(st.bytes_sent[DSC_COMM_OP_ALLREDUCE], norm_bytes);
+        }
+        dy = dx;
+    }
+    if (dsc_comm_rank(world) == 0)
+        printf("  sequence parallel, per block and micro-batch (%lld x %lld x %lld over %lld ranks): forward and "
+               "backward 2 all-gathers + 2 reduce-scatters each, %lld bytes per pair = one all-reduce's\n",
+               (long long)b, (long long)t, (long long)C, (long long)tp, (long long)one);
     dsc_tensor_free(&tokens);
     dsc_tensor_free(&targets);
     finish(&r);
@@ -309,6 +417,8 @@ int main(void) {
         cmocka_unit_test(test_llama_gqa_uneven),
         cmocka_unit_test(test_with_zero),
         cmocka_unit_test(test_megatron_counts),
+        cmocka_unit_test(test_sequence_parallel),
+        cmocka_unit_test(test_sequence_parallel_counts),
         cmocka_unit_test(test_memory_formula),
     };
     return DSC_RUN_MPI_TESTS(tests);

@@ -8,7 +8,15 @@
  *    of Ψ, stage 3 a reduce-scatter and two all-gathers (forward and
  *    backward) of Ψ, per rank as docs/comm.md's counting rule gives them for
  *    this rank's partition (stage 3: its piece of every parameter); with 4 micro-batches stage 2 reduce-scatters
- * 4Ψ (every micro-batch) and stage 1 still Ψ. */
+ * 4Ψ (every micro-batch) and stage 1 still Ψ;
+ *  - stage 3's stage3_param_persistence_threshold: parameters at or below it
+ *    are gathered once per step instead of before every call (all-gather
+ *    calls counted), take their whole size in parameter memory and none in
+ *    the pool (allocator accounting), and training gives bitwise the same
+ *    parameters as without;
+ *  - stage 3's prefetch runs ahead: the next layer's all-gathers are still in
+ *    flight (not yet completed, by the counters) while the current layer is
+ *    called, and complete when the next layer is. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +66,7 @@ static void test_memory_matches_formula(void **state) {
         toy_model_init(&m, &spec, dsc_comm_rank(dp));
         dsc_optimizer_options o = toy_options(&m, dp);
         o.reduce_bucket_size = 20000;
-        dsc_zero_options zo = {stage, 1, 20000, 0, 0};
+        dsc_zero_options zo = {stage, 1, 20000, 0, 0, 0};
         dsc_optimizer *opt;
         assert_ok(dsc_zero_create(&o, &zo, &opt));
         toy_train(&m, opt, &(toy_run){.steps = 1, .micro_batches = 2, .lr = 1e-3}, NULL);
@@ -111,7 +119,7 @@ static void test_comm_volume(void **state) {
             dsc_optimizer_options o = toy_options(&m, dp);
             o.reduce_bucket_size = 30000;
             dsc_optimizer *opt;
-            assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 25000, 1 << 30, 1 << 30}, &opt));
+            assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 25000, 1 << 30, 1 << 30, 0}, &opt));
             dsc_comm_reset_stats(dp);
             toy_train(&m, opt, &(toy_run){.steps = 1, .micro_batches = M, .lr = 1e-3}, NULL);
             dsc_comm_stats st;
@@ -145,10 +153,113 @@ static void test_comm_volume(void **state) {
     dsc_comm_free(dp);
 }
 
+/* One stage 3 run of 2 steps, M 2: parameters after it, all-gather calls and
+ * parameter / communication-buffer bytes held while the optimizer lives. */
+typedef struct persist_run {
+    int64_t gathers;
+    int64_t param_bytes, comm_bytes;
+} persist_run;
+
+static void train_stage3(dsc_comm *dp, int64_t threshold, float *out, persist_run *r) {
+    dsc_mem_stats before, after;
+    dsc_mem_get_stats(&before);
+    toy_model m;
+    toy_spec spec;
+    big_spec(&spec);
+    toy_model_init(&m, &spec, dsc_comm_rank(dp));
+    dsc_optimizer_options o = toy_options(&m, dp);
+    o.reduce_bucket_size = 30000;
+    dsc_optimizer *opt;
+    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){3, 1, 25000, 1 << 30, 1 << 30, threshold}, &opt));
+    dsc_comm_reset_stats(dp);
+    toy_train(&m, opt, &(toy_run){.steps = 2, .micro_batches = 2, .lr = 1e-2}, NULL);
+    dsc_comm_stats st;
+    dsc_comm_get_stats(dp, &st);
+    dsc_mem_get_stats(&after);
+    r->gathers = st.calls[DSC_COMM_OP_ALLGATHER];
+    r->param_bytes = after.current[DSC_MEM_PARAMS] - before.current[DSC_MEM_PARAMS];
+    r->comm_bytes = after.current[DSC_MEM_COMM] - before.current[DSC_MEM_COMM];
+    toy_read_params(&m, opt, out);
+    dsc_optimizer_destroy(opt);
+    toy_model_free(&m);
+}
+
+static void test_persistence_threshold(void **state) {
+    (void)state;
+    dsc_comm *dp;
+    assert_ok(dsc_comm_world(NULL, &dp));
+    toy_model m;
+    toy_spec spec;
+    big_spec(&spec);
+    toy_model_init(&m, &spec, 0);
+    int64_t total = toy_param_total(&m);
+    toy_model_free(&m);
+    float *ref = malloc((size_t)total * sizeof *ref), *got = malloc((size_t)total * sizeof *got);
+    assert_non_null(ref);
+    assert_non_null(got);
+    persist_run none, some;
+    train_stage3(dp, 0, ref, &none);
+    /* 777, 64 and 12345 elements persist (layers 0, 1, 2); the five others are partitioned as before */
+    const int64_t threshold = 12345, persistent_aligned = 832 + 64 + 12352;
+    train_stage3(dp, threshold, got, &some);
+    const int steps = 2, M = 2, params = 8, persistent = 3;
+    if (dsc_comm_rank(dp) == 0)
+        printf("  persistence threshold %lld, N %d: all-gathers %lld (none persistent: %lld), parameter bytes "
+               "%lld (%lld), pool bytes %lld (%lld)\n",
+               (long long)threshold, dsc_comm_size(dp), (long long)some.gathers, (long long)none.gathers,
+               (long long)some.param_bytes, (long long)none.param_bytes, (long long)some.comm_bytes,
+               (long long)none.comm_bytes);
+    assert_int_equal(none.gathers, steps * 2 * M * params);
+    assert_int_equal(some.gathers, steps * (2 * M * (params - persistent) + persistent));
+    assert_int_equal(some.param_bytes - none.param_bytes, 4 * persistent_aligned);
+    assert_true(some.comm_bytes < none.comm_bytes);
+    assert_memory_equal(got, ref, (size_t)total * sizeof *ref);
+    free(ref);
+    free(got);
+    dsc_comm_free(dp);
+}
+
+static int64_t gathers_done(dsc_comm *c) {
+    dsc_comm_stats st;
+    dsc_comm_get_stats(c, &st);
+    return st.calls[DSC_COMM_OP_ALLGATHER];
+}
+
+static void test_prefetch_runs_ahead(void **state) {
+    (void)state;
+    dsc_comm *dp;
+    assert_ok(dsc_comm_world(NULL, &dp));
+    toy_model m;
+    toy_spec spec;
+    big_spec(&spec); /* layers of 2, 3, 2 and 1 parameters */
+    toy_model_init(&m, &spec, dsc_comm_rank(dp));
+    dsc_optimizer_options o = toy_options(&m, dp);
+    dsc_optimizer *opt;
+    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){3, 1, 0, 1 << 30, 1 << 30, 0}, &opt));
+    dsc_comm_reset_stats(dp);
+    const int64_t params[4] = {2, 3, 2, 1};
+    int64_t done = 0;
+    for (int l = 0; l < 4; l++) {
+        assert_ok(dsc_optimizer_before_layer(opt, &m.layers[l], false));
+        done += params[l];
+        /* this layer's gathers completed; the next layer's (posted ahead) have not */
+        if (dsc_comm_size(dp) > 1) assert_int_equal(gathers_done(dp), done);
+        assert_ok(dsc_optimizer_after_layer(opt, &m.layers[l], false));
+    }
+    if (dsc_comm_rank(dp) == 0)
+        printf("  prefetch: %lld all-gathers, each completed only when its layer ran\n",
+               (long long)gathers_done(dp));
+    dsc_optimizer_destroy(opt);
+    toy_model_free(&m);
+    dsc_comm_free(dp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_matches_formula),
         cmocka_unit_test(test_comm_volume),
+        cmocka_unit_test(test_persistence_threshold),
+        cmocka_unit_test(test_prefetch_runs_ahead),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

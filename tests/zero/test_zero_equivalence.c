@@ -7,8 +7,13 @@
  * pipeline's hook order (1F1B interleaving, reduction deferred) for stages 1
  * and 2, and the refusal of stage 3 with a pipeline. The other update rules
  * (Adam with L2 decay, Lamb, whose trust ratio needs norms of parameters split
- * over ranks, and Lion) match the plain optimizer in every stage too. */
+ * over ranks, and Lion) match the plain optimizer in every stage too.
+ * zero_optimization.overlap_comm gives bitwise the same parameters and
+ * state as blocking reduction in every stage (plain included), and does
+ * overlap: at the end of backward reductions are still in flight. */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,12 +31,13 @@ typedef struct variant {
 } variant;
 
 static void train(dsc_comm *dp, const dsc_zero_options *zo, int64_t reduce_bucket, dsc_optimizer_type type,
-                  const toy_run *run, float *out, dsc_optimizer **keep, toy_model *m) {
+                  bool overlap, const toy_run *run, float *out, dsc_optimizer **keep, toy_model *m) {
     toy_spec spec;
     toy_spec_default(&spec);
     toy_model_init(m, &spec, dsc_comm_rank(dp));
     dsc_optimizer_options o = toy_options(m, dp);
     o.reduce_bucket_size = reduce_bucket;
+    o.overlap_comm = overlap;
     o.hparams.type = type;
     o.hparams.l2_decay = type == DSC_OPTIMIZER_TYPE_ADAM;
     o.hparams.max_coeff = 10.0f, o.hparams.min_coeff = 0.01f;
@@ -97,7 +103,7 @@ static void run_variant(dsc_comm *dp, const variant *v) {
     assert_non_null(got);
     dsc_optimizer *plain, *zero;
     dsc_zero_options z0 = {.stage = 0, .pipeline_stages = 1};
-    train(dp, &z0, 0, v->type, &run, ref, &plain, &pm);
+    train(dp, &z0, 0, v->type, false, &run, ref, &plain, &pm);
     dsc_zero_options zo = {
         .stage = v->stage,
         .pipeline_stages = v->pipeline_stages,
@@ -105,7 +111,7 @@ static void run_variant(dsc_comm *dp, const variant *v) {
         .stage3_max_live_parameters = v->max_live,
         .stage3_prefetch_bucket_size = v->prefetch,
     };
-    train(dp, &zo, v->reduce_bucket, v->type, &run, got, &zero, &zm);
+    train(dp, &zo, v->reduce_bucket, v->type, false, &run, got, &zero, &zm);
     char what[128];
     snprintf(what, sizeof what, "type %d, stage %d, dp %d, M %d, buckets %lld/%lld%s", (int)v->type, v->stage,
              dsc_comm_size(dp), v->micro_batches, (long long)v->reduce_bucket, (long long)v->allgather_bucket,
@@ -157,6 +163,89 @@ static void test_pipeline_order(void **state) {
     dsc_comm_free(dp);
 }
 
+/* Reduce-scatter / all-reduce calls completed when backward ends (before_reduce). */
+static void count_reductions(toy_model *m, void *ctx) {
+    (void)m;
+    int64_t *out = ctx;
+    dsc_comm_stats st;
+    dsc_comm_get_stats((dsc_comm *)(intptr_t)out[1], &st);
+    out[0] = st.calls[DSC_COMM_OP_REDUCE_SCATTER] + st.calls[DSC_COMM_OP_ALLREDUCE];
+}
+
+/* The optimizer's state entries, back to back. */
+static float *state_copy(dsc_optimizer *opt, int64_t *n) {
+    *n = 0;
+    for (int k = 0; k < dsc_optimizer_state_count(opt); k++) {
+        dsc_optim_state st;
+        dsc_optimizer_state_at(opt, k, &st);
+        *n += (int64_t)dsc_tensor_nbytes(&st.local);
+    }
+    char *out = malloc((size_t)*n + 1), *at = out;
+    assert_non_null(out);
+    for (int k = 0; k < dsc_optimizer_state_count(opt); k++) {
+        dsc_optim_state st;
+        dsc_optimizer_state_at(opt, k, &st);
+        memcpy(at, st.local.data, dsc_tensor_nbytes(&st.local));
+        at += dsc_tensor_nbytes(&st.local);
+    }
+    return (float *)out;
+}
+
+static void test_overlap_matches_blocking(void **state) {
+    (void)state;
+    dsc_comm *dp;
+    assert_ok(dsc_comm_world(NULL, &dp));
+    toy_model m;
+    toy_spec spec;
+    toy_spec_default(&spec);
+    toy_model_init(&m, &spec, 0);
+    int64_t total = toy_param_total(&m);
+    toy_model_free(&m);
+    float *ref = malloc((size_t)total * sizeof *ref), *got = malloc((size_t)total * sizeof *got);
+    assert_non_null(ref);
+    assert_non_null(got);
+    for (int stage = 0; stage <= 3; stage++)
+        for (int pp = 1; pp <= (stage < 3 ? 2 : 1); pp++)
+            for (int M = 1; M <= 4; M += 3)
+                for (int64_t bucket = 0; bucket <= 300; bucket += 300) {
+                    dsc_zero_options zo = {stage, pp, 500, 1 << 30, 1 << 30, 0};
+                    int64_t done_at_end[2][2] = {{0, (int64_t)(intptr_t)dp}, {0, (int64_t)(intptr_t)dp}};
+                    dsc_optimizer *opt[2];
+                    toy_model tm[2];
+                    for (int overlap = 0; overlap < 2; overlap++) {
+                        toy_run run = {.steps = 3, .micro_batches = M, .interleave = pp > 1, .lr = 1e-2,
+                                       .before_reduce = count_reductions, .ctx = done_at_end[overlap]};
+                        dsc_comm_reset_stats(dp);
+                        train(dp, &zo, bucket, DSC_OPTIMIZER_TYPE_ADAMW, overlap, &run, overlap ? got : ref,
+                              &opt[overlap], &tm[overlap]);
+                    }
+                    char what[96];
+                    snprintf(what, sizeof what, "overlap_comm, stage %d, pp %d, M %d, bucket %lld: ", stage, pp, M,
+                             (long long)bucket);
+                    assert_memory_equal(got, ref, (size_t)total * sizeof *ref);
+                    int64_t n_ref, n_got;
+                    float *s_ref = state_copy(opt[0], &n_ref), *s_got = state_copy(opt[1], &n_got);
+                    assert_int_equal(n_ref, n_got);
+                    assert_memory_equal(s_got, s_ref, (size_t)n_ref);
+                    /* reduced during backward (no pipeline): some reductions still in flight when it ends */
+                    if (pp == 1 && dsc_comm_size(dp) > 1) {
+                        if (dsc_comm_rank(dp) == 0)
+                            printf("  %sreductions complete when backward ends: %lld blocking, %lld overlapped\n",
+                                   what, (long long)done_at_end[0][0], (long long)done_at_end[1][0]);
+                        assert_true(done_at_end[1][0] < done_at_end[0][0]);
+                    }
+                    free(s_ref);
+                    free(s_got);
+                    for (int k = 0; k < 2; k++) {
+                        dsc_optimizer_destroy(opt[k]);
+                        toy_model_free(&tm[k]);
+                    }
+                }
+    free(ref);
+    free(got);
+    dsc_comm_free(dp);
+}
+
 static void test_pipeline_check(void **state) {
     (void)state;
     assert_ok(dsc_zero_check_pipeline(1, 4));
@@ -182,6 +271,7 @@ int main(void) {
         cmocka_unit_test(test_stages_match_plain),
         cmocka_unit_test(test_rules_match_plain),
         cmocka_unit_test(test_pipeline_order),
+        cmocka_unit_test(test_overlap_matches_blocking),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

@@ -63,7 +63,7 @@ static dsc_optimizer *train(moe_groups *g, toy_model *m, int stage, int ep_rank,
     o.ep = g->ep;
     o.reduce_bucket_size = 1000;
     dsc_optimizer *opt;
-    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 1500, 1 << 30, 1 << 30}, &opt));
+    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 1500, 1 << 30, 1 << 30, 0}, &opt));
     toy_train(m, opt, &(toy_run){.steps = 10, .micro_batches = 2, .lr = 1e-2}, NULL);
     toy_read_params(m, opt, out);
     return opt;

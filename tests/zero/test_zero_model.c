@@ -61,7 +61,7 @@ static void gpt_init(gpt *g, dsc_comm *dp, int stage) {
         .hparams = {DSC_OPTIMIZER_TYPE_ADAMW, 0.9f, 0.95f, 1e-8f, 0.0f, 0.1f, 0.5},
         .reduce_bucket_size = 2000,
     };
-    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 3000, 1 << 30, 1 << 30}, &g->opt));
+    assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 3000, 1 << 30, 1 << 30, 0}, &g->opt));
     assert_ok(dsc_runner_create_default(g->layers, g->n_layers, g->opt, B, T, NULL, &g->runner));
 }
 

@@ -94,7 +94,7 @@ static void test_pipeline_stages_match_uncut_model(void **state) {
         o.counts_in_norm_ctx = &pc;
         o.reduce_bucket_size = 400;
         dsc_optimizer *opt;
-        assert_ok(dsc_zero_create(&o, &(dsc_zero_options){zstage, 2, 300, 0, 0}, &opt));
+        assert_ok(dsc_zero_create(&o, &(dsc_zero_options){zstage, 2, 300, 0, 0, 0}, &opt));
         toy_run staged = run;
         staged.before_reduce = reduce_tied;
         staged.ctx = &pc;

@@ -119,7 +119,7 @@ static void test_one_rank_matches_plain(void **state) {
         toy_model_init(&m, &spec, 0);
         dsc_optimizer_options o = toy_options(&m, NULL);
         dsc_optimizer *opt;
-        assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 0, 1 << 30, 1 << 30}, &opt));
+        assert_ok(dsc_zero_create(&o, &(dsc_zero_options){stage, 1, 0, 1 << 30, 1 << 30, 0}, &opt));
         toy_train(&m, opt, &(toy_run){.steps = 4, .micro_batches = 2, .lr = 1e-2}, NULL);
         toy_read_params(&m, opt, stage == 0 ? ref : got);
         if (stage > 0) assert_true(dsc_test_max_rel_err(got, ref, toy_param_total(&m), 1e-3, "one rank") <= 1e-6);

@@ -1,0 +1,171 @@
+/* bench_decode — single-sequence inference at the machine's limits, for
+ * the comparison with llama.cpp (bench/peers/): decode tokens/s at batch 1
+ * beside the memory-bandwidth roofline (weight bytes read per token ÷ the
+ * read rate measured here, on the same threads), and prefill tokens/s of
+ * one prompt beside the sgemm-rate limit (2 · weights · tokens FLOP at the
+ * rate of a 768 x 768 x 512 GEMM, measured here too).
+ *
+ * Run: build/bench/bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N]
+ *                               [--steps 64] [--prefill 512] [--reps 3]
+ * DIR is a Hugging Face directory; bench/peers/make_llama.py writes the 134M
+ * Llama of docs/performance.md. Prints one "key value" line per figure (the
+ * peer driver parses them), never asserts. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench_clock.h"
+#include "dsc/inference.h"
+#include "dsc/kernels.h"
+
+static void die(dsc_status s) {
+    if (!s) return;
+    fprintf(stderr, "bench_decode: %s\n", dsc_status_message(s));
+    exit(1);
+}
+
+/* Read-only rate of `threads` threads streaming a buffer far larger than
+ * the caches (best of 3 passes), in bytes/s: the decode roofline's divisor. */
+static double read_rate(int threads) {
+    const size_t n = (size_t)64 << 20; /* 512 MiB of u64 */
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = i;
+    double best = 1e30;
+    uint64_t sink = 0;
+    for (int r = 0; r < 3; r++) {
+        double t = now_s();
+        uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t s = 0; /* eight independent loads per step keep the loads in flight */
+            for (int j = 0; j < 8; j++)
+                s += buf[i + j];
+            total += s;
+        }
+        t = now_s() - t;
+        sink += total;
+        best = t < best ? t : best;
+    }
+    free(buf);
+    if (sink == 42) printf("\n"); /* keeps the sums alive */
+    return (double)(n * sizeof(uint64_t)) / best;
+}
+
+/* FLOP/s of dsc_kernel_linear_forward on prefill's typical shape (512 tokens, 768 -> 768). */
+static double gemm_rate(void) {
+    const int64_t n = 512, c = 768;
+    float *x = calloc((size_t)(n * c), sizeof *x), *w = calloc((size_t)(c * c), sizeof *w),
+          *y = calloc((size_t)(n * c), sizeof *y);
+    dsc_tensor xv = dsc_tensor_view(x, DSC_DTYPE_F32, 2, (int64_t[]){n, c}, DSC_CPU);
+    dsc_tensor wv = dsc_tensor_view(w, DSC_DTYPE_F32, 2, (int64_t[]){c, c}, DSC_CPU);
+    dsc_tensor yv = dsc_tensor_view(y, DSC_DTYPE_F32, 2, (int64_t[]){n, c}, DSC_CPU);
+    double best = 1e30;
+    for (int r = 0; r < 8; r++) {
+        double t = now_s();
+        die(dsc_kernel_linear_forward(&yv, &xv, &wv, NULL));
+        t = now_s() - t;
+        best = t < best ? t : best;
+    }
+    free(x);
+    free(w);
+    free(y);
+    return 2.0 * (double)(n * c * c) / best;
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *weight_type = "f32";
+    int32_t steps = 64, prefill_len = 512, reps = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--model") == 0)
+            model_dir = argv[i + 1];
+        else if (strcmp(argv[i], "--weight-type") == 0)
+            weight_type = argv[i + 1];
+        else if (strcmp(argv[i], "--threads") == 0)
+            dsc_kernels_set_num_threads(atoi(argv[i + 1]));
+        else if (strcmp(argv[i], "--steps") == 0)
+            steps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--prefill") == 0)
+            prefill_len = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--reps") == 0)
+            reps = atoi(argv[i + 1]);
+    }
+    if (!model_dir || steps < 1 || prefill_len < 1 || reps < 1 || reps > 64) {
+        fprintf(stderr, "usage: bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N] "
+                        "[--steps N] [--prefill N] [--reps N]\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int threads = dsc_kernels_get_num_threads();
+    dsc_infer_model *m;
+    die(dsc_infer_model_load(model_dir, &m));
+    dsc_weight_format format;
+    die(dsc_weight_format_from_name(weight_type, &format));
+    die(dsc_infer_model_set_weight_type(m, format));
+    const dsc_infer_model_config *mc = dsc_infer_model_get_config(m);
+    /* Every weight is read once per token except the embedding table (one row). */
+    double embed_bytes = 4.0 * mc->vocab_size * mc->d_model;
+    double bytes_per_token = (double)dsc_infer_model_arena_bytes(m) - embed_bytes;
+    /* Prefill FLOP: 2 per layer weight per token, plus causal attention
+     * (QK^T and PV over half the T x T square), logits of the last token only. */
+    const int64_t C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size,
+                  KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, T = prefill_len;
+    double prefill_flop = 2.0 * (double)mc->n_layer * (double)(C * (Q + 2 * KV) + Q * C + 3 * C * F) * (double)T +
+                          2.0 * (double)mc->n_layer * (double)T * (double)T * (double)Q;
+
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.max_tokens_per_forward = prefill_len;
+    ec.max_batch_sequences = 1;
+    ec.max_sequences = 1;
+    ec.max_context = prefill_len + steps + 16;
+    ec.kv_cache_bytes = 256ll << 20;
+    dsc_infer_engine *e;
+    die(dsc_infer_engine_create(m, &ec, &e));
+    float *logits = malloc((size_t)dsc_infer_engine_logits_width(e) * sizeof *logits);
+    int32_t *prompt = malloc((size_t)prefill_len * sizeof *prompt);
+    for (int32_t i = 0; i < prefill_len; i++)
+        prompt[i] = (int32_t)((i * 7919 + 11) % mc->vocab_size);
+    uint64_t uid = 0;
+    double dec[64], pre[64];
+    for (int r = 0; r < reps; r++) {
+        /* prefill: the whole prompt in one forward */
+        const int32_t *p = prompt;
+        double t = now_s();
+        die(dsc_infer_engine_put(e, 1, &uid, &p, &prefill_len, logits));
+        pre[r] = prefill_len / (now_s() - t);
+        die(dsc_infer_engine_flush(e, uid));
+        /* decode: `steps` greedy tokens after a 16-token prompt */
+        int32_t n16 = 16, one = 1, next;
+        die(dsc_infer_engine_put(e, 1, &uid, &p, &n16, logits));
+        t = now_s();
+        for (int32_t s = 0; s < steps; s++) {
+            int32_t V = dsc_infer_engine_logits_width(e), best = 0;
+            for (int32_t v = 1; v < V; v++)
+                if (logits[v] > logits[best]) best = v;
+            next = best;
+            const int32_t *np = &next;
+            die(dsc_infer_engine_put(e, 1, &uid, &np, &one, logits));
+        }
+        dec[r] = steps / (now_s() - t);
+        die(dsc_infer_engine_flush(e, uid));
+    }
+    qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
+    qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
+    double bw = read_rate(threads), flops = gemm_rate();
+    double roof_dec = bw / bytes_per_token, roof_pre = flops * T / prefill_flop;
+    printf("model %s weight_type %s threads %d bytes_per_token %.0f\n", model_dir, weight_type, threads,
+           bytes_per_token);
+    printf("decode_tok_s %.2f\ndecode_tok_s_min %.2f\n", dec[reps / 2], dec[0]);
+    printf("prefill_tok_s %.2f\nprefill_tok_s_min %.2f\n", pre[reps / 2], pre[0]);
+    printf("read_GB_s %.2f\ndecode_roofline_tok_s %.2f\ndecode_of_roofline %.3f\n", bw / 1e9, roof_dec,
+           dec[reps / 2] / roof_dec);
+    printf("gemm_GFLOP_s %.1f\nprefill_limit_tok_s %.1f\nprefill_of_limit %.3f\n", flops / 1e9, roof_pre,
+           pre[reps / 2] / roof_pre);
+    free(prompt);
+    free(logits);
+    dsc_infer_engine_destroy(e);
+    dsc_infer_model_destroy(m);
+    return 0;
+}

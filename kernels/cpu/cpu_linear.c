@@ -1,0 +1,72 @@
+/* The linear layer over a weight in any dsc_weight_format on the CPU. Up to
+ * DSC_CPU_GEMV_MAX_ROWS rows of x (decode) the threads split the weight's
+ * rows and each streams its share once, widening in registers
+ * (cpu_simd.c): the read is the whole cost, so nothing is packed or copied.
+ * More rows (prefill) multiply as GEMMs: f32 weights directly, narrow ones
+ * a panel of rows at a time widened into the caller's workspace, each
+ * thread a single-threaded sgemm on its own panels (one pool: OpenMP's). */
+#include <cblas.h>
+#include <limits.h>
+#include <omp.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_simd.h"
+
+/* Weight rows per unit of work in the streaming case (a few KB each: threads stay on contiguous rows). */
+enum { ROW_CHUNK = 16 };
+
+void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
+                         int64_t n, int64_t oc, int64_t c) {
+    int nt = dsc_kernels_get_num_threads();
+    int64_t chunks = (oc + ROW_CHUNK - 1) / ROW_CHUNK;
+#pragma omp parallel for num_threads(nt) if (oc * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < oc ? r0 + ROW_CHUNK : oc;
+        for (int64_t i0 = 0; i0 < n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
+            int64_t m = n - i0 < DSC_CPU_GEMV_MAX_ROWS ? n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+            dsc_cpu_dot_rows(y + i0 * oc, oc, x + i0 * c, m, w, f, c, r0, r1);
+            for (int64_t i = i0; bias && i < i0 + m; i++)
+                for (int64_t r = r0; r < r1; r++)
+                    y[i * oc + r] += bias[r];
+        }
+    }
+}
+
+dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
+                                 const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
+                                 int64_t workspace_floats) {
+    dsc_weight_format f = (dsc_weight_format)format;
+    DSC_CHECK(n <= INT_MAX && oc <= INT_MAX && c <= INT_MAX, DSC_ERR_UNSUPPORTED,
+              "linear: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)n, (long long)oc,
+              (long long)c);
+    if (n <= DSC_CPU_GEMV_MAX_ROWS || c == 0) {
+        dsc_cpu_stream_rows(y, x, w, f, bias, n, oc, c);
+        return NULL;
+    }
+    if (f == DSC_WEIGHT_F32) return dsc_cpu_gemm(backend, y, x, w, bias, 1, n, oc, c, false, true, 1.0f, 0.0f);
+    const int64_t panel = DSC_LINEAR_PACKED_PANEL, panels = (oc + panel - 1) / panel;
+    int64_t fit = workspace ? workspace_floats / (panel * c) : 0;
+    DSC_CHECK(fit >= 1, DSC_ERR_INVALID,
+              "linear over a narrow (format %d) weight (%lld x %lld) for %lld rows needs a workspace of at least "
+              "%lld floats, got %lld",
+              format, (long long)oc, (long long)c, (long long)n, (long long)(panel * c),
+              (long long)workspace_floats);
+    int nt = dsc_kernels_get_num_threads();
+    if (nt > fit) nt = (int)fit;
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num(), team = omp_get_num_threads();
+        float *wide = workspace + (int64_t)tid * panel * c; /* (panel, C) */
+        for (int64_t p = tid; p < panels; p += team) {
+            int64_t r0 = p * panel, rows = oc - r0 < panel ? oc - r0 : panel;
+            dsc_cpu_widen_rows(wide, w, f, c, r0, r0 + rows);
+            /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)c, 1.0f, x, (int)c, wide,
+                        (int)c, 0.0f, y + r0, (int)oc);
+            for (int64_t i = 0; bias && i < n; i++)
+                for (int64_t r = r0; r < r0 + rows; r++)
+                    y[i * oc + r] += bias[r];
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,270 @@
+/* The narrow-weight dot products, weight widening and vector exponential of
+ * cpu_simd.h. The AVX2 versions are compiled for that target only (function
+ * attributes), so the library still builds and runs for any x86-64 (or
+ * other) CPU; __builtin_cpu_supports picks them at run time. Weights stay
+ * narrow in memory: a bf16 value becomes f32 by a 16-bit shift, an f16 one
+ * by F16C's vcvtph2ps, a Q8_0 block is 32 int8 widened and scaled once per
+ * block. The scalar versions are the reference the tests hold the others to. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSC_HAVE_AVX2_BUILD 1
+#include <immintrin.h>
+#endif
+
+static _Atomic int simd_state; /* 0 unknown, 1 scalar, 2 avx2 */
+
+static bool cpu_has_avx2(void) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+bool dsc_cpu_simd(void) {
+    int s = atomic_load(&simd_state);
+    if (!s) {
+        const char *env = getenv("DSC_CPU_SIMD");
+        s = cpu_has_avx2() && !(env && strcmp(env, "scalar") == 0) ? 2 : 1;
+        atomic_store(&simd_state, s);
+    }
+    return s == 2;
+}
+
+/* ---- scalar reference ---------------------------------------------------------------------- */
+
+enum { Q8_BLOCK = 32, Q8_BLOCK_BYTES = 34 }; /* f16 scale + 32 int8 */
+
+static inline float widen_one(const void *row, dsc_weight_format f, int64_t j) {
+    switch (f) {
+    case DSC_WEIGHT_BF16:
+        return dsc_bf16_to_f32(((const uint16_t *)row)[j]);
+    case DSC_WEIGHT_F16:
+        return dsc_f16_to_f32(((const uint16_t *)row)[j]);
+    case DSC_WEIGHT_Q8_0: {
+        const uint8_t *b = (const uint8_t *)row + (j / Q8_BLOCK) * Q8_BLOCK_BYTES;
+        uint16_t d;
+        memcpy(&d, b, sizeof d);
+        return dsc_f16_to_f32(d) * (float)((const int8_t *)(b + 2))[j % Q8_BLOCK];
+    }
+    default:
+        return ((const float *)row)[j];
+    }
+}
+
+static void dot_rows_scalar(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format f,
+                            int64_t c, int64_t r0, int64_t r1) {
+    size_t rb = dsc_cpu_row_bytes(f, c);
+    for (int64_t r = r0; r < r1; r++) {
+        const void *row = (const uint8_t *)w + (size_t)r * rb;
+        float acc[DSC_CPU_GEMV_MAX_ROWS] = {0};
+        for (int64_t j = 0; j < c; j++) {
+            float wj = widen_one(row, f, j);
+            for (int64_t i = 0; i < m; i++)
+                acc[i] += x[i * c + j] * wj;
+        }
+        for (int64_t i = 0; i < m; i++)
+            y[i * ldy + r] = acc[i];
+    }
+}
+
+static float exp_shift_sum_scalar(float *x, int64_t n, float shift) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] = expf(x[i] - shift);
+    return sum;
+}
+
+/* ---- AVX2 + FMA + F16C ----------------------------------------------------------------------- */
+#ifdef DSC_HAVE_AVX2_BUILD
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* Eight weights of a bf16, f16 or f32 row from column j, widened to f32. */
+AVX2 __attribute__((always_inline)) static inline __m256 load8(const void *row, dsc_weight_format f, int64_t j) {
+    if (f == DSC_WEIGHT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + j))), 16));
+    if (f == DSC_WEIGHT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + j)));
+    return _mm256_loadu_ps((const float *)row + j);
+}
+
+AVX2 static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Two weight rows at a time against up to four x rows: eight accumulators,
+ * each weight vector loaded (and widened) once for all x rows. */
+AVX2 __attribute__((always_inline)) static inline void dot_rows_avx2_fmt(float *y, int64_t ldy, const float *x,
+                                                                         int64_t m, const void *w,
+                                                                         dsc_weight_format f, int64_t c,
+                                                                         int64_t r0, int64_t r1) {
+    size_t rb = dsc_cpu_row_bytes(f, c);
+    int64_t c8 = c / 8 * 8;
+    for (int64_t r = r0; r < r1; r += 2) {
+        int nr = r + 1 < r1 ? 2 : 1;
+        const void *row[2] = {(const uint8_t *)w + (size_t)r * rb, (const uint8_t *)w + (size_t)(r + nr - 1) * rb};
+        __m256 acc[2][DSC_CPU_GEMV_MAX_ROWS];
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < DSC_CPU_GEMV_MAX_ROWS; i++)
+                acc[k][i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < c8; j += 8) {
+            __m256 w0 = load8(row[0], f, j), w1 = load8(row[1], f, j);
+            for (int64_t i = 0; i < m; i++) {
+                __m256 xv = _mm256_loadu_ps(x + i * c + j);
+                acc[0][i] = _mm256_fmadd_ps(xv, w0, acc[0][i]);
+                acc[1][i] = _mm256_fmadd_ps(xv, w1, acc[1][i]);
+            }
+        }
+        for (int k = 0; k < nr; k++)
+            for (int64_t i = 0; i < m; i++) {
+                float s = hsum(acc[k][i]);
+                for (int64_t j = c8; j < c; j++)
+                    s += x[i * c + j] * widen_one(row[k], f, j);
+                y[i * ldy + r + k] = s;
+            }
+    }
+}
+
+/* Q8_0: per block of 32, the int8 products are summed unscaled, then scaled once. */
+AVX2 static void dot_rows_avx2_q8(float *y, int64_t ldy, const float *x, int64_t m, const void *w, int64_t c,
+                                  int64_t r0, int64_t r1) {
+    size_t rb = dsc_cpu_row_bytes(DSC_WEIGHT_Q8_0, c);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
+        __m256 acc[DSC_CPU_GEMV_MAX_ROWS];
+        for (int i = 0; i < DSC_CPU_GEMV_MAX_ROWS; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < c / Q8_BLOCK; b++) {
+            const uint8_t *blk = row + b * Q8_BLOCK_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, sizeof dh);
+            __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+            __m256 wv[4];
+            for (int g = 0; g < 4; g++)
+                wv[g] =
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * g))));
+            for (int64_t i = 0; i < m; i++) {
+                const float *xb = x + i * c + b * Q8_BLOCK;
+                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), wv[0]);
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wv[1], s);
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), wv[2], s);
+                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), wv[3], s);
+                acc[i] = _mm256_fmadd_ps(s, d, acc[i]);
+            }
+        }
+        for (int64_t i = 0; i < m; i++)
+            y[i * ldy + r] = hsum(acc[i]);
+    }
+}
+
+AVX2 static void dot_rows_avx2(float *y, int64_t ldy, const float *x, int64_t m, const void *w,
+                               dsc_weight_format f, int64_t c, int64_t r0, int64_t r1) {
+    /* One call per format, so each loop is compiled with its widening inlined. */
+    switch (f) {
+    case DSC_WEIGHT_BF16:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_BF16, c, r0, r1);
+        break;
+    case DSC_WEIGHT_F16:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F16, c, r0, r1);
+        break;
+    case DSC_WEIGHT_Q8_0:
+        dot_rows_avx2_q8(y, ldy, x, m, w, c, r0, r1);
+        break;
+    default:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F32, c, r0, r1);
+        break;
+    }
+}
+
+/* exp(x) for x <= 88.3 (Cephes' polynomial after reducing by multiples of
+ * ln 2, relative error ~2e-7); 0 below -87.3, where expf underflows too. */
+AVX2 static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.3f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AVX2 static float exp_shift_sum_avx2(float *x, int64_t n, float shift) {
+    __m256 s = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++)
+        sum += x[i] = expf(x[i] - shift);
+    return sum;
+}
+#endif
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+void dsc_cpu_dot_rows(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format format,
+                      int64_t c, int64_t r0, int64_t r1) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) {
+        dot_rows_avx2(y, ldy, x, m, w, format, c, r0, r1);
+        return;
+    }
+#endif
+    dot_rows_scalar(y, ldy, x, m, w, format, c, r0, r1);
+}
+
+void dsc_cpu_widen_rows(float *dst, const void *w, dsc_weight_format format, int64_t c, int64_t r0, int64_t r1) {
+    size_t rb = dsc_cpu_row_bytes(format, c);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
+        float *out = dst + (r - r0) * c;
+        if (format == DSC_WEIGHT_BF16) {
+            const uint16_t *h = (const uint16_t *)row;
+            for (int64_t j = 0; j < c; j++) { /* the shift vectorises */
+                uint32_t u = (uint32_t)h[j] << 16;
+                memcpy(out + j, &u, sizeof u);
+            }
+        } else if (format == DSC_WEIGHT_Q8_0) {
+            for (int64_t b = 0; b < c / Q8_BLOCK; b++) {
+                uint16_t dh;
+                memcpy(&dh, row + b * Q8_BLOCK_BYTES, sizeof dh);
+                float d = dsc_f16_to_f32(dh);
+                const int8_t *q = (const int8_t *)(row + b * Q8_BLOCK_BYTES + 2);
+                for (int j = 0; j < Q8_BLOCK; j++)
+                    out[b * Q8_BLOCK + j] = d * (float)q[j];
+            }
+        } else {
+            for (int64_t j = 0; j < c; j++)
+                out[j] = widen_one(row, format, j);
+        }
+    }
+}
+
+float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) return exp_shift_sum_avx2(x, n, shift);
+#endif
+    return exp_shift_sum_scalar(x, n, shift);
+}

@@ -1,0 +1,38 @@
+/* Private to the CPU kernels (and the paged attention, which tiles the same
+ * way): the loops that read narrow weights and the vector exponential, each
+ * in an AVX2 + FMA + F16C version and a portable scalar one. The choice is
+ * made at run time (machines differ), once: dsc_cpu_simd() says which runs.
+ * Not here: threading (the callers split rows between threads). */
+#ifndef DSC_KERNELS_CPU_SIMD_H
+#define DSC_KERNELS_CPU_SIMD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsc/kernels.h"
+
+/* Most x rows one pass over a weight row serves: up to this many rows a
+ * linear layer streams its weight once (decode); beyond it, GEMM. */
+#define DSC_CPU_GEMV_MAX_ROWS 4
+
+/* Bytes of one weight row of c values (dsc_weight_row_bytes, which lives a layer above). */
+static inline size_t dsc_cpu_row_bytes(dsc_weight_format f, int64_t c) {
+    if (f == DSC_WEIGHT_Q8_0) return (size_t)(c / 32) * 34;
+    return (size_t)c * (f == DSC_WEIGHT_F32 ? 4 : 2);
+}
+
+/* Whether the AVX2 paths run: the CPU has AVX2, FMA and F16C and
+ * DSC_CPU_SIMD is not "scalar" (read once; the tests run both paths). */
+bool dsc_cpu_simd(void);
+
+/* y[i * ldy + r] = x[i] . W[r] for i < m (m <= DSC_CPU_GEMV_MAX_ROWS) and r in [r0, r1):
+ * x (m, c) f32, W (OC, c) in `format` (rows of dsc_weight_row_bytes(format, c) bytes). */
+void dsc_cpu_dot_rows(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format format,
+                      int64_t c, int64_t r0, int64_t r1);
+/* dst (r1 - r0, c) f32 = rows [r0, r1) of W widened. */
+void dsc_cpu_widen_rows(float *dst, const void *w, dsc_weight_format format, int64_t c, int64_t r0, int64_t r1);
+/* x[i] = exp(x[i] - shift) for i < n; returns their sum. */
+float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift);
+
+#endif
