@@ -59,9 +59,9 @@ static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
         *unit = DSC_TP_UNIT_VOCAB;
         return DSC_TP_KIND_VOCAB;
     }
-    for (int i = 0; i < 7; i++)
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) /* row-parallel: the split is the input's */
         if (dep->cols == heads[i].dim && dep->cols != DSC_DIM_KV && dep->cols != DSC_DIM_QKV &&
-            dep->cols != DSC_DIM_F2) {
+            dep->cols != DSC_DIM_F2 && dep->cols != DSC_DIM_QKV_HEADS) {
             *unit = heads[i].unit;
             return DSC_TP_KIND_ROW;
         }
