@@ -14,8 +14,10 @@
  * one tensor-parallel group with --tp N under `dsc-launch -n N` (every rank
  * loads its shard and runs the same scheduler; rank 0 prints), or as a
  * pipeline of --pp P stages (each loads its layers; combined with --tp on
- * DeepSpeed's grid, axes pipe, data, model: dsc-launch -n P*N); the ranks
- * print which layers and shards they hold. --config
+ * DeepSpeed's grid, axes pipe, data, model: dsc-launch -n P*N), with --ep E
+ * as E expert-parallel replicas of each stage's TP group (MoE experts split
+ * over them, tokens exchanged by all-to-all-v; dsc-launch -n P*N*E); the
+ * ranks print which layers, shards and experts they hold. --config
  * reads DeepSpeed inference config keys (tensor_parallel.tp_size,
  * tp_grain_size, partition_config, max_out_tokens, min_out_tokens). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -47,7 +49,7 @@ typedef struct options {
     int n_prompts;
     char **inputs; /* prompt files and stdin read into memory (the prompts point into them) */
     int n_inputs;
-    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp, pp;
+    int32_t max_new, stop[MAX_STOP], n_stop, bos, tp, pp, ep;
     int64_t grain, max_weight_bytes;
     const char *partition;
     dsc_sampling_params sampling;
@@ -92,6 +94,8 @@ static void usage(FILE *fp) {
           "  --pp P                  pipeline parallelism over P stages (dsc-launch -n P, or P x N with --tp N)\n"
           "  --partition METHOD      how layers are cut into stages: uniform (default) or parameters\n"
           "  --max-weight-bytes B    refuse to load more than B bytes of weights on one rank\n"
+          "  --ep E                  expert parallelism: MoE experts split over E replicas of each stage's\n"
+          "                          TP group, tokens routed by all-to-all-v (dsc-launch -n P*N*E)\n"
           "  --config FILE           DeepSpeed inference config (tensor_parallel, max_out_tokens,\n"
           "                          min_out_tokens); command-line --tp / --tp-grain win\n"
           "  --help, --version\n"
@@ -214,6 +218,9 @@ static dsc_status parse_args(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--pp") == 0) {
             DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
             o->pp = (int32_t)k;
+        } else if (strcmp(a, "--ep") == 0) {
+            DSC_TRY(dsc_cli_int(a, v, 1, 1 << 16, &k));
+            o->ep = (int32_t)k;
         } else if (strcmp(a, "--partition") == 0) {
             o->partition = v;
         } else if (strcmp(a, "--max-weight-bytes") == 0) {
@@ -414,32 +421,35 @@ static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
     return NULL;
 }
 
-/* The ranks' layout: tp_size x pp ranks on DeepSpeed's grid (axes pipe, data, model; one replica). */
+/* The ranks' layout: pp x ep x tp_size ranks on DeepSpeed's grid (axes
+ * pipe, data, model), the expert-parallel groups along data
+ * (expert-tensor parallelism: each expert's width TP-split inside a model group). */
 typedef struct layout {
     dsc_comm *world;
     dsc_groups *groups;
-    dsc_comm *tp, *pipe; /* NULL when of size 1 */
+    dsc_comm *tp, *pipe, *ep; /* NULL when of size 1 */
 } layout;
 
-static dsc_status make_layout(const dsc_infer_ds_config *c, int pp, layout *l) {
+static dsc_status make_layout(const dsc_infer_ds_config *c, int pp, int ep, layout *l) {
     *l = (layout){0};
     int size, rank;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (c->tp.tp_size == 1 && pp == 1 && size == 1) return NULL;
-    DSC_CHECK(c->tp.tp_size * pp == size, DSC_ERR_CONFIG,
-              "tensor_parallel.tp_size %d x --pp %d with %d ranks: dsc-generate runs one model replica, so launch "
-              "it with dsc-launch -n %d",
-              c->tp.tp_size, pp, size, c->tp.tp_size * pp);
+    if (c->tp.tp_size == 1 && pp == 1 && ep == 1 && size == 1) return NULL;
+    DSC_CHECK(c->tp.tp_size * pp * ep == size, DSC_ERR_CONFIG,
+              "tensor_parallel.tp_size %d x --pp %d x --ep %d with %d ranks: dsc-generate runs one model "
+              "replica, so launch it with dsc-launch -n %d",
+              c->tp.tp_size, pp, ep, size, c->tp.tp_size * pp * ep);
     DSC_TRY(dsc_comm_world(NULL, &l->world));
     dsc_group_plan plan;
-    dsc_parallel_dims dims = {.pp = pp, .dp = 1, .tp = c->tp.tp_size};
+    dsc_parallel_dims dims = {.pp = pp, .dp = ep, .tp = c->tp.tp_size, .ep = ep, .expert_tp = true};
     DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
     dsc_status s = dsc_groups_create(l->world, &plan, &l->groups);
     dsc_group_plan_free(&plan);
     DSC_TRY(s);
     if (c->tp.tp_size > 1) l->tp = dsc_groups_get(l->groups, DSC_GROUP_KIND_TENSOR);
     if (pp > 1) l->pipe = dsc_groups_get(l->groups, DSC_GROUP_KIND_PIPE);
+    if (ep > 1) l->ep = dsc_groups_get(l->groups, DSC_GROUP_KIND_EXPERT);
     return NULL;
 }
 
@@ -476,9 +486,10 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layo
     int64_t longest = 0;
     dsc_infer_tp tp = c->tp;
     tp.comm = lay->tp;
+    tp.ep_comm = lay->ep;
     dsc_infer_pp pp = {
         .comm = lay->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
-    if (!s) s = dsc_infer_model_load_parallel(o->model, lay->tp ? &tp : NULL, &pp, &m);
+    if (!s) s = dsc_infer_model_load_parallel(o->model, lay->tp || lay->ep ? &tp : NULL, &pp, &m);
     if (!s && world && !o->quiet) print_layout(lay, m);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
@@ -500,11 +511,12 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layo
         double end = now_s(), decode = end - st.first;
         fprintf(stderr,
                 "[%s: loaded in %.2f s; %d prompt%s, longest %lld tokens, first token after %.3f s; %lld tokens, "
-                "%.1f tokens/s after the first; %d threads; tp %d, pp %d, %.3f s in all-reduces]\n",
+                "%.1f tokens/s after the first; %d threads; tp %d, pp %d, ep %d, %.3f s in all-reduces]\n",
                 dsc_infer_model_arch(m), t_load - t0, R, R == 1 ? "" : "s", (long long)longest, st.first - st.t0,
                 (long long)st.n, st.n > 1 && decode > 0 ? (double)(st.n - 1) / decode : 0.0,
                 dsc_kernels_get_num_threads(), lay->tp ? dsc_comm_size(lay->tp) : 1,
-                lay->pipe ? dsc_comm_size(lay->pipe) : 1, dsc_infer_model_comm_seconds(m));
+                lay->pipe ? dsc_comm_size(lay->pipe) : 1, lay->ep ? dsc_comm_size(lay->ep) : 1,
+                dsc_infer_model_comm_seconds(m));
     }
     for (int r = 0; r < R; r++) {
         if (b.ids) free(b.ids[r]);
@@ -539,7 +551,7 @@ int main(int argc, char **argv) {
     if (!s && o.print_plan)
         s = print_plan(&o, &c);
     else if (!s) {
-        s = make_layout(&c, o.pp > 0 ? o.pp : 1, &lay);
+        s = make_layout(&c, o.pp > 0 ? o.pp : 1, o.ep > 0 ? o.ep : 1, &lay);
         if (!s) s = run(&o, &c, &lay);
     }
     dsc_infer_ds_config_free(&c);

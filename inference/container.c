@@ -32,6 +32,12 @@ int64_t dsc_dim_value(const dsc_infer_model_config *mc, dsc_dim d) {
         return ((int64_t)mc->n_head + 2 * (int64_t)mc->n_kv_head) * mc->head_size;
     case DSC_DIM_F2:
         return 2 * (int64_t)mc->d_ff;
+    case DSC_DIM_FE:
+        return mc->d_ff_expert > 0 ? mc->d_ff_expert : mc->d_ff;
+    case DSC_DIM_FS:
+        return mc->d_ff_shared;
+    case DSC_DIM_ONE:
+        return 1;
     case DSC_DIM_QKV_HEADS:
         return 3 * (int64_t)mc->n_head * mc->head_size;
     case DSC_DIM_P:
@@ -50,6 +56,8 @@ bool dsc_slot_enabled(const dsc_param_def *p, const dsc_infer_model_config *mc) 
         return !mc->tie_embeddings;
     case DSC_SLOT_WHEN_MOE_RESIDUAL:
         return mc->moe_residual;
+    case DSC_SLOT_WHEN_SHARED_EXPERT:
+        return mc->d_ff_shared > 0;
     case DSC_SLOT_WHEN_PRE_NORM:
         return !mc->post_norm;
     case DSC_SLOT_WHEN_PROJECTED:

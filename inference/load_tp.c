@@ -46,9 +46,10 @@ static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
     const struct {
         dsc_dim dim;
         dsc_tp_unit unit;
-    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS},  {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS},
-                 {DSC_DIM_F, DSC_TP_UNIT_FF},       {DSC_DIM_QKV, DSC_TP_UNIT_QKV},
-                 {DSC_DIM_F2, DSC_TP_UNIT_GATE_UP}, {DSC_DIM_QKV_HEADS, DSC_TP_UNIT_QKV_INTERLEAVED}};
+    } heads[] = {{DSC_DIM_Q, DSC_TP_UNIT_Q_HEADS},    {DSC_DIM_KV, DSC_TP_UNIT_KV_HEADS},
+                 {DSC_DIM_F, DSC_TP_UNIT_FF},         {DSC_DIM_QKV, DSC_TP_UNIT_QKV},
+                 {DSC_DIM_F2, DSC_TP_UNIT_GATE_UP},   {DSC_DIM_QKV_HEADS, DSC_TP_UNIT_QKV_INTERLEAVED},
+                 {DSC_DIM_FE, DSC_TP_UNIT_FF_EXPERT}, {DSC_DIM_FS, DSC_TP_UNIT_FF_SHARED}};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
         if (dep->rows == heads[i].dim) {
             *unit = heads[i].unit;
@@ -58,8 +59,9 @@ static dsc_tp_kind declared_kind(const dsc_param_dep *dep, dsc_tp_unit *unit) {
         *unit = DSC_TP_UNIT_VOCAB;
         return DSC_TP_KIND_VOCAB;
     }
-    for (int i = 0; i < 3; i++)
-        if (dep->cols == heads[i].dim && dep->cols != DSC_DIM_KV) {
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) /* row-parallel: the split is the input's */
+        if (dep->cols == heads[i].dim && dep->cols != DSC_DIM_KV && dep->cols != DSC_DIM_QKV &&
+            dep->cols != DSC_DIM_F2 && dep->cols != DSC_DIM_QKV_HEADS) {
             *unit = heads[i].unit;
             return DSC_TP_KIND_ROW;
         }
@@ -218,7 +220,9 @@ static dsc_status make_plan(const dsc_policy *policy, const dsc_infer_model_conf
                         .head_size = mc->head_size,
                         .d_ff = mc->d_ff,
                         .vocab_size = mc->vocab_size,
-                        .n_experts = mc->n_experts};
+                        .n_experts = mc->n_experts,
+                        .d_ff_expert = mc->d_ff_expert,
+                        .d_ff_shared = mc->d_ff_shared};
     dsc_tp_options o = {.tp_size = size,
                         .grain = tp ? tp->grain : 0,
                         .user = tp ? tp->rules : NULL,
@@ -306,6 +310,8 @@ dsc_status dsc_load_finish(const dsc_policy *policy, const dsc_infer_model_confi
     local.n_head = sh->nq;
     local.n_kv_head = sh->nkv;
     local.d_ff = (int32_t)sh->nf;
+    local.d_ff_expert = (int32_t)sh->nfe;
+    local.d_ff_shared = (int32_t)sh->nfs;
     local.vocab_size = (int32_t)sh->nv;
     shard_source ss = {src, plan, rank};
     dsc_tensor_source wrapped = {&ss, src->count, shard_describe, shard_read, NULL};

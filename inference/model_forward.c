@@ -33,7 +33,9 @@ typedef struct scratch_entry {
 static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     const dsc_infer_model_config *mc = &s->cfg;
     int64_t N = s->max_tokens, S = s->max_seqs, C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size;
-    int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, E = mc->n_experts;
+    int64_t KV = (int64_t)mc->n_kv_head * mc->head_size, E = mc->n_experts;
+    int64_t F = mc->d_ff > mc->d_ff_expert ? mc->d_ff : mc->d_ff_expert; /* the widest MLP the scratch serves */
+    F = F > mc->d_ff_shared ? F : mc->d_ff_shared;
     int64_t Y2 = mc->parallel_residual ? N * C : 0, P = mc->d_embed && mc->d_embed != C ? mc->d_embed : 0;
     const scratch_entry table[] = {
         {(void **)&s->x, N * C * sizeof(float)},   {(void **)&s->h, N * C * sizeof(float)},

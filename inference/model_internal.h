@@ -88,6 +88,10 @@ extern const dsc_policy dsc_policy_hf_phi3;
 /* The GPT-family Hugging Face checkpoints (policy_hf_neox.c, policy_hf_gpt2.c, policy_hf_opt.c). */
 extern const dsc_policy dsc_policy_hf_neox, dsc_policy_hf_gpt2, dsc_policy_hf_opt;
 extern const dsc_container_def dsc_policy_hf_outer;
+/* The dense Llama / Qwen2 block (policy_hf.c), also Qwen2-MoE's dense layers. */
+extern const dsc_container_def dsc_policy_hf_dense_layer;
+/* Qwen2-MoE (policy_hf_qwen2_moe.c). */
+extern const dsc_policy dsc_policy_hf_qwen2_moe;
 /* dsc's MoE training architectures (policy_dsc_moe.c). */
 extern const dsc_policy dsc_policy_dsc_gpt_moe, dsc_policy_dsc_mixtral;
 /* Whether the policy skips checkpoint tensor `name` (its `ignored` list, `*` for any index). */

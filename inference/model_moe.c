@@ -3,9 +3,10 @@
  * gate with no capacity, combine weights by the model's rule, rows packed
  * by expert, all-to-all-v over the expert-parallel group) calling back into
  * this file for each expert this rank holds: SwiGLU experts (Mixtral, dsc
- * mixtral) or GELU experts with biases (dsc gpt-moe); then the PR-MoE
- * residual out = c0 * moe + c1 * mlp(x), (c0, c1) = softmax(x @ Wc^T + bc),
- * when the model has one.
+ * mixtral, Qwen2-MoE) or GELU experts with biases (dsc gpt-moe); then
+ * Qwen2-MoE's shared expert, out += sigmoid(x . g) * swiglu_shared(x), and
+ * the PR-MoE residual out = c0 * moe + c1 * mlp(x), (c0, c1) =
+ * softmax(x @ Wc^T + bc), when the model has them.
  *
  * Weights: Hugging Face renormalises over the chosen k (also for k = 1);
  * DeepSpeed's gates (docs/moe_gate.md) keep top-1's raw probability and
@@ -17,6 +18,7 @@
  * [expert0, expert0 + n_local_experts) and the routing returns every
  * token's output on every rank of the group.
  * N tokens, E experts, K top-k, C width, F expert width. */
+#include <math.h>
 #include <string.h>
 
 #include "dsc/kernels.h"
@@ -46,6 +48,19 @@ typedef struct expert_call {
     dsc_forward_scratch *s;
 } expert_call;
 
+/* One SwiGLU feed-forward on n rows (n, C), overwritten with its output:
+ * up_gate (2F, C) rows gate | up, down (C, F). A routed or the shared expert. */
+static dsc_status swiglu(const dsc_infer_model *m, const float *up_gate, const float *down, int64_t F, int64_t n,
+                         float *rows, dsc_forward_scratch *s) {
+    int64_t C = m->shard.d_model;
+    dsc_tensor a = dsc_model_view2(s->ff1, n, F), u = dsc_model_view2(s->ff2, n, F);
+    dsc_tensor w1 = dsc_model_view2((float *)up_gate, 2 * F, C), w2 = dsc_model_view2((float *)down, C, F);
+    DSC_TRY(dsc_model_project(s->ff1, rows, n, &w1, NULL, 0, F));
+    DSC_TRY(dsc_model_project(s->ff2, rows, n, &w1, NULL, F, F));
+    DSC_TRY(dsc_kernel_swiglu_forward(&a, &a, &u));
+    return dsc_model_project(rows, s->ff1, n, &w2, NULL, 0, C);
+}
+
 /* Global expert e on its n rows (n, C), overwritten with its output. */
 static dsc_status expert_forward(void *user, int32_t expert, int64_t n, float *rows) {
     const expert_call *c = user;
@@ -53,22 +68,41 @@ static dsc_status expert_forward(void *user, int32_t expert, int64_t n, float *r
     const expert_params *x = &c->x;
     dsc_forward_scratch *s = c->s;
     const dsc_infer_model_config *mc = &m->shard;
-    int64_t C = mc->d_model, F = mc->d_ff, e = expert - mc->expert0;
+    int64_t C = mc->d_model, F = dsc_dim_value(mc, DSC_DIM_FE), e = expert - mc->expert0;
+    const float *down = (const float *)x->w2.data + e * C * F;
+    if (mc->family != DSC_INFER_FAMILY_GPT)
+        return swiglu(m, (const float *)x->w1.data + e * 2 * F * C, down, F, n, rows, s);
     dsc_tensor a = dsc_model_view2(s->ff1, n, F), u = dsc_model_view2(s->ff2, n, F);
-    dsc_tensor down = dsc_model_view2((float *)x->w2.data + e * C * F, C, F);
-    if (mc->family == DSC_INFER_FAMILY_GPT) {
-        dsc_tensor fc = dsc_model_view2((float *)x->w1.data + e * F * C, F, C);
-        dsc_tensor b1 = dsc_tensor_view((float *)x->b1.data + e * F, DSC_DTYPE_F32, 1, &F, DSC_CPU);
-        dsc_tensor b2 = dsc_tensor_view((float *)x->b2.data + e * C, DSC_DTYPE_F32, 1, &C, DSC_CPU);
-        DSC_TRY(dsc_model_project(s->ff2, rows, n, &fc, &b1, 0, F));
-        DSC_TRY(dsc_kernel_gelu_forward(&a, &u));
-        return dsc_model_project(rows, s->ff1, n, &down, dsc_model_row_bias(m, &b2), 0, C);
+    dsc_tensor fc = dsc_model_view2((float *)x->w1.data + e * F * C, F, C),
+               w2 = dsc_model_view2((float *)down, C, F);
+    dsc_tensor b1 = dsc_tensor_view((float *)x->b1.data + e * F, DSC_DTYPE_F32, 1, &F, DSC_CPU);
+    dsc_tensor b2 = dsc_tensor_view((float *)x->b2.data + e * C, DSC_DTYPE_F32, 1, &C, DSC_CPU);
+    DSC_TRY(dsc_model_project(s->ff2, rows, n, &fc, &b1, 0, F));
+    DSC_TRY(dsc_kernel_gelu_forward(&a, &u));
+    return dsc_model_project(rows, s->ff1, n, &w2, dsc_model_row_bias(m, &b2), 0, C);
+}
+
+/* Qwen2-MoE's shared expert: out (N, C) += sigmoid(h . g) * swiglu(h). Its
+ * output goes to s->moe, free once the routed experts ran. */
+static dsc_status shared_expert(const dsc_infer_model *m, int32_t layer, int64_t N, const float *h, float *out,
+                                dsc_forward_scratch *s) {
+    int64_t C = m->shard.d_model;
+    dsc_tensor w1, w2, g;
+    DSC_TRY(dsc_infer_model_param(m, layer, DSC_PARAM_ROLE_SHARED1_W, &w1));
+    DSC_TRY(dsc_infer_model_param(m, layer, DSC_PARAM_ROLE_SHARED2_W, &w2));
+    DSC_TRY(dsc_infer_model_param(m, layer, DSC_PARAM_ROLE_SHARED_GATE_W, &g));
+    memcpy(s->moe, h, (size_t)(N * C) * sizeof *h);
+    DSC_TRY(swiglu(m, w1.data, w2.data, dsc_dim_value(&m->shard, DSC_DIM_FS), N, s->moe, s));
+    const float *gv = g.data;
+    for (int64_t t = 0; t < N; t++) {
+        double z = 0;
+        for (int64_t c = 0; c < C; c++)
+            z += (double)h[t * C + c] * gv[c];
+        const float gate = (float)(1.0 / (1.0 + exp(-z)));
+        for (int64_t c = 0; c < C; c++)
+            out[t * C + c] += gate * s->moe[t * C + c];
     }
-    dsc_tensor up_gate = dsc_model_view2((float *)x->w1.data + e * 2 * F * C, 2 * F, C);
-    DSC_TRY(dsc_model_project(s->ff1, rows, n, &up_gate, NULL, 0, F));
-    DSC_TRY(dsc_model_project(s->ff2, rows, n, &up_gate, NULL, F, F));
-    DSC_TRY(dsc_kernel_swiglu_forward(&a, &a, &u));
-    return dsc_model_project(rows, s->ff1, n, &down, NULL, 0, C);
+    return NULL;
 }
 
 /* PR-MoE: out (N, C) = c0 * out + c1 * mlp(h). The dense MLP's output goes
@@ -105,5 +139,6 @@ dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t N, con
     DSC_TRY(dsc_model_project(s->router, h, N, &router, NULL, 0, mc->n_experts));
     DSC_TRY(dsc_error_wrap(dsc_moe_dropless_forward(s->moe_route, s->router, h, N, expert_forward, &call, out),
                            "MoE layer %d", layer));
+    if (mc->d_ff_shared > 0) DSC_TRY(shared_expert(m, layer, N, h, out, s));
     return mc->moe_residual ? residual(m, layer, N, h, out, s) : NULL;
 }

@@ -136,5 +136,9 @@ void dsc_infer_model_describe(const dsc_infer_model *m, char *buf, size_t len) {
                       "[%lld, %lld)",
                       m->tp_rank, dsc_comm_size(m->tp_comm), sh->n_head, c->n_head, sh->n_kv_head, c->n_kv_head,
                       sh->d_ff, c->d_ff, (long long)m->vocab0, (long long)(m->vocab0 + sh->vocab_size));
+    if (n >= 0 && (size_t)n < len && m->ep_comm)
+        n += snprintf(buf + n, len - (size_t)n, "; ep rank %d of %d: experts [%d, %d) of %d",
+                      dsc_comm_rank(m->ep_comm), dsc_comm_size(m->ep_comm), sh->expert0,
+                      sh->expert0 + dsc_model_local_experts(sh), c->n_experts);
     if (n >= 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "; %zu bytes of weights", m->arena_bytes);
 }

@@ -16,14 +16,6 @@
 
 /* ---- containers ----------------------------------------------------------------------------- */
 
-#define ATTN_MAPPINGS                                                                                             \
-    {"input_layernorm.weight", "attn_norm.w"}, {"self_attn.q_proj.weight", "qkv.q"},                              \
-        {"self_attn.k_proj.weight", "qkv.k"}, {"self_attn.v_proj.weight", "qkv.v"},                               \
-        {"self_attn.q_proj.bias", "qkv_bias.q"}, {"self_attn.k_proj.bias", "qkv_bias.k"},                         \
-        {"self_attn.v_proj.bias", "qkv_bias.v"}, {"self_attn.o_proj.weight", "attn_out.w"}, {                     \
-        "post_attention_layernorm.weight", "mlp_norm.w"                                                           \
-    }
-
 static const dsc_param_def dense_params[] = {
     DSC_POLICY_LLAMA_ATTN_PARAMS,
     {"mlp_1",
@@ -35,14 +27,14 @@ static const dsc_param_def dense_params[] = {
     {"mlp_2", DSC_PARAM_ROLE_MLP2_W, DSC_SLOT_WHEN_ALWAYS, false, 1, {{"down", DSC_DIM_C, DSC_DIM_F}}},
 };
 static const dsc_param_mapping dense_mappings[] = {
-    ATTN_MAPPINGS,
+    DSC_POLICY_HF_ATTN_MAPPINGS,
     {"mlp.gate_proj.weight", "mlp_1.gate"},
     {"mlp.up_proj.weight", "mlp_1.up"},
     {"mlp.down_proj.weight", "mlp_2.down"},
 };
-static const dsc_container_def dense_layer = {"llama_layer", sizeof dense_params / sizeof dense_params[0],
-                                              dense_params, sizeof dense_mappings / sizeof dense_mappings[0],
-                                              dense_mappings};
+const dsc_container_def dsc_policy_hf_dense_layer = {
+    "llama_layer", sizeof dense_params / sizeof dense_params[0], dense_params,
+    sizeof dense_mappings / sizeof dense_mappings[0], dense_mappings};
 
 static const dsc_param_def moe_params[] = {
     DSC_POLICY_LLAMA_ATTN_PARAMS,
@@ -56,7 +48,7 @@ static const dsc_param_def moe_params[] = {
     {"moe_mlp_2", DSC_PARAM_ROLE_MOE2_W, DSC_SLOT_WHEN_ALWAYS, true, 1, {{"down", DSC_DIM_C, DSC_DIM_F}}},
 };
 static const dsc_param_mapping moe_mappings[] = {
-    ATTN_MAPPINGS,
+    DSC_POLICY_HF_ATTN_MAPPINGS,
     {"block_sparse_moe.gate.weight", "moe_gate.w"},
     {"block_sparse_moe.experts.*.w1.weight", "moe_mlp_1.gate"},
     {"block_sparse_moe.experts.*.w3.weight", "moe_mlp_1.up"},
@@ -222,11 +214,26 @@ static dsc_status configure_mixtral(dsc_infer_model_config *mc, const char *json
     return configure(mc, json, source, HF_MIXTRAL);
 }
 
-const dsc_policy dsc_policy_hf_llama = {
-    "LlamaForCausalLM", configure_llama, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
-const dsc_policy dsc_policy_hf_mistral = {
-    "MistralForCausalLM", configure_mistral, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
-const dsc_policy dsc_policy_hf_qwen2 = {
-    "Qwen2ForCausalLM", configure_qwen2, "model.layers.", &dense_layer, &dsc_policy_hf_outer, ignored, NULL};
+const dsc_policy dsc_policy_hf_llama = {"LlamaForCausalLM",
+                                        configure_llama,
+                                        "model.layers.",
+                                        &dsc_policy_hf_dense_layer,
+                                        &dsc_policy_hf_outer,
+                                        ignored,
+                                        NULL};
+const dsc_policy dsc_policy_hf_mistral = {"MistralForCausalLM",
+                                          configure_mistral,
+                                          "model.layers.",
+                                          &dsc_policy_hf_dense_layer,
+                                          &dsc_policy_hf_outer,
+                                          ignored,
+                                          NULL};
+const dsc_policy dsc_policy_hf_qwen2 = {"Qwen2ForCausalLM",
+                                        configure_qwen2,
+                                        "model.layers.",
+                                        &dsc_policy_hf_dense_layer,
+                                        &dsc_policy_hf_outer,
+                                        ignored,
+                                        NULL};
 const dsc_policy dsc_policy_hf_mixtral = {
     "MixtralForCausalLM", configure_mixtral, "model.layers.", &moe_layer, &dsc_policy_hf_outer, ignored, NULL};

@@ -40,6 +40,14 @@
     DSC_POLICY_QKV_PARAMS,                                                                                            \
     ONE("attn_out", DSC_PARAM_ROLE_ATTN_OUT_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_Q),                      \
     ONE("mlp_norm", DSC_PARAM_ROLE_MLP_NORM_W, DSC_SLOT_WHEN_ALWAYS, "w", DSC_DIM_C, DSC_DIM_NONE)
+/* The checkpoint names of a Hugging Face Llama-style block's norms and
+ * attention (entries of a dsc_param_mapping table). */
+#define DSC_POLICY_HF_ATTN_MAPPINGS                                                                                   \
+    {"input_layernorm.weight", "attn_norm.w"}, {"self_attn.q_proj.weight", "qkv.q"},                                  \
+    {"self_attn.k_proj.weight", "qkv.k"}, {"self_attn.v_proj.weight", "qkv.v"},                                       \
+    {"self_attn.q_proj.bias", "qkv_bias.q"}, {"self_attn.k_proj.bias", "qkv_bias.k"},                                 \
+    {"self_attn.v_proj.bias", "qkv_bias.v"}, {"self_attn.o_proj.weight", "attn_out.w"},                               \
+    {"post_attention_layernorm.weight", "mlp_norm.w"}
 
 /* A GPT block's LayerNorms (weight and bias) and attention output with its
  * bias: everything of its attention but the q/k/v parameters. */

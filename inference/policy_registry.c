@@ -48,10 +48,11 @@ dsc_status dsc_policy_find(const char *arch, const dsc_policy **out) {
 dsc_status dsc_policy_register_builtin(void) {
     static bool done;
     if (done) return NULL;
-    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,    &dsc_policy_dsc_llama,   &dsc_policy_hf_llama,
-                                   &dsc_policy_hf_mistral, &dsc_policy_hf_qwen2,    &dsc_policy_hf_mixtral,
-                                   &dsc_policy_hf_phi3,    &dsc_policy_dsc_gpt_moe, &dsc_policy_dsc_mixtral,
-                                   &dsc_policy_hf_neox,    &dsc_policy_hf_gpt2,     &dsc_policy_hf_opt};
+    const dsc_policy *builtin[] = {&dsc_policy_dsc_gpt,      &dsc_policy_dsc_llama,   &dsc_policy_hf_llama,
+                                   &dsc_policy_hf_mistral,   &dsc_policy_hf_qwen2,    &dsc_policy_hf_mixtral,
+                                   &dsc_policy_hf_phi3,      &dsc_policy_dsc_gpt_moe, &dsc_policy_dsc_mixtral,
+                                   &dsc_policy_hf_qwen2_moe, &dsc_policy_hf_neox,     &dsc_policy_hf_gpt2,
+                                   &dsc_policy_hf_opt};
     for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
         bool present = false;
         for (int j = 0; j < n_registered; j++)

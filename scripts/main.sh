@@ -5,8 +5,11 @@
 #      top-2 MoE layer) on data/tinyshakespeare.txt with 2 pipeline stages x 2
 #      expert-parallel ranks: partition summary, progress bar, falling loss,
 #      per-expert load, checkpoints in build/main-ckpt;
-#   3. resume from the latest checkpoint and train further;
-#   4. generate text from the final checkpoint with the inference engine;
+#   3. resume the latest checkpoint resharded to 2 pipeline stages x 2
+#      tensor-parallel ranks (attention split by heads, every expert split by
+#      TP: moe.enable_expert_tensor_parallelism) and train further;
+#   4. generate text from the final checkpoint with the inference engine
+#      across 4 ranks: 2 tensor-parallel x 2 pipeline stages;
 #   5. serve the checkpoint over HTTP (dsc-serve, OpenAI's API) on 2
 #      tensor-parallel ranks, stream one completion with curl, stop it with
 #      SIGTERM to rank 0 (every rank drains and exits 0).
@@ -42,14 +45,17 @@ echo "== 2. training a GPT-MoE: 2 pipeline stages x 2 expert-parallel ranks, ste
 "${run[@]}" --set train.steps="$first" --sample 0 "$@"
 
 echo
-echo "== 3. resuming from $(cat "$ckpt/latest") and training to step $steps"
-"${run[@]}" --set train.steps="$steps" --resume latest --sample 0 "$@"
+echo "== 3. resuming from $(cat "$ckpt/latest") resharded to 2 pipeline stages x 2 tensor-parallel ranks"
+echo "   (experts split by TP), training to step $steps"
+"${run[@]}" --set train.steps="$steps" --resume latest --sample 0 --set tensor_parallel.autotp_size=2 \
+  --set moe.ep_size=1 --set moe.enable_expert_tensor_parallelism=true "$@"
 "$bin/dsc-ckpt" ls "$ckpt"
 "$bin/dsc-train" --plot "$metrics" "$build/main-loss.svg"
 
 echo
-echo "== 4. generating from the checkpoint with the inference engine"
-"$bin/dsc-generate" "$ckpt" --prompt "ROMEO:" --max-new-tokens 58 --temperature 0.8 --top-p 0.95 --seed 1
+echo "== 4. generating from the checkpoint on 4 ranks: 2 tensor-parallel x 2 pipeline stages"
+"$bin/dsc-launch" -n 4 "$bin/dsc-generate" "$ckpt" --tp 2 --pp 2 --prompt "ROMEO:" --max-new-tokens 58 \
+  --temperature 0.8 --top-p 0.95 --seed 1
 echo
 
 echo

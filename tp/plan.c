@@ -184,6 +184,10 @@ static int64_t unit_extent(const dsc_tp_dims *d, dsc_tp_unit u) {
         return 2 * d->d_ff;
     case DSC_TP_UNIT_VOCAB:
         return d->vocab_size;
+    case DSC_TP_UNIT_FF_EXPERT:
+        return d->d_ff_expert > 0 ? d->d_ff_expert : -1;
+    case DSC_TP_UNIT_FF_SHARED:
+        return d->d_ff_shared > 0 ? d->d_ff_shared : -1;
     default:
         return -1;
     }
@@ -268,6 +272,12 @@ static int unit_spans(const dsc_tp_dims *d, dsc_tp_unit u, const dsc_tp_shard *s
         return 2;
     case DSC_TP_UNIT_VOCAB:
         out[0] = (dsc_tp_span){sh->v0, sh->nv};
+        return 1;
+    case DSC_TP_UNIT_FF_EXPERT:
+        out[0] = (dsc_tp_span){sh->fe0, sh->nfe};
+        return 1;
+    case DSC_TP_UNIT_FF_SHARED:
+        out[0] = (dsc_tp_span){sh->fs0, sh->nfs};
         return 1;
     default:
         return 0;

@@ -21,8 +21,8 @@ const char *dsc_tp_kind_name(dsc_tp_kind k) {
 }
 
 const char *dsc_tp_unit_name(dsc_tp_unit u) {
-    static const char *const names[DSC_TP_UNIT_COUNT] = {"-",           "q-heads", "kv-heads", "q|k|v",
-                                                         "[head,3,hs]", "ff",      "gate|up",  "vocab"};
+    static const char *const names[DSC_TP_UNIT_COUNT] = {"-",  "q-heads", "kv-heads", "q|k|v",     "[head,3,hs]",
+                                                         "ff", "gate|up", "vocab",    "ff-expert", "ff-shared"};
     return (unsigned)u < DSC_TP_UNIT_COUNT ? names[u] : "?";
 }
 

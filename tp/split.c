@@ -61,6 +61,12 @@ dsc_status dsc_tp_shard_of(const dsc_tp_dims *dims, int tp_size, int64_t grain, 
     if (dims->d_ff > 0)
         DSC_TRY(
             dsc_tp_split_width(dims->d_ff, tp_size, grain, rank, "the feed-forward width", &out->f0, &out->nf));
+    if (dims->d_ff_expert > 0)
+        DSC_TRY(dsc_tp_split_width(dims->d_ff_expert, tp_size, grain, rank, "the routed experts' width", &out->fe0,
+                                   &out->nfe));
+    if (dims->d_ff_shared > 0)
+        DSC_TRY(dsc_tp_split_width(dims->d_ff_shared, tp_size, grain, rank, "the shared expert's width", &out->fs0,
+                                   &out->nfs));
     if (dims->vocab_size > 0)
         DSC_TRY(dsc_tp_split_width(dims->vocab_size, tp_size, grain, rank, "the vocabulary", &out->v0, &out->nv));
     return NULL;

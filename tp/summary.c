@@ -10,7 +10,8 @@ dsc_status dsc_tp_print_shards(FILE *f, const dsc_config *cfg) {
     DSC_TRY(dsc_trainer_model_config(cfg, &mc));
     const int tp = cfg->tensor_parallel.autotp_size;
     const int64_t C = mc.d_model, HS = mc.d_model / mc.n_head;
-    const dsc_tp_dims dims = {mc.n_head, mc.n_kv_head, (int32_t)HS, mc.d_ff, mc.vocab_size, mc.moe_num_experts};
+    const dsc_tp_dims dims = {mc.n_head,     mc.n_kv_head,       (int32_t)HS, mc.d_ff,
+                              mc.vocab_size, mc.moe_num_experts, 0,           0};
     fprintf(f, "tensor parallelism over %d ranks (model axis; heads whole, widths in multiples of %lld):\n", tp,
             (long long)cfg->tensor_parallel.tp_grain_size);
     for (int r = 0; r < tp; r++) {

@@ -24,6 +24,7 @@
 #include "dsc/api.h"
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsc/status.h"
 #include "dsc/tensor.h"
@@ -185,6 +186,21 @@ DSC_API dsc_status dsc_comm_waitall(dsc_comm_request **reqs, int n);
 /* Blocking forms: post and wait. */
 DSC_API dsc_status dsc_comm_send(dsc_comm *c, const dsc_tensor *t, int peer, int tag);
 DSC_API dsc_status dsc_comm_recv(dsc_comm *c, dsc_tensor *t, int peer, int tag);
+
+/* ---- DeepSpeed's comms_logger (comms_log.c) -------------------------------------------
+ * One logger per process: with `enabled` and `prof_all`, every operation's
+ * latency is recorded by DeepSpeed's operation name and message size (and
+ * communicator, with `debug`); `verbose` prints each as it completes.
+ * Configuring clears what was recorded. */
+typedef struct dsc_comm_logger_options {
+    bool enabled, verbose, prof_all, debug;
+} dsc_comm_logger_options;
+DSC_API void dsc_comm_logger_configure(const dsc_comm_logger_options *o);
+DSC_API void dsc_comm_logger_reset(void);
+/* deepspeed.comm.log_summary's table: per operation and message size the
+ * count, total and trimmed-mean latency (ms), algorithmic and bus bandwidth
+ * (Gbps, trimmed means). */
+DSC_API dsc_status dsc_comm_logger_summary(FILE *out);
 
 #ifdef __cplusplus
 }

@@ -234,6 +234,14 @@ typedef struct dsc_config_flops_profiler {
     char *output_file;           /* "" : stdout */
 } dsc_config_flops_profiler;
 
+/* DeepSpeed's comms_logger section (prof_ops is refused: use prof_all). */
+typedef struct dsc_config_comms_logger {
+    bool enabled;
+    bool verbose;  /* a line per operation as it completes */
+    bool prof_all; /* log every operation (without it, none: dsc has no prof_ops list) */
+    bool debug;    /* records name their communicator */
+} dsc_config_comms_logger;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -267,6 +275,7 @@ typedef struct dsc_config {
     dsc_config_monitor tensorboard;
     dsc_config_monitor csv_monitor;
     dsc_config_flops_profiler flops_profiler;
+    dsc_config_comms_logger comms_logger;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */

@@ -100,6 +100,10 @@ typedef struct dsc_infer_model_config {
      * n_local_experts) of the n_experts (the router always covers all);
      * n_local_experts = 0 means all of them. */
     int32_t expert0, n_local_experts;
+    /* Qwen2-MoE: routed experts of width d_ff_expert (0: d_ff, the dense
+     * width) beside a shared SwiGLU expert of width d_ff_shared (0: none)
+     * whose output is scaled by sigmoid(x . shared_expert_gate). */
+    int32_t d_ff_expert, d_ff_shared;
     /* How the GPT-family checkpoints of Hugging Face differ (all zero: dsc's gpt). */
     dsc_infer_activation activation;
     /* RoPE on the first rope_dims of each head (rotate-half pairs within
@@ -128,6 +132,9 @@ typedef enum dsc_dim {
     DSC_DIM_PAIR, /* 2: the PR-MoE residual's mixing coefficients */
     DSC_DIM_QKV,  /* Q + 2 KV: a checkpoint's fused [q | k | v] (Phi-3 qkv_proj) */
     DSC_DIM_F2,   /* 2 F: a checkpoint's fused [gate | up] (Phi-3 gate_up_proj) */
+    DSC_DIM_FE,   /* a routed expert's width (d_ff_expert, else F) */
+    DSC_DIM_FS,   /* the shared expert's width (d_ff_shared) */
+    DSC_DIM_ONE,  /* 1: the shared expert's gate */
     /* 3 NH HS stored [head, q/k/v, HS] (GPT-NeoX query_key_value, NKV = NH):
      * finalized as [q | k | v] rows, so the forward sees DSC_DIM_QKV's layout */
     DSC_DIM_QKV_HEADS,
@@ -155,24 +162,28 @@ typedef enum dsc_param_role {
     DSC_PARAM_ROLE_POS_EMBED,
     DSC_PARAM_ROLE_FINAL_NORM_W,
     DSC_PARAM_ROLE_FINAL_NORM_B,
-    DSC_PARAM_ROLE_UNEMBED,    /* (V, C); absent when tied to the embedding */
-    DSC_PARAM_ROLE_MOE1_B,     /* (E, F): GELU experts' fc bias */
-    DSC_PARAM_ROLE_MOE2_B,     /* (E, C): GELU experts' proj bias */
-    DSC_PARAM_ROLE_MOE_COEF_W, /* (2, C): PR-MoE mixing logits; the residual MLP uses the MLP roles */
-    DSC_PARAM_ROLE_MOE_COEF_B, /* (2) */
-    DSC_PARAM_ROLE_PROJ_IN,    /* (C, P): embedding -> model width (OPT project_in) */
-    DSC_PARAM_ROLE_PROJ_OUT,   /* (P, C): model width -> LM head input (OPT project_out) */
+    DSC_PARAM_ROLE_UNEMBED,       /* (V, C); absent when tied to the embedding */
+    DSC_PARAM_ROLE_MOE1_B,        /* (E, F): GELU experts' fc bias */
+    DSC_PARAM_ROLE_MOE2_B,        /* (E, C): GELU experts' proj bias */
+    DSC_PARAM_ROLE_MOE_COEF_W,    /* (2, C): PR-MoE mixing logits; the residual MLP uses the MLP roles */
+    DSC_PARAM_ROLE_MOE_COEF_B,    /* (2) */
+    DSC_PARAM_ROLE_SHARED1_W,     /* (2 FS, C): the shared expert's rows gate | up */
+    DSC_PARAM_ROLE_SHARED2_W,     /* (C, FS) */
+    DSC_PARAM_ROLE_SHARED_GATE_W, /* (1, C): the shared expert's sigmoid gate */
+    DSC_PARAM_ROLE_PROJ_IN,       /* (C, P): embedding -> model width (OPT project_in) */
+    DSC_PARAM_ROLE_PROJ_OUT,      /* (P, C): model width -> LM head input (OPT project_out) */
     DSC_PARAM_ROLE_COUNT
 } dsc_param_role;
 
 /* When a slot exists for a given config. */
 typedef enum dsc_slot_when {
     DSC_SLOT_WHEN_ALWAYS = 0,
-    DSC_SLOT_WHEN_QKV_BIAS,     /* config.qkv_bias */
-    DSC_SLOT_WHEN_UNTIED,       /* !config.tie_embeddings */
-    DSC_SLOT_WHEN_MOE_RESIDUAL, /* config.moe_residual */
-    DSC_SLOT_WHEN_PRE_NORM,     /* !config.post_norm (the final norm) */
-    DSC_SLOT_WHEN_PROJECTED     /* config.d_embed is set and differs from C */
+    DSC_SLOT_WHEN_QKV_BIAS,      /* config.qkv_bias */
+    DSC_SLOT_WHEN_UNTIED,        /* !config.tie_embeddings */
+    DSC_SLOT_WHEN_MOE_RESIDUAL,  /* config.moe_residual */
+    DSC_SLOT_WHEN_SHARED_EXPERT, /* config.d_ff_shared > 0 */
+    DSC_SLOT_WHEN_PRE_NORM,      /* !config.post_norm (the final norm) */
+    DSC_SLOT_WHEN_PROJECTED      /* config.d_embed is set and differs from C */
 } dsc_slot_when;
 
 #define DSC_PARAM_MAX_DEPS 4
@@ -318,7 +329,8 @@ typedef struct dsc_infer_pp {
 DSC_API dsc_status dsc_infer_model_load_parallel(const char *path, const dsc_infer_tp *tp, const dsc_infer_pp *pp,
                                                  dsc_infer_model **out);
 /* One line on what this rank holds: stage, layers, embedding / head, TP
- * shard (heads, KV heads, feed-forward columns, vocabulary rows) and weight bytes. */
+ * shard (heads, KV heads, feed-forward columns, vocabulary rows), its MoE
+ * experts under expert parallelism, and weight bytes. */
 DSC_API void dsc_infer_model_describe(const dsc_infer_model *m, char *buf, size_t len);
 /* The plan alone (no ranks, no weights read): what --print-plan prints. */
 DSC_API dsc_status dsc_infer_model_plan(const char *path, const dsc_infer_tp *tp, dsc_tp_plan **out);

@@ -56,6 +56,8 @@ typedef enum dsc_tp_unit {
     DSC_TP_UNIT_FF,              /* F, grain-aligned */
     DSC_TP_UNIT_GATE_UP,         /* 2 F: [gate | up], each half split alike */
     DSC_TP_UNIT_VOCAB,           /* V, grain-aligned */
+    DSC_TP_UNIT_FF_EXPERT,       /* FE: a routed expert's width (Qwen2-MoE), grain-aligned */
+    DSC_TP_UNIT_FF_SHARED,       /* FS: the shared expert's width (Qwen2-MoE), grain-aligned */
     DSC_TP_UNIT_COUNT
 } dsc_tp_unit;
 
@@ -74,7 +76,8 @@ typedef struct dsc_tp_dims {
     int32_t head_size; /* HS */
     int64_t d_ff;      /* F (per expert for MoE) */
     int64_t vocab_size;
-    int32_t n_experts; /* 0: dense */
+    int32_t n_experts;                /* 0: dense */
+    int64_t d_ff_expert, d_ff_shared; /* routed and shared expert widths when not F (0: none) */
 } dsc_tp_dims;
 
 /* One parameter of the model as the checkpoint names it. A weight is (out,
@@ -122,6 +125,7 @@ typedef struct dsc_tp_span {
 typedef struct dsc_tp_shard {
     int32_t q0, nq, kv0, nkv;
     int64_t f0, nf, v0, nv;
+    int64_t fe0, nfe, fs0, nfs; /* routed / shared expert columns (0 when the dims have none) */
 } dsc_tp_shard;
 
 /* Pure: rank's heads and widths for (dims, tp_size, grain). Impossible

@@ -78,21 +78,27 @@ static int64_t piece(const dsc_comm *c, const int64_t *counts, int64_t total, in
 static dsc_status begin(dsc_comm *c, dsc_comm_op op) {
     DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", dsc_comm_op_name(op),
               c->name, c->broken);
-    c->deadline = dsc_comm_now() + c->opts.timeout_s;
+    c->op_t0 = dsc_comm_now();
+    c->op_msg_bytes = 0;
+    c->deadline = c->op_t0 + c->opts.timeout_s;
     c->seq++;
     return NULL;
 }
 
-static void count(dsc_comm *c, dsc_comm_op op, int64_t sent_bytes, int64_t recv_bytes) {
+/* A completed operation: the byte counters, and the comms_logger's record
+ * of its message size and latency since t0. */
+static void count(dsc_comm *c, dsc_comm_op op, int64_t sent_bytes, int64_t recv_bytes, int64_t msg_bytes,
+                  double t0) {
     c->stats.calls[op]++;
     c->stats.bytes_sent[op] += sent_bytes;
     c->stats.bytes_recv[op] += recv_bytes;
+    if (comm_log_enabled()) comm_log_record(c, op, msg_bytes, dsc_comm_now() - t0);
 }
 
 /* A collective that failed after posting messages leaves the ranks out of step: refuse later collectives. */
 static dsc_status finish(dsc_comm *c, dsc_comm_op op, dsc_status s, int64_t sent_bytes, int64_t recv_bytes) {
     if (!s) {
-        count(c, op, sent_bytes, recv_bytes);
+        count(c, op, sent_bytes, recv_bytes, c->op_msg_bytes, c->op_t0);
         return NULL;
     }
     if (dsc_status_code(s) == DSC_ERR_TIMEOUT || dsc_status_code(s) == DSC_ERR_COMM)
@@ -103,12 +109,18 @@ static dsc_status finish(dsc_comm *c, dsc_comm_op op, dsc_status s, int64_t sent
 
 /* A request of this communicator, counted as sent / recv bytes when it completes. */
 static dsc_status new_request(dsc_comm *c, dsc_comm_op kind, int peer, int64_t sent, int64_t recv,
-                              dsc_comm_request **out) {
+                              int64_t msg_bytes, dsc_comm_request **out) {
     dsc_comm_request *req;
     DSC_TRY(dsc_mem_alloc((void **)&req, sizeof *req, DSC_MEM_COMM, DSC_CPU));
-    *req = (dsc_comm_request){
-        .comm = c, .op = kind, .peer = peer, .sent_bytes = sent, .recv_bytes = recv, .mpi = MPI_REQUEST_NULL};
-    req->deadline = dsc_comm_now() + c->opts.timeout_s;
+    *req = (dsc_comm_request){.comm = c,
+                              .op = kind,
+                              .peer = peer,
+                              .sent_bytes = sent,
+                              .recv_bytes = recv,
+                              .msg_bytes = msg_bytes,
+                              .t0 = dsc_comm_now(),
+                              .mpi = MPI_REQUEST_NULL};
+    req->deadline = req->t0 + c->opts.timeout_s;
     *out = req;
     return NULL;
 }
@@ -134,7 +146,7 @@ dsc_status dsc_comm_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc
     int64_t bytes = (n - mine + (int64_t)(c->size - 1) * mine) * (int64_t)dsc_dtype_size(t->dtype);
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     dsc_comm_request *req;
-    DSC_TRY(new_request(c, kind, -1, bytes, bytes, &req));
+    DSC_TRY(new_request(c, kind, -1, bytes, bytes, n * (int64_t)dsc_dtype_size(t->dtype), &req));
     return posted(c, kind, c->backend->iallreduce(c, t, op, req), req, out);
 }
 
@@ -154,7 +166,7 @@ dsc_status dsc_comm_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_ten
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
     dsc_comm_request *req;
-    DSC_TRY(new_request(c, kind, -1, (n - mine) * esize, (int64_t)(c->size - 1) * mine * esize, &req));
+    DSC_TRY(new_request(c, kind, -1, (n - mine) * esize, (int64_t)(c->size - 1) * mine * esize, n * esize, &req));
     return posted(c, kind, c->backend->ireduce_scatter(c, send, recv, counts, op, req), req, out);
 }
 
@@ -173,7 +185,7 @@ dsc_status dsc_comm_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
     dsc_comm_request *req;
-    DSC_TRY(new_request(c, kind, -1, (int64_t)(c->size - 1) * mine * esize, (n - mine) * esize, &req));
+    DSC_TRY(new_request(c, kind, -1, (int64_t)(c->size - 1) * mine * esize, (n - mine) * esize, n * esize, &req));
     return posted(c, kind, c->backend->iallgather(c, send, recv, counts, req), req, out);
 }
 
@@ -202,6 +214,7 @@ static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *sen
     DSC_TRY(check_counts(c, kind, "recv counts", recv_counts, dsc_tensor_numel(recv)));
     DSC_TRY(begin(c, kind));
     int64_t sent = 0, received = 0, esize = (int64_t)dsc_dtype_size(send->dtype);
+    c->op_msg_bytes = dsc_tensor_numel(send) * esize;
     for (int j = 0; j < c->size; j++) {
         if (j == c->rank) continue;
         sent += send_counts[j] * esize;
@@ -240,6 +253,7 @@ dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
               "broadcast on communicator \"%s\": root %d not in [0, %d)", c->name, root, c->size);
     DSC_TRY(begin(c, kind));
     int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
+    c->op_msg_bytes = bytes;
     bool is_root = root == c->rank;
     return finish(c, kind, bytes ? c->backend->broadcast(c, t, root) : NULL,
                   is_root ? (int64_t)(c->size - 1) * bytes : 0, is_root ? 0 : bytes);
@@ -269,7 +283,7 @@ static dsc_status post(dsc_comm *c, dsc_comm_op kind, dsc_tensor *t, int peer, i
     dsc_comm_request *req;
     int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
     bool sending = kind == DSC_COMM_OP_SEND;
-    DSC_TRY(new_request(c, kind, peer, sending ? bytes : 0, sending ? 0 : bytes, &req));
+    DSC_TRY(new_request(c, kind, peer, sending ? bytes : 0, sending ? 0 : bytes, bytes, &req));
     req->dtype = t->dtype;
     req->bytes = (size_t)bytes;
     dsc_status s = kind == DSC_COMM_OP_SEND ? c->backend->isend(c, t, peer, tag, req)
@@ -297,7 +311,7 @@ static dsc_status retire(dsc_comm_request **reqp, dsc_status s, bool done) {
     dsc_comm_request *req = *reqp;
     if (!s && !done) return NULL;
     if (s && !done) req->comm->backend->abandon(req);
-    if (!s) count(req->comm, req->op, req->sent_bytes, req->recv_bytes);
+    if (!s) count(req->comm, req->op, req->sent_bytes, req->recv_bytes, req->msg_bytes, req->t0);
     if (s && req->peer < 0) s = finish(req->comm, req->op, s, 0, 0);
     dsc_mem_free(req, sizeof *req, DSC_MEM_COMM, DSC_CPU);
     *reqp = NULL;

@@ -27,6 +27,8 @@ struct dsc_comm {
     double deadline;  /* of the blocking operation in progress (dsc_comm_now clock) */
     char broken[160]; /* non-empty after a collective timed out: later calls refuse */
     dsc_comm_stats stats;
+    double op_t0;         /* when the blocking operation in progress began (the comms_logger) */
+    int64_t op_msg_bytes; /* and its message size */
     int64_t seq;          /* collectives entered so far (the watchdog compares it across ranks) */
     int64_t watch_id;     /* the same on every member: hash of name and world ranks */
     bool watched;         /* registered with the watchdog */
@@ -42,6 +44,8 @@ struct dsc_comm_request {
     dsc_dtype dtype;
     size_t bytes;                   /* size of the tensor (point to point) */
     int64_t sent_bytes, recv_bytes; /* counted when it completes (collectives.c's rule) */
+    int64_t msg_bytes;              /* the comms_logger's message size (DeepSpeed's) */
+    double t0;                      /* when it was posted (the comms_logger's latency) */
     MPI_Request mpi;                /* MPI backend, point to point */
     void *impl;                     /* the backend's state of a collective; NCCL: the event */
 };
@@ -122,5 +126,10 @@ dsc_status dsc_comm_mpi_check(int rc, const char *call, const dsc_comm *c);
 
 /* The MPI datatype of a dsc dtype (bf16 and f16 travel as 16-bit integers). */
 MPI_Datatype dsc_comm_mpi_type(dsc_dtype dtype);
+
+/* comms_logger (comms_log.c): whether operations are being logged, and one
+ * completed operation of `bytes` (DeepSpeed's message size) taking `seconds`. */
+bool comm_log_enabled(void);
+void comm_log_record(const dsc_comm *c, dsc_comm_op op, int64_t bytes, double seconds);
 
 #endif

@@ -284,6 +284,15 @@ static const dsc_config_key schema[] = {
     STRING("flops_profiler.output_file", flops_profiler.output_file, "\"\"",
            "Write the profile to this file; empty: standard output."),
 
+    SECTION("comms_logger", "DeepSpeed's communication logger: latency and bandwidth per operation."),
+    BOOL("comms_logger.enabled", comms_logger.enabled, "false", 0,
+         "Time every collective and point-to-point operation; the logging rank prints the summary at the end."),
+    BOOL("comms_logger.verbose", comms_logger.verbose, "false", 0, "Print a line per operation as it completes."),
+    BOOL("comms_logger.prof_all", comms_logger.prof_all, "true", 0,
+         "Log every operation; false logs none (prof_ops lists are refused)."),
+    BOOL("comms_logger.debug", comms_logger.debug, "false", 0,
+         "Name each record's communicator (DeepSpeed names the calling function)."),
+
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),
     INT("train.eval_interval", train.eval_interval, "0", 0, I53, 0, "Evaluate every this many steps; 0 never."),

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dsc/comm.h"
 #include "dsc/engine.h"
 #include "dsc/monitor.h"
 
@@ -313,6 +314,9 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         DSC_CHECK(e->metrics, DSC_ERR_IO, "metrics file %s: cannot open for writing", e->o.metrics_path);
     }
     if (e->o.log && !e->monitor) DSC_TRY(dsc_monitor_create(cfg, &e->monitor));
+    const dsc_config_comms_logger *cl = &cfg->comms_logger;
+    if (cl->enabled)
+        dsc_comm_logger_configure(&(dsc_comm_logger_options){cl->enabled, cl->verbose, cl->prof_all, cl->debug});
     e->t_start = dsc_time_now();
     while (e->steps_done < cfg->train.steps) {
         dsc_step_metrics m;
@@ -335,5 +339,9 @@ dsc_status dsc_engine_train(dsc_engine *e) {
     }
     clear_bar(e);
     if (e->bar) fflush(stdout);
+    if (cl->enabled && e->o.log) { /* what deepspeed.comm.log_summary() prints */
+        printf("comms_logger: the operations of rank %d in this run\n", dsc_get_rank());
+        DSC_TRY(dsc_comm_logger_summary(stdout));
+    }
     return NULL;
 }

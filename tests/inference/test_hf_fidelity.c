@@ -3,8 +3,9 @@
  * tied embeddings), Mixtral (top-2 MoE) and Phi-3 (fused qkv_proj and
  * gate_up_proj) checkpoints made by tests/ref/make_hf_fixtures.py
  * (transformers 4.x; the Llama and Mistral ones also saved by 5.x, which
- * writes rope_parameters), and GPT-NeoX, GPT-2 and OPT ones saved by both
- * (fixtures/hf/make_family_fixtures.py), are loaded with dsc's loader; for every
+ * writes rope_parameters), GPT-NeoX, GPT-2 and OPT ones saved by both
+ * (fixtures/hf/make_family_fixtures.py) and Qwen2-MoE ones by both
+ * (fixtures/hf/make_qwen2_moe_fixtures.py) are loaded with dsc's loader; for every
  * prompt the logits of a whole-prompt forward, of the prompt fed one token
  * at a time through the KV cache, and of 6 greedy decode steps must match
  * PyTorch's within 1e-4 relative, and the greedy tokens must be the same. */
@@ -123,18 +124,19 @@ static void check_model(const char *name) {
  * / rotary_pct): Llama-3 scaling and a non-default theta; GPT-NeoX
  * (interleaved query_key_value, partial rotary, parallel and sequential
  * residuals), GPT-2 (Conv1D weights stored (in, out), tied head) and OPT
- * (ReLU, positions + 2; post-LN with project_in / project_out, and pre-LN). */
+ * (ReLU, positions + 2; post-LN with project_in / project_out, and pre-LN);
+ * Qwen2-MoE (shared expert with its sigmoid gate, narrower routed experts,
+ * dense and sparse layers; raw top-k weights in 4.x, renormalised in 5.x). */
 static void test_model(void **state) {
     check_model(*state);
 }
-
 #define MODEL(name) cmocka_unit_test_prestate_setup_teardown(test_model, NULL, NULL, (void *)(name))
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         MODEL("llama"),     MODEL("mistral"),     MODEL("qwen2"),    MODEL("mixtral"),      MODEL("phi3"),
         MODEL("llama_tf5"), MODEL("mistral_tf5"), MODEL("gpt_neox"), MODEL("gpt_neox_tf5"), MODEL("gpt2"),
-        MODEL("gpt2_tf5"),  MODEL("opt"),         MODEL("opt_tf5"),
+        MODEL("gpt2_tf5"),  MODEL("opt"),         MODEL("opt_tf5"),  MODEL("qwen2_moe"),    MODEL("qwen2_moe_tf5"),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

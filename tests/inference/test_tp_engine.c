@@ -5,7 +5,8 @@
  * only, must equal the whole model's within 1e-5 relative, with the same
  * greedy tokens. Models: the Hugging Face fixtures (Llama GQA, Qwen2 with
  * biases and tied embeddings, Mistral, Mixtral, Phi-3 with fused qkv_proj
- * and gate_up_proj; 2 KV heads, so TP 3 is refused with the numbers; GPT-NeoX
+ * and gate_up_proj; 2 KV heads, so TP 3 is refused with the numbers; Qwen2-MoE
+ * with its shared expert and routed experts split by their own width; GPT-NeoX
  * with interleaved query_key_value and parallel or sequential residuals,
  * GPT-2 with transposed Conv1D weights, OPT post-LN with project_in/out and
  * pre-LN, all with 6 heads (2,2,1,1 at TP 4), F 50 or 96 and V 101) and two written here with random weights for
@@ -179,8 +180,8 @@ static void compare_or_refused(const char *dir, const char *what) {
 
 static void test_fixtures(void **state) {
     (void)state;
-    const char *names[] = {"llama",        "qwen2", "mistral",  "mixtral", "phi3",   "gpt_neox",
-                           "gpt_neox_tf5", "gpt2",  "gpt2_tf5", "opt",     "opt_tf5"};
+    const char *names[] = {"llama", "qwen2",    "mistral", "mixtral", "phi3",      "gpt_neox",     "gpt_neox_tf5",
+                           "gpt2",  "gpt2_tf5", "opt",     "opt_tf5", "qwen2_moe", "qwen2_moe_tf5"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, FIXTURES "%s", names[i]);

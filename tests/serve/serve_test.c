@@ -50,6 +50,43 @@ const char *st_model_dir(void) {
     return dir;
 }
 
+int st_tp = 1, st_pp = 1;
+
+void st_layout(int argc, char **argv) {
+    if (argc > 1) st_tp = atoi(argv[1]);
+    if (argc > 2) st_pp = atoi(argv[2]);
+    assert_true((st_tp == 1 || st_tp == 2) && (st_pp == 1 || st_pp == 2));
+}
+
+int st_ranks(void) {
+    return st_tp * st_pp;
+}
+
+const char *const *st_layout_args(const char **out, const char *const *args) {
+    static char tp[16], pp[16];
+    snprintf(tp, sizeof tp, "%d", st_tp);
+    snprintf(pp, sizeof pp, "%d", st_pp);
+    int n = 0;
+    if (st_tp > 1) {
+        out[n++] = "--tp";
+        out[n++] = tp;
+    }
+    if (st_pp > 1) {
+        out[n++] = "--pp";
+        out[n++] = pp;
+    }
+    for (int i = 0; args[i]; i++)
+        out[n++] = args[i];
+    out[n] = NULL;
+    return out;
+}
+
+const char *st_kv_bytes(void) {
+    static char kv[32];
+    snprintf(kv, sizeof kv, "%d", 786432 / (st_tp * st_pp));
+    return kv;
+}
+
 void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *const *extra) {
     char np[16];
     snprintf(np, sizeof np, "%d", ranks);

@@ -20,6 +20,18 @@
 /* DSC_BINARY_DIR/tests/serve/llama4k: tests/inference/fixtures/hf/llama with
  * a 4096-token context (RoPE: the weights do not depend on it). */
 const char *st_model_dir(void);
+/* The layout a test runs the server in, from its arguments "[TP [PP]]"
+ * (default 1 1; the fixture's 2 KV heads allow TP 1 or 2, its 2 layers PP 1
+ * or 2): st_tp x st_pp ranks. */
+extern int st_tp, st_pp;
+void st_layout(int argc, char **argv);
+int st_ranks(void);
+/* --tp / --pp for the layout (when > 1), then args (NULL-terminated), into
+ * out (room for 4 more than args); returns out. */
+const char *const *st_layout_args(const char **out, const char *const *args);
+/* --kv-cache-bytes for a 192-block cache (blocks of 16 tokens) on every
+ * rank of the layout: each holds its share of the KV heads and layers. */
+const char *st_kv_bytes(void);
 /* dsc-serve st_model_dir() --port 0 --api-key ST_KEY <extra...> (NULL-terminated). */
 void st_start(serve_proc *p, const char *const *extra);
 /* The same on `ranks` ranks: dsc-launch -n ranks dsc-serve ... (extra names

@@ -1,4 +1,4 @@
-/* dsc-serve end to end on one rank, or (argument R) on R tensor-parallel
+/* dsc-serve end to end on one rank, or (arguments TP [PP]) on several
  * ranks under dsc-launch, over 127.0.0.1, with the tiny Llama fixture
  * (4096-token context, a 192-block KV cache on every rank): 12 concurrent
  * requests (streaming and not, greedy and seeded sampling) return exactly
@@ -25,27 +25,14 @@
 #include "serve_test.h"
 
 static serve_proc server;
-static int ranks = 1;
-
 static int setup(void **state) {
     (void)state;
-    char kv[32], tp[16];
-    snprintf(kv, sizeof kv, "%d", 786432 / ranks); /* the fixture's 2 KV heads split over 1 or 2 ranks */
-    snprintf(tp, sizeof tp, "%d", ranks);
-    const char *args[] = {"--kv-cache-bytes",
-                          kv,
-                          "--max-concurrent-requests",
-                          "12",
-                          "--max-body-bytes",
-                          "65536",
-                          "--max-tokens-limit",
-                          "4000",
-                          "--max-prompt-tokens",
-                          "512",
-                          ranks > 1 ? "--tp" : NULL,
-                          tp,
-                          NULL};
-    st_start_ranks(&server, ranks, false, args);
+    const char *args[16];
+    st_start_ranks(
+        &server, st_ranks(), false,
+        st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--max-concurrent-requests", "12",
+                                              "--max-body-bytes", "65536", "--max-tokens-limit", "4000",
+                                              "--max-prompt-tokens", "512", NULL}));
     return 0;
 }
 
@@ -391,8 +378,7 @@ static void test_sigterm_exits_zero(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) ranks = atoi(argv[1]);
-    assert_true(ranks == 1 || ranks == 2);
+    st_layout(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_dsc_generate), cmocka_unit_test(test_prompt_list_and_logprobs),
         cmocka_unit_test(test_bad_requests),         cmocka_unit_test(test_disconnect_frees_blocks),

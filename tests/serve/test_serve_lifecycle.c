@@ -1,4 +1,4 @@
-/* dsc-serve's shutdown, on one rank or (argument R) on R tensor-parallel
+/* dsc-serve's shutdown, on one rank or (arguments TP [PP]) on several
  * ranks under dsc-launch: SIGTERM to rank 0 with requests in flight stops
  * new connections, lets every in-flight request (streaming or not) finish
  * normally, and every rank exits 0 (the launcher too); SIGINT with a short
@@ -67,31 +67,6 @@ static void *run_call(void *arg) {
 
 enum { N = 4 };
 
-static int ranks = 1;
-
-/* The layout options of `ranks` ranks, then `args` (NULL-terminated), into out. */
-static const char *const *with_layout(const char **out, const char *const *args) {
-    static char tp[16];
-    snprintf(tp, sizeof tp, "%d", ranks);
-    int n = 0;
-    if (ranks > 1) {
-        out[n++] = "--tp";
-        out[n++] = tp;
-    }
-    for (int i = 0; args[i]; i++)
-        out[n++] = args[i];
-    out[n] = NULL;
-    return out;
-}
-
-/* A 192-block KV cache (blocks of 16 tokens) on every rank: the fixture's two
- * KV heads, split over `ranks` ranks (1 or 2), take 786432 bytes per head pair. */
-static const char *kv_bytes(void) {
-    static char kv[32];
-    snprintf(kv, sizeof kv, "%d", 786432 / ranks);
-    return kv;
-}
-
 /* Until /health answers 503 or refuses the connection: the server drains (bounded). */
 static void wait_draining(int port) {
     for (int i = 0; i < 3000; i++) {
@@ -129,13 +104,13 @@ static void signal_during(serve_proc *p, call *calls, int max_tokens, int sig) {
 static void test_sigterm_finishes_in_flight(void **state) {
     (void)state;
     serve_proc p;
-    const char *args[8];
+    const char *args[12];
     st_start_ranks(
-        &p, ranks, false,
-        with_layout(args, (const char *[]){"--kv-cache-bytes", kv_bytes(), "--drain-timeout", "600", NULL}));
+        &p, st_ranks(), false,
+        st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--drain-timeout", "600", NULL}));
     call calls[N];
-    /* Two at a time in the cache on one rank, far below the drain timeout; fewer tokens on slower TP ranks. */
-    signal_during(&p, calls, ranks == 1 ? 1500 : 400, SIGTERM);
+    /* Two at a time in the cache on one rank, far below the drain timeout; fewer tokens on slower ranks. */
+    signal_during(&p, calls, st_ranks() == 1 ? 1500 : 400, SIGTERM);
     for (int i = 0; i < N; i++) {
         printf("call %d (%s): status %d, %d tokens, finish %s\n", i, calls[i].stream ? "stream" : "json",
                calls[i].status, calls[i].completion_tokens, calls[i].finish);
@@ -158,10 +133,10 @@ static void test_sigterm_finishes_in_flight(void **state) {
 static void test_drain_timeout_cancels(void **state) {
     (void)state;
     serve_proc p;
-    const char *args[8];
+    const char *args[12];
     st_start_ranks(
-        &p, ranks, false,
-        with_layout(args, (const char *[]){"--kv-cache-bytes", kv_bytes(), "--drain-timeout", "0.2", NULL}));
+        &p, st_ranks(), false,
+        st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--drain-timeout", "0.2", NULL}));
     call calls[N];
     signal_during(&p, calls, 3000, SIGINT);
     int cancelled = 0;
@@ -184,13 +159,14 @@ static void test_drain_timeout_cancels(void **state) {
     assert_int_equal(code, 0);
 }
 
-/* Several ranks: rank `ranks - 1` killed while a stream is running. */
+/* Several ranks: the last rank killed while a stream is running. */
 static void test_rank_failure_named(void **state) {
     (void)state;
+    int ranks = st_ranks();
     if (ranks == 1) skip();
     serve_proc p;
-    const char *args[8];
-    st_start_ranks(&p, ranks, true, with_layout(args, (const char *[]){NULL}));
+    const char *args[12];
+    st_start_ranks(&p, st_ranks(), true, st_layout_args(args, (const char *[]){NULL}));
     call c = {.port = p.port, .max_tokens = 3000, .stream = true};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, run_call, &c), 0);
@@ -212,8 +188,7 @@ static void test_rank_failure_named(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) ranks = atoi(argv[1]);
-    assert_true(ranks == 1 || ranks == 2);
+    st_layout(argc, argv);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sigterm_finishes_in_flight),
                                        cmocka_unit_test(test_drain_timeout_cancels),
                                        cmocka_unit_test(test_rank_failure_named)};
