@@ -213,8 +213,12 @@ static void test_overlap_matches_blocking(void **state) {
                     dsc_optimizer *opt[2];
                     toy_model tm[2];
                     for (int overlap = 0; overlap < 2; overlap++) {
-                        toy_run run = {.steps = 3, .micro_batches = M, .interleave = pp > 1, .lr = 1e-2,
-                                       .before_reduce = count_reductions, .ctx = done_at_end[overlap]};
+                        toy_run run = {.steps = 3,
+                                       .micro_batches = M,
+                                       .interleave = pp > 1,
+                                       .lr = 1e-2,
+                                       .before_reduce = count_reductions,
+                                       .ctx = done_at_end[overlap]};
                         dsc_comm_reset_stats(dp);
                         train(dp, &zo, bucket, DSC_OPTIMIZER_TYPE_ADAMW, overlap, &run, overlap ? got : ref,
                               &opt[overlap], &tm[overlap]);
@@ -267,10 +271,8 @@ static void test_pipeline_check(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pipeline_check),
-        cmocka_unit_test(test_stages_match_plain),
-        cmocka_unit_test(test_rules_match_plain),
-        cmocka_unit_test(test_pipeline_order),
+        cmocka_unit_test(test_pipeline_check),           cmocka_unit_test(test_stages_match_plain),
+        cmocka_unit_test(test_rules_match_plain),        cmocka_unit_test(test_pipeline_order),
         cmocka_unit_test(test_overlap_matches_blocking),
     };
     return DSC_RUN_MPI_TESTS(tests);
