@@ -14,6 +14,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define DSC_HAVE_AVX2_BUILD 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -22,7 +23,10 @@ static _Atomic int simd_state; /* 0 unknown, 1 scalar, 2 avx2 */
 static bool cpu_has_avx2(void) {
 #ifdef DSC_HAVE_AVX2_BUILD
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    /* clang's __builtin_cpu_supports knows no "f16c": read CPUID leaf 1's ECX bit for it */
+    unsigned eax, ebx, ecx, edx;
+    bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return false;
 #endif
