@@ -15,14 +15,15 @@
 /* The table prints two decimals. */
 #define TOL 0.006
 
-static char *summary(void) {
-    char *text = NULL;
+/* The summary table into *text (malloc'd). The stream writes through the
+ * caller's pointer, so it must outlive the stream: it is the caller's. */
+static void summary(char **text) {
     size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
+    *text = NULL;
+    FILE *f = open_memstream(text, &len);
     assert_non_null(f);
     assert_ok(dsc_comm_logger_summary(f));
     fclose(f);
-    return text;
 }
 
 /* The row of `op` for message size `size`: the fields after the size. */
@@ -46,7 +47,8 @@ static void test_summary_from_known_latencies(void **state) {
     comm_log_record(&c, DSC_COMM_OP_ALLREDUCE, mb, 0.1); /* trimmed away with the fastest */
     comm_log_record(&c, DSC_COMM_OP_ALLGATHER, 3 * mb / 2, 2e-3);
     comm_log_record(&c, DSC_COMM_OP_SEND, 1000, 1e-6);
-    char *text = summary();
+    char *text;
+    summary(&text);
     printf("%s", text);
     char fields[256];
     double total, avg, alg, bus;
@@ -78,12 +80,13 @@ static void test_debug_and_prof_all(void **state) {
     snprintf(c.name, sizeof c.name, "tensor");
     dsc_comm_logger_configure(&(dsc_comm_logger_options){.enabled = true, .prof_all = true, .debug = true});
     comm_log_record(&c, DSC_COMM_OP_ALLREDUCE, 64, 1e-5);
-    char *text = summary();
+    char *text;
+    summary(&text);
     assert_non_null(strstr(text, "all_reduce | [Communicator: tensor]"));
     free(text);
     dsc_comm_logger_configure(&(dsc_comm_logger_options){.enabled = true, .prof_all = false});
     comm_log_record(&c, DSC_COMM_OP_ALLREDUCE, 64, 1e-5);
-    text = summary();
+    summary(&text);
     assert_null(strstr(text, "all_reduce"));
     free(text);
     dsc_comm_logger_configure(&(dsc_comm_logger_options){0});
@@ -104,7 +107,8 @@ static void test_real_operations(void **state) {
         assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_SUM));
     assert_ok(dsc_comm_allgather(world, &t, &g, NULL));
     assert_ok(dsc_comm_broadcast(world, &t, 0));
-    char *text = summary();
+    char *text;
+    summary(&text);
     char fields[256], size[32];
     long long count;
     row(text, "all_reduce\n", "4.0 KB", fields, sizeof fields);
