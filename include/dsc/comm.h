@@ -196,7 +196,6 @@ typedef struct dsc_comm_logger_options {
     bool enabled, verbose, prof_all, debug;
 } dsc_comm_logger_options;
 DSC_API void dsc_comm_logger_configure(const dsc_comm_logger_options *o);
-DSC_API void dsc_comm_logger_reset(void);
 /* deepspeed.comm.log_summary's table: per operation and message size the
  * count, total and trimmed-mean latency (ms), algorithmic and bus bandwidth
  * (Gbps, trimmed means). */

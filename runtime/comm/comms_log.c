@@ -65,10 +65,6 @@ void dsc_comm_logger_configure(const dsc_comm_logger_options *o) {
     logger.o = *o;
 }
 
-void dsc_comm_logger_reset(void) {
-    clear_records();
-}
-
 bool comm_log_enabled(void) {
     return logger.o.enabled && logger.o.prof_all;
 }
