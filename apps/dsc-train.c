@@ -406,7 +406,8 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
     if (!s && moe)
-        s = dsc_moe_report_load(world, cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
+        s = dsc_moe_report_load(world, dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_TENSOR),
+                                cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
     if (!s && a->report_memory) {
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
@@ -482,7 +483,8 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     if (!s && moe) {
         int n_layers;
         dsc_layer *const *layers = dsc_trainer_model_layers(t, &n_layers);
-        s = dsc_moe_report_load(world, cfg.model.n_layer, cfg.moe.num_experts, layers, n_layers, stdout);
+        s = dsc_moe_report_load(world, dsc_groups_get(mw.groups, DSC_GROUP_KIND_TENSOR), cfg.model.n_layer,
+                                cfg.moe.num_experts, layers, n_layers, stdout);
     }
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),
