@@ -510,13 +510,13 @@ static void test_memory_formula(void **state) {
     dsc_param_store *ps = dsc_trainer_params(r.t);
     for (int i = 0; i < dsc_params_count(ps); i++)
         psi += (double)dsc_param_global_numel(dsc_params_at(ps, i));
-    const double formula = 16.0 * dsc_tp_params_per_rank(&mc, psi, tp);
+    const double formula = 16.0 * dsc_tp_params_per_rank(&mc, false, psi, tp);
     const double ratio = measured / formula;
     printf(
         "  rank %d of tp %d: parameter + gradient + AdamW bytes %.0f, formula 16 x ((%.0f - %.0f) / %d + %.0f) = "
         "%.0f, ratio %.4f\n",
-        dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc), tp, dsc_tp_replicated_params(&mc),
-        formula, ratio);
+        dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc, false), tp,
+        dsc_tp_replicated_params(&mc, false), formula, ratio);
     assert_true(fabs(ratio - 1.0) <= 0.05);
     finish(&r);
     unlink(data);
