@@ -228,13 +228,55 @@ static dsc_status lamb_group(zero_optimizer *z, zero_group *g, double lr) {
     return s;
 }
 
+/* Whether parameter i of the group has elements on several of its ranks. */
+static bool spread_over_group(const zero_group *g, const dsc_param *p) {
+    if (g->size == 1) return false;
+    if (g->split) return true;
+    int64_t n = dsc_param_numel(p);
+    for (int r = 0; r < g->size; r++)
+        if (zero_owned(g, r, p->offset, p->offset + n) == n) return false;
+    return true;
+}
+
+/* Muon (the matrices) over the group: every rank visits the group's Muon
+ * parameters in store order, each with its piece (possibly none) and the
+ * group when the parameter is spread over it (a tensor-parallel slice is,
+ * whatever the cut: each rank of the tensor group needs its whole slice);
+ * the rest of the group's pieces take Adam. */
+static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
+    const dsc_optim_hparams *hp = &z->o.hparams;
+    for (int i = 0; i < g->n_pieces; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        if (dsc_optim_uses_muon(pc->param)) continue;
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor m = piece_view(&g->state[0], pc), v = piece_view(&g->state[1], pc);
+        DSC_TRY(dsc_optim_muon_adam(hp, &value, &grad, &m, &v, (float)lr, !(pc->param->flags & DSC_PARAM_NO_DECAY),
+                                    z->step));
+    }
+    for (int i = 0; i < z->n_params; i++) {
+        dsc_param *p = dsc_params_at(z->o.params, i);
+        if (p->group != g->id || !dsc_optim_uses_muon(p)) continue;
+        zero_piece none = {p, 0, 0, 0}, *pc = g->piece_of[i] >= 0 ? &g->pieces[g->piece_of[i]] : &none;
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor m = piece_view(&g->state[0], pc);
+        bool spread =
+            spread_over_group(g, p) || (g->size > 1 && dsc_optim_muon_needs_tensor_group(p, z->o.tensor));
+        dsc_muon_piece mp = {&value, &grad, &m, pc->param_offset, spread ? g->comm : NULL, z->o.tensor};
+        dsc_status s = dsc_optim_muon_piece(hp, p, &mp, (float)lr);
+        if (s) return dsc_error_wrap(s, "step %lld: Muon update of %s", (long long)z->step, p->name);
+    }
+    return NULL;
+}
+
 static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, double coef) {
     if (coef < 1.0 && g->len > 0) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
-    if (z->o.hparams.type == DSC_OPTIMIZER_TYPE_LAMB) {
+    dsc_optimizer_type type = z->o.hparams.type;
+    if (type == DSC_OPTIMIZER_TYPE_LAMB) {
         dsc_status s = lamb_group(z, g, lr);
         if (s) return dsc_error_wrap(s, "step %lld: Lamb update", (long long)z->step);
     }
-    for (int i = 0; i < g->n_pieces && z->o.hparams.type != DSC_OPTIMIZER_TYPE_LAMB; i++) {
+    if (type == DSC_OPTIMIZER_TYPE_MUON) DSC_TRY(muon_group(z, g, lr));
+    for (int i = 0; i < g->n_pieces && type != DSC_OPTIMIZER_TYPE_LAMB && type != DSC_OPTIMIZER_TYPE_MUON; i++) {
         const zero_piece *pc = &g->pieces[i];
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
         dsc_tensor s0 = piece_view(&g->state[0], pc);

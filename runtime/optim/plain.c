@@ -156,7 +156,18 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
         dsc_param *param = dsc_params_at(p->o.params, i);
         dsc_tensor s0 = state_view(&p->state[0][param->group], param);
         dsc_tensor s1 = p->n_state_kinds > 1 ? state_view(&p->state[1][param->group], param) : s0;
-        dsc_status s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        dsc_status s;
+        if (p->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON &&
+            dsc_optim_muon_needs_tensor_group(param, p->o.tensor)) { /* a slice: assembled over the tensor group */
+            int64_t n = dsc_param_numel(param);
+            dsc_tensor v = dsc_tensor_view(param->value.data, DSC_DTYPE_F32, 1, &n, param->value.device);
+            dsc_tensor g = dsc_tensor_view(param->grad.data, DSC_DTYPE_F32, 1, &n, param->grad.device);
+            dsc_tensor m = dsc_tensor_view(s0.data, DSC_DTYPE_F32, 1, &n, s0.device);
+            s = dsc_optim_muon_piece(&p->o.hparams, param, &(dsc_muon_piece){&v, &g, &m, 0, NULL, p->o.tensor},
+                                     (float)lr);
+        } else {
+            s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        }
         if (s) return dsc_error_wrap(s, "step %lld: updating %s", (long long)p->step, param->name);
     }
     DSC_TRY(dsc_params_zero_grads(p->o.params));
