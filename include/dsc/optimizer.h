@@ -54,6 +54,10 @@ typedef struct dsc_optim_hparams {
 /* State tensors per parameter element: 2 (exp_avg, exp_avg_sq) for the Adam
  * family and Lamb, 1 for SGD (momentum_buffer) and Lion (exp_avg). */
 DSC_API int dsc_optim_state_kinds(dsc_optimizer_type type);
+/* The state tensors one parameter needs: dsc_optim_state_kinds, except that
+ * Muon keeps only the momentum (kind 0) of the matrices it orthogonalises
+ * and both Adam moments of the rest. */
+DSC_API int dsc_optim_param_state_kinds(dsc_optimizer_type type, const dsc_param *param);
 /* The checkpoint name of state tensor `kind` ("exp_avg", "exp_avg_sq", "momentum_buffer"). */
 DSC_API const char *dsc_optim_state_name(dsc_optimizer_type type, int kind);
 
