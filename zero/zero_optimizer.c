@@ -30,6 +30,7 @@
 
 #include "dsc/kernels.h"
 #include "dsc/log.h"
+#include "dsc/precision.h"
 #include "zero/zero_internal.h"
 
 static zero_optimizer *self_of(dsc_optimizer *opt) {
@@ -564,8 +565,18 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
     return NULL;
 }
 
+/* Mixed precision (dsc/precision.h) wraps the sharded optimizer: its master
+ * is this rank's range of each group, the gradients those the step reads. */
 dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out) {
     dsc_zero_options zo;
     dsc_zero_options_from_config(cfg, &zo);
-    return dsc_zero_create(opts, &zo, out);
+    dsc_optimizer_options o = *opts;
+    o.reduce_dtype = dsc_precision_comm_dtype(cfg);
+    DSC_TRY(dsc_zero_create(&o, &zo, out));
+    if (zo.stage == 0) return dsc_precision_maybe_wrap(cfg, &o, NULL, out);
+    const zero_optimizer *z = (const zero_optimizer *)*out;
+    dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        ranges[g] = (dsc_precision_range){z->groups[g].begin, z->groups[g].end, z->groups[g].grads};
+    return dsc_precision_maybe_wrap(cfg, &o, ranges, out);
 }

@@ -145,6 +145,9 @@ typedef struct dsc_optimizer_options {
      * buffer is reused), progressing at every hook of backward; false reduces with blocking calls there and
      * then. The results are bitwise the same. */
     bool overlap_comm;
+    /* communication_data_type: gradients are rounded to this dtype and reduced in it (DSC_DTYPE_BF16 /
+     * DSC_DTYPE_F16: half the bytes); 0 (DSC_DTYPE_F32) reduces in f32. */
+    dsc_dtype reduce_dtype;
 } dsc_optimizer_options;
 
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce

@@ -16,7 +16,9 @@
  *    stage's cache wholly free, and the others' tokens are unchanged;
  *  - a weight budget (max_weight_bytes) refuses the whole model on one rank
  *    naming the bytes it needs, and PP over the world fits it, each rank's
- *    weight and KV memory within 5% of the formula in docs/inference.md. */
+ *    weight and KV memory within 5% of the formula in docs/inference.md;
+ *  - OPT's project_in / project_out only on the stage that uses them (first
+ *    / last): each stage's weight bytes equal the formula exactly. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,6 +251,60 @@ static void test_dsc_checkpoint(void **state) {
     dsc_comm_free(world);
 }
 
+/* ---- OPT's projections ------------------------------------------------------------------------------ */
+
+static int64_t aligned_bytes(int64_t floats) {
+    int64_t a = DSC_MEM_ALIGN / (int64_t)sizeof(float);
+    return (floats + a - 1) / a * a * (int64_t)sizeof(float);
+}
+
+static bool holds(const dsc_infer_model *m, dsc_param_role role) {
+    dsc_tensor t;
+    dsc_status s = dsc_infer_model_param(m, -1, role, &t);
+    dsc_status_free(s);
+    return s == NULL;
+}
+
+/* OPT with word_embed_proj_dim != hidden_size (the fixture: C 48, P 32, tied,
+ * no final norm): project_in lives only on the first stage and project_out
+ * only on the last, so each stage's weights are its layers plus its end's
+ * parameters: first embed (V, P) + positions (POS + 2, C) + project_in
+ * (C, P); last embed again (tied) + project_out (P, C). The layer size comes
+ * from the one-process arena minus those. Tokens equal one process. */
+static void test_opt_projections(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    if (dsc_comm_size(world) != 2) {
+        dsc_comm_free(world);
+        skip();
+    }
+    compare(world, FIXTURES "opt", 1, NULL, "hf opt (projected)");
+    dsc_infer_model *one, *split;
+    load(FIXTURES "opt", NULL, NULL, &one);
+    layout l;
+    make_layout(world, 1, &l);
+    load(FIXTURES "opt", &l, NULL, &split);
+    const dsc_infer_model_config *c = dsc_infer_model_get_config(one);
+    int64_t C = c->d_model, P = c->d_embed, V = c->vocab_size, L = c->n_layer;
+    assert_true(P > 0 && P != C && c->tie_embeddings && L == 2);
+    int64_t embed = aligned_bytes(V * P), pos = aligned_bytes((c->max_positions + c->pos_offset) * C),
+            proj = aligned_bytes(C * P);
+    int64_t layer = ((int64_t)dsc_infer_model_arena_bytes(one) - embed - pos - 2 * proj) / L;
+    int stage = dsc_comm_rank(world);
+    int64_t want = layer + embed + (stage == 0 ? pos + proj : proj);
+    int64_t got = (int64_t)dsc_infer_model_arena_bytes(split);
+    printf("hf opt pp 2 stage %d: %lld bytes of weights (formula %lld; one process %zu)\n", stage, (long long)got,
+           (long long)want, dsc_infer_model_arena_bytes(one));
+    assert_int_equal(got, want);
+    assert_true(holds(split, DSC_PARAM_ROLE_PROJ_IN) == (stage == 0));
+    assert_true(holds(split, DSC_PARAM_ROLE_PROJ_OUT) == (stage == 1));
+    dsc_infer_model_destroy(split);
+    dsc_infer_model_destroy(one);
+    dsc_groups_free(l.groups);
+    dsc_comm_free(world);
+}
+
 /* ---- the weight budget ------------------------------------------------------------------------------ */
 
 static void test_weight_budget(void **state) {
@@ -308,10 +364,9 @@ static void test_weight_budget(void **state) {
 int main(int argc, char **argv) {
     dsc_ckpt_dir = argc > 1 ? argv[1] : NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixtures),
-        cmocka_unit_test(test_deeper),
-        cmocka_unit_test(test_dsc_checkpoint),
-        cmocka_unit_test(test_weight_budget),
+        cmocka_unit_test(test_fixtures),        cmocka_unit_test(test_deeper),
+        cmocka_unit_test(test_dsc_checkpoint),  cmocka_unit_test(test_weight_budget),
+        cmocka_unit_test(test_opt_projections),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
