@@ -71,6 +71,7 @@ typedef struct zero_bucket {
     int64_t begin, end;
     int params;  /* parameters overlapping the range */
     int pending; /* of those, not yet final in this batch; -1 once reduced or posted */
+    bool packed; /* reduced packed in reduce_dtype and in flight: its share is unpacked after the wait */
 } zero_bucket;
 
 /* A staged reduce-scatter posted: where this rank's share arrives and where it is added. */
@@ -129,6 +130,9 @@ int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
 /* Full gradients: posts the in-place reduce-scatter (averaging over the
  * group) of flat range [a, b) (src: the store's buffer from a, which holds
  * g->grads) as one request; *req is NULL on one rank. */
+/* After the wait of a packed (reduce_dtype bf16 / fp16) zero_ireduce_scatter_full: widens this rank's
+ * share of [a, b) back to f32 in place. */
+void zero_unpack_full_share(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b);
 dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
                                      dsc_comm_request **req);
 /* All-gathers flat range [a, b) of the group's values into dst (b - a

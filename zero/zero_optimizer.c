@@ -51,6 +51,15 @@ static float *flat_values(zero_optimizer *z, dsc_param_group g) {
 
 /* ---- full gradients: buckets --------------------------------------------------- */
 
+/* A packed bucket's share back in f32, once its reduction completed. */
+static dsc_status unpack_bucket(zero_optimizer *z, int k) {
+    zero_bucket *b = &z->buckets[k];
+    if (!b->packed) return NULL;
+    zero_unpack_full_share(z, &z->groups[b->group], flat_grads(z, b->group) + b->begin, b->begin, b->end);
+    b->packed = false;
+    return NULL;
+}
+
 /* Reduces the bucket, or with overlap_comm posts its reduction (waited in reduce_grads). */
 static dsc_status reduce_bucket(zero_optimizer *z, int k) {
     zero_bucket *b = &z->buckets[k];
@@ -58,7 +67,10 @@ static dsc_status reduce_bucket(zero_optimizer *z, int k) {
     zero_group *g = &z->groups[b->group];
     float *src = flat_grads(z, b->group) + b->begin;
     DSC_TRY(zero_ireduce_scatter_full(z, g, src, b->begin, b->end, &z->reqs[k]));
-    return z->o.overlap_comm ? NULL : dsc_comm_wait(&z->reqs[k]);
+    b->packed = dsc_precision_is_narrow(z->o.reduce_dtype) && g->comm && g->size > 1;
+    if (z->o.overlap_comm) return NULL;
+    DSC_TRY(dsc_comm_wait(&z->reqs[k]));
+    return unpack_bucket(z, k);
 }
 
 /* Moves the reductions in flight on (overlap_comm): MPI progresses them only while they are tested. */
@@ -99,6 +111,8 @@ static dsc_status zero_reduce_grads(dsc_optimizer *opt) {
     /* together: every bucket in flight moves on while any is waited for */
     dsc_status s = dsc_comm_waitall(z->reqs, z->n_buckets);
     if (s) return dsc_error_wrap(s, "ZeRO: reducing gradients over %d buckets", z->n_buckets);
+    for (int k = 0; k < z->n_buckets; k++)
+        DSC_TRY(unpack_bucket(z, k));
     if (!z->full_grads) DSC_TRY(zero_staged_finish(z));
     reset_batch(z);
     return NULL;
@@ -122,7 +136,7 @@ static dsc_status make_buckets(zero_optimizer *z) {
         first[g] = z->n_buckets;
         for (int64_t b = 0; b < n; b += per[g])
             z->buckets[z->n_buckets++] =
-                (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0};
+                (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0, false};
     }
     for (int i = 0; i < z->n_params; i++) {
         const dsc_param *p = dsc_params_at(z->o.params, i);
@@ -491,6 +505,9 @@ static dsc_status setup(zero_optimizer *z) {
     z->n_params = dsc_params_count(z->o.params);
     DSC_CHECK(z->n_params > 0, DSC_ERR_INVALID, "ZeRO: the parameter store is empty");
     dsc_device dev = z->device = dsc_params_at(z->o.params, 0)->value.device;
+    DSC_CHECK(!dsc_precision_is_narrow(z->o.reduce_dtype) || dev.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+              "ZeRO: reducing gradients in %s is implemented for host memory only",
+              dsc_dtype_name(z->o.reduce_dtype));
     size_t n = (size_t)z->n_params;
     z->uses = calloc(n, sizeof *z->uses);
     z->uses_left = calloc(n, sizeof *z->uses_left);

@@ -28,8 +28,10 @@
  * (dsc_params_declare_shard), which is what checkpoints store.
  *
  * With tensor_parallel.sequence_parallel (Megatron's) the activations
- * between the regions hold this rank's t / tp positions; each all-reduce
- * becomes a reduce-scatter, each region's input an all-gather.
+ * between the regions hold this rank's t / tp positions, and so does what a
+ * block keeps for backward outside the regions; each all-reduce becomes a
+ * reduce-scatter, each region's input an all-gather (again in backward:
+ * a region keeps only its rank's positions of its input).
  *
  * Not here: which ranks form the group (dsc/topology.h), KV heads fewer
  * than ranks (refused: a KV head held by several ranks would need its

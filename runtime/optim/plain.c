@@ -15,6 +15,9 @@
  * next layers' backward computes. Either way every bucket is reduced by the
  * same algorithm on the same data: the results are bitwise equal.
  *
+ * With reduce_dtype bf16 / fp16 (communication_data_type) a bucket is packed
+ * into 2-byte values in place, reduced so, and widened back after its wait.
+ *
  * Not here: sharding (zero/), learning-rate schedules (engine), and tied
  * gradients across pipeline stages (pipe/). */
 #include <math.h>
@@ -25,6 +28,7 @@
 #include "dsc/kernels.h"
 #include "dsc/log.h"
 #include "dsc/optimizer.h"
+#include "dsc/precision.h"
 
 enum { SECOND_ALIGN = 64 }; /* elements: packed second states start aligned as the store's parameters do */
 
@@ -33,6 +37,7 @@ typedef struct bucket {
     int64_t begin, end; /* element range of the group's flat gradient buffer */
     int params;         /* parameters overlapping the range */
     int pending;        /* of those, not yet final in this batch; -1 once reduced or posted */
+    bool packed;        /* posted packed in reduce_dtype (overlap_comm): unpacked after the wait */
 } bucket;
 
 typedef struct plain_optimizer {
@@ -83,10 +88,18 @@ static dsc_status reduce_bucket(plain_optimizer *p, int k) {
     dsc_tensor values, grads;
     dsc_params_flat(p->o.params, b->group, &values, &grads);
     int64_t n = b->end - b->begin;
-    dsc_tensor piece = dsc_tensor_view((float *)grads.data + b->begin, DSC_DTYPE_F32, 1, &n, grads.device);
+    float *data = (float *)grads.data + b->begin;
+    /* communication_data_type bf16 / fp16: reduced packed in place, half the bytes */
+    dsc_dtype dt = p->o.reduce_dtype;
+    bool narrow = dsc_precision_is_narrow(dt);
+    if (narrow) dsc_precision_pack(data, n, dt);
+    dsc_tensor piece = dsc_tensor_view(data, narrow ? dt : DSC_DTYPE_F32, 1, &n, grads.device);
     dsc_status s = p->o.overlap_comm ? dsc_comm_iallreduce(c, &piece, DSC_REDUCE_OP_AVG, &p->reqs[k])
                                      : dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
-    return s ? bucket_error(b, s) : NULL;
+    if (s) return bucket_error(b, s);
+    b->packed = narrow && p->o.overlap_comm;
+    if (narrow && !p->o.overlap_comm) dsc_precision_unpack(data, data, n, dt);
+    return NULL;
 }
 
 /* Moves the buckets in flight on (overlap_comm): MPI progresses them only while they are tested. */
@@ -124,6 +137,15 @@ static dsc_status plain_reduce_grads(dsc_optimizer *opt) {
     /* together: every bucket in flight moves on while any is waited for */
     dsc_status s = dsc_comm_waitall(p->reqs, p->n_buckets);
     if (s) return dsc_error_wrap(s, "averaging gradients over %d buckets", p->n_buckets);
+    for (int k = 0; k < p->n_buckets; k++) {
+        bucket *b = &p->buckets[k];
+        if (!b->packed) continue;
+        dsc_tensor grads;
+        dsc_params_flat(p->o.params, b->group, NULL, &grads);
+        float *data = (float *)grads.data + b->begin;
+        dsc_precision_unpack(data, data, b->end - b->begin, p->o.reduce_dtype);
+        b->packed = false;
+    }
     reset_batch(p);
     return NULL;
 }
@@ -273,7 +295,7 @@ static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
         first_of_group[g] = p->n_buckets;
         for (int64_t b = 0; b < numel[g]; b += per[g])
             p->buckets[p->n_buckets++] =
-                (bucket){(dsc_param_group)g, b, b + per[g] < numel[g] ? b + per[g] : numel[g], 0, 0};
+                (bucket){(dsc_param_group)g, b, b + per[g] < numel[g] ? b + per[g] : numel[g], 0, 0, false};
     }
     for (int i = 0; i < p->n_params; i++) {
         const dsc_param *param = dsc_params_at(p->o.params, i);
@@ -308,6 +330,10 @@ static dsc_status setup(plain_optimizer *p) {
             p->uses[i]++;
         }
     }
+    DSC_CHECK(!dsc_precision_is_narrow(p->o.reduce_dtype) || p->n_params == 0 ||
+                  dsc_params_at(p->o.params, 0)->value.device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED, "plain optimizer: reducing gradients in %s is implemented for host memory only",
+              dsc_dtype_name(p->o.reduce_dtype));
     DSC_TRY(make_buckets(p, p->o.reduce_bucket_size));
     p->n_state_kinds = dsc_optim_state_kinds(p->o.hparams.type);
     int64_t second_len[DSC_PARAM_GROUP_COUNT] = {0, 0};

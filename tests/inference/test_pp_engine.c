@@ -88,6 +88,7 @@ typedef struct gen {
     int32_t tokens[NREQ][MAX_NEW];
     int32_t n[NREQ];
     bool done[NREQ];
+    dsc_scheduler_stats stats;
 } gen;
 
 static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finished) {
@@ -131,7 +132,8 @@ static int64_t generate(dsc_infer_engine *e, int32_t V, const run_opts *o, gen *
             assert_ok(dsc_scheduler_release(s, 5));
         }
     }
-    int64_t preemptions = dsc_scheduler_get_stats(s)->preemptions;
+    g->stats = *dsc_scheduler_get_stats(s);
+    int64_t preemptions = g->stats.preemptions;
     for (int r = 0; r < NREQ; r++)
         if (!o->cancel_after || (r != 1 && r != 4)) assert_ok(dsc_scheduler_release(s, (uint64_t)r + 1));
     /* every stage's cache is free again: nothing leaked on preemption or cancellation */
@@ -174,6 +176,45 @@ static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *w
     free(y);
 }
 
+/* The activation bytes between stages, from the pipe communicator's
+ * counters: a fresh engine generates the batch (tokens equal one process),
+ * and its M micro-batches of T tokens in all cross every stage boundary
+ * once, each as one message of HDR int32 words (the header fused with the
+ * payload, inference/pipeline.c) and this TP rank's slice of the (N, C)
+ * activation — ceil or floor of N·C / tp floats (Megatron's scatter-gather:
+ * each TP rank sends 1/tp, the next stage all-gathers) — so a rank's bytes
+ * lie within 4 (HDR M + (C T ± (tp - 1) M) / tp), and a stage's TP ranks
+ * together send exactly 4 (tp HDR M + C T). Senders (every stage but the
+ * last) count them sent, the last stage received (the others also receive
+ * the sampled tokens). */
+enum { HDR = 4 };
+
+static void check_bytes(dsc_infer_model *split, const layout *l, const gen *want, const char *what) {
+    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size));
+    dsc_comm_reset_stats(l->pipe);
+    gen got;
+    run_opts plain = {0};
+    generate(e, dsc_infer_model_get_config(split)->vocab_size, &plain, &got);
+    dsc_infer_engine_destroy(e); /* completes the sends still in flight, which count when they complete */
+    expect_same_tokens(want, &got, false, what);
+    dsc_comm_stats st;
+    dsc_comm_get_stats(l->pipe, &st);
+    bool last = dsc_comm_rank(l->pipe) == l->pp_size - 1;
+    int64_t bytes = last ? st.bytes_recv[DSC_COMM_OP_RECV] : st.bytes_sent[DSC_COMM_OP_SEND];
+    int64_t M = got.stats.forwards, T = got.stats.tokens_forwarded, tp = l->tp_size;
+    int64_t C = dsc_infer_model_get_config(split)->d_model, whole = 4 * C * T;
+    printf("%s: %s %lld activation bytes for %lld micro-batches of %lld tokens (whole activations: %lld)\n", what,
+           last ? "received" : "sent", (long long)bytes, (long long)M, (long long)T, (long long)whole);
+    fflush(stdout);
+    assert_true(bytes >= 4 * (HDR * M + (C * T - (tp - 1) * M) / tp));
+    assert_true(bytes <= 4 * (HDR * M + (C * T + (tp - 1) * M + tp - 1) / tp));
+    if (l->tp) {
+        dsc_tensor t = dsc_tensor_view(&bytes, DSC_DTYPE_I64, 1, (int64_t[]){1}, DSC_CPU);
+        assert_ok(dsc_comm_allreduce(l->tp, &t, DSC_REDUCE_OP_SUM));
+        assert_int_equal(bytes, 4 * (tp * HDR * M + C * T));
+    }
+}
+
 static void compare(dsc_comm *world, const char *dir, int tp, const char *method, const char *what) {
     layout l;
     make_layout(world, tp, &l);
@@ -192,6 +233,7 @@ static void compare(dsc_comm *world, const char *dir, int tp, const char *method
     generate(e2, V, &cancel, &got);
     expect_same_tokens(&want, &got, true, label);
     check_put(e1, e2, label);
+    if (l.pipe) check_bytes(split, &l, &want, label);
     char holds[512];
     dsc_infer_model_describe(split, holds, sizeof holds);
     printf(
