@@ -49,6 +49,20 @@ DSC_API bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype)
 DSC_API uint16_t dsc_precision_to_bf16(float x);
 DSC_API uint16_t dsc_precision_to_f16(float x);
 
+/* Gradient reduction in a 2-byte dtype (communication_data_type), in the
+ * f32 buffers themselves: pack turns the n f32 values at `buf` into n
+ * bf16 / f16 values (rounded as above) at the start of `buf`; unpack writes
+ * n f32 values from n 2-byte ones, and may run in place (dst at or after
+ * src, as for a reduced share inside its packed range); unpack_add adds them
+ * to dst (no overlap). */
+DSC_API void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype);
+DSC_API void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtype);
+DSC_API void dsc_precision_unpack_add(float *dst, const void *src, int64_t n, dsc_dtype dtype);
+/* Whether a reduction dtype is a packed 2-byte one (bf16, f16). */
+static inline bool dsc_precision_is_narrow(dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16;
+}
+
 /* ---- the loss scaler ----------------------------------------------------------------------- */
 
 typedef struct dsc_loss_scaler_options {

@@ -82,3 +82,29 @@ bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype) {
         finite &= isfinite(x[i]) != 0;
     return finite;
 }
+
+void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype) {
+    const float *src = buf;
+    uint16_t *dst = buf;
+    /* ascending: element i's 2 bytes land below every element not read yet */
+    for (int64_t i = 0; i < n; i++) {
+        float x = src[i];
+        dst[i] = dtype == DSC_DTYPE_BF16 ? dsc_precision_to_bf16(x) : dsc_precision_to_f16(x);
+    }
+}
+
+static inline float widen(uint16_t h, dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(h) : dsc_f16_to_f32(h);
+}
+
+void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
+    const uint16_t *h = src;
+    for (int64_t i = n - 1; i >= 0; i--) /* descending: in place when dst starts at or after src */
+        dst[i] = widen(h[i], dtype);
+}
+
+void dsc_precision_unpack_add(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] += widen(h[i], dtype);
+}
