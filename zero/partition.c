@@ -67,7 +67,7 @@ static dsc_status find_pieces(zero_optimizer *z, zero_group *g) {
         }
         if (hi <= lo) continue;
         g->piece_of[i] = g->n_pieces;
-        g->pieces[g->n_pieces++] = (zero_piece){p, lo, pos, hi - lo};
+        g->pieces[g->n_pieces++] = (zero_piece){p, lo, pos, hi - lo, pos};
         if (g->split) g->len += hi - lo;
     }
     return NULL;

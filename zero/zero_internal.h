@@ -20,6 +20,7 @@ typedef struct zero_piece {
     int64_t param_offset; /* element offset inside the parameter */
     int64_t pos;          /* element offset inside the rank's range */
     int64_t numel;
+    int64_t pos2; /* element offset inside the rank's second state (exp_avg_sq); -1: the piece has none (Muon) */
 } zero_piece;
 
 /* A parameter group (dense or expert) partitioned over its communicator. */
@@ -35,7 +36,9 @@ typedef struct zero_group {
     int *piece_of; /* [n_params] split: index of each parameter's piece in `pieces`, -1 when empty or elsewhere */
     dsc_tensor values;   /* (len): own buffer in stage 3, else a view of the store's flat values */
     dsc_tensor grads;    /* (len): own buffer in stages 2 and 3, else a view of the store's flat grads */
-    dsc_tensor state[2]; /* (len): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    dsc_tensor state[2]; /* (len), (len2): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    int64_t len2;        /* elements of state[1]: len, or for Muon those of the pieces outside its matrices */
+    int n_second;        /* pieces with a second state */
     zero_piece *pieces;
     int n_pieces;
 } zero_group;

@@ -130,6 +130,7 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .expert_dp = t->ext.expert_dp,
         .ep = t->ext.ep,
         .pipe = t->ext.model,
+        .tensor = t->ext.tp ? t->ext.model : NULL,
         .counts_in_norm = t->ext.counts_in_norm,
         .counts_in_norm_ctx = t->ext.counts_in_norm_ctx,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,

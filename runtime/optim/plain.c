@@ -30,6 +30,8 @@
 #include "dsc/optimizer.h"
 #include "dsc/precision.h"
 
+enum { SECOND_ALIGN = 64 }; /* elements: packed second states start aligned as the store's parameters do */
+
 typedef struct bucket {
     dsc_param_group group;
     int64_t begin, end; /* element range of the group's flat gradient buffer */
@@ -45,6 +47,10 @@ typedef struct plain_optimizer {
     dsc_tensor
         state[2][DSC_PARAM_GROUP_COUNT]; /* exp_avg, exp_avg_sq (or momentum_buffer, unused): flat like grads */
     int n_state_kinds;                   /* 2 for AdamW, 1 for SGD */
+    /* [n_params] where each parameter's second state (exp_avg_sq) sits in state[1][group]: its flat offset, or
+     * for Muon, whose matrices keep only a momentum, packed over the rest; -1 for a parameter without one */
+    int64_t *second_at;
+    int n_second; /* parameters with a second state */
     int64_t step;
     bucket *buckets;
     dsc_comm_request **reqs; /* [n_buckets] overlap_comm: each bucket's all-reduce in flight */
@@ -150,6 +156,14 @@ static dsc_tensor state_view(const dsc_tensor *flat, const dsc_param *param) {
                            param->value.shape, flat->device);
 }
 
+/* Parameter i's second state (it has one). */
+static dsc_tensor second_view(const plain_optimizer *p, int i) {
+    dsc_param *param = dsc_params_at(p->o.params, i);
+    const dsc_tensor *buf = &p->state[1][param->group];
+    return dsc_tensor_view((float *)buf->data + p->second_at[i], DSC_DTYPE_F32, param->value.ndim,
+                           param->value.shape, buf->device);
+}
+
 static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
     plain_optimizer *p = self_of(opt);
     double sq[DSC_PARAM_GROUP_COUNT] = {0, 0};
@@ -177,8 +191,19 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
     for (int i = 0; i < p->n_params; i++) {
         dsc_param *param = dsc_params_at(p->o.params, i);
         dsc_tensor s0 = state_view(&p->state[0][param->group], param);
-        dsc_tensor s1 = p->n_state_kinds > 1 ? state_view(&p->state[1][param->group], param) : s0;
-        dsc_status s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        dsc_tensor s1 = p->second_at[i] >= 0 ? second_view(p, i) : s0;
+        dsc_status s;
+        if (p->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON &&
+            dsc_optim_muon_needs_tensor_group(param, p->o.tensor)) { /* a slice: assembled over the tensor group */
+            int64_t n = dsc_param_numel(param);
+            dsc_tensor v = dsc_tensor_view(param->value.data, DSC_DTYPE_F32, 1, &n, param->value.device);
+            dsc_tensor g = dsc_tensor_view(param->grad.data, DSC_DTYPE_F32, 1, &n, param->grad.device);
+            dsc_tensor m = dsc_tensor_view(s0.data, DSC_DTYPE_F32, 1, &n, s0.device);
+            s = dsc_optim_muon_piece(&p->o.hparams, param, &(dsc_muon_piece){&v, &g, &m, 0, NULL, p->o.tensor},
+                                     (float)lr);
+        } else {
+            s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        }
         if (s) return dsc_error_wrap(s, "step %lld: updating %s", (long long)p->step, param->name);
     }
     DSC_TRY(dsc_params_zero_grads(p->o.params));
@@ -186,27 +211,31 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
     return NULL;
 }
 
+/* Entries: every parameter's first state, then the second state of those that have one, then "step". */
 static int plain_state_count(const dsc_optimizer *opt) {
     const plain_optimizer *p = (const plain_optimizer *)opt;
-    return p->n_state_kinds * p->n_params + 1;
+    return p->n_params + p->n_second + 1;
 }
 
 static void plain_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     plain_optimizer *p = self_of(opt);
     memset(out, 0, sizeof *out);
-    if (index == p->n_state_kinds * p->n_params) {
+    if (index == p->n_params + p->n_second) {
         int64_t one = 1;
         snprintf(out->name, sizeof out->name, "step");
         out->local = dsc_tensor_view(&p->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
         return;
     }
-    int kind = index / p->n_params;
-    dsc_param *param = dsc_params_at(p->o.params, index % p->n_params);
+    int kind = index >= p->n_params, i = index;
+    if (kind) /* the (index - n_params)-th parameter with a second state */
+        for (int left = index - p->n_params, j = 0; j < p->n_params; j++)
+            if (p->second_at[j] >= 0 && left-- == 0) i = j;
+    dsc_param *param = dsc_params_at(p->o.params, i);
     const char *kind_name = dsc_optim_state_name(p->o.hparams.type, kind);
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, param->name);
     out->param = param;
     out->offset = 0;
-    out->local = state_view(&p->state[kind][param->group], param);
+    out->local = kind ? second_view(p, i) : state_view(&p->state[0][param->group], param);
 }
 
 static void plain_destroy(dsc_optimizer *opt) {
@@ -220,6 +249,7 @@ static void plain_destroy(dsc_optimizer *opt) {
     free(p->uses_left);
     free(p->first_bucket);
     free(p->last_bucket);
+    free(p->second_at);
     free(p);
 }
 
@@ -287,7 +317,8 @@ static dsc_status setup(plain_optimizer *p) {
     p->uses_left = calloc(n, sizeof *p->uses_left);
     p->first_bucket = calloc(n, sizeof *p->first_bucket);
     p->last_bucket = calloc(n, sizeof *p->last_bucket);
-    DSC_CHECK(p->uses && p->uses_left && p->first_bucket && p->last_bucket, DSC_ERR_NOMEM,
+    p->second_at = calloc(n, sizeof *p->second_at);
+    DSC_CHECK(p->uses && p->uses_left && p->first_bucket && p->last_bucket && p->second_at, DSC_ERR_NOMEM,
               "plain optimizer: bookkeeping for %d parameters", p->n_params);
     for (int l = 0; l < p->o.n_layers; l++) {
         const dsc_layer *layer = p->o.layers[l];
@@ -305,11 +336,26 @@ static dsc_status setup(plain_optimizer *p) {
               dsc_dtype_name(p->o.reduce_dtype));
     DSC_TRY(make_buckets(p, p->o.reduce_bucket_size));
     p->n_state_kinds = dsc_optim_state_kinds(p->o.hparams.type);
+    int64_t second_len[DSC_PARAM_GROUP_COUNT] = {0, 0};
+    for (int i = 0; i < p->n_params; i++) {
+        const dsc_param *param = dsc_params_at(p->o.params, i);
+        p->second_at[i] = -1;
+        if (dsc_optim_param_state_kinds(p->o.hparams.type, param) < 2) continue;
+        p->n_second++;
+        if (p->o.hparams.type != DSC_OPTIMIZER_TYPE_MUON) { /* the flat layout */
+            p->second_at[i] = param->offset;
+            continue;
+        }
+        int64_t *len = &second_len[param->group];
+        p->second_at[i] = *len;
+        *len += (dsc_param_numel(param) + SECOND_ALIGN - 1) / SECOND_ALIGN * SECOND_ALIGN;
+    }
     for (int k = 0; k < p->n_state_kinds; k++) {
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
             dsc_tensor values, grads;
             dsc_params_flat(p->o.params, (dsc_param_group)g, &values, &grads);
-            int64_t len = dsc_tensor_numel(&values);
+            int64_t len =
+                k == 1 && p->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON ? second_len[g] : dsc_tensor_numel(&values);
             DSC_TRY(dsc_tensor_alloc(&p->state[k][g], DSC_DTYPE_F32, 1, &len, values.device, DSC_MEM_OPTIM));
         }
     }

@@ -11,7 +11,8 @@
  * one, the LM head's cross-entropy two (maxima; sums) and its backward one.
  * And a rank's parameter + gradient + AdamW state bytes, as the allocator
  * counts them, are within 5% of 16 bytes x ((psi - replicated) / tp +
- * replicated). */
+ * replicated). Muon too, its matrices assembled over the tensor group for
+ * Newton-Schulz (and over the ZeRO group first under tp x dp with ZeRO). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,55 @@ static void test_with_zero(void **state) {
                         "tensor_parallel.tp_grain_size=8",
                         "tensor_parallel.sequence_parallel=true"};
     check_equivalence("GPT, tp x dp 2, ZeRO-2, sequence parallel", sp, 7);
+}
+
+/* Muon under tensor parallelism: the column-parallel matrices (q, k, v, fc,
+ * gate/up) are cut along their rows and the row-parallel ones (o, proj,
+ * down) along their columns, so Newton-Schulz sees each matrix assembled
+ * over the tensor group; the one process orthogonalises the whole matrices.
+ * Without attention biases: the key bias's gradient is rounding noise that
+ * the Adam group (eps 1e-10) turns into +-lr steps (test_zero_muon). The
+ * models are test_gpt's and test_llama_gqa_uneven's. */
+static void check_muon(const char *what, const char *tp, const char *zero, bool llama) {
+    static const char *const gpt_keys[] = {"model.n_head=4", "model.d_model=32", "model.d_ff=72",
+                                           "tensor_parallel.tp_grain_size=8"};
+    static const char *const llama_keys[] = {"model.arch=\"llama\"", "model.n_head=10",
+                                             "model.n_kv_head=5",    "model.d_model=40",
+                                             "model.d_ff=36",        "tensor_parallel.tp_grain_size=1"};
+    static const char *const muon_keys[] = {"optimizer.type=muon", "optimizer.params.muon_lr=0.02",
+                                            "optimizer.params.adam_lr=0.003", "model.qkv_bias=false"};
+    const char *over[16];
+    int n = 0;
+    over[n++] = tp;
+    if (zero) over[n++] = zero;
+    const char *const *model = llama ? llama_keys : gpt_keys;
+    int n_model =
+        llama ? (int)(sizeof llama_keys / sizeof *llama_keys) : (int)(sizeof gpt_keys / sizeof *gpt_keys);
+    for (int i = 0; i < n_model; i++)
+        over[n++] = model[i];
+    for (size_t i = 0; i < sizeof muon_keys / sizeof *muon_keys; i++)
+        over[n++] = muon_keys[i];
+    check_equivalence(what, over, n);
+}
+
+static void test_muon(void **state) {
+    (void)state;
+    set_tp_all();
+    check_muon("GPT, Muon", tp_all, NULL, false);
+    check_muon("GQA Llama (uneven heads), Muon", tp_all, NULL, true);
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    const int size = dsc_comm_size(world);
+    dsc_comm_free(world);
+    if (size < 4) return;
+    char half[64];
+    snprintf(half, sizeof half, "tensor_parallel.autotp_size=%d", size / 2);
+    for (int stage = 1; stage <= 3; stage++) { /* slices assembled over the ZeRO group first */
+        char zs[64], what[64];
+        snprintf(zs, sizeof zs, "zero_optimization.stage=%d", stage);
+        snprintf(what, sizeof what, "GPT, Muon, tp %d x dp 2, ZeRO-%d", size / 2, stage);
+        check_muon(what, half, zs, false);
+    }
 }
 
 /* The world, a token file at `data` and tp_all, for a test named `tag`. */
@@ -528,6 +578,7 @@ int main(void) {
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_llama_gqa_uneven),
         cmocka_unit_test(test_with_zero),
+        cmocka_unit_test(test_muon),
         cmocka_unit_test(test_megatron_counts),
         cmocka_unit_test(test_sequence_parallel),
         cmocka_unit_test(test_sequence_parallel_counts),
