@@ -10,26 +10,44 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/cpu_simd.h"
 
-/* Weight rows per unit of work in the streaming case (a few KB each: threads stay on contiguous rows). */
+/* Weight rows per chunk in the streaming case (a few KB each: threads stay on contiguous rows). */
 enum { ROW_CHUNK = 16 };
+
+typedef struct stream_job {
+    float *y;
+    const float *x, *bias;
+    const void *w;
+    dsc_weight_format f;
+    int64_t n, oc, c;
+} stream_job;
+
+static void stream_chunk(void *arg, int64_t ch) {
+    const stream_job *J = arg;
+    int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < J->oc ? r0 + ROW_CHUNK : J->oc;
+    for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
+        int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+        dsc_cpu_dot_rows(J->y + i0 * J->oc, J->oc, J->x + i0 * J->c, m, J->w, J->f, J->c, r0, r1);
+        for (int64_t i = i0; J->bias && i < i0 + m; i++)
+            for (int64_t r = r0; r < r1; r++)
+                J->y[i * J->oc + r] += J->bias[r];
+    }
+}
 
 void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
                          int64_t n, int64_t oc, int64_t c) {
-    int nt = dsc_kernels_get_num_threads();
+    stream_job J = {.y = y, .x = x, .bias = bias, .w = w, .f = f, .n = n, .oc = oc, .c = c};
     int64_t chunks = (oc + ROW_CHUNK - 1) / ROW_CHUNK;
-#pragma omp parallel for num_threads(nt) if (oc * c > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t ch = 0; ch < chunks; ch++) {
-        int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < oc ? r0 + ROW_CHUNK : oc;
-        for (int64_t i0 = 0; i0 < n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
-            int64_t m = n - i0 < DSC_CPU_GEMV_MAX_ROWS ? n - i0 : DSC_CPU_GEMV_MAX_ROWS;
-            dsc_cpu_dot_rows(y + i0 * oc, oc, x + i0 * c, m, w, f, c, r0, r1);
-            for (int64_t i = i0; bias && i < i0 + m; i++)
-                for (int64_t r = r0; r < r1; r++)
-                    y[i * oc + r] += bias[r];
-        }
+    if (oc * c <= DSC_CPU_PARALLEL_MIN) {
+        for (int64_t ch = 0; ch < chunks; ch++)
+            stream_chunk(&J, ch);
+        return;
     }
+    /* The pool, not an OpenMP region: a decode token runs dozens of these, and a thread
+     * that is late (descheduled on a busy machine) is not waited for (cpu_pool.h). */
+    dsc_cpu_pool_run(stream_chunk, &J, chunks);
 }
 
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
