@@ -100,8 +100,8 @@ def llama_batched_worker(path, threads, batch):
         t = time.perf_counter()
         r = server.handle_completions(dict(req, prompt=prompts))
         wall = time.perf_counter() - t
-        results = r if isinstance(r, list) else [r]
-        n = sum(res["timings"]["predicted_n"] for res in results)
+        # one completion per prompt ("choices"), each ended by the length limit: STEPS tokens each
+        n = sum(STEPS for c in r["choices"] if c["finish_reason"] == "length")
         if n != batch * STEPS:
             raise RuntimeError(f"llama.cpp generated {n} of {batch * STEPS} tokens")
         rates.append(n / wall)
