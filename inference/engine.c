@@ -136,8 +136,16 @@ dsc_status dsc_infer_engine_tick(dsc_infer_engine *e, int32_t n, const uint64_t 
     return infer_pipeline_tick(e->pipe, e->cache, e->state, &e->scratch, logits, landed);
 }
 
-dsc_status dsc_infer_engine_share_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n) {
-    return infer_pipeline_share(e->pipe, tokens, DSC_DTYPE_I32, n);
+dsc_status dsc_infer_engine_post_tokens(dsc_infer_engine *e, const int32_t *tokens, int32_t n) {
+    return infer_pipeline_post_tokens(e->pipe, tokens, n);
+}
+
+dsc_status dsc_infer_engine_recv_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n) {
+    return infer_pipeline_recv_tokens(e->pipe, tokens, n);
+}
+
+void dsc_infer_engine_pipeline_profile(const dsc_infer_engine *e, infer_pipeline_profile *out) {
+    infer_pipeline_get_profile(e->pipe, out);
 }
 
 dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
@@ -181,5 +189,8 @@ int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid) {
 }
 
 void dsc_infer_engine_busy(const dsc_infer_engine *e, double *busy_s, double *tick_s) {
-    infer_pipeline_times(e->pipe, busy_s, tick_s);
+    infer_pipeline_profile prof;
+    infer_pipeline_get_profile(e->pipe, &prof);
+    *busy_s = prof.busy;
+    *tick_s = prof.total;
 }

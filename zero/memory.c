@@ -20,6 +20,11 @@ void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc
 }
 
 dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out) {
+    return dsc_zero_model_size_of_extra(mc, NULL, out);
+}
+
+dsc_status dsc_zero_model_size_of_extra(const dsc_model_config *mc, const void *build_extra,
+                                        dsc_zero_model_size *out) {
     *out = (dsc_zero_model_size){0};
     DSC_TRY(dsc_model_config_validate(mc));
     DSC_TRY(dsc_nn_register_dense_layers());
@@ -29,7 +34,7 @@ dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_siz
     /* Declaring parameters allocates nothing until finalize, so a 70B model costs only its layer structs. */
     dsc_param_store *store = NULL;
     dsc_status s = dsc_params_create(&store, DSC_CPU, 0);
-    dsc_build_ctx ctx = {.model = mc, .params = store, .device = DSC_CPU};
+    dsc_build_ctx ctx = {.model = mc, .params = store, .device = DSC_CPU, .extra = build_extra};
     for (int i = 0; i < count && !s; i++) {
         dsc_layer *layer = NULL;
         s = dsc_layer_build(&specs[i], &ctx, &layer);
@@ -52,11 +57,22 @@ static double gib(double bytes) {
     return bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
+void dsc_zero_estimate_rank(const dsc_zero_model_size *size, int stage, int dp, int pp, int ep, int state_bytes,
+                            dsc_zero_memory *out) {
+    pp = pp > 0 ? pp : 1;
+    ep = ep > 0 ? ep : 1;
+    const double dense = (size->params - size->expert_params) / pp;
+    const double expert = size->expert_params / pp / ep; /* this rank's experts */
+    const int edp = dp / ep > 0 ? dp / ep : 1;
+    dsc_zero_memory d, e;
+    dsc_zero_memory_formula(stage, dense, dp, state_bytes, &d);
+    dsc_zero_memory_formula(stage, expert, edp, state_bytes, &e);
+    *out = (dsc_zero_memory){d.params + e.params, d.grads + e.grads, d.optim + e.optim};
+}
+
 void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes) {
     pp = pp > 0 ? pp : 1;
     ep = ep > 0 ? ep : 1;
-    double dense = (size->params - size->expert_params) / pp;
-    double expert = size->expert_params / pp / ep; /* this rank's experts */
     int edp = dp / ep > 0 ? dp / ep : 1;
     fprintf(
         fp,
@@ -67,10 +83,9 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
     fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
             "+ gathered GiB");
     for (int stage = 0; stage <= 3; stage++) {
-        dsc_zero_memory d, e;
-        dsc_zero_memory_formula(stage, dense, dp, state_bytes, &d);
-        dsc_zero_memory_formula(stage, expert, edp, state_bytes, &e);
-        double p = d.params + e.params, g = d.grads + e.grads, o = d.optim + e.optim;
+        dsc_zero_memory m;
+        dsc_zero_estimate_rank(size, stage, dp, pp, ep, state_bytes, &m);
+        double p = m.params, g = m.grads, o = m.optim;
         /* stage 3 holds a gathered layer (and the prefetched next one) besides its shards */
         double live = stage == 3 ? 2 * 4.0 * size->largest_layer : 0;
         fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f%s\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
