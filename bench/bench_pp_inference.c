@@ -18,8 +18,10 @@
  * vocab 4096, random f32 weights, written by rank 0 into DIR (default
  * /tmp/dsc_bench_pp_model) when it is not there. Each sequence: a 16-token
  * prompt, NEW new tokens (default 32), greedy. Each concurrency runs REPS
- * times (default 1); each line is one run.
- *   DSC_NUM_THREADS=1 build/bench/bench_pp_inference [DIR [NEW [REPS]]]
+ * times (default 1); each line is one run. EXTRA (default 0): micro-batches
+ * in flight beyond P (the engine's micro_batches = P + EXTRA; the bounds
+ * stay P's: a stage can be busy at most min(c, P) / P of the time).
+ *   DSC_NUM_THREADS=1 build/bench/bench_pp_inference [DIR [NEW [REPS [EXTRA]]]]
  *   DSC_NUM_THREADS=1 mpirun -np 2 build/bench/bench_pp_inference
  *   DSC_NUM_THREADS=1 mpirun -np 4 build/bench/bench_pp_inference
  * bench/bench_pp_inference.sh runs P = 1, 2, 4 and summarises the runs.
@@ -78,6 +80,7 @@ int main(int argc, char **argv) {
     int new_tokens = argc > 2 ? atoi(argv[2]) : 32, reps = argc > 3 ? atoi(argv[3]) : 1;
     if (new_tokens < 1) new_tokens = 32;
     if (reps < 1) reps = 1;
+    int extra = argc > 4 ? atoi(argv[4]) : 0;
     dsc_comm *world;
     die(dsc_comm_world(NULL, &world));
     int rank = dsc_comm_rank(world), P = dsc_comm_size(world);
@@ -89,13 +92,14 @@ int main(int argc, char **argv) {
     ec.max_sequences = ec.max_batch_sequences = MAX_C;
     ec.max_tokens_per_forward = MAX_C * PROMPT;
     ec.kv_cache_bytes = 64ll << 20;
+    ec.micro_batches = extra > 0 && P > 1 ? P + extra : 0;
     dsc_infer_engine *e;
     die(dsc_infer_engine_create(m, &ec, &e));
     if (rank == 0)
-        printf(
-            "pp %d x %d threads, %d new tokens; per stage: busy fraction, bounds sim and bal, waits recv / tok / "
-            "send (fractions of the wall time)\n",
-            P, dsc_kernels_get_num_threads(), new_tokens);
+        printf("pp %d x %d threads, %d new tokens, %d micro-batches in flight; per stage: busy fraction, bounds "
+               "sim and "
+               "bal, waits recv / tok / send (fractions of the wall time)\n",
+               P, dsc_kernels_get_num_threads(), new_tokens, ec.micro_batches ? ec.micro_batches : P);
     int64_t warm;
     generate(e, 1, 4, 1, &warm);
     double *all = malloc((size_t)P * FIELDS * sizeof *all);

@@ -69,7 +69,7 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
     }
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
-    if (!s) s = infer_pipeline_create(m, &e->kv, &e->pipe);
+    if (!s) s = infer_pipeline_create(m, &e->kv, cfg->micro_batches, &e->pipe);
     if (!s) s = dsc_forward_scratch_init(&e->scratch, m, e->kv.max_tokens_per_forward, e->kv.max_batch_sequences);
     if (!s) {
         e->candidates = malloc(((size_t)m->shard.vocab_size + (size_t)m->cfg.vocab_size) * sizeof *e->candidates);

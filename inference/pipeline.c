@@ -1,17 +1,19 @@
-/* The engine's micro-batch pipeline: a ring of P ragged batches, one per
- * tick, so that P micro-batches are in flight. Every rank builds every
+/* The engine's micro-batch pipeline: a ring of D ragged batches, one per
+ * tick, so that D micro-batches are in flight (D = P, the number of stages,
+ * unless the engine's micro_batches asks for more). Every rank builds every
  * micro-batch (its scheduler replica makes the same calls, so KV blocks are
  * allocated alike on all stages), and at tick t every stage computes the
  * micro-batch pushed at tick t: stage s waits only for its input from stage
  * s - 1, so the stages run skewed in time — while stage s computes
  * micro-batch m, stage s + 1 computes m - 1 — with no collective across the
- * pipeline. The micro-batch pushed P - 1 ticks ago lands: its KV commits on
+ * pipeline. The micro-batch pushed D - 1 ticks ago lands: its KV commits on
  * every rank, and its sampled tokens, which the last stage drew and posted
  * to every stage right after computing it (infer_pipeline_post_tokens),
  * are received (infer_pipeline_recv_tokens). Stage 0 is the only stage
  * that waits for them (the pipeline's ring: a sequence's next micro-batch
- * needs its token); the middle stages find them already there, and the
- * last stage never waits. With one stage the ring has one slot and a tick
+ * needs its token; D > P leaves it D - P micro-batches of slack for the
+ * latency of that round trip); the middle stages find them already there,
+ * and the last stage never waits. With one stage the ring has one slot and a tick
  * is exactly one forward.
  *
  * Each activation is one message over pipe/'s p2p: a header (magic,
@@ -48,18 +50,18 @@ enum { HDR = 4, MAGIC = 0x44535350 /* "DSSP" */, STREAM_ACTIVATION = 0, STREAM_T
 
 struct infer_pipeline {
     dsc_infer_model *m;
-    int32_t P;
-    dsc_ragged_batch *ring; /* (P): micro-batch pushed at tick t in slot t % P */
+    int32_t P, D;           /* stages, micro-batches in flight (>= P) */
+    dsc_ragged_batch *ring; /* (D): micro-batch pushed at tick t in slot t % D */
     int64_t ticks;
     pipe_p2p *p2p; /* NULL with one stage */
     dsc_comm *tp;  /* the stage's TP group (scatter-gather); NULL: one rank */
     int tp_rank, tp_size;
     float *in;                   /* (HDR + slice) the message received */
-    float *out;                  /* (P, HDR + slice) messages in flight to the next stage, by slot */
-    dsc_comm_request **out_reqs; /* (P) their sends */
+    float *out;                  /* (D, HDR + slice) messages in flight to the next stage, by slot */
+    dsc_comm_request **out_reqs; /* (D) their sends */
     int64_t msg_floats;
-    int32_t *tokens;             /* (P, 1 + max_seqs) token messages of the last stage, by slot */
-    dsc_comm_request **tok_reqs; /* (P, P - 1): their sends to each other stage */
+    int32_t *tokens;             /* (D, 1 + max_seqs) token messages of the last stage, by slot */
+    dsc_comm_request **tok_reqs; /* (D, P - 1): their sends to each other stage */
     int64_t max_tokens, max_seqs;
     int64_t fail_tick; /* failpoint: the tick this rank fails at (-1: never) */
     bool fail_kill;
@@ -97,33 +99,38 @@ static dsc_status alloc_messages(infer_pipeline *p) {
     /* the largest slice, rounded to 64 floats so that each message of the ring is aligned */
     p->msg_floats = (HDR + (p->max_tokens * p->m->cfg.d_model + p->tp_size - 1) / p->tp_size + 63) / 64 * 64;
     DSC_TRY(dsc_mem_alloc((void **)&p->in, (size_t)p->msg_floats * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU));
-    DSC_TRY(dsc_mem_alloc((void **)&p->out, (size_t)(p->P * p->msg_floats) * sizeof(float), DSC_MEM_ACTIVATIONS,
+    DSC_TRY(dsc_mem_alloc((void **)&p->out, (size_t)(p->D * p->msg_floats) * sizeof(float), DSC_MEM_ACTIVATIONS,
                           DSC_CPU));
-    p->out_reqs = calloc((size_t)p->P, sizeof *p->out_reqs);
-    p->tokens = calloc((size_t)p->P * (size_t)(1 + p->max_seqs), sizeof *p->tokens);
-    p->tok_reqs = calloc((size_t)p->P * (size_t)(p->P - 1), sizeof *p->tok_reqs);
-    DSC_CHECK(p->out_reqs && p->tokens && p->tok_reqs, DSC_ERR_NOMEM, "messages of %d micro-batches", p->P);
+    p->out_reqs = calloc((size_t)p->D, sizeof *p->out_reqs);
+    p->tokens = calloc((size_t)p->D * (size_t)(1 + p->max_seqs), sizeof *p->tokens);
+    p->tok_reqs = calloc((size_t)p->D * (size_t)(p->P - 1), sizeof *p->tok_reqs);
+    DSC_CHECK(p->out_reqs && p->tokens && p->tok_reqs, DSC_ERR_NOMEM, "messages of %d micro-batches", p->D);
     return pipe_p2p_create(p->m->pipe_comm, 1, &p->p2p);
 }
 
-dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, infer_pipeline **out) {
+dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, int32_t micro_batches,
+                                 infer_pipeline **out) {
     *out = NULL;
+    int32_t P = m->pipe_comm ? m->stages : 1;
+    DSC_CHECK(micro_batches == 0 || (micro_batches >= P && micro_batches <= 4 * P), DSC_ERR_CONFIG,
+              "engine micro_batches %d: with %d pipeline stage%s it must be 0 (as many as stages) or in [%d, %d]",
+              micro_batches, P, P == 1 ? "" : "s", P, 4 * P);
     infer_pipeline *p = calloc(1, sizeof *p);
     DSC_CHECK(p, DSC_ERR_NOMEM, "inference pipeline");
     p->m = m;
-    p->P = m->pipe_comm ? m->stages : 1;
+    p->P = P;
+    p->D = micro_batches > 0 ? micro_batches : P;
     p->max_tokens = kv->max_tokens_per_forward;
     p->max_seqs = kv->max_batch_sequences;
     p->tp = m->tp_comm;
     p->tp_rank = m->tp_comm ? m->tp_rank : 0;
     p->tp_size = m->tp_comm ? dsc_comm_size(m->tp_comm) : 1;
-    p->ring = calloc((size_t)p->P, sizeof *p->ring);
-    dsc_status s = p->ring ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline ring of %d micro-batches", p->P);
-    for (int32_t i = 0; !s && i < p->P; i++)
+    p->ring = calloc((size_t)p->D, sizeof *p->ring);
+    dsc_status s = p->ring ? NULL : dsc_error(DSC_ERR_NOMEM, "pipeline ring of %d micro-batches", p->D);
+    for (int32_t i = 0; !s && i < p->D; i++)
         s = dsc_ragged_batch_init(&p->ring[i], kv);
     if (!s && m->pipe_comm) s = alloc_messages(p);
     if (s) {
-        int32_t P = p->P;
         infer_pipeline_destroy(p);
         return dsc_error_wrap(s, "pipeline stage %d of %d", m->stage, P);
     }
@@ -134,34 +141,34 @@ dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, in
 
 void infer_pipeline_destroy(infer_pipeline *p) {
     if (!p) return;
-    for (int32_t i = 0; p->out_reqs && i < p->P; i++)
+    for (int32_t i = 0; p->out_reqs && i < p->D; i++)
         dsc_status_free(dsc_comm_wait(&p->out_reqs[i]));
-    for (int32_t i = 0; p->tok_reqs && i < p->P * (p->P - 1); i++)
+    for (int32_t i = 0; p->tok_reqs && i < p->D * (p->P - 1); i++)
         dsc_status_free(dsc_comm_wait(&p->tok_reqs[i]));
     pipe_p2p_destroy(p->p2p);
     if (p->in) dsc_mem_free(p->in, (size_t)p->msg_floats * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
-    if (p->out) dsc_mem_free(p->out, (size_t)(p->P * p->msg_floats) * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
+    if (p->out) dsc_mem_free(p->out, (size_t)(p->D * p->msg_floats) * sizeof(float), DSC_MEM_ACTIVATIONS, DSC_CPU);
     free(p->out_reqs);
     free(p->tokens);
     free(p->tok_reqs);
-    for (int32_t i = 0; p->ring && i < p->P; i++)
+    for (int32_t i = 0; p->ring && i < p->D; i++)
         if (p->ring[i].tokens) dsc_ragged_batch_free(&p->ring[i]);
     free(p->ring);
     free(p);
 }
 
 int32_t infer_pipeline_depth(const infer_pipeline *p) {
-    return p->P;
+    return p->D;
 }
 
 bool infer_pipeline_empty(const infer_pipeline *p) {
-    for (int32_t i = 0; i < p->P; i++)
+    for (int32_t i = 0; i < p->D; i++)
         if (p->ring[i].n_seqs > 0) return false;
     return true;
 }
 
 dsc_ragged_batch *infer_pipeline_push_slot(infer_pipeline *p) {
-    dsc_ragged_batch *b = &p->ring[p->ticks % p->P];
+    dsc_ragged_batch *b = &p->ring[p->ticks % p->D];
     b->n_seqs = b->n_tokens = 0;
     return b;
 }
@@ -228,14 +235,14 @@ static dsc_status receive(infer_pipeline *p, const dsc_ragged_batch *b, int64_t 
 }
 
 /* Posts this TP rank's slice of s->x (micro-batch b, pushed at `tick`) to the
- * next stage, from the message slot of the tick: its send of P ticks ago
+ * next stage, from the message slot of the tick: its send of D ticks ago
  * (long received: the next stage has computed that micro-batch since) is
  * the only one waited for. */
 static dsc_status send(infer_pipeline *p, const dsc_ragged_batch *b, int64_t tick, const dsc_forward_scratch *s) {
     int64_t n = b->n_tokens * p->m->cfg.d_model, off, count;
     slice(p, n, &off, &count);
-    float *msg = p->out + (tick % p->P) * p->msg_floats;
-    dsc_comm_request **req = &p->out_reqs[tick % p->P];
+    float *msg = p->out + (tick % p->D) * p->msg_floats;
+    dsc_comm_request **req = &p->out_reqs[tick % p->D];
     double t0 = now_s();
     DSC_TRY(dsc_comm_wait(req));
     p->prof.send_wait += now_s() - t0;
@@ -251,7 +258,7 @@ dsc_status infer_pipeline_tick(infer_pipeline *p, dsc_kv_cache *cache, dsc_kv_st
     *landed = 0;
     DSC_TRY(failpoint(p));
     int64_t t = p->ticks++;
-    const dsc_ragged_batch *b = &p->ring[t % p->P];
+    const dsc_ragged_batch *b = &p->ring[t % p->D];
     if (b->n_seqs > 0) {
         dsc_infer_model *m = p->m;
         if (p->p2p && !m->first) DSC_TRY(receive(p, b, t, s));
@@ -262,8 +269,8 @@ dsc_status infer_pipeline_tick(infer_pipeline *p, dsc_kv_cache *cache, dsc_kv_st
         p->prof.forwards++;
         if (p->p2p && !m->last) DSC_TRY(send(p, b, t, s));
     }
-    if (t >= p->P - 1) {
-        dsc_ragged_batch *done = &p->ring[(t - (p->P - 1)) % p->P];
+    if (t >= p->D - 1) {
+        dsc_ragged_batch *done = &p->ring[(t - (p->D - 1)) % p->D];
         if (done->n_seqs > 0) {
             DSC_TRY(dsc_ragged_batch_finish(done, state));
             *landed = done->n_seqs;
@@ -280,10 +287,10 @@ dsc_status infer_pipeline_post_tokens(infer_pipeline *p, const int32_t *tokens, 
               "pipeline stage %d: posting %d sampled tokens (the last stage posts at most %lld)", p->m->stage, n,
               (long long)p->max_seqs);
     int64_t t = p->ticks - 1; /* the micro-batch just computed */
-    int32_t *msg = p->tokens + (t % p->P) * (1 + p->max_seqs);
-    dsc_comm_request **reqs = p->tok_reqs + (t % p->P) * (p->P - 1);
+    int32_t *msg = p->tokens + (t % p->D) * (1 + p->max_seqs);
+    dsc_comm_request **reqs = p->tok_reqs + (t % p->D) * (p->P - 1);
     double t0 = now_s();
-    for (int32_t k = 0; k < p->P - 1; k++) /* the sends of P ticks ago read this slot */
+    for (int32_t k = 0; k < p->P - 1; k++) /* the sends of D ticks ago read this slot */
         DSC_TRY(dsc_comm_wait(&reqs[k]));
     p->prof.send_wait += now_s() - t0;
     msg[0] = (int32_t)(t & 0x7fffffff);
@@ -299,7 +306,7 @@ dsc_status infer_pipeline_recv_tokens(infer_pipeline *p, int32_t *tokens, int32_
     DSC_CHECK(!p->m->last && n <= p->max_seqs, DSC_ERR_INTERNAL,
               "pipeline stage %d: receiving %d sampled tokens (at most %lld, never on the last stage)",
               p->m->stage, n, (long long)p->max_seqs);
-    int64_t t = p->ticks - p->P; /* the micro-batch landing in this tick */
+    int64_t t = p->ticks - p->D; /* the micro-batch landing in this tick */
     int32_t *msg = p->tokens;    /* slot 0: only the last stage keeps its messages in flight */
     dsc_tensor v = dsc_tensor_view(msg, DSC_DTYPE_I32, 1, (int64_t[]){1 + n}, DSC_CPU);
     double t0 = now_s();

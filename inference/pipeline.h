@@ -8,10 +8,12 @@
 
 typedef struct infer_pipeline infer_pipeline;
 
-/* Collective over the model's pipeline group (when it has one). */
-dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, infer_pipeline **out);
+/* Collective over the model's pipeline group (when it has one).
+ * micro_batches: in flight at once, in [P, 4 P] for P stages; 0 = P. */
+dsc_status infer_pipeline_create(dsc_infer_model *m, const dsc_kv_config *kv, int32_t micro_batches,
+                                 infer_pipeline **out);
 void infer_pipeline_destroy(infer_pipeline *p);
-/* P: micro-batches that may be in flight at once. */
+/* D: micro-batches that may be in flight at once. */
 int32_t infer_pipeline_depth(const infer_pipeline *p);
 /* Whether no micro-batch is in flight. */
 bool infer_pipeline_empty(const infer_pipeline *p);
@@ -19,7 +21,7 @@ bool infer_pipeline_empty(const infer_pipeline *p);
 dsc_ragged_batch *infer_pipeline_push_slot(infer_pipeline *p);
 /* Runs this stage's forward of the micro-batch pushed now (receiving its
  * input from the previous stage and posting its output to the next), then
- * lands the micro-batch pushed P - 1 ticks ago: *landed is its sequence
+ * lands the micro-batch pushed D - 1 ticks ago: *landed is its sequence
  * count (0 when that slot was empty). Logits in `logits` on the last stage
  * are those of the micro-batch pushed now. The KV of the landed sequences
  * is committed in `state`. */

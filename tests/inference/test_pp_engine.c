@@ -70,8 +70,12 @@ static int64_t kv_budget(const dsc_infer_model *m, int pp, int tp) {
     return (int64_t)BLOCKS * layers * 2 * BLOCK * heads * c->head_size * (int64_t)sizeof(float);
 }
 
-static dsc_infer_engine *engine(dsc_infer_model *m, int64_t kv_bytes) {
+/* Micro-batches in flight in the pipelined engines (0: as many as stages). */
+static int32_t split_micro_batches;
+
+static dsc_infer_engine *engine(dsc_infer_model *m, int64_t kv_bytes, int32_t micro_batches) {
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.micro_batches = micro_batches;
     ec.block_size = BLOCK;
     ec.kv_cache_bytes = kv_bytes;
     ec.max_sequences = ec.max_batch_sequences = NREQ;
@@ -190,7 +194,7 @@ static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *w
 enum { HDR = 4 };
 
 static void check_bytes(dsc_infer_model *split, const layout *l, const gen *want, const char *what) {
-    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size));
+    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size), split_micro_batches);
     dsc_comm_reset_stats(l->pipe);
     gen got;
     run_opts plain = {0};
@@ -222,12 +226,14 @@ static void compare(dsc_comm *world, const char *dir, int tp, const char *method
     load(dir, NULL, NULL, &one);
     load(dir, &l, method, &split);
     int32_t V = dsc_infer_model_get_config(one)->vocab_size;
-    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1)), *e2 = engine(split, kv_budget(split, l.pp_size, tp));
+    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1), 0),
+                     *e2 = engine(split, kv_budget(split, l.pp_size, tp), split_micro_batches);
     gen want, got;
     run_opts plain = {0}, cancel = {.cancel_after = 3};
     int64_t p1 = generate(e1, V, &plain, &want), p2 = generate(e2, V, &plain, &got);
     char label[200];
-    snprintf(label, sizeof label, "%s at tp %d x pp %d (%s)", what, tp, l.pp_size, method ? method : "uniform");
+    snprintf(label, sizeof label, "%s at tp %d x pp %d (%s, %d micro-batches)", what, tp, l.pp_size,
+             method ? method : "uniform", split_micro_batches ? split_micro_batches : l.pp_size);
     expect_same_tokens(&want, &got, false, label);
     assert_true(p1 > 0 && p2 > 0);
     generate(e2, V, &cancel, &got);
@@ -275,6 +281,24 @@ static void test_deeper(void **state) {
     compare(world, dir, 1, NULL, "qwen2 5 layers");
     compare(world, dir, 1, "parameters", "qwen2 5 layers");
     if (dsc_comm_size(world) == 4) compare(world, dir, 2, NULL, "qwen2 5 layers");
+    /* more micro-batches in flight than stages: the same tokens */
+    split_micro_batches = dsc_comm_size(world) + 1;
+    compare(world, dir, 1, NULL, "qwen2 5 layers");
+    split_micro_batches = 0;
+    /* outside [P, 4 P] is refused, naming the range */
+    dsc_infer_model *m;
+    layout l;
+    make_layout(world, 1, &l);
+    load(dir, &l, NULL, &m);
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.micro_batches = 4 * dsc_comm_size(world) + 1;
+    dsc_infer_engine *e = NULL;
+    char needle[128];
+    snprintf(needle, sizeof needle, "it must be 0 (as many as stages) or in [%d, %d]", dsc_comm_size(world),
+             4 * dsc_comm_size(world));
+    assert_err(dsc_infer_engine_create(m, &ec, &e), DSC_ERR_CONFIG, needle);
+    dsc_infer_model_destroy(m);
+    dsc_groups_free(l.groups);
     dsc_comm_free(world);
 }
 
