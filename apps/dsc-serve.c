@@ -5,10 +5,12 @@
  * MODEL is a Hugging Face directory or a dsc checkpoint, as for
  * dsc-generate. Prints "dsc-serve: listening on http://HOST:PORT ..." once
  * it accepts requests (with the pid of every rank); SIGTERM or SIGINT
- * drains it (exit 0). With --tp N under `dsc-launch -n N` every rank loads
- * its shard, rank 0 speaks HTTP and the others follow its batch plans; a
- * signal to rank 0 drains every rank, the others ignore signals (they stop
- * with rank 0's last plan). */
+ * drains it (exit 0). With --tp N and/or --pp P under `dsc-launch -n N*P`
+ * (DeepSpeed's grid: axes pipe, model) every rank loads its shard of its
+ * stage, rank 0 speaks HTTP and the others follow its batch plans; a signal
+ * to rank 0 drains every rank, the others ignore signals (they stop with
+ * rank 0's last plan). SIGUSR2 is SIGTERM's stand-in: dsc-launch turns a
+ * SIGTERM or SIGINT it gets into SIGUSR2, which mpirun passes to every rank. */
 #define _POSIX_C_SOURCE 200809L /* sigaction */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -24,12 +26,15 @@
 #include "dsc/inference.h"
 #include "dsc/serve.h"
 #include "dsc/tokenizer.h"
+#include "dsc/topology.h"
 
 typedef struct options {
     const char *model, *tokenizer;
     dsc_serve_config serve;
     int64_t max_model_len, kv_cache_bytes;
-    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp;
+    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp, pp;
+    const char *partition;    /* --partition: how layers are cut into stages (NULL: uniform) */
+    int64_t max_weight_bytes; /* --max-weight-bytes (0: no budget) */
     bool bf16_kv, static_batching, prefill_first, eos_given;
     dsc_weight_format weight_type; /* of the projection weights (f32: as loaded) */
 } options;
@@ -67,7 +72,11 @@ static void usage(FILE *fp) {
             "  --max-prompt-tokens N        tokens per prompt (8192)\n"
             "  --max-tokens-limit N         largest max_tokens (4096)\n"
             "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n"
-            "  --tp N                       tensor parallelism over N ranks (run under dsc-launch -n N)\n");
+            "  --tp N                       tensor parallelism over N ranks (run under dsc-launch -n N)\n"
+            "  --pp P                       pipeline parallelism over P stages (dsc-launch -n P, or P x N with "
+            "--tp N)\n"
+            "  --partition METHOD           how layers are cut into stages: uniform (default) or parameters\n"
+            "  --max-weight-bytes B         refuse to load more than B bytes of weights on one rank\n");
 }
 
 static bool parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -163,6 +172,12 @@ static bool parse_args(int argc, char **argv, options *o) {
             ok = parse_int(v, 1, 1 << 20, &x) && ((o->max_batched_tokens = (int32_t)x), true);
         else if (strcmp(a, "--tp") == 0)
             ok = parse_int(v, 1, 1 << 16, &x) && ((o->tp = (int32_t)x), true);
+        else if (strcmp(a, "--pp") == 0)
+            ok = parse_int(v, 1, 1 << 16, &x) && ((o->pp = (int32_t)x), true);
+        else if (strcmp(a, "--partition") == 0)
+            ok = (o->partition = v, strcmp(v, "uniform") == 0 || strcmp(v, "parameters") == 0);
+        else if (strcmp(a, "--max-weight-bytes") == 0)
+            ok = parse_int(v, 1, INT64_MAX, &o->max_weight_bytes);
         else if (strcmp(a, "--kv-reserve-tokens") == 0)
             ok = parse_int(v, -1, INT32_MAX, &x) && ((o->kv_reserve = (int32_t)x), true);
         else if (strcmp(a, "--max-concurrent-requests") == 0)
@@ -223,14 +238,57 @@ static dsc_status rank_pids(dsc_comm *world, char *out, size_t cap) {
     return s;
 }
 
-static dsc_status serve(options *o, dsc_comm *world) {
+/* The ranks: tp x pp on DeepSpeed's grid (axes pipe, data, model; one
+ * replica, rank = stage * tp + model), as dsc-generate lays them out. The
+ * communicators are NULL when of size 1. */
+typedef struct ranks {
+    dsc_comm *world;
+    dsc_groups *groups;
+    dsc_comm *tp, *pipe;
+} ranks;
+
+static dsc_status make_ranks(int tp, int pp, ranks *r) {
+    *r = (ranks){0};
+    int size, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    DSC_CHECK(tp * pp == size, DSC_ERR_CONFIG,
+              "--tp %d x --pp %d with %d ranks: dsc-serve runs one model replica, so launch it with "
+              "dsc-launch -n %d",
+              tp, pp, size, tp * pp);
+    if (size == 1) return NULL;
+    DSC_TRY(dsc_comm_world(NULL, &r->world));
+    if (pp == 1) { /* one tensor-parallel group: the world */
+        r->tp = r->world;
+        return NULL;
+    }
+    dsc_group_plan plan;
+    dsc_parallel_dims dims = {.pp = pp, .dp = 1, .tp = tp};
+    DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
+    dsc_status s = dsc_groups_create(r->world, &plan, &r->groups);
+    dsc_group_plan_free(&plan);
+    DSC_TRY(s);
+    r->pipe = dsc_groups_get(r->groups, DSC_GROUP_KIND_PIPE);
+    if (tp > 1) r->tp = dsc_groups_get(r->groups, DSC_GROUP_KIND_TENSOR);
+    return NULL;
+}
+
+static void ranks_free(ranks *r) {
+    dsc_groups_free(r->groups);
+    dsc_comm_free(r->world);
+}
+
+static dsc_status serve(options *o, const ranks *rk) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
     dsc_server *srv = NULL;
+    dsc_comm *world = rk->world;
     const bool lead = !world || dsc_comm_rank(world) == 0;
-    dsc_infer_tp tp = {.comm = world};
-    dsc_status s = world ? dsc_infer_model_load_tp(o->model, &tp, &m) : dsc_infer_model_load(o->model, &m);
+    dsc_infer_tp tp = {.comm = rk->tp};
+    dsc_infer_pp pp = {
+        .comm = rk->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
+    dsc_status s = dsc_infer_model_load_parallel(o->model, rk->tp ? &tp : NULL, &pp, &m);
     if (!s) s = dsc_infer_model_set_weight_type(m, o->weight_type);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s) {
@@ -252,6 +310,8 @@ static dsc_status serve(options *o, dsc_comm *world) {
         if (!o->eos_given) read_eos(o->model, &o->serve);
         o->serve.model_arch = dsc_infer_model_arch(m);
         o->serve.comm = world;
+        o->serve.tp_comm = rk->tp;
+        o->serve.pipe_comm = rk->pipe;
         s = dsc_server_create(e, &sc, tok, &o->serve, &srv);
     }
     char pids[1024] = "";
@@ -261,10 +321,11 @@ static dsc_status serve(options *o, dsc_comm *world) {
         const dsc_kv_config *kv = dsc_infer_engine_kv_config(e);
         if (lead) {
             printf("dsc-serve: listening on http://%s:%d (model %s, %s, context %lld, %d KV blocks of %d, chat "
-                   "template %s, tp %d, pids %s)\n",
+                   "template %s, tp %d, pp %d, pids %s)\n",
                    o->serve.host, dsc_server_port(srv), o->serve.model_name, dsc_infer_model_arch(m),
                    (long long)kv->max_context, dsc_infer_engine_total_blocks(e), kv->block_size,
-                   tmpl ? tmpl : "none", world ? dsc_comm_size(world) : 1, pids);
+                   tmpl ? tmpl : "none", rk->tp ? dsc_comm_size(rk->tp) : 1,
+                   rk->pipe ? dsc_comm_size(rk->pipe) : 1, pids);
             fflush(stdout);
         }
         g_server = srv;
@@ -295,25 +356,27 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL); /* dsc-launch's drain request, relayed by mpirun */
     signal(SIGPIPE, SIG_IGN);
-    int size;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int tp = o.tp > 0 ? o.tp : 1;
-    dsc_comm *world = NULL;
-    dsc_status s = tp == size ? NULL
-                              : dsc_error(DSC_ERR_CONFIG,
-                                          "--tp %d with %d ranks: dsc-serve runs one tensor-parallel group, so "
-                                          "launch it with dsc-launch -n %d",
-                                          tp, size, tp);
-    if (!s && size > 1) s = dsc_comm_world(NULL, &world);
-    if (!s) s = serve(&o, world);
+    ranks rk;
+    dsc_status s = make_ranks(o.tp > 0 ? o.tp : 1, o.pp > 0 ? o.pp : 1, &rk);
+    if (!s) s = serve(&o, &rk);
     int rc = 0;
     if (s) {
-        fprintf(stderr, "dsc-serve: %s\n", dsc_status_message(s));
+        int size, rank;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (size > 1)
+            fprintf(stderr, "dsc-serve: rank %d: %s\n", rank, dsc_status_message(s));
+        else
+            fprintf(stderr, "dsc-serve: %s\n", dsc_status_message(s));
+        fflush(stderr);
         dsc_status_free(s);
         rc = 1;
+        /* Peers may wait for this rank in a transfer or a collective: end the whole job now. */
+        if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    dsc_comm_free(world);
+    ranks_free(&rk);
     MPI_Finalize();
     return rc;
 }

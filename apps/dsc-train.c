@@ -163,8 +163,15 @@ static void print_sample(generate_fn generate, void *model, const dsc_config *cf
     free(text);
 }
 
+/* Optimizer bytes per parameter as allocated: the state, and with fp16 / bf16 the fp32 master. */
 static int state_bytes(const dsc_config *cfg) {
-    return 4 * dsc_optim_state_kinds(cfg->optimizer.type);
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type) + (cfg->fp16.enabled || cfg->bf16.enabled ? 4 : 0);
+}
+
+/* For the estimate: DeepSpeed's mixed-precision model states (2-byte parameters and gradients). */
+static int estimate_bytes(const dsc_config *cfg) {
+    if (!cfg->fp16.enabled && !cfg->bf16.enabled) return state_bytes(cfg);
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type) | DSC_ZERO_MIXED_PRECISION;
 }
 
 /* The job's config: the file with --set overrides, and with --init-from-hf
@@ -174,7 +181,11 @@ static dsc_status load_config(const args *a, const dsc_hf_import *hf, dsc_config
     return dsc_config_load_file(a->config, a->overrides, a->n_overrides, cfg);
 }
 
-/* ZeRO's per-rank model-state memory for every stage, from the config alone. */
+/* ZeRO's per-rank model-state memory for every stage, from the config alone:
+ * with tensor parallelism a rank's non-expert share is
+ * (Ψ_dense - replicated) / tp + replicated; its experts are the whole
+ * experts of its expert-parallel share, or 1/tp of them (but their proj
+ * biases) when moe.enable_expert_tensor_parallelism splits them. */
 static dsc_status estimate(const args *a) {
     dsc_config cfg;
     dsc_hf_import *hf = NULL;
@@ -184,8 +195,12 @@ static dsc_status estimate(const args *a) {
     DSC_TRY(loaded);
     dsc_model_config mc;
     dsc_zero_model_size size;
+    const bool moe = cfg.moe.num_experts > 0;
+    dsc_moe_build_extra mx = {0}; /* no expert-parallel group: the whole model's experts */
     dsc_status s = dsc_trainer_model_config(&cfg, &mc);
-    if (!s) s = dsc_zero_model_size_of(&mc, &size);
+    if (!s && moe) s = dsc_moe_register_layers();
+    if (!s && moe) s = dsc_moe_options_from_config(&cfg.moe, mc.arch, &mx.options);
+    if (!s) s = dsc_zero_model_size_of_extra(&mc, moe ? &mx : NULL, &size);
     int pp = cfg.pipeline.stages, ep = cfg.moe.ep_size > 0 ? cfg.moe.ep_size : 1;
     const int tp = cfg.tensor_parallel.autotp_size;
     if (!s && a->estimate_ranks % (pp * tp) != 0)
@@ -194,15 +209,34 @@ static dsc_status estimate(const args *a) {
             "--estimate-memory %d: world = pp x tp x dp, and %d is not a multiple of pipeline.stages %d x "
             "tensor_parallel.autotp_size %d",
             a->estimate_ranks, a->estimate_ranks, pp, tp);
+    const int dp = a->estimate_ranks / (pp * tp);
     if (!s && tp > 1) {
         /* A tensor rank holds the replicated parameters and 1/tp of the rest; ZeRO then shards that over dp. */
-        const double whole = size.params;
-        size.params = dsc_tp_params_per_rank(&mc, whole, tp);
+        const bool split = moe && cfg.moe.enable_expert_tensor_parallelism;
+        const double whole = size.params, experts = size.expert_params;
+        const double dense = dsc_tp_params_per_rank(&mc, cfg.moe.use_residual, whole - experts, tp);
+        size.expert_params = dsc_tp_expert_params_per_rank(&mc, experts, tp, split);
+        size.params = dense + size.expert_params;
         size.largest_layer /= tp;
-        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated)\n", tp,
-               size.params, whole, dsc_tp_replicated_params(&mc));
+        printf("tensor parallelism %d: %.0f of %.0f parameters per tensor rank (%.0f replicated", tp, size.params,
+               whole, dsc_tp_replicated_params(&mc, cfg.moe.use_residual));
+        if (moe)
+            printf("; experts %s: %.0f of %.0f", split ? "split by TP" : "whole on every tensor rank",
+                   size.expert_params, experts);
+        printf(")\n");
     }
-    if (!s) dsc_zero_estimate_print(stdout, &size, a->estimate_ranks / (pp * tp), pp, ep, state_bytes(&cfg));
+    if (!s) {
+        dsc_zero_estimate_print(stdout, &size, dp, pp, ep, estimate_bytes(&cfg));
+        const int stage = cfg.zero_optimization.stage;
+        dsc_zero_memory m;
+        dsc_zero_estimate_rank(&size, stage, dp, pp, ep, estimate_bytes(&cfg), &m);
+        if (estimate_bytes(&cfg) & DSC_ZERO_MIXED_PRECISION)
+            printf("(DeepSpeed's mixed-precision model states; dsc's CPU training stores the bf16/fp16 working "
+                   "parameters and gradients in 4-byte floats, 2 more bytes each per element)\n");
+        printf("per rank at ZeRO stage %d: %.0f parameters (%.0f in experts), %.0f bytes of model states\n", stage,
+               (size.params - size.expert_params) / pp + size.expert_params / pp / ep,
+               size.expert_params / pp / ep, m.params + m.grads + m.optim);
+    }
     dsc_config_free(&cfg);
     return s;
 }
@@ -406,7 +440,8 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
     if (!s && moe)
-        s = dsc_moe_report_load(world, cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
+        s = dsc_moe_report_load(world, dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_TENSOR),
+                                cfg->model.n_layer, cfg->moe.num_experts, layers, n_layers, stdout);
     if (!s && a->report_memory) {
         dsc_param_store *ps = dsc_pipe_trainer_params(t);
         double psi = 0; /* this stage's parameters */
@@ -482,7 +517,8 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     if (!s && moe) {
         int n_layers;
         dsc_layer *const *layers = dsc_trainer_model_layers(t, &n_layers);
-        s = dsc_moe_report_load(world, cfg.model.n_layer, cfg.moe.num_experts, layers, n_layers, stdout);
+        s = dsc_moe_report_load(world, dsc_groups_get(mw.groups, DSC_GROUP_KIND_TENSOR), cfg.model.n_layer,
+                                cfg.moe.num_experts, layers, n_layers, stdout);
     }
     if (!s && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),

@@ -2,11 +2,13 @@
  * first token and inter-token latency (p50/p90/p99, as the client sees
  * them) at several concurrencies, for continuous batching (the scheduler's
  * default) and static batching (--static-batching) on the same request mix,
- * and for a tensor-parallel server on 2 ranks (--tp 2 under dsc-launch).
- * It starts and stops each server itself; every run is bounded by
- * --requests and --time. The references: static batching for continuous
- * (ratio continuous / static throughput), one rank for TP 2 (ratio TP 2 /
- * one rank). Prints, never asserts.
+ * and for a tensor-parallel server on 2 ranks (--tp 2 under dsc-launch) and
+ * a pipeline-parallel one on 2 ranks (--pp 2). It starts and stops each
+ * server itself (the multi-rank ones with SIGTERM to dsc-launch, which
+ * drains every rank); every run is bounded by --requests and --time. The
+ * references: static batching for continuous (ratio continuous / static
+ * throughput), one rank for TP 2 and PP 2 (ratio layout / one rank).
+ * Prints, never asserts.
  *
  *   bench_serve [MODEL] [--requests N] [--time S] [--concurrency 1,4,16] [--vocab V]
  *               [--max-tokens N] [--server PATH]
@@ -46,11 +48,11 @@ static dsc_status start(serve_proc *p, const char *server, const char *model, co
     return serve_proc_start(p, app, argv, 120, false);
 }
 
-/* SIGTERM to rank 0, which drains every rank. */
+/* SIGTERM to dsc-serve, or to dsc-launch, which passes it to every rank (as SIGUSR2): all drain. */
 static void stop(serve_proc *p) {
     int code;
     char out[1024];
-    if (p->n_ranks > 0) kill(p->ranks[0], SIGTERM);
+    kill(p->pid, SIGTERM);
     dsc_status s = serve_proc_wait(p, 60, &code, out, sizeof out);
     if (s || code != 0)
         fprintf(stderr, "bench_serve: the server exited with %d: %s\n", code, s ? dsc_status_message(s) : out);
@@ -103,8 +105,10 @@ int main(int argc, char **argv) {
     printf("%-10s %5s %6s %9s %8s | %21s | %21s\n", "run", "conc", "reqs", "tokens/s", "req/s",
            "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99");
     /* One rank with continuous and static batching, then the layouts across ranks under dsc-launch. */
-    const layout runs[] = {
-        {"continuous", 1, NULL, NULL}, {"static", 1, "--static-batching", NULL}, {"tp2", 2, "--tp", "2"}};
+    const layout runs[] = {{"continuous", 1, NULL, NULL},
+                           {"static", 1, "--static-batching", NULL},
+                           {"tp2", 2, "--tp", "2"},
+                           {"pp2", 2, "--pp", "2"}};
     enum { N_RUNS = sizeof runs / sizeof runs[0] };
     double tput[N_RUNS][MAX_LEVELS] = {{0}};
     for (int k = 0; k < N_RUNS; k++) {

@@ -69,7 +69,7 @@ dsc_status dsc_infer_engine_create(dsc_infer_model *m, const dsc_infer_engine_co
     }
     if (!s) s = dsc_kv_cache_create(&e->cache, &e->kv, DSC_CPU);
     if (!s) s = dsc_kv_state_create(&e->state, &e->kv, dsc_kv_cache_blocks(e->cache));
-    if (!s) s = infer_pipeline_create(m, &e->kv, &e->pipe);
+    if (!s) s = infer_pipeline_create(m, &e->kv, cfg->micro_batches, &e->pipe);
     if (!s) s = dsc_forward_scratch_init(&e->scratch, m, e->kv.max_tokens_per_forward, e->kv.max_batch_sequences);
     if (!s) {
         e->candidates = malloc(((size_t)m->shard.vocab_size + (size_t)m->cfg.vocab_size) * sizeof *e->candidates);
@@ -136,8 +136,16 @@ dsc_status dsc_infer_engine_tick(dsc_infer_engine *e, int32_t n, const uint64_t 
     return infer_pipeline_tick(e->pipe, e->cache, e->state, &e->scratch, logits, landed);
 }
 
-dsc_status dsc_infer_engine_share_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n) {
-    return infer_pipeline_share(e->pipe, tokens, DSC_DTYPE_I32, n);
+dsc_status dsc_infer_engine_post_tokens(dsc_infer_engine *e, const int32_t *tokens, int32_t n) {
+    return infer_pipeline_post_tokens(e->pipe, tokens, n);
+}
+
+dsc_status dsc_infer_engine_recv_tokens(dsc_infer_engine *e, int32_t *tokens, int32_t n) {
+    return infer_pipeline_recv_tokens(e->pipe, tokens, n);
+}
+
+void dsc_infer_engine_pipeline_profile(const dsc_infer_engine *e, infer_pipeline_profile *out) {
+    infer_pipeline_get_profile(e->pipe, out);
 }
 
 dsc_status dsc_infer_engine_put(dsc_infer_engine *e, int32_t n, const uint64_t *uids, const int32_t *const *tokens,
@@ -181,5 +189,8 @@ int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid) {
 }
 
 void dsc_infer_engine_busy(const dsc_infer_engine *e, double *busy_s, double *tick_s) {
-    infer_pipeline_times(e->pipe, busy_s, tick_s);
+    infer_pipeline_profile prof;
+    infer_pipeline_get_profile(e->pipe, &prof);
+    *busy_s = prof.busy;
+    *tick_s = prof.total;
 }

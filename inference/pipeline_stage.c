@@ -2,8 +2,9 @@
  * cut by pipe/'s partition algorithms ("uniform" by layer count,
  * "parameters" DeepSpeed's balanced split of [embedding, layers..., final
  * norm + LM head] weighted by the policy's parameter counts), the first
- * stage also holding the embedding and the last the final norm and LM head
- * (and the embedding again when they are tied); and the one-line summary
+ * stage also holding the embedding (with OPT's project_in) and the last the
+ * final norm, project_out and LM head (and the embedding again when they
+ * are tied); and the one-line summary
  * of what a rank holds. Counting parameters reads no weights: the sizes
  * come from the policy's containers and the config.
  * Not here: building the stage's arena (model_build.c) or moving
@@ -23,9 +24,11 @@ bool dsc_infer_stage_holds(const dsc_infer_stage *st, const dsc_infer_model_conf
     case DSC_PARAM_ROLE_EMBED:
         return st->first || (st->last && mc->tie_embeddings);
     case DSC_PARAM_ROLE_POS_EMBED:
+    case DSC_PARAM_ROLE_PROJ_IN:
         return st->first;
     case DSC_PARAM_ROLE_FINAL_NORM_W:
     case DSC_PARAM_ROLE_FINAL_NORM_B:
+    case DSC_PARAM_ROLE_PROJ_OUT:
     case DSC_PARAM_ROLE_UNEMBED:
         return st->last;
     default:
@@ -56,8 +59,9 @@ static double count_params(const dsc_policy *p, const dsc_infer_model_config *mc
     return n;
 }
 
+/* What the first stage holds of the non-layer parameters (the rest is the last stage's). */
 static bool is_embedding(dsc_param_role r) {
-    return r == DSC_PARAM_ROLE_EMBED || r == DSC_PARAM_ROLE_POS_EMBED;
+    return r == DSC_PARAM_ROLE_EMBED || r == DSC_PARAM_ROLE_POS_EMBED || r == DSC_PARAM_ROLE_PROJ_IN;
 }
 
 /* bounds (P + 1) over the L layers by DeepSpeed's balanced partition of

@@ -27,14 +27,15 @@
  * requests that are not in flight (at most ceil(running / P) sequences, so
  * the P micro-batches share the work) and lands the one pushed P - 1 steps
  * before. Every rank again runs this scheduler replica: the last stage
- * samples the landed micro-batch's tokens and broadcasts them over the
- * pipeline group, so every replica sees the same tokens (no plan is
- * broadcast: the sampled tokens are the only input the replicas cannot
- * compute themselves, and a broadcast of ids is smaller than one of
- * plans). A request in flight is never preempted and its release waits for
- * it to land (its KV blocks are still being written by later stages); when
- * the newest running request is in flight the preemption rule waits for
- * it. With P = 1 nothing is in flight when a step composes, and all of
+ * samples a micro-batch's tokens right after computing it and posts them to
+ * every stage, and every replica takes them when the micro-batch lands, so
+ * all replicas see the same tokens (no plan is sent: the sampled tokens are
+ * the only input the replicas cannot compute themselves, and ids are
+ * smaller than plans). Sampling early changes nothing: until it lands, no
+ * request of a micro-batch in flight changes; the last stage keeps each
+ * micro-batch's logits until then for the token callback. A request in flight is never preempted and its release
+ * waits for it to land (its KV blocks are still being written by later stages); when the newest running request is
+ * in flight the preemption rule waits for it. With P = 1 nothing is in flight when a step composes, and all of
  * this is the single-rank scheduler. Not here: the forward (engine) or
  * sampling rules (sampling.c). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -64,10 +65,13 @@ typedef struct request {
     bool released;  /* released while in flight: freed when it lands */
 } request;
 
-/* A micro-batch in flight: its requests in batch order. */
+/* A micro-batch in flight: its requests in batch order, and on a sampling
+ * rank their logits and the tokens drawn from them. */
 typedef struct micro_batch {
     int32_t n;
-    request **reqs; /* (max_batch_sequences) */
+    request **reqs;   /* (max_batch_sequences) */
+    float *logits;    /* (rows, W) in the scheduler's logits */
+    int32_t *sampled; /* (rows) tokens of the requests that sample, in batch order */
 } micro_batch;
 
 struct dsc_scheduler {
@@ -84,8 +88,9 @@ struct dsc_scheduler {
     const int32_t **ptrs;
     int32_t *counts;
     request **batch;
-    float *logits;     /* (max_batch_sequences, W): W the engine's logits width (its vocabulary slice under TP) */
-    int32_t *sampled;  /* (max_batch_sequences) tokens drawn for a landed micro-batch */
+    float *logits;     /* (slots, rows, W): W the engine's logits width (its vocabulary slice under TP) */
+    int32_t *sampled;  /* (slots, rows) */
+    int32_t rows;      /* sequences of a micro-batch at most */
     micro_batch *ring; /* (depth): the micro-batch pushed at step t in slot t % depth */
     int32_t depth;
     int64_t steps;
@@ -128,19 +133,25 @@ dsc_status dsc_scheduler_create(dsc_infer_engine *e, const dsc_scheduler_config 
               kv->max_tokens_per_forward);
     dsc_scheduler *s = calloc(1, sizeof *s);
     DSC_CHECK(s, DSC_ERR_NOMEM, "scheduler");
-    int32_t S = kv->max_batch_sequences, W = dsc_infer_engine_logits_width(e);
-    *s = (dsc_scheduler){.engine = e, .cfg = *cfg, .cb = cb, .user = user};
+    int32_t S = kv->max_batch_sequences, W = dsc_infer_engine_logits_width(e), depth = dsc_infer_engine_depth(e);
+    *s = (dsc_scheduler){.engine = e, .cfg = *cfg, .cb = cb, .user = user, .depth = depth};
+    /* A micro-batch takes at most ceil(running / depth) sequences (compose),
+     * and only a sampling rank keeps logits of micro-batches in flight. */
+    int32_t share = (kv->max_sequences + depth - 1) / depth, slots = dsc_infer_engine_samples(e) ? depth : 1;
+    s->rows = depth > 1 && share < S ? share : S;
     s->uids = malloc((size_t)S * sizeof *s->uids);
     s->ptrs = malloc((size_t)S * sizeof *s->ptrs);
     s->counts = malloc((size_t)S * sizeof *s->counts);
     s->batch = malloc((size_t)S * sizeof *s->batch);
-    s->logits = malloc((size_t)S * (size_t)W * sizeof *s->logits);
-    s->sampled = malloc((size_t)S * sizeof *s->sampled);
-    s->depth = dsc_infer_engine_depth(e);
-    s->ring = calloc((size_t)s->depth, sizeof *s->ring);
-    bool ok = s->ring != NULL;
-    for (int32_t i = 0; ok && i < s->depth; i++)
+    s->logits = malloc((size_t)slots * (size_t)s->rows * (size_t)W * sizeof *s->logits);
+    s->sampled = malloc((size_t)depth * (size_t)s->rows * sizeof *s->sampled);
+    s->ring = calloc((size_t)depth, sizeof *s->ring);
+    bool ok = s->ring && s->logits && s->sampled;
+    for (int32_t i = 0; ok && i < depth; i++) {
+        s->ring[i].logits = s->logits + (size_t)(i % slots) * (size_t)s->rows * (size_t)W;
+        s->ring[i].sampled = s->sampled + (size_t)i * (size_t)s->rows;
         ok = (s->ring[i].reqs = malloc((size_t)S * sizeof *s->ring[i].reqs)) != NULL;
+    }
     if (!s->uids || !s->ptrs || !s->counts || !s->batch || !s->logits || !s->sampled || !ok) {
         dsc_scheduler_destroy(s);
         return dsc_error(DSC_ERR_NOMEM, "scheduler buffers for %d sequences", S);
@@ -388,32 +399,40 @@ static void forget(dsc_scheduler *s, request *r) {
     s->reqs[i] = s->reqs[--s->n_reqs];
 }
 
-/* The micro-batch whose logits came back: the sampling ranks draw the
- * tokens of the requests whose prompt is now cached, every rank gets them
- * and streams them; requests released in flight are dropped now. */
-static dsc_status land(dsc_scheduler *s, micro_batch *mb) {
+/* The micro-batch whose logits just came out of the last stage: the
+ * sampling ranks draw the tokens of the requests whose prompt is now cached
+ * and post them to the other ranks. */
+static dsc_status sample(dsc_scheduler *s, micro_batch *mb) {
     int32_t W = dsc_infer_engine_logits_width(s->engine), k = 0;
-    bool sampler = dsc_infer_engine_samples(s->engine);
     for (int32_t i = 0; i < mb->n; i++) {
         request *r = mb->reqs[i];
         if (r->n_cached != total_tokens(r)) continue;
-        if (sampler)
-            DSC_TRY(dsc_infer_engine_sample(s->engine, s->logits + (size_t)i * (size_t)W, &r->sampling, r->tokens,
-                                            total_tokens(r), &r->rng, &s->sampled[k]));
-        k++;
+        DSC_TRY(dsc_infer_engine_sample(s->engine, mb->logits + (size_t)i * (size_t)W, &r->sampling, r->tokens,
+                                        total_tokens(r), &r->rng, &mb->sampled[k++]));
     }
-    DSC_TRY(dsc_infer_engine_share_tokens(s->engine, s->sampled, k));
+    return dsc_infer_engine_post_tokens(s->engine, mb->sampled, k);
+}
+
+/* The micro-batch that landed: every rank has its sampled tokens (the
+ * other ranks receive them now) and streams them; requests released in
+ * flight are dropped now. */
+static dsc_status land(dsc_scheduler *s, micro_batch *mb) {
+    int32_t W = dsc_infer_engine_logits_width(s->engine), k = 0;
+    bool sampler = dsc_infer_engine_samples(s->engine);
+    for (int32_t i = 0; i < mb->n; i++)
+        k += mb->reqs[i]->n_cached == total_tokens(mb->reqs[i]);
+    if (!sampler) DSC_TRY(dsc_infer_engine_recv_tokens(s->engine, mb->sampled, k));
     k = 0;
     for (int32_t i = 0; i < mb->n; i++) {
         request *r = mb->reqs[i];
         r->in_flight = false;
         bool samples = r->n_cached == total_tokens(r);
-        int32_t tok = samples ? s->sampled[k++] : -1;
+        int32_t tok = samples ? mb->sampled[k++] : -1;
         if (r->released) {
             if (r->n_cached > 0) DSC_TRY(dsc_infer_engine_flush(s->engine, r->uid));
             forget(s, r);
         } else if (samples) {
-            DSC_TRY(emit(s, r, tok, sampler ? s->logits + (size_t)i * (size_t)W : NULL));
+            DSC_TRY(emit(s, r, tok, sampler ? mb->logits + (size_t)i * (size_t)W : NULL));
         }
     }
     mb->n = 0;
@@ -453,7 +472,9 @@ dsc_status dsc_scheduler_step(dsc_scheduler *s, bool *idle) {
         tokens += r->chunk;
     }
     mb->n = n;
-    DSC_TRY(dsc_infer_engine_tick(s->engine, n, s->uids, s->ptrs, s->counts, s->logits, &landed));
+    DSC_CHECK(n <= s->rows, DSC_ERR_INTERNAL, "scheduler: a micro-batch of %d sequences (at most %d)", n, s->rows);
+    DSC_TRY(dsc_infer_engine_tick(s->engine, n, s->uids, s->ptrs, s->counts, mb->logits, &landed));
+    if (dsc_infer_engine_samples(s->engine)) DSC_TRY(sample(s, mb));
     micro_batch *done = &s->ring[(s->steps + 1) % s->depth]; /* pushed depth - 1 steps ago */
     s->steps++;
     DSC_CHECK(landed == done->n, DSC_ERR_INTERNAL, "scheduler: %d sequences landed, %d expected", landed, done->n);

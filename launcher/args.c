@@ -11,6 +11,7 @@ const char dsc_launch_usage[] =
     "usage: dsc-launch [-n N] [-H|--hostfile FILE] [-i|--include HOSTS | -e|--exclude HOSTS]\n"
     "                  [--remote-agent COMMAND] [--net CIDR] [--no-host-check]\n"
     "                  [--oversubscribe] [--dry-run] [--mpirun PATH] [--mpi-args \"OPTIONS\"]\n"
+    "                  [--stop-timeout S]\n"
     "                  [--] PROGRAM [ARGS...]\n"
     "       dsc-launch --help | --version\n"
     "\n"
@@ -27,9 +28,13 @@ const char dsc_launch_usage[] =
     "  --dry-run           print the mpirun command and exit\n"
     "  --mpirun PATH       the mpirun to run (default: mpirun on PATH)\n"
     "  --mpi-args OPTIONS  extra mpirun options, split on blanks (repeatable)\n"
+    "  --stop-timeout S    after SIGTERM/SIGINT, seconds the ranks get to exit before the job is\n"
+    "                      ended (60)\n"
     "\n"
     "Sets OMP_NUM_THREADS=1 and DSC_NUM_THREADS=1 unless set, forwards every DSC_* variable,\n"
-    "and exits non-zero naming the failed rank when any rank fails.\n";
+    "and exits non-zero naming the failed rank when any rank fails. SIGTERM or SIGINT reach\n"
+    "every rank as SIGUSR2 (dsc-serve drains on it; the launcher exits 0 when every rank\n"
+    "does); a second signal ends the job at once.\n";
 
 /* Splits `text` on blanks and appends the words to opt->mpi_args. */
 static dsc_status add_mpi_args(dsc_launch_options *opt, const char *text) {
@@ -132,12 +137,21 @@ static dsc_status parse_option(int argc, char **argv, int *i, dsc_launch_options
     }
     DSC_TRY(take_value(argc, argv, i, NULL, "--mpi-args", &value, &m));
     if (m) return add_mpi_args(opt, value);
+    DSC_TRY(take_value(argc, argv, i, NULL, "--stop-timeout", &value, &m));
+    if (m) {
+        char *end;
+        opt->stop_timeout_s = strtod(value, &end);
+        DSC_CHECK(*value && !*end && opt->stop_timeout_s >= 0 && opt->stop_timeout_s <= 86400, DSC_ERR_INVALID,
+                  "--stop-timeout needs seconds in [0, 86400], got \"%s\"", value);
+        return NULL;
+    }
     return dsc_error(DSC_ERR_INVALID, "unknown option \"%s\" (see dsc-launch --help)", arg);
 }
 
 dsc_status dsc_launch_parse_args(int argc, char **argv, dsc_launch_options *opt) {
     memset(opt, 0, sizeof *opt);
     opt->mpirun = "mpirun";
+    opt->stop_timeout_s = 60.0;
     int i = 0;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--") == 0) {

@@ -62,8 +62,9 @@ typedef struct dsc_launch_options {
     int n_mpi_args;
     char **program; /* (n_program) PROGRAM ARGS... */
     int n_program;
-    bool help;    /* --help / -h: print the usage */
-    bool version; /* --version */
+    bool help;             /* --help / -h: print the usage */
+    bool version;          /* --version */
+    double stop_timeout_s; /* --stop-timeout: a stopping job's time to exit after SIGTERM (60) */
 } dsc_launch_options;
 
 /* Parses dsc-launch's arguments (argv[0] excluded). Options end at the first
@@ -154,11 +155,15 @@ void dsc_launch_failure_describe(const dsc_launch_failure *f, char *out, size_t 
 typedef struct dsc_launch_timing {
     double grace_s; /* after a failure is seen, how long mpirun may take to exit */
     double kill_s;  /* after SIGTERM to every job process, how long until SIGKILL */
+    double stop_s;  /* after SIGTERM / SIGINT passed to the ranks as SIGUSR2, how long until mpirun gets it */
 } dsc_launch_timing;
 
 /* Runs the command with its output passed through, watching for failures;
- * makes sure no process of the job survives. Returns the launcher's exit
- * status (0 only when mpirun succeeded and no rank reported a failure) and
+ * makes sure no process of the job survives. SIGTERM / SIGINT become
+ * SIGUSR2 to every rank, then (a second signal, or stop_s later) the signal
+ * to mpirun. Returns the launcher's exit status (0 only when mpirun
+ * succeeded and no rank reported a failure, also after a SIGTERM the ranks
+ * drained on) and
  * prints the verdict line on failure, naming the failed rank's host when
  * `name_hosts` (the job runs on a hostfile's hosts). */
 int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing, bool name_hosts);

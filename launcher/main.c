@@ -75,7 +75,8 @@ int main(int argc, char **argv) {
         printf("%s\n", line ? line : "");
     } else {
         fprintf(stderr, "dsc-launch: %s\n", line ? line : cmd.argv[0]);
-        rc = dsc_launch_run(&cmd, (dsc_launch_timing){.grace_s = 3.0, .kill_s = 2.0}, opt.hostfile != NULL);
+        rc = dsc_launch_run(&cmd, (dsc_launch_timing){.grace_s = 3.0, .kill_s = 2.0, .stop_s = opt.stop_timeout_s},
+                            opt.hostfile != NULL);
     }
     free(line);
     dsc_launch_command_free(&cmd);

@@ -5,6 +5,15 @@
  * mpirun has exited, whatever it left behind is killed too, so no process of
  * the job survives the launcher.
  *
+ * SIGTERM or SIGINT to the launcher first asks the ranks to stop: mpirun
+ * gets SIGUSR2, which it passes to every rank (Open MPI forwards SIGUSR1/2
+ * by default, ess_base_forward_signals), so a program that drains on it
+ * (dsc-serve) finishes its work and exits 0, and so does the launcher. A
+ * program without a handler dies of it and the job ends as interrupted. A
+ * second signal, or a job still running `stop_s` later, is passed to
+ * mpirun itself, which ends the job (it kills the ranks 1 s after passing
+ * the signal on, odls_base_sigkill_timeout). SIGHUP goes to mpirun at once.
+ *
  * "The job" is every descendant of the launcher, found through /proc, because
  * Open MPI puts each rank in a process group of its own (a group kill would
  * miss them); the launcher is a child subreaper, so ranks orphaned by a dead
@@ -28,11 +37,19 @@
 
 #include "launcher/launcher.h"
 
-static volatile sig_atomic_t interrupted;
+static volatile sig_atomic_t interrupted, n_signals;
 
 static void on_signal(int sig) {
-    interrupted = sig;
+    if (!interrupted) interrupted = sig;
+    n_signals += sig == SIGHUP ? 2 : 1; /* SIGHUP: no drain */
 }
+
+/* How far a signal to the launcher has gone. */
+typedef enum stop_stage {
+    STOP_NONE = 0,
+    STOP_ASKED, /* SIGUSR2 to the ranks: they may drain and exit 0 */
+    STOP_FORCED /* the signal to mpirun: the job ends */
+} stop_stage;
 
 static double now_s(void) {
     struct timespec t;
@@ -248,18 +265,25 @@ static void install_handlers(void) {
 }
 
 /* The launcher's exit status and the verdict line. */
-static int verdict(int status, const dsc_launch_failure *failure, bool watchdog, double grace_s) {
+static int verdict(int status, const dsc_launch_failure *failure, bool watchdog, double grace_s, stop_stage stop) {
     char what[1024];
     dsc_launch_failure_describe(failure, what, sizeof what);
     int mpirun_failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
     if (!mpirun_failed && !what[0] && !interrupted) return 0;
+    if (!mpirun_failed && !what[0] && stop == STOP_ASKED) {
+        fprintf(stderr, "dsc-launch: every rank stopped and exited 0 after signal %d\n", (int)interrupted);
+        return 0;
+    }
     if (!what[0] && WIFSIGNALED(status))
         snprintf(what, sizeof what, "mpirun killed by signal %d", WTERMSIG(status));
     else if (!what[0] && WIFEXITED(status) && WEXITSTATUS(status) != 0)
         snprintf(what, sizeof what, "mpirun exited with status %d", WEXITSTATUS(status));
     else if (!what[0])
         snprintf(what, sizeof what, "interrupted by signal %d", (int)interrupted);
-    fprintf(stderr, "dsc-launch: job failed: %s\n", what);
+    if (interrupted && !strstr(what, "interrupted"))
+        fprintf(stderr, "dsc-launch: job failed: %s (interrupted by signal %d)\n", what, (int)interrupted);
+    else
+        fprintf(stderr, "dsc-launch: job failed: %s\n", what);
     if (watchdog)
         fprintf(stderr,
                 "dsc-launch: mpirun did not end the job within %.0f s of the failure; the launcher killed it\n",
@@ -282,14 +306,24 @@ int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing, bool
     dsc_launch_failure failure;
     dsc_launch_failure_init(&failure);
     failure.name_hosts = name_hosts;
-    double deadline = 0, kill_at = 0;
-    bool forwarded = false, watchdog = false;
+    double deadline = 0, kill_at = 0, stop_at = 0;
+    bool watchdog = false;
+    stop_stage stop = STOP_NONE;
     int status = 0;
     for (;;) {
         if (pump(streams, 100, &failure) && deadline == 0) deadline = now_s() + timing.grace_s;
-        if (interrupted && !forwarded) {
-            kill(pid, (int)interrupted); /* mpirun ends the job on SIGINT / SIGTERM */
-            forwarded = true;
+        if (interrupted && stop == STOP_NONE && n_signals == 1) {
+            fprintf(stderr,
+                    "dsc-launch: signal %d: asking every rank to stop (SIGUSR2 through mpirun); the job ends in "
+                    "%.0f s or at a second signal\n",
+                    (int)interrupted, timing.stop_s);
+            kill(pid, SIGUSR2); /* mpirun passes it to every rank */
+            stop = STOP_ASKED;
+            stop_at = now_s() + timing.stop_s;
+        }
+        if (interrupted && stop != STOP_FORCED && (n_signals > 1 || (stop == STOP_ASKED && now_s() > stop_at))) {
+            kill(pid, (int)interrupted); /* mpirun ends the job on SIGINT / SIGTERM / SIGHUP */
+            stop = STOP_FORCED;
             if (deadline == 0) deadline = now_s() + timing.grace_s;
         }
         pid_t done = waitpid(pid, &status, WNOHANG);
@@ -311,5 +345,5 @@ int dsc_launch_run(const dsc_launch_command *cmd, dsc_launch_timing timing, bool
     for (int i = 0; i < 2; i++)
         if (streams[i].fd >= 0) close(streams[i].fd);
     flush_partial_lines(streams, &failure);
-    return verdict(status, &failure, watchdog, timing.grace_s);
+    return verdict(status, &failure, watchdog, timing.grace_s, stop);
 }

@@ -1,17 +1,23 @@
 /* Per-expert load over a run, for every MoE layer of the model: the stats of
  * the layers each rank holds, summed over all ranks (each rank gates its own
- * tokens; layers held elsewhere add zeros), printed by rank 0. Not here: the
- * statistics themselves (layer.c) or when to print (the apps). */
+ * tokens; layers held elsewhere add zeros), printed by rank 0. The ranks of
+ * a tensor-parallel group gate the same tokens, so only the group's rank 0
+ * adds its counts. Not here: the statistics themselves (layer.c) or when to
+ * print (the apps). */
 #include <stdio.h>
+#include <string.h>
 
 #include "dsc/moe.h"
 
-dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *layers, int n, FILE *out) {
+dsc_status dsc_moe_report_load(dsc_comm *world, dsc_comm *tensor_group, int L, int E, dsc_layer *const *layers,
+                               int n, FILE *out) {
     int64_t shape[3] = {L, E, 3};
     dsc_tensor counts;
     DSC_TRY(dsc_tensor_alloc(&counts, DSC_DTYPE_I64, 3, shape, DSC_CPU, DSC_MEM_OTHER));
     int64_t *c = counts.data; /* (L, E, 3) */
-    for (int i = 0; i < n; i++) {
+    memset(c, 0, (size_t)L * (size_t)E * 3 * sizeof *c);
+    const bool counts_here = !tensor_group || dsc_comm_rank(tensor_group) == 0;
+    for (int i = 0; counts_here && i < n; i++) {
         dsc_moe_stats st;
         dsc_status s = dsc_moe_stats_get(layers[i], &st);
         if (s) { /* not a MoE block */

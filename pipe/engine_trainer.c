@@ -162,6 +162,7 @@ static dsc_status setup(dsc_pipe_trainer *t, const dsc_pipe_trainer_options *o) 
         .expert_dp = moe ? dsc_groups_get(t->groups, DSC_GROUP_KIND_EXPERT_DATA) : NULL,
         .ep = moe ? dsc_groups_get(t->groups, DSC_GROUP_KIND_EXPERT) : NULL,
         .pipe = t->model_group ? t->model_group : pipe,
+        .tensor = dsc_groups_get(t->groups, DSC_GROUP_KIND_TENSOR),
         .counts_in_norm = counts_in_norm,
         .counts_in_norm_ctx = t,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,

@@ -25,7 +25,8 @@
 #include "pipe/p2p.h"
 
 enum { META_LEN = 16, META_MAGIC = 0x44534350 /* "DSCP" */ };
-enum { TAG_META = 0, TAG_ACTIVATION = 1, TAG_GRAD = 2, TAG_KINDS = 3, TAG_EPOCHS = 10000 };
+enum { TAG_META = 0, TAG_ACTIVATION = 1, TAG_GRAD = 2, TAG_STREAM = 3 };
+enum { TAG_KINDS = TAG_STREAM + PIPE_P2P_STREAMS, TAG_EPOCHS = 30000 / TAG_KINDS };
 
 /* p2p sets this process has created: each set's tags are offset by its
  * epoch, agreed over the pipe, so a message left unreceived by a failed
@@ -219,5 +220,21 @@ dsc_status pipe_p2p_recv_grad(pipe_p2p *p, dsc_tensor *t, int chunk, int peer_st
     if (s)
         return dsc_error_wrap(s, "pipeline stage %d chunk %d: receiving gradients from stage %d chunk %d",
                               p->stage, chunk, peer_stage, peer_chunk);
+    return NULL;
+}
+
+dsc_status pipe_p2p_isend_stream(pipe_p2p *p, const dsc_tensor *t, int peer_stage, int stream,
+                                 dsc_comm_request **req) {
+    dsc_status s = dsc_comm_isend(p->comm, t, peer_stage, tag(p, TAG_STREAM + stream), req);
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d: sending stream %d to stage %d", p->stage, stream, peer_stage);
+    return NULL;
+}
+
+dsc_status pipe_p2p_recv_stream(pipe_p2p *p, dsc_tensor *t, int peer_stage, int stream) {
+    dsc_status s = dsc_comm_recv(p->comm, t, peer_stage, tag(p, TAG_STREAM + stream));
+    if (s)
+        return dsc_error_wrap(s, "pipeline stage %d: receiving stream %d from stage %d", p->stage, stream,
+                              peer_stage);
     return NULL;
 }

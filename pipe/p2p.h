@@ -31,6 +31,18 @@ dsc_status pipe_p2p_recv_activation(pipe_p2p *p, dsc_tensor *buf, int chunk, int
 dsc_status pipe_p2p_send_grad(pipe_p2p *p, const dsc_tensor *t, int chunk, int peer_stage, int peer_chunk);
 dsc_status pipe_p2p_recv_grad(pipe_p2p *p, dsc_tensor *t, int chunk, int peer_stage, int peer_chunk);
 
+/* Transfers whose size both ends know, with no header and a request handle
+ * (serving's pipeline, inference/pipeline.c, whose messages carry their own
+ * header in the payload): `stream` (< PIPE_P2P_STREAMS) picks a tag of its
+ * own, so the streams never match each other or the kinds above; between
+ * two stages one stream's messages arrive in order. The send is posted (t
+ * untouched until *req completes through dsc_comm_wait / dsc_comm_test);
+ * the receive completes before it returns. */
+enum { PIPE_P2P_STREAMS = 2 };
+dsc_status pipe_p2p_isend_stream(pipe_p2p *p, const dsc_tensor *t, int peer_stage, int stream,
+                                 dsc_comm_request **req);
+dsc_status pipe_p2p_recv_stream(pipe_p2p *p, dsc_tensor *t, int peer_stage, int stream);
+
 /* Completes every posted send (before a buffer they read is reused). */
 dsc_status pipe_p2p_wait_sends(pipe_p2p *p);
 

@@ -10,9 +10,10 @@
 #      TP: moe.enable_expert_tensor_parallelism) and train further;
 #   4. generate text from the final checkpoint with the inference engine
 #      across 4 ranks: 2 tensor-parallel x 2 pipeline stages;
-#   5. serve the checkpoint over HTTP (dsc-serve, OpenAI's API) on 2
-#      tensor-parallel ranks, stream one completion with curl, stop it with
-#      SIGTERM to rank 0 (every rank drains and exits 0).
+#   5. serve the checkpoint over HTTP (dsc-serve, OpenAI's API) on 4 ranks,
+#      2 tensor-parallel x 2 pipeline stages, stream one completion with curl,
+#      stop it with SIGTERM to dsc-launch (every rank drains and exits 0, and
+#      so does the launcher).
 # DSC_MAIN_STEPS (default 200) sets the total steps; the first run stops at
 # 3/4 of them. Extra arguments go to both dsc-train runs.
 set -euo pipefail
@@ -59,12 +60,13 @@ echo "== 4. generating from the checkpoint on 4 ranks: 2 tensor-parallel x 2 pip
 echo
 
 echo
-echo "== 5. serving the checkpoint over HTTP: dsc-serve on 2 tensor-parallel ranks"
+echo "== 5. serving the checkpoint over HTTP: dsc-serve on 4 ranks, 2 tensor-parallel x 2 pipeline stages"
 log=$build/main-serve.log
-"$bin/dsc-launch" -n 2 "$bin/dsc-serve" "$ckpt" --tp 2 --port 0 >"$log" 2>&1 &
+"$bin/dsc-launch" -n 4 "$bin/dsc-serve" "$ckpt" --tp 2 --pp 2 --port 0 >"$log" 2>&1 &
 launcher=$!
-trap 'kill "$launcher" 2>/dev/null || true' EXIT
-for _ in $(seq 1200); do # the "listening on http://HOST:PORT (... pids RANK0,RANK1)" line, within 120 s
+# On an early exit: two signals end the job at once (one would let it drain).
+trap 'kill "$launcher" 2>/dev/null; kill "$launcher" 2>/dev/null || true' EXIT
+for _ in $(seq 1200); do # the "listening on http://HOST:PORT (... pids ...)" line, within 120 s
   grep -q "listening on" "$log" && break
   kill -0 "$launcher" 2>/dev/null || { cat "$log"; exit 1; }
   sleep 0.1
@@ -72,7 +74,6 @@ done
 listening=$(grep -m1 "listening on" "$log") || { cat "$log"; exit 1; }
 echo "$listening"
 url=$(echo "$listening" | grep -o 'http://[0-9.]*:[0-9]*')
-rank0=$(echo "$listening" | sed 's/.*pids \([0-9]*\).*/\1/')
 request='{"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0.8, "top_p": 0.95, "seed": 1, "stream": true}'
 echo "\$ curl -sN $url/v1/completions -d '$request'"
 sse=$build/main-serve.sse
@@ -82,7 +83,13 @@ echo "... ($(grep -c '^data: {' "$sse") chunks in all, one per token)"
 grep '^data: ' "$sse" | tail -n 2
 text=$(sed -n 's/^data: .*"text":"\(\([^"\\]\|\\.\)*\)",.*/\1/p' "$sse" | tr -d '\n')
 printf 'the completion: ROMEO:%b\n' "$text"
-kill -TERM "$rank0"
-wait "$launcher"
+echo "\$ kill -TERM $launcher    # dsc-launch: every rank drains and exits 0"
+kill -TERM "$launcher"
+status=0
+wait "$launcher" || status=$?
 trap - EXIT
-grep "dsc-serve:" "$log" | tail -n 1
+grep -E "^dsc-(serve|launch):" "$log" | tail -n 2
+if [ "$status" -ne 0 ]; then
+  echo "dsc-launch exited $status after SIGTERM; its log: $log"
+  exit 1
+fi

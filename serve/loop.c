@@ -52,6 +52,27 @@ static int32_t lp_count(const dsc_server *srv, uint64_t uid) {
     return -1;
 }
 
+/* Every rank: the logprobs of uid's token. The last stage computes them
+ * over its TP group's vocabulary slices (the row is there only); under
+ * pipeline parallelism it broadcasts them over the pipeline group, so rank
+ * 0 (on stage 0) has them. Every replica reports the same tokens in the same
+ * order, so these collectives match across ranks. */
+static dsc_status token_logprobs(dsc_server *srv, uint64_t uid, int32_t token, int32_t n_lp, serve_logprob *lp) {
+    if (srv->last_stage) {
+        const float *row = dsc_scheduler_token_logits(srv->sched);
+        DSC_CHECK(row, DSC_ERR_INTERNAL, "logprobs of sequence %llu: no logits row", (unsigned long long)uid);
+        DSC_TRY(serve_logprobs(srv->vocab_comm, row, dsc_infer_engine_logits_width(srv->engine), srv->vocab0,
+                               token, n_lp, lp));
+    }
+    dsc_comm *pipe = srv->cfg.pipe_comm;
+    if (!pipe) return NULL;
+    int64_t bytes = (int64_t)(1 + n_lp) * (int64_t)sizeof *lp;
+    dsc_tensor t = dsc_tensor_view(lp, DSC_DTYPE_U8, 1, &bytes, DSC_CPU);
+    return dsc_error_wrap(dsc_comm_broadcast(pipe, &t, dsc_comm_size(pipe) - 1),
+                          "logprobs of sequence %llu: broadcast from the last pipeline stage",
+                          (unsigned long long)uid);
+}
+
 static bool add_event(serve_job *job, serve_event ev) {
     if (!serve_grow((void **)&job->events, &job->cap_events, job->n_events + 1, sizeof *job->events)) return false;
     job->events[job->n_events++] = ev;
@@ -71,12 +92,7 @@ dsc_status serve_loop_on_token(void *user, uint64_t uid, int32_t token, bool fin
     /* Every rank computes the logprobs (a collective across ranks), before rank 0 decides what to keep. */
     serve_logprob lp[1 + SERVE_MAX_LOGPROBS];
     int32_t n_lp = lp_count(srv, uid);
-    if (n_lp >= 0) {
-        const float *row = dsc_scheduler_token_logits(srv->sched);
-        DSC_CHECK(row, DSC_ERR_INTERNAL, "logprobs of sequence %llu: no logits row", (unsigned long long)uid);
-        DSC_TRY(serve_logprobs(srv->n_ranks > 1 ? srv->cfg.comm : NULL, row,
-                               dsc_infer_engine_logits_width(srv->engine), srv->vocab0, token, n_lp, lp));
-    }
+    if (n_lp >= 0) DSC_TRY(token_logprobs(srv, uid, token, n_lp, lp));
     if (srv->rank != 0) return NULL;
     dsc_status st = NULL;
     pthread_mutex_lock(&srv->mu);
@@ -309,19 +325,30 @@ static void fail_all(dsc_server *srv, dsc_status err) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* Every rank, on the plan that says stop: steps until nothing is left in
+ * flight. Under pipeline parallelism sequences released in flight still
+ * occupy micro-batches whose activations are on their way between stages;
+ * their last ticks land them (they are dropped, not reported) and free
+ * their blocks. Without pipeline parallelism the first step is idle. */
+static dsc_status drain_engine(dsc_server *srv) {
+    for (bool idle = false; !idle;)
+        DSC_TRY(dsc_scheduler_step(srv->sched, &idle));
+    return NULL;
+}
+
 /* A rank other than 0: rank 0's plans, applied in the order they come, and
- * a step whenever rank 0 steps (the same condition on the same scheduler
- * state), until the plan that says stop. */
+ * a step after each (rank 0 steps after every plan too: the scheduler
+ * replicas decide alike whether the step is idle), until the plan that says
+ * stop. */
 static dsc_status follow(dsc_server *srv) {
     for (;;) {
         serve_plan_clear(&srv->plan);
         DSC_TRY(srv->channel.exchange(srv->channel.impl, &srv->plan));
         submit_ctx ctx = {srv, 0};
         DSC_TRY(apply_plan(srv, &ctx));
-        if (srv->plan.stop) return NULL;
-        dsc_scheduler_counts c = dsc_scheduler_get_counts(srv->sched);
+        if (srv->plan.stop) return drain_engine(srv);
         bool idle;
-        if (c.waiting + c.running > 0) DSC_TRY(dsc_scheduler_step(srv->sched, &idle));
+        DSC_TRY(dsc_scheduler_step(srv->sched, &idle));
     }
 }
 
@@ -355,12 +382,16 @@ dsc_status dsc_server_run(dsc_server *srv) {
             publish_gauges(srv);
             pthread_mutex_unlock(&srv->mu);
         }
+        if (!st && srv->plan.stop) st = drain_engine(srv);
         if (st || srv->plan.stop) break;
-        dsc_scheduler_counts c = dsc_scheduler_get_counts(srv->sched);
-        if (c.waiting + c.running > 0) {
-            bool idle;
-            st = dsc_scheduler_step(srv->sched, &idle);
-            if (st) break;
+        /* Stepped after every plan, also when nothing waits or runs: under
+         * pipeline parallelism a released sequence may still be in flight,
+         * and its blocks are freed when it lands. An idle step costs nothing
+         * and is idle on every rank alike. */
+        bool idle;
+        st = dsc_scheduler_step(srv->sched, &idle);
+        if (st) break;
+        if (!idle) {
             pthread_mutex_lock(&srv->mu);
             publish_gauges(srv);
             pthread_mutex_unlock(&srv->mu);

@@ -204,7 +204,9 @@ struct dsc_server {
     serve_lp_seq *lp_seqs; /* (n_lp_seqs) on every rank: computing logprobs is collective across ranks */
     int32_t n_lp_seqs;
     int64_t cap_lp_seqs;
-    int32_t vocab0; /* the first vocabulary id of this rank's logits rows */
+    int32_t vocab0;       /* the first vocabulary id of this rank's logits rows */
+    dsc_comm *vocab_comm; /* the ranks holding this row's vocabulary slices (NULL: the whole row here) */
+    bool last_stage;      /* holds the logits (always without pipeline parallelism) */
     uint64_t next_uid;
     serve_plan plan;
     serve_plan_channel channel;

@@ -65,25 +65,35 @@ static dsc_status choose_template(dsc_server *srv) {
 }
 
 /* Under tensor parallelism each rank's logits rows are a slice of the
- * vocabulary, in rank order: this rank's first id is the widths before it. */
+ * vocabulary, in the TP group's rank order: this rank's first id is the
+ * widths before it. Under pipeline parallelism the TP group is the stage's,
+ * not the world. */
 static dsc_status find_vocab0(dsc_server *srv) {
+    const dsc_serve_config *c = &srv->cfg;
+    srv->vocab_comm = c->tp_comm ? c->tp_comm : c->pipe_comm ? NULL : c->comm;
+    srv->last_stage = !c->pipe_comm || dsc_comm_rank(c->pipe_comm) == dsc_comm_size(c->pipe_comm) - 1;
     srv->vocab0 = 0;
-    if (srv->n_ranks == 1) return NULL;
-    int32_t mine = dsc_infer_engine_logits_width(srv->engine), *all = calloc((size_t)srv->n_ranks, sizeof *all);
-    DSC_CHECK(all, DSC_ERR_NOMEM, "logits widths of %d ranks", srv->n_ranks);
-    int64_t one = 1, n = srv->n_ranks, total = 0;
+    int n_ranks = srv->vocab_comm ? dsc_comm_size(srv->vocab_comm) : 1;
+    if (n_ranks == 1) {
+        srv->vocab_comm = NULL;
+        return NULL;
+    }
+    int rank = dsc_comm_rank(srv->vocab_comm);
+    int32_t mine = dsc_infer_engine_logits_width(srv->engine), *all = calloc((size_t)n_ranks, sizeof *all);
+    DSC_CHECK(all, DSC_ERR_NOMEM, "logits widths of %d ranks", n_ranks);
+    int64_t one = 1, n = n_ranks, total = 0;
     dsc_tensor send = dsc_tensor_view(&mine, DSC_DTYPE_I32, 1, &one, DSC_CPU);
     dsc_tensor recv = dsc_tensor_view(all, DSC_DTYPE_I32, 1, &n, DSC_CPU);
-    dsc_status s = dsc_comm_allgather(srv->cfg.comm, &send, &recv, NULL);
-    for (int r = 0; !s && r < srv->n_ranks; r++) {
-        if (r == srv->rank) srv->vocab0 = (int32_t)total;
+    dsc_status s = dsc_comm_allgather(srv->vocab_comm, &send, &recv, NULL);
+    for (int r = 0; !s && r < n_ranks; r++) {
+        if (r == rank) srv->vocab0 = (int32_t)total;
         total += all[r];
     }
     free(all);
     DSC_TRY(s);
     DSC_CHECK(total == srv->vocab, DSC_ERR_CONFIG,
-              "the ranks' logits widths add up to %lld, not the vocabulary's %d: dsc-serve needs one vocabulary "
-              "slice per rank",
+              "the TP ranks' logits widths add up to %lld, not the vocabulary's %d: dsc-serve needs one "
+              "vocabulary slice per rank of a tensor-parallel group",
               (long long)total, srv->vocab);
     return NULL;
 }

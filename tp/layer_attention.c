@@ -6,12 +6,16 @@
  * output; o's bias is added by the group's rank 0 before the sum, so once.
  * Backward: local until the input gradient, whose partial sums (q, k and v
  * of this rank's heads) are all-reduced once. With sequence parallelism
- * (sequence.c) the input and the output gradient are gathered along t first
- * and each all-reduce is a reduce-scatter back to this rank's positions.
+ * (sequence.c) its input and output are this rank's t / tp positions (and
+ * so is the T it is reserved for): the input is gathered along t in forward
+ * and again in backward, the output gradient in backward, and each
+ * all-reduce is a reduce-scatter back to this rank's positions; q, k, v and
+ * the attention output cover the whole sequence (T x tp).
  *
  * It lives inside a block, which keeps the input unchanged until the slot's
- * backward (so only a view of it is kept). Not here: the norms and the
- * residual (the block), replicated KV heads (refused by the wiring). */
+ * backward (so only a view of it is kept, this rank's positions under
+ * sequence parallelism). Not here: the norms and the residual (the block),
+ * replicated KV heads (refused by the wiring). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +33,12 @@ typedef struct tp_attention {
     float rope_theta;
     dsc_device device;
     int slots;
-    dsc_tensor *in;        /* [slots] views of the block's input */
-    dsc_tensor *q, *k, *v; /* [slots] (B, T, nq, HS), (B, T, nkv, HS) x2; after RoPE */
-    dsc_tensor *att, *lse; /* [slots] (B, T, nq, HS), (B, nq, T) */
+    dsc_tensor *in;        /* [slots] views of the block's input (B, T, C) */
+    dsc_tensor *q, *k, *v; /* [slots] (B, Tf, nq, HS), (B, Tf, nkv, HS) x2; after RoPE (Tf: T x tp or T) */
+    dsc_tensor *att, *lse; /* [slots] (B, Tf, nq, HS), (B, nq, Tf) */
     dsc_tensor *out, *din; /* [slots] (B, T, C) */
-    dsc_tensor *scratch;   /* [4] datt, dq (B, T, nq HS); dk, dv (B, T, nkv HS) */
-    dsc_tensor positions;  /* (T) i32, RoPE only */
+    dsc_tensor *scratch;   /* [4] datt, dq (B, Tf, nq HS); dk, dv (B, Tf, nkv HS) */
+    dsc_tensor positions;  /* (Tf) i32, RoPE only */
     tp_seq seq;            /* sequence parallelism's buffers */
 } tp_attention;
 
@@ -66,7 +70,8 @@ static dsc_status attn_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     tp_attention *a = (tp_attention *)self;
     release(a);
     a->slots = slots;
-    const int64_t q_shape[4] = {B, T, a->NQ, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS},
+    const int64_t Tf = tp_seq_full(a->tp, T);
+    const int64_t q_shape[4] = {B, Tf, a->NQ, a->HS}, kv_shape[4] = {B, Tf, a->NKV, a->HS},
                   c_shape[3] = {B, T, a->C};
     a->in = calloc((size_t)slots, sizeof *a->in);
     dsc_status s = a->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
@@ -74,12 +79,12 @@ static dsc_status attn_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     if (!s) s = dsc_buffers_alloc(&a->k, slots, 4, kv_shape, a->device);
     if (!s) s = dsc_buffers_alloc(&a->v, slots, 4, kv_shape, a->device);
     if (!s) s = dsc_buffers_alloc(&a->att, slots, 4, q_shape, a->device);
-    if (!s) s = dsc_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NQ, T}, a->device);
+    if (!s) s = dsc_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NQ, Tf}, a->device);
     if (!s) s = dsc_buffers_alloc(&a->out, slots, 3, c_shape, a->device);
     if (!s) s = dsc_buffers_alloc(&a->din, slots, 3, c_shape, a->device);
     if (!s) s = dsc_buffers_alloc(&a->scratch, 4, 4, q_shape, a->device); /* dk, dv fit: nkv <= nq */
-    if (!s && a->rope) s = reserve_positions(a, T);
-    if (!s) s = tp_seq_reserve(&a->seq, a->tp, slots, B, T, a->C, a->device);
+    if (!s && a->rope) s = reserve_positions(a, Tf);
+    if (!s) s = tp_seq_reserve(&a->seq, a->tp, B, Tf, a->C, a->device);
     if (s) release(a);
     return s;
 }
@@ -104,13 +109,13 @@ static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *loca
     (void)ctx;
     tp_attention *a = (tp_attention *)self;
     DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, a->C}));
+    DSC_CHECK(local->shape[1] <= self->max_T, DSC_ERR_INVALID, "%lld positions exceed the reserved %lld",
+              (long long)local->shape[1], (long long)self->max_T);
     dsc_tensor x;
-    DSC_TRY(tp_seq_gather(&a->seq, a->tp, local, slot, &x));
+    DSC_TRY(tp_seq_gather_input(a->tp, local, &x));
     const dsc_tensor *in = &x;
     const int64_t b = in->shape[0], t = in->shape[1];
-    DSC_CHECK(t <= self->max_T, DSC_ERR_INVALID, "%lld positions exceed the reserved %lld", (long long)t,
-              (long long)self->max_T);
-    a->in[slot] = *in;
+    a->in[slot] = *local;
     views w = slot_views(a, slot, b, t);
     DSC_TRY(dsc_param_linear_forward(&w.q, in, a->wq, a->bq));
     DSC_TRY(dsc_param_linear_forward(&w.k, in, a->wk, a->bk));
@@ -120,20 +125,21 @@ static dsc_status attn_forward(dsc_layer *self, int slot, const dsc_tensor *loca
         DSC_TRY(dsc_kernel_rope(&w.k, &w.k, &w.pos, a->rope_theta, false));
     }
     DSC_TRY(dsc_kernel_attention_forward(&w.att, &w.lse, &w.q, &w.k, &w.v));
-    dsc_tensor partial = tp_seq_partial(&a->seq, a->tp, &a->out[slot], in->shape);
+    dsc_tensor partial;
+    DSC_TRY(tp_seq_partial(a->tp, &a->out[slot], in->shape, &partial));
     DSC_TRY(dsc_param_linear_forward(&partial, &w.att, a->wo, a->tp->rank == 0 ? a->bo : NULL));
-    return tp_seq_sum(&a->seq, a->tp, &partial, &a->out[slot], out);
+    return tp_seq_sum(a->tp, &partial, &a->out[slot], out);
 }
 
 static dsc_status attn_backward(dsc_layer *self, int slot, const dsc_tensor *dlocal, dsc_tensor *dx_out,
                                 dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_attention *a = (tp_attention *)self;
-    const dsc_tensor *x = &a->in[slot];
-    DSC_CHECK(x->data, DSC_ERR_INVALID, "backward without a forward");
-    dsc_tensor dfull;
-    DSC_TRY(tp_seq_gather(&a->seq, a->tp, dlocal, -1, &dfull));
-    const dsc_tensor *dy = &dfull;
+    DSC_CHECK(a->in[slot].data, DSC_ERR_INVALID, "backward without a forward");
+    dsc_tensor dfull, xfull;
+    DSC_TRY(tp_seq_gather_grad(a->tp, dlocal, &dfull));
+    DSC_TRY(tp_seq_gather_input(a->tp, &a->in[slot], &xfull)); /* again: only this rank's positions were kept */
+    const dsc_tensor *dy = &dfull, *x = &xfull;
     DSC_TRY(dsc_tensor_expect(dy, "output gradient", DSC_DTYPE_F32, 3, x->shape));
     const int64_t b = x->shape[0], t = x->shape[1];
     views w = slot_views(a, slot, b, t);
@@ -147,12 +153,13 @@ static dsc_status attn_backward(dsc_layer *self, int slot, const dsc_tensor *dlo
         DSC_TRY(dsc_kernel_rope(&dq, &dq, &w.pos, a->rope_theta, true));
         DSC_TRY(dsc_kernel_rope(&dk, &dk, &w.pos, a->rope_theta, true));
     }
-    dsc_tensor dx = tp_seq_partial(&a->seq, a->tp, &a->din[slot], x->shape);
+    dsc_tensor dx;
+    DSC_TRY(tp_seq_partial(a->tp, &a->din[slot], x->shape, &dx));
     DSC_TRY(dsc_param_linear_backward(&dx, false, a->wq, a->bq, &dq, x));
     DSC_TRY(dsc_param_linear_backward(&dx, true, a->wk, a->bk, &dk, x));
     DSC_TRY(dsc_param_linear_backward(&dx, true, a->wv, a->bv, &dv, x));
     a->in[slot] = (dsc_tensor){0};
-    return tp_seq_sum(&a->seq, a->tp, &dx, &a->din[slot], dx_out);
+    return tp_seq_sum(a->tp, &dx, &a->din[slot], dx_out);
 }
 
 static void attn_destroy(dsc_layer *self) {
@@ -214,9 +221,10 @@ dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_c
     a->rope = mc->arch == DSC_ARCH_LLAMA || mc->arch == DSC_ARCH_MIXTRAL;
     a->rope_theta = mc->rope_theta;
     a->device = ctx->device;
-    /* per token: q, att, k, v, lse, output and input gradient */
+    /* per reserved token: q, att, k, v, lse of the whole sequence (tp tokens of it under sequence
+     * parallelism), output and input gradient */
     a->base.activation_bytes_per_token =
-        (int64_t)sizeof(float) * (2 * a->NQ * a->HS + 2 * a->NKV * a->HS + a->NQ + 2 * a->C);
+        (int64_t)sizeof(float) * (tp_seq_full(x, 1) * (2 * a->NQ * a->HS + 2 * a->NKV * a->HS + a->NQ) + 2 * a->C);
     dsc_status s = declare(a, mc, ctx->params);
     if (s) {
         dsc_layer_destroy(&a->base);

@@ -9,6 +9,12 @@
  * The row-parallel biases need no such sum: their gradients come from the
  * gathered output gradient (layer_attention.c, layer_mlp.c).
  *
+ * The wrapper also reserves the inner block for this rank's T / tp
+ * positions: everything the block keeps per micro-batch outside the regions
+ * (its input copy, norm outputs and statistics, residual, output and input
+ * gradient), and the regions' own input and output buffers, shrink by tp;
+ * the regions reserve their hidden activations for the whole sequence.
+ *
  * Not here: the block's arithmetic (runtime/nn/block.c). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +33,8 @@ typedef struct seq_block {
 } seq_block;
 
 static dsc_status sb_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
-    return dsc_layer_reserve(((seq_block *)self)->inner, slots, B, T);
+    seq_block *k = (seq_block *)self;
+    return dsc_layer_reserve(k->inner, slots, B, tp_seq_local(k->tp, T));
 }
 
 static dsc_status sb_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
@@ -93,7 +100,8 @@ dsc_status tp_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx,
     k->inner = inner;
     k->tp = x;
     snprintf(k->base.name, sizeof k->base.name, "%s", inner->name);
-    k->base.activation_bytes_per_token = inner->activation_bytes_per_token;
+    /* the inner block's bytes per position it holds, of which a rank holds 1 in tp */
+    k->base.activation_bytes_per_token = inner->activation_bytes_per_token / x->size;
     for (int i = 0; i < inner->n_params && k->n_norms < TP_MAX_LAYER_PARAMS; i++)
         if (is_norm(inner->params[i])) {
             k->norms[k->n_norms++] = inner->params[i];

@@ -26,7 +26,7 @@ typedef struct tp_embedding {
     dsc_device device;
     int slots;
     int32_t *tokens;  /* (slots, B, T) copies of the slot's ids */
-    dsc_tensor *out;  /* [slots] (B, T, C) */
+    dsc_tensor *out;  /* [slots] (B, T, C); (B, T / tp, C) under sequence parallelism */
     int64_t (*bt)[2]; /* [slots] (b, t) of the pending forward; b = 0 when none */
     tp_seq seq;       /* sequence parallelism's buffers */
 } tp_embedding;
@@ -50,8 +50,8 @@ static dsc_status emb_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     e->tokens = calloc((size_t)(slots * B * T), sizeof *e->tokens);
     e->bt = calloc((size_t)slots, sizeof *e->bt);
     dsc_status s = e->tokens && e->bt ? NULL : dsc_error(DSC_ERR_NOMEM, "token copies for %d slots", slots);
-    if (!s) s = dsc_buffers_alloc(&e->out, slots, 3, (int64_t[]){B, T, e->C}, e->device);
-    if (!s) s = tp_seq_reserve(&e->seq, e->tp, slots, B, T, e->C, e->device);
+    if (!s) s = dsc_buffers_alloc(&e->out, slots, 3, (int64_t[]){B, tp_seq_local(e->tp, T), e->C}, e->device);
+    if (!s) s = tp_seq_reserve(&e->seq, e->tp, B, T, e->C, e->device);
     if (s) release(e);
     return s;
 }
@@ -71,7 +71,8 @@ static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
               (long long)self->max_B, (long long)self->max_T);
     int32_t *tok = e->tokens + (size_t)slot * (size_t)(self->max_B * self->max_T);
     memcpy(tok, ids->data, (size_t)(b * t) * sizeof *tok);
-    dsc_tensor full = tp_seq_partial(&e->seq, e->tp, &e->out[slot], (int64_t[]){b, t, C});
+    dsc_tensor full;
+    DSC_TRY(tp_seq_partial(e->tp, &e->out[slot], (int64_t[]){b, t, C}, &full));
     float *o = full.data;
     const float *w = e->wte->value.data;
     for (int64_t i = 0; i < b * t; i++) {
@@ -89,7 +90,7 @@ static dsc_status emb_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
             for (int64_t c = 0; c < C; c++)
                 o[i * C + c] += pe[(i % t) * C + c];
     }
-    DSC_TRY(tp_seq_sum(&e->seq, e->tp, &full, &e->out[slot], out));
+    DSC_TRY(tp_seq_sum(e->tp, &full, &e->out[slot], out));
     e->bt[slot][0] = b;
     e->bt[slot][1] = t;
     return NULL;
@@ -104,7 +105,7 @@ static dsc_status emb_backward(dsc_layer *self, int slot, const dsc_tensor *dloc
     DSC_CHECK(b > 0, DSC_ERR_INVALID, "backward without a pending forward");
     DSC_CHECK(dlocal, DSC_ERR_INVALID, "no output gradient");
     dsc_tensor dfull;
-    DSC_TRY(tp_seq_gather(&e->seq, e->tp, dlocal, -1, &dfull));
+    DSC_TRY(tp_seq_gather_grad(e->tp, dlocal, &dfull));
     const dsc_tensor *dout = &dfull;
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, (int64_t[]){b, t, C}));
     const int32_t *tok = e->tokens + (size_t)slot * (size_t)(self->max_B * self->max_T);

@@ -10,6 +10,8 @@
  * With sequence parallelism (sequence.c) the input is first gathered along
  * t and the final norm runs on every position (so its gradient is whole on
  * every rank); backward keeps this rank's positions of the input gradient.
+ * The head keeps its input whole: one (B, T, C) per micro-batch for the
+ * model, where a block's activations are per layer.
  *
  * Without targets (generation) the forward gathers the full (b, t, V)
  * logits on every rank. CPU tensors only. Not here: sampling. */
@@ -39,7 +41,7 @@ typedef struct tp_head {
     dsc_tensor *logits;      /* [slots] (B, T, nv); its gradient after backward */
     dsc_tensor *stats;       /* [slots] (3, B*T): row max, sum of exponentials, target logit */
     dsc_tensor *losses;      /* [slots] (B, T) */
-    dsc_tensor *din;         /* [slots] (B, T, C) */
+    dsc_tensor *din;         /* [slots] (B, T, C); (B, T / tp, C) under sequence parallelism */
     dsc_tensor dnormed;      /* (B, T, C) backward scratch */
     dsc_tensor gathered;     /* (B*T*V) generation only: every rank's logits, rank after rank */
     dsc_tensor full;         /* (B, T, V) generation only */
@@ -78,9 +80,9 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     if (!s) s = dsc_buffers_alloc(&h->logits, slots, 3, (int64_t[]){B, T, h->NV}, h->device);
     if (!s) s = dsc_buffers_alloc(&h->stats, slots, 2, (int64_t[]){3, N}, h->device);
     if (!s) s = dsc_buffers_alloc(&h->losses, slots, 2, (int64_t[]){B, T}, h->device);
-    if (!s) s = dsc_buffers_alloc(&h->din, slots, 3, c_shape, h->device);
+    if (!s) s = dsc_buffers_alloc(&h->din, slots, 3, (int64_t[]){B, tp_seq_local(h->tp, T), h->C}, h->device);
     if (!s) s = dsc_tensor_alloc(&h->dnormed, DSC_DTYPE_F32, 3, c_shape, h->device, DSC_MEM_ACTIVATIONS);
-    if (!s) s = tp_seq_reserve(&h->seq, h->tp, slots, B, T, h->C, h->device);
+    if (!s) s = tp_seq_reserve(&h->seq, h->tp, B, T, h->C, h->device);
     if (s) release(h);
     return s;
 }
@@ -169,7 +171,7 @@ static dsc_status head_forward(dsc_layer *self, int slot, const dsc_tensor *loca
     tp_head *h = (tp_head *)self;
     DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, h->C}));
     dsc_tensor gathered;
-    DSC_TRY(tp_seq_gather(&h->seq, h->tp, local, slot, &gathered));
+    DSC_TRY(tp_seq_gather_input(h->tp, local, &gathered));
     const dsc_tensor *in = &gathered;
     const int64_t b = in->shape[0], t = in->shape[1], N = b * t;
     DSC_CHECK(b <= self->max_B && t <= self->max_T, DSC_ERR_INVALID, "input (%lld, %lld) exceeds the reserve",
@@ -230,7 +232,8 @@ static dsc_status head_backward(dsc_layer *self, int slot, const dsc_tensor *dou
     dsc_tensor dnormed = tp_view(&h->dnormed, 3, shape);
     DSC_TRY(dsc_param_linear_backward(&dnormed, false, h->w, NULL, &dlogits, &normed));
     DSC_TRY(tp_allreduce(h->tp, &dnormed));
-    dsc_tensor dx = tp_seq_partial(&h->seq, h->tp, &h->din[slot], shape);
+    dsc_tensor dx;
+    DSC_TRY(tp_seq_partial(h->tp, &h->din[slot], shape, &dx));
     DSC_TRY(norm_backward(h, slot, &x, &dnormed, &dx));
     tp_seq_take(h->tp, &dx, &h->din[slot], din);
     h->bt[slot][0] = 0;

@@ -4,11 +4,15 @@
  * columns. Forward: local up to one all-reduce of the (b, t, C) output (the
  * proj bias added once, by the group's rank 0); backward: local up to one
  * all-reduce of the input gradient. With sequence parallelism (sequence.c)
- * the input and output gradient are gathered along t first and each
- * all-reduce is a reduce-scatter; proj's bias gradient comes from the
- * gathered output gradient, so it is whole on every rank as before.
+ * its input and output are this rank's t / tp positions (and so is the T it
+ * is reserved for): the input is gathered along t in forward and again in
+ * backward, the output gradient in backward, and each all-reduce is a
+ * reduce-scatter; the hidden activations cover the whole sequence. proj's
+ * bias gradient comes from the gathered output gradient, so it is whole on
+ * every rank as before.
  *
- * It lives inside a block, which keeps the input until the slot's backward.
+ * It lives inside a block, which keeps the input (this rank's positions of
+ * it) until the slot's backward.
  * Not here: MoE experts (moe/), the norms (the block). */
 #include <math.h>
 #include <stdio.h>
@@ -29,10 +33,10 @@ typedef struct tp_mlp {
     int64_t C, F;     /* F = nf */
     dsc_device device;
     int slots;
-    dsc_tensor *in;             /* [slots] views of the block's input */
-    dsc_tensor *pre, *up, *act; /* [slots] (B, T, nf) */
+    dsc_tensor *in;             /* [slots] views of the block's input (B, T, C) */
+    dsc_tensor *pre, *up, *act; /* [slots] (B, Tf, nf) (Tf: T x tp under sequence parallelism, else T) */
     dsc_tensor *out, *din;      /* [slots] (B, T, C) */
-    dsc_tensor *scratch;        /* [3] (B, T, nf): dact, dpre, dup */
+    dsc_tensor *scratch;        /* [3] (B, Tf, nf): dact, dpre, dup */
     tp_seq seq;                 /* sequence parallelism's buffers */
 } tp_mlp;
 
@@ -53,7 +57,7 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     tp_mlp *m = (tp_mlp *)self;
     release(m);
     m->slots = slots;
-    const int64_t f_shape[3] = {B, T, m->F}, c_shape[3] = {B, T, m->C};
+    const int64_t Tf = tp_seq_full(m->tp, T), f_shape[3] = {B, Tf, m->F}, c_shape[3] = {B, T, m->C};
     m->in = calloc((size_t)slots, sizeof *m->in);
     dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
@@ -62,7 +66,7 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     if (!s) s = dsc_buffers_alloc(&m->out, slots, 3, c_shape, m->device);
     if (!s) s = dsc_buffers_alloc(&m->din, slots, 3, c_shape, m->device);
     if (!s) s = dsc_buffers_alloc(&m->scratch, 3, 3, f_shape, m->device);
-    if (!s) s = tp_seq_reserve(&m->seq, m->tp, slots, B, T, m->C, m->device);
+    if (!s) s = tp_seq_reserve(&m->seq, m->tp, B, Tf, m->C, m->device);
     if (s) release(m);
     return s;
 }
@@ -73,10 +77,10 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *local
     tp_mlp *m = (tp_mlp *)self;
     DSC_TRY(dsc_tensor_expect(local, "input", DSC_DTYPE_F32, 3, (const int64_t[]){-1, -1, m->C}));
     dsc_tensor x;
-    DSC_TRY(tp_seq_gather(&m->seq, m->tp, local, slot, &x));
+    DSC_TRY(tp_seq_gather_input(m->tp, local, &x));
     const dsc_tensor *in = &x;
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
-    m->in[slot] = *in;
+    m->in[slot] = *local;
     dsc_tensor pre = tp_view(&m->pre[slot], 3, f_shape), act = tp_view(&m->act[slot], 3, f_shape);
     DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, m->b_in));
     if (m->gated) {
@@ -86,25 +90,27 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *local
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
-    dsc_tensor partial = tp_seq_partial(&m->seq, m->tp, &m->out[slot], in->shape);
+    dsc_tensor partial;
+    DSC_TRY(tp_seq_partial(m->tp, &m->out[slot], in->shape, &partial));
     DSC_TRY(dsc_param_linear_forward(&partial, &act, m->w_out, m->tp->rank == 0 ? m->b_out : NULL));
-    return tp_seq_sum(&m->seq, m->tp, &partial, &m->out[slot], out);
+    return tp_seq_sum(m->tp, &partial, &m->out[slot], out);
 }
 
 static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dlocal, dsc_tensor *din,
                                dsc_micro_ctx *ctx) {
     (void)ctx;
     tp_mlp *m = (tp_mlp *)self;
-    const dsc_tensor *in = &m->in[slot];
-    DSC_CHECK(in->data, DSC_ERR_INVALID, "backward without a forward");
-    dsc_tensor dfull;
-    DSC_TRY(tp_seq_gather(&m->seq, m->tp, dlocal, -1, &dfull));
-    const dsc_tensor *dout = &dfull;
+    DSC_CHECK(m->in[slot].data, DSC_ERR_INVALID, "backward without a forward");
+    dsc_tensor dfull, xfull;
+    DSC_TRY(tp_seq_gather_grad(m->tp, dlocal, &dfull));
+    DSC_TRY(tp_seq_gather_input(m->tp, &m->in[slot], &xfull)); /* again: only this rank's positions were kept */
+    const dsc_tensor *dout = &dfull, *in = &xfull;
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     dsc_tensor pre = tp_view(&m->pre[slot], 3, f_shape), act = tp_view(&m->act[slot], 3, f_shape);
     dsc_tensor dact = tp_view(&m->scratch[0], 3, f_shape), dpre = tp_view(&m->scratch[1], 3, f_shape);
-    dsc_tensor dx = tp_seq_partial(&m->seq, m->tp, &m->din[slot], in->shape);
+    dsc_tensor dx;
+    DSC_TRY(tp_seq_partial(m->tp, &m->din[slot], in->shape, &dx));
     DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
     if (m->gated) {
         dsc_tensor up = tp_view(&m->up[slot], 3, f_shape), dup = tp_view(&m->scratch[2], 3, f_shape);
@@ -116,7 +122,7 @@ static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dloc
         DSC_TRY(dsc_param_linear_backward(&dx, false, m->w_in, m->b_in, &dpre, in));
     }
     m->in[slot] = (dsc_tensor){0};
-    return tp_seq_sum(&m->seq, m->tp, &dx, &m->din[slot], din);
+    return tp_seq_sum(m->tp, &dx, &m->din[slot], din);
 }
 
 static void mlp_destroy(dsc_layer *self) {
@@ -171,7 +177,9 @@ dsc_status tp_mlp_create(const dsc_build_ctx *ctx, int block, dsc_layer **out) {
     m->C = mc->d_model;
     m->F = x->shard.nf;
     m->device = ctx->device;
-    m->base.activation_bytes_per_token = (int64_t)sizeof(float) * ((m->gated ? 3 : 2) * m->F + 2 * m->C);
+    /* per reserved token: the hidden activations of the whole sequence, output and input gradient */
+    m->base.activation_bytes_per_token =
+        (int64_t)sizeof(float) * (tp_seq_full(x, 1) * (m->gated ? 3 : 2) * m->F + 2 * m->C);
     dsc_status s = declare(m, mc, ctx->params);
     if (s) {
         dsc_layer_destroy(&m->base);

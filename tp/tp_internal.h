@@ -34,33 +34,37 @@ dsc_status tp_allreduce(const dsc_tp_build_extra *x, dsc_tensor *t);
 dsc_status tp_extra_of(const dsc_build_ctx *ctx, const char *type, const dsc_tp_build_extra **out);
 
 /* ---- sequence parallelism (sequence.c) ----
- * What a region (attention, MLP, LM head) keeps for it: without
+ * A region's hold on the workspace every region shares for what it gathers
+ * (four (B, T, C) buffers, alive during one call); without
  * sequence_parallel nothing (every call below is the plain layout's). */
 typedef struct tp_seq {
-    dsc_tensor *full;     /* [3] (B, T, C): gathered output gradient, partial sum, the collectives' scratch */
-    dsc_tensor *gathered; /* [slots] (B, T, C): the gathered input, kept for backward */
-    int slots;
+    bool held;
 } tp_seq;
 
-dsc_status tp_seq_reserve(tp_seq *q, const dsc_tp_build_extra *x, int slots, int64_t B, int64_t T, int64_t C,
+/* Holds the shared workspace for (B, T, C) gathered tensors (T: the whole sequence). */
+dsc_status tp_seq_reserve(tp_seq *q, const dsc_tp_build_extra *x, int64_t B, int64_t T, int64_t C,
                           dsc_device device);
 void tp_seq_release(tp_seq *q);
-/* *full = local (b, tl, C) of every rank as (b, tl * tp, C), into the
- * slot's gathered buffer (slot >= 0) or the gradient buffer (slot -1);
- * without sequence parallelism *full = *local. */
-dsc_status tp_seq_gather(tp_seq *q, const dsc_tp_build_extra *x, const dsc_tensor *local, int slot,
-                         dsc_tensor *full);
+/* *full = local (b, tl, C) of every rank as (b, tl * tp, C) in the
+ * workspace, one buffer for a region's input and one for an output gradient
+ * (valid until the next call of the same kind); without sequence
+ * parallelism *full = *local. */
+dsc_status tp_seq_gather_input(const dsc_tp_build_extra *x, const dsc_tensor *local, dsc_tensor *full);
+dsc_status tp_seq_gather_grad(const dsc_tp_build_extra *x, const dsc_tensor *local, dsc_tensor *full);
 /* Where a region computes its (b, t, C) partial sum: `own` (the buffer the
- * plain layout sums in place) or, with sequence parallelism, a scratch. */
-dsc_tensor tp_seq_partial(const tp_seq *q, const dsc_tp_build_extra *x, const dsc_tensor *own,
-                          const int64_t *shape);
+ * plain layout sums in place) or, with sequence parallelism, the workspace. */
+dsc_status tp_seq_partial(const dsc_tp_build_extra *x, const dsc_tensor *own, const int64_t *shape,
+                          dsc_tensor *out);
 /* *out = the sum over the group of `partial`: in place (all-reduce), or this
  * rank's (b, t / tp, C) positions of it in `buf` (reduce-scatter). */
-dsc_status tp_seq_sum(tp_seq *q, const dsc_tp_build_extra *x, dsc_tensor *partial, const dsc_tensor *buf,
-                      dsc_tensor *out);
+dsc_status tp_seq_sum(const dsc_tp_build_extra *x, dsc_tensor *partial, const dsc_tensor *buf, dsc_tensor *out);
 /* *local = this rank's positions of a complete full (b, t, C) (copied into
  * `buf`), or *full itself without sequence parallelism. */
 void tp_seq_take(const dsc_tp_build_extra *x, const dsc_tensor *full, const dsc_tensor *buf, dsc_tensor *local);
+/* The positions a rank holds of T (T / tp with sequence parallelism), and
+ * the whole sequence of a rank's T (T x tp). */
+int64_t tp_seq_local(const dsc_tp_build_extra *x, int64_t T);
+int64_t tp_seq_full(const dsc_tp_build_extra *x, int64_t T);
 
 /* The MLP of block `block` split by width (tp_block's feed-forward part). */
 dsc_status tp_mlp_create(const dsc_build_ctx *ctx, int block, dsc_layer **out);

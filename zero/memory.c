@@ -6,6 +6,7 @@
  * Not here: allocation (the optimizer allocates through dsc_mem_alloc under
  * the params / grads / optim / comm categories, which is what the report
  * reads). */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "dsc/memory.h"
@@ -14,12 +15,19 @@
 
 void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out) {
     double n = dp > 0 ? dp : 1;
-    out->params = 4.0 * psi / (stage >= 3 ? n : 1);
-    out->grads = 4.0 * psi / (stage >= 2 ? n : 1);
-    out->optim = state_bytes * psi / (stage >= 1 ? n : 1);
+    bool mixed = state_bytes & DSC_ZERO_MIXED_PRECISION;
+    double width = mixed ? 2.0 : 4.0, optim = (state_bytes & 0xffff) + (mixed ? 4 : 0);
+    out->params = width * psi / (stage >= 3 ? n : 1);
+    out->grads = width * psi / (stage >= 2 ? n : 1);
+    out->optim = optim * psi / (stage >= 1 ? n : 1);
 }
 
 dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out) {
+    return dsc_zero_model_size_of_extra(mc, NULL, out);
+}
+
+dsc_status dsc_zero_model_size_of_extra(const dsc_model_config *mc, const void *build_extra,
+                                        dsc_zero_model_size *out) {
     *out = (dsc_zero_model_size){0};
     DSC_TRY(dsc_model_config_validate(mc));
     DSC_TRY(dsc_nn_register_dense_layers());
@@ -29,7 +37,7 @@ dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_siz
     /* Declaring parameters allocates nothing until finalize, so a 70B model costs only its layer structs. */
     dsc_param_store *store = NULL;
     dsc_status s = dsc_params_create(&store, DSC_CPU, 0);
-    dsc_build_ctx ctx = {.model = mc, .params = store, .device = DSC_CPU};
+    dsc_build_ctx ctx = {.model = mc, .params = store, .device = DSC_CPU, .extra = build_extra};
     for (int i = 0; i < count && !s; i++) {
         dsc_layer *layer = NULL;
         s = dsc_layer_build(&specs[i], &ctx, &layer);
@@ -52,29 +60,50 @@ static double gib(double bytes) {
     return bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
+void dsc_zero_estimate_rank(const dsc_zero_model_size *size, int stage, int dp, int pp, int ep, int state_bytes,
+                            dsc_zero_memory *out) {
+    pp = pp > 0 ? pp : 1;
+    ep = ep > 0 ? ep : 1;
+    const double dense = (size->params - size->expert_params) / pp;
+    const double expert = size->expert_params / pp / ep; /* this rank's experts */
+    const int edp = dp / ep > 0 ? dp / ep : 1;
+    dsc_zero_memory d, e;
+    dsc_zero_memory_formula(stage, dense, dp, state_bytes, &d);
+    dsc_zero_memory_formula(stage, expert, edp, state_bytes, &e);
+    *out = (dsc_zero_memory){d.params + e.params, d.grads + e.grads, d.optim + e.optim};
+}
+
 void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep, int state_bytes) {
     pp = pp > 0 ? pp : 1;
     ep = ep > 0 ? ep : 1;
-    double dense = (size->params - size->expert_params) / pp;
-    double expert = size->expert_params / pp / ep; /* this rank's experts */
     int edp = dp / ep > 0 ? dp / ep : 1;
     fprintf(
         fp,
         "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; dp=%d pp=%d",
         size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp);
     if (size->expert_params > 0) fprintf(fp, " ep=%d (experts sharded over %d ranks)", ep, edp);
-    fprintf(fp, "; fp32 with %d bytes of optimizer state per parameter\n", state_bytes);
+    if (state_bytes & DSC_ZERO_MIXED_PRECISION)
+        fprintf(fp,
+                "; bf16/fp16 mixed precision: 2-byte parameters and gradients, 4-byte fp32 master + %d bytes of "
+                "optimizer state per parameter\n",
+                state_bytes & 0xffff);
+    else
+        fprintf(fp, "; fp32 with %d bytes of optimizer state per parameter\n", state_bytes);
     fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
             "+ gathered GiB");
     for (int stage = 0; stage <= 3; stage++) {
-        dsc_zero_memory d, e;
-        dsc_zero_memory_formula(stage, dense, dp, state_bytes, &d);
-        dsc_zero_memory_formula(stage, expert, edp, state_bytes, &e);
-        double p = d.params + e.params, g = d.grads + e.grads, o = d.optim + e.optim;
+        dsc_zero_memory m;
+        dsc_zero_estimate_rank(size, stage, dp, pp, ep, state_bytes, &m);
+        double p = m.params, g = m.grads, o = m.optim;
         /* stage 3 holds a gathered layer (and the prefetched next one) besides its shards */
-        double live = stage == 3 ? 2 * 4.0 * size->largest_layer : 0;
+        bool mixed = state_bytes & DSC_ZERO_MIXED_PRECISION;
+        double live = stage == 3 ? 2 * (mixed ? 2.0 : 4.0) * size->largest_layer : 0;
+        const char *note = stage < 3 ? ""
+                           : pp > 1  ? "  (refused with pipeline.stages > 1)"
+                           : mixed   ? "  (refused with bf16/fp16)"
+                                     : "";
         fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f%s\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
-                gib(live), stage == 3 && pp > 1 ? "  (refused with pipeline.stages > 1)" : "");
+                gib(live), note);
     }
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 #include "zero/zero_internal.h"
 
 void dsc_zero_partition(int64_t numel, int ranks, int rank, int64_t *begin, int64_t *end) {
@@ -66,7 +67,7 @@ static dsc_status find_pieces(zero_optimizer *z, zero_group *g) {
         }
         if (hi <= lo) continue;
         g->piece_of[i] = g->n_pieces;
-        g->pieces[g->n_pieces++] = (zero_piece){p, lo, pos, hi - lo};
+        g->pieces[g->n_pieces++] = (zero_piece){p, lo, pos, hi - lo, pos};
         if (g->split) g->len += hi - lo;
     }
     return NULL;
@@ -218,11 +219,18 @@ static const char *group_name(const zero_group *g) {
 }
 
 /* Posts the reduce-scatter (averaging) of chunk [lo, hi) of `src`, which
- * holds [a, ...), into `recv` (this rank's share). */
+ * holds [a, ...), into `recv` (this rank's share). With reduce_dtype bf16 /
+ * fp16 the chunk is packed in place first and `recv` receives 2-byte values
+ * (its dtype is set here). */
 static dsc_status post_reduce_scatter(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t lo,
                                       int64_t hi, dsc_tensor *recv, dsc_comm_request **req) {
     int64_t counts[g->size];
     dsc_tensor send = flat_view(src + (lo - a), hi - lo, z->device);
+    dsc_dtype dt = z->o.reduce_dtype;
+    if (dsc_precision_is_narrow(dt)) {
+        dsc_precision_pack(send.data, hi - lo, dt);
+        send.dtype = recv->dtype = dt;
+    }
     range_counts(g, lo, hi, counts);
     dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, recv, counts, DSC_REDUCE_OP_AVG, req);
     if (s)
@@ -235,8 +243,17 @@ dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *sr
                                      dsc_comm_request **req) {
     *req = NULL;
     if (!g->comm || g->size == 1) return NULL; /* one rank: the range is its share, in place */
-    dsc_tensor in_place = flat_view(src + (share_start(g, a, b) - a), zero_owned(g, g->rank, a, b), z->device);
+    int64_t at = share_start(g, a, b) - a, mine = zero_owned(g, g->rank, a, b);
+    /* packed, the share sits at the same element offset of the 2-byte values */
+    void *share =
+        dsc_precision_is_narrow(z->o.reduce_dtype) ? (void *)((uint16_t *)(void *)src + at) : (void *)(src + at);
+    dsc_tensor in_place = dsc_tensor_view(share, DSC_DTYPE_F32, 1, &mine, z->device);
     return post_reduce_scatter(z, g, src, a, a, b, &in_place, req);
+}
+
+void zero_unpack_full_share(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b) {
+    int64_t at = share_start(g, a, b) - a;
+    dsc_precision_unpack(src + at, (uint16_t *)(void *)src + at, zero_owned(g, g->rank, a, b), z->o.reduce_dtype);
 }
 
 /* Adds `n` elements of `src` to `dst` (one rank: its share is the chunk itself). */
@@ -311,6 +328,10 @@ dsc_status zero_post_staged_param(zero_optimizer *z, zero_group *g, int index, f
     float *dst = mine > 0 ? (float *)g->grads.data + g->pieces[g->piece_of[index]].pos : NULL;
     if (!g->comm || g->size == 1) return add_share(z, dst, src, mine);
     dsc_tensor send = flat_view(src, n, z->device), share = flat_view(*recv, mine, z->device);
+    if (dsc_precision_is_narrow(z->o.reduce_dtype)) { /* communication_data_type: packed in place */
+        dsc_precision_pack(src, n, z->o.reduce_dtype);
+        send.dtype = share.dtype = z->o.reduce_dtype;
+    }
     dsc_comm_request *req;
     dsc_status s = dsc_comm_ireduce_scatter(g->comm, &send, &share, counts, DSC_REDUCE_OP_AVG, &req);
     if (s) return dsc_error_wrap(s, "ZeRO: reduce-scatter of the gradient of %s", p->name);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 #include "zero/zero_internal.h"
 
 /* A layer's staged reduce-scatters: how many, and this rank's share of them. */
@@ -80,9 +81,14 @@ void zero_staged_free(zero_optimizer *z) {
 /* Waits for the slot's reductions and adds the shares to the gradients, in posting order. */
 static dsc_status settle(zero_optimizer *z, zero_slot *slot) {
     DSC_TRY(dsc_comm_waitall(slot->reqs, slot->n_ops));
+    bool narrow = dsc_precision_is_narrow(z->o.reduce_dtype);
     for (int i = 0; i < slot->n_ops; i++) {
         zero_staged_op *op = &slot->ops[i];
         if (op->n == 0) continue;
+        if (narrow) { /* every recorded share arrived as 2-byte values */
+            dsc_precision_unpack_add(op->dst, op->recv, op->n, z->o.reduce_dtype);
+            continue;
+        }
         dsc_tensor dst = dsc_tensor_view(op->dst, DSC_DTYPE_F32, 1, &op->n, z->device);
         dsc_tensor got = dsc_tensor_view(op->recv, DSC_DTYPE_F32, 1, &op->n, z->device);
         DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &got));

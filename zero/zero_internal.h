@@ -20,6 +20,7 @@ typedef struct zero_piece {
     int64_t param_offset; /* element offset inside the parameter */
     int64_t pos;          /* element offset inside the rank's range */
     int64_t numel;
+    int64_t pos2; /* element offset inside the rank's second state (exp_avg_sq); -1: the piece has none (Muon) */
 } zero_piece;
 
 /* A parameter group (dense or expert) partitioned over its communicator. */
@@ -35,7 +36,9 @@ typedef struct zero_group {
     int *piece_of; /* [n_params] split: index of each parameter's piece in `pieces`, -1 when empty or elsewhere */
     dsc_tensor values;   /* (len): own buffer in stage 3, else a view of the store's flat values */
     dsc_tensor grads;    /* (len): own buffer in stages 2 and 3, else a view of the store's flat grads */
-    dsc_tensor state[2]; /* (len): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    dsc_tensor state[2]; /* (len), (len2): exp_avg, exp_avg_sq (momentum_buffer alone for SGD) */
+    int64_t len2;        /* elements of state[1]: len, or for Muon those of the pieces outside its matrices */
+    int n_second;        /* pieces with a second state */
     zero_piece *pieces;
     int n_pieces;
 } zero_group;
@@ -68,6 +71,7 @@ typedef struct zero_bucket {
     int64_t begin, end;
     int params;  /* parameters overlapping the range */
     int pending; /* of those, not yet final in this batch; -1 once reduced or posted */
+    bool packed; /* reduced packed in reduce_dtype and in flight: its share is unpacked after the wait */
 } zero_bucket;
 
 /* A staged reduce-scatter posted: where this rank's share arrives and where it is added. */
@@ -126,6 +130,9 @@ int zero_layer_find(const zero_optimizer *z, const dsc_layer *layer);
 /* Full gradients: posts the in-place reduce-scatter (averaging over the
  * group) of flat range [a, b) (src: the store's buffer from a, which holds
  * g->grads) as one request; *req is NULL on one rank. */
+/* After the wait of a packed (reduce_dtype bf16 / fp16) zero_ireduce_scatter_full: widens this rank's
+ * share of [a, b) back to f32 in place. */
+void zero_unpack_full_share(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b);
 dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *src, int64_t a, int64_t b,
                                      dsc_comm_request **req);
 /* All-gathers flat range [a, b) of the group's values into dst (b - a

@@ -30,6 +30,7 @@
 
 #include "dsc/kernels.h"
 #include "dsc/log.h"
+#include "dsc/precision.h"
 #include "zero/zero_internal.h"
 
 static zero_optimizer *self_of(dsc_optimizer *opt) {
@@ -50,6 +51,15 @@ static float *flat_values(zero_optimizer *z, dsc_param_group g) {
 
 /* ---- full gradients: buckets --------------------------------------------------- */
 
+/* A packed bucket's share back in f32, once its reduction completed. */
+static dsc_status unpack_bucket(zero_optimizer *z, int k) {
+    zero_bucket *b = &z->buckets[k];
+    if (!b->packed) return NULL;
+    zero_unpack_full_share(z, &z->groups[b->group], flat_grads(z, b->group) + b->begin, b->begin, b->end);
+    b->packed = false;
+    return NULL;
+}
+
 /* Reduces the bucket, or with overlap_comm posts its reduction (waited in reduce_grads). */
 static dsc_status reduce_bucket(zero_optimizer *z, int k) {
     zero_bucket *b = &z->buckets[k];
@@ -57,7 +67,10 @@ static dsc_status reduce_bucket(zero_optimizer *z, int k) {
     zero_group *g = &z->groups[b->group];
     float *src = flat_grads(z, b->group) + b->begin;
     DSC_TRY(zero_ireduce_scatter_full(z, g, src, b->begin, b->end, &z->reqs[k]));
-    return z->o.overlap_comm ? NULL : dsc_comm_wait(&z->reqs[k]);
+    b->packed = dsc_precision_is_narrow(z->o.reduce_dtype) && g->comm && g->size > 1;
+    if (z->o.overlap_comm) return NULL;
+    DSC_TRY(dsc_comm_wait(&z->reqs[k]));
+    return unpack_bucket(z, k);
 }
 
 /* Moves the reductions in flight on (overlap_comm): MPI progresses them only while they are tested. */
@@ -98,6 +111,8 @@ static dsc_status zero_reduce_grads(dsc_optimizer *opt) {
     /* together: every bucket in flight moves on while any is waited for */
     dsc_status s = dsc_comm_waitall(z->reqs, z->n_buckets);
     if (s) return dsc_error_wrap(s, "ZeRO: reducing gradients over %d buckets", z->n_buckets);
+    for (int k = 0; k < z->n_buckets; k++)
+        DSC_TRY(unpack_bucket(z, k));
     if (!z->full_grads) DSC_TRY(zero_staged_finish(z));
     reset_batch(z);
     return NULL;
@@ -121,7 +136,7 @@ static dsc_status make_buckets(zero_optimizer *z) {
         first[g] = z->n_buckets;
         for (int64_t b = 0; b < n; b += per[g])
             z->buckets[z->n_buckets++] =
-                (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0};
+                (zero_bucket){(dsc_param_group)g, b, b + per[g] < n ? b + per[g] : n, 0, 0, false};
     }
     for (int i = 0; i < z->n_params; i++) {
         const dsc_param *p = dsc_params_at(z->o.params, i);
@@ -167,6 +182,11 @@ static dsc_tensor piece_view(const dsc_tensor *range, const zero_piece *pc) {
     return dsc_tensor_view((float *)range->data + pc->pos, DSC_DTYPE_F32, 1, &pc->numel, range->device);
 }
 
+/* The piece's second state (it has one: pos2 >= 0). */
+static dsc_tensor second_view(const zero_group *g, const zero_piece *pc) {
+    return dsc_tensor_view((float *)g->state[1].data + pc->pos2, DSC_DTYPE_F32, 1, &pc->numel, g->state[1].device);
+}
+
 /* Sum of squares of the group's range (parameters counted in the norm), summed over the group. */
 static dsc_status group_sum_squares(zero_optimizer *z, zero_group *g, double *out) {
     double sum = 0;
@@ -205,7 +225,7 @@ static dsc_status lamb_group(zero_optimizer *z, zero_group *g, double lr) {
     for (int i = 0; i < g->n_pieces && !s; i++) {
         const zero_piece *pc = &g->pieces[i];
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
-        dsc_tensor m = piece_view(&g->state[0], pc), v = piece_view(&g->state[1], pc);
+        dsc_tensor m = piece_view(&g->state[0], pc), v = second_view(g, pc);
         double w_sq = 0, u_sq = 0;
         s = dsc_optim_lamb_direction(&z->o.hparams, &value, &grad, &m, &v,
                                      !(pc->param->flags & DSC_PARAM_NO_DECAY), &w_sq, &u_sq);
@@ -228,17 +248,59 @@ static dsc_status lamb_group(zero_optimizer *z, zero_group *g, double lr) {
     return s;
 }
 
+/* Whether parameter i of the group has elements on several of its ranks. */
+static bool spread_over_group(const zero_group *g, const dsc_param *p) {
+    if (g->size == 1) return false;
+    if (g->split) return true;
+    int64_t n = dsc_param_numel(p);
+    for (int r = 0; r < g->size; r++)
+        if (zero_owned(g, r, p->offset, p->offset + n) == n) return false;
+    return true;
+}
+
+/* Muon (the matrices) over the group: every rank visits the group's Muon
+ * parameters in store order, each with its piece (possibly none) and the
+ * group when the parameter is spread over it (a tensor-parallel slice is,
+ * whatever the cut: each rank of the tensor group needs its whole slice);
+ * the rest of the group's pieces take Adam. */
+static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
+    const dsc_optim_hparams *hp = &z->o.hparams;
+    for (int i = 0; i < g->n_pieces; i++) {
+        const zero_piece *pc = &g->pieces[i];
+        if (dsc_optim_uses_muon(pc->param)) continue;
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor m = piece_view(&g->state[0], pc), v = second_view(g, pc);
+        DSC_TRY(dsc_optim_muon_adam(hp, &value, &grad, &m, &v, (float)lr, !(pc->param->flags & DSC_PARAM_NO_DECAY),
+                                    z->step));
+    }
+    for (int i = 0; i < z->n_params; i++) {
+        dsc_param *p = dsc_params_at(z->o.params, i);
+        if (p->group != g->id || !dsc_optim_uses_muon(p)) continue;
+        zero_piece none = {p, 0, 0, 0, -1}, *pc = g->piece_of[i] >= 0 ? &g->pieces[g->piece_of[i]] : &none;
+        dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
+        dsc_tensor m = piece_view(&g->state[0], pc);
+        bool spread =
+            spread_over_group(g, p) || (g->size > 1 && dsc_optim_muon_needs_tensor_group(p, z->o.tensor));
+        dsc_muon_piece mp = {&value, &grad, &m, pc->param_offset, spread ? g->comm : NULL, z->o.tensor};
+        dsc_status s = dsc_optim_muon_piece(hp, p, &mp, (float)lr);
+        if (s) return dsc_error_wrap(s, "step %lld: Muon update of %s", (long long)z->step, p->name);
+    }
+    return NULL;
+}
+
 static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, double coef) {
     if (coef < 1.0 && g->len > 0) DSC_TRY(dsc_kernel_scale(&g->grads, (float)coef));
-    if (z->o.hparams.type == DSC_OPTIMIZER_TYPE_LAMB) {
+    dsc_optimizer_type type = z->o.hparams.type;
+    if (type == DSC_OPTIMIZER_TYPE_LAMB) {
         dsc_status s = lamb_group(z, g, lr);
         if (s) return dsc_error_wrap(s, "step %lld: Lamb update", (long long)z->step);
     }
-    for (int i = 0; i < g->n_pieces && z->o.hparams.type != DSC_OPTIMIZER_TYPE_LAMB; i++) {
+    if (type == DSC_OPTIMIZER_TYPE_MUON) DSC_TRY(muon_group(z, g, lr));
+    for (int i = 0; i < g->n_pieces && type != DSC_OPTIMIZER_TYPE_LAMB && type != DSC_OPTIMIZER_TYPE_MUON; i++) {
         const zero_piece *pc = &g->pieces[i];
         dsc_tensor value = piece_view(&g->values, pc), grad = piece_view(&g->grads, pc);
         dsc_tensor s0 = piece_view(&g->state[0], pc);
-        dsc_tensor s1 = z->n_state_kinds > 1 ? piece_view(&g->state[1], pc) : s0;
+        dsc_tensor s1 = pc->pos2 >= 0 && z->n_state_kinds > 1 ? second_view(g, pc) : s0;
         dsc_status s = dsc_optim_update(&z->o.hparams, &value, &grad, &s0, &s1, (float)lr,
                                         !(pc->param->flags & DSC_PARAM_NO_DECAY), z->step);
         if (s)
@@ -290,37 +352,50 @@ static int pieces_total(const zero_optimizer *z) {
     return n;
 }
 
-/* Stage 3 also lists its value pieces (after "step"): they are the only copy
- * of the parameters, so checkpoints must read and restore them here. */
+static int seconds_total(const zero_optimizer *z) {
+    return z->n_state_kinds > 1 ? z->groups[0].n_second + z->groups[1].n_second : 0;
+}
+
+/* The i-th piece over both groups; with `second`, the i-th of those with a second state. */
+static const zero_piece *nth_piece(zero_optimizer *z, int i, bool second, zero_group **g) {
+    for (int gi = 0; gi < DSC_PARAM_GROUP_COUNT; gi++) {
+        *g = &z->groups[gi];
+        for (int k = 0; k < (*g)->n_pieces; k++)
+            if ((!second || (*g)->pieces[k].pos2 >= 0) && i-- == 0) return &(*g)->pieces[k];
+    }
+    return NULL; /* index checked by the caller's count */
+}
+
+/* Entries: every piece's first state, the second state of the pieces that
+ * have one, "step"; stage 3 then lists its value pieces too: they are the
+ * only copy of the parameters, so checkpoints must read and restore them
+ * here. */
 static int zero_state_count(const dsc_optimizer *opt) {
     const zero_optimizer *z = (const zero_optimizer *)opt;
-    return (z->n_state_kinds + (z->z.stage == 3)) * pieces_total(z) + 1;
+    return (1 + (z->z.stage == 3)) * pieces_total(z) + seconds_total(z) + 1;
 }
 
 static void zero_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     zero_optimizer *z = self_of(opt);
     memset(out, 0, sizeof *out);
-    int per_kind = pieces_total(z);
-    if (index == z->n_state_kinds * per_kind) {
+    int per_kind = pieces_total(z), states = per_kind + seconds_total(z);
+    if (index == states) {
         int64_t one = 1;
         snprintf(out->name, sizeof out->name, "step");
         out->local = dsc_tensor_view(&z->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
         return;
     }
-    bool value = index > z->n_state_kinds * per_kind;
-    if (value) index -= 1;
-    int kind = index / per_kind, i = index % per_kind;
-    zero_group *g = &z->groups[0];
-    if (i >= g->n_pieces) {
-        i -= g->n_pieces;
-        g = &z->groups[1];
-    }
-    const zero_piece *pc = &g->pieces[i];
+    bool value = index > states;
+    int kind = !value && index >= per_kind;
+    int i = value ? index - states - 1 : index - kind * per_kind;
+    zero_group *g;
+    const zero_piece *pc = nth_piece(z, i, kind == 1, &g);
+    if (!pc) return;
     const char *kind_name = value ? "value" : dsc_optim_state_name(z->o.hparams.type, kind);
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, pc->param->name);
     out->param = pc->param;
     out->offset = pc->param_offset;
-    out->local = piece_view(value ? &g->values : &g->state[kind], pc);
+    out->local = value ? piece_view(&g->values, pc) : kind ? second_view(g, pc) : piece_view(&g->state[0], pc);
     out->is_value = value;
     /* A checkpoint restore writes the pieces: persistent whole values are gathered again before use. */
     if (value && z->persistent) z->persist_stale = true;
@@ -374,11 +449,36 @@ static dsc_tensor range_view(float *flat, const zero_group *g, dsc_device dev) {
 /* The rank's ranges of values and gradients: views of the store's buffers,
  * or own buffers (stage 2 gradients, stage 3 values too) after which the
  * store's full buffers are released. */
+/* Where each piece's second state sits: at its range position, or for Muon
+ * packed over the pieces outside its matrices (which keep a momentum only). */
+static void place_seconds(zero_optimizer *z, zero_group *g) {
+    g->len2 = 0;
+    g->n_second = 0;
+    for (int i = 0; i < g->n_pieces; i++) {
+        zero_piece *pc = &g->pieces[i];
+        if (dsc_optim_param_state_kinds(z->o.hparams.type, pc->param) < 2) {
+            pc->pos2 = -1;
+            continue;
+        }
+        g->n_second++;
+        if (z->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON) {
+            pc->pos2 = g->len2;
+            g->len2 += pc->numel;
+        } else {
+            pc->pos2 = pc->pos;
+        }
+    }
+    if (z->o.hparams.type != DSC_OPTIMIZER_TYPE_MUON) g->len2 = g->len;
+}
+
 static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
     for (int gi = 0; gi < DSC_PARAM_GROUP_COUNT; gi++) {
         zero_group *g = &z->groups[gi];
-        for (int k = 0; k < z->n_state_kinds; k++)
-            DSC_TRY(alloc_range(&g->state[k], g, dev, DSC_MEM_OPTIM));
+        place_seconds(z, g);
+        for (int k = 0; k < z->n_state_kinds; k++) {
+            int64_t n = k == 0 ? g->len : g->len2;
+            DSC_TRY(dsc_tensor_alloc(&g->state[k], DSC_DTYPE_F32, 1, &n, dev, DSC_MEM_OPTIM));
+        }
         if (z->z.stage == 3) {
             DSC_TRY(alloc_range(&g->values, g, dev, DSC_MEM_PARAMS));
             for (int i = 0; i < g->n_pieces; i++) {
@@ -405,6 +505,9 @@ static dsc_status setup(zero_optimizer *z) {
     z->n_params = dsc_params_count(z->o.params);
     DSC_CHECK(z->n_params > 0, DSC_ERR_INVALID, "ZeRO: the parameter store is empty");
     dsc_device dev = z->device = dsc_params_at(z->o.params, 0)->value.device;
+    DSC_CHECK(!dsc_precision_is_narrow(z->o.reduce_dtype) || dev.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+              "ZeRO: reducing gradients in %s is implemented for host memory only",
+              dsc_dtype_name(z->o.reduce_dtype));
     size_t n = (size_t)z->n_params;
     z->uses = calloc(n, sizeof *z->uses);
     z->uses_left = calloc(n, sizeof *z->uses_left);
@@ -479,8 +582,18 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
     return NULL;
 }
 
+/* Mixed precision (dsc/precision.h) wraps the sharded optimizer: its master
+ * is this rank's range of each group, the gradients those the step reads. */
 dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out) {
     dsc_zero_options zo;
     dsc_zero_options_from_config(cfg, &zo);
-    return dsc_zero_create(opts, &zo, out);
+    dsc_optimizer_options o = *opts;
+    o.reduce_dtype = dsc_precision_comm_dtype(cfg);
+    DSC_TRY(dsc_zero_create(&o, &zo, out));
+    if (zo.stage == 0) return dsc_precision_maybe_wrap(cfg, &o, NULL, out);
+    const zero_optimizer *z = (const zero_optimizer *)*out;
+    dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        ranges[g] = (dsc_precision_range){z->groups[g].begin, z->groups[g].end, z->groups[g].grads};
+    return dsc_precision_maybe_wrap(cfg, &o, ranges, out);
 }

@@ -242,6 +242,36 @@ typedef struct dsc_config_comms_logger {
     bool debug;    /* records name their communicator */
 } dsc_config_comms_logger;
 
+/* DeepSpeed's fp16 section (mixed precision with loss scaling). */
+typedef struct dsc_config_fp16 {
+    bool enabled;
+    double loss_scale;         /* 0: dynamic loss scaling; > 0: this static scale */
+    int initial_scale_power;   /* the dynamic scale starts at 2^this */
+    int64_t loss_scale_window; /* clean steps before the scale doubles */
+    int hysteresis;            /* overflows tolerated before the scale halves */
+    bool consecutive_hysteresis;
+    double min_loss_scale;
+} dsc_config_fp16;
+
+/* DeepSpeed's bf16 section. */
+typedef struct dsc_config_bf16 {
+    bool enabled;
+    bool check_grad_overflow; /* skip steps with inf/nan gradients (no loss scale) */
+} dsc_config_bf16;
+
+/* communication_data_type: the dtype gradients are reduced in (DeepSpeed's
+ * spellings; the aliases map to FP32 / FP16 / BF16, see dsc/precision.h). */
+typedef enum dsc_comm_data_type {
+    DSC_COMM_DATA_TYPE_DEFAULT = 0, /* JSON null: the training dtype */
+    DSC_COMM_DATA_TYPE_FP32,
+    DSC_COMM_DATA_TYPE_FP16,
+    DSC_COMM_DATA_TYPE_BF16,
+    DSC_COMM_DATA_TYPE_FLOAT32,
+    DSC_COMM_DATA_TYPE_FLOAT16,
+    DSC_COMM_DATA_TYPE_HALF,
+    DSC_COMM_DATA_TYPE_BFLOAT16
+} dsc_comm_data_type;
+
 typedef struct dsc_config_train {
     int64_t steps;
     int64_t eval_interval; /* 0: never */
@@ -276,6 +306,9 @@ typedef struct dsc_config {
     dsc_config_monitor csv_monitor;
     dsc_config_flops_profiler flops_profiler;
     dsc_config_comms_logger comms_logger;
+    dsc_config_fp16 fp16;
+    dsc_config_bf16 bf16;
+    dsc_comm_data_type communication_data_type;
 
     char *source;                   /* file name used in messages */
     struct dsc_config_source *json; /* the JSON as given plus overrides (private) */

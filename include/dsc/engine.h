@@ -145,6 +145,8 @@ typedef struct dsc_step_metrics {
     int64_t epoch;                   /* of the train split, at this step's data */
     double step_s;                   /* this step's wall time on this rank */
     double phase_s[DSC_PHASE_COUNT]; /* of which, per phase (the rest: data, loss averaging) */
+    double loss_scale;               /* fp16 / bf16: the gradients' scale this step; 0 in f32 training */
+    bool skipped;                    /* fp16 / bf16: overflow, the step updated nothing */
 } dsc_step_metrics;
 
 typedef struct dsc_engine dsc_engine;

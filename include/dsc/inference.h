@@ -396,6 +396,10 @@ typedef struct dsc_infer_engine_config {
     int32_t max_tokens_per_forward;
     int32_t max_batch_sequences;
     dsc_dtype kv_dtype; /* DSC_DTYPE_F32 (default) or DSC_DTYPE_BF16 (half the KV memory) */
+    /* Under pipeline parallelism over P stages: micro-batches in flight, in
+     * [P, 4 P]; 0 (default) = P. More than P gives the first stage slack
+     * for the round trip of the sampled tokens, in smaller micro-batches. */
+    int32_t micro_batches;
 } dsc_infer_engine_config;
 
 /* Defaults: block 16, 64 MiB of f32 KV, 64 sequences, context = the

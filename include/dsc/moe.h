@@ -170,8 +170,11 @@ DSC_API dsc_status dsc_moe_stats_reset(dsc_layer *layer);
 /* Collective over `world`: sums the per-expert stats (routes chosen, kept,
  * dropped) of the MoE layers among `layers` (this rank's, any others are
  * skipped) over every rank and prints one line per MoE layer of the L-block
- * model on rank 0: "layers.i:  e0 chosen/kept/dropped (share%) ...". */
-DSC_API dsc_status dsc_moe_report_load(dsc_comm *world, int L, int E, dsc_layer *const *layers, int n, FILE *out);
+ * model on rank 0: "layers.i:  e0 chosen/kept/dropped (share%) ...". The
+ * ranks of `tensor_group` (this rank's tensor-parallel group, NULL without
+ * one) gate the same tokens: only its rank 0's counts are added. */
+DSC_API dsc_status dsc_moe_report_load(dsc_comm *world, dsc_comm *tensor_group, int L, int E,
+                                       dsc_layer *const *layers, int n, FILE *out);
 
 /* ---- the "moe_block" layer type ------------------------------------------------------ */
 

@@ -54,6 +54,10 @@ typedef struct dsc_optim_hparams {
 /* State tensors per parameter element: 2 (exp_avg, exp_avg_sq) for the Adam
  * family and Lamb, 1 for SGD (momentum_buffer) and Lion (exp_avg). */
 DSC_API int dsc_optim_state_kinds(dsc_optimizer_type type);
+/* The state tensors one parameter needs: dsc_optim_state_kinds, except that
+ * Muon keeps only the momentum (kind 0) of the matrices it orthogonalises
+ * and both Adam moments of the rest. */
+DSC_API int dsc_optim_param_state_kinds(dsc_optimizer_type type, const dsc_param *param);
 /* The checkpoint name of state tensor `kind` ("exp_avg", "exp_avg_sq", "momentum_buffer"). */
 DSC_API const char *dsc_optim_state_name(dsc_optimizer_type type, int kind);
 
@@ -128,6 +132,7 @@ typedef struct dsc_optimizer_options {
     dsc_comm *ep;        /* expert-parallel group (holds other experts); the norm sums over it; may be NULL */
     dsc_comm *pipe;      /* ranks holding other parts of the model (pipeline stages); the norm sums over it;
                             may be NULL */
+    dsc_comm *tensor;    /* tensor-parallel group: Muon assembles the matrices it cuts over it; may be NULL */
     /* Whether a parameter contributes to this rank's part of the global norm;
      * NULL counts every parameter. The pipeline passes one that counts each
      * tied parameter on one stage only. */
@@ -140,6 +145,9 @@ typedef struct dsc_optimizer_options {
      * buffer is reused), progressing at every hook of backward; false reduces with blocking calls there and
      * then. The results are bitwise the same. */
     bool overlap_comm;
+    /* communication_data_type: gradients are rounded to this dtype and reduced in it (DSC_DTYPE_BF16 /
+     * DSC_DTYPE_F16: half the bytes); 0 (DSC_DTYPE_F32) reduces in f32. */
+    dsc_dtype reduce_dtype;
 } dsc_optimizer_options;
 
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce
@@ -179,6 +187,30 @@ DSC_API dsc_status dsc_optim_update_param(const dsc_optim_hparams *hp, dsc_param
 /* DeepSpeed's rule for Muon: two or more dimensions, not an embedding or the
  * LM head (names holding "embed" or "lm_head", and dsc's "head.weight"). */
 DSC_API bool dsc_optim_uses_muon(const dsc_param *param);
+
+/* Muon on a parameter whose elements are spread over ranks. `value`, `grad`
+ * and `momentum` are this rank's elements [offset, offset + numel) of the
+ * flattened local parameter (numel 0 when it holds none); `shard` (may be
+ * NULL) is the group holding the rest of the local parameter (ZeRO), and
+ * `tensor` (may be NULL) the tensor-parallel group holding its other slices
+ * (param->shard). Every rank of both groups calls it for the same
+ * parameters in the same order. `lr` is the step's rate (times
+ * hp->muon_lr_scale here); the gradient is scratch afterwards. */
+typedef struct dsc_muon_piece {
+    dsc_tensor *value, *grad, *momentum;
+    int64_t offset;
+    dsc_comm *shard;
+    dsc_comm *tensor;
+} dsc_muon_piece;
+DSC_API dsc_status dsc_optim_muon_piece(const dsc_optim_hparams *hp, dsc_param *param, const dsc_muon_piece *pc,
+                                        float lr);
+/* Whether `param` takes Muon and tensor parallelism over `tensor` cuts its
+ * matrices (its rows or columns), so that Newton-Schulz needs the group. */
+DSC_API bool dsc_optim_muon_needs_tensor_group(const dsc_param *param, const dsc_comm *tensor);
+/* Muon's Adam group (MuonWithAuxAdam's adam_update at lr * hp->adam_lr_scale) on any piece of a parameter. */
+DSC_API dsc_status dsc_optim_muon_adam(const dsc_optim_hparams *hp, dsc_tensor *value, dsc_tensor *grad,
+                                       dsc_tensor *exp_avg, dsc_tensor *exp_avg_sq, float lr, bool decay,
+                                       int64_t step);
 
 /* Lamb in two halves, for optimizers whose pieces split a parameter over
  * ranks: the direction of a piece is written over its gradient and the

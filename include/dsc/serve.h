@@ -9,15 +9,17 @@
  * meet only under the server's mutex. dsc_server_request_stop is
  * async-signal-safe.
  *
- * Ranks: an engine split over several ranks (tensor parallelism) is served
- * by every rank of its communicator (cfg.comm) calling dsc_server_create
- * and dsc_server_run. Rank 0 listens and runs the step loop, which turns
+ * Ranks: an engine split over several ranks (tensor and/or pipeline
+ * parallelism) is served by every rank of its communicator (cfg.comm)
+ * calling dsc_server_create and dsc_server_run. Rank 0 listens and runs the step loop, which turns
  * each iteration's submits and cancels into a batch plan (serve/plan.h) and
  * broadcasts it before applying it; the other ranks apply the same plans to
  * their own scheduler replicas, so every rank forms the same batches, and
  * leave when rank 0's drained plan says stop. Only rank 0 heeds
  * dsc_server_request_stop. logprobs across ranks are computed from each
- * rank's vocabulary slice (collectives in the token callback).
+ * rank's vocabulary slice (collectives in the token callback over the TP
+ * group); under pipeline parallelism the last stage computes them and
+ * broadcasts them over the pipeline group (rank 0 is on stage 0).
  *
  * Not here: model loading, the command line (apps/dsc-serve.c). */
 #ifndef DSC_SERVE_H
@@ -54,7 +56,12 @@ typedef struct dsc_serve_config {
     int32_t eos[DSC_SERVE_MAX_EOS]; /* stop tokens of every request (the model's end of sequence) */
     int32_t n_eos;
     uint64_t seed;  /* seeds of requests that give none: seed + request number */
-    dsc_comm *comm; /* the ranks the engine is split over (borrowed); NULL: one rank */
+    dsc_comm *comm; /* every rank the engine is split over (borrowed); NULL: one rank */
+    /* Under pipeline parallelism (borrowed, NULL when of size 1): this
+     * rank's pipeline group (the topology's `pipe` axis) and the TP group of
+     * its stage (`model` axis), whose ranks hold slices of the vocabulary.
+     * Without pipe_comm a NULL tp_comm means comm is the TP group. */
+    dsc_comm *pipe_comm, *tp_comm;
 } dsc_serve_config;
 
 DSC_API dsc_serve_config dsc_serve_config_default(void);

@@ -28,8 +28,10 @@
  * (dsc_params_declare_shard), which is what checkpoints store.
  *
  * With tensor_parallel.sequence_parallel (Megatron's) the activations
- * between the regions hold this rank's t / tp positions; each all-reduce
- * becomes a reduce-scatter, each region's input an all-gather.
+ * between the regions hold this rank's t / tp positions, and so does what a
+ * block keeps for backward outside the regions; each all-reduce becomes a
+ * reduce-scatter, each region's input an all-gather (again in backward:
+ * a region keeps only its rank's positions of its input).
  *
  * Not here: which ranks form the group (dsc/topology.h), KV heads fewer
  * than ranks (refused: a KV head held by several ranks would need its
@@ -81,11 +83,19 @@ DSC_API dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc
  * element once. */
 DSC_API bool dsc_tp_counts_in_norm(const dsc_param *param, void *ctx);
 
-/* Parameters every rank of the tensor group holds whole (norms, row-parallel
- * biases, learned positions), and one rank's share of a model of psi
- * parameters: (psi - replicated) / tp + replicated. Dense models. */
-DSC_API double dsc_tp_replicated_params(const dsc_model_config *mc);
-DSC_API double dsc_tp_params_per_rank(const dsc_model_config *mc, double psi, int tp);
+/* Non-expert parameters every rank of the tensor group holds whole (norms,
+ * row-parallel biases, learned positions; a MoE block's router and, with
+ * moe.use_residual, its PR-MoE residual MLP), and one rank's share of psi
+ * non-expert parameters: (psi - replicated) / tp + replicated. */
+DSC_API double dsc_tp_replicated_params(const dsc_model_config *mc, bool moe_residual);
+DSC_API double dsc_tp_params_per_rank(const dsc_model_config *mc, bool moe_residual, double psi, int tp);
+/* Expert parameters kept whole when the experts are split by TP (GPT
+ * experts' proj biases), and one tensor rank's share of psi_experts expert
+ * parameters (before expert parallelism divides them): all of them
+ * without `split` (moe.enable_expert_tensor_parallelism), else
+ * (psi_experts - replicated) / tp + replicated. */
+DSC_API double dsc_tp_expert_replicated_params(const dsc_model_config *mc);
+DSC_API double dsc_tp_expert_params_per_rank(const dsc_model_config *mc, double psi_experts, int tp, bool split);
 
 /* For groups with a model axis (dsc_groups_create of a plan with tp > 1):
  * fills `ctx` (a dsc_tp_build_extra that outlives the model) with this

@@ -96,6 +96,12 @@ typedef struct dsc_zero_memory {
     double params, grads, optim; /* bytes */
 } dsc_zero_memory;
 
+/* `state_bytes` (here and in the estimator below) is the optimizer state's
+ * bytes per element; with DSC_ZERO_MIXED_PRECISION or'ed in, the model
+ * states are DeepSpeed's mixed-precision ones: 2-byte parameters and
+ * gradients, and a 4-byte fp32 master counted with the optimizer state
+ * (2 + 2 + 12 bytes for Adam). */
+#define DSC_ZERO_MIXED_PRECISION 0x10000
 DSC_API void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out);
 
 /* A model's size for the estimator: parameters in total and in the largest
@@ -108,6 +114,11 @@ typedef struct dsc_zero_model_size {
 
 /* The parameter count of a model configuration, without building it. */
 DSC_API dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out);
+/* The same with `build_extra` as the layers' dsc_build_ctx.extra: moe/'s
+ * dsc_moe_build_extra for MoE models (no expert-parallel group: every
+ * expert counted once), whose layer types the caller registered. */
+DSC_API dsc_status dsc_zero_model_size_of_extra(const dsc_model_config *mc, const void *build_extra,
+                                                dsc_zero_model_size *out);
 
 /* Prints, for stages 0-3, per-rank bytes of parameters, gradients, optimizer
  * state and their sum for a model of `size` on `dp` data-parallel ranks
@@ -115,6 +126,9 @@ DSC_API dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_m
  * evenly, as DeepSpeed's estimate_zero{2,3}_model_states_mem_needs. */
 DSC_API void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, int pp, int ep,
                                      int state_bytes);
+/* One row of that table: a rank's bytes at `stage`. */
+DSC_API void dsc_zero_estimate_rank(const dsc_zero_model_size *size, int stage, int dp, int pp, int ep,
+                                    int state_bytes, dsc_zero_memory *out);
 
 /* Collective over `comm`: gathers every rank's allocator accounting per
  * category (parameters, gradients, optimizer state, activations,

@@ -75,6 +75,10 @@ dsc_status dsc_cuda_adamw(const dsc_backend *backend, float *p, const float *g, 
                           float lr, float beta1, float beta2, float eps, float wd, int64_t step);
 dsc_status dsc_cuda_sgd(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr,
                         float momentum, float wd, int64_t step);
+dsc_status dsc_cuda_lion(const dsc_backend *backend, float *p, const float *g, float *m, int64_t n, float lr,
+                         float beta1, float beta2, float wd);
+dsc_status dsc_cuda_lamb_direction(const dsc_backend *backend, float *u, const float *p, const float *g, float *m,
+                                   float *v, int64_t n, float beta1, float beta2, float eps, float wd);
 
 dsc_status dsc_cuda_sum_squares(const dsc_backend *backend, double *out, const float *x, int64_t n);
 dsc_status dsc_cuda_sum(const dsc_backend *backend, double *out, const float *x, int64_t n);

@@ -26,9 +26,8 @@ extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {
     .cross_entropy_backward = dsc_cuda_cross_entropy_backward,
     .adamw = dsc_cuda_adamw,
     .sgd = dsc_cuda_sgd,
-    /* Not implemented on CUDA yet: callers get DSC_ERR_UNSUPPORTED naming the entry. */
-    .lion = NULL,
-    .lamb_direction = NULL,
+    .lion = dsc_cuda_lion,
+    .lamb_direction = dsc_cuda_lamb_direction,
     .sum_squares = dsc_cuda_sum_squares,
     .sum = dsc_cuda_sum,
     .scale = dsc_cuda_scale,

@@ -18,14 +18,9 @@
 #define REFUSE(path, off, children, reason, instead)                                                              \
     { path, DSC_DS_REFUSED, off, children, reason, instead }
 
-#define NO_MIXED                                                                                                  \
-    "mixed precision is not implemented yet (issue 19, item 2): dsc trains with f32 parameters, gradients and "   \
-    "optimizer state"
-#define FP16_KEYS                                                                                                 \
-    "enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis consecutive_hysteresis "       \
-    "min_loss_scale fp16_master_weights_and_grads"
 #define BF16_KEYS                                                                                                 \
     "enabled immediate_grad_update check_grad_overflow bf16_master_weights_and_grads bf16_optimizer_states"
+#define MASTER_FP32 "dsc keeps fp32 master weights and optimizer state (DeepSpeed's default)"
 #define OFFLOAD_BUFFERS                                                                                           \
     "tunes DeepSpeed's pinned host / NVMe staging buffers; dsc updates the state where it lives"
 #define ZEROPP "ZeRO++ (quantized or hierarchical collectives) is not implemented"
@@ -50,9 +45,7 @@ static const dsc_ds_key keys[] = {
     REFUSE("scheduler.params.last_batch_iteration", "-1", NULL,
            "dsc restores the schedule's iteration from the checkpoint's step count", "dsc-train --resume DIR"),
     /* communication */
-    REFUSE("communication_data_type", "null|\"fp32\"|\"float32\"", NULL,
-           "gradients are reduced in f32; reduction in bf16/fp16 comes with mixed precision (issue 19, item 2)",
-           NULL),
+    IMPL("communication_data_type"),
     REFUSE("gradient_allreduce_op", "\"mean\"", NULL,
            "dsc averages gradients over the data-parallel group (DeepSpeed's default)",
            "scale the loss instead of summing gradients"),
@@ -63,9 +56,30 @@ static const dsc_ds_key keys[] = {
     REFUSE("gradient_predivide_factor", "1", NULL, "no pre-division of gradients before the average", NULL),
     REFUSE("sparse_gradients", "false", NULL, "embedding gradients are dense in dsc", NULL),
     /* precision */
-    REFUSE("fp16", "enabled=false", FP16_KEYS, NO_MIXED, "\"fp16\": {\"enabled\": false} (f32 training)"),
-    REFUSE("bf16", "enabled=false", BF16_KEYS, NO_MIXED, "\"bf16\": {\"enabled\": false} (f32 training)"),
-    REFUSE("bfloat16", "enabled=false", BF16_KEYS, NO_MIXED, "\"bf16\": {\"enabled\": false} (f32 training)"),
+    IMPL("fp16"),
+    IMPL("fp16.enabled"),
+    IMPL("fp16.loss_scale"),
+    IMPL("fp16.initial_scale_power"),
+    IMPL("fp16.loss_scale_window"),
+    IMPL("fp16.hysteresis"),
+    IMPL("fp16.consecutive_hysteresis"),
+    IMPL("fp16.min_loss_scale"),
+    REFUSE("fp16.auto_cast", "false", NULL,
+           "auto_cast casts the inputs of a PyTorch module to fp16; dsc's layers compute in f32 on fp16-rounded "
+           "parameters, so there is no input to cast",
+           "\"fp16\": {\"enabled\": true} alone"),
+    REFUSE("fp16.fp16_master_weights_and_grads", "false", NULL, MASTER_FP32, NULL),
+    IMPL("bf16"),
+    IMPL("bf16.enabled"),
+    IMPL("bf16.check_grad_overflow"),
+    REFUSE("bf16.immediate_grad_update", "true", NULL,
+           "dsc adds each layer's bf16 gradients into f32 accumulators as soon as the layer's backward ends "
+           "(DeepSpeed's default)",
+           NULL),
+    REFUSE("bf16.bf16_master_weights_and_grads", "false", NULL, MASTER_FP32, NULL),
+    REFUSE("bf16.bf16_optimizer_states", "false", NULL, MASTER_FP32, NULL),
+    REFUSE("bfloat16", "enabled=false", BF16_KEYS, "\"bfloat16\" is DeepSpeed's old name of the bf16 section",
+           "\"bf16\": {\"enabled\": true}"),
     REFUSE("amp", "enabled=false", NULL, "NVIDIA Apex AMP is a PyTorch extension", "f32 training"),
     REFUSE("torch_autocast", "enabled=false", "enabled dtype lower_precision_safe_modules",
            "torch.autocast is PyTorch's", "f32 training"),

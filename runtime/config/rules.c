@@ -163,6 +163,18 @@ static void check_refused(const char *src, const dsc_config *c, dsc_config_issue
             src);
 }
 
+/* fp16 / bf16: one of them, and not with a stage that holds no full values (ZeRO-3). */
+static void check_precision(const char *src, const dsc_config *c, dsc_config_issues *is) {
+    bool mixed = c->fp16.enabled || c->bf16.enabled;
+    REQUIRE(is, !(c->fp16.enabled && c->bf16.enabled),
+            "%s: \"fp16.enabled\" and \"bf16.enabled\" are both true; pick one (DeepSpeed refuses both too)", src);
+    REQUIRE(is, !mixed || c->zero_optimization.stage < 3,
+            "%s: \"%s.enabled\" with \"zero_optimization.stage\" 3 is not implemented: stage 3 keeps the "
+            "parameters only as shards, and dsc's mixed-precision master copy wraps the full values the layers "
+            "read; use zero_optimization.stage 1 or 2 with %s",
+            src, c->fp16.enabled ? "fp16" : "bf16", c->fp16.enabled ? "fp16" : "bf16");
+}
+
 /* checkpoint.tag names saves: a plain directory name, with "{step}" when
  * more than one save is made (each save needs its own name). */
 static void check_tag(const char *src, const dsc_config_checkpoint *k, dsc_config_issues *is) {
@@ -201,6 +213,7 @@ void dsc_config_apply_rules(const cJSON *root, const char *src, dsc_config *cfg,
     dsc_config_muon_rules(root, src, cfg, is);
     check_offload(src, &cfg->zero_optimization, is);
     check_refused(src, cfg, is);
+    check_precision(src, cfg, is);
     check_loop(src, cfg, is);
 }
 

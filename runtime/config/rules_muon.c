@@ -1,12 +1,14 @@
 /* The config rules of the Muon optimizer: DeepSpeed's defaults for the keys
  * a Muon config leaves out (they differ from the Adam family's, so they are
- * filled here and not by the schema), and the layouts dsc refuses for it.
+ * filled here and not by the schema), and the keys dsc refuses for it.
  *
  * DeepSpeed builds two parameter groups from one optimizer block
  * (runtime/engine.py, MUON_OPTIMIZER): the Muon group takes lr (or muon_lr),
  * momentum (0.95), weight_decay (0) and ns_method ("gram"); the Adam group
  * takes lr (or adam_lr), betas ([0.9, 0.95]), eps (1e-10) and weight_decay;
- * without lr the groups default to 0.02 and 3e-4. */
+ * without lr the groups default to 0.02 and 3e-4. Every ZeRO stage and
+ * tensor parallelism take Muon (the matrices are assembled for Newton-Schulz:
+ * runtime/optim/muon.c). */
 #include "runtime/config/config_impl.h"
 
 static int absent(const cJSON *root, const char *path) {
@@ -62,18 +64,4 @@ void dsc_config_muon_rules(const cJSON *root, const char *src, dsc_config *cfg, 
                                        "\"optimizer.type\" \"muon\": DeepSpeed's MuonWithAuxAdam always "
                                        "bias-corrects its Adam group; leave the key out",
                                        src));
-    if (cfg->zero_optimization.stage > 0)
-        dsc_config_issue(is, dsc_error(DSC_ERR_UNSUPPORTED,
-                                       "%s: \"optimizer.type\" \"muon\" with \"zero_optimization.stage\" %d is "
-                                       "not implemented: Newton-Schulz needs each matrix's whole gradient, and "
-                                       "dsc's ZeRO holds flat shards of it (DeepSpeed orthogonalises before "
-                                       "partitioning); use stage 0, or an Adam-family optimizer with ZeRO",
-                                       src, cfg->zero_optimization.stage));
-    if (cfg->tensor_parallel.autotp_size > 1)
-        dsc_config_issue(is, dsc_error(DSC_ERR_UNSUPPORTED,
-                                       "%s: \"optimizer.type\" \"muon\" with \"tensor_parallel.autotp_size\" %d "
-                                       "is not implemented: a tensor-parallel rank holds a slice of each matrix, "
-                                       "and the orthogonalised slice is not a slice of the orthogonalised "
-                                       "matrix; use autotp_size 1",
-                                       src, cfg->tensor_parallel.autotp_size));
 }

@@ -53,6 +53,8 @@ static const char *const pipe_schedules[] = {"1f1b", "gpipe", "interleaved", NUL
 static const char *const noisy_gates[] = {"null", "Jitter", "RSample", NULL};
 static const char *const drop_policies[] = {"probs", "position", NULL};
 static const char *const backends[] = {"auto", "mpi", "nccl", NULL};
+static const char *const comm_dtypes[] = {"null",    "fp32", "fp16",     "bf16", "float32",
+                                          "float16", "half", "bfloat16", NULL};
 
 static const dsc_config_key schema[] = {
     INT("train_batch_size", train_batch_size, "null", 1, I53, NUL,
@@ -292,6 +294,30 @@ static const dsc_config_key schema[] = {
          "Log every operation; false logs none (prof_ops lists are refused)."),
     BOOL("comms_logger.debug", comms_logger.debug, "false", 0,
          "Name each record's communicator (DeepSpeed names the calling function)."),
+
+    SECTION("fp16", "DeepSpeed's fp16 mixed precision: fp32 master weights and optimizer state, fp16 parameters "
+                    "and gradients, loss scaling."),
+    BOOL("fp16.enabled", fp16.enabled, "false", NUL, "Train in fp16 mixed precision; \"auto\" or null: off."),
+    FLOAT("fp16.loss_scale", fp16.loss_scale, "0", 0, INF, 0,
+          "0: dynamic loss scaling; a positive value: that static scale."),
+    INT("fp16.initial_scale_power", fp16.initial_scale_power, "16", 0, 126, 0,
+        "The dynamic scale starts at 2^initial_scale_power."),
+    INT("fp16.loss_scale_window", fp16.loss_scale_window, "1000", 1, I53, 0,
+        "Steps without overflow before the dynamic scale doubles."),
+    INT("fp16.hysteresis", fp16.hysteresis, "2", 1, I32, 0,
+        "Overflows tolerated (steps still skipped) before the dynamic scale halves."),
+    BOOL("fp16.consecutive_hysteresis", fp16.consecutive_hysteresis, "false", 0,
+         "A step without overflow restores the hysteresis."),
+    FLOAT("fp16.min_loss_scale", fp16.min_loss_scale, "1", 0, INF, GT,
+          "The dynamic scale never goes below; an overflow there stops training."),
+    SECTION("bf16", "DeepSpeed's bf16 mixed precision: fp32 master weights and optimizer state, bf16 parameters "
+                    "and gradients."),
+    BOOL("bf16.enabled", bf16.enabled, "false", NUL, "Train in bf16 mixed precision; \"auto\" or null: off."),
+    BOOL("bf16.check_grad_overflow", bf16.check_grad_overflow, "false", 0,
+         "Skip steps whose gradients hold inf / nan instead of stopping."),
+    ENUM("communication_data_type", communication_data_type, "null", comm_dtypes, NUL,
+         "Dtype of the gradient reduction: fp32, fp16 or bf16 (DeepSpeed's aliases float32, float16, half, "
+         "bfloat16 too); null: the training dtype."),
 
     SECTION("train", "The training loop."),
     INT("train.steps", train.steps, "1000", 1, I53, 0, "Optimizer steps to run."),

@@ -17,6 +17,7 @@
 #include "dsc/comm.h"
 #include "dsc/engine.h"
 #include "dsc/monitor.h"
+#include "dsc/precision.h"
 
 struct dsc_engine {
     dsc_engine_options o;
@@ -121,9 +122,11 @@ static dsc_status run_step(dsc_engine *e, dsc_step_metrics *m) {
     const dsc_config *cfg = e->o.cfg;
     int64_t index = e->steps_done, n = index + 1;
     double t0 = dsc_time_now();
-    double lr = dsc_lr_schedule_at(&cfg->scheduler, cfg->optimizer.params.lr, index);
+    /* DeepSpeed does not step the schedule on a step skipped for overflow (mixed precision) */
+    int64_t sched = index - dsc_precision_skipped_steps(e->o.optimizer);
+    double lr = dsc_lr_schedule_at(&cfg->scheduler, cfg->optimizer.params.lr, sched);
     double beta1, beta2;
-    if (dsc_lr_schedule_betas(&cfg->scheduler, index, &beta1, &beta2))
+    if (dsc_lr_schedule_betas(&cfg->scheduler, sched, &beta1, &beta2))
         dsc_optimizer_set_betas(e->o.optimizer, (float)beta1, (float)beta2);
 
     dsc_loader_source src;
@@ -143,6 +146,8 @@ static dsc_status run_step(dsc_engine *e, dsc_step_metrics *m) {
     double t_step = dsc_time_now();
     dsc_optim_stats st;
     DSC_TRY(dsc_optimizer_step(e->o.optimizer, lr, &st));
+    double scale;
+    bool skipped = dsc_precision_last_step(e->o.optimizer, &scale);
     e->steps_done = n;
 
     double t1 = dsc_time_now();
@@ -159,6 +164,8 @@ static dsc_status run_step(dsc_engine *e, dsc_step_metrics *m) {
             .elapsed_s = e->t_start > 0 ? t1 - e->t_start : t1 - t0,
             .epoch = dsc_data_loader_epoch(e->o.data, index),
             .step_s = t1 - t0,
+            .loss_scale = scale,
+            .skipped = skipped,
         };
         memcpy(m->phase_s, res.phase_s, sizeof m->phase_s);
     }
@@ -254,6 +261,9 @@ static void log_step(dsc_engine *e, const dsc_step_metrics *m) {
     clear_bar(e);
     printf("step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.1fs\n", (long long)m->step,
            (long long)e->o.cfg->train.steps, m->loss, m->lr, m->grad_norm, m->tokens_per_s, m->elapsed_s);
+    if (m->skipped)
+        printf("step %5lld/%lld | skipped: the gradients overflowed at loss scale %g\n", (long long)m->step,
+               (long long)e->o.cfg->train.steps, m->loss_scale);
     if (e->o.cfg->wall_clock_breakdown) log_breakdown(e, m);
     fflush(stdout);
 }
@@ -272,6 +282,9 @@ static void write_metrics(dsc_engine *e, const dsc_step_metrics *m) {
             (long long)m->epoch, (long long)mem.current[DSC_MEM_PARAMS], (long long)mem.current[DSC_MEM_GRADS],
             (long long)mem.current[DSC_MEM_OPTIM], (long long)mem.current[DSC_MEM_ACTIVATIONS],
             (long long)mem.current[DSC_MEM_COMM], (long long)mem.total_current, (long long)mem.total_peak);
+    if (m->loss_scale > 0)
+        fprintf(e->metrics, ", \"loss_scale\": %.9g, \"skipped\": %s", m->loss_scale,
+                m->skipped ? "true" : "false");
     if (e->o.cfg->wall_clock_breakdown) {
         fprintf(e->metrics, ", \"time_ms\": {\"step\": %.6g", 1e3 * m->step_s);
         for (int p = 0; p < DSC_PHASE_COUNT; p++)
@@ -328,7 +341,8 @@ dsc_status dsc_engine_train(dsc_engine *e) {
         if (e->o.log) {
             write_metrics(e, &m);
             DSC_TRY(write_monitors(e, &m));
-            if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps) log_step(e, &m);
+            if (m.step == 1 || m.step % cfg->steps_per_print == 0 || m.step == cfg->train.steps || m.skipped)
+                log_step(e, &m);
             draw_bar(e, &m);
         }
         DSC_TRY(maybe_evaluate(e, &m));

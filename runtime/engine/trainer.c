@@ -13,6 +13,7 @@
 #include "dsc/engine.h"
 #include "dsc/log.h"
 #include "dsc/model.h"
+#include "dsc/precision.h"
 
 struct dsc_trainer {
     dsc_model_config mc;
@@ -129,16 +130,20 @@ static dsc_status setup(dsc_trainer *t, const dsc_trainer_options *o, dsc_optimi
         .expert_dp = t->ext.expert_dp,
         .ep = t->ext.ep,
         .pipe = t->ext.model,
+        .tensor = t->ext.tp ? t->ext.model : NULL,
         .counts_in_norm = t->ext.counts_in_norm,
         .counts_in_norm_ctx = t->ext.counts_in_norm_ctx,
         .reduce_bucket_size = cfg->zero_optimization.reduce_bucket_size,
         .overlap_comm = cfg->zero_optimization.overlap_comm,
+        .reduce_dtype = dsc_precision_comm_dtype(cfg),
     };
     dsc_optim_hparams_from_config(cfg, &oo.hparams);
-    if (make_optimizer)
-        DSC_TRY(make_optimizer(&oo, cfg, &t->opt));
-    else
+    if (make_optimizer) {
+        DSC_TRY(make_optimizer(&oo, cfg, &t->opt)); /* zero/'s maker wraps mixed precision itself */
+    } else {
         DSC_TRY(dsc_optimizer_create_plain(&oo, &t->opt));
+        DSC_TRY(dsc_precision_maybe_wrap(cfg, &oo, NULL, &t->opt));
+    }
     dsc_rng_init(&t->layer_rng, cfg->seed, dp_rank, DSC_RNG_GATE);
     DSC_TRY(dsc_runner_create_default(t->layers, t->n_layers, t->opt, B, T, &t->layer_rng, &t->runner));
     DSC_TRY(dsc_tensor_alloc(&t->context, DSC_DTYPE_I32, 2, (int64_t[]){1, T}, DSC_CPU, DSC_MEM_ACTIVATIONS));

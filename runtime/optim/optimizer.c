@@ -42,6 +42,11 @@ int dsc_optim_state_kinds(dsc_optimizer_type type) {
     return type == DSC_OPTIMIZER_TYPE_SGD || type == DSC_OPTIMIZER_TYPE_LION ? 1 : 2;
 }
 
+int dsc_optim_param_state_kinds(dsc_optimizer_type type, const dsc_param *param) {
+    if (type == DSC_OPTIMIZER_TYPE_MUON && dsc_optim_uses_muon(param)) return 1; /* the momentum alone */
+    return dsc_optim_state_kinds(type);
+}
+
 const char *dsc_optim_state_name(dsc_optimizer_type type, int kind) {
     if (type == DSC_OPTIMIZER_TYPE_SGD) return "momentum_buffer";
     return kind == 0 ? "exp_avg" : "exp_avg_sq";

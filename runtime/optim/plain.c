@@ -15,6 +15,9 @@
  * next layers' backward computes. Either way every bucket is reduced by the
  * same algorithm on the same data: the results are bitwise equal.
  *
+ * With reduce_dtype bf16 / fp16 (communication_data_type) a bucket is packed
+ * into 2-byte values in place, reduced so, and widened back after its wait.
+ *
  * Not here: sharding (zero/), learning-rate schedules (engine), and tied
  * gradients across pipeline stages (pipe/). */
 #include <math.h>
@@ -25,12 +28,16 @@
 #include "dsc/kernels.h"
 #include "dsc/log.h"
 #include "dsc/optimizer.h"
+#include "dsc/precision.h"
+
+enum { SECOND_ALIGN = 64 }; /* elements: packed second states start aligned as the store's parameters do */
 
 typedef struct bucket {
     dsc_param_group group;
     int64_t begin, end; /* element range of the group's flat gradient buffer */
     int params;         /* parameters overlapping the range */
     int pending;        /* of those, not yet final in this batch; -1 once reduced or posted */
+    bool packed;        /* posted packed in reduce_dtype (overlap_comm): unpacked after the wait */
 } bucket;
 
 typedef struct plain_optimizer {
@@ -40,6 +47,10 @@ typedef struct plain_optimizer {
     dsc_tensor
         state[2][DSC_PARAM_GROUP_COUNT]; /* exp_avg, exp_avg_sq (or momentum_buffer, unused): flat like grads */
     int n_state_kinds;                   /* 2 for AdamW, 1 for SGD */
+    /* [n_params] where each parameter's second state (exp_avg_sq) sits in state[1][group]: its flat offset, or
+     * for Muon, whose matrices keep only a momentum, packed over the rest; -1 for a parameter without one */
+    int64_t *second_at;
+    int n_second; /* parameters with a second state */
     int64_t step;
     bucket *buckets;
     dsc_comm_request **reqs; /* [n_buckets] overlap_comm: each bucket's all-reduce in flight */
@@ -77,10 +88,18 @@ static dsc_status reduce_bucket(plain_optimizer *p, int k) {
     dsc_tensor values, grads;
     dsc_params_flat(p->o.params, b->group, &values, &grads);
     int64_t n = b->end - b->begin;
-    dsc_tensor piece = dsc_tensor_view((float *)grads.data + b->begin, DSC_DTYPE_F32, 1, &n, grads.device);
+    float *data = (float *)grads.data + b->begin;
+    /* communication_data_type bf16 / fp16: reduced packed in place, half the bytes */
+    dsc_dtype dt = p->o.reduce_dtype;
+    bool narrow = dsc_precision_is_narrow(dt);
+    if (narrow) dsc_precision_pack(data, n, dt);
+    dsc_tensor piece = dsc_tensor_view(data, narrow ? dt : DSC_DTYPE_F32, 1, &n, grads.device);
     dsc_status s = p->o.overlap_comm ? dsc_comm_iallreduce(c, &piece, DSC_REDUCE_OP_AVG, &p->reqs[k])
                                      : dsc_comm_allreduce(c, &piece, DSC_REDUCE_OP_AVG);
-    return s ? bucket_error(b, s) : NULL;
+    if (s) return bucket_error(b, s);
+    b->packed = narrow && p->o.overlap_comm;
+    if (narrow && !p->o.overlap_comm) dsc_precision_unpack(data, data, n, dt);
+    return NULL;
 }
 
 /* Moves the buckets in flight on (overlap_comm): MPI progresses them only while they are tested. */
@@ -118,6 +137,15 @@ static dsc_status plain_reduce_grads(dsc_optimizer *opt) {
     /* together: every bucket in flight moves on while any is waited for */
     dsc_status s = dsc_comm_waitall(p->reqs, p->n_buckets);
     if (s) return dsc_error_wrap(s, "averaging gradients over %d buckets", p->n_buckets);
+    for (int k = 0; k < p->n_buckets; k++) {
+        bucket *b = &p->buckets[k];
+        if (!b->packed) continue;
+        dsc_tensor grads;
+        dsc_params_flat(p->o.params, b->group, NULL, &grads);
+        float *data = (float *)grads.data + b->begin;
+        dsc_precision_unpack(data, data, b->end - b->begin, p->o.reduce_dtype);
+        b->packed = false;
+    }
     reset_batch(p);
     return NULL;
 }
@@ -126,6 +154,14 @@ static dsc_status plain_reduce_grads(dsc_optimizer *opt) {
 static dsc_tensor state_view(const dsc_tensor *flat, const dsc_param *param) {
     return dsc_tensor_view((float *)flat->data + param->offset, DSC_DTYPE_F32, param->value.ndim,
                            param->value.shape, flat->device);
+}
+
+/* Parameter i's second state (it has one). */
+static dsc_tensor second_view(const plain_optimizer *p, int i) {
+    dsc_param *param = dsc_params_at(p->o.params, i);
+    const dsc_tensor *buf = &p->state[1][param->group];
+    return dsc_tensor_view((float *)buf->data + p->second_at[i], DSC_DTYPE_F32, param->value.ndim,
+                           param->value.shape, buf->device);
 }
 
 static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
@@ -155,8 +191,19 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
     for (int i = 0; i < p->n_params; i++) {
         dsc_param *param = dsc_params_at(p->o.params, i);
         dsc_tensor s0 = state_view(&p->state[0][param->group], param);
-        dsc_tensor s1 = p->n_state_kinds > 1 ? state_view(&p->state[1][param->group], param) : s0;
-        dsc_status s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        dsc_tensor s1 = p->second_at[i] >= 0 ? second_view(p, i) : s0;
+        dsc_status s;
+        if (p->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON &&
+            dsc_optim_muon_needs_tensor_group(param, p->o.tensor)) { /* a slice: assembled over the tensor group */
+            int64_t n = dsc_param_numel(param);
+            dsc_tensor v = dsc_tensor_view(param->value.data, DSC_DTYPE_F32, 1, &n, param->value.device);
+            dsc_tensor g = dsc_tensor_view(param->grad.data, DSC_DTYPE_F32, 1, &n, param->grad.device);
+            dsc_tensor m = dsc_tensor_view(s0.data, DSC_DTYPE_F32, 1, &n, s0.device);
+            s = dsc_optim_muon_piece(&p->o.hparams, param, &(dsc_muon_piece){&v, &g, &m, 0, NULL, p->o.tensor},
+                                     (float)lr);
+        } else {
+            s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
+        }
         if (s) return dsc_error_wrap(s, "step %lld: updating %s", (long long)p->step, param->name);
     }
     DSC_TRY(dsc_params_zero_grads(p->o.params));
@@ -164,27 +211,31 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
     return NULL;
 }
 
+/* Entries: every parameter's first state, then the second state of those that have one, then "step". */
 static int plain_state_count(const dsc_optimizer *opt) {
     const plain_optimizer *p = (const plain_optimizer *)opt;
-    return p->n_state_kinds * p->n_params + 1;
+    return p->n_params + p->n_second + 1;
 }
 
 static void plain_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
     plain_optimizer *p = self_of(opt);
     memset(out, 0, sizeof *out);
-    if (index == p->n_state_kinds * p->n_params) {
+    if (index == p->n_params + p->n_second) {
         int64_t one = 1;
         snprintf(out->name, sizeof out->name, "step");
         out->local = dsc_tensor_view(&p->step, DSC_DTYPE_I64, 1, &one, DSC_CPU);
         return;
     }
-    int kind = index / p->n_params;
-    dsc_param *param = dsc_params_at(p->o.params, index % p->n_params);
+    int kind = index >= p->n_params, i = index;
+    if (kind) /* the (index - n_params)-th parameter with a second state */
+        for (int left = index - p->n_params, j = 0; j < p->n_params; j++)
+            if (p->second_at[j] >= 0 && left-- == 0) i = j;
+    dsc_param *param = dsc_params_at(p->o.params, i);
     const char *kind_name = dsc_optim_state_name(p->o.hparams.type, kind);
     snprintf(out->name, sizeof out->name, "%s/%s", kind_name, param->name);
     out->param = param;
     out->offset = 0;
-    out->local = state_view(&p->state[kind][param->group], param);
+    out->local = kind ? second_view(p, i) : state_view(&p->state[0][param->group], param);
 }
 
 static void plain_destroy(dsc_optimizer *opt) {
@@ -198,6 +249,7 @@ static void plain_destroy(dsc_optimizer *opt) {
     free(p->uses_left);
     free(p->first_bucket);
     free(p->last_bucket);
+    free(p->second_at);
     free(p);
 }
 
@@ -243,7 +295,7 @@ static dsc_status make_buckets(plain_optimizer *p, int64_t size) {
         first_of_group[g] = p->n_buckets;
         for (int64_t b = 0; b < numel[g]; b += per[g])
             p->buckets[p->n_buckets++] =
-                (bucket){(dsc_param_group)g, b, b + per[g] < numel[g] ? b + per[g] : numel[g], 0, 0};
+                (bucket){(dsc_param_group)g, b, b + per[g] < numel[g] ? b + per[g] : numel[g], 0, 0, false};
     }
     for (int i = 0; i < p->n_params; i++) {
         const dsc_param *param = dsc_params_at(p->o.params, i);
@@ -265,7 +317,8 @@ static dsc_status setup(plain_optimizer *p) {
     p->uses_left = calloc(n, sizeof *p->uses_left);
     p->first_bucket = calloc(n, sizeof *p->first_bucket);
     p->last_bucket = calloc(n, sizeof *p->last_bucket);
-    DSC_CHECK(p->uses && p->uses_left && p->first_bucket && p->last_bucket, DSC_ERR_NOMEM,
+    p->second_at = calloc(n, sizeof *p->second_at);
+    DSC_CHECK(p->uses && p->uses_left && p->first_bucket && p->last_bucket && p->second_at, DSC_ERR_NOMEM,
               "plain optimizer: bookkeeping for %d parameters", p->n_params);
     for (int l = 0; l < p->o.n_layers; l++) {
         const dsc_layer *layer = p->o.layers[l];
@@ -277,13 +330,32 @@ static dsc_status setup(plain_optimizer *p) {
             p->uses[i]++;
         }
     }
+    DSC_CHECK(!dsc_precision_is_narrow(p->o.reduce_dtype) || p->n_params == 0 ||
+                  dsc_params_at(p->o.params, 0)->value.device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED, "plain optimizer: reducing gradients in %s is implemented for host memory only",
+              dsc_dtype_name(p->o.reduce_dtype));
     DSC_TRY(make_buckets(p, p->o.reduce_bucket_size));
     p->n_state_kinds = dsc_optim_state_kinds(p->o.hparams.type);
+    int64_t second_len[DSC_PARAM_GROUP_COUNT] = {0, 0};
+    for (int i = 0; i < p->n_params; i++) {
+        const dsc_param *param = dsc_params_at(p->o.params, i);
+        p->second_at[i] = -1;
+        if (dsc_optim_param_state_kinds(p->o.hparams.type, param) < 2) continue;
+        p->n_second++;
+        if (p->o.hparams.type != DSC_OPTIMIZER_TYPE_MUON) { /* the flat layout */
+            p->second_at[i] = param->offset;
+            continue;
+        }
+        int64_t *len = &second_len[param->group];
+        p->second_at[i] = *len;
+        *len += (dsc_param_numel(param) + SECOND_ALIGN - 1) / SECOND_ALIGN * SECOND_ALIGN;
+    }
     for (int k = 0; k < p->n_state_kinds; k++) {
         for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
             dsc_tensor values, grads;
             dsc_params_flat(p->o.params, (dsc_param_group)g, &values, &grads);
-            int64_t len = dsc_tensor_numel(&values);
+            int64_t len =
+                k == 1 && p->o.hparams.type == DSC_OPTIMIZER_TYPE_MUON ? second_len[g] : dsc_tensor_numel(&values);
             DSC_TRY(dsc_tensor_alloc(&p->state[k][g], DSC_DTYPE_F32, 1, &len, values.device, DSC_MEM_OPTIM));
         }
     }

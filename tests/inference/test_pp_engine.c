@@ -16,7 +16,9 @@
  *    stage's cache wholly free, and the others' tokens are unchanged;
  *  - a weight budget (max_weight_bytes) refuses the whole model on one rank
  *    naming the bytes it needs, and PP over the world fits it, each rank's
- *    weight and KV memory within 5% of the formula in docs/inference.md. */
+ *    weight and KV memory within 5% of the formula in docs/inference.md;
+ *  - OPT's project_in / project_out only on the stage that uses them (first
+ *    / last): each stage's weight bytes equal the formula exactly. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,8 +70,12 @@ static int64_t kv_budget(const dsc_infer_model *m, int pp, int tp) {
     return (int64_t)BLOCKS * layers * 2 * BLOCK * heads * c->head_size * (int64_t)sizeof(float);
 }
 
-static dsc_infer_engine *engine(dsc_infer_model *m, int64_t kv_bytes) {
+/* Micro-batches in flight in the pipelined engines (0: as many as stages). */
+static int32_t split_micro_batches;
+
+static dsc_infer_engine *engine(dsc_infer_model *m, int64_t kv_bytes, int32_t micro_batches) {
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.micro_batches = micro_batches;
     ec.block_size = BLOCK;
     ec.kv_cache_bytes = kv_bytes;
     ec.max_sequences = ec.max_batch_sequences = NREQ;
@@ -86,6 +92,7 @@ typedef struct gen {
     int32_t tokens[NREQ][MAX_NEW];
     int32_t n[NREQ];
     bool done[NREQ];
+    dsc_scheduler_stats stats;
 } gen;
 
 static dsc_status on_token(void *user, uint64_t uid, int32_t token, bool finished) {
@@ -129,7 +136,8 @@ static int64_t generate(dsc_infer_engine *e, int32_t V, const run_opts *o, gen *
             assert_ok(dsc_scheduler_release(s, 5));
         }
     }
-    int64_t preemptions = dsc_scheduler_get_stats(s)->preemptions;
+    g->stats = *dsc_scheduler_get_stats(s);
+    int64_t preemptions = g->stats.preemptions;
     for (int r = 0; r < NREQ; r++)
         if (!o->cancel_after || (r != 1 && r != 4)) assert_ok(dsc_scheduler_release(s, (uint64_t)r + 1));
     /* every stage's cache is free again: nothing leaked on preemption or cancellation */
@@ -172,6 +180,45 @@ static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *w
     free(y);
 }
 
+/* The activation bytes between stages, from the pipe communicator's
+ * counters: a fresh engine generates the batch (tokens equal one process),
+ * and its M micro-batches of T tokens in all cross every stage boundary
+ * once, each as one message of HDR int32 words (the header fused with the
+ * payload, inference/pipeline.c) and this TP rank's slice of the (N, C)
+ * activation — ceil or floor of N·C / tp floats (Megatron's scatter-gather:
+ * each TP rank sends 1/tp, the next stage all-gathers) — so a rank's bytes
+ * lie within 4 (HDR M + (C T ± (tp - 1) M) / tp), and a stage's TP ranks
+ * together send exactly 4 (tp HDR M + C T). Senders (every stage but the
+ * last) count them sent, the last stage received (the others also receive
+ * the sampled tokens). */
+enum { HDR = 4 };
+
+static void check_bytes(dsc_infer_model *split, const layout *l, const gen *want, const char *what) {
+    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size), split_micro_batches);
+    dsc_comm_reset_stats(l->pipe);
+    gen got;
+    run_opts plain = {0};
+    generate(e, dsc_infer_model_get_config(split)->vocab_size, &plain, &got);
+    dsc_infer_engine_destroy(e); /* completes the sends still in flight, which count when they complete */
+    expect_same_tokens(want, &got, false, what);
+    dsc_comm_stats st;
+    dsc_comm_get_stats(l->pipe, &st);
+    bool last = dsc_comm_rank(l->pipe) == l->pp_size - 1;
+    int64_t bytes = last ? st.bytes_recv[DSC_COMM_OP_RECV] : st.bytes_sent[DSC_COMM_OP_SEND];
+    int64_t M = got.stats.forwards, T = got.stats.tokens_forwarded, tp = l->tp_size;
+    int64_t C = dsc_infer_model_get_config(split)->d_model, whole = 4 * C * T;
+    printf("%s: %s %lld activation bytes for %lld micro-batches of %lld tokens (whole activations: %lld)\n", what,
+           last ? "received" : "sent", (long long)bytes, (long long)M, (long long)T, (long long)whole);
+    fflush(stdout);
+    assert_true(bytes >= 4 * (HDR * M + (C * T - (tp - 1) * M) / tp));
+    assert_true(bytes <= 4 * (HDR * M + (C * T + (tp - 1) * M + tp - 1) / tp));
+    if (l->tp) {
+        dsc_tensor t = dsc_tensor_view(&bytes, DSC_DTYPE_I64, 1, (int64_t[]){1}, DSC_CPU);
+        assert_ok(dsc_comm_allreduce(l->tp, &t, DSC_REDUCE_OP_SUM));
+        assert_int_equal(bytes, 4 * (tp * HDR * M + C * T));
+    }
+}
+
 static void compare(dsc_comm *world, const char *dir, int tp, const char *method, const char *what) {
     layout l;
     make_layout(world, tp, &l);
@@ -179,17 +226,20 @@ static void compare(dsc_comm *world, const char *dir, int tp, const char *method
     load(dir, NULL, NULL, &one);
     load(dir, &l, method, &split);
     int32_t V = dsc_infer_model_get_config(one)->vocab_size;
-    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1)), *e2 = engine(split, kv_budget(split, l.pp_size, tp));
+    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1), 0),
+                     *e2 = engine(split, kv_budget(split, l.pp_size, tp), split_micro_batches);
     gen want, got;
     run_opts plain = {0}, cancel = {.cancel_after = 3};
     int64_t p1 = generate(e1, V, &plain, &want), p2 = generate(e2, V, &plain, &got);
     char label[200];
-    snprintf(label, sizeof label, "%s at tp %d x pp %d (%s)", what, tp, l.pp_size, method ? method : "uniform");
+    snprintf(label, sizeof label, "%s at tp %d x pp %d (%s, %d micro-batches)", what, tp, l.pp_size,
+             method ? method : "uniform", split_micro_batches ? split_micro_batches : l.pp_size);
     expect_same_tokens(&want, &got, false, label);
     assert_true(p1 > 0 && p2 > 0);
     generate(e2, V, &cancel, &got);
     expect_same_tokens(&want, &got, true, label);
     check_put(e1, e2, label);
+    if (l.pipe) check_bytes(split, &l, &want, label);
     char holds[512];
     dsc_infer_model_describe(split, holds, sizeof holds);
     printf(
@@ -231,6 +281,24 @@ static void test_deeper(void **state) {
     compare(world, dir, 1, NULL, "qwen2 5 layers");
     compare(world, dir, 1, "parameters", "qwen2 5 layers");
     if (dsc_comm_size(world) == 4) compare(world, dir, 2, NULL, "qwen2 5 layers");
+    /* more micro-batches in flight than stages: the same tokens */
+    split_micro_batches = dsc_comm_size(world) + 1;
+    compare(world, dir, 1, NULL, "qwen2 5 layers");
+    split_micro_batches = 0;
+    /* outside [P, 4 P] is refused, naming the range */
+    dsc_infer_model *m;
+    layout l;
+    make_layout(world, 1, &l);
+    load(dir, &l, NULL, &m);
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.micro_batches = 4 * dsc_comm_size(world) + 1;
+    dsc_infer_engine *e = NULL;
+    char needle[128];
+    snprintf(needle, sizeof needle, "it must be 0 (as many as stages) or in [%d, %d]", dsc_comm_size(world),
+             4 * dsc_comm_size(world));
+    assert_err(dsc_infer_engine_create(m, &ec, &e), DSC_ERR_CONFIG, needle);
+    dsc_infer_model_destroy(m);
+    dsc_groups_free(l.groups);
     dsc_comm_free(world);
 }
 
@@ -246,6 +314,60 @@ static void test_dsc_checkpoint(void **state) {
         snprintf(dir, sizeof dir, "%s/gpt-moe", dsc_ckpt_dir);
         compare(world, dir, 1, NULL, "dsc gpt-moe");
     }
+    dsc_comm_free(world);
+}
+
+/* ---- OPT's projections ------------------------------------------------------------------------------ */
+
+static int64_t aligned_bytes(int64_t floats) {
+    int64_t a = DSC_MEM_ALIGN / (int64_t)sizeof(float);
+    return (floats + a - 1) / a * a * (int64_t)sizeof(float);
+}
+
+static bool holds(const dsc_infer_model *m, dsc_param_role role) {
+    dsc_tensor t;
+    dsc_status s = dsc_infer_model_param(m, -1, role, &t);
+    dsc_status_free(s);
+    return s == NULL;
+}
+
+/* OPT with word_embed_proj_dim != hidden_size (the fixture: C 48, P 32, tied,
+ * no final norm): project_in lives only on the first stage and project_out
+ * only on the last, so each stage's weights are its layers plus its end's
+ * parameters: first embed (V, P) + positions (POS + 2, C) + project_in
+ * (C, P); last embed again (tied) + project_out (P, C). The layer size comes
+ * from the one-process arena minus those. Tokens equal one process. */
+static void test_opt_projections(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    if (dsc_comm_size(world) != 2) {
+        dsc_comm_free(world);
+        skip();
+    }
+    compare(world, FIXTURES "opt", 1, NULL, "hf opt (projected)");
+    dsc_infer_model *one, *split;
+    load(FIXTURES "opt", NULL, NULL, &one);
+    layout l;
+    make_layout(world, 1, &l);
+    load(FIXTURES "opt", &l, NULL, &split);
+    const dsc_infer_model_config *c = dsc_infer_model_get_config(one);
+    int64_t C = c->d_model, P = c->d_embed, V = c->vocab_size, L = c->n_layer;
+    assert_true(P > 0 && P != C && c->tie_embeddings && L == 2);
+    int64_t embed = aligned_bytes(V * P), pos = aligned_bytes((c->max_positions + c->pos_offset) * C),
+            proj = aligned_bytes(C * P);
+    int64_t layer = ((int64_t)dsc_infer_model_arena_bytes(one) - embed - pos - 2 * proj) / L;
+    int stage = dsc_comm_rank(world);
+    int64_t want = layer + embed + (stage == 0 ? pos + proj : proj);
+    int64_t got = (int64_t)dsc_infer_model_arena_bytes(split);
+    printf("hf opt pp 2 stage %d: %lld bytes of weights (formula %lld; one process %zu)\n", stage, (long long)got,
+           (long long)want, dsc_infer_model_arena_bytes(one));
+    assert_int_equal(got, want);
+    assert_true(holds(split, DSC_PARAM_ROLE_PROJ_IN) == (stage == 0));
+    assert_true(holds(split, DSC_PARAM_ROLE_PROJ_OUT) == (stage == 1));
+    dsc_infer_model_destroy(split);
+    dsc_infer_model_destroy(one);
+    dsc_groups_free(l.groups);
     dsc_comm_free(world);
 }
 
@@ -308,10 +430,9 @@ static void test_weight_budget(void **state) {
 int main(int argc, char **argv) {
     dsc_ckpt_dir = argc > 1 ? argv[1] : NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixtures),
-        cmocka_unit_test(test_deeper),
-        cmocka_unit_test(test_dsc_checkpoint),
-        cmocka_unit_test(test_weight_budget),
+        cmocka_unit_test(test_fixtures),        cmocka_unit_test(test_deeper),
+        cmocka_unit_test(test_dsc_checkpoint),  cmocka_unit_test(test_weight_budget),
+        cmocka_unit_test(test_opt_projections),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

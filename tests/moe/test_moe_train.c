@@ -149,8 +149,8 @@ static void check_load_report(dsc_comm *world, run *par, run *one) {
     size_t len_par, len_one;
     FILE *fp = open_memstream(&text_par, &len_par), *fo = open_memstream(&text_one, &len_one);
     const int L = par->cfg.model.n_layer, E = par->cfg.moe.num_experts;
-    assert_ok(dsc_moe_report_load(world, L, E, par->model.layers, par->model.n, fp));
-    assert_ok(dsc_moe_report_load(self, L, E, one->model.layers, one->model.n, fo));
+    assert_ok(dsc_moe_report_load(world, NULL, L, E, par->model.layers, par->model.n, fp));
+    assert_ok(dsc_moe_report_load(self, NULL, L, E, one->model.layers, one->model.n, fo));
     fclose(fp);
     fclose(fo);
     if (rank == 0) {

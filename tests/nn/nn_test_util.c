@@ -124,3 +124,20 @@ const char *fixture_meta_str(const fixture *f, const char *key) {
 double fixture_meta(const fixture *f, const char *key) {
     return atof(fixture_meta_str(f, key));
 }
+
+void fixture_model_config(const fixture *f, dsc_model_config *mc) {
+    dsc_model_arch arch;
+    assert_ok(dsc_model_arch_from_name(fixture_meta_str(f, "arch"), &arch));
+    dsc_model_config_defaults(mc, arch);
+    mc->n_layer = (int)fixture_meta(f, "n_layer");
+    mc->d_model = (int)fixture_meta(f, "d_model");
+    mc->n_head = (int)fixture_meta(f, "n_head");
+    mc->n_kv_head = (int)fixture_meta(f, "n_kv_head");
+    mc->d_ff = (int)fixture_meta(f, "d_ff");
+    mc->vocab_size = (int)fixture_meta(f, "vocab_size");
+    mc->seq_len = (int)fixture_meta(f, "seq_len");
+    mc->tie_embeddings = fixture_meta(f, "tie_embeddings") != 0;
+    mc->qkv_bias = fixture_meta(f, "qkv_bias") != 0;
+    mc->rope_theta = (float)fixture_meta(f, "rope_theta");
+    mc->norm_eps = (float)fixture_meta(f, "norm_eps");
+}

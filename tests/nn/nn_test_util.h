@@ -54,5 +54,7 @@ void fixture_free(fixture *f);
 const fixture_array *fixture_get(const fixture *f, const char *name); /* NULL when absent */
 double fixture_meta(const fixture *f, const char *key);               /* fails the test when absent */
 const char *fixture_meta_str(const fixture *f, const char *key);
+/* The model configuration of a fixture's meta lines (arch, sizes, ties, biases, rope, eps). */
+void fixture_model_config(const fixture *f, dsc_model_config *mc);
 
 #endif

@@ -23,23 +23,6 @@
 #define TOL 1e-4
 #define FLOOR 1e-6 /* tensors are O(1e-3..1); only guards against all-zero references */
 
-static void config_from_fixture(const fixture *f, dsc_model_config *mc) {
-    dsc_model_arch arch;
-    assert_ok(dsc_model_arch_from_name(fixture_meta_str(f, "arch"), &arch));
-    dsc_model_config_defaults(mc, arch);
-    mc->n_layer = (int)fixture_meta(f, "n_layer");
-    mc->d_model = (int)fixture_meta(f, "d_model");
-    mc->n_head = (int)fixture_meta(f, "n_head");
-    mc->n_kv_head = (int)fixture_meta(f, "n_kv_head");
-    mc->d_ff = (int)fixture_meta(f, "d_ff");
-    mc->vocab_size = (int)fixture_meta(f, "vocab_size");
-    mc->seq_len = (int)fixture_meta(f, "seq_len");
-    mc->tie_embeddings = fixture_meta(f, "tie_embeddings") != 0;
-    mc->qkv_bias = fixture_meta(f, "qkv_bias") != 0;
-    mc->rope_theta = (float)fixture_meta(f, "rope_theta");
-    mc->norm_eps = (float)fixture_meta(f, "norm_eps");
-}
-
 static const fixture_array *expect_array(const fixture *f, const char *prefix, const dsc_param *p) {
     char name[200];
     snprintf(name, sizeof name, "%s%s", prefix, p->name);
@@ -148,7 +131,7 @@ static void run_case(const char *name, dsc_device device) {
     fixture f;
     fixture_load(&f, name);
     dsc_model_config mc;
-    config_from_fixture(&f, &mc);
+    fixture_model_config(&f, &mc);
     const fixture_array *tok = fixture_get(&f, "tokens"), *tgt = fixture_get(&f, "targets");
     assert_non_null(tok);
     assert_non_null(tgt);

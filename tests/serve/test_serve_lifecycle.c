@@ -1,5 +1,6 @@
 /* dsc-serve's shutdown, on one rank or (arguments TP [PP]) on several
- * ranks under dsc-launch: SIGTERM to rank 0 with requests in flight stops
+ * ranks under dsc-launch: SIGTERM to rank 0 (or to dsc-launch, which passes
+ * it to every rank as SIGUSR2) with requests in flight stops
  * new connections, lets every in-flight request (streaming or not) finish
  * normally, and every rank exits 0 (the launcher too); SIGINT with a short
  * --drain-timeout cancels the requests still running instead (streams end
@@ -84,9 +85,10 @@ static void wait_draining(int port) {
 }
 
 /* Starts N requests of max_tokens (even ones streaming), waits until all
- * are in flight, then sends sig to rank 0 and waits until the server
- * refuses new connections; returns after the calls ended. */
-static void signal_during(serve_proc *p, call *calls, int max_tokens, int sig) {
+ * are in flight, then sends sig to `target` (rank 0, or the launcher) and
+ * waits until the server refuses new connections; returns after the calls
+ * ended. */
+static void signal_during(serve_proc *p, pid_t target, call *calls, int max_tokens, int sig) {
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
         calls[i] = (call){.port = p->port, .max_tokens = max_tokens, .stream = i % 2 == 0};
@@ -95,7 +97,7 @@ static void signal_during(serve_proc *p, call *calls, int max_tokens, int sig) {
     for (int i = 0; i < 6000 && st_metric(p->port, "dsc_num_requests_in_flight") < N; i++)
         usleep(10000);
     assert_true(st_metric(p->port, "dsc_num_requests_in_flight") == N);
-    assert_int_equal(kill(p->ranks[0], sig), 0);
+    assert_int_equal(kill(target, sig), 0);
     wait_draining(p->port);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
@@ -110,7 +112,7 @@ static void test_sigterm_finishes_in_flight(void **state) {
         st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--drain-timeout", "600", NULL}));
     call calls[N];
     /* Two at a time in the cache on one rank, far below the drain timeout; fewer tokens on slower ranks. */
-    signal_during(&p, calls, st_ranks() == 1 ? 1500 : 400, SIGTERM);
+    signal_during(&p, p.ranks[0], calls, st_ranks() == 1 ? 1500 : 400, SIGTERM);
     for (int i = 0; i < N; i++) {
         printf("call %d (%s): status %d, %d tokens, finish %s\n", i, calls[i].stream ? "stream" : "json",
                calls[i].status, calls[i].completion_tokens, calls[i].finish);
@@ -138,7 +140,7 @@ static void test_drain_timeout_cancels(void **state) {
         &p, st_ranks(), false,
         st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--drain-timeout", "0.2", NULL}));
     call calls[N];
-    signal_during(&p, calls, 3000, SIGINT);
+    signal_during(&p, p.ranks[0], calls, 3000, SIGINT);
     int cancelled = 0;
     for (int i = 0; i < N; i++) {
         printf("call %d (%s): status %d, %d tokens seen, finish %s%s\n", i, calls[i].stream ? "stream" : "json",
@@ -157,6 +159,61 @@ static void test_drain_timeout_cancels(void **state) {
     char out[4096];
     assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out));
     assert_int_equal(code, 0);
+}
+
+/* Several ranks: SIGTERM to dsc-launch reaches every rank as SIGUSR2 (the
+ * launcher asks mpirun to pass it on), which drains as SIGTERM to rank 0
+ * does: the in-flight requests finish, every rank exits 0 and so does the
+ * launcher, saying so. With `drain_timeout` "0.2" the requests still running
+ * are cancelled instead and the exits are 0 all the same. */
+static void sigterm_to_launcher(const char *drain_timeout, int max_tokens) {
+    if (st_ranks() == 1) skip();
+    serve_proc p;
+    const char *args[12];
+    st_start_ranks(&p, st_ranks(), true,
+                   st_layout_args(args, (const char *[]){"--kv-cache-bytes", st_kv_bytes(), "--drain-timeout",
+                                                         drain_timeout, NULL}));
+    call calls[N];
+    signal_during(&p, p.pid, calls, max_tokens, SIGTERM);
+    int finished = 0, cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        printf("call %d (%s): status %d, %d tokens, finish %s%s\n", i, calls[i].stream ? "stream" : "json",
+               calls[i].status, calls[i].stream ? calls[i].tokens_seen : calls[i].completion_tokens,
+               calls[i].finish, calls[i].error_seen ? ", error" : "");
+        if (calls[i].stream) {
+            assert_int_equal(calls[i].status, 200);
+            assert_true(calls[i].done_seen); /* ended properly, not broken off by a killed rank */
+        }
+        bool complete = calls[i].status == 200 && !calls[i].error_seen && strcmp(calls[i].finish, "length") == 0 &&
+                        calls[i].completion_tokens == max_tokens;
+        finished += complete;
+        cancelled += calls[i].error_seen &&
+                     (calls[i].stream ? strcmp(calls[i].finish, "abort") == 0 : calls[i].status == 503);
+    }
+    int code;
+    char out[16384];
+    assert_null(serve_proc_wait(&p, 90.0, &code, out, sizeof out));
+    printf("launcher exit %d; it printed:\n%s\n", code, out);
+    assert_int_equal(code, 0);
+    if (!strstr(out, "dsc-launch: every rank stopped and exited 0 after signal 15"))
+        fail_msg("the launcher did not report a clean stop");
+    assert_null(strstr(out, "job failed"));
+    for (int r = 0; r < p.n_ranks; r++)
+        assert_int_not_equal(kill(p.ranks[r], 0), 0); /* gone (and reaped) */
+    if (strcmp(drain_timeout, "600") == 0)
+        assert_int_equal(finished, N);
+    else
+        assert_true(cancelled >= 2); /* 4 x 3000 tokens, one at a time in 192 blocks */
+}
+
+static void test_sigterm_to_launcher_drains(void **state) {
+    (void)state;
+    sigterm_to_launcher("600", 300);
+}
+
+static void test_sigterm_to_launcher_drain_timeout(void **state) {
+    (void)state;
+    sigterm_to_launcher("0.2", 3000);
 }
 
 /* Several ranks: the last rank killed while a stream is running. */
@@ -189,8 +246,9 @@ static void test_rank_failure_named(void **state) {
 
 int main(int argc, char **argv) {
     st_layout(argc, argv);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sigterm_finishes_in_flight),
-                                       cmocka_unit_test(test_drain_timeout_cancels),
-                                       cmocka_unit_test(test_rank_failure_named)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigterm_finishes_in_flight), cmocka_unit_test(test_drain_timeout_cancels),
+        cmocka_unit_test(test_sigterm_to_launcher_drains),
+        cmocka_unit_test(test_sigterm_to_launcher_drain_timeout), cmocka_unit_test(test_rank_failure_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

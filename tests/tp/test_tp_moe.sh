@@ -5,7 +5,9 @@
 # expert-parallel groups cut from the data-parallel groups), with the experts
 # whole and split by TP (moe.enable_expert_tensor_parallelism), give the
 # losses of one rank (metrics JSONL, <= 1e-6 relative) and its parameters
-# (<= 1e-5), and print the whole model's parameter count. The PP 2 x EP 2 checkpoint of step 5 resumes at PP 2 x TP 2 with
+# (<= 1e-5), print the whole model's parameter count, and report the
+# per-expert load of one rank (every tensor rank gates the same tokens, which
+# count once). The PP 2 x EP 2 checkpoint of step 5 resumes at PP 2 x TP 2 with
 # the experts split by TP, and the TP 2 x EP 2 split-expert one on one rank,
 # with the losses and parameters of continuing unchanged, also with a gate
 # that samples (the tensor group shares its stream). Through dsc-train
@@ -54,6 +56,11 @@ count() { grep -o '[0-9]* parameters' "$work/$1.log" | head -1; }
 for name in tp2ep2 tp2ep2x pp2ep2; do
   check "$name: prints the whole model's parameter count ($(count one))" test "$(count "$name")" = "$(count one)"
 done
+load() { grep -A1 "^per-expert load" "$work/$1.log" | tail -1; }
+check "one: reports the per-expert load" test -n "$(load one)"
+for name in tp2ep2 tp2ep2x pp2ep2; do
+  check "$name: per-expert load equals one rank's ($(load one | cut -c1-40)...)" test "$(load "$name")" = "$(load one)"
+done
 for name in tp2ep2 tp2ep2x pp2ep2; do
   check "$name: losses equal one rank's" losses_within "$work/one.jsonl" "$work/$name.jsonl"
   check "$name: parameters within 1e-5 of one rank's at step 10" \
@@ -70,6 +77,9 @@ for case in "pp2tp2x 4 2 2 1 pp2ep2" "single 1 1 1 1 tp2ep2x"; do
   check "$name: parameters within 1e-5 of $from's at step 10" \
     model_within "$work/$from/global_step10" "$work/$name/global_step10"
 done
+# Routes chosen over the resumed 5 steps: 8 sequences x 16 positions x top-2, counted once per tensor group.
+routes() { load "$1" | grep -o ' [0-9]*/' | tr -d ' /' | awk '{ n += $1 } END { print n }'; }
+check "pp2tp2x: 5 steps route 1280 tokens to experts ($(routes pp2tp2x))" test "$(routes pp2tp2x)" = 1280
 # With the gate's sampled second expert the restored per-rank streams of PP 2 x EP 2 differ between the ranks
 # that become one tensor group; they must draw alike (dsc_tp_sync_rng), or their expert capacities disagree.
 sample="--set moe.top2_2nd_expert_sampling=true"

@@ -11,7 +11,8 @@
  * one, the LM head's cross-entropy two (maxima; sums) and its backward one.
  * And a rank's parameter + gradient + AdamW state bytes, as the allocator
  * counts them, are within 5% of 16 bytes x ((psi - replicated) / tp +
- * replicated). */
+ * replicated). Muon too, its matrices assembled over the tensor group for
+ * Newton-Schulz (and over the ZeRO group first under tp x dp with ZeRO). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +36,10 @@ typedef struct run_result {
     dsc_config cfg;
 } run_result;
 
-/* Trains STEPS steps: on `world` with tensor parallelism x data parallelism
- * of the given degree, or (world NULL) alone, accumulating the micro-batches
- * of `dp` replicas (the same global batch). */
-static void run(dsc_comm *world, int dp, const char *data, const char *const *over, int n, run_result *r) {
+/* Builds the trainer: on `world` with tensor parallelism x data
+ * parallelism of the given degree, or (world NULL) alone, accumulating the
+ * micro-batches of `dp` replicas (the same global batch). */
+static void build(dsc_comm *world, int dp, const char *data, const char *const *over, int n, run_result *r) {
     memset(r, 0, sizeof *r);
     const char *all[16];
     memcpy(all, over, (size_t)n * sizeof *all);
@@ -60,6 +61,11 @@ static void run(dsc_comm *world, int dp, const char *data, const char *const *ov
         layers = &r->w.layers;
     }
     assert_ok(dsc_trainer_create_with_layers(&o, dsc_zero_make_optimizer, layers, &r->t));
+}
+
+/* build, then trains STEPS steps. */
+static void run(dsc_comm *world, int dp, const char *data, const char *const *over, int n, run_result *r) {
+    build(world, dp, data, over, n, r);
     for (int s = 0; s < STEPS; s++) {
         dsc_step_metrics m;
         assert_ok(dsc_engine_step(dsc_trainer_engine(r->t), &m));
@@ -190,6 +196,15 @@ static void test_sequence_parallel(void **state) {
                            "tensor_parallel.tp_grain_size=1",
                            "tensor_parallel.sequence_parallel=true"};
     check_equivalence("GQA Llama, sequence parallel", llama, 8);
+    /* Checkpointed blocks recompute their regions' gathers in backward. */
+    const char *ckpt[] = {tp_all,
+                          "model.n_head=4",
+                          "model.d_model=32",
+                          "model.d_ff=72",
+                          "tensor_parallel.tp_grain_size=8",
+                          "tensor_parallel.sequence_parallel=true",
+                          "model.activation_checkpointing=true"};
+    check_equivalence("GPT, sequence parallel, activation checkpointing", ckpt, 7);
 }
 
 static void test_with_zero(void **state) {
@@ -218,6 +233,55 @@ static void test_with_zero(void **state) {
                         "tensor_parallel.tp_grain_size=8",
                         "tensor_parallel.sequence_parallel=true"};
     check_equivalence("GPT, tp x dp 2, ZeRO-2, sequence parallel", sp, 7);
+}
+
+/* Muon under tensor parallelism: the column-parallel matrices (q, k, v, fc,
+ * gate/up) are cut along their rows and the row-parallel ones (o, proj,
+ * down) along their columns, so Newton-Schulz sees each matrix assembled
+ * over the tensor group; the one process orthogonalises the whole matrices.
+ * Without attention biases: the key bias's gradient is rounding noise that
+ * the Adam group (eps 1e-10) turns into +-lr steps (test_zero_muon). The
+ * models are test_gpt's and test_llama_gqa_uneven's. */
+static void check_muon(const char *what, const char *tp, const char *zero, bool llama) {
+    static const char *const gpt_keys[] = {"model.n_head=4", "model.d_model=32", "model.d_ff=72",
+                                           "tensor_parallel.tp_grain_size=8"};
+    static const char *const llama_keys[] = {"model.arch=\"llama\"", "model.n_head=10",
+                                             "model.n_kv_head=5",    "model.d_model=40",
+                                             "model.d_ff=36",        "tensor_parallel.tp_grain_size=1"};
+    static const char *const muon_keys[] = {"optimizer.type=muon", "optimizer.params.muon_lr=0.02",
+                                            "optimizer.params.adam_lr=0.003", "model.qkv_bias=false"};
+    const char *over[16];
+    int n = 0;
+    over[n++] = tp;
+    if (zero) over[n++] = zero;
+    const char *const *model = llama ? llama_keys : gpt_keys;
+    int n_model =
+        llama ? (int)(sizeof llama_keys / sizeof *llama_keys) : (int)(sizeof gpt_keys / sizeof *gpt_keys);
+    for (int i = 0; i < n_model; i++)
+        over[n++] = model[i];
+    for (size_t i = 0; i < sizeof muon_keys / sizeof *muon_keys; i++)
+        over[n++] = muon_keys[i];
+    check_equivalence(what, over, n);
+}
+
+static void test_muon(void **state) {
+    (void)state;
+    set_tp_all();
+    check_muon("GPT, Muon", tp_all, NULL, false);
+    check_muon("GQA Llama (uneven heads), Muon", tp_all, NULL, true);
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    const int size = dsc_comm_size(world);
+    dsc_comm_free(world);
+    if (size < 4) return;
+    char half[64];
+    snprintf(half, sizeof half, "tensor_parallel.autotp_size=%d", size / 2);
+    for (int stage = 1; stage <= 3; stage++) { /* slices assembled over the ZeRO group first */
+        char zs[64], what[64];
+        snprintf(zs, sizeof zs, "zero_optimization.stage=%d", stage);
+        snprintf(what, sizeof what, "GPT, Muon, tp %d x dp 2, ZeRO-%d", size / 2, stage);
+        check_muon(what, half, zs, false);
+    }
 }
 
 /* The world, a token file at `data` and tp_all, for a test named `tag`. */
@@ -316,8 +380,10 @@ static void test_megatron_counts(void **state) {
  * reduce-scatter plus an all-gather of the same total bytes: per block and
  * micro-batch, forward 2 all-gathers (attention and MLP inputs) and 2
  * reduce-scatters (their outputs), backward the same pair for the output
- * gradients and input gradients, and only the norms' small gradient sum is
- * left as an all-reduce (4 C floats, GPT's two LayerNorms). */
+ * gradients and input gradients, plus the inputs' all-gathers again
+ * (Megatron's: a region keeps only its rank's positions of its input), and
+ * only the norms' small gradient sum is left as an all-reduce (4 C floats,
+ * GPT's two LayerNorms). */
 static void test_sequence_parallel_counts(void **state) {
     (void)state;
     char data[128];
@@ -335,6 +401,7 @@ static void test_sequence_parallel_counts(void **state) {
     dsc_layer *const *layers = dsc_trainer_model_layers(r.t, &n_layers);
     dsc_tensor tokens, targets;
     dsc_micro_ctx ctx = make_batch(b, t, &tokens, &targets);
+    int64_t fwd_ag_bytes = 0, fwd_rs_bytes = 0; /* one block's */
     dsc_tensor x = {0}, y;
     for (int l = 0; l < n_layers; l++) {
         assert_ok(dsc_layer_forward(layers[l], 0, &x, &y, &ctx));
@@ -346,6 +413,7 @@ static void test_sequence_parallel_counts(void **state) {
             assert_int_equal(ag, 2);
             assert_int_equal(rs, 2);
             assert_int_equal(ag_bytes + rs_bytes, 2 * one);
+            fwd_ag_bytes = ag_bytes, fwd_rs_bytes = rs_bytes;
         }
         x = y;
     }
@@ -355,9 +423,10 @@ static void test_sequence_parallel_counts(void **state) {
         counted_op(g, DSC_COMM_OP_ALLGATHER, &ag, &ag_bytes, &st);
         rs = st.calls[DSC_COMM_OP_REDUCE_SCATTER], rs_bytes = st.bytes_sent[DSC_COMM_OP_REDUCE_SCATTER];
         if (l > 0 && l < n_layers - 1) {
-            assert_int_equal(ag, 2);
+            assert_int_equal(ag, 4); /* output gradients, and the inputs again */
             assert_int_equal(rs, 2);
-            assert_int_equal(ag_bytes + rs_bytes, 2 * one);
+            assert_int_equal(ag_bytes, 2 * fwd_ag_bytes);
+            assert_int_equal(rs_bytes, fwd_rs_bytes);
             assert_int_equal(st.calls[DSC_COMM_OP_ALLREDUCE], 1); /* the norms' gradient contribution */
             assert_int_equal(st.bytes_sent[DSC_COMM_OP_ALLREDUCE], norm_bytes);
         }
@@ -365,11 +434,104 @@ static void test_sequence_parallel_counts(void **state) {
     }
     if (dsc_comm_rank(world) == 0)
         printf("  sequence parallel, per block and micro-batch (%lld x %lld x %lld over %lld ranks): forward and "
-               "backward 2 all-gathers + 2 reduce-scatters each, %lld bytes per pair = one all-reduce's\n",
+               "backward 2 all-gathers + 2 reduce-scatters each, %lld bytes per pair = one all-reduce's; backward "
+               "gathers the 2 inputs again\n",
                (long long)b, (long long)t, (long long)C, (long long)tp, (long long)one);
     dsc_tensor_free(&tokens);
     dsc_tensor_free(&targets);
     finish(&r);
+    unlink(data);
+    dsc_comm_free(world);
+}
+
+static int64_t activation_bytes(void) {
+    dsc_mem_stats st;
+    dsc_mem_get_stats(&st);
+    return st.current[DSC_MEM_ACTIVATIONS];
+}
+
+/* The activation bytes one more micro-batch slot adds to `layer`, as the
+ * allocator counts them: its reserve of 2 slots minus that of 1 (which it
+ * is left with). */
+static int64_t per_slot_bytes(dsc_layer *layer, int64_t B, int64_t T) {
+    assert_ok(dsc_layer_reserve(layer, 1, B, T));
+    const int64_t one = activation_bytes();
+    assert_ok(dsc_layer_reserve(layer, 2, B, T));
+    const int64_t two = activation_bytes();
+    assert_ok(dsc_layer_reserve(layer, 1, B, T));
+    return two - one;
+}
+
+/* What a micro-batch of (b, s) leaves in one GPT block on a rank for its
+ * backward, in floats (docs/tp_training.md): outside the tensor-parallel
+ * regions 10 C + 4 per position — the block's input copy, norm outputs,
+ * residual, output and input gradient (6 C), the regions' outputs and input
+ * gradients (4 C), two LayerNorms' mean and rstd (4) — which sequence
+ * parallelism cuts by tp; inside them q, k, v and the attention output
+ * (2 nq HS + 2 nkv HS), its log-sum-exp (nq) and the MLP's GELU input and
+ * output (2 nf), already split by tp. */
+static double block_floats(const dsc_tp_shard *sh, int64_t b, int64_t s, int64_t C, int64_t HS, int tp, bool sp) {
+    const double outside = 10.0 * (double)C + 4.0;
+    const double inside = 2.0 * (double)((sh->nq + sh->nkv) * HS) + (double)sh->nq + 2.0 * (double)sh->nf;
+    return (double)(b * s) * ((sp ? outside / tp : outside) + inside);
+}
+
+/* Sequence parallelism cuts the activations a block keeps per micro-batch
+ * by the formula's factor: every block's per-slot bytes, as the allocator
+ * counts them, equal block_floats x 4 with and without it (and the layer's
+ * own activation_bytes_per_token); the gathered tensors live in one
+ * workspace shared by the rank's layers, not per block or slot. */
+static void test_sequence_parallel_memory(void **state) {
+    (void)state;
+    char data[128];
+    dsc_comm *world = open_job(data, sizeof data, "spmem");
+    const int64_t B = 2, T = 16, C = 32, HS = 8;
+    double measured[2] = {0}, total[2] = {0};
+    int blocks = 0;
+    for (int sp = 0; sp <= 1; sp++) {
+        const char *over[] = {tp_all,
+                              "model.n_head=4",
+                              "model.d_model=32",
+                              "model.d_ff=128",
+                              "tensor_parallel.tp_grain_size=8",
+                              sp ? "tensor_parallel.sequence_parallel=true"
+                                 : "tensor_parallel.sequence_parallel=false"};
+        const int64_t before = activation_bytes();
+        run_result r;
+        build(world, 1, data, over, 6, &r);
+        total[sp] = (double)(activation_bytes() - before);
+        const int tp = r.w.extra.size;
+        assert_int_equal(r.w.extra.sequence_parallel, sp == 1);
+        int n_layers;
+        dsc_layer *const *layers = dsc_trainer_model_layers(r.t, &n_layers);
+        blocks = n_layers - 2;
+        assert_true(blocks >= 1);
+        for (int l = 1; l < n_layers - 1; l++) {
+            const int64_t bytes = per_slot_bytes(layers[l], B, T);
+            const double want = 4.0 * block_floats(&r.w.extra.shard, B, T, C, HS, tp, sp);
+            if (dsc_comm_rank(world) == 0 && l == 1)
+                printf("  %s: block %s keeps %lld activation bytes per micro-batch of (%lld, %lld) on tp rank 0 "
+                       "of %d, formula %.0f\n",
+                       sp ? "sequence parallel" : "tensor parallel", layers[l]->name, (long long)bytes,
+                       (long long)B, (long long)T, tp, want);
+            assert_int_equal(bytes, (int64_t)want);
+            assert_int_equal(bytes, layers[l]->activation_bytes_per_token * B * T);
+            measured[sp] += (double)bytes;
+        }
+        finish(&r);
+    }
+    const int tp = dsc_comm_size(world);
+    /* Even heads and widths (nq HS = C / tp, nf = 4 C / tp): s b (10 C + 4 + 12 C / tp + a / tp) floats against
+     * s b (22 C + 4 + a) / tp, a the heads. */
+    const double a = 4, even_plain = 10.0 * C + 4 + 12.0 * C / tp + a / tp, even_sp = (22.0 * C + 4 + a) / tp;
+    const double factor = measured[0] / measured[1];
+    if (dsc_comm_rank(world) == 0)
+        printf("  %d blocks at tp %d: %.0f -> %.0f activation bytes per micro-batch with sequence parallelism, "
+               "factor %.4f (formula (10 h + 4 + 12 h / t + a / t) / ((22 h + 4 + a) / t) = %.4f); the whole "
+               "model reserved %.0f -> %.0f bytes for one micro-batch\n",
+               blocks, tp, measured[0], measured[1], factor, even_plain / even_sp, total[0], total[1]);
+    assert_true(fabs(factor - even_plain / even_sp) <= 1e-9 * factor);
+    assert_true(total[1] < total[0]);
     unlink(data);
     dsc_comm_free(world);
 }
@@ -398,13 +560,13 @@ static void test_memory_formula(void **state) {
     dsc_param_store *ps = dsc_trainer_params(r.t);
     for (int i = 0; i < dsc_params_count(ps); i++)
         psi += (double)dsc_param_global_numel(dsc_params_at(ps, i));
-    const double formula = 16.0 * dsc_tp_params_per_rank(&mc, psi, tp);
+    const double formula = 16.0 * dsc_tp_params_per_rank(&mc, false, psi, tp);
     const double ratio = measured / formula;
     printf(
         "  rank %d of tp %d: parameter + gradient + AdamW bytes %.0f, formula 16 x ((%.0f - %.0f) / %d + %.0f) = "
         "%.0f, ratio %.4f\n",
-        dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc), tp, dsc_tp_replicated_params(&mc),
-        formula, ratio);
+        dsc_comm_rank(world), tp, measured, psi, dsc_tp_replicated_params(&mc, false), tp,
+        dsc_tp_replicated_params(&mc, false), formula, ratio);
     assert_true(fabs(ratio - 1.0) <= 0.05);
     finish(&r);
     unlink(data);
@@ -416,9 +578,11 @@ int main(void) {
         cmocka_unit_test(test_gpt),
         cmocka_unit_test(test_llama_gqa_uneven),
         cmocka_unit_test(test_with_zero),
+        cmocka_unit_test(test_muon),
         cmocka_unit_test(test_megatron_counts),
         cmocka_unit_test(test_sequence_parallel),
         cmocka_unit_test(test_sequence_parallel_counts),
+        cmocka_unit_test(test_sequence_parallel_memory),
         cmocka_unit_test(test_memory_formula),
     };
     return DSC_RUN_MPI_TESTS(tests);

@@ -1,0 +1,378 @@
+/* The mixed-precision optimizer: DeepSpeed's FP16_Optimizer / BF16_Optimizer
+ * (and ZeRO's fp16 handling) as a wrapper around any dsc optimizer.
+ *
+ * Per step:
+ *  - backward: before a layer's backward its gradient views point into a
+ *    zeroed scratch; after it, the layer's contribution is multiplied by the
+ *    loss scale and rounded to the reduced type, then added to the gradients
+ *    the inner optimizer accumulates (f32 accumulation of reduced-type
+ *    contributions, DeepSpeed's default for bf16; data_types.grad_accum_dtype
+ *    "fp32"). The scale is a power of two (dynamic), so multiplying the
+ *    f32 contribution by it is exactly what scaling the loss gives;
+ *  - reduction: the inner optimizer's, in communication_data_type;
+ *  - step: overflow = an inf/nan in this rank's gradients, agreed by a MAX
+ *    all-reduce over the groups that share the model (data, pipeline,
+ *    expert); an overflow skips the step (gradients zeroed, parameters and
+ *    optimizer state untouched, the loss scaler updated and the skip logged).
+ *    Otherwise the gradients are unscaled, the fp32 master is put in the
+ *    values the inner optimizer updates, it steps (clipping included), the
+ *    result becomes the master again and every value is rounded to the
+ *    reduced type for the next forward.
+ *
+ * The master holds only what the inner optimizer updates on this rank (the
+ * whole flat buffers for the plain optimizer, the rank's range for ZeRO-1/2);
+ * checkpoints save it as optimizer state "master/<param>" beside the rounded
+ * model values, and the loss scaler as "loss_scale" and "loss_scaler". */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/kernels.h"
+#include "dsc/log.h"
+#include "dsc/precision.h"
+
+typedef struct master_piece {
+    dsc_param *param;
+    int64_t offset; /* element offset inside the parameter */
+    int64_t pos;    /* element offset inside the group's master */
+    int64_t numel;
+} master_piece;
+
+typedef struct mixed_optimizer {
+    dsc_optimizer base;
+    dsc_optimizer *inner;
+    dsc_precision_options po;
+    dsc_optimizer_options oo;
+    dsc_tensor master[DSC_PARAM_GROUP_COUNT]; /* f32 [end - begin) of each group's range */
+    master_piece *pieces;
+    int n_pieces;
+    dsc_loss_scaler scaler;
+    int64_t skipped;
+    bool last_skipped;
+    /* checkpoint view of the scaler: "loss_scale" (f32) and "loss_scaler" (i64: iteration, last overflow,
+     * hysteresis, skipped steps); a restore writes them, the next hook reads them back */
+    float ck_scale;
+    int64_t ck_counts[4];
+    bool ck_handed;
+    int64_t inner_steps;
+    double last_scale;
+    /* the layer whose backward runs now: its gradient views, put back after */
+    dsc_tensor scratch;
+    dsc_tensor *saved;
+    bool *swapped;
+    int max_params;
+    const dsc_layer *staged;
+} mixed_optimizer;
+
+static mixed_optimizer *self_of(dsc_optimizer *opt) {
+    return (mixed_optimizer *)opt;
+}
+
+static const dsc_optimizer_ops mixed_ops;
+
+/* After the checkpoint view was handed out (a save or a restore), the scaler takes its values. */
+static void sync_scaler(mixed_optimizer *m) {
+    if (!m->ck_handed) return;
+    m->scaler.cur_scale = m->ck_scale;
+    m->scaler.cur_iter = m->ck_counts[0];
+    m->scaler.last_overflow_iter = m->ck_counts[1];
+    m->scaler.cur_hysteresis = (int)m->ck_counts[2];
+    m->skipped = m->ck_counts[3];
+    m->ck_handed = false;
+}
+
+static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
+    if (!backward) return NULL;
+    DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
+              "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
+              layer->name, layer->n_params);
+    float *at = m->scratch.data;
+    for (int j = 0; j < layer->n_params; j++) {
+        dsc_param *p = layer->params[j];
+        m->swapped[j] = false;
+        bool again = false;
+        for (int k = 0; k < j; k++)
+            again |= layer->params[k] == p;
+        if (again || !p->grad.data) continue;
+        int64_t n = dsc_param_numel(p);
+        m->saved[j] = p->grad;
+        p->grad = dsc_tensor_view(at, DSC_DTYPE_F32, p->grad.ndim, p->grad.shape, p->grad.device);
+        DSC_TRY(dsc_kernel_zero(&p->grad));
+        m->swapped[j] = true;
+        at += n;
+    }
+    m->staged = layer;
+    return NULL;
+}
+
+static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
+    mixed_optimizer *m = self_of(opt);
+    if (backward && m->staged == layer) {
+        float scale = (float)m->scaler.cur_scale;
+        dsc_status s = NULL;
+        for (int j = 0; j < layer->n_params; j++) {
+            if (!m->swapped[j]) continue;
+            dsc_param *p = layer->params[j];
+            dsc_tensor part = p->grad;
+            dsc_round_scaled(part.data, dsc_tensor_numel(&part), scale, m->po.dtype);
+            p->grad = m->saved[j];
+            if (!s) s = dsc_kernel_axpy(&p->grad, 1.0f, &part);
+        }
+        m->staged = NULL;
+        if (s) return dsc_error_wrap(s, "mixed precision: gradients of layer %s", layer->name);
+    }
+    return dsc_optimizer_after_layer(m->inner, layer, backward);
+}
+
+static dsc_status mixed_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
+    return dsc_optimizer_grads_ready(self_of(opt)->inner, layer);
+}
+
+static dsc_status mixed_reduce_grads(dsc_optimizer *opt) {
+    return dsc_optimizer_reduce_grads(self_of(opt)->inner);
+}
+
+static float *group_values(mixed_optimizer *m, int g, int64_t *numel) {
+    dsc_tensor values;
+    dsc_params_flat(m->oo.params, (dsc_param_group)g, &values, NULL);
+    *numel = dsc_tensor_numel(&values);
+    return values.data;
+}
+
+/* Whether any rank sharing the model saw an inf / nan gradient. */
+static dsc_status agree_overflow(mixed_optimizer *m, bool *overflow) {
+    float flag = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        const dsc_tensor *t = &m->po.ranges[g].grads;
+        if (!t->data || dsc_tensor_numel(t) == 0) continue;
+        bool finite = true;
+        DSC_TRY(dsc_kernel_all_finite(&finite, t));
+        if (!finite) flag = 1;
+    }
+    dsc_comm *groups[4] = {m->oo.dp, m->oo.expert_dp, m->oo.ep, m->oo.pipe};
+    for (int i = 0; i < 4; i++) {
+        if (!groups[i] || dsc_comm_size(groups[i]) == 1) continue;
+        int64_t one = 1;
+        dsc_tensor t = dsc_tensor_view(&flag, DSC_DTYPE_F32, 1, &one, DSC_CPU);
+        DSC_TRY(dsc_comm_allreduce(groups[i], &t, DSC_REDUCE_OP_MAX));
+    }
+    *overflow = flag > 0;
+    return NULL;
+}
+
+static dsc_status skip_step(mixed_optimizer *m, dsc_optim_stats *stats) {
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        if (m->po.ranges[g].grads.data && dsc_tensor_numel(&m->po.ranges[g].grads) > 0)
+            DSC_TRY(dsc_kernel_zero(&m->po.ranges[g].grads));
+    DSC_TRY(dsc_params_zero_grads(m->oo.params));
+    char msg[200];
+    double attempted = m->scaler.cur_scale;
+    DSC_TRY(dsc_loss_scaler_update(&m->scaler, true, msg, sizeof msg));
+    m->skipped++;
+    if (m->po.log) dsc_log_rank0(DSC_LOG_WARN, "%s: %s", m->po.dtype == DSC_DTYPE_F16 ? "fp16" : "bf16", msg);
+    *stats = (dsc_optim_stats){.grad_norm = 0, .clip_coef = 1, .step = m->inner_steps};
+    m->last_skipped = true;
+    m->last_scale = attempted;
+    return NULL;
+}
+
+static dsc_status copy_range(float *dst, const float *src, int64_t n) {
+    if (n > 0) memcpy(dst, src, (size_t)n * sizeof *dst);
+    return NULL;
+}
+
+static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    bool overflow = false;
+    if (m->po.check_overflow) DSC_TRY(agree_overflow(m, &overflow));
+    if (overflow) return skip_step(m, stats);
+    double scale = m->scaler.cur_scale;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        dsc_precision_range *r = &m->po.ranges[g];
+        if (scale != 1.0 && r->grads.data && dsc_tensor_numel(&r->grads) > 0)
+            DSC_TRY(dsc_kernel_scale(&r->grads, (float)(1.0 / scale)));
+        int64_t n;
+        float *values = group_values(m, g, &n);
+        if (values) copy_range(values + r->begin, m->master[g].data, r->end - r->begin);
+    }
+    DSC_TRY(dsc_optimizer_step(m->inner, lr, stats));
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        dsc_precision_range *r = &m->po.ranges[g];
+        int64_t n;
+        float *values = group_values(m, g, &n);
+        if (!values) continue;
+        copy_range(m->master[g].data, values + r->begin, r->end - r->begin);
+        dsc_round_to_dtype(values, n, m->po.dtype);
+    }
+    DSC_TRY(dsc_loss_scaler_update(&m->scaler, false, NULL, 0));
+    m->inner_steps = stats->step;
+    m->last_skipped = false;
+    m->last_scale = scale;
+    return NULL;
+}
+
+static int mixed_state_count(const dsc_optimizer *opt) {
+    const mixed_optimizer *m = (const mixed_optimizer *)opt;
+    return dsc_optimizer_state_count(m->inner) + m->n_pieces + 2;
+}
+
+static void mixed_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
+    mixed_optimizer *m = self_of(opt);
+    int inner = dsc_optimizer_state_count(m->inner);
+    if (index < inner) {
+        dsc_optimizer_state_at(m->inner, index, out);
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    if (index - inner >= m->n_pieces) { /* the scaler's two entries */
+        if (!m->ck_handed) {
+            m->ck_scale = (float)m->scaler.cur_scale;
+            m->ck_counts[0] = m->scaler.cur_iter;
+            m->ck_counts[1] = m->scaler.last_overflow_iter;
+            m->ck_counts[2] = m->scaler.cur_hysteresis;
+            m->ck_counts[3] = m->skipped;
+            m->ck_handed = true;
+        }
+        bool scale = index - inner == m->n_pieces;
+        int64_t n = scale ? 1 : 4;
+        snprintf(out->name, sizeof out->name, "%s", scale ? "loss_scale" : "loss_scaler");
+        out->local = scale ? dsc_tensor_view(&m->ck_scale, DSC_DTYPE_F32, 1, &n, DSC_CPU)
+                           : dsc_tensor_view(m->ck_counts, DSC_DTYPE_I64, 1, &n, DSC_CPU);
+        return;
+    }
+    const master_piece *pc = &m->pieces[index - inner];
+    snprintf(out->name, sizeof out->name, "master/%s", pc->param->name);
+    out->param = pc->param;
+    out->offset = pc->offset;
+    out->local = dsc_tensor_view((float *)m->master[pc->param->group].data + pc->pos, DSC_DTYPE_F32, 1, &pc->numel,
+                                 DSC_CPU);
+}
+
+static void mixed_destroy(dsc_optimizer *opt) {
+    mixed_optimizer *m = self_of(opt);
+    dsc_optimizer_destroy(m->inner);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
+        dsc_tensor_free(&m->master[g]);
+    dsc_tensor_free(&m->scratch);
+    free(m->pieces);
+    free(m->saved);
+    free(m->swapped);
+    free(m);
+}
+
+static void mixed_set_betas(dsc_optimizer *opt, float beta1, float beta2) {
+    dsc_optimizer_set_betas(self_of(opt)->inner, beta1, beta2);
+}
+
+static const dsc_optimizer_ops mixed_ops = {
+    .name = "mixed",
+    .before_layer = mixed_before_layer,
+    .after_layer = mixed_after_layer,
+    .grads_ready = mixed_grads_ready,
+    .reduce_grads = mixed_reduce_grads,
+    .step = mixed_step,
+    .state_count = mixed_state_count,
+    .state_at = mixed_state_at,
+    .destroy = mixed_destroy,
+    .set_betas = mixed_set_betas,
+};
+
+/* The master pieces: each parameter's overlap with its group's range. */
+static dsc_status find_pieces(mixed_optimizer *m) {
+    int n = dsc_params_count(m->oo.params);
+    m->pieces = calloc((size_t)(n > 0 ? n : 1), sizeof *m->pieces);
+    DSC_CHECK(m->pieces, DSC_ERR_NOMEM, "mixed precision: %d master pieces", n);
+    for (int i = 0; i < n; i++) {
+        dsc_param *p = dsc_params_at(m->oo.params, i);
+        const dsc_precision_range *r = &m->po.ranges[p->group];
+        int64_t lo = p->offset > r->begin ? p->offset : r->begin;
+        int64_t end = p->offset + dsc_param_numel(p);
+        int64_t hi = end < r->end ? end : r->end;
+        if (hi <= lo) continue;
+        m->pieces[m->n_pieces++] = (master_piece){p, lo - p->offset, lo - r->begin, hi - lo};
+    }
+    return NULL;
+}
+
+static dsc_status setup(mixed_optimizer *m) {
+    int64_t most = 1;
+    m->max_params = 1;
+    for (int l = 0; l < m->oo.n_layers; l++) {
+        const dsc_layer *layer = m->oo.layers[l];
+        int64_t n = 0;
+        for (int j = 0; j < layer->n_params; j++)
+            n += dsc_param_numel(layer->params[j]);
+        if (n > most) most = n;
+        if (layer->n_params > m->max_params) m->max_params = layer->n_params;
+    }
+    DSC_TRY(dsc_tensor_alloc(&m->scratch, DSC_DTYPE_F32, 1, &most, DSC_CPU, DSC_MEM_GRADS));
+    m->saved = calloc((size_t)m->max_params, sizeof *m->saved);
+    m->swapped = calloc((size_t)m->max_params, sizeof *m->swapped);
+    DSC_CHECK(m->saved && m->swapped, DSC_ERR_NOMEM, "mixed precision: %d gradient views", m->max_params);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        dsc_precision_range *r = &m->po.ranges[g];
+        int64_t n;
+        float *values = group_values(m, g, &n);
+        DSC_CHECK(r->begin >= 0 && r->begin <= r->end && r->end <= n, DSC_ERR_INVALID,
+                  "mixed precision: range [%lld, %lld) outside the %s group's %lld elements", (long long)r->begin,
+                  (long long)r->end, g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense", (long long)n);
+        DSC_CHECK(values || n == 0, DSC_ERR_UNSUPPORTED,
+                  "mixed precision: the %s group's values are sharded by the optimizer (ZeRO-3), which keeps no "
+                  "master copy yet; use zero_optimization.stage 1 or 2",
+                  g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+        int64_t len = r->end - r->begin;
+        DSC_TRY(dsc_tensor_alloc(&m->master[g], DSC_DTYPE_F32, 1, &len, DSC_CPU, DSC_MEM_OPTIM));
+        if (values) {
+            copy_range(m->master[g].data, values + r->begin, len);
+            dsc_round_to_dtype(values, n, m->po.dtype);
+        }
+    }
+    return find_pieces(m);
+}
+
+dsc_status dsc_precision_wrap(const dsc_precision_options *po, dsc_optimizer *inner, dsc_optimizer **out) {
+    *out = NULL;
+    mixed_optimizer *m = NULL;
+    dsc_status s = NULL;
+    if (!po->opt || !po->opt->params)
+        s = dsc_error(DSC_ERR_INVALID, "mixed precision: no optimizer options / parameter store");
+    else if (po->dtype != DSC_DTYPE_BF16 && po->dtype != DSC_DTYPE_F16)
+        s = dsc_error(DSC_ERR_INVALID, "mixed precision: dtype %s is not bf16 or f16", dsc_dtype_name(po->dtype));
+    else if (!(m = calloc(1, sizeof *m)))
+        s = dsc_error(DSC_ERR_NOMEM, "mixed precision: out of memory");
+    if (s) {
+        dsc_optimizer_destroy(inner);
+        return s;
+    }
+    m->base.ops = &mixed_ops;
+    m->inner = inner;
+    m->po = *po;
+    m->oo = *po->opt;
+    m->po.opt = &m->oo;
+    dsc_loss_scaler_init(&m->scaler, &po->scaler);
+    s = setup(m);
+    if (s) {
+        mixed_destroy(&m->base);
+        return dsc_error_wrap(s, "creating the %s mixed-precision optimizer", dsc_dtype_name(po->dtype));
+    }
+    *out = &m->base;
+    return NULL;
+}
+
+double dsc_precision_loss_scale(const dsc_optimizer *opt) {
+    return opt && opt->ops == &mixed_ops ? ((const mixed_optimizer *)opt)->scaler.cur_scale : 1.0;
+}
+
+int64_t dsc_precision_skipped_steps(const dsc_optimizer *opt) {
+    return opt && opt->ops == &mixed_ops ? ((const mixed_optimizer *)opt)->skipped : 0;
+}
+
+bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
+    bool mixed = opt && opt->ops == &mixed_ops;
+    *loss_scale = mixed ? ((const mixed_optimizer *)opt)->last_scale : 0.0;
+    return mixed && ((const mixed_optimizer *)opt)->last_skipped;
+}

@@ -1,0 +1,110 @@
+/* Rounding f32 values to bf16 / fp16 and back, in place: what storing a
+ * value in the reduced type and reading it again gives. Round to nearest
+ * even as torch's .to(torch.bfloat16) / .half() (c10::BFloat16's
+ * round_to_nearest_even, c10::Half's fp16_ieee_from_fp32_value): overflow to
+ * inf, fp16 subnormals kept, NaN stays NaN.
+ *
+ * bf16 is integer arithmetic on the f32 bits, which the compiler vectorises;
+ * fp16 takes F16C's vcvtps2ph / vcvtph2ps (the hardware rounds to nearest
+ * even) when the CPU has it (kernels/cpu/cpu_simd.h decides, once, at run
+ * time), else the portable conversion of core/tensor.c. */
+#include <math.h>
+#include <string.h>
+
+#include "dsc/precision.h"
+#include "kernels/cpu/cpu_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSC_HAVE_F16C_BUILD 1
+#include <immintrin.h>
+#endif
+
+/* NaN: torch's tensor conversion (at::vec's cvtfp32_bf16) writes 0xffff for every NaN */
+uint16_t dsc_precision_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* NaN: quieted, keeping the top payload bits (what F16C's vcvtps2ph and torch's .half() give) */
+uint16_t dsc_precision_to_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | ((u & 0x7fffffu) >> 13));
+    return dsc_f32_to_f16(x);
+}
+
+static void round_bf16(float *x, int64_t n) {
+    uint32_t *u = (uint32_t *)(void *)x;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = u[i];
+        uint32_t r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+        u[i] = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;
+    }
+}
+
+#ifdef DSC_HAVE_F16C_BUILD
+__attribute__((target("avx2,f16c"))) static int64_t round_f16_f16c(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+    }
+    return i;
+}
+#endif
+
+static void round_f16(float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef DSC_HAVE_F16C_BUILD
+    if (dsc_cpu_simd()) i = round_f16_f16c(x, n);
+#endif
+    for (; i < n; i++)
+        x[i] = dsc_f16_to_f32(dsc_f32_to_f16(x[i]));
+}
+
+void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype) {
+    if (dtype == DSC_DTYPE_BF16)
+        round_bf16(x, n);
+    else if (dtype == DSC_DTYPE_F16)
+        round_f16(x, n);
+}
+
+bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype) {
+    if (scale != 1.0f)
+        for (int64_t i = 0; i < n; i++)
+            x[i] *= scale;
+    dsc_round_to_dtype(x, n, dtype);
+    bool finite = true;
+    for (int64_t i = 0; i < n; i++)
+        finite &= isfinite(x[i]) != 0;
+    return finite;
+}
+
+void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype) {
+    const float *src = buf;
+    uint16_t *dst = buf;
+    /* ascending: element i's 2 bytes land below every element not read yet */
+    for (int64_t i = 0; i < n; i++) {
+        float x = src[i];
+        dst[i] = dtype == DSC_DTYPE_BF16 ? dsc_precision_to_bf16(x) : dsc_precision_to_f16(x);
+    }
+}
+
+static inline float widen(uint16_t h, dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(h) : dsc_f16_to_f32(h);
+}
+
+void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
+    const uint16_t *h = src;
+    for (int64_t i = n - 1; i >= 0; i--) /* descending: in place when dst starts at or after src */
+        dst[i] = widen(h[i], dtype);
+}
+
+void dsc_precision_unpack_add(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] += widen(h[i], dtype);
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""PyTorch reference for mixed-precision training (tests/precision/test_mixed_fidelity.c).
+
+The tiny untied GPT of tests/ref/make_model_fixtures.py ("gpt_untied": same
+classes, same weights and tokens), trained STEPS steps on one batch with
+AdamW + clipping in the schemes DeepSpeed's optimizers implement:
+
+  fp32        plain f32 training (the baseline);
+  bf16        fp32 master weights and AdamW state; every step the model's
+              parameters are the master rounded to bf16, forward/backward
+              compute in f32 on them (as dsc does on the CPU), every gradient
+              is rounded to bf16, then clip + AdamW update the master;
+  fp16        the same with fp16 and DeepSpeed's dynamic loss scaling:
+              (loss * scale).backward(), gradients rounded to fp16, an inf/nan
+              gradient skips the step, scale from DeepSpeed's own
+              DynamicLossScaler (loaded from /opt/ds; see
+              gen_precision_fixtures.py), unscaled before clipping;
+  bf16_lowp   DeepSpeed as it runs on a GPU: model.to(torch.bfloat16),
+              forward and backward computed in bf16 (activations bf16 too),
+              gradients cast to f32 for the fp32 master's AdamW;
+  fp16_lowp   the same in fp16 with the dynamic loss scale.
+
+Written: tests/precision/fixtures/mixed_gpt.{idx,bin} (the nn fixture
+format: meta lines, params, tokens, and loss/<mode> (STEPS,), skipped/<mode>,
+scale/<mode>).
+
+Run: PYTHONPATH=/opt/ds /opt/venv/bin/python tests/precision/make_mixed_fixture.py
+"""
+import copy
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "ref"))
+sys.path.insert(0, HERE)
+import make_model_fixtures as mm  # noqa: E402
+from gen_precision_fixtures import load_deepspeed_loss_scaler  # noqa: E402
+
+STEPS = 8
+CASE = "gpt_untied"
+FP16 = dict(initial_scale_power=20, loss_scale_window=3, hysteresis=2, min_loss_scale=1.0)
+
+
+def round_to(t, dtype):
+    return t if dtype is None else t.to(dtype).float()
+
+
+def train(model0, tokens, targets, mode, ds):
+    master = copy.deepcopy(model0).float()
+    names = [n for n, _ in master.named_parameters()]
+    mp = dict(master.named_parameters())
+    decay = [mp[n] for n in names if mp[n].dim() >= 2]
+    no_decay = [mp[n] for n in names if mp[n].dim() < 2]
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=mm.WEIGHT_DECAY),
+                             dict(params=no_decay, weight_decay=0.0)], lr=mm.LR, betas=mm.BETAS, eps=mm.EPS)
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16, "bf16_lowp": torch.bfloat16,
+           "fp16_lowp": torch.float16}.get(mode)
+    lowp = mode.endswith("_lowp")
+    scaler = None
+    if low is torch.float16:
+        scaler = ds.DynamicLossScaler(init_scale=2.0 ** FP16["initial_scale_power"],
+                                      scale_window=FP16["loss_scale_window"], min_scale=FP16["min_loss_scale"],
+                                      delayed_shift=FP16["hysteresis"], consecutive_hysteresis=False)
+    losses, skipped, scales = [], [], []
+    for _ in range(STEPS):
+        work = copy.deepcopy(master)
+        if lowp:
+            work = work.to(low)
+        else:
+            with torch.no_grad():
+                for p in work.parameters():
+                    p.copy_(round_to(p, low))
+        scale = scaler.cur_scale if scaler else 1.0
+        _, loss = work(tokens, targets)
+        (loss * scale).backward()
+        overflow = False
+        wp = dict(work.named_parameters())
+        for n in names:
+            g = round_to(wp[n].grad.float(), low)
+            overflow |= not torch.isfinite(g).all().item()
+            mp[n].grad = g
+        losses.append(loss.float().item())
+        scales.append(scale)
+        skipped.append(1 if overflow else 0)
+        if scaler:
+            scaler.update_scale(overflow)
+        if overflow:
+            opt.zero_grad()
+            continue
+        for n in names:
+            mp[n].grad = mp[n].grad / scale
+        torch.nn.utils.clip_grad_norm_([mp[n] for n in names], mm.CLIP)
+        opt.step()
+        opt.zero_grad()
+    return losses, skipped, scales
+
+
+def main():
+    ds, _ = load_deepspeed_loss_scaler()
+    cfg = mm.CASES[CASE]
+    seed = next(s for s in range(2000, 2100) if mm.well_conditioned(cfg, s))
+    model, tokens, targets = mm.build(cfg, seed)
+    out = os.path.join(HERE, "fixtures")
+    os.makedirs(out, exist_ok=True)
+    w = mm.Writer(os.path.join(out, "mixed_gpt"))
+    w.meta("seed", seed)
+    for k, v in cfg.items():
+        w.meta(k, v)
+    for k, v in dict(batch=mm.B, steps=STEPS, lr=mm.LR, beta1=mm.BETAS[0], beta2=mm.BETAS[1], eps=mm.EPS,
+                     weight_decay=mm.WEIGHT_DECAY, clip=mm.CLIP, **FP16).items():
+        w.meta(k, v)
+    w.array("tokens", tokens)
+    w.array("targets", targets)
+    for n, p in model.named_parameters():
+        w.array("param/" + n, p.float())
+    for mode in ["fp32", "bf16", "fp16", "bf16_lowp", "fp16_lowp"]:
+        losses, skipped, scales = train(model, tokens, targets, mode, ds)
+        w.array("loss/" + mode, torch.tensor(losses))
+        w.array("skipped/" + mode, torch.tensor(skipped, dtype=torch.int32))
+        w.array("scale/" + mode, torch.tensor(scales))
+        print(f"{mode:10s} " + " ".join(f"{x:.5f}" for x in losses) + f"  skipped {skipped}")
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

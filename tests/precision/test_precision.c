@@ -1,0 +1,143 @@
+/* Mixed precision's pieces against independent references:
+ *  - rounding to bf16 / fp16: the bit patterns torch gives for edge values
+ *    (ties both ways, subnormals, overflow, inf, nan, largest finite values,
+ *    random values), for the scalar conversion and the in-place rounding;
+ *  - the loss scaler: DeepSpeed's DynamicLossScaler driven by the same
+ *    overflow patterns (scale and hysteresis after every update, the error
+ *    at the minimum scale). Fixtures: gen_precision_fixtures.py;
+ *  - the memory formula: DeepSpeed's 2 + 2 + 12 bytes per parameter. */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/precision.h"
+#include "dsc/zero.h"
+#include "precision_fixtures.h"
+#include "test_mpi.h"
+
+enum { N_ROUND = sizeof fx_round_in / sizeof fx_round_in[0] };
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static void test_round_bits_match_torch(void **state) {
+    (void)state;
+    int bad = 0;
+    for (int i = 0; i < N_ROUND; i++) {
+        float x = from_bits(fx_round_in[i]);
+        uint16_t b = dsc_precision_to_bf16(x), h = dsc_precision_to_f16(x);
+        if (b != fx_round_bf16[i] || h != fx_round_f16[i]) {
+            printf("  0x%08x: bf16 0x%04x (torch 0x%04x), f16 0x%04x (torch 0x%04x)\n", fx_round_in[i], b,
+                   fx_round_bf16[i], h, fx_round_f16[i]);
+            bad++;
+        }
+    }
+    printf("  %d edge and random values: bf16 and f16 bit patterns as torch's\n", N_ROUND);
+    assert_int_equal(bad, 0);
+}
+
+/* In place: each value becomes exactly the widened torch result (NaN: a NaN). */
+static void check_in_place(dsc_dtype dtype, const uint16_t *ref) {
+    float x[N_ROUND];
+    for (int i = 0; i < N_ROUND; i++)
+        x[i] = from_bits(fx_round_in[i]);
+    dsc_round_to_dtype(x, N_ROUND, dtype);
+    int bad = 0;
+    for (int i = 0; i < N_ROUND; i++) {
+        float want = dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(ref[i]) : dsc_f16_to_f32(ref[i]);
+        bool ok = isnan(want) ? isnan(x[i]) : to_bits(x[i]) == to_bits(want);
+        if (!ok)
+            printf("  %s 0x%08x -> 0x%08x, want 0x%08x\n", dsc_dtype_name(dtype), fx_round_in[i], to_bits(x[i]),
+                   to_bits(want));
+        bad += !ok;
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_round_in_place(void **state) {
+    (void)state;
+    check_in_place(DSC_DTYPE_BF16, fx_round_bf16);
+    check_in_place(DSC_DTYPE_F16, fx_round_f16);
+    /* scaled: 2^20 * 0.1 overflows nothing in bf16, overflows fp16 past 65504 */
+    float v[3] = {0.1f, 0.01f, 1e-3f};
+    assert_true(dsc_round_scaled(v, 3, 1048576.0f, DSC_DTYPE_BF16));
+    float w[3] = {0.1f, 0.01f, 1e-3f};
+    assert_false(dsc_round_scaled(w, 3, 1048576.0f, DSC_DTYPE_F16));
+    assert_true(isinf(w[0]));
+    assert_true(w[2] == dsc_f16_to_f32(dsc_f32_to_f16(1048.576f)));
+}
+
+static void test_loss_scaler_matches_deepspeed(void **state) {
+    (void)state;
+    for (size_t c = 0; c < sizeof fx_scaler_cases / sizeof fx_scaler_cases[0]; c++) {
+        const fx_scaler_case *fx = &fx_scaler_cases[c];
+        dsc_loss_scaler s;
+        dsc_loss_scaler_init(&s, &(dsc_loss_scaler_options){.dynamic = true,
+                                                            .init_scale = fx->init_scale,
+                                                            .scale_window = fx->window,
+                                                            .hysteresis = fx->hysteresis,
+                                                            .consecutive_hysteresis = fx->consecutive != 0,
+                                                            .min_scale = fx->min_scale,
+                                                            .scale_factor = 2.0});
+        int n = (int)strlen(fx->overflow);
+        for (int i = 0; i < n; i++) {
+            char msg[200];
+            dsc_status st = dsc_loss_scaler_update(&s, fx->overflow[i] == '1', msg, sizeof msg);
+            if (i == fx->error_at) {
+                assert_err(st, DSC_ERR_NUMERIC, "already at fp16.min_loss_scale");
+                break;
+            }
+            assert_ok(st);
+            if (s.cur_scale != fx->scale_after[i] || s.cur_hysteresis != fx->hysteresis_after[i])
+                fail_msg("case %s, update %d: scale %g hysteresis %d, DeepSpeed %g %d", fx->name, i, s.cur_scale,
+                         s.cur_hysteresis, fx->scale_after[i], fx->hysteresis_after[i]);
+            if (fx->overflow[i] == '1') assert_non_null(strstr(msg, "OVERFLOW! Skipping step."));
+        }
+        printf("  %-14s %2d updates as DeepSpeed's DynamicLossScaler (final scale %g)\n", fx->name, n,
+               s.cur_scale);
+    }
+}
+
+/* DeepSpeed's mixed-precision model states: 2 + 2 + 12 bytes per parameter for Adam, 16 / dp at stage 3. */
+static void test_memory_formula_halves(void **state) {
+    (void)state;
+    const double psi = 7.5e9;
+    dsc_zero_memory f32, mixed, z3;
+    dsc_zero_memory_formula(0, psi, 64, 8, &f32);
+    dsc_zero_memory_formula(0, psi, 64, 8 | DSC_ZERO_MIXED_PRECISION, &mixed);
+    dsc_zero_memory_formula(3, psi, 64, 8 | DSC_ZERO_MIXED_PRECISION, &z3);
+    assert_true(mixed.params == 2 * psi && mixed.grads == 2 * psi && mixed.optim == 12 * psi);
+    assert_true(mixed.params == f32.params / 2 && mixed.grads == f32.grads / 2);
+    assert_true(z3.params + z3.grads + z3.optim == 16 * psi / 64);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    assert_non_null(fp);
+    dsc_zero_model_size size = {.params = psi, .largest_layer = 1e8};
+    dsc_zero_estimate_print(fp, &size, 64, 1, 1, 8 | DSC_ZERO_MIXED_PRECISION);
+    fclose(fp);
+    assert_non_null(strstr(text, "bf16/fp16 mixed precision: 2-byte parameters and gradients"));
+    assert_non_null(strstr(text, "13.970       13.970       83.819")); /* stage 0: 2, 2, 12 bytes of 7.5B in GiB */
+    free(text);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_bits_match_torch),
+        cmocka_unit_test(test_round_in_place),
+        cmocka_unit_test(test_loss_scaler_matches_deepspeed),
+        cmocka_unit_test(test_memory_formula_halves),
+    };
+    return DSC_RUN_MPI_TESTS(tests);
+}
