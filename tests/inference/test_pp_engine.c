@@ -63,10 +63,17 @@ static void load(const char *dir, const layout *l, const char *method, dsc_infer
     assert_ok(dsc_infer_model_load_parallel(dir, tp.comm ? &tp : NULL, &pp, m));
 }
 
-/* KV bytes for BLOCKS blocks on the widest rank (ceil(L / P) layers, ceil(NKV / TP) heads). */
-static int64_t kv_budget(const dsc_infer_model *m, int pp, int tp) {
+/* KV bytes for BLOCKS blocks on the widest rank (the most layers of any
+ * stage, as describe() names them, over `pipe`; ceil(NKV / TP) heads). */
+static int64_t kv_budget(const dsc_infer_model *m, dsc_comm *pipe, int tp) {
     const dsc_infer_model_config *c = dsc_infer_model_get_config(m);
-    int64_t layers = (c->n_layer + pp - 1) / pp, heads = (c->n_kv_head + tp - 1) / tp;
+    char holds[512];
+    int stage, stages, a, b;
+    dsc_infer_model_describe(m, holds, sizeof holds);
+    assert_int_equal(sscanf(holds, "stage %d of %d: layers %d-%d", &stage, &stages, &a, &b), 4);
+    int64_t layers = b - a + 1, heads = (c->n_kv_head + tp - 1) / tp;
+    dsc_tensor t = dsc_tensor_view(&layers, DSC_DTYPE_I64, 1, (int64_t[]){1}, DSC_CPU);
+    if (pipe) assert_ok(dsc_comm_allreduce(pipe, &t, DSC_REDUCE_OP_MAX));
     return (int64_t)BLOCKS * layers * 2 * BLOCK * heads * c->head_size * (int64_t)sizeof(float);
 }
 
@@ -194,7 +201,7 @@ static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *w
 enum { HDR = 4 };
 
 static void check_bytes(dsc_infer_model *split, const layout *l, const gen *want, const char *what) {
-    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size), split_micro_batches);
+    dsc_infer_engine *e = engine(split, kv_budget(split, l->pipe, l->tp_size), split_micro_batches);
     dsc_comm_reset_stats(l->pipe);
     gen got;
     run_opts plain = {0};
@@ -226,8 +233,8 @@ static void compare(dsc_comm *world, const char *dir, int tp, const char *method
     load(dir, NULL, NULL, &one);
     load(dir, &l, method, &split);
     int32_t V = dsc_infer_model_get_config(one)->vocab_size;
-    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1), 0),
-                     *e2 = engine(split, kv_budget(split, l.pp_size, tp), split_micro_batches);
+    dsc_infer_engine *e1 = engine(one, kv_budget(one, NULL, 1), 0),
+                     *e2 = engine(split, kv_budget(split, l.pipe, tp), split_micro_batches);
     gen want, got;
     run_opts plain = {0}, cancel = {.cancel_after = 3};
     int64_t p1 = generate(e1, V, &plain, &want), p2 = generate(e2, V, &plain, &got);
@@ -281,6 +288,33 @@ static void test_deeper(void **state) {
     compare(world, dir, 1, NULL, "qwen2 5 layers");
     compare(world, dir, 1, "parameters", "qwen2 5 layers");
     if (dsc_comm_size(world) == 4) compare(world, dir, 2, NULL, "qwen2 5 layers");
+    /* The compute partition weighs the LM head (V x C = 65536 multiply-adds
+     * per token against 7744 per layer) and not the embedding (a lookup): at
+     * PP 2 it gives the last stage one layer of 4, where parameters (which
+     * counts the embedding's 65536 too) and uniform give two. */
+    synth wide = {"LlamaForCausalLM", 32, 4, 2, 8, 48, 2048, 4, false, false};
+    synth_dir(dir, sizeof dir, "pp_wide", &wide);
+    compare(world, dir, 1, "compute", "llama 4 layers, wide vocabulary");
+    if (dsc_comm_size(world) == 2) {
+        const char *methods[] = {"compute", "parameters", "uniform"};
+        const int first[] = {3, 2, 2}; /* layers of stage 0 */
+        for (int i = 0; i < 3; i++) {
+            dsc_infer_model *m;
+            layout l;
+            make_layout(world, 1, &l);
+            load(dir, &l, methods[i], &m);
+            char holds[256], want[64];
+            dsc_infer_model_describe(m, holds, sizeof holds);
+            int stage = dsc_comm_rank(world);
+            snprintf(want, sizeof want, "stage %d of 2: layers %d-%d", stage, stage ? first[i] : 0,
+                     stage ? 3 : first[i] - 1);
+            if (strncmp(holds, want, strlen(want)) != 0)
+                fail_msg("partition %s: rank %d holds \"%s\", expected \"%s\"", methods[i], stage, holds, want);
+            dsc_infer_model_destroy(m);
+            dsc_groups_free(l.groups);
+        }
+    }
+    synth_dir(dir, sizeof dir, "pp5", &five);
     /* more micro-batches in flight than stages: the same tokens */
     split_micro_batches = dsc_comm_size(world) + 1;
     compare(world, dir, 1, NULL, "qwen2 5 layers");
