@@ -17,20 +17,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 model=${DSC_BENCH_PP_MODEL:-/tmp/dsc_bench_pp_model}
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
-run() { # run P BINARY LIBDIR
+run() { # run P BINARY LIBDIR [ARGS...]: ARGS after the model and token count
     local p=$1 bin=$2 lib=$3
+    shift 3
     local env=(-x DSC_NUM_THREADS -x OMP_NUM_THREADS)
     [ -n "$lib" ] && env+=(-x "LD_LIBRARY_PATH=$lib")
     if [ "$p" = 1 ]; then
-        LD_LIBRARY_PATH=${lib:-${LD_LIBRARY_PATH:-}} "$bin" "$model" "$new_tokens"
+        LD_LIBRARY_PATH=${lib:-${LD_LIBRARY_PATH:-}} "$bin" "$model" "$new_tokens" "$@"
     else
-        mpirun --oversubscribe -np "$p" "${env[@]}" "$bin" "$model" "$new_tokens" 1 "${EXTRA:-0}" "${PARTITION:-uniform}"
+        mpirun --oversubscribe -np "$p" "${env[@]}" "$bin" "$model" "$new_tokens" "$@"
     fi
 }
 for r in $(seq 1 "$runs"); do
     echo "round $r: $(uptime)"
     for p in 1 2 4; do
-        run "$p" "$build/bench/bench_pp_inference" "" | tee -a "$log/new"
+        run "$p" "$build/bench/bench_pp_inference" "" 1 "${EXTRA:-0}" "${PARTITION:-uniform}" | tee -a "$log/new"
         if [ -n "${OLD:-}" ]; then run "$p" "$OLD" "${OLD_LIB:-}" | sed 's/^/old: /' | tee -a "$log/old"; fi
     done
 done

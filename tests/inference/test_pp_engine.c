@@ -351,6 +351,63 @@ static void test_dsc_checkpoint(void **state) {
     dsc_comm_free(world);
 }
 
+/* ---- micro-batches in flight ------------------------------------------------------------------------ */
+
+/* With 2 D requests of one prompt length and nothing preempted, the
+ * pipeline is full in steady state: every step but the D - 1 that drain it
+ * pushes a micro-batch (of 2 requests), and each request is in one
+ * micro-batch per token — so D micro-batches are in flight at once, for D =
+ * P (default) and D = P + 1. */
+static void test_in_flight(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int P = dsc_comm_size(world);
+    char dir[512];
+    synth four = {"LlamaForCausalLM", 32, 4, 2, 8, 48, 97, 4, false, false};
+    synth_dir(dir, sizeof dir, "pp4", &four);
+    layout l;
+    make_layout(world, 1, &l);
+    dsc_infer_model *m;
+    load(dir, &l, NULL, &m);
+    for (int32_t D = P; D <= P + 1; D++) {
+        dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+        ec.micro_batches = P > 1 ? D : 0;
+        dsc_infer_engine *e;
+        assert_ok(dsc_infer_engine_create(m, &ec, &e));
+        dsc_scheduler_config sc = dsc_scheduler_config_default(e);
+        dsc_scheduler *s;
+        assert_ok(dsc_scheduler_create(e, &sc, NULL, NULL, &s));
+        enum { NEW = 5 };
+        int32_t prompt[4] = {3, 1, 4, 1};
+        for (int r = 0; r < 2 * D; r++) {
+            dsc_gen_request req = {.uid = (uint64_t)r + 1,
+                                   .prompt = prompt,
+                                   .n_prompt = 4,
+                                   .max_new_tokens = NEW,
+                                   .sampling = dsc_sampling_params_greedy()};
+            assert_ok(dsc_scheduler_submit(s, &req));
+        }
+        int64_t steps = 0;
+        for (bool idle = false; !idle; steps++)
+            assert_ok(dsc_scheduler_step(s, &idle));
+        const dsc_scheduler_stats *st = dsc_scheduler_get_stats(s);
+        printf("pp %d, %d micro-batches in flight: %lld steps, %lld forwards of %lld tokens, %lld preemptions\n",
+               P, D, (long long)steps, (long long)st->forwards, (long long)st->tokens_forwarded,
+               (long long)st->preemptions);
+        assert_int_equal(st->preemptions, 0);
+        assert_int_equal(st->forwards, (int64_t)D * NEW);
+        assert_int_equal(steps - 1, st->forwards + D - 1); /* the last step only finds it idle */
+        assert_int_equal(st->tokens_forwarded, 2 * D * (4 + NEW - 1));
+        dsc_scheduler_destroy(s);
+        dsc_infer_engine_destroy(e);
+        if (P == 1) break;
+    }
+    dsc_infer_model_destroy(m);
+    dsc_groups_free(l.groups);
+    dsc_comm_free(world);
+}
+
 /* ---- OPT's projections ------------------------------------------------------------------------------ */
 
 static int64_t aligned_bytes(int64_t floats) {
@@ -466,7 +523,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),        cmocka_unit_test(test_deeper),
         cmocka_unit_test(test_dsc_checkpoint),  cmocka_unit_test(test_weight_budget),
-        cmocka_unit_test(test_opt_projections),
+        cmocka_unit_test(test_opt_projections), cmocka_unit_test(test_in_flight),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
