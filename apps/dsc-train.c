@@ -163,8 +163,15 @@ static void print_sample(generate_fn generate, void *model, const dsc_config *cf
     free(text);
 }
 
+/* Optimizer bytes per parameter as allocated: the state, and with fp16 / bf16 the fp32 master. */
 static int state_bytes(const dsc_config *cfg) {
-    return 4 * dsc_optim_state_kinds(cfg->optimizer.type);
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type) + (cfg->fp16.enabled || cfg->bf16.enabled ? 4 : 0);
+}
+
+/* For the estimate: DeepSpeed's mixed-precision model states (2-byte parameters and gradients). */
+static int estimate_bytes(const dsc_config *cfg) {
+    if (!cfg->fp16.enabled && !cfg->bf16.enabled) return state_bytes(cfg);
+    return 4 * dsc_optim_state_kinds(cfg->optimizer.type) | DSC_ZERO_MIXED_PRECISION;
 }
 
 /* The job's config: the file with --set overrides, and with --init-from-hf
@@ -219,10 +226,13 @@ static dsc_status estimate(const args *a) {
         printf(")\n");
     }
     if (!s) {
-        dsc_zero_estimate_print(stdout, &size, dp, pp, ep, state_bytes(&cfg));
+        dsc_zero_estimate_print(stdout, &size, dp, pp, ep, estimate_bytes(&cfg));
         const int stage = cfg.zero_optimization.stage;
         dsc_zero_memory m;
-        dsc_zero_estimate_rank(&size, stage, dp, pp, ep, state_bytes(&cfg), &m);
+        dsc_zero_estimate_rank(&size, stage, dp, pp, ep, estimate_bytes(&cfg), &m);
+        if (estimate_bytes(&cfg) & DSC_ZERO_MIXED_PRECISION)
+            printf("(DeepSpeed's mixed-precision model states; dsc's CPU training stores the bf16/fp16 working "
+                   "parameters and gradients in 4-byte floats, 2 more bytes each per element)\n");
         printf("per rank at ZeRO stage %d: %.0f parameters (%.0f in experts), %.0f bytes of model states\n", stage,
                (size.params - size.expert_params) / pp + size.expert_params / pp / ep,
                size.expert_params / pp / ep, m.params + m.grads + m.optim);

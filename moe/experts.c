@@ -7,8 +7,9 @@
  * They are declared kind by kind, so when each tensor's size is a multiple of
  * the store's alignment the bank's tensors lie back to back in the flat
  * buffer and the GEMM reads (and accumulates gradients into) them in place;
- * otherwise (small biases, odd widths) the bank packs them into a scratch
- * copy at each call and adds the packed gradient back. Per-expert biases are
+ * otherwise (small biases, odd widths, or values that ZeRO-2/3 keep
+ * elsewhere between calls) the bank packs them into a scratch copy at each
+ * call and adds the packed gradient back. Per-expert biases are
  * applied as a rank-1 batched GEMM with a ones vector, since the GEMM's own
  * bias is shared by all batch entries.
  *
@@ -181,9 +182,9 @@ static bool contiguous(const proj_bank *b, int count) {
 
 static dsc_status reserve_bank(dsc_moe_experts *x, proj_bank *b) {
     if (!b->p) return NULL;
-    DSC_CHECK(b->p[0]->value.data, DSC_ERR_INVALID, "expert bank %s: reserved before dsc_params_finalize",
-              b->p[0]->name);
-    b->packed = !contiguous(b, x->o.count);
+    /* Values released by ZeRO-3 (data NULL until it gathers them around each call, wherever its pool puts
+     * them): packed copies, filled at each call. */
+    b->packed = !b->p[0]->value.data || !contiguous(b, x->o.count);
     if (!b->packed) return NULL;
     const int64_t shape[3] = {x->o.count, b->rows, b->cols};
     DSC_TRY(dsc_tensor_alloc(&b->value, DSC_DTYPE_F32, 3, shape, x->device, DSC_MEM_PARAMS));

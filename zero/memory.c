@@ -6,6 +6,7 @@
  * Not here: allocation (the optimizer allocates through dsc_mem_alloc under
  * the params / grads / optim / comm categories, which is what the report
  * reads). */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "dsc/memory.h"
@@ -14,9 +15,11 @@
 
 void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out) {
     double n = dp > 0 ? dp : 1;
-    out->params = 4.0 * psi / (stage >= 3 ? n : 1);
-    out->grads = 4.0 * psi / (stage >= 2 ? n : 1);
-    out->optim = state_bytes * psi / (stage >= 1 ? n : 1);
+    bool mixed = state_bytes & DSC_ZERO_MIXED_PRECISION;
+    double width = mixed ? 2.0 : 4.0, optim = (state_bytes & 0xffff) + (mixed ? 4 : 0);
+    out->params = width * psi / (stage >= 3 ? n : 1);
+    out->grads = width * psi / (stage >= 2 ? n : 1);
+    out->optim = optim * psi / (stage >= 1 ? n : 1);
 }
 
 dsc_status dsc_zero_model_size_of(const dsc_model_config *mc, dsc_zero_model_size *out) {
@@ -79,7 +82,13 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
         "ZeRO model-state memory per rank: %.3fB parameters (%.3fB in experts), largest layer %.3fM; dp=%d pp=%d",
         size->params / 1e9, size->expert_params / 1e9, size->largest_layer / 1e6, dp, pp);
     if (size->expert_params > 0) fprintf(fp, " ep=%d (experts sharded over %d ranks)", ep, edp);
-    fprintf(fp, "; fp32 with %d bytes of optimizer state per parameter\n", state_bytes);
+    if (state_bytes & DSC_ZERO_MIXED_PRECISION)
+        fprintf(fp,
+                "; bf16/fp16 mixed precision: 2-byte parameters and gradients, 4-byte fp32 master + %d bytes of "
+                "optimizer state per parameter\n",
+                state_bytes & 0xffff);
+    else
+        fprintf(fp, "; fp32 with %d bytes of optimizer state per parameter\n", state_bytes);
     fprintf(fp, "%-7s %12s %12s %12s %12s %16s\n", "stage", "params GiB", "grads GiB", "optim GiB", "total GiB",
             "+ gathered GiB");
     for (int stage = 0; stage <= 3; stage++) {
@@ -87,9 +96,14 @@ void dsc_zero_estimate_print(FILE *fp, const dsc_zero_model_size *size, int dp, 
         dsc_zero_estimate_rank(size, stage, dp, pp, ep, state_bytes, &m);
         double p = m.params, g = m.grads, o = m.optim;
         /* stage 3 holds a gathered layer (and the prefetched next one) besides its shards */
-        double live = stage == 3 ? 2 * 4.0 * size->largest_layer : 0;
+        bool mixed = state_bytes & DSC_ZERO_MIXED_PRECISION;
+        double live = stage == 3 ? 2 * (mixed ? 2.0 : 4.0) * size->largest_layer : 0;
+        const char *note = stage < 3 ? ""
+                           : pp > 1  ? "  (refused with pipeline.stages > 1)"
+                           : mixed   ? "  (refused with bf16/fp16)"
+                                     : "";
         fprintf(fp, "%-7d %12.3f %12.3f %12.3f %12.3f %16.3f%s\n", stage, gib(p), gib(g), gib(o), gib(p + g + o),
-                gib(live), stage == 3 && pp > 1 ? "  (refused with pipeline.stages > 1)" : "");
+                gib(live), note);
     }
 }
 

@@ -96,6 +96,12 @@ typedef struct dsc_zero_memory {
     double params, grads, optim; /* bytes */
 } dsc_zero_memory;
 
+/* `state_bytes` (here and in the estimator below) is the optimizer state's
+ * bytes per element; with DSC_ZERO_MIXED_PRECISION or'ed in, the model
+ * states are DeepSpeed's mixed-precision ones: 2-byte parameters and
+ * gradients, and a 4-byte fp32 master counted with the optimizer state
+ * (2 + 2 + 12 bytes for Adam). */
+#define DSC_ZERO_MIXED_PRECISION 0x10000
 DSC_API void dsc_zero_memory_formula(int stage, double psi, int dp, int state_bytes, dsc_zero_memory *out);
 
 /* A model's size for the estimator: parameters in total and in the largest

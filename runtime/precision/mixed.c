@@ -22,7 +22,7 @@
  * The master holds only what the inner optimizer updates on this rank (the
  * whole flat buffers for the plain optimizer, the rank's range for ZeRO-1/2);
  * checkpoints save it as optimizer state "master/<param>" beside the rounded
- * model values. */
+ * model values, and the loss scaler as "loss_scale" and "loss_scaler". */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +49,11 @@ typedef struct mixed_optimizer {
     dsc_loss_scaler scaler;
     int64_t skipped;
     bool last_skipped;
+    /* checkpoint view of the scaler: "loss_scale" (f32) and "loss_scaler" (i64: iteration, last overflow,
+     * hysteresis, skipped steps); a restore writes them, the next hook reads them back */
+    float ck_scale;
+    int64_t ck_counts[4];
+    bool ck_handed;
     int64_t inner_steps;
     double last_scale;
     /* the layer whose backward runs now: its gradient views, put back after */
@@ -65,8 +70,20 @@ static mixed_optimizer *self_of(dsc_optimizer *opt) {
 
 static const dsc_optimizer_ops mixed_ops;
 
+/* After the checkpoint view was handed out (a save or a restore), the scaler takes its values. */
+static void sync_scaler(mixed_optimizer *m) {
+    if (!m->ck_handed) return;
+    m->scaler.cur_scale = m->ck_scale;
+    m->scaler.cur_iter = m->ck_counts[0];
+    m->scaler.last_overflow_iter = m->ck_counts[1];
+    m->scaler.cur_hysteresis = (int)m->ck_counts[2];
+    m->skipped = m->ck_counts[3];
+    m->ck_handed = false;
+}
+
 static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
     if (!backward) return NULL;
     DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
@@ -169,6 +186,7 @@ static dsc_status copy_range(float *dst, const float *src, int64_t n) {
 
 static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
     mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
     bool overflow = false;
     if (m->po.check_overflow) DSC_TRY(agree_overflow(m, &overflow));
     if (overflow) return skip_step(m, stats);
@@ -199,7 +217,7 @@ static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
 
 static int mixed_state_count(const dsc_optimizer *opt) {
     const mixed_optimizer *m = (const mixed_optimizer *)opt;
-    return dsc_optimizer_state_count(m->inner) + m->n_pieces;
+    return dsc_optimizer_state_count(m->inner) + m->n_pieces + 2;
 }
 
 static void mixed_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) {
@@ -209,8 +227,24 @@ static void mixed_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) 
         dsc_optimizer_state_at(m->inner, index, out);
         return;
     }
-    const master_piece *pc = &m->pieces[index - inner];
     memset(out, 0, sizeof *out);
+    if (index - inner >= m->n_pieces) { /* the scaler's two entries */
+        if (!m->ck_handed) {
+            m->ck_scale = (float)m->scaler.cur_scale;
+            m->ck_counts[0] = m->scaler.cur_iter;
+            m->ck_counts[1] = m->scaler.last_overflow_iter;
+            m->ck_counts[2] = m->scaler.cur_hysteresis;
+            m->ck_counts[3] = m->skipped;
+            m->ck_handed = true;
+        }
+        bool scale = index - inner == m->n_pieces;
+        int64_t n = scale ? 1 : 4;
+        snprintf(out->name, sizeof out->name, "%s", scale ? "loss_scale" : "loss_scaler");
+        out->local = scale ? dsc_tensor_view(&m->ck_scale, DSC_DTYPE_F32, 1, &n, DSC_CPU)
+                           : dsc_tensor_view(m->ck_counts, DSC_DTYPE_I64, 1, &n, DSC_CPU);
+        return;
+    }
+    const master_piece *pc = &m->pieces[index - inner];
     snprintf(out->name, sizeof out->name, "master/%s", pc->param->name);
     out->param = pc->param;
     out->offset = pc->offset;

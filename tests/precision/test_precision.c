@@ -4,12 +4,16 @@
  *    random values), for the scalar conversion and the in-place rounding;
  *  - the loss scaler: DeepSpeed's DynamicLossScaler driven by the same
  *    overflow patterns (scale and hysteresis after every update, the error
- *    at the minimum scale). Fixtures: gen_precision_fixtures.py. */
+ *    at the minimum scale). Fixtures: gen_precision_fixtures.py;
+ *  - the memory formula: DeepSpeed's 2 + 2 + 12 bytes per parameter. */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dsc/precision.h"
+#include "dsc/zero.h"
 #include "precision_fixtures.h"
 #include "test_mpi.h"
 
@@ -105,11 +109,35 @@ static void test_loss_scaler_matches_deepspeed(void **state) {
     }
 }
 
+/* DeepSpeed's mixed-precision model states: 2 + 2 + 12 bytes per parameter for Adam, 16 / dp at stage 3. */
+static void test_memory_formula_halves(void **state) {
+    (void)state;
+    const double psi = 7.5e9;
+    dsc_zero_memory f32, mixed, z3;
+    dsc_zero_memory_formula(0, psi, 64, 8, &f32);
+    dsc_zero_memory_formula(0, psi, 64, 8 | DSC_ZERO_MIXED_PRECISION, &mixed);
+    dsc_zero_memory_formula(3, psi, 64, 8 | DSC_ZERO_MIXED_PRECISION, &z3);
+    assert_true(mixed.params == 2 * psi && mixed.grads == 2 * psi && mixed.optim == 12 * psi);
+    assert_true(mixed.params == f32.params / 2 && mixed.grads == f32.grads / 2);
+    assert_true(z3.params + z3.grads + z3.optim == 16 * psi / 64);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    assert_non_null(fp);
+    dsc_zero_model_size size = {.params = psi, .largest_layer = 1e8};
+    dsc_zero_estimate_print(fp, &size, 64, 1, 1, 8 | DSC_ZERO_MIXED_PRECISION);
+    fclose(fp);
+    assert_non_null(strstr(text, "bf16/fp16 mixed precision: 2-byte parameters and gradients"));
+    assert_non_null(strstr(text, "13.970       13.970       83.819")); /* stage 0: 2, 2, 12 bytes of 7.5B in GiB */
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_bits_match_torch),
         cmocka_unit_test(test_round_in_place),
         cmocka_unit_test(test_loss_scaler_matches_deepspeed),
+        cmocka_unit_test(test_memory_formula_halves),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
