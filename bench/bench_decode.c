@@ -5,8 +5,14 @@
  * one prompt beside the sgemm-rate limit (2 · weights · tokens FLOP at the
  * rate of a 768 x 768 x 512 GEMM, measured here too).
  *
+ * With --batch B it also runs B sequences through the scheduler at once
+ * (continuous batching: each a 16-token prompt, then `steps` greedy
+ * tokens, all in the same forwards) and prints the generated tokens/s over
+ * the whole run's wall time, the figure bench/peers/compare.py --batched
+ * sets beside llama.cpp's server running the same B requests in parallel.
+ *
  * Run: build/bench/bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N]
- *                               [--steps 64] [--prefill 512] [--reps 3]
+ *                               [--steps 64] [--prefill 512] [--reps 3] [--batch B [--batch-only 1]]
  * DIR is a Hugging Face directory; bench/peers/make_llama.py writes the 134M
  * Llama of docs/performance.md. Prints one "key value" line per figure (the
  * peer driver parses them), never asserts. */
@@ -18,6 +24,14 @@
 #include "bench/bench_clock.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
+
+/* CPU seconds of the whole process (every thread; spinning counts): less
+ * sensitive to other processes' load than wall time. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void die(dsc_status s) {
     if (!s) return;
@@ -75,9 +89,91 @@ static double gemm_rate(void) {
     return 2.0 * (double)(n * c * c) / best;
 }
 
+/* Tokens/s of the weight streaming alone: every projection one decode
+ * token runs (fused q|k|v, attention output, gate|up, down, the LM head),
+ * back to back over one input row, nothing else (best of 5 passes). Beside
+ * decode_tok_s it says how much of a token is the GEMVs and how much the rest. */
+static double gemv_rate(const dsc_infer_model *m) {
+    const dsc_infer_model_config *mc = dsc_infer_model_get_config(m);
+    const dsc_param_role roles[] = {DSC_PARAM_ROLE_QKV_W, DSC_PARAM_ROLE_ATTN_OUT_W, DSC_PARAM_ROLE_MLP1_W,
+                                    DSC_PARAM_ROLE_MLP2_W};
+    int64_t widest = mc->vocab_size > 4 * mc->d_ff ? mc->vocab_size : 4 * mc->d_ff;
+    float *x = calloc((size_t)widest, sizeof *x), *y = calloc((size_t)widest, sizeof *y);
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t = now_s();
+        for (int32_t l = 0; l <= mc->n_layer; l++)
+            for (int k = 0; k < (l < mc->n_layer ? 4 : 1); k++) {
+                dsc_tensor w;
+                if (dsc_infer_model_param(m, l < mc->n_layer ? l : -1,
+                                          l < mc->n_layer ? roles[k] : DSC_PARAM_ROLE_UNEMBED, &w))
+                    continue;
+                int64_t oc = w.shape[0], c = k == 1   ? (int64_t)mc->n_head * mc->head_size
+                                             : k == 3 ? mc->d_ff
+                                                      : mc->d_model;
+                dsc_tensor xv = dsc_tensor_view(x, DSC_DTYPE_F32, 2, (int64_t[]){1, c}, DSC_CPU);
+                dsc_tensor yv = dsc_tensor_view(y, DSC_DTYPE_F32, 2, (int64_t[]){1, oc}, DSC_CPU);
+                die(dsc_kernel_linear_forward_packed(&yv, &xv, &w, NULL, NULL));
+            }
+        t = now_s() - t;
+        best = t < best ? t : best;
+    }
+    free(x);
+    free(y);
+    return 1.0 / best;
+}
+
+static dsc_status count_token(void *user, uint64_t uid, int32_t token, bool finished) {
+    (void)uid, (void)token, (void)finished;
+    ++*(int64_t *)user;
+    return NULL;
+}
+
+/* Generated tokens/s of `batch` requests (a 16-token prompt each, then
+ * `steps` greedy tokens, stop tokens off) through one scheduler: wall time
+ * from the first submit to the last token, prompts included. */
+static double batched_rate(dsc_infer_model *m, int32_t batch, int32_t steps) {
+    const int32_t prompt_len = 16;
+    dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+    ec.max_sequences = batch;
+    ec.max_batch_sequences = batch;
+    ec.max_tokens_per_forward = batch * prompt_len > 512 ? batch * prompt_len : 512;
+    ec.max_context = prompt_len + steps + 16;
+    ec.kv_cache_bytes = 512ll << 20;
+    dsc_infer_engine *e;
+    die(dsc_infer_engine_create(m, &ec, &e));
+    int64_t generated = 0;
+    dsc_scheduler_config sc = dsc_scheduler_config_default(e);
+    dsc_scheduler *s;
+    die(dsc_scheduler_create(e, &sc, count_token, &generated, &s));
+    int32_t vocab = dsc_infer_model_get_config(m)->vocab_size, prompt[16];
+    double t = now_s();
+    for (int32_t i = 0; i < batch; i++) {
+        for (int32_t j = 0; j < prompt_len; j++)
+            prompt[j] = (int32_t)(((i * prompt_len + j) * 7919 + 11) % vocab);
+        dsc_gen_request req = {.uid = (uint64_t)i + 1,
+                               .prompt = prompt,
+                               .n_prompt = prompt_len,
+                               .max_new_tokens = steps,
+                               .sampling = dsc_sampling_params_greedy(),
+                               .seed = (uint64_t)i};
+        die(dsc_scheduler_submit(s, &req));
+    }
+    die(dsc_scheduler_run(s));
+    t = now_s() - t;
+    dsc_scheduler_destroy(s);
+    dsc_infer_engine_destroy(e);
+    if (generated != (int64_t)batch * steps) {
+        fprintf(stderr, "bench_decode: batched run generated %lld of %lld tokens\n", (long long)generated,
+                (long long)batch * steps);
+        exit(1);
+    }
+    return (double)generated / t;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *weight_type = "f32";
-    int32_t steps = 64, prefill_len = 512, reps = 3;
+    int32_t steps = 64, prefill_len = 512, reps = 3, batch = 0, batch_only = 0, gemv_only = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0)
             model_dir = argv[i + 1];
@@ -91,10 +187,16 @@ int main(int argc, char **argv) {
             prefill_len = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--reps") == 0)
             reps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--batch") == 0)
+            batch = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--batch-only") == 0)
+            batch_only = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--gemv-only") == 0)
+            gemv_only = atoi(argv[i + 1]);
     }
-    if (!model_dir || steps < 1 || prefill_len < 1 || reps < 1 || reps > 64) {
+    if (!model_dir || steps < 1 || prefill_len < 1 || reps < 1 || reps > 64 || batch < 0 || batch > 1024) {
         fprintf(stderr, "usage: bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N] "
-                        "[--steps N] [--prefill N] [--reps N]\n");
+                        "[--steps N] [--prefill N] [--reps N] [--batch B [--batch-only 1]]\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -105,6 +207,33 @@ int main(int argc, char **argv) {
     die(dsc_weight_format_from_name(weight_type, &format));
     die(dsc_infer_model_set_weight_type(m, format));
     const dsc_infer_model_config *mc = dsc_infer_model_get_config(m);
+    if (gemv_only > 0) {
+        /* The weight streaming against the read rate only, alternating, best of each: on a busy
+         * machine the best of many short runs is the nearest to a quiet one. */
+        double bw = 0, gemv = 0;
+        for (int r = 0; r < gemv_only; r++) {
+            double b = read_rate(threads), g = gemv_rate(m);
+            bw = b > bw ? b : bw;
+            gemv = g > gemv ? g : gemv;
+        }
+        double bytes = (double)dsc_infer_model_arena_bytes(m) - 4.0 * mc->vocab_size * mc->d_model;
+        printf("weight_type %s threads %d read_GB_s %.2f gemv_GB_s %.2f gemv_of_read %.3f\n", weight_type, threads,
+               bw / 1e9, gemv * bytes / 1e9, gemv * bytes / bw);
+        dsc_infer_model_destroy(m);
+        return 0;
+    }
+    if (batch > 0) {
+        double rate[64];
+        for (int r = 0; r < reps; r++)
+            rate[r] = batched_rate(m, batch, steps);
+        qsort(rate, (size_t)reps, sizeof *rate, cmp_double);
+        printf("model %s weight_type %s threads %d batch %d\n", model_dir, weight_type, threads, batch);
+        printf("batched_tok_s %.2f\nbatched_tok_s_min %.2f\n", rate[reps / 2], rate[0]);
+        if (batch_only) {
+            dsc_infer_model_destroy(m);
+            return 0;
+        }
+    }
     /* Every weight is read once per token except the embedding table (one row). */
     double embed_bytes = 4.0 * mc->vocab_size * mc->d_model;
     double bytes_per_token = (double)dsc_infer_model_arena_bytes(m) - embed_bytes;
@@ -128,7 +257,7 @@ int main(int argc, char **argv) {
     for (int32_t i = 0; i < prefill_len; i++)
         prompt[i] = (int32_t)((i * 7919 + 11) % mc->vocab_size);
     uint64_t uid = 0;
-    double dec[64], pre[64];
+    double dec[64], pre[64], cpu[64];
     for (int r = 0; r < reps; r++) {
         /* prefill: the whole prompt in one forward */
         const int32_t *p = prompt;
@@ -140,6 +269,7 @@ int main(int argc, char **argv) {
         int32_t n16 = 16, one = 1, next;
         die(dsc_infer_engine_put(e, 1, &uid, &p, &n16, logits));
         t = now_s();
+        double c0 = cpu_s();
         for (int32_t s = 0; s < steps; s++) {
             int32_t V = dsc_infer_engine_logits_width(e), best = 0;
             for (int32_t v = 1; v < V; v++)
@@ -149,18 +279,22 @@ int main(int argc, char **argv) {
             die(dsc_infer_engine_put(e, 1, &uid, &np, &one, logits));
         }
         dec[r] = steps / (now_s() - t);
+        cpu[r] = 1e3 * (cpu_s() - c0) / steps;
         die(dsc_infer_engine_flush(e, uid));
     }
     qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
     qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
-    double bw = read_rate(threads), flops = gemm_rate();
+    qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
+    double bw = read_rate(threads), flops = gemm_rate(), gemv = gemv_rate(m);
     double roof_dec = bw / bytes_per_token, roof_pre = flops * T / prefill_flop;
     printf("model %s weight_type %s threads %d bytes_per_token %.0f\n", model_dir, weight_type, threads,
            bytes_per_token);
     printf("decode_tok_s %.2f\ndecode_tok_s_min %.2f\n", dec[reps / 2], dec[0]);
+    printf("decode_cpu_ms_per_tok %.2f\n", cpu[reps / 2]);
     printf("prefill_tok_s %.2f\nprefill_tok_s_min %.2f\n", pre[reps / 2], pre[0]);
     printf("read_GB_s %.2f\ndecode_roofline_tok_s %.2f\ndecode_of_roofline %.3f\n", bw / 1e9, roof_dec,
            dec[reps / 2] / roof_dec);
+    printf("gemv_only_tok_s %.2f\ngemv_only_of_roofline %.3f\n", gemv, gemv / roof_dec);
     printf("gemm_GFLOP_s %.1f\nprefill_limit_tok_s %.1f\nprefill_of_limit %.3f\n", flops / 1e9, roof_pre,
            pre[reps / 2] / roof_pre);
     free(prompt);

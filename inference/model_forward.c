@@ -23,6 +23,9 @@
 
 #include "dsc/kernels.h"
 #include "inference/model_internal.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_pool.h"
+#include "kernels/cpu/cpu_simd.h"
 
 /* Every scratch buffer and its size in bytes, one table for init and free. */
 typedef struct scratch_entry {
@@ -171,6 +174,31 @@ static dsc_status embed(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_f
     return NULL;
 }
 
+typedef struct rope_job {
+    const dsc_infer_model *m;
+    float *q, *k;
+    const int32_t *pos;
+    int64_t n;
+} rope_job;
+
+/* A chunk is ROPE_TOKENS tokens' q and k heads (dsc_model_rope stays on its thread at that count). */
+enum { ROPE_TOKENS = 8 };
+
+static void rope_chunk(void *arg, int64_t ch) {
+    const rope_job *R = arg;
+    const dsc_infer_model_config *mc = &R->m->shard;
+    int64_t t0 = ch * ROPE_TOKENS, n = R->n - t0 < ROPE_TOKENS ? R->n - t0 : ROPE_TOKENS;
+    dsc_model_rope(R->m, R->q + t0 * mc->n_head * mc->head_size, n, mc->n_head, R->pos + t0);
+    dsc_model_rope(R->m, R->k + t0 * mc->n_kv_head * mc->head_size, n, mc->n_kv_head, R->pos + t0);
+}
+
+/* RoPE on q (N, NH, HS) and k (N, NKV, HS) through the decode pool (kernels/cpu/cpu_pool.h), so a
+ * forward's short loops never wait for a late thread, as its GEMVs and attention do not. */
+static void rope_qk(const dsc_infer_model *m, float *q, float *k, int64_t n, const int32_t *pos) {
+    rope_job R = {.m = m, .q = q, .k = k, .pos = pos, .n = n};
+    dsc_cpu_pool_run(rope_chunk, &R, (n + ROPE_TOKENS - 1) / ROPE_TOKENS);
+}
+
 static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragged_batch *batch,
                             dsc_kv_cache *cache, dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->shard;
@@ -187,10 +215,7 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
         DSC_TRY(project(m, k, s->h, N, C, w, b, Q, KV));
         DSC_TRY(project(m, v, s->h, N, C, w, b, Q + KV, KV));
     }
-    if (dsc_model_rope_dims(mc) > 0) {
-        dsc_model_rope(m, q, N, mc->n_head, s->pos);
-        dsc_model_rope(m, k, N, mc->n_kv_head, s->pos);
-    }
+    if (dsc_model_rope_dims(mc) > 0) rope_qk(m, q, k, N, s->pos);
     int64_t qs[3] = {N, mc->n_head, mc->head_size}, ks[3] = {N, mc->n_kv_head, mc->head_size};
     dsc_tensor qv = dsc_tensor_view(q, DSC_DTYPE_F32, 3, qs, DSC_CPU);
     dsc_tensor kv = dsc_tensor_view(k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
@@ -215,16 +240,19 @@ dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, c
         DSC_TRY(project(m, s->ff2, h, N, C, w1, b1, 0, F));
         DSC_TRY(dsc_model_activation(mc, &a, &g));
     } else {
-        /* up right after N rows of gate, so for one token gate | up is the fused row: one pass. */
-        float *up = s->ff1 + N * F;
-        if (N == 1) {
-            DSC_TRY(project(m, s->ff1, h, N, C, w1, NULL, 0, 2 * F));
+        dsc_weight_format f = DSC_WEIGHT_FORMAT_COUNT;
+        for (int i = 0; i < DSC_WEIGHT_FORMAT_COUNT; i++)
+            if (dsc_weight_dtype((dsc_weight_format)i) == w1->dtype) f = (dsc_weight_format)i;
+        float *up = s->ff1 + N * F; /* right after N rows of gate: for one token gate | up is the fused row */
+        if (N <= DSC_CPU_STREAM_MAX_ROWS && !b1 && f != DSC_WEIGHT_FORMAT_COUNT) {
+            /* Decode: gate | up streamed once with SwiGLU in the same pass (cpu_linear.c). */
+            dsc_cpu_stream_swiglu(s->ff1, h, w1->data, f, N, F, C);
         } else {
             DSC_TRY(project(m, s->ff1, h, N, C, w1, NULL, 0, F));
             DSC_TRY(project(m, up, h, N, C, w1, NULL, F, F));
+            dsc_tensor gate = dsc_model_view2(s->ff1, N, F), u = dsc_model_view2(up, N, F);
+            DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &u));
         }
-        dsc_tensor gate = dsc_model_view2(s->ff1, N, F), u = dsc_model_view2(up, N, F);
-        DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &u));
     }
     return project(m, out, s->ff1, N, F, param(m, l, DSC_PARAM_ROLE_MLP2_W),
                    dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, C);

@@ -18,6 +18,7 @@
 
 #include "dsc/kernels.h"
 #include "dsc/kv_cache.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/cpu_simd.h"
 
 static dsc_status check_f32_cpu(const dsc_tensor *t, const char *what) {
@@ -168,57 +169,85 @@ static void attend_tile(const tile_job *J) {
     }
 }
 
+/* The whole call's arguments, for the pool's chunks. */
+typedef struct attn_job {
+    const dsc_ragged_batch *b;
+    cache_ref cache;
+    const float *qd, *kd, *vd; /* (Ntok, NH, HS), (Ntok, NKV, HS) twice */
+    float *od;                 /* (Ntok, NH, HS) */
+    int64_t nh, nkv, hs, bs, group, max_tiles;
+    float scale;
+} attn_job;
+
+/* Chunk t: token t's new key and value rows into its sequence's cache slots. */
+static void store_token(void *arg, int64_t t) {
+    const attn_job *A = arg;
+    const int32_t *table = A->b->seqs[A->b->token_seq[t]].block_table;
+    for (int64_t g = 0; g < A->nkv; g++) {
+        int64_t p = A->b->positions[t];
+        store_row(A->cache, cache_row(table, p, 0, g, A->bs, A->nkv, A->hs), A->kd + (t * A->nkv + g) * A->hs,
+                  A->hs);
+        store_row(A->cache, cache_row(table, p, 1, g, A->bs, A->nkv, A->hs), A->vd + (t * A->nkv + g) * A->hs,
+                  A->hs);
+    }
+}
+
+/* Chunk it: (sequence, query tile, head) = it / NH / max_tiles, it / NH % max_tiles, it % NH. */
+static void attend_item(void *arg, int64_t it) {
+    const attn_job *A = arg;
+    const int64_t nh = A->nh, hs = A->hs, h = it % nh, tile = it / nh % A->max_tiles, si = it / nh / A->max_tiles;
+    const dsc_ragged_seq *seq = &A->b->seqs[si];
+    const int64_t t0 = seq->start + tile * QTILE;
+    if (tile * QTILE >= seq->n_new) return;
+    const int64_t ni = seq->start + seq->n_new - t0 < QTILE ? seq->start + seq->n_new - t0 : QTILE;
+    tile_job J = {.out = A->od + (t0 * nh + h) * hs,
+                  .q = A->qd + (t0 * nh + h) * hs,
+                  .pos = A->b->positions + t0,
+                  .ni = ni,
+                  .stride = nh * hs,
+                  .g = h / A->group,
+                  .bs = A->bs,
+                  .nkv = A->nkv,
+                  .hs = hs,
+                  .table = seq->block_table,
+                  .cache = A->cache,
+                  .scale = A->scale};
+    attend_tile(&J);
+}
+
 dsc_status dsc_paged_attention_forward(dsc_tensor *out, const dsc_tensor *q, const dsc_tensor *k,
                                        const dsc_tensor *v, const dsc_ragged_batch *b, dsc_tensor *layer_cache) {
     DSC_TRY(check_args(out, q, k, v, b, layer_cache));
     const int64_t ntok = b->n_tokens, nh = q->shape[1], nkv = layer_cache->shape[3], hs = layer_cache->shape[4];
-    const int64_t bs = layer_cache->shape[2], group = nh / nkv;
     DSC_CHECK(hs <= KV_TILE_FLOATS, DSC_ERR_UNSUPPORTED, "paged attention: head size %lld exceeds %d",
               (long long)hs, KV_TILE_FLOATS);
-    const cache_ref cache = {layer_cache->data, layer_cache->dtype == DSC_DTYPE_BF16}; /* (NB, 2, BS, NKV, HS) */
-    const float *qd = q->data;                                                         /* (Ntok, NH, HS) */
-    const float *kd = k->data, *vd = v->data;                                          /* (Ntok, NKV, HS) */
-    float *od = out->data;                                                             /* (Ntok, NH, HS) */
-    const float scale = 1.0f / sqrtf((float)hs);
-    const int nt = dsc_kernels_get_num_threads();
-
-#pragma omp parallel for num_threads(nt) if (ntok * nkv * hs > 32768) schedule(static)
-    for (int64_t t = 0; t < ntok; t++) {
-        const int32_t *table = b->seqs[b->token_seq[t]].block_table;
-        for (int64_t g = 0; g < nkv; g++) {
-            store_row(cache, cache_row(table, b->positions[t], 0, g, bs, nkv, hs), kd + (t * nkv + g) * hs, hs);
-            store_row(cache, cache_row(table, b->positions[t], 1, g, bs, nkv, hs), vd + (t * nkv + g) * hs, hs);
-        }
-    }
-
-    /* All writes land before any read: a token attends to keys written by
-     * earlier tokens of its own chunk. Work items: (sequence, query tile, head). */
     int64_t max_tiles = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         int64_t tiles = (b->seqs[i].n_new + QTILE - 1) / QTILE;
         max_tiles = tiles > max_tiles ? tiles : max_tiles;
     }
-    const int64_t items = (int64_t)b->n_seqs * max_tiles * nh;
-#pragma omp parallel for num_threads(nt) if (items > 1) schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t h = it % nh, tile = it / nh % max_tiles, si = it / nh / max_tiles;
-        const dsc_ragged_seq *seq = &b->seqs[si];
-        const int64_t t0 = seq->start + tile * QTILE;
-        if (tile * QTILE >= seq->n_new) continue;
-        const int64_t ni = seq->start + seq->n_new - t0 < QTILE ? seq->start + seq->n_new - t0 : QTILE;
-        tile_job J = {.out = od + (t0 * nh + h) * hs,
-                      .q = qd + (t0 * nh + h) * hs,
-                      .pos = b->positions + t0,
-                      .ni = ni,
-                      .stride = nh * hs,
-                      .g = h / group,
-                      .bs = bs,
-                      .nkv = nkv,
-                      .hs = hs,
-                      .table = seq->block_table,
-                      .cache = cache,
-                      .scale = scale};
-        attend_tile(&J);
-    }
+    attn_job A = {.b = b,
+                  .cache = {layer_cache->data, layer_cache->dtype == DSC_DTYPE_BF16}, /* (NB, 2, BS, NKV, HS) */
+                  .qd = q->data,
+                  .kd = k->data,
+                  .vd = v->data,
+                  .od = out->data,
+                  .nh = nh,
+                  .nkv = nkv,
+                  .hs = hs,
+                  .bs = layer_cache->shape[2],
+                  .group = nh / nkv,
+                  .max_tiles = max_tiles,
+                  .scale = 1.0f / sqrtf((float)hs)};
+    /* Through the pool (kernels/cpu/cpu_pool.h), as the decode GEMVs: per
+     * token a few short loops, none waiting for a thread that is late. */
+    if (ntok * nkv * hs > 32768)
+        dsc_cpu_pool_run(store_token, &A, ntok);
+    else
+        for (int64_t t = 0; t < ntok; t++)
+            store_token(&A, t);
+    /* All writes land before any read: a token attends to keys written by
+     * earlier tokens of its own chunk. */
+    dsc_cpu_pool_run(attend_item, &A, (int64_t)b->n_seqs * max_tiles * nh);
     return NULL;
 }

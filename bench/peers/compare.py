@@ -15,6 +15,9 @@ server loop reports llama.cpp's own prompt and generation timings).
 Run (after bench/peers/setup.sh and make_llama.py):
   /work/.peers/venv/bin/python bench/peers/compare.py --dir /tmp/dsc-llama134m \\
       --dsc build/bench/bench_decode [--pairs 3] [--threads 2] [--types f32:f32,bf16:f16,q8_0:q8_0] [--transformers [--hf-python PY]]
+  --batched 32: instead, 32 sequences at once (16-token prompts, 64 tokens each) through dsc's scheduler
+  (bench_decode --batch 32) and through llama.cpp's server loop with 32 slots (xllamacpp; the PyPI
+  packages have no llama-batched-bench), generated tokens/s over the wall time of the whole run.
 A type pair is DSC_TYPE:GGUF_TYPE (bf16 against llama.cpp's f16: same bytes per
 weight; llama.cpp's CPU backend has no bf16 matmul of its own in every build).
 Prints, never asserts; never part of the test suite."""
@@ -78,6 +81,33 @@ def xllamacpp_worker(path, threads):
     return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre), "via": "xllamacpp"}
 
 
+def llama_batched_worker(path, threads, batch):
+    """llama.cpp's server loop with `batch` slots, given `batch` prompts in one completion request (it runs
+    them as parallel tasks, continuously batched): generated tokens/s over the request's wall time, prompts
+    included, as bench_decode --batch measures dsc."""
+    import xllamacpp as x
+
+    p = x.CommonParams()
+    p.model.path = path
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_parallel = batch * (PROMPT + STEPS + 16), PREFILL, PREFILL, batch
+    server = x.Server(p)
+    prompts = [[((i * PROMPT + j) * 7919 + 11) % 32000 for j in range(PROMPT)] for i in range(batch)]
+    req = {"temperature": 0, "ignore_eos": True, "cache_prompt": False, "n_predict": STEPS}
+    rates = []
+    for _ in range(REPS):
+        t = time.perf_counter()
+        r = server.handle_completions(dict(req, prompt=prompts))
+        wall = time.perf_counter() - t
+        # one completion per prompt ("choices"), each ended by the length limit: STEPS tokens each
+        n = sum(STEPS for c in r["choices"] if c["finish_reason"] == "length")
+        if n != batch * STEPS:
+            raise RuntimeError(f"llama.cpp generated {n} of {batch * STEPS} tokens")
+        rates.append(n / wall)
+    return {"batched_tok_s": statistics.median(rates), "via": "xllamacpp server, n_parallel slots"}
+
+
 def hf_worker(path, threads):
     import torch
     from transformers import LlamaForCausalLM
@@ -101,15 +131,17 @@ def hf_worker(path, threads):
     return {"decode_tok_s": statistics.median(dec), "prefill_tok_s": statistics.median(pre)}
 
 
-def run_peer(kind, path, threads, python=sys.executable):
-    out = subprocess.run([python, __file__, "--worker", kind, "--model", path, "--threads", str(threads)],
+def run_peer(kind, path, threads, python=sys.executable, batch=0):
+    out = subprocess.run([python, __file__, "--worker", kind, "--model", path, "--threads", str(threads),
+                          "--batched", str(batch)],
                          check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_dsc(exe, path, wtype, threads):
+def run_dsc(exe, path, wtype, threads, batch=0):
+    extra = ["--batch", str(batch), "--batch-only", "1"] if batch else []
     out = subprocess.run([exe, "--model", path, "--weight-type", wtype, "--threads", str(threads), "--steps",
-                          str(STEPS), "--prefill", str(PREFILL), "--reps", str(REPS)],
+                          str(STEPS), "--prefill", str(PREFILL), "--reps", str(REPS)] + extra,
                          check=True, capture_output=True, text=True).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines() if len(line.split()) == 2)}
 
@@ -133,8 +165,13 @@ def main():
     ap.add_argument("--types", default="f32:f32,bf16:f16,q8_0:q8_0")
     ap.add_argument("--transformers", action="store_true")
     ap.add_argument("--hf-python", default=sys.executable, help="interpreter with torch + transformers")
+    ap.add_argument("--batched", type=int, default=0,
+                    help="B > 0: B sequences at once (generated tok/s) instead of batch 1 decode and prefill")
     a = ap.parse_args()
     if a.worker:
+        if a.batched:
+            print(json.dumps(llama_batched_worker(a.model, a.threads, a.batched)))
+            return
         fn = llama_worker if a.worker == "llama" else hf_worker
         print(json.dumps(fn(a.model, a.threads)))
         return
@@ -142,6 +179,17 @@ def main():
     rows = [tuple(t.split(":")) for t in a.types.split(",") if t]
     if a.transformers:
         rows.append(("f32", "hf"))
+    if a.batched:
+        for dsc_type, peer_type in rows:
+            d, p = [], []
+            for _ in range(a.pairs):
+                p.append(run_peer("llama", f"{a.dir}/model-{peer_type}.gguf", a.threads, batch=a.batched))
+                d.append(run_dsc(a.dsc, a.dir, dsc_type, a.threads, batch=a.batched))
+            dv, pv = [r["batched_tok_s"] for r in d], [r["batched_tok_s"] for r in p]
+            print(f"batched {a.batched:3d}  dsc {dsc_type:5s} {summary('', dv)} | llama.cpp {peer_type:7s} "
+                  f"{summary('', pv)} | ratio {statistics.median(dv) / statistics.median(pv):5.2f}")
+            print(f"  peer via {p[-1]['via']}; {uptime()}")
+        return
     for dsc_type, peer_type in rows:
         peer = "transformers f32" if peer_type == "hf" else f"llama.cpp {peer_type}"
         res = {"dsc": [], "peer": []}

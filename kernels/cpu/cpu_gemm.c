@@ -72,7 +72,7 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
     for (int64_t i = 0; i < batch; i++) {
         gemm_args g = {out + i * m * n, a + i * m * k, b + i * k * n, bias, m, n, k,
                        trans_a,         trans_b,       alpha,         beta};
-        if (m <= DSC_CPU_GEMV_MAX_ROWS && !trans_a && trans_b && alpha == 1.0f && beta == 0.0f && k > 0)
+        if (m <= DSC_CPU_STREAM_MAX_ROWS && !trans_a && trans_b && alpha == 1.0f && beta == 0.0f && k > 0)
             /* A linear layer over a few rows (decode): stream b once instead of packing it. */
             dsc_cpu_stream_rows(g.o, g.a, g.b, DSC_WEIGHT_F32, bias, m, n, k);
         else

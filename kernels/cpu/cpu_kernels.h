@@ -18,9 +18,14 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
                         float beta);
 /* y (n, oc) = x (n, c) @ W^T (+ bias), W (oc, c) in format f, the threads splitting W's rows and
- * each streaming its share once (any n; meant for n <= DSC_CPU_GEMV_MAX_ROWS). */
+ * each streaming its share once (any n; meant for n <= DSC_CPU_STREAM_MAX_ROWS). */
 void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
                          int64_t n, int64_t oc, int64_t c);
+/* The SwiGLU MLP's first half with its activation fused: act (n, F) = silu(x @ Wg^T) * (x @ Wu^T)
+ * for W (2F, c) in format f with rows gate | up, streamed once (n <= DSC_CPU_STREAM_MAX_ROWS):
+ * each chunk of rows applies the activation to its own gate and up values, so neither is stored. */
+void dsc_cpu_stream_swiglu(float *act, const float *x, const void *w, dsc_weight_format f, int64_t n, int64_t F,
+                           int64_t c);
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
                                  const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
                                  int64_t workspace_floats);

@@ -1,5 +1,5 @@
 /* The linear layer over a weight in any dsc_weight_format on the CPU. Up to
- * DSC_CPU_GEMV_MAX_ROWS rows of x (decode) the threads split the weight's
+ * DSC_CPU_STREAM_MAX_ROWS rows of x (decode) the threads split the weight's
  * rows and each streams its share once, widening in registers
  * (cpu_simd.c): the read is the whole cost, so nothing is packed or copied.
  * More rows (prefill) multiply as GEMMs: f32 weights directly, narrow ones
@@ -7,29 +7,81 @@
  * thread a single-threaded sgemm on its own panels (one pool: OpenMP's). */
 #include <cblas.h>
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/cpu_simd.h"
 
-/* Weight rows per unit of work in the streaming case (a few KB each: threads stay on contiguous rows). */
+/* Weight rows per chunk in the streaming case (a few KB each: threads stay on contiguous rows). */
 enum { ROW_CHUNK = 16 };
+
+typedef struct stream_job {
+    float *y;
+    const float *x, *bias;
+    const void *w;
+    dsc_weight_format f;
+    int64_t n, oc, c;
+} stream_job;
+
+static void stream_chunk(void *arg, int64_t ch) {
+    const stream_job *J = arg;
+    int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < J->oc ? r0 + ROW_CHUNK : J->oc;
+    for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
+        int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+        dsc_cpu_dot_rows(J->y + i0 * J->oc, J->oc, J->x + i0 * J->c, m, J->w, J->f, J->c, r0, r1);
+        for (int64_t i = i0; J->bias && i < i0 + m; i++)
+            for (int64_t r = r0; r < r1; r++)
+                J->y[i * J->oc + r] += J->bias[r];
+    }
+}
 
 void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
                          int64_t n, int64_t oc, int64_t c) {
-    int nt = dsc_kernels_get_num_threads();
+    stream_job J = {.y = y, .x = x, .bias = bias, .w = w, .f = f, .n = n, .oc = oc, .c = c};
     int64_t chunks = (oc + ROW_CHUNK - 1) / ROW_CHUNK;
-#pragma omp parallel for num_threads(nt) if (oc * c > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t ch = 0; ch < chunks; ch++) {
-        int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < oc ? r0 + ROW_CHUNK : oc;
-        for (int64_t i0 = 0; i0 < n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
-            int64_t m = n - i0 < DSC_CPU_GEMV_MAX_ROWS ? n - i0 : DSC_CPU_GEMV_MAX_ROWS;
-            dsc_cpu_dot_rows(y + i0 * oc, oc, x + i0 * c, m, w, f, c, r0, r1);
-            for (int64_t i = i0; bias && i < i0 + m; i++)
-                for (int64_t r = r0; r < r1; r++)
-                    y[i * oc + r] += bias[r];
-        }
+    if (oc * c <= DSC_CPU_PARALLEL_MIN) {
+        for (int64_t ch = 0; ch < chunks; ch++)
+            stream_chunk(&J, ch);
+        return;
     }
+    /* The pool, not an OpenMP region: a decode token runs dozens of these, and a thread
+     * that is late (descheduled on a busy machine) is not waited for (cpu_pool.h). */
+    dsc_cpu_pool_run(stream_chunk, &J, chunks);
+}
+
+typedef struct swiglu_job {
+    float *act;
+    const float *x;
+    const uint8_t *w;
+    dsc_weight_format f;
+    int64_t n, F, c;
+} swiglu_job;
+
+/* Rows [r0, r1) of both halves, then the activation while they are in registers' reach. */
+static void swiglu_chunk(void *arg, int64_t ch) {
+    const swiglu_job *J = arg;
+    const int64_t r0 = ch * ROW_CHUNK, nr = r0 + ROW_CHUNK < J->F ? ROW_CHUNK : J->F - r0;
+    const size_t rb = dsc_cpu_row_bytes(J->f, J->c);
+    float g[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK], u[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK];
+    for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
+        int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+        const float *x = J->x + i0 * J->c;
+        dsc_cpu_dot_rows(g, ROW_CHUNK, x, m, J->w + (size_t)r0 * rb, J->f, J->c, 0, nr);
+        dsc_cpu_dot_rows(u, ROW_CHUNK, x, m, J->w + (size_t)(J->F + r0) * rb, J->f, J->c, 0, nr);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t r = 0; r < nr; r++) {
+                float gv = g[i * ROW_CHUNK + r]; /* as dsc_cpu_swiglu_forward: gate * sigmoid(gate) * up */
+                J->act[(i0 + i) * J->F + r0 + r] = gv * (1.0f / (1.0f + expf(-gv))) * u[i * ROW_CHUNK + r];
+            }
+    }
+}
+
+void dsc_cpu_stream_swiglu(float *act, const float *x, const void *w, dsc_weight_format f, int64_t n, int64_t F,
+                           int64_t c) {
+    swiglu_job J = {.act = act, .x = x, .w = w, .f = f, .n = n, .F = F, .c = c};
+    dsc_cpu_pool_run(swiglu_chunk, &J, (F + ROW_CHUNK - 1) / ROW_CHUNK);
 }
 
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
@@ -39,7 +91,7 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
     DSC_CHECK(n <= INT_MAX && oc <= INT_MAX && c <= INT_MAX, DSC_ERR_UNSUPPORTED,
               "linear: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)n, (long long)oc,
               (long long)c);
-    if (n <= DSC_CPU_GEMV_MAX_ROWS || c == 0) {
+    if (n <= DSC_CPU_STREAM_MAX_ROWS || c == 0) {
         dsc_cpu_stream_rows(y, x, w, f, bias, n, oc, c);
         return NULL;
     }

@@ -106,68 +106,134 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Two weight rows at a time against up to four x rows: eight accumulators,
- * each weight vector loaded (and widened) once for all x rows. */
+/* R weight rows against M x rows, R and M constants once inlined: R * M
+ * accumulators that stay in registers (a runtime M kept them in memory, and
+ * each FMA waited on a store), each weight vector loaded and widened once
+ * for all M x rows, each x vector loaded once for all R weight rows. */
+AVX2 __attribute__((always_inline)) static inline void dot_block(float *y, int64_t ldy, const float *x,
+                                                                 const uint8_t *w, size_t rb, dsc_weight_format f,
+                                                                 int64_t c, int64_t r, const int R, const int M) {
+    __m256 acc[4][DSC_CPU_GEMV_MAX_ROWS];
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++)
+            acc[k][i] = _mm256_setzero_ps();
+    const int64_t c8 = c / 8 * 8;
+    for (int64_t j = 0; j < c8; j += 8) {
+        __m256 wv[4];
+        for (int k = 0; k < R; k++)
+            wv[k] = load8(w + (size_t)(r + k) * rb, f, j);
+        for (int i = 0; i < M; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * c + j);
+            for (int k = 0; k < R; k++)
+                acc[k][i] = _mm256_fmadd_ps(xv, wv[k], acc[k][i]);
+        }
+    }
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++) {
+            float sum = hsum(acc[k][i]);
+            for (int64_t j = c8; j < c; j++)
+                sum += x[i * c + j] * widen_one(w + (size_t)(r + k) * rb, f, j);
+            y[i * ldy + r + k] = sum;
+        }
+}
+
+/* Rows [r0, r1) against M x rows: four weight rows at a time for one or two x rows, two for more. */
+AVX2 __attribute__((always_inline)) static inline void dot_rows_m(float *y, int64_t ldy, const float *x,
+                                                                  const void *w, dsc_weight_format f, int64_t c,
+                                                                  int64_t r0, int64_t r1, const int M) {
+    const size_t rb = dsc_cpu_row_bytes(f, c);
+    const int R = M <= 2 ? 4 : 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        dot_block(y, ldy, x, w, rb, f, c, r, R, M);
+    for (; r < r1; r++)
+        dot_block(y, ldy, x, w, rb, f, c, r, 1, M);
+}
+
 AVX2 __attribute__((always_inline)) static inline void dot_rows_avx2_fmt(float *y, int64_t ldy, const float *x,
                                                                          int64_t m, const void *w,
                                                                          dsc_weight_format f, int64_t c,
                                                                          int64_t r0, int64_t r1) {
-    size_t rb = dsc_cpu_row_bytes(f, c);
-    int64_t c8 = c / 8 * 8;
-    for (int64_t r = r0; r < r1; r += 2) {
-        int nr = r + 1 < r1 ? 2 : 1;
-        const void *row[2] = {(const uint8_t *)w + (size_t)r * rb, (const uint8_t *)w + (size_t)(r + nr - 1) * rb};
-        __m256 acc[2][DSC_CPU_GEMV_MAX_ROWS];
-        for (int k = 0; k < 2; k++)
-            for (int i = 0; i < DSC_CPU_GEMV_MAX_ROWS; i++)
-                acc[k][i] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < c8; j += 8) {
-            __m256 w0 = load8(row[0], f, j), w1 = load8(row[1], f, j);
-            for (int64_t i = 0; i < m; i++) {
-                __m256 xv = _mm256_loadu_ps(x + i * c + j);
-                acc[0][i] = _mm256_fmadd_ps(xv, w0, acc[0][i]);
-                acc[1][i] = _mm256_fmadd_ps(xv, w1, acc[1][i]);
-            }
-        }
-        for (int k = 0; k < nr; k++)
-            for (int64_t i = 0; i < m; i++) {
-                float s = hsum(acc[k][i]);
-                for (int64_t j = c8; j < c; j++)
-                    s += x[i * c + j] * widen_one(row[k], f, j);
-                y[i * ldy + r + k] = s;
-            }
+    switch (m) {
+    case 1:
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 1);
+        break;
+    case 2:
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 2);
+        break;
+    case 3:
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 3);
+        break;
+    default:
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 4);
+        break;
     }
 }
 
-/* Q8_0: per block of 32, the int8 products are summed unscaled, then scaled once. */
-AVX2 static void dot_rows_avx2_q8(float *y, int64_t ldy, const float *x, int64_t m, const void *w, int64_t c,
-                                  int64_t r0, int64_t r1) {
-    size_t rb = dsc_cpu_row_bytes(DSC_WEIGHT_Q8_0, c);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
-        __m256 acc[DSC_CPU_GEMV_MAX_ROWS];
-        for (int i = 0; i < DSC_CPU_GEMV_MAX_ROWS; i++)
-            acc[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < c / Q8_BLOCK; b++) {
-            const uint8_t *blk = row + b * Q8_BLOCK_BYTES;
+/* Q8_0, R rows against M x rows: per block of 32 the int8 products are
+ * summed unscaled, then scaled once; the x block is loaded once for all R rows. */
+AVX2 __attribute__((always_inline)) static inline void q8_block(float *y, int64_t ldy, const float *x,
+                                                                const uint8_t *w, size_t rb, int64_t c, int64_t r,
+                                                                const int R, const int M) {
+    __m256 acc[2][DSC_CPU_GEMV_MAX_ROWS];
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++)
+            acc[k][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < c / Q8_BLOCK; b++) {
+        __m256 d[2], wv[2][4];
+        for (int k = 0; k < R; k++) {
+            const uint8_t *blk = w + (size_t)(r + k) * rb + b * Q8_BLOCK_BYTES;
             uint16_t dh;
             memcpy(&dh, blk, sizeof dh);
-            __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-            __m256 wv[4];
+            d[k] = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
             for (int g = 0; g < 4; g++)
-                wv[g] =
+                wv[k][g] =
                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * g))));
-            for (int64_t i = 0; i < m; i++) {
-                const float *xb = x + i * c + b * Q8_BLOCK;
-                __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), wv[0]);
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), wv[1], s);
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), wv[2], s);
-                s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), wv[3], s);
-                acc[i] = _mm256_fmadd_ps(s, d, acc[i]);
+        }
+        for (int i = 0; i < M; i++) {
+            const float *xb = x + i * c + b * Q8_BLOCK;
+            __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
+                   x3 = _mm256_loadu_ps(xb + 24);
+            for (int k = 0; k < R; k++) {
+                __m256 s = _mm256_mul_ps(x0, wv[k][0]);
+                s = _mm256_fmadd_ps(x1, wv[k][1], s);
+                s = _mm256_fmadd_ps(x2, wv[k][2], s);
+                s = _mm256_fmadd_ps(x3, wv[k][3], s);
+                acc[k][i] = _mm256_fmadd_ps(s, d[k], acc[k][i]);
             }
         }
-        for (int64_t i = 0; i < m; i++)
-            y[i * ldy + r] = hsum(acc[i]);
+    }
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++)
+            y[i * ldy + r + k] = hsum(acc[k][i]);
+}
+
+AVX2 __attribute__((always_inline)) static inline void
+q8_rows_m(float *y, int64_t ldy, const float *x, const void *w, int64_t c, int64_t r0, int64_t r1, const int M) {
+    const size_t rb = dsc_cpu_row_bytes(DSC_WEIGHT_Q8_0, c);
+    const int R = M <= 2 ? 2 : 1;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R)
+        q8_block(y, ldy, x, w, rb, c, r, R, M);
+    for (; r < r1; r++)
+        q8_block(y, ldy, x, w, rb, c, r, 1, M);
+}
+
+AVX2 static void dot_rows_avx2_q8(float *y, int64_t ldy, const float *x, int64_t m, const void *w, int64_t c,
+                                  int64_t r0, int64_t r1) {
+    switch (m) {
+    case 1:
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 1);
+        break;
+    case 2:
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 2);
+        break;
+    case 3:
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 3);
+        break;
+    default:
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 4);
+        break;
     }
 }
 

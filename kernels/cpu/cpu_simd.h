@@ -12,9 +12,14 @@
 
 #include "dsc/kernels.h"
 
-/* Most x rows one pass over a weight row serves: up to this many rows a
- * linear layer streams its weight once (decode); beyond it, GEMM. */
+/* Most x rows one pass over a weight row serves (the register block). */
 #define DSC_CPU_GEMV_MAX_ROWS 4
+/* Up to this many x rows a linear layer streams its weight from memory
+ * once, DSC_CPU_GEMV_MAX_ROWS x rows at a time against a few weight rows
+ * that stay in cache (decode, and batched decode of many sequences); beyond
+ * it, GEMM, whose packing of the weight costs as much as the multiply at
+ * these sizes. */
+#define DSC_CPU_STREAM_MAX_ROWS 32
 
 /* Bytes of one weight row of c values (dsc_weight_row_bytes, which lives a layer above). */
 static inline size_t dsc_cpu_row_bytes(dsc_weight_format f, int64_t c) {

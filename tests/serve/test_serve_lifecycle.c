@@ -6,7 +6,8 @@
  * --drain-timeout cancels the requests still running instead (streams end
  * with finish_reason "abort", an error event and [DONE]; waiting JSON
  * requests get 503), and the exit is 0 too. On several ranks, a rank killed
- * mid-stream ends the server: the launcher exits non-zero naming that rank.
+ * mid-stream ends the server: the launcher exits non-zero naming that rank;
+ * so does a rank whose engine fails (pipeline-parallel failpoint).
  * Every wait is on a condition (metrics, the health route, the process's
  * exit), bounded by a deadline, never a fixed sleep. */
 #include <pthread.h>
@@ -244,11 +245,48 @@ static void test_rank_failure_named(void **state) {
     assert_false(c.done_seen); /* the stream broke off: it did not end as if complete */
 }
 
+/* Pipeline-parallel: the last rank returns an error mid-stream (the engine's
+ * failpoint serve_error:R:K, at its tick 40): it prints "dsc-serve: rank R:
+ * <why>" and aborts the job rather than leave its peers waiting for its
+ * stage; the launcher exits non-zero naming the rank and the reason. */
+static void test_rank_error_named(void **state) {
+    (void)state;
+    if (st_pp == 1) skip(); /* the failpoint is the pipeline's */
+    int ranks = st_ranks();
+    char failpoint[64];
+    snprintf(failpoint, sizeof failpoint, "serve_error:%d:40", ranks - 1);
+    assert_int_equal(setenv("DSC_FAILPOINT", failpoint, 1), 0);
+    serve_proc p;
+    const char *args[12];
+    st_start_ranks(&p, ranks, true, st_layout_args(args, (const char *[]){NULL}));
+    unsetenv("DSC_FAILPOINT");
+    call c = {.port = p.port, .max_tokens = 3000, .stream = true};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_call, &c), 0);
+    int code;
+    char out[16384];
+    assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out));
+    pthread_join(th, NULL);
+    printf("launcher exit %d; stream: %d tokens, [DONE] %s\n", code, c.tokens_seen,
+           c.done_seen ? "seen" : "not seen");
+    char said[64], named[64];
+    snprintf(said, sizeof said, "dsc-serve: rank %d: ", ranks - 1);
+    snprintf(named, sizeof named, "job failed: rank %d", ranks - 1);
+    if (!strstr(out, said) || !strstr(out, named) ||
+        !strstr(out, "simulated failure of pipeline stage 1 at tick 40"))
+        fail_msg("the rank and the launcher did not name rank %d and its error; they printed:\n%s", ranks - 1,
+                 out);
+    assert_int_not_equal(code, 0);
+    assert_false(c.done_seen);
+}
+
 int main(int argc, char **argv) {
     st_layout(argc, argv);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sigterm_finishes_in_flight), cmocka_unit_test(test_drain_timeout_cancels),
-        cmocka_unit_test(test_sigterm_to_launcher_drains),
-        cmocka_unit_test(test_sigterm_to_launcher_drain_timeout), cmocka_unit_test(test_rank_failure_named)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sigterm_finishes_in_flight),
+                                       cmocka_unit_test(test_drain_timeout_cancels),
+                                       cmocka_unit_test(test_sigterm_to_launcher_drains),
+                                       cmocka_unit_test(test_sigterm_to_launcher_drain_timeout),
+                                       cmocka_unit_test(test_rank_failure_named),
+                                       cmocka_unit_test(test_rank_error_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
