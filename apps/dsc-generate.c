@@ -92,7 +92,7 @@ static void usage(FILE *fp) {
           "  --tp-grain G            tp_grain_size: MLP and vocabulary cuts in multiples of G (64)\n"
           "  --print-plan            print the sharding plan for --tp N and exit (no ranks needed)\n"
           "  --pp P                  pipeline parallelism over P stages (dsc-launch -n P, or P x N with --tp N)\n"
-          "  --partition METHOD      how layers are cut into stages: uniform (default) or parameters\n"
+          "  --partition METHOD      how layers are cut into stages: uniform (default), parameters or compute\n"
           "  --max-weight-bytes B    refuse to load more than B bytes of weights on one rank\n"
           "  --ep E                  expert parallelism: MoE experts split over E replicas of each stage's\n"
           "                          TP group, tokens routed by all-to-all-v (dsc-launch -n P*N*E)\n"
