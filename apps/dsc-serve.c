@@ -40,9 +40,11 @@ typedef struct options {
 } options;
 
 static dsc_server *volatile g_server;
+static volatile sig_atomic_t g_stop; /* a signal came, perhaps before the server existed */
 
 static void on_signal(int sig) {
     (void)sig;
+    g_stop = 1;
     if (g_server) dsc_server_request_stop(g_server);
 }
 
@@ -329,6 +331,7 @@ static dsc_status serve(options *o, const ranks *rk) {
             fflush(stdout);
         }
         g_server = srv;
+        if (g_stop) dsc_server_request_stop(srv); /* signalled while loading: drain at once */
         s = dsc_server_run(srv);
         g_server = NULL;
         if (lead || s) fprintf(stderr, "dsc-serve: %s\n", s ? "stopped by an engine error" : "drained, exiting");
@@ -351,13 +354,14 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    MPI_Init(&argc, &argv);
+    /* Before MPI_Init (which can take a while): a signal while starting up is kept for the server. */
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR2, &sa, NULL); /* dsc-launch's drain request, relayed by mpirun */
     signal(SIGPIPE, SIG_IGN);
+    MPI_Init(&argc, &argv);
     ranks rk;
     dsc_status s = make_ranks(o.tp > 0 ? o.tp : 1, o.pp > 0 ? o.pp : 1, &rk);
     if (!s) s = serve(&o, &rk);

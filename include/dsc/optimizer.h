@@ -201,6 +201,10 @@ typedef struct dsc_muon_piece {
     int64_t offset;
     dsc_comm *shard;
     dsc_comm *tensor;
+    /* With `shard`: the rank of it that orthogonalises, broadcasting the
+     * result over it (DeepSpeed's stage 3 assigns matrices round-robin);
+     * -1: every rank holding a piece orthogonalises the whole matrix. */
+    int owner;
 } dsc_muon_piece;
 DSC_API dsc_status dsc_optim_muon_piece(const dsc_optim_hparams *hp, dsc_param *param, const dsc_muon_piece *pc,
                                         float lr);

@@ -20,9 +20,11 @@
  * stage 3 all-gathers them): each rank writes its piece of the update into
  * zeros and the group sums, exactly; under tensor parallelism the local
  * slice is placed in the global matrix and summed over the tensor group the
- * same way. Every rank that holds a piece then orthogonalises the whole
- * matrix (the same arithmetic on the same data, so the same result) and
- * applies its piece.
+ * same way. Then one rank of the group (the caller's `owner`: ZeRO-3
+ * assigns matrices round-robin, as DeepSpeed's stage 3 does) orthogonalises
+ * the whole matrix and broadcasts it, or every rank that holds a piece
+ * orthogonalises it (the same arithmetic on the same data, so the same
+ * result); each applies its piece.
  *
  * Not here: which schedule sets the learning rates (hparams_from_config),
  * or which pieces a rank holds (plain.c, zero/). */
@@ -325,7 +327,13 @@ dsc_status dsc_optim_muon_piece(const dsc_optim_hparams *hp, dsc_param *param, c
     if (!s) s = assemble(pc->shard, &local, "ZeRO group", param);
     int64_t rows = 0, cols = 0;
     /* a rank holding none of it only helps assemble the tensor-parallel whole */
-    if (!s) s = orthogonalise_spread(hp, param, pc->tensor, &local, n > 0, &rows, &cols);
+    bool owned = pc->owner >= 0 && pc->shard && dsc_comm_size(pc->shard) > 1;
+    bool compute = owned ? dsc_comm_rank(pc->shard) == pc->owner : n > 0;
+    if (!s) s = orthogonalise_spread(hp, param, pc->tensor, &local, compute, &rows, &cols);
+    if (!s && owned) {
+        s = dsc_comm_broadcast(pc->shard, &local, pc->owner);
+        if (s) s = dsc_error_wrap(s, "Muon: sharing %s's update from rank %d", param->name, pc->owner);
+    }
     if (!s && n > 0) s = apply(pc->value, &mine, lr, muon_decay(hp, param), rows, cols);
     dsc_tensor_free(&local);
     return s;

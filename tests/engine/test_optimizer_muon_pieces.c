@@ -5,7 +5,9 @@
  * steps, with both Newton-Schulz methods, on 2 and 3 ranks, laid out
  *  - as ZeRO holds it: each rank an even piece of every flattened parameter
  *    (its momentum and Adam moments too), the matrices assembled over the
- *    world for Newton-Schulz; the Adam parameters' pieces step on their own;
+ *    world for Newton-Schulz, orthogonalised by every rank or (stage 3's
+ *    round robin) by one, which broadcasts the result; the Adam parameters'
+ *    pieces step on their own;
  *  - as tensor parallelism holds it: each rank a slice of every matrix
  *    along its rows, then along its columns (declared with
  *    dsc_params_declare_shard), assembled over the world as the tensor
@@ -91,7 +93,7 @@ static void check(const char *layout, const char *method, const fx *f, const flo
 }
 
 /* ZeRO's layout: an even piece of every flattened parameter on every rank. */
-static void run_pieces(const char *method) {
+static void run_pieces(const char *method, bool round_robin) {
     dsc_optim_hparams hp;
     hparams(method, &hp);
     const int n_params = cJSON_GetArraySize(cJSON_GetObjectItem(fixture, "params"));
@@ -104,6 +106,7 @@ static void run_pieces(const char *method) {
         assert_ok(dsc_params_finalize(store));
         int64_t lo, hi;
         dsc_zero_param_piece(f.numel, dsc_comm_size(world), dsc_comm_rank(world), &lo, &hi);
+        int owner = round_robin ? i % dsc_comm_size(world) : -1;
         float *value = p->value.data, *grad = p->grad.data, m[MAX_NUMEL] = {0}, v[MAX_NUMEL] = {0};
         whole("init", NULL, -1, i, value, f.numel);
         for (int step = 1; step <= STEPS; step++) {
@@ -111,14 +114,16 @@ static void run_pieces(const char *method) {
             dsc_tensor pv = flat(value + lo, hi - lo), pg = flat(grad + lo, hi - lo);
             dsc_tensor pm = flat(m + lo, hi - lo), pv2 = flat(v + lo, hi - lo);
             if (dsc_optim_uses_muon(p))
-                assert_ok(dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, lo, world, NULL}, 0.01f));
+                assert_ok(
+                    dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, lo, world, NULL, owner}, 0.01f));
             else if (hi > lo)
                 assert_ok(
                     dsc_optim_muon_adam(&hp, &pv, &pg, &pm, &pv2, 0.01f, !(f.flags & DSC_PARAM_NO_DECAY), step));
         }
         float want[MAX_NUMEL];
         whole("expected", method, -1, i, want, f.numel);
-        check("ZeRO pieces", method, &f, value + lo, want + lo, hi - lo);
+        check(round_robin ? "ZeRO pieces, one rank orthogonalising" : "ZeRO pieces", method, &f, value + lo,
+              want + lo, hi - lo);
         dsc_params_destroy(store);
     }
 }
@@ -172,7 +177,7 @@ static void run_slices(const char *method, int axis_from_end) {
             whole("grads", NULL, step - 1, i, buf, f.numel);
             slice(buf, p->grad.data, &f, axis, start, end - start, true);
             dsc_tensor pv = flat(p->value.data, n), pg = flat(p->grad.data, n), pm = flat(m, n);
-            assert_ok(dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, 0, NULL, world}, 0.01f));
+            assert_ok(dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, 0, NULL, world, -1}, 0.01f));
         }
         whole("expected", method, -1, i, want, f.numel);
         slice(want, mine, &f, axis, start, end - start, true);
@@ -183,8 +188,10 @@ static void run_slices(const char *method, int axis_from_end) {
 
 static void test_zero_pieces_match_deepspeed(void **state) {
     (void)state;
-    run_pieces("gram");
-    run_pieces("standard");
+    for (int round_robin = 0; round_robin <= 1; round_robin++) {
+        run_pieces("gram", round_robin);
+        run_pieces("standard", round_robin);
+    }
 }
 
 static void test_tp_slices_match_deepspeed(void **state) {

@@ -10,6 +10,7 @@
  * so does a rank whose engine fails (pipeline-parallel failpoint).
  * Every wait is on a condition (metrics, the health route, the process's
  * exit), bounded by a deadline, never a fixed sleep. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -162,6 +164,51 @@ static void test_drain_timeout_cancels(void **state) {
     assert_int_equal(code, 0);
 }
 
+/* Whether pid has a handler for sig (/proc/PID/status, SigCgt). */
+static bool catches(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+    if (f) fclose(f);
+    return (mask >> (sig - 1)) & 1;
+}
+
+/* One rank: SIGTERM as soon as dsc-serve has its handler, long before it
+ * listens (MPI_Init and the model load come after): the signal is kept, the
+ * server starts, drains at once and exits 0, instead of losing the signal
+ * (and serving on) or dying of it. */
+static void test_sigterm_while_starting(void **state) {
+    (void)state;
+    if (st_ranks() > 1) skip();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl(DSC_BINARY_DIR "/bin/dsc-serve", "dsc-serve", st_model_dir(), "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 20000 && !catches(pid, SIGTERM); i++) /* at most 20 s */
+        usleep(1000);
+    assert_true(catches(pid, SIGTERM));
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 6000 && done == 0; i++) { /* at most 60 s */
+        done = waitpid(pid, &status, WNOHANG);
+        if (done == 0) usleep(10000);
+    }
+    if (done == 0) kill(pid, SIGKILL);
+    if (done == 0) fail_msg("dsc-serve still ran 60 s after a SIGTERM while it started: the signal was lost");
+    assert_int_equal(done, pid);
+    if (WIFSIGNALED(status)) fail_msg("dsc-serve died of signal %d", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Several ranks: SIGTERM to dsc-launch reaches every rank as SIGUSR2 (the
  * launcher asks mpirun to pass it on), which drains as SIGTERM to rank 0
  * does: the in-flight requests finish, every rank exits 0 and so does the
@@ -287,6 +334,7 @@ int main(int argc, char **argv) {
                                        cmocka_unit_test(test_sigterm_to_launcher_drains),
                                        cmocka_unit_test(test_sigterm_to_launcher_drain_timeout),
                                        cmocka_unit_test(test_rank_failure_named),
+                                       cmocka_unit_test(test_sigterm_while_starting),
                                        cmocka_unit_test(test_rank_error_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
