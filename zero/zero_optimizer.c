@@ -586,7 +586,8 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
 }
 
 /* Mixed precision (dsc/precision.h) wraps the sharded optimizer: its master
- * is this rank's range of each group, the gradients those the step reads. */
+ * is this rank's range of each group (stage 3: the optimizer's own f32
+ * shards), the gradients those the step reads. */
 dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out) {
     dsc_zero_options zo;
     dsc_zero_options_from_config(cfg, &zo);
@@ -596,7 +597,8 @@ dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_
     if (zo.stage == 0) return dsc_precision_maybe_wrap(cfg, &o, NULL, out);
     const zero_optimizer *z = (const zero_optimizer *)*out;
     dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
-        ranges[g] = (dsc_precision_range){z->groups[g].begin, z->groups[g].end, z->groups[g].grads};
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) /* stage 3: its f32 value shards are the master */
+        ranges[g] = (dsc_precision_range){zo.stage == 3 ? 0 : z->groups[g].begin,
+                                          zo.stage == 3 ? 0 : z->groups[g].end, z->groups[g].grads};
     return dsc_precision_maybe_wrap(cfg, &o, ranges, out);
 }
