@@ -308,6 +308,11 @@ static dsc_status find_pieces(mixed_optimizer *m) {
 }
 
 static dsc_status setup(mixed_optimizer *m) {
+    int n_params = dsc_params_count(m->oo.params);
+    DSC_CHECK(n_params == 0 || dsc_params_at(m->oo.params, 0)->value.device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED,
+              "mixed precision: the parameters are not in host memory; fp16 / bf16 training is implemented for "
+              "CPU jobs (dsc trains on the CPU)");
     int64_t most = 1;
     m->max_params = 1;
     for (int l = 0; l < m->oo.n_layers; l++) {

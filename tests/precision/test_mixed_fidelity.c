@@ -293,5 +293,5 @@ int main(void) {
         cmocka_unit_test(test_parameters_stay_rounded),
         cmocka_unit_test(test_overflow_path),
     };
-    return DSC_RUN_MPI_TESTS(tests);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
