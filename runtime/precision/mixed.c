@@ -387,3 +387,12 @@ bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
     *loss_scale = mixed ? ((const mixed_optimizer *)opt)->last_scale : 0.0;
     return mixed && ((const mixed_optimizer *)opt)->last_skipped;
 }
+
+dsc_dtype dsc_precision_activation_dtype(dsc_optimizer *opt, float *grad_scale) {
+    *grad_scale = 1.0f;
+    if (!opt || opt->ops != &mixed_ops) return DSC_DTYPE_F32;
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    *grad_scale = (float)m->scaler.cur_scale;
+    return m->po.dtype;
+}
