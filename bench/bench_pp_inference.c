@@ -21,7 +21,9 @@
  * times (default 1); each line is one run. EXTRA (default 0): micro-batches
  * in flight beyond P (the engine's micro_batches = P + EXTRA; the bounds
  * stay P's: a stage can be busy at most min(c, P) / P of the time).
- *   DSC_NUM_THREADS=1 build/bench/bench_pp_inference [DIR [NEW [REPS [EXTRA]]]]
+ * PARTITION (default uniform): the stages' partition_method (uniform,
+ * parameters or compute).
+ *   DSC_NUM_THREADS=1 build/bench/bench_pp_inference [DIR [NEW [REPS [EXTRA [PARTITION]]]]]
  *   DSC_NUM_THREADS=1 mpirun -np 2 build/bench/bench_pp_inference
  *   DSC_NUM_THREADS=1 mpirun -np 4 build/bench/bench_pp_inference
  * bench/bench_pp_inference.sh runs P = 1, 2, 4 and summarises the runs.
@@ -81,12 +83,13 @@ int main(int argc, char **argv) {
     if (new_tokens < 1) new_tokens = 32;
     if (reps < 1) reps = 1;
     int extra = argc > 4 ? atoi(argv[4]) : 0;
+    const char *partition = argc > 5 ? argv[5] : "uniform";
     dsc_comm *world;
     die(dsc_comm_world(NULL, &world));
     int rank = dsc_comm_rank(world), P = dsc_comm_size(world);
     die(bench_llama_prepare(world, dir, &(bench_llama){C, L, NH, NKV, HS, F, V}));
     dsc_infer_model *m;
-    dsc_infer_pp pp = {.comm = P > 1 ? world : NULL};
+    dsc_infer_pp pp = {.comm = P > 1 ? world : NULL, .partition_method = partition};
     die(dsc_infer_model_load_parallel(dir, NULL, &pp, &m));
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
     ec.max_sequences = ec.max_batch_sequences = MAX_C;
@@ -96,10 +99,9 @@ int main(int argc, char **argv) {
     dsc_infer_engine *e;
     die(dsc_infer_engine_create(m, &ec, &e));
     if (rank == 0)
-        printf("pp %d x %d threads, %d new tokens, %d micro-batches in flight; per stage: busy fraction, bounds "
-               "sim and "
-               "bal, waits recv / tok / send (fractions of the wall time)\n",
-               P, dsc_kernels_get_num_threads(), new_tokens, ec.micro_batches ? ec.micro_batches : P);
+        printf("pp %d x %d threads, %d new tokens, %d micro-batches in flight, %s partition; per stage: busy "
+               "fraction, bounds sim and bal, waits recv / tok / send (fractions of the wall time)\n",
+               P, dsc_kernels_get_num_threads(), new_tokens, ec.micro_batches ? ec.micro_batches : P, partition);
     int64_t warm;
     generate(e, 1, 4, 1, &warm);
     double *all = malloc((size_t)P * FIELDS * sizeof *all);

@@ -6,7 +6,8 @@
 # around every round. With OLD=path/to/an/older/bench_pp_inference (and OLD_LIB=its libdsc's
 # directory, when it is not the one it was linked with), each run of the new binary is followed by
 # one of the old, and the old figures are summarised beside (its lines have no waits or bal).
-# EXTRA=k runs the new binary with k micro-batches in flight beyond P (the old one ignores it).
+# EXTRA=k runs the new binary with k micro-batches in flight beyond P, PARTITION=compute (or
+# parameters) with that partition of the layers (the old binary ignores both).
 # Usage: [OLD=... [OLD_LIB=...]] [EXTRA=k] bench/bench_pp_inference.sh [BUILD_DIR [RUNS [NEW_TOKENS]]]
 set -euo pipefail
 build=${1:-build}
@@ -16,27 +17,28 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 model=${DSC_BENCH_PP_MODEL:-/tmp/dsc_bench_pp_model}
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
-run() { # run P BINARY LIBDIR
+run() { # run P BINARY LIBDIR [ARGS...]: ARGS after the model and token count
     local p=$1 bin=$2 lib=$3
+    shift 3
     local env=(-x DSC_NUM_THREADS -x OMP_NUM_THREADS)
     [ -n "$lib" ] && env+=(-x "LD_LIBRARY_PATH=$lib")
     if [ "$p" = 1 ]; then
-        LD_LIBRARY_PATH=${lib:-${LD_LIBRARY_PATH:-}} "$bin" "$model" "$new_tokens"
+        LD_LIBRARY_PATH=${lib:-${LD_LIBRARY_PATH:-}} "$bin" "$model" "$new_tokens" "$@"
     else
-        mpirun --oversubscribe -np "$p" "${env[@]}" "$bin" "$model" "$new_tokens" 1 "${EXTRA:-0}"
+        mpirun --oversubscribe -np "$p" "${env[@]}" "$bin" "$model" "$new_tokens" "$@"
     fi
 }
 for r in $(seq 1 "$runs"); do
     echo "round $r: $(uptime)"
     for p in 1 2 4; do
-        run "$p" "$build/bench/bench_pp_inference" "" | tee -a "$log/new"
+        run "$p" "$build/bench/bench_pp_inference" "" 1 "${EXTRA:-0}" "${PARTITION:-uniform}" | tee -a "$log/new"
         if [ -n "${OLD:-}" ]; then run "$p" "$OLD" "${OLD_LIB:-}" | sed 's/^/old: /' | tee -a "$log/old"; fi
     done
 done
 echo "after: $(uptime)"
 python3 - "$log" <<'EOF'
 import re, statistics, sys, os
-def parse(path, old):
+def parse(path):
     rows = {}  # (P, D, c, stage) -> list of (tokens/s, busy, sim, bal, recv, tok, send)
     P = D = None
     for line in open(path):
@@ -50,18 +52,17 @@ def parse(path, old):
         if not m:
             continue
         c, tps = int(m.group(1)), float(m.group(2))
-        if old:
+        stages = re.findall(r"stage (\d+) busy ([\d.]+) sim ([\d.]+) bal ([\d.]+) waits ([\d.]+) ([\d.]+) ([\d.]+)", line)
+        vals = [(int(k), *map(float, rest)) for k, *rest in stages]
+        if not vals:  # an older binary's line: busy / bound only
             stages = re.findall(r"stage (\d+) ([\d.]+) / ([\d.]+)", line)
             vals = [(int(k), float(b), float(s), None, None, None, None) for k, b, s in stages]
-        else:
-            stages = re.findall(r"stage (\d+) busy ([\d.]+) sim ([\d.]+) bal ([\d.]+) waits ([\d.]+) ([\d.]+) ([\d.]+)", line)
-            vals = [(int(k), *map(float, rest)) for k, *rest in stages]
         for k, *v in vals:
             rows.setdefault((P, D, c, k), []).append((tps, *v))
     return rows
-new = parse(os.path.join(sys.argv[1], "new"), False)
+new = parse(os.path.join(sys.argv[1], "new"))
 oldp = os.path.join(sys.argv[1], "old")
-old = parse(oldp, True) if os.path.exists(oldp) else {}
+old = parse(oldp) if os.path.exists(oldp) else {}
 med = statistics.median
 print("\nP D  c stage | busy min / median | sim  bal  | waits recv tok send (median) | tokens/s median" +
       (" || old busy min / median, tokens/s" if old else ""))

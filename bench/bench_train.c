@@ -2,15 +2,19 @@
  * for a tiny GPT (configs/main.json's shape) and a GPT-2-small-shaped model
  * (12 layers, C 768, 12 heads, T 256, V 50257), beside PyTorch running the
  * same model, batch and optimizer on the same number of threads
- * (bench/torch_train_ref.py, run with /usr/bin/python3).
+ * (bench/torch_train_ref.py, run with --python, /opt/venv/bin/python unless told).
  *
- *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2]
- *               [--torch PATH/torch_train_ref.py | --no-torch]
+ *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] [--pairs N]
+ *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH]
+ *
+ * With --pairs N each model runs N times, dsc then PyTorch, interleaved, each
+ * pair printed with the 1-minute load average before it; the summary line
+ * gives the median and minimum of each side and the ratio of the medians.
  *
  * Achieved GFLOP/s counts 6 * params * tokens/s (forward + backward of every
  * weight) plus causal attention, 6 * L * C * T per token (llm.c's estimate).
  * Prints, never asserts. */
-#define _POSIX_C_SOURCE 200809L /* popen, clock_gettime */
+#define _DEFAULT_SOURCE /* popen, clock_gettime, getloadavg */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,16 +91,17 @@ static double run_dsc(const shape *sh, int steps, const char *data, int64_t *par
 }
 
 /* tokens/s of the PyTorch reference, or 0 when it could not run. */
-static double run_torch(const char *script, const shape *sh, int steps, int threads) {
+static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads) {
     if (access(script, R_OK) != 0) {
         printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", script);
         return 0;
     }
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=%d /usr/bin/python3 %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
+             "OMP_NUM_THREADS=%d %s %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
              "--batch %d --steps %d --threads %d 2>&1",
-             threads, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps, threads);
+             threads, python, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps,
+             threads);
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
     char line[512];
@@ -109,9 +114,26 @@ static double run_torch(const char *script, const shape *sh, int steps, int thre
     return tps;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorted in place); v[0] is then the minimum. */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double load_now(void) {
+    double load = 0;
+    return getloadavg(&load, 1) == 1 ? load : -1;
+}
+
 int main(int argc, char **argv) {
-    int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2};
-    const char *only = NULL, *torch = "bench/torch_train_ref.py";
+    enum { MAX_PAIRS = 32 };
+    int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2}, pairs = 1;
+    const char *only = NULL, *torch = "bench/torch_train_ref.py", *python = "/opt/venv/bin/python";
     for (int i = 1; i < argc; i++) {
         bool v = i + 1 < argc;
         if (strcmp(argv[i], "--threads") == 0 && v)
@@ -126,31 +148,50 @@ int main(int argc, char **argv) {
             torch = argv[++i];
         else if (strcmp(argv[i], "--no-torch") == 0)
             torch = NULL;
+        else if (strcmp(argv[i], "--python") == 0 && v)
+            python = argv[++i];
+        else if (strcmp(argv[i], "--pairs") == 0 && v)
+            pairs = atoi(argv[++i]);
         else {
             fprintf(stderr,
                     "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
-                    "[--torch PATH | --no-torch]\n");
+                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH]\n");
             return 2;
         }
+    }
+    if (pairs < 1 || pairs > MAX_PAIRS) {
+        fprintf(stderr, "bench_train: --pairs must be in [1, %d]\n", MAX_PAIRS);
+        return 2;
     }
     dsc_kernels_set_num_threads(threads);
     char data[128];
     snprintf(data, sizeof data, "/tmp/dsc_bench_train_%d.tok", (int)getpid());
     write_tokens(data);
     printf("bench_train: 1 rank, %d threads, AdamW, one warm-up step then timed steps\n", threads);
-    printf("%-5s %10s %6s %9s %12s %12s %9s %13s %7s\n", "model", "params", "B*T", "steps", "dsc tok/s",
-           "dsc GFLOP/s", "ms/step", "torch tok/s", "dsc/pt");
+    printf("%-5s %5s %10s %6s %6s %12s %12s %9s %13s %7s\n", "model", "load", "params", "B*T", "steps",
+           "dsc tok/s", "dsc GFLOP/s", "ms/step", "torch tok/s", "dsc/pt");
     for (int k = 0; k < 2; k++) {
         const shape *sh = &shapes[k];
         if (only && strcmp(only, sh->name) != 0) continue;
-        int64_t params;
-        double tps = run_dsc(sh, steps[k], data, &params);
-        double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
-        double pt = torch ? run_torch(torch, sh, steps[k], threads) : 0;
-        printf("%-5s %10lld %6d %9d %12.0f %12.2f %9.1f %13.0f %7.2f\n", sh->name, (long long)params,
-               sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9, 1e3 * sh->batch * sh->seq / tps,
-               pt, pt > 0 ? tps / pt : 0.0);
-        fflush(stdout);
+        double dsc_tps[MAX_PAIRS], pt_tps[MAX_PAIRS];
+        for (int p = 0; p < pairs; p++) {
+            int64_t params;
+            double load = load_now();
+            double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, &params);
+            double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
+            double pt = pt_tps[p] = torch ? run_torch(python, torch, sh, steps[k], threads) : 0;
+            printf("%-5s %5.1f %10lld %6d %6d %12.1f %12.2f %9.1f %13.1f %7.2f\n", sh->name, load,
+                   (long long)params, sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9,
+                   1e3 * sh->batch * sh->seq / tps, pt, pt > 0 ? tps / pt : 0.0);
+            fflush(stdout);
+        }
+        if (pairs > 1) {
+            double md = median(dsc_tps, pairs), mp = median(pt_tps, pairs);
+            printf(
+                "%-5s %d pairs: dsc median %.1f (min %.1f) tok/s, torch median %.1f (min %.1f), ratio of medians "
+                "%.2f (target >= 1.50)\n",
+                sh->name, pairs, md, dsc_tps[0], mp, pt_tps[0], mp > 0 ? md / mp : 0.0);
+        }
     }
     unlink(data);
     return 0;

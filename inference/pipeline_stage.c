@@ -1,7 +1,9 @@
 /* Which part of the model a pipeline stage holds: the transformer layers
  * cut by pipe/'s partition algorithms ("uniform" by layer count,
  * "parameters" DeepSpeed's balanced split of [embedding, layers..., final
- * norm + LM head] weighted by the policy's parameter counts), the first
+ * norm + LM head] weighted by the policy's parameter counts, "compute" the
+ * same split weighted by multiply-adds per token: the embedding lookup
+ * costs nothing, the LM head V x C, a MoE layer its top_k experts), the first
  * stage also holding the embedding (with OPT's project_in) and the last the
  * final norm, project_out and LM head (and the embedding again when they
  * are tied); and the one-line summary
@@ -41,9 +43,11 @@ static const dsc_container_def *container(const dsc_policy *p, const dsc_infer_m
     return p->dense_layer && !dsc_model_is_moe_layer(mc, c) ? p->dense_layer : p->layer;
 }
 
-/* Parameters of container c whose role passes `want` (NULL: all). */
+/* Parameters of container c whose role passes `want` (NULL: all); per
+ * token, an expert's count top_k times rather than once per expert (a token
+ * computes with top_k of them). */
 static double count_params(const dsc_policy *p, const dsc_infer_model_config *mc, int32_t c,
-                           bool (*want)(dsc_param_role)) {
+                           bool (*want)(dsc_param_role), bool per_token) {
     const dsc_container_def *def = container(p, mc, c);
     double n = 0;
     for (int i = 0; i < def->n_params; i++) {
@@ -54,6 +58,7 @@ static double count_params(const dsc_policy *p, const dsc_infer_model_config *mc
         double numel = 1;
         for (int d = 0; d < nd; d++)
             numel *= (double)shape[d];
+        if (per_token && pd->per_expert && shape[0] > 0) numel = numel / (double)shape[0] * mc->top_k;
         n += numel;
     }
     return n;
@@ -64,10 +69,20 @@ static bool is_embedding(dsc_param_role r) {
     return r == DSC_PARAM_ROLE_EMBED || r == DSC_PARAM_ROLE_POS_EMBED || r == DSC_PARAM_ROLE_PROJ_IN;
 }
 
+static bool is_proj_in(dsc_param_role r) {
+    return r == DSC_PARAM_ROLE_PROJ_IN;
+}
+
 /* bounds (P + 1) over the L layers by DeepSpeed's balanced partition of
  * [embedding, layers..., head]; the LM head counts V x C even when tied
- * (the last stage holds it either way). */
-static dsc_status partition_parameters(const dsc_policy *p, const dsc_infer_model_config *mc, int P, int *bounds) {
+ * (the last stage holds it either way). By parameters (DeepSpeed's
+ * "parameters"), or by compute: multiply-adds per token, where the
+ * embedding is a lookup (only OPT's project_in computes) and a MoE layer's
+ * experts count top_k times, so that the last stage's LM head weighs what
+ * it costs; there the ends are folded into the first and last layer's
+ * items, so that a heavy head cannot leave the last stage without layers. */
+static dsc_status partition_balanced(const dsc_policy *p, const dsc_infer_model_config *mc, int P, bool compute,
+                                     int *bounds) {
     int32_t L = mc->n_layer;
     double *w = malloc((size_t)(L + 2) * sizeof *w);
     int *items = malloc((size_t)(P + 1) * sizeof *items);
@@ -75,15 +90,20 @@ static dsc_status partition_parameters(const dsc_policy *p, const dsc_infer_mode
         free(w), free(items);
         return dsc_error(DSC_ERR_NOMEM, "pipeline partition of %d layers", L);
     }
-    double embed = count_params(p, mc, L, is_embedding);
-    w[0] = embed;
+    double embed = count_params(p, mc, L, is_embedding, false);
+    w[0] = compute ? count_params(p, mc, L, is_proj_in, false) : embed;
     for (int32_t l = 0; l < L; l++)
-        w[l + 1] = count_params(p, mc, l, NULL);
-    w[L + 1] = count_params(p, mc, L, NULL) - embed + (double)mc->vocab_size * mc->d_model * mc->tie_embeddings;
-    dsc_status s = dsc_pipe_partition_balanced(w, L + 2, P, items);
-    /* item i + 1 is layer i */
+        w[l + 1] = count_params(p, mc, l, NULL, compute);
+    w[L + 1] =
+        count_params(p, mc, L, NULL, false) - embed + (double)mc->vocab_size * mc->d_model * mc->tie_embeddings;
+    if (compute) { /* items: the L layers, the first and last with the ends */
+        w[1] += w[0];
+        w[L] += w[L + 1];
+    }
+    dsc_status s = dsc_pipe_partition_balanced(compute ? w + 1 : w, compute ? L : L + 2, P, items);
+    /* without folding, item i + 1 is layer i */
     for (int k = 0; !s && k <= P; k++)
-        bounds[k] = items[k] < 1 ? 0 : items[k] - 1 > L ? L : items[k] - 1;
+        bounds[k] = compute ? items[k] : items[k] < 1 ? 0 : items[k] - 1 > L ? L : items[k] - 1;
     bounds[P] = L;
     free(w), free(items);
     return s;
@@ -104,11 +124,12 @@ dsc_status dsc_infer_stage_plan(const dsc_policy *policy, const dsc_infer_model_
     dsc_status s = NULL;
     if (strcmp(method, "uniform") == 0)
         dsc_pipe_partition_uniform(mc->n_layer, P, bounds);
-    else if (strcmp(method, "parameters") == 0)
-        s = partition_parameters(policy, mc, P, bounds);
+    else if (strcmp(method, "parameters") == 0 || strcmp(method, "compute") == 0)
+        s = partition_balanced(policy, mc, P, strcmp(method, "compute") == 0, bounds);
     else
         s = dsc_error(DSC_ERR_UNSUPPORTED,
-                      "pipeline partition_method \"%s\": serving supports uniform and parameters", method);
+                      "pipeline partition_method \"%s\": serving supports uniform, parameters and compute",
+                      method);
     *max_layers = 0;
     for (int k = 0; !s && k < P; k++) {
         if (bounds[k + 1] <= bounds[k])

@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "inference/hf_config.h"
 #include "inference/model_internal.h"
 #include "inference/policy_params.h"
 
@@ -46,11 +47,7 @@ static dsc_status phi3_keys(dsc_infer_model_config *mc, const cJSON *root, const
 
 static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source) {
     DSC_TRY(dsc_policy_hf_llama.configure(mc, json, source));
-    cJSON *root = cJSON_Parse(json);
-    DSC_CHECK(root, DSC_ERR_CORRUPT, "%s: not JSON (cJSON_Parse failed)", source);
-    dsc_status s = phi3_keys(mc, root, source);
-    cJSON_Delete(root);
-    return s;
+    return parse_config_json(mc, json, source, phi3_keys);
 }
 
 static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_freq", NULL};

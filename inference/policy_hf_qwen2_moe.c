@@ -8,10 +8,9 @@
  * of width intermediate_size. config.json is read as Qwen2's, plus those
  * keys; mlp_only_layers must be empty (refused otherwise).
  * Not here: the forward (model_moe.c, model_forward.c). */
-#include <math.h>
-
 #include <cjson/cJSON.h>
 
+#include "inference/hf_config.h"
 #include "inference/model_internal.h"
 #include "inference/policy_params.h"
 
@@ -49,31 +48,13 @@ static const dsc_container_def sparse_layer = {"qwen2_moe_layer", sizeof sparse_
                                                sparse_params, sizeof sparse_mappings / sizeof sparse_mappings[0],
                                                sparse_mappings};
 
-enum { MAX_WIDTH = 1 << 20, MAX_EXPERTS = 1 << 16 };
-
-/* Integer key in [lo, hi] (dflt when absent and not required), checked as a double first. */
-static dsc_status get_i32(const cJSON *root, const char *source, const char *key, bool required, int64_t dflt,
-                          int64_t lo, int64_t hi, int32_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!v || cJSON_IsNull(v)) {
-        DSC_CHECK(!required, DSC_ERR_CONFIG, "%s: missing key %s", source, key);
-        *out = (int32_t)dflt;
-        return NULL;
-    }
-    DSC_CHECK(cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= (double)lo &&
-                  v->valuedouble <= (double)hi,
-              DSC_ERR_CONFIG, "%s: %s must be an integer in [%lld, %lld]", source, key, (long long)lo,
-              (long long)hi);
-    *out = (int32_t)v->valuedouble;
-    return NULL;
-}
-
 static dsc_status moe_keys(dsc_infer_model_config *mc, const cJSON *root, const char *source) {
-    DSC_TRY(get_i32(root, source, "num_experts", true, 0, 1, MAX_EXPERTS, &mc->n_experts));
-    DSC_TRY(get_i32(root, source, "num_experts_per_tok", true, 0, 1, mc->n_experts, &mc->top_k));
-    DSC_TRY(get_i32(root, source, "moe_intermediate_size", true, 0, 1, MAX_WIDTH, &mc->d_ff_expert));
-    DSC_TRY(get_i32(root, source, "shared_expert_intermediate_size", true, 0, 1, MAX_WIDTH, &mc->d_ff_shared));
-    DSC_TRY(get_i32(root, source, "decoder_sparse_step", false, 1, 1, mc->n_layer, &mc->moe_layer_freq));
+    const json_reader r = {root, source, ""};
+    DSC_TRY(get_i32(&r, "num_experts", true, 0, 1, MAX_COUNT, &mc->n_experts));
+    DSC_TRY(get_i32(&r, "num_experts_per_tok", true, 0, 1, mc->n_experts, &mc->top_k));
+    DSC_TRY(get_i32(&r, "moe_intermediate_size", true, 0, 1, MAX_DIM, &mc->d_ff_expert));
+    DSC_TRY(get_i32(&r, "shared_expert_intermediate_size", true, 0, 1, MAX_DIM, &mc->d_ff_shared));
+    DSC_TRY(get_i32(&r, "decoder_sparse_step", false, 1, 1, mc->n_layer, &mc->moe_layer_freq));
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
     DSC_CHECK(!norm || cJSON_IsNull(norm) || cJSON_IsBool(norm), DSC_ERR_CONFIG,
               "%s: norm_topk_prob must be true or false", source);
@@ -89,11 +70,7 @@ static dsc_status moe_keys(dsc_infer_model_config *mc, const cJSON *root, const 
 
 static dsc_status configure(dsc_infer_model_config *mc, const char *json, const char *source) {
     DSC_TRY(dsc_policy_hf_qwen2.configure(mc, json, source));
-    cJSON *root = cJSON_Parse(json);
-    DSC_CHECK(root, DSC_ERR_CORRUPT, "%s: not JSON (cJSON_Parse failed)", source);
-    dsc_status s = moe_keys(mc, root, source);
-    cJSON_Delete(root);
-    return s;
+    return parse_config_json(mc, json, source, moe_keys);
 }
 
 static const char *const ignored[] = {"model.layers.*.self_attn.rotary_emb.inv_freq", NULL};

@@ -262,7 +262,8 @@ static bool spread_over_group(const zero_group *g, const dsc_param *p) {
  * parameters in store order, each with its piece (possibly none) and the
  * group when the parameter is spread over it (a tensor-parallel slice is,
  * whatever the cut: each rank of the tensor group needs its whole slice);
- * the rest of the group's pieces take Adam. */
+ * in stage 3, where every matrix is, one rank orthogonalises each in turn.
+ * The rest of the group's pieces take Adam. */
 static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
     const dsc_optim_hparams *hp = &z->o.hparams;
     for (int i = 0; i < g->n_pieces; i++) {
@@ -273,6 +274,7 @@ static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
         DSC_TRY(dsc_optim_muon_adam(hp, &value, &grad, &m, &v, (float)lr, !(pc->param->flags & DSC_PARAM_NO_DECAY),
                                     z->step));
     }
+    int matrices = 0; /* stage 3: Newton-Schulz of the k-th on rank k mod size, which broadcasts it */
     for (int i = 0; i < z->n_params; i++) {
         dsc_param *p = dsc_params_at(z->o.params, i);
         if (p->group != g->id || !dsc_optim_uses_muon(p)) continue;
@@ -281,7 +283,15 @@ static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
         dsc_tensor m = piece_view(&g->state[0], pc);
         bool spread =
             spread_over_group(g, p) || (g->size > 1 && dsc_optim_muon_needs_tensor_group(p, z->o.tensor));
-        dsc_muon_piece mp = {&value, &grad, &m, pc->param_offset, spread ? g->comm : NULL, z->o.tensor};
+        int owner = g->split && g->size > 1 ? matrices++ % g->size : -1;
+        int64_t counts[g->size], n = dsc_param_numel(p); /* both cuts: pieces back to back in rank order */
+        for (int r = 0; r < g->size; r++) {
+            int64_t lo, hi;
+            if (g->split) dsc_zero_param_piece(n, g->size, r, &lo, &hi);
+            counts[r] = g->split ? hi - lo : zero_owned(g, r, p->offset, p->offset + n);
+        }
+        dsc_muon_piece mp = {&value,      &grad, &m,    pc->param_offset, spread ? g->comm : NULL,
+                             z->o.tensor, owner, counts};
         dsc_status s = dsc_optim_muon_piece(hp, p, &mp, (float)lr);
         if (s) return dsc_error_wrap(s, "step %lld: Muon update of %s", (long long)z->step, p->name);
     }
@@ -583,7 +593,8 @@ dsc_status dsc_zero_create(const dsc_optimizer_options *opts, const dsc_zero_opt
 }
 
 /* Mixed precision (dsc/precision.h) wraps the sharded optimizer: its master
- * is this rank's range of each group, the gradients those the step reads. */
+ * is this rank's range of each group (stage 3: the optimizer's own f32
+ * shards), the gradients those the step reads. */
 dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_config *cfg, dsc_optimizer **out) {
     dsc_zero_options zo;
     dsc_zero_options_from_config(cfg, &zo);
@@ -593,7 +604,8 @@ dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_
     if (zo.stage == 0) return dsc_precision_maybe_wrap(cfg, &o, NULL, out);
     const zero_optimizer *z = (const zero_optimizer *)*out;
     dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
-        ranges[g] = (dsc_precision_range){z->groups[g].begin, z->groups[g].end, z->groups[g].grads};
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) /* stage 3: its f32 value shards are the master */
+        ranges[g] = (dsc_precision_range){zo.stage == 3 ? 0 : z->groups[g].begin,
+                                          zo.stage == 3 ? 0 : z->groups[g].end, z->groups[g].grads};
     return dsc_precision_maybe_wrap(cfg, &o, ranges, out);
 }

@@ -66,6 +66,12 @@ typedef struct dsc_comm_stats {
 typedef struct dsc_comm_options {
     double timeout_s;  /* deadline of every operation; <= 0 means the default, 300 s */
     dsc_device device; /* where the tensors live: cpu -> MPI backend, cuda -> NCCL backend */
+    /* Checked collectives: before each collective its ranks agree on the
+     * operation, element type, size, reduce op, root and counts (one small
+     * all-gather more per collective), so ranks that disagree all get an
+     * error naming the rank and both values instead of corrupting memory.
+     * Also turned on for every communicator by DSC_COMM_CHECK=1. */
+    bool check_collectives;
 } dsc_comm_options;
 
 #define DSC_COMM_DEFAULT_TIMEOUT_S 300.0

@@ -75,14 +75,17 @@ static int64_t piece(const dsc_comm *c, const int64_t *counts, int64_t total, in
     return counts ? counts[rank] : total / c->size + (rank < total % c->size);
 }
 
-static dsc_status begin(dsc_comm *c, dsc_comm_op op) {
-    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s", dsc_comm_op_name(op),
-              c->name, c->broken);
+/* Entering a collective described by sig: refused on a broken communicator;
+ * starts the clock and the count the watchdog reports; with checked
+ * collectives, the ranks agree on sig before anything moves. */
+static dsc_status begin(dsc_comm *c, const dsc_comm_signature *sig) {
+    DSC_CHECK(c->broken[0] == '\0', DSC_ERR_COMM, "%s on communicator \"%s\" refused: %s",
+              dsc_comm_op_name(sig->op), c->name, c->broken);
     c->op_t0 = dsc_comm_now();
     c->op_msg_bytes = 0;
     c->deadline = c->op_t0 + c->opts.timeout_s;
     c->seq++;
-    return NULL;
+    return dsc_comm_check_signature(c, sig);
 }
 
 /* A completed operation: the byte counters, and the comms_logger's record
@@ -141,8 +144,8 @@ dsc_status dsc_comm_iallreduce(dsc_comm *c, dsc_tensor *t, dsc_reduce_op op, dsc
     *out = NULL;
     DSC_TRY(check_tensor(c, kind, "buffer", t));
     DSC_TRY(check_reduce_op(c, kind, op));
-    DSC_TRY(begin(c, kind));
     int64_t n = dsc_tensor_numel(t), mine = piece(c, NULL, n, c->rank);
+    DSC_TRY(begin(c, &(dsc_comm_signature){kind, t->dtype, n, op, -1, NULL, 0, NULL, NULL}));
     int64_t bytes = (n - mine + (int64_t)(c->size - 1) * mine) * (int64_t)dsc_dtype_size(t->dtype);
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     dsc_comm_request *req;
@@ -162,7 +165,8 @@ dsc_status dsc_comm_ireduce_scatter(dsc_comm *c, const dsc_tensor *send, dsc_ten
     DSC_CHECK(dsc_tensor_numel(recv) == mine, DSC_ERR_INVALID,
               "reduce-scatter on communicator \"%s\": recv has %lld elements but this rank's piece has %lld",
               c->name, (long long)dsc_tensor_numel(recv), (long long)mine);
-    DSC_TRY(begin(c, kind));
+    DSC_TRY(
+        begin(c, &(dsc_comm_signature){kind, send->dtype, n, op, -1, counts, counts ? c->size : 0, NULL, NULL}));
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
     dsc_comm_request *req;
@@ -181,7 +185,8 @@ dsc_status dsc_comm_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor *
     DSC_CHECK(dsc_tensor_numel(send) == mine, DSC_ERR_INVALID,
               "all-gather on communicator \"%s\": send has %lld elements but this rank's piece has %lld", c->name,
               (long long)dsc_tensor_numel(send), (long long)mine);
-    DSC_TRY(begin(c, kind));
+    DSC_TRY(
+        begin(c, &(dsc_comm_signature){kind, send->dtype, n, -1, -1, counts, counts ? c->size : 0, NULL, NULL}));
     if (n == 0) return finish(c, kind, NULL, 0, 0);
     int64_t esize = (int64_t)dsc_dtype_size(send->dtype);
     dsc_comm_request *req;
@@ -212,7 +217,9 @@ static dsc_status alltoallv(dsc_comm *c, dsc_comm_op kind, const dsc_tensor *sen
                             dsc_tensor *recv, const int64_t *recv_counts) {
     DSC_TRY(check_counts(c, kind, "send counts", send_counts, dsc_tensor_numel(send)));
     DSC_TRY(check_counts(c, kind, "recv counts", recv_counts, dsc_tensor_numel(recv)));
-    DSC_TRY(begin(c, kind));
+    bool even = kind == DSC_COMM_OP_ALLTOALL; /* even pieces: the sizes agree, not just pairwise */
+    DSC_TRY(begin(c, &(dsc_comm_signature){kind, send->dtype, even ? dsc_tensor_numel(send) : -1, -1, -1, NULL, 0,
+                                           even ? NULL : send_counts, even ? NULL : recv_counts}));
     int64_t sent = 0, received = 0, esize = (int64_t)dsc_dtype_size(send->dtype);
     c->op_msg_bytes = dsc_tensor_numel(send) * esize;
     for (int j = 0; j < c->size; j++) {
@@ -251,7 +258,7 @@ dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
     DSC_TRY(check_tensor(c, kind, "buffer", t));
     DSC_CHECK(root >= 0 && root < c->size, DSC_ERR_INVALID,
               "broadcast on communicator \"%s\": root %d not in [0, %d)", c->name, root, c->size);
-    DSC_TRY(begin(c, kind));
+    DSC_TRY(begin(c, &(dsc_comm_signature){kind, t->dtype, dsc_tensor_numel(t), -1, root, NULL, 0, NULL, NULL}));
     int64_t bytes = (int64_t)dsc_tensor_nbytes(t);
     c->op_msg_bytes = bytes;
     bool is_root = root == c->rank;
@@ -261,7 +268,7 @@ dsc_status dsc_comm_broadcast(dsc_comm *c, dsc_tensor *t, int root) {
 
 dsc_status dsc_comm_barrier(dsc_comm *c) {
     const dsc_comm_op kind = DSC_COMM_OP_BARRIER;
-    DSC_TRY(begin(c, kind));
+    DSC_TRY(begin(c, &(dsc_comm_signature){kind, DSC_DTYPE_U8, 0, -1, -1, NULL, 0, NULL, NULL}));
     MPI_Request req;
     dsc_status s = dsc_comm_mpi_check(MPI_Ibarrier(c->mpi, &req), "MPI_Ibarrier", c);
     if (!s) s = dsc_comm_mpi_wait(c, "barrier", -1, &req, 1, MPI_STATUSES_IGNORE);

@@ -5,6 +5,7 @@
  * watchdog (watchdog.c) while it lives.
  * Not here: the operations (collectives.c) or how bytes move (backends). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/comm/comm_internal.h"
@@ -46,6 +47,8 @@ static dsc_status pick_backend(dsc_device device, const dsc_comm_backend **out) 
 static dsc_comm_options normalize(const dsc_comm_options *opts) {
     dsc_comm_options o = opts ? *opts : (dsc_comm_options){.device = DSC_CPU};
     if (o.timeout_s <= 0) o.timeout_s = DSC_COMM_DEFAULT_TIMEOUT_S;
+    const char *check = getenv("DSC_COMM_CHECK");
+    if (check && strcmp(check, "1") == 0) o.check_collectives = true;
     return o;
 }
 

@@ -111,6 +111,24 @@ void dsc_comm_watch_serve(void);
  * have not reached the collective and what they wait for. */
 void dsc_comm_watch_diagnose(const dsc_comm *c, int peer, char *text, size_t len);
 
+/* What a checked collective's ranks must agree on (signature.c). counts: the
+ * global piece counts every rank passes (n_counts of them) or NULL;
+ * send_counts / recv_counts: all-to-all-v's, compared pairwise, or NULL. */
+typedef struct dsc_comm_signature {
+    dsc_comm_op op;
+    dsc_dtype dtype;
+    int64_t elements; /* -1 where ranks legitimately differ (all-to-all-v) */
+    int reduce_op, root;
+    const int64_t *counts;
+    int n_counts;
+    const int64_t *send_counts, *recv_counts;
+} dsc_comm_signature;
+
+/* With opts.check_collectives: every rank of c agrees on sig before any
+ * payload moves, or every rank returns the same DSC_ERR_INVALID naming the
+ * first rank that differs. A no-op otherwise. */
+dsc_status dsc_comm_check_signature(dsc_comm *c, const dsc_comm_signature *sig);
+
 /* Waits for MPI requests until c->deadline (see dsc_comm_poll). `statuses`
  * may be MPI_STATUSES_IGNORE; an error in one status names its source rank. */
 dsc_status dsc_comm_mpi_wait(const dsc_comm *c, const char *what, int peer, MPI_Request *reqs, int n,

@@ -163,16 +163,10 @@ static void check_refused(const char *src, const dsc_config *c, dsc_config_issue
             src);
 }
 
-/* fp16 / bf16: one of them, and not with a stage that holds no full values (ZeRO-3). */
+/* fp16 / bf16: one of them. */
 static void check_precision(const char *src, const dsc_config *c, dsc_config_issues *is) {
-    bool mixed = c->fp16.enabled || c->bf16.enabled;
     REQUIRE(is, !(c->fp16.enabled && c->bf16.enabled),
             "%s: \"fp16.enabled\" and \"bf16.enabled\" are both true; pick one (DeepSpeed refuses both too)", src);
-    REQUIRE(is, !mixed || c->zero_optimization.stage < 3,
-            "%s: \"%s.enabled\" with \"zero_optimization.stage\" 3 is not implemented: stage 3 keeps the "
-            "parameters only as shards, and dsc's mixed-precision master copy wraps the full values the layers "
-            "read; use zero_optimization.stage 1 or 2 with %s",
-            src, c->fp16.enabled ? "fp16" : "bf16", c->fp16.enabled ? "fp16" : "bf16");
 }
 
 /* checkpoint.tag names saves: a plain directory name, with "{step}" when

@@ -20,7 +20,9 @@
  *    reduced type for the next forward.
  *
  * The master holds only what the inner optimizer updates on this rank (the
- * whole flat buffers for the plain optimizer, the rank's range for ZeRO-1/2);
+ * whole flat buffers for the plain optimizer, the rank's range for ZeRO-1/2;
+ * under ZeRO-3 the inner optimizer's f32 parameter shards are the master and
+ * the values gathered for each layer call are rounded there);
  * checkpoints save it as optimizer state "master/<param>" beside the rounded
  * model values, and the loss scaler as "loss_scale" and "loss_scaler". */
 #include <math.h>
@@ -62,6 +64,9 @@ typedef struct mixed_optimizer {
     bool *swapped;
     int max_params;
     const dsc_layer *staged;
+    /* ZeRO-3: the inner optimizer's parameter shards are the fp32 master; the values a layer reads are
+     * gathered for each call and rounded then */
+    bool round_on_use;
 } mixed_optimizer;
 
 static mixed_optimizer *self_of(dsc_optimizer *opt) {
@@ -85,6 +90,10 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
+    for (int j = 0; m->round_on_use && j < layer->n_params; j++) {
+        dsc_param *p = layer->params[j];
+        if (p->value.data) dsc_round_to_dtype(p->value.data, dsc_param_numel(p), m->po.dtype);
+    }
     if (!backward) return NULL;
     DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
               "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
@@ -299,6 +308,11 @@ static dsc_status find_pieces(mixed_optimizer *m) {
 }
 
 static dsc_status setup(mixed_optimizer *m) {
+    int n_params = dsc_params_count(m->oo.params);
+    DSC_CHECK(n_params == 0 || dsc_params_at(m->oo.params, 0)->value.device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED,
+              "mixed precision: the parameters are not in host memory; fp16 / bf16 training is implemented for "
+              "CPU jobs (dsc trains on the CPU)");
     int64_t most = 1;
     m->max_params = 1;
     for (int l = 0; l < m->oo.n_layers; l++) {
@@ -320,10 +334,12 @@ static dsc_status setup(mixed_optimizer *m) {
         DSC_CHECK(r->begin >= 0 && r->begin <= r->end && r->end <= n, DSC_ERR_INVALID,
                   "mixed precision: range [%lld, %lld) outside the %s group's %lld elements", (long long)r->begin,
                   (long long)r->end, g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense", (long long)n);
-        DSC_CHECK(values || n == 0, DSC_ERR_UNSUPPORTED,
-                  "mixed precision: the %s group's values are sharded by the optimizer (ZeRO-3), which keeps no "
-                  "master copy yet; use zero_optimization.stage 1 or 2",
-                  g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+        if (!values && n > 0) { /* ZeRO-3: no flat values; the inner optimizer's f32 shards are the master */
+            DSC_CHECK(r->begin == r->end, DSC_ERR_INVALID,
+                      "mixed precision: the %s group's values are released, so it can keep no master range",
+                      g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense");
+            m->round_on_use = true;
+        }
         int64_t len = r->end - r->begin;
         DSC_TRY(dsc_tensor_alloc(&m->master[g], DSC_DTYPE_F32, 1, &len, DSC_CPU, DSC_MEM_OPTIM));
         if (values) {
@@ -375,4 +391,13 @@ bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
     bool mixed = opt && opt->ops == &mixed_ops;
     *loss_scale = mixed ? ((const mixed_optimizer *)opt)->last_scale : 0.0;
     return mixed && ((const mixed_optimizer *)opt)->last_skipped;
+}
+
+dsc_dtype dsc_precision_activation_dtype(dsc_optimizer *opt, float *grad_scale) {
+    *grad_scale = 1.0f;
+    if (!opt || opt->ops != &mixed_ops) return DSC_DTYPE_F32;
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    *grad_scale = (float)m->scaler.cur_scale;
+    return m->po.dtype;
 }

@@ -37,11 +37,12 @@ uint16_t dsc_precision_to_f16(float x) {
 }
 
 static void round_bf16(float *x, int64_t n) {
-    uint32_t *u = (uint32_t *)(void *)x;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t v = u[i];
+    for (int64_t i = 0; i < n; i++) { /* memcpy: the bits of a float without aliasing it (vectorises) */
+        uint32_t v;
+        memcpy(&v, &x[i], 4);
         uint32_t r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
-        u[i] = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;
+        r = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;
+        memcpy(&x[i], &r, 4);
     }
 }
 
@@ -83,13 +84,18 @@ bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype) {
     return finite;
 }
 
+/* pack and unpack run in place over one buffer read as f32 and written as
+ * 2-byte values (or the reverse): every access goes through memcpy on bytes,
+ * so the compiler sees the overlap (no type-based aliasing assumption) and
+ * keeps the order that makes it safe. */
 void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype) {
-    const float *src = buf;
-    uint16_t *dst = buf;
+    unsigned char *b = buf;
     /* ascending: element i's 2 bytes land below every element not read yet */
     for (int64_t i = 0; i < n; i++) {
-        float x = src[i];
-        dst[i] = dtype == DSC_DTYPE_BF16 ? dsc_precision_to_bf16(x) : dsc_precision_to_f16(x);
+        float x;
+        memcpy(&x, b + 4 * i, 4);
+        uint16_t h = dtype == DSC_DTYPE_BF16 ? dsc_precision_to_bf16(x) : dsc_precision_to_f16(x);
+        memcpy(b + 2 * i, &h, 2);
     }
 }
 
@@ -98,13 +104,21 @@ static inline float widen(uint16_t h, dsc_dtype dtype) {
 }
 
 void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
-    const uint16_t *h = src;
-    for (int64_t i = n - 1; i >= 0; i--) /* descending: in place when dst starts at or after src */
-        dst[i] = widen(h[i], dtype);
+    unsigned char *d = (unsigned char *)dst;
+    const unsigned char *s = src;
+    for (int64_t i = n - 1; i >= 0; i--) { /* descending: in place when dst starts at or after src */
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        float x = widen(h, dtype);
+        memcpy(d + 4 * i, &x, 4);
+    }
 }
 
 void dsc_precision_unpack_add(float *dst, const void *src, int64_t n, dsc_dtype dtype) {
-    const uint16_t *h = src;
-    for (int64_t i = 0; i < n; i++)
-        dst[i] += widen(h[i], dtype);
+    const unsigned char *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] += widen(h, dtype);
+    }
 }

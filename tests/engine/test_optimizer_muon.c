@@ -12,6 +12,7 @@
 
 #include "dsc/optimizer.h"
 #include "json_floats.h"
+#include "muon_fixture.h"
 #include "test_mpi.h"
 
 enum { MAX_PARAMS = 8, MAX_NUMEL = 64 };
@@ -154,11 +155,8 @@ static void test_which_parameters(void **state) {
 }
 
 int main(void) {
-    char *text = dsc_test_read_file(DSC_SOURCE_DIR "/tests/engine/muon_fixtures.json");
-    if (!text) return fprintf(stderr, "muon_fixtures.json: cannot read\n"), 1;
-    fixture = cJSON_Parse(text);
-    free(text);
-    if (!fixture) return fprintf(stderr, "muon_fixtures.json: not JSON\n"), 1;
+    fixture = muon_fixture_load();
+    if (!fixture) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gram_matches_deepspeed), cmocka_unit_test(test_standard_matches_deepspeed),
         cmocka_unit_test(test_deepspeed_defaults),     cmocka_unit_test(test_refusals),

@@ -1,7 +1,7 @@
 /* Muon through the whole trainer: on N data-parallel ranks it gives the
  * parameters and losses of 1 rank accumulating the same global batch (the
  * orthogonalisation sees the averaged gradient of each whole matrix), and
- * the model learns (within 1e-4: see below). The update rule itself is checked against DeepSpeed in
+ * the model learns (within 1e-5: see below). The update rule itself is checked against DeepSpeed in
  * test_optimizer_muon. */
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "train_fixture.h"
 
 static const char *const muon_over[] = {"optimizer.type=muon", "optimizer.params.muon_lr=0.02",
-                                        "optimizer.params.adam_lr=0.003"};
+                                        "optimizer.params.adam_lr=0.003", "model.qkv_bias=false"};
 enum { STEPS = 5, N_MUON = sizeof muon_over / sizeof *muon_over };
 
 static void run(dsc_comm *dp, const char *data, const char *accum, int dp_size, double *losses, float **params,
@@ -60,11 +60,12 @@ static void test_muon_dp_equals_accumulation(void **state) {
     printf("  muon, %d ranks vs 1 rank x %d micro-batches: max |param diff| %.3e, max |loss diff| %.3e"
            " (losses %.4f -> %.4f)\n",
            size, 2 * size, worst, worst_loss, ref_loss[0], ref_loss[STEPS - 1]);
-    /* The averaged gradient differs from the accumulated one in the last bits
-     * (another summation order); Newton-Schulz, a polynomial of degree 3^5
-     * with coefficients near 5, magnifies that in the directions of small
-     * singular values, so parameters agree to 1e-4 rather than 1e-5. */
-    assert_true(worst <= 1e-4);
+    /* Without attention biases: the key bias's exact gradient is 0 (softmax
+     * is shift invariant), so its gradient is rounding noise that differs
+     * with the summation order, and the Adam group (eps 1e-10) turns it into
+     * steps of +-lr; with it the parameters differ by ~1e-4 (Newton-Schulz
+     * itself is not the amplifier: test_zero_muon). */
+    assert_true(worst <= 1e-5);
     assert_true(worst_loss <= 1e-5);
     assert_true(ref_loss[STEPS - 1] < ref_loss[0]); /* it learns */
     free(ref);

@@ -63,10 +63,17 @@ static void load(const char *dir, const layout *l, const char *method, dsc_infer
     assert_ok(dsc_infer_model_load_parallel(dir, tp.comm ? &tp : NULL, &pp, m));
 }
 
-/* KV bytes for BLOCKS blocks on the widest rank (ceil(L / P) layers, ceil(NKV / TP) heads). */
-static int64_t kv_budget(const dsc_infer_model *m, int pp, int tp) {
+/* KV bytes for BLOCKS blocks on the widest rank (the most layers of any
+ * stage, as describe() names them, over `pipe`; ceil(NKV / TP) heads). */
+static int64_t kv_budget(const dsc_infer_model *m, dsc_comm *pipe, int tp) {
     const dsc_infer_model_config *c = dsc_infer_model_get_config(m);
-    int64_t layers = (c->n_layer + pp - 1) / pp, heads = (c->n_kv_head + tp - 1) / tp;
+    char holds[512];
+    int stage, stages, a, b;
+    dsc_infer_model_describe(m, holds, sizeof holds);
+    assert_int_equal(sscanf(holds, "stage %d of %d: layers %d-%d", &stage, &stages, &a, &b), 4);
+    int64_t layers = b - a + 1, heads = (c->n_kv_head + tp - 1) / tp;
+    dsc_tensor t = dsc_tensor_view(&layers, DSC_DTYPE_I64, 1, (int64_t[]){1}, DSC_CPU);
+    if (pipe) assert_ok(dsc_comm_allreduce(pipe, &t, DSC_REDUCE_OP_MAX));
     return (int64_t)BLOCKS * layers * 2 * BLOCK * heads * c->head_size * (int64_t)sizeof(float);
 }
 
@@ -194,7 +201,7 @@ static void check_put(dsc_infer_engine *ref, dsc_infer_engine *pp, const char *w
 enum { HDR = 4 };
 
 static void check_bytes(dsc_infer_model *split, const layout *l, const gen *want, const char *what) {
-    dsc_infer_engine *e = engine(split, kv_budget(split, l->pp_size, l->tp_size), split_micro_batches);
+    dsc_infer_engine *e = engine(split, kv_budget(split, l->pipe, l->tp_size), split_micro_batches);
     dsc_comm_reset_stats(l->pipe);
     gen got;
     run_opts plain = {0};
@@ -226,8 +233,8 @@ static void compare(dsc_comm *world, const char *dir, int tp, const char *method
     load(dir, NULL, NULL, &one);
     load(dir, &l, method, &split);
     int32_t V = dsc_infer_model_get_config(one)->vocab_size;
-    dsc_infer_engine *e1 = engine(one, kv_budget(one, 1, 1), 0),
-                     *e2 = engine(split, kv_budget(split, l.pp_size, tp), split_micro_batches);
+    dsc_infer_engine *e1 = engine(one, kv_budget(one, NULL, 1), 0),
+                     *e2 = engine(split, kv_budget(split, l.pipe, tp), split_micro_batches);
     gen want, got;
     run_opts plain = {0}, cancel = {.cancel_after = 3};
     int64_t p1 = generate(e1, V, &plain, &want), p2 = generate(e2, V, &plain, &got);
@@ -281,6 +288,33 @@ static void test_deeper(void **state) {
     compare(world, dir, 1, NULL, "qwen2 5 layers");
     compare(world, dir, 1, "parameters", "qwen2 5 layers");
     if (dsc_comm_size(world) == 4) compare(world, dir, 2, NULL, "qwen2 5 layers");
+    /* The compute partition weighs the LM head (V x C = 65536 multiply-adds
+     * per token against 7744 per layer) and not the embedding (a lookup): at
+     * PP 2 it gives the last stage one layer of 4, where parameters (which
+     * counts the embedding's 65536 too) and uniform give two. */
+    synth wide = {"LlamaForCausalLM", 32, 4, 2, 8, 48, 2048, 4, false, false};
+    synth_dir(dir, sizeof dir, "pp_wide", &wide);
+    compare(world, dir, 1, "compute", "llama 4 layers, wide vocabulary");
+    if (dsc_comm_size(world) == 2) {
+        const char *methods[] = {"compute", "parameters", "uniform"};
+        const int first[] = {3, 2, 2}; /* layers of stage 0 */
+        for (int i = 0; i < 3; i++) {
+            dsc_infer_model *m;
+            layout l;
+            make_layout(world, 1, &l);
+            load(dir, &l, methods[i], &m);
+            char holds[256], want[64];
+            dsc_infer_model_describe(m, holds, sizeof holds);
+            int stage = dsc_comm_rank(world);
+            snprintf(want, sizeof want, "stage %d of 2: layers %d-%d", stage, stage ? first[i] : 0,
+                     stage ? 3 : first[i] - 1);
+            if (strncmp(holds, want, strlen(want)) != 0)
+                fail_msg("partition %s: rank %d holds \"%s\", expected \"%s\"", methods[i], stage, holds, want);
+            dsc_infer_model_destroy(m);
+            dsc_groups_free(l.groups);
+        }
+    }
+    synth_dir(dir, sizeof dir, "pp5", &five);
     /* more micro-batches in flight than stages: the same tokens */
     split_micro_batches = dsc_comm_size(world) + 1;
     compare(world, dir, 1, NULL, "qwen2 5 layers");
@@ -314,6 +348,63 @@ static void test_dsc_checkpoint(void **state) {
         snprintf(dir, sizeof dir, "%s/gpt-moe", dsc_ckpt_dir);
         compare(world, dir, 1, NULL, "dsc gpt-moe");
     }
+    dsc_comm_free(world);
+}
+
+/* ---- micro-batches in flight ------------------------------------------------------------------------ */
+
+/* With 2 D requests of one prompt length and nothing preempted, the
+ * pipeline is full in steady state: every step but the D - 1 that drain it
+ * pushes a micro-batch (of 2 requests), and each request is in one
+ * micro-batch per token — so D micro-batches are in flight at once, for D =
+ * P (default) and D = P + 1. */
+static void test_in_flight(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int P = dsc_comm_size(world);
+    char dir[512];
+    synth four = {"LlamaForCausalLM", 32, 4, 2, 8, 48, 97, 4, false, false};
+    synth_dir(dir, sizeof dir, "pp4", &four);
+    layout l;
+    make_layout(world, 1, &l);
+    dsc_infer_model *m;
+    load(dir, &l, NULL, &m);
+    for (int32_t D = P; D <= P + 1; D++) {
+        dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
+        ec.micro_batches = P > 1 ? D : 0;
+        dsc_infer_engine *e;
+        assert_ok(dsc_infer_engine_create(m, &ec, &e));
+        dsc_scheduler_config sc = dsc_scheduler_config_default(e);
+        dsc_scheduler *s;
+        assert_ok(dsc_scheduler_create(e, &sc, NULL, NULL, &s));
+        enum { NEW = 5 };
+        int32_t prompt[4] = {3, 1, 4, 1};
+        for (int r = 0; r < 2 * D; r++) {
+            dsc_gen_request req = {.uid = (uint64_t)r + 1,
+                                   .prompt = prompt,
+                                   .n_prompt = 4,
+                                   .max_new_tokens = NEW,
+                                   .sampling = dsc_sampling_params_greedy()};
+            assert_ok(dsc_scheduler_submit(s, &req));
+        }
+        int64_t steps = 0;
+        for (bool idle = false; !idle; steps++)
+            assert_ok(dsc_scheduler_step(s, &idle));
+        const dsc_scheduler_stats *st = dsc_scheduler_get_stats(s);
+        printf("pp %d, %d micro-batches in flight: %lld steps, %lld forwards of %lld tokens, %lld preemptions\n",
+               P, D, (long long)steps, (long long)st->forwards, (long long)st->tokens_forwarded,
+               (long long)st->preemptions);
+        assert_int_equal(st->preemptions, 0);
+        assert_int_equal(st->forwards, (int64_t)D * NEW);
+        assert_int_equal(steps - 1, st->forwards + D - 1); /* the last step only finds it idle */
+        assert_int_equal(st->tokens_forwarded, 2 * D * (4 + NEW - 1));
+        dsc_scheduler_destroy(s);
+        dsc_infer_engine_destroy(e);
+        if (P == 1) break;
+    }
+    dsc_infer_model_destroy(m);
+    dsc_groups_free(l.groups);
     dsc_comm_free(world);
 }
 
@@ -432,7 +523,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),        cmocka_unit_test(test_deeper),
         cmocka_unit_test(test_dsc_checkpoint),  cmocka_unit_test(test_weight_budget),
-        cmocka_unit_test(test_opt_projections),
+        cmocka_unit_test(test_opt_projections), cmocka_unit_test(test_in_flight),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }

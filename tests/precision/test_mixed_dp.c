@@ -4,13 +4,14 @@
  *    parameters of 1 rank accumulating the same global batch within
  *    TOL_DP, and its gradient reduction sends half the bytes of the same run
  *    with communication_data_type fp32;
- *  - ZeRO-1 and ZeRO-2 with bf16 train as the plain optimizer does (within
+ *  - ZeRO-1, 2 and 3 with bf16 train as the plain optimizer does (within
  *    TOL_DP) with the fp32 master sharded: every rank's master holds only
- *    its range, each element on exactly one rank;
+ *    its range (stage 3: its parameter shards), each element on exactly one
+ *    rank;
  *  - overlap_comm (packed reductions in flight, unpacked after the wait)
  *    is bitwise the blocking run, plain and ZeRO-1/2;
- *  - fp16 with a loss scale that overflows (2^19) under ZeRO-2, where each
- *    rank checks only its own gradient range: the ranks agree on every
+ *  - fp16 with a loss scale that overflows (2^19) under ZeRO-2 and 3, where
+ *    each rank checks only its own gradient range: the ranks agree on every
  *    skipped step (else the sharded step would hang or the replicas part),
  *    and end with identical parameters. */
 #include <math.h>
@@ -65,7 +66,8 @@ static void run(dsc_comm *dp, const char *data, const char *const *over, int n_o
     for (int i = 0; i < dsc_optimizer_state_count(opt); i++) {
         dsc_optim_state s;
         dsc_optimizer_state_at(opt, i, &s);
-        if (strncmp(s.name, "master/", 7) == 0) r->master += dsc_tensor_numel(&s.local);
+        /* the fp32 master: the wrapper's (stages 0-2) or ZeRO-3's own value shards */
+        if (strncmp(s.name, "master/", 7) == 0 || s.is_value) r->master += dsc_tensor_numel(&s.local);
     }
     r->params = train_fixture_params(t, &r->count);
     dsc_trainer_destroy(t);
@@ -129,12 +131,14 @@ static void test_zero_bf16_master_sharded(void **state) {
     const char *plain[] = {"bf16.enabled=true", "zero_optimization.stage=0"};
     result ref;
     run(world, data_path, plain, 2, size, &ref);
-    for (int stage = 1; stage <= 2; stage++) {
+    for (int stage = 1; stage <= 3; stage++) {
         char st[64];
         snprintf(st, sizeof st, "zero_optimization.stage=%d", stage);
         const char *over[] = {"bf16.enabled=true", st};
         result got;
         run(world, data_path, over, 2, size, &got);
+        /* stage 3's values are its f32 master shards; the working values are those rounded */
+        dsc_round_to_dtype(got.params, got.count, DSC_DTYPE_BF16);
         double dl, dp = max_diff(&ref, &got, &dl);
         /* each element of the master on exactly one rank */
         float n[2] = {(float)got.master, (float)ref.master};
@@ -185,31 +189,35 @@ static void test_fp16_overflow_agreed(void **state) {
     dsc_comm *world;
     assert_ok(dsc_comm_world(NULL, &world));
     make_data();
-    const char *over[] = {"fp16.enabled=true", "fp16.initial_scale_power=19", "fp16.hysteresis=1",
-                          "zero_optimization.stage=2"};
-    result r;
-    run(world, data_path, over, 4, dsc_comm_size(world), &r);
-    int skipped = 0;
-    float flags[STEPS], lo[STEPS];
-    for (int s = 0; s < STEPS; s++) {
-        skipped += r.skipped[s];
-        flags[s] = lo[s] = r.skipped[s] ? 1.0f : 0.0f;
+    for (int stage = 2; stage <= 3; stage++) {
+        char st[64];
+        snprintf(st, sizeof st, "zero_optimization.stage=%d", stage);
+        const char *over[] = {"fp16.enabled=true", "fp16.initial_scale_power=19", "fp16.hysteresis=1", st};
+        result r;
+        run(world, data_path, over, 4, dsc_comm_size(world), &r);
+        int skipped = 0;
+        float flags[STEPS], lo[STEPS];
+        for (int s = 0; s < STEPS; s++) {
+            skipped += r.skipped[s];
+            flags[s] = lo[s] = r.skipped[s] ? 1.0f : 0.0f;
+        }
+        int64_t n = STEPS;
+        dsc_tensor t = dsc_tensor_view(flags, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+        assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_MAX));
+        for (int s = 0; s < STEPS; s++)
+            assert_true(flags[s] == lo[s]); /* every rank skipped the same steps */
+        /* replicas identical: max over ranks of each parameter equals this rank's */
+        float *mx = malloc((size_t)r.count * sizeof *mx);
+        memcpy(mx, r.params, (size_t)r.count * sizeof *mx);
+        dsc_tensor p = dsc_tensor_view(mx, DSC_DTYPE_F32, 1, &r.count, DSC_CPU);
+        assert_ok(dsc_comm_allreduce(world, &p, DSC_REDUCE_OP_MAX));
+        assert_memory_equal(mx, r.params, (size_t)r.count * sizeof *mx);
+        printf("  fp16 ZeRO-%d from loss scale 2^19: %d of %d steps skipped, the same on every rank\n", stage,
+               skipped, STEPS);
+        assert_true(skipped >= 1 && skipped < STEPS);
+        free(mx);
+        free(r.params);
     }
-    int64_t n = STEPS;
-    dsc_tensor t = dsc_tensor_view(flags, DSC_DTYPE_F32, 1, &n, DSC_CPU);
-    assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_MAX));
-    for (int s = 0; s < STEPS; s++)
-        assert_true(flags[s] == lo[s]); /* every rank skipped the same steps */
-    /* replicas identical: max over ranks of each parameter equals this rank's */
-    float *mx = malloc((size_t)r.count * sizeof *mx);
-    memcpy(mx, r.params, (size_t)r.count * sizeof *mx);
-    dsc_tensor p = dsc_tensor_view(mx, DSC_DTYPE_F32, 1, &r.count, DSC_CPU);
-    assert_ok(dsc_comm_allreduce(world, &p, DSC_REDUCE_OP_MAX));
-    assert_memory_equal(mx, r.params, (size_t)r.count * sizeof *mx);
-    printf("  fp16 ZeRO-2 from loss scale 2^19: %d of %d steps skipped, the same on every rank\n", skipped, STEPS);
-    assert_true(skipped >= 1 && skipped < STEPS);
-    free(mx);
-    free(r.params);
     unlink(data_path);
     dsc_comm_free(world);
 }

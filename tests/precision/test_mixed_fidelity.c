@@ -2,8 +2,9 @@
  * fixtures trained 8 steps on one batch with AdamW + clipping through dsc's
  * real path (default runner, plain optimizer, the mixed-precision wrapper),
  * per-step losses compared with make_mixed_fixture.py's runs:
- *  - the same scheme in PyTorch (fp32 master, parameters and gradients
- *    rounded to bf16 / fp16, f32 compute; fp16 with DeepSpeed's own dynamic
+ *  - the same scheme in PyTorch (fp32 master, parameters, gradients and the
+ *    activations between layers rounded to bf16 / fp16, f32 compute inside
+ *    the layers; the first step's bf16 gradients element by element; fp16 with DeepSpeed's own dynamic
  *    loss scaler, initial_scale_power 20 so that steps overflow and are
  *    skipped): within TOL_SCHEME, and the skipped steps and scales exactly;
  *  - PyTorch computing in bf16 / fp16 itself (model.to(dtype), DeepSpeed on
@@ -25,10 +26,11 @@
 #include "test_mpi.h"
 
 #define FIXTURE "../../precision/fixtures/mixed_gpt" /* fixture_load reads tests/nn/fixtures/<name> */
-/* Measured (see docs/training.md): scheme vs dsc max |loss diff| ~ 1e-6 (f32
- * summation order; bf16: a few roundings flip, 2e-5); bf16-computing PyTorch vs dsc's bf16
- * 2.5e-2 (activations rounded there, not in dsc). */
-#define TOL_SCHEME 1e-4
+/* Measured (see docs/training.md): scheme vs dsc max |loss diff| fp32 1.1e-6, fp16 3.3e-6, bf16 5.7e-4:
+ * the first step's bf16 gradients agree element by element (but a few one-ulp roundings decided by f32
+ * noise), and over 8 steps those flips grow (bf16 has 8 bits); bf16-computing PyTorch vs dsc's bf16 2.5e-2
+ * (every activation in bf16 there, only those between layers in dsc). */
+#define TOL_SCHEME 2e-3
 #define TOL_LOWP 5e-2
 
 typedef struct fixed_source {
@@ -57,7 +59,43 @@ typedef struct run_out {
     bool skipped[16];
     float *params; /* after the run, flat values of the dense group */
     int64_t n_params;
+    int bad_grads, exact_grads, n_grads; /* first step's gradients vs grad0_bf16/ (bf16 runs) */
+    float worst_rel;                     /* the largest difference over its tensor's largest |gradient| */
 } run_out;
+
+/* Each gradient element equals PyTorch's bf16 gradient, or is within one bf16 ulp of it or within 2^-8 of its
+ * tensor's largest element (a rounding of an activation gradient decided by f32 noise in another summation
+ * order moves a sum that cancels to near 0). */
+static void compare_grads(const fixture *f, dsc_param_store *store, run_out *out) {
+    out->bad_grads = out->exact_grads = out->n_grads = 0;
+    out->worst_rel = 0;
+    for (int i = 0; i < dsc_params_count(store); i++) {
+        dsc_param *p = dsc_params_at(store, i);
+        char name[200];
+        snprintf(name, sizeof name, "grad0_bf16/%s", p->name);
+        const fixture_array *a = fixture_get(f, name);
+        if (!a) fail_msg("fixture has no %s", name);
+        const float *want = a->data, *got = p->grad.data;
+        float top = 0;
+        for (int64_t j = 0; j < a->numel; j++)
+            top = fmaxf(top, fabsf(want[j]));
+        if (top < 1e-7f) { /* exactly 0 but for noise (the key bias: softmax is shift invariant): stays ~0 */
+            for (int64_t j = 0; j < a->numel; j++)
+                out->bad_grads += fabsf(got[j]) > 1e-6f;
+            continue;
+        }
+        for (int64_t j = 0; j < a->numel; j++) {
+            float ulp = fabsf(want[j]) * 0x1p-7f, d = fabsf(got[j] - want[j]);
+            out->exact_grads += got[j] == want[j];
+            out->bad_grads += d > 1.01f * ulp && d > 0x1p-8f * top;
+            out->worst_rel = fmaxf(out->worst_rel, top > 0 ? d / top : 0);
+            if (getenv("DSC_TEST_VERBOSE") && d > 1.01f * ulp && d > 0x1p-8f * top)
+                printf("    %s[%lld]: %g, PyTorch %g (largest %g)\n", p->name, (long long)j, (double)got[j],
+                       (double)want[j], (double)top);
+            out->n_grads++;
+        }
+    }
+}
 
 static void train(const fixture *f, const run_opts *ro, int steps, run_out *out) {
     dsc_model_config mc;
@@ -119,6 +157,7 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
             ((float *)p->grad.data)[3] = INFINITY;
         }
         assert_ok(dsc_optimizer_reduce_grads(opt));
+        if (s == 0 && ro->dtype == DSC_DTYPE_BF16) compare_grads(f, m.store, out);
         dsc_optim_stats st;
         assert_ok(dsc_optimizer_step(opt, fixture_meta(f, "lr"), &st));
         out->loss[s] = res.loss;
@@ -159,10 +198,18 @@ static void test_against_pytorch(void **state) {
         run_opts ro = {modes[k].dtype, 0, 0, 0};
         train(&f, &ro, steps, &outs[k]);
         double d = compare(&f, modes[k].mode, &outs[k], steps);
+        if (getenv("DSC_TEST_VERBOSE"))
+            for (int s = 0; s < steps; s++)
+                printf("    %s step %d: %.7f\n", modes[k].mode, s, outs[k].loss[s]);
         printf("  %-4s vs PyTorch's %-4s scheme: max |loss diff| %.2e over %d steps (losses %.5f -> %.5f)\n",
                modes[k].mode, modes[k].mode, d, steps, outs[k].loss[0], outs[k].loss[steps - 1]);
         assert_true(d <= TOL_SCHEME);
     }
+    printf("  bf16 first-step gradients: %d of %d elements equal PyTorch's, %d outside one ulp / 2^-8 of the "
+           "tensor's largest; largest difference %.2e of its tensor's largest\n",
+           outs[1].exact_grads, outs[1].n_grads, outs[1].bad_grads, (double)outs[1].worst_rel);
+    assert_true(outs[1].n_grads > 0 && outs[1].bad_grads == 0);
+    assert_true(outs[1].exact_grads >= 0.99 * outs[1].n_grads);
     /* fp16's overflow pattern and scales are DeepSpeed's */
     const fixture_array *sk = fixture_get(&f, "skipped/fp16"), *sc = fixture_get(&f, "scale/fp16");
     int n_skipped = 0;
@@ -246,5 +293,5 @@ int main(void) {
         cmocka_unit_test(test_parameters_stay_rounded),
         cmocka_unit_test(test_overflow_path),
     };
-    return DSC_RUN_MPI_TESTS(tests);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -109,6 +109,37 @@ static void test_loss_scaler_matches_deepspeed(void **state) {
     }
 }
 
+/* Packing in place and widening back (whole range, and a share at an offset as ZeRO's in-place
+ * reduce-scatter leaves it): the values rounded, nothing else touched. */
+static void test_pack_in_place(void **state) {
+    (void)state;
+    enum { N = 1000, AT = 337, M = 401 };
+    dsc_dtype types[2] = {DSC_DTYPE_BF16, DSC_DTYPE_F16};
+    for (int k = 0; k < 2; k++) {
+        float x[N], want[N];
+        for (int i = 0; i < N; i++)
+            x[i] = want[i] = sinf(0.37f * (float)i) * powf(2.0f, (float)(i % 40 - 20));
+        dsc_round_to_dtype(want, N, types[k]);
+        float y[N];
+        memcpy(y, x, sizeof x);
+        dsc_precision_pack(y, N, types[k]);
+        dsc_precision_unpack(y, y, N, types[k]);
+        assert_memory_equal(y, want, sizeof y);
+        memcpy(y, x, sizeof x);
+        dsc_precision_pack(y, N, types[k]);
+        dsc_precision_unpack(y + AT, (uint16_t *)(void *)y + AT, M, types[k]); /* the share [AT, AT + M) */
+        assert_memory_equal(y + AT, want + AT, M * sizeof(float));
+        float acc[M];
+        for (int i = 0; i < M; i++)
+            acc[i] = 1.0f;
+        memcpy(y, x, sizeof x);
+        dsc_precision_pack(y, N, types[k]);
+        dsc_precision_unpack_add(acc, (uint16_t *)(void *)y + AT, M, types[k]);
+        for (int i = 0; i < M; i++)
+            assert_true(acc[i] == 1.0f + want[AT + i]);
+    }
+}
+
 /* DeepSpeed's mixed-precision model states: 2 + 2 + 12 bytes per parameter for Adam, 16 / dp at stage 3. */
 static void test_memory_formula_halves(void **state) {
     (void)state;
@@ -134,10 +165,9 @@ static void test_memory_formula_halves(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_bits_match_torch),
-        cmocka_unit_test(test_round_in_place),
-        cmocka_unit_test(test_loss_scaler_matches_deepspeed),
+        cmocka_unit_test(test_round_bits_match_torch),        cmocka_unit_test(test_round_in_place),
+        cmocka_unit_test(test_loss_scaler_matches_deepspeed), cmocka_unit_test(test_pack_in_place),
         cmocka_unit_test(test_memory_formula_halves),
     };
-    return DSC_RUN_MPI_TESTS(tests);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,9 +6,11 @@
  * --drain-timeout cancels the requests still running instead (streams end
  * with finish_reason "abort", an error event and [DONE]; waiting JSON
  * requests get 503), and the exit is 0 too. On several ranks, a rank killed
- * mid-stream ends the server: the launcher exits non-zero naming that rank.
+ * mid-stream ends the server: the launcher exits non-zero naming that rank;
+ * so does a rank whose engine fails (pipeline-parallel failpoint).
  * Every wait is on a condition (metrics, the health route, the process's
  * exit), bounded by a deadline, never a fixed sleep. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -161,6 +164,51 @@ static void test_drain_timeout_cancels(void **state) {
     assert_int_equal(code, 0);
 }
 
+/* Whether pid has a handler for sig (/proc/PID/status, SigCgt). */
+static bool catches(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+    if (f) fclose(f);
+    return (mask >> (sig - 1)) & 1;
+}
+
+/* One rank: SIGTERM as soon as dsc-serve has its handler, long before it
+ * listens (MPI_Init and the model load come after): the signal is kept, the
+ * server starts, drains at once and exits 0, instead of losing the signal
+ * (and serving on) or dying of it. */
+static void test_sigterm_while_starting(void **state) {
+    (void)state;
+    if (st_ranks() > 1) skip();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl(DSC_BINARY_DIR "/bin/dsc-serve", "dsc-serve", st_model_dir(), "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 20000 && !catches(pid, SIGTERM); i++) /* at most 20 s */
+        usleep(1000);
+    assert_true(catches(pid, SIGTERM));
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 6000 && done == 0; i++) { /* at most 60 s */
+        done = waitpid(pid, &status, WNOHANG);
+        if (done == 0) usleep(10000);
+    }
+    if (done == 0) kill(pid, SIGKILL);
+    if (done == 0) fail_msg("dsc-serve still ran 60 s after a SIGTERM while it started: the signal was lost");
+    assert_int_equal(done, pid);
+    if (WIFSIGNALED(status)) fail_msg("dsc-serve died of signal %d", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Several ranks: SIGTERM to dsc-launch reaches every rank as SIGUSR2 (the
  * launcher asks mpirun to pass it on), which drains as SIGTERM to rank 0
  * does: the in-flight requests finish, every rank exits 0 and so does the
@@ -244,11 +292,49 @@ static void test_rank_failure_named(void **state) {
     assert_false(c.done_seen); /* the stream broke off: it did not end as if complete */
 }
 
+/* Pipeline-parallel: the last rank returns an error mid-stream (the engine's
+ * failpoint serve_error:R:K, at its tick 40): it prints "dsc-serve: rank R:
+ * <why>" and aborts the job rather than leave its peers waiting for its
+ * stage; the launcher exits non-zero naming the rank and the reason. */
+static void test_rank_error_named(void **state) {
+    (void)state;
+    if (st_pp == 1) skip(); /* the failpoint is the pipeline's */
+    int ranks = st_ranks();
+    char failpoint[64];
+    snprintf(failpoint, sizeof failpoint, "serve_error:%d:40", ranks - 1);
+    assert_int_equal(setenv("DSC_FAILPOINT", failpoint, 1), 0);
+    serve_proc p;
+    const char *args[12];
+    st_start_ranks(&p, ranks, true, st_layout_args(args, (const char *[]){NULL}));
+    unsetenv("DSC_FAILPOINT");
+    call c = {.port = p.port, .max_tokens = 3000, .stream = true};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_call, &c), 0);
+    int code;
+    char out[16384];
+    assert_null(serve_proc_wait(&p, 60.0, &code, out, sizeof out));
+    pthread_join(th, NULL);
+    printf("launcher exit %d; stream: %d tokens, [DONE] %s\n", code, c.tokens_seen,
+           c.done_seen ? "seen" : "not seen");
+    char said[64], named[64];
+    snprintf(said, sizeof said, "dsc-serve: rank %d: ", ranks - 1);
+    snprintf(named, sizeof named, "job failed: rank %d", ranks - 1);
+    if (!strstr(out, said) || !strstr(out, named) ||
+        !strstr(out, "simulated failure of pipeline stage 1 at tick 40"))
+        fail_msg("the rank and the launcher did not name rank %d and its error; they printed:\n%s", ranks - 1,
+                 out);
+    assert_int_not_equal(code, 0);
+    assert_false(c.done_seen);
+}
+
 int main(int argc, char **argv) {
     st_layout(argc, argv);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sigterm_finishes_in_flight), cmocka_unit_test(test_drain_timeout_cancels),
-        cmocka_unit_test(test_sigterm_to_launcher_drains),
-        cmocka_unit_test(test_sigterm_to_launcher_drain_timeout), cmocka_unit_test(test_rank_failure_named)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sigterm_finishes_in_flight),
+                                       cmocka_unit_test(test_drain_timeout_cancels),
+                                       cmocka_unit_test(test_sigterm_to_launcher_drains),
+                                       cmocka_unit_test(test_sigterm_to_launcher_drain_timeout),
+                                       cmocka_unit_test(test_rank_failure_named),
+                                       cmocka_unit_test(test_sigterm_while_starting),
+                                       cmocka_unit_test(test_rank_error_named)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,11 @@
-/* A short soak of dsc-serve: the load generator sends 1500 streaming
+/* A short soak of dsc-serve, on one rank or (arguments TP [PP]) on several
+ * under dsc-launch: the load generator sends 1500 streaming
  * requests (16 at a time, random prompts and lengths, 30% of the clients
  * leaving after 1..4 tokens) in at most 45 s. Afterwards no request is in
  * flight, no sequence queued or running, no KV block used; every request
  * either completed or was abandoned by its client (none failed); and the
- * server's resident memory is what it was after a warm-up of the same
- * kind (within 8 MiB + 10%). */
+ * resident memory of every rank is what it was after a warm-up of the
+ * same kind (within 8 MiB + 10%). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -48,26 +49,33 @@ static serve_load_result load(int port, int32_t requests, uint64_t seed) {
 static void test_soak(void **state) {
     (void)state;
     serve_proc p;
-    const char *args[] = {"--max-num-seqs", "16", "--kv-cache-bytes", "786432", NULL};
-    st_start(&p, args);
+    const char *args[12];
+    st_start_ranks(
+        &p, st_ranks(), false,
+        st_layout_args(args, (const char *[]){"--max-num-seqs", "16", "--kv-cache-bytes", st_kv_bytes(), NULL}));
     load(p.port, 200, 1);
     st_wait_idle(p.port);
-    long before = serve_proc_rss_kib(p.pid);
+    long before[SERVE_PROC_MAX_RANKS];
+    for (int k = 0; k < p.n_ranks; k++)
+        before[k] = serve_proc_rss_kib(p.ranks[k]);
     double cancelled0 = st_metric(p.port, "dsc_sequences_cancelled_total");
     serve_load_result r = load(p.port, 1500, 2);
     st_wait_idle(p.port);
-    long after = serve_proc_rss_kib(p.pid);
     double cancelled = st_metric(p.port, "dsc_sequences_cancelled_total") - cancelled0;
-    printf("RSS %ld KiB after the warm-up, %ld KiB after the soak; %g sequences cancelled by clients leaving\n",
-           before, after, cancelled);
+    printf("%g sequences cancelled by clients leaving\n", cancelled);
     assert_true(r.sent >= 300); /* the time limit did not cut the soak to nothing */
     assert_true(cancelled > 0 && cancelled <= (double)r.disconnected);
-    assert_true(before > 0 && after > 0);
-    assert_true(after - before < 8192 + before / 10);
+    for (int k = 0; k < p.n_ranks; k++) {
+        long after = serve_proc_rss_kib(p.ranks[k]);
+        printf("rank %d: RSS %ld KiB after the warm-up, %ld KiB after the soak\n", k, before[k], after);
+        assert_true(before[k] > 0 && after > 0);
+        assert_true(after - before[k] < 8192 + before[k] / 10);
+    }
     assert_int_equal(st_stop(&p), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    st_layout(argc, argv);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_soak)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
