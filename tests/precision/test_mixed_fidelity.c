@@ -51,6 +51,9 @@ typedef struct run_opts {
     unsigned inject; /* bit s: step s's gradients get an inf */
     int64_t window;  /* fp16 loss_scale_window override (0: the fixture's) */
     double init_power;
+    bool check;        /* bf16.check_grad_overflow */
+    bool expect_error; /* the step at inject_at fails (an unchecked non-finite gradient) */
+    int inject_at;
 } run_opts;
 
 typedef struct run_out {
@@ -128,7 +131,7 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
     if (ro->dtype != DSC_DTYPE_F32) {
         dsc_precision_options po = {.dtype = ro->dtype, .opt = &oo, .log = true};
         bool fp16 = ro->dtype == DSC_DTYPE_F16;
-        po.check_overflow = fp16;
+        po.check_overflow = fp16 || ro->check;
         po.scaler = (dsc_loss_scaler_options){
             .dynamic = fp16,
             .init_scale = fp16 ? ldexp(1.0, (int)(ro->init_power > 0 ? ro->init_power
@@ -159,7 +162,13 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
         assert_ok(dsc_optimizer_reduce_grads(opt));
         if (s == 0 && ro->dtype == DSC_DTYPE_BF16) compare_grads(f, m.store, out);
         dsc_optim_stats st;
-        assert_ok(dsc_optimizer_step(opt, fixture_meta(f, "lr"), &st));
+        dsc_status step_status = dsc_optimizer_step(opt, fixture_meta(f, "lr"), &st);
+        if (ro->expect_error && s == ro->inject_at) {
+            assert_err(step_status, DSC_ERR_NUMERIC, "global gradient norm is");
+            out->loss[s] = res.loss;
+            break; /* the run stops there */
+        }
+        assert_ok(step_status);
         out->loss[s] = res.loss;
         out->skipped[s] = dsc_precision_last_step(opt, &out->scale[s]);
     }
@@ -195,7 +204,7 @@ static void test_against_pytorch(void **state) {
     } modes[] = {{"fp32", DSC_DTYPE_F32}, {"bf16", DSC_DTYPE_BF16}, {"fp16", DSC_DTYPE_F16}};
     run_out outs[3];
     for (int k = 0; k < 3; k++) {
-        run_opts ro = {modes[k].dtype, 0, 0, 0};
+        run_opts ro = {.dtype = modes[k].dtype};
         train(&f, &ro, steps, &outs[k]);
         double d = compare(&f, modes[k].mode, &outs[k], steps);
         if (getenv("DSC_TEST_VERBOSE"))
@@ -240,7 +249,7 @@ static void test_parameters_stay_rounded(void **state) {
     dsc_dtype types[2] = {DSC_DTYPE_BF16, DSC_DTYPE_F16};
     for (int k = 0; k < 2; k++) {
         run_out o;
-        run_opts ro = {types[k], 0, 0, 8};
+        run_opts ro = {.dtype = types[k], .init_power = 8};
         train(&f, &ro, 3, &o);
         float *copy = malloc((size_t)o.n_params * sizeof(float));
         memcpy(copy, o.params, (size_t)o.n_params * sizeof(float));
@@ -260,7 +269,8 @@ static void test_overflow_path(void **state) {
     fixture f;
     fixture_load(&f, FIXTURE);
     run_out clean, hit;
-    run_opts ro_clean = {DSC_DTYPE_F16, 0, 2, 8}, ro_hit = {DSC_DTYPE_F16, 1u << 2, 2, 8};
+    run_opts ro_clean = {.dtype = DSC_DTYPE_F16, .window = 2, .init_power = 8},
+             ro_hit = {.dtype = DSC_DTYPE_F16, .inject = 1u << 2, .window = 2, .init_power = 8};
     train(&f, &ro_clean, 2, &clean); /* the parameters after steps 0, 1 */
     train(&f, &ro_hit, 3, &hit);     /* steps 0, 1, then the injected step 2 */
     assert_false(hit.skipped[0] || hit.skipped[1]);
@@ -275,7 +285,7 @@ static void test_overflow_path(void **state) {
      * rule: the first overflow uses up the hysteresis, the second halves; the scale doubles when
      * (iteration - last overflow - 1) is a positive multiple of the window. The scale each step used: */
     run_out o;
-    run_opts ro = {DSC_DTYPE_F16, 3u << 1, 2, 8};
+    run_opts ro = {.dtype = DSC_DTYPE_F16, .inject = 3u << 1, .window = 2, .init_power = 8};
     train(&f, &ro, 8, &o);
     const double want[8] = {256, 256, 256, 128, 128, 128, 256, 256};
     for (int s = 0; s < 8; s++) {
@@ -287,11 +297,33 @@ static void test_overflow_path(void **state) {
     fixture_free(&f);
 }
 
+/* bf16 has no loss scale: an inf gradient stops the run with the step named (as f32 training), unless
+ * bf16.check_grad_overflow, which skips that step with nothing moved. */
+static void test_bf16_check_grad_overflow(void **state) {
+    (void)state;
+    fixture f;
+    fixture_load(&f, FIXTURE);
+    run_out clean, hit, stop;
+    run_opts ro_clean = {.dtype = DSC_DTYPE_BF16},
+             ro_hit = {.dtype = DSC_DTYPE_BF16, .inject = 1u << 2, .check = true};
+    train(&f, &ro_clean, 2, &clean);
+    train(&f, &ro_hit, 3, &hit);
+    assert_true(hit.skipped[2] && !hit.skipped[0] && !hit.skipped[1]);
+    assert_memory_equal(hit.params, clean.params, (size_t)clean.n_params * sizeof(float));
+    run_opts ro_stop = {.dtype = DSC_DTYPE_BF16, .inject = 1u << 1, .expect_error = true, .inject_at = 1};
+    train(&f, &ro_stop, 3, &stop);
+    free(clean.params);
+    free(hit.params);
+    free(stop.params);
+    fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_pytorch),
         cmocka_unit_test(test_parameters_stay_rounded),
         cmocka_unit_test(test_overflow_path),
+        cmocka_unit_test(test_bf16_check_grad_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
