@@ -40,30 +40,14 @@ typedef struct default_runner {
     dsc_tensor targets; /* (B, T) i32 */
 } default_runner;
 
-/* Mixed precision (dsc/precision.h): what passes between layers is stored in
- * the reduced type, the activation gradients at the loss scale. */
-static void store_between(const dsc_tensor *t, dsc_dtype dtype, float scale) {
-    if (dtype == DSC_DTYPE_F32 || !t->data || t->dtype != DSC_DTYPE_F32) return;
-    int64_t n = dsc_tensor_numel(t);
-    if (scale == 1.0f) {
-        dsc_round_to_dtype(t->data, n, dtype);
-        return;
-    }
-    dsc_round_scaled(t->data, n, scale, dtype);
-    float *x = t->data;
-    for (int64_t i = 0; i < n; i++)
-        x[i] /= scale; /* a power of two: exact */
-}
-
 static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
     dsc_tensor x = {0}, y;
-    float scale;
-    dsc_dtype dtype = dsc_precision_activation_dtype(r->opt, &scale);
     for (int l = 0; l < r->n; l++) {
         DSC_TRY(dsc_optimizer_before_layer(r->opt, r->layers[l], false));
         DSC_TRY(dsc_layer_forward(r->layers[l], 0, &x, &y, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], false));
-        if (l < r->n - 1) store_between(&y, dtype, 1.0f); /* not the loss layer's per-token losses */
+        /* mixed precision: stored in bf16 / fp16 between layers (not the loss layer's per-token losses) */
+        if (l < r->n - 1) dsc_precision_store_between(r->opt, &y, false);
         x = y;
     }
     return NULL;
@@ -71,14 +55,12 @@ static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
 
 static dsc_status backward_all(default_runner *r, dsc_micro_ctx *ctx, bool last_micro) {
     dsc_tensor dy = {0}, dx;
-    float scale;
-    dsc_dtype dtype = dsc_precision_activation_dtype(r->opt, &scale);
     for (int l = r->n - 1; l >= 0; l--) {
         DSC_TRY(dsc_optimizer_before_layer(r->opt, r->layers[l], true));
         DSC_TRY(dsc_layer_backward(r->layers[l], 0, &dy, &dx, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], true));
         if (last_micro) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
-        if (l > 0) store_between(&dx, dtype, scale);
+        if (l > 0) dsc_precision_store_between(r->opt, &dx, true);
         dy = dx;
     }
     return NULL;

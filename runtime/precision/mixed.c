@@ -393,11 +393,18 @@ bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
     return mixed && ((const mixed_optimizer *)opt)->last_skipped;
 }
 
-dsc_dtype dsc_precision_activation_dtype(dsc_optimizer *opt, float *grad_scale) {
-    *grad_scale = 1.0f;
-    if (!opt || opt->ops != &mixed_ops) return DSC_DTYPE_F32;
+void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient) {
+    if (!opt || opt->ops != &mixed_ops || !t->data || t->dtype != DSC_DTYPE_F32) return;
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
-    *grad_scale = (float)m->scaler.cur_scale;
-    return m->po.dtype;
+    float scale = gradient ? (float)m->scaler.cur_scale : 1.0f;
+    int64_t n = dsc_tensor_numel(t);
+    if (scale == 1.0f) {
+        dsc_round_to_dtype(t->data, n, m->po.dtype);
+        return;
+    }
+    dsc_round_scaled(t->data, n, scale, m->po.dtype);
+    float *x = t->data;
+    for (int64_t i = 0; i < n; i++)
+        x[i] /= scale; /* a power of two: exact */
 }
