@@ -30,6 +30,7 @@
 
 #include "dsc/cli.h"
 #include "dsc/comm.h"
+#include "dsc/infer_grid.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
 #include "dsc/tokenizer.h"
@@ -421,57 +422,7 @@ static dsc_status print_plan(const options *o, const dsc_infer_ds_config *c) {
     return NULL;
 }
 
-/* The ranks' layout: pp x ep x tp_size ranks on DeepSpeed's grid (axes
- * pipe, data, model), the expert-parallel groups along data
- * (expert-tensor parallelism: each expert's width TP-split inside a model group). */
-typedef struct layout {
-    dsc_comm *world;
-    dsc_groups *groups;
-    dsc_comm *tp, *pipe, *ep; /* NULL when of size 1 */
-} layout;
-
-static dsc_status make_layout(const dsc_infer_ds_config *c, int pp, int ep, layout *l) {
-    *l = (layout){0};
-    int size, rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (c->tp.tp_size == 1 && pp == 1 && ep == 1 && size == 1) return NULL;
-    DSC_CHECK(c->tp.tp_size * pp * ep == size, DSC_ERR_CONFIG,
-              "tensor_parallel.tp_size %d x --pp %d x --ep %d with %d ranks: dsc-generate runs one model "
-              "replica, so launch it with dsc-launch -n %d",
-              c->tp.tp_size, pp, ep, size, c->tp.tp_size * pp * ep);
-    DSC_TRY(dsc_comm_world(NULL, &l->world));
-    dsc_group_plan plan;
-    dsc_parallel_dims dims = {.pp = pp, .dp = ep, .tp = c->tp.tp_size, .ep = ep, .expert_tp = true};
-    DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
-    dsc_status s = dsc_groups_create(l->world, &plan, &l->groups);
-    dsc_group_plan_free(&plan);
-    DSC_TRY(s);
-    if (c->tp.tp_size > 1) l->tp = dsc_groups_get(l->groups, DSC_GROUP_KIND_TENSOR);
-    if (pp > 1) l->pipe = dsc_groups_get(l->groups, DSC_GROUP_KIND_PIPE);
-    if (ep > 1) l->ep = dsc_groups_get(l->groups, DSC_GROUP_KIND_EXPERT);
-    return NULL;
-}
-
-static void layout_free(layout *l) {
-    dsc_groups_free(l->groups);
-    dsc_comm_free(l->world);
-}
-
-/* Rank 0 prints what every rank holds, in rank order. */
-static void print_layout(const layout *l, const dsc_infer_model *m) {
-    enum { LINE = 512 };
-    char mine[LINE];
-    dsc_infer_model_describe(m, mine, sizeof mine);
-    int size = dsc_comm_size(l->world), rank = dsc_comm_rank(l->world);
-    char *all = rank == 0 ? malloc((size_t)size * LINE) : NULL;
-    MPI_Gather(mine, LINE, MPI_CHAR, all, LINE, MPI_CHAR, 0, MPI_COMM_WORLD);
-    for (int r = 0; all && r < size; r++)
-        fprintf(stderr, "[rank %d] %s\n", r, all + (size_t)r * LINE);
-    free(all);
-}
-
-static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layout *lay) {
+static dsc_status run(const options *o, const dsc_infer_ds_config *c, const dsc_infer_grid *lay) {
     dsc_comm *world = lay->world;
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
@@ -490,7 +441,7 @@ static dsc_status run(const options *o, const dsc_infer_ds_config *c, const layo
     dsc_infer_pp pp = {
         .comm = lay->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
     if (!s) s = dsc_infer_model_load_parallel(o->model, lay->tp || lay->ep ? &tp : NULL, &pp, &m);
-    if (!s && world && !o->quiet) print_layout(lay, m);
+    if (!s && world && !o->quiet) dsc_infer_grid_print(lay, m, stderr);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     st.tok = tok;
     if (!s) s = tokenize_all(o, tok, &b, &longest);
@@ -544,14 +495,14 @@ int main(int argc, char **argv) {
     }
     MPI_Init(&argc, &argv);
     dsc_infer_ds_config c;
-    layout lay = {0};
+    dsc_infer_grid lay = {0};
     s = dsc_infer_ds_config_load(o.config, &c);
     if (!s && o.tp > 0) c.tp.tp_size = o.tp;
     if (!s && o.grain > 0) c.tp.grain = o.grain;
     if (!s && o.print_plan)
         s = print_plan(&o, &c);
     else if (!s) {
-        s = make_layout(&c, o.pp > 0 ? o.pp : 1, o.ep > 0 ? o.ep : 1, &lay);
+        s = dsc_infer_grid_create("dsc-generate", c.tp.tp_size, o.pp > 0 ? o.pp : 1, o.ep > 0 ? o.ep : 1, &lay);
         if (!s) s = run(&o, &c, &lay);
     }
     dsc_infer_ds_config_free(&c);
@@ -564,7 +515,7 @@ int main(int argc, char **argv) {
         /* Peers may wait for this rank inside a transfer or a collective: end the whole job now. */
         if (lay.world && dsc_comm_size(lay.world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    layout_free(&lay);
+    dsc_infer_grid_free(&lay);
     options_free(&o);
     MPI_Finalize();
     return rc;

@@ -5,9 +5,10 @@
  * MODEL is a Hugging Face directory or a dsc checkpoint, as for
  * dsc-generate. Prints "dsc-serve: listening on http://HOST:PORT ..." once
  * it accepts requests (with the pid of every rank); SIGTERM or SIGINT
- * drains it (exit 0). With --tp N and/or --pp P under `dsc-launch -n N*P`
- * (DeepSpeed's grid: axes pipe, model) every rank loads its shard of its
- * stage, rank 0 speaks HTTP and the others follow its batch plans; a signal
+ * drains it (exit 0). With --tp N, --pp P and/or --ep E under `dsc-launch
+ * -n N*P*E` (DeepSpeed's grid: axes pipe, data, model; dsc/infer_grid.h)
+ * every rank loads its shard of its stage (and its experts), prints which,
+ * rank 0 speaks HTTP and the others follow its batch plans; a signal
  * to rank 0 drains every rank, the others ignore signals (they stop with
  * rank 0's last plan). SIGUSR2 is SIGTERM's stand-in: dsc-launch turns a
  * SIGTERM or SIGINT it gets into SIGUSR2, which mpirun passes to every rank. */
@@ -23,6 +24,7 @@
 
 #include "dsc/cli.h"
 #include "dsc/comm.h"
+#include "dsc/infer_grid.h"
 #include "dsc/inference.h"
 #include "dsc/serve.h"
 #include "dsc/tokenizer.h"
@@ -32,7 +34,7 @@ typedef struct options {
     const char *model, *tokenizer;
     dsc_serve_config serve;
     int64_t max_model_len, kv_cache_bytes;
-    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp, pp;
+    int32_t block_size, max_num_seqs, max_batched_tokens, kv_reserve, tp, pp, ep;
     const char *partition;    /* --partition: how layers are cut into stages (NULL: uniform) */
     int64_t max_weight_bytes; /* --max-weight-bytes (0: no budget) */
     bool bf16_kv, static_batching, prefill_first, eos_given;
@@ -49,36 +51,39 @@ static void on_signal(int sig) {
 }
 
 static void usage(FILE *fp) {
-    fprintf(fp,
-            "usage: dsc-serve MODEL [options]\n"
-            "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
-            "  --port N                     port (8000; 0 = any free port, printed)\n"
-            "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
-            "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
-            "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
-            "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
-            "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
-            "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
-            "  --seed N                     seed of requests that give none (+ request number)\n"
-            "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
-            "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
-            "  --weight-type T              projection weights f32 (default), bf16, f16 or q8_0\n"
-            "  --block-size N               tokens per KV block (16)\n"
-            "  --max-num-seqs N             sequences in the engine at once (64)\n"
-            "  --max-num-batched-tokens N   tokens per forward (512)\n"
-            "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
-            "  --prefill-first              prompt chunks before decodes in each forward\n"
-            "  --static-batching            run admitted groups to completion (for comparison)\n"
-            "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
-            "  --max-body-bytes N           request body limit (1048576)\n"
-            "  --max-prompt-tokens N        tokens per prompt (8192)\n"
-            "  --max-tokens-limit N         largest max_tokens (4096)\n"
-            "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n"
-            "  --tp N                       tensor parallelism over N ranks (run under dsc-launch -n N)\n"
-            "  --pp P                       pipeline parallelism over P stages (dsc-launch -n P, or P x N with "
-            "--tp N)\n"
-            "  --partition METHOD           how layers are cut into stages: uniform (default) or parameters\n"
-            "  --max-weight-bytes B         refuse to load more than B bytes of weights on one rank\n");
+    fprintf(
+        fp,
+        "usage: dsc-serve MODEL [options]\n"
+        "  --host ADDR                  IPv4 address to bind (127.0.0.1; 0.0.0.0 = every interface)\n"
+        "  --port N                     port (8000; 0 = any free port, printed)\n"
+        "  --api-key KEY                require Authorization: Bearer KEY (default: $DSC_API_KEY)\n"
+        "  --served-model-name NAME     the model id of /v1/models (default: MODEL's last path element)\n"
+        "  --tokenizer PATH             tokenizer.json (default: MODEL/tokenizer.json; bytes for dsc models)\n"
+        "  --chat-template NAME         llama-3, mistral, chatml, phi-3 (default: from the tokenizer)\n"
+        "  --bos ID                     prepend ID to text prompts of /v1/completions\n"
+        "  --eos ID[,ID...]             stop tokens of every request (default: config.json's eos_token_id)\n"
+        "  --seed N                     seed of requests that give none (+ request number)\n"
+        "  --max-model-len N            context per sequence (the model's, at most 4096)\n"
+        "  --kv-cache-bytes N           KV cache memory (64 MiB)   --kv-dtype f32|bf16\n"
+        "  --weight-type T              projection weights f32 (default), bf16, f16 or q8_0\n"
+        "  --block-size N               tokens per KV block (16)\n"
+        "  --max-num-seqs N             sequences in the engine at once (64)\n"
+        "  --max-num-batched-tokens N   tokens per forward (512)\n"
+        "  --kv-reserve-tokens N        admit with N future tokens reserved and preempt when short (-1: all)\n"
+        "  --prefill-first              prompt chunks before decodes in each forward\n"
+        "  --static-batching            run admitted groups to completion (for comparison)\n"
+        "  --max-concurrent-requests N  generation requests in flight before 429 (64)\n"
+        "  --max-body-bytes N           request body limit (1048576)\n"
+        "  --max-prompt-tokens N        tokens per prompt (8192)\n"
+        "  --max-tokens-limit N         largest max_tokens (4096)\n"
+        "  --drain-timeout S            on SIGTERM, seconds in-flight requests get before cancellation (30)\n"
+        "  --tp N                       tensor parallelism over N ranks (run under dsc-launch -n N)\n"
+        "  --pp P                       pipeline parallelism over P stages (dsc-launch -n P, or P x N with "
+        "--tp N)\n"
+        "  --ep E                       expert parallelism: MoE experts split over E replicas of each stage's\n"
+        "                               TP group (dsc-launch -n N*P*E; tokens routed by all-to-all-v)\n"
+        "  --partition METHOD           how layers are cut into stages: uniform (default) or parameters\n"
+        "  --max-weight-bytes B         refuse to load more than B bytes of weights on one rank\n");
 }
 
 static bool parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -176,6 +181,8 @@ static bool parse_args(int argc, char **argv, options *o) {
             ok = parse_int(v, 1, 1 << 16, &x) && ((o->tp = (int32_t)x), true);
         else if (strcmp(a, "--pp") == 0)
             ok = parse_int(v, 1, 1 << 16, &x) && ((o->pp = (int32_t)x), true);
+        else if (strcmp(a, "--ep") == 0)
+            ok = parse_int(v, 1, 1 << 16, &x) && ((o->ep = (int32_t)x), true);
         else if (strcmp(a, "--partition") == 0)
             ok = (o->partition = v, strcmp(v, "uniform") == 0 || strcmp(v, "parameters") == 0);
         else if (strcmp(a, "--max-weight-bytes") == 0)
@@ -240,57 +247,18 @@ static dsc_status rank_pids(dsc_comm *world, char *out, size_t cap) {
     return s;
 }
 
-/* The ranks: tp x pp on DeepSpeed's grid (axes pipe, data, model; one
- * replica, rank = stage * tp + model), as dsc-generate lays them out. The
- * communicators are NULL when of size 1. */
-typedef struct ranks {
-    dsc_comm *world;
-    dsc_groups *groups;
-    dsc_comm *tp, *pipe;
-} ranks;
-
-static dsc_status make_ranks(int tp, int pp, ranks *r) {
-    *r = (ranks){0};
-    int size, rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    DSC_CHECK(tp * pp == size, DSC_ERR_CONFIG,
-              "--tp %d x --pp %d with %d ranks: dsc-serve runs one model replica, so launch it with "
-              "dsc-launch -n %d",
-              tp, pp, size, tp * pp);
-    if (size == 1) return NULL;
-    DSC_TRY(dsc_comm_world(NULL, &r->world));
-    if (pp == 1) { /* one tensor-parallel group: the world */
-        r->tp = r->world;
-        return NULL;
-    }
-    dsc_group_plan plan;
-    dsc_parallel_dims dims = {.pp = pp, .dp = 1, .tp = tp};
-    DSC_TRY(dsc_groups_plan(size, rank, &dims, &plan));
-    dsc_status s = dsc_groups_create(r->world, &plan, &r->groups);
-    dsc_group_plan_free(&plan);
-    DSC_TRY(s);
-    r->pipe = dsc_groups_get(r->groups, DSC_GROUP_KIND_PIPE);
-    if (tp > 1) r->tp = dsc_groups_get(r->groups, DSC_GROUP_KIND_TENSOR);
-    return NULL;
-}
-
-static void ranks_free(ranks *r) {
-    dsc_groups_free(r->groups);
-    dsc_comm_free(r->world);
-}
-
-static dsc_status serve(options *o, const ranks *rk) {
+static dsc_status serve(options *o, const dsc_infer_grid *rk) {
     dsc_infer_model *m = NULL;
     dsc_tokenizer *tok = NULL;
     dsc_infer_engine *e = NULL;
     dsc_server *srv = NULL;
     dsc_comm *world = rk->world;
     const bool lead = !world || dsc_comm_rank(world) == 0;
-    dsc_infer_tp tp = {.comm = rk->tp};
+    dsc_infer_tp tp = {.comm = rk->tp, .tp_size = 1, .ep_comm = rk->ep};
     dsc_infer_pp pp = {
         .comm = rk->pipe, .partition_method = o->partition, .max_weight_bytes = o->max_weight_bytes};
-    dsc_status s = dsc_infer_model_load_parallel(o->model, rk->tp ? &tp : NULL, &pp, &m);
+    dsc_status s = dsc_infer_model_load_parallel(o->model, rk->tp || rk->ep ? &tp : NULL, &pp, &m);
+    if (!s && world) dsc_infer_grid_print(rk, m, stderr);
     if (!s) s = dsc_infer_model_set_weight_type(m, o->weight_type);
     if (!s) s = dsc_infer_model_open_tokenizer(o->model, m, o->tokenizer, &tok);
     if (!s) {
@@ -323,11 +291,11 @@ static dsc_status serve(options *o, const ranks *rk) {
         const dsc_kv_config *kv = dsc_infer_engine_kv_config(e);
         if (lead) {
             printf("dsc-serve: listening on http://%s:%d (model %s, %s, context %lld, %d KV blocks of %d, chat "
-                   "template %s, tp %d, pp %d, pids %s)\n",
+                   "template %s, tp %d, pp %d, ep %d, pids %s)\n",
                    o->serve.host, dsc_server_port(srv), o->serve.model_name, dsc_infer_model_arch(m),
                    (long long)kv->max_context, dsc_infer_engine_total_blocks(e), kv->block_size,
                    tmpl ? tmpl : "none", rk->tp ? dsc_comm_size(rk->tp) : 1,
-                   rk->pipe ? dsc_comm_size(rk->pipe) : 1, pids);
+                   rk->pipe ? dsc_comm_size(rk->pipe) : 1, rk->ep ? dsc_comm_size(rk->ep) : 1, pids);
             fflush(stdout);
         }
         g_server = srv;
@@ -362,8 +330,9 @@ int main(int argc, char **argv) {
     sigaction(SIGUSR2, &sa, NULL); /* dsc-launch's drain request, relayed by mpirun */
     signal(SIGPIPE, SIG_IGN);
     MPI_Init(&argc, &argv);
-    ranks rk;
-    dsc_status s = make_ranks(o.tp > 0 ? o.tp : 1, o.pp > 0 ? o.pp : 1, &rk);
+    dsc_infer_grid rk;
+    dsc_status s =
+        dsc_infer_grid_create("dsc-serve", o.tp > 0 ? o.tp : 1, o.pp > 0 ? o.pp : 1, o.ep > 0 ? o.ep : 1, &rk);
     if (!s) s = serve(&o, &rk);
     int rc = 0;
     if (s) {
@@ -380,7 +349,7 @@ int main(int argc, char **argv) {
         /* Peers may wait for this rank in a transfer or a collective: end the whole job now. */
         if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    ranks_free(&rk);
+    dsc_infer_grid_free(&rk);
     MPI_Finalize();
     return rc;
 }

@@ -306,8 +306,22 @@ static dsc_status block(dsc_infer_model *m, int32_t l, const dsc_ragged_batch *b
     return NULL;
 }
 
+static dsc_status forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
+                          dsc_forward_scratch *s, float *logits);
+
+/* The whole forward in the pool scope (kernels/cpu/cpu_pool.h): its GEMMs, GEMVs, attention and
+ * RoPE run on the pool, its smaller elementwise passes on this thread, none in OpenMP regions
+ * (whose idle threads would spin on the cores the pool's threads need). */
 dsc_status dsc_model_forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
                              dsc_forward_scratch *s, float *logits) {
+    bool was = dsc_cpu_pool_set_scope(true);
+    dsc_status st = forward(m, batch, cache, s, logits);
+    dsc_cpu_pool_set_scope(was);
+    return st;
+}
+
+static dsc_status forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_kv_cache *cache,
+                          dsc_forward_scratch *s, float *logits) {
     const dsc_infer_model_config *mc = &m->cfg;
     int64_t N = batch->n_tokens, S = batch->n_seqs, C = mc->d_model;
     DSC_CHECK(N <= s->max_tokens && S <= s->max_seqs, DSC_ERR_INVALID,

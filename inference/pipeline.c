@@ -13,16 +13,18 @@
  * that waits for them (the pipeline's ring: a sequence's next micro-batch
  * needs its token; D > P leaves it D - P micro-batches of slack for the
  * latency of that round trip); the middle stages find them already there,
- * and the last stage never waits. With one stage the ring has one slot and a tick
- * is exactly one forward.
+ * and the last stage never waits. With one stage the ring has one slot and
+ * a tick is exactly one forward.
  *
  * Each activation is one message over pipe/'s p2p: a header (magic,
  * sender stage, tick, tokens) fused with the payload, of the size both
  * ends compute from their replica's micro-batch (no separate meta message
  * per micro-batch); a stage that disagrees about a micro-batch is an error
  * naming both stages, and every transfer is bounded by the pipe
- * communicator's watchdog deadline. Sends are posted with a request handle
- * (a stage's send of micro-batch m completes while it computes m + 1).
+ * communicator's watchdog deadline. Sends are posted with request handles
+ * from a ring of D message buffers (a stage's send of micro-batch m
+ * completes while it computes the next ones; only the send of D ticks ago
+ * is waited for, before its buffer is reused).
  * Under TP the residual stream is replicated over the stage's TP group, so
  * each TP rank sends only its 1/tp slice of the flattened (N, C) activation
  * (Megatron's scatter-gather; uneven splits give the first N·C mod tp ranks

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsc/precision.h"
 #include "pipe/engine_internal.h"
 
 static bool checkpointable(const pipe_chunk *c, int first, int end) {
@@ -121,6 +122,8 @@ static dsc_status forward_layers(pipe_runner *r, const pipe_chunk *c, const pipe
         DSC_TRY(dsc_optimizer_before_layer(r->o.optimizer, c->layers[l], false));
         DSC_TRY(dsc_layer_forward(c->layers[l], slot, x, &y, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], false));
+        /* mixed precision: stored in bf16 / fp16 between layers (not the loss layer's per-token losses) */
+        if (!(c->last_virtual && l == c->n - 1)) dsc_precision_store_between(r->o.optimizer, &y, false);
         *x = y;
     }
     return NULL;
@@ -162,6 +165,7 @@ dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const ds
             DSC_TRY(dsc_layer_backward(c->layers[l], at, &dy, &dx, ctx));
             DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], true));
             if (last) DSC_TRY(dsc_optimizer_grads_ready(r->o.optimizer, c->layers[l]));
+            if (!(c->first_virtual && l == 0)) dsc_precision_store_between(r->o.optimizer, &dx, true);
             dy = dx;
         }
     }

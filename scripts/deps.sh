@@ -3,7 +3,8 @@
 # apt-get; as another user it prints the exact apt-get line and fails.
 set -euo pipefail
 packages=(cmake build-essential pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
-          libcmocka-dev libopenblas-dev libcjson-dev libmicrohttpd-dev curl iproute2 clang clang-format libclang-rt-14-dev)
+          libcmocka-dev libopenblas-dev libcjson-dev libmicrohttpd-dev curl iproute2 clang clang-format libclang-rt-14-dev
+          python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

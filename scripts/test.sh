@@ -21,6 +21,16 @@ DSC_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DDSC_SANITIZE=ON -DDSC_
 echo "== fuzz harnesses (clang, libFuzzer + address/undefined): 20 s each"
 "$root/scripts/fuzz.sh" 20
 
+echo "== the official openai Python client for test_serve_openai_client (from PyPI; without it the test reports skipped)"
+pyenv=$root/build-pyenv
+py=()
+if python3 -m venv "$pyenv" >/dev/null 2>&1 &&
+   "$pyenv/bin/pip" install -q --retries 1 --timeout 20 openai >/dev/null 2>&1; then
+  py=(-DPython3_EXECUTABLE="$pyenv/bin/python")
+else
+  echo "   not installed (no PyPI here?): test_serve_openai_client will report skipped"
+fi
+
 echo "== normal build, Release -O3 (CUDA backend compiled when nvcc exists): all tests"
-"$root/scripts/build.sh" -DCMAKE_BUILD_TYPE=Release
+"$root/scripts/build.sh" -DCMAKE_BUILD_TYPE=Release "${py[@]}"
 cd "$root/build" && ctest --output-on-failure -j"$(nproc)"

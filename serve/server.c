@@ -66,11 +66,11 @@ static dsc_status choose_template(dsc_server *srv) {
 
 /* Under tensor parallelism each rank's logits rows are a slice of the
  * vocabulary, in the TP group's rank order: this rank's first id is the
- * widths before it. Under pipeline parallelism the TP group is the stage's,
- * not the world. */
+ * widths before it. The TP group is the stage's (under pipeline or expert
+ * parallelism not the world). */
 static dsc_status find_vocab0(dsc_server *srv) {
     const dsc_serve_config *c = &srv->cfg;
-    srv->vocab_comm = c->tp_comm ? c->tp_comm : c->pipe_comm ? NULL : c->comm;
+    srv->vocab_comm = c->tp_comm;
     srv->last_stage = !c->pipe_comm || dsc_comm_rank(c->pipe_comm) == dsc_comm_size(c->pipe_comm) - 1;
     srv->vocab0 = 0;
     int n_ranks = srv->vocab_comm ? dsc_comm_size(srv->vocab_comm) : 1;

@@ -292,7 +292,14 @@ static dsc_status muon_group(zero_optimizer *z, zero_group *g, double lr) {
         bool spread =
             spread_over_group(g, p) || (g->size > 1 && dsc_optim_muon_needs_tensor_group(p, z->o.tensor));
         int owner = g->split && g->size > 1 ? matrices++ % g->size : -1;
-        dsc_muon_piece mp = {&value, &grad, &m, pc->param_offset, spread ? g->comm : NULL, z->o.tensor, owner};
+        int64_t counts[g->size], n = dsc_param_numel(p); /* both cuts: pieces back to back in rank order */
+        for (int r = 0; r < g->size; r++) {
+            int64_t lo, hi;
+            if (g->split) dsc_zero_param_piece(n, g->size, r, &lo, &hi);
+            counts[r] = g->split ? hi - lo : zero_owned(g, r, p->offset, p->offset + n);
+        }
+        dsc_muon_piece mp = {&value,      &grad, &m,    pc->param_offset, spread ? g->comm : NULL,
+                             z->o.tensor, owner, counts};
         dsc_status s = dsc_optim_muon_piece(hp, p, &mp, (float)lr);
         if (s) return dsc_error_wrap(s, "step %lld: Muon update of %s", (long long)z->step, p->name);
     }

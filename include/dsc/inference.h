@@ -441,8 +441,9 @@ DSC_API int32_t dsc_infer_engine_total_blocks(const dsc_infer_engine *e);
 /* Tokens in the cache for uid (0 when untracked). */
 DSC_API int64_t dsc_infer_engine_seen_tokens(const dsc_infer_engine *e, uint64_t uid);
 /* Seconds this rank spent computing its stage's forwards (*busy_s) and in
- * forward calls altogether, waits for other stages included (*tick_s):
- * busy / tick is the stage's busy fraction. */
+ * forward calls altogether, the waits for the previous stage's activation
+ * included (*tick_s; the wait for the last stage's sampled tokens falls
+ * between them): busy over the wall time is the stage's busy fraction. */
 DSC_API void dsc_infer_engine_busy(const dsc_infer_engine *e, double *busy_s, double *tick_s);
 
 /* ---- scheduler (Dynamic SplitFuse continuous batching) -------------------------------------- */

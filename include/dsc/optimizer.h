@@ -212,6 +212,10 @@ typedef struct dsc_muon_piece {
      * result over it (DeepSpeed's stage 3 assigns matrices round-robin);
      * -1: every rank holding a piece orthogonalises the whole matrix. */
     int owner;
+    /* With `shard`: every rank's element count, the pieces lying back to back
+     * in rank order (ZeRO's cuts), so the matrix is all-gathered; NULL: each
+     * rank's piece is summed into zeros (any layout, twice the bytes). */
+    const int64_t *counts;
 } dsc_muon_piece;
 DSC_API dsc_status dsc_optim_muon_piece(const dsc_optim_hparams *hp, dsc_param *param, const dsc_muon_piece *pc,
                                         float lr);

@@ -127,6 +127,12 @@ DSC_API dsc_status dsc_precision_maybe_wrap(const dsc_config *cfg, const dsc_opt
 /* The wrapper's current loss scale and the steps it skipped (1 and 0 for any other optimizer). */
 DSC_API double dsc_precision_loss_scale(const dsc_optimizer *opt);
 DSC_API int64_t dsc_precision_skipped_steps(const dsc_optimizer *opt);
+/* What a runner does with what passes between two layers under mixed
+ * precision: `t` (f32, in place) becomes its value stored in the wrapper's
+ * dtype; an activation gradient (`gradient`) is stored at the loss scale,
+ * round(g * scale) / scale (the scaled loss's gradient in fp16: an overflow
+ * becomes inf and skips the step). Nothing for any other optimizer. */
+DSC_API void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient);
 /* What the last step did: whether it was skipped, and the scale of its gradients (0, false for any other
  * optimizer). */
 DSC_API bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale);

@@ -57,10 +57,11 @@ typedef struct dsc_serve_config {
     int32_t n_eos;
     uint64_t seed;  /* seeds of requests that give none: seed + request number */
     dsc_comm *comm; /* every rank the engine is split over (borrowed); NULL: one rank */
-    /* Under pipeline parallelism (borrowed, NULL when of size 1): this
+    /* Borrowed, NULL when of size 1 (dsc/infer_grid.h makes them): this
      * rank's pipeline group (the topology's `pipe` axis) and the TP group of
      * its stage (`model` axis), whose ranks hold slices of the vocabulary.
-     * Without pipe_comm a NULL tp_comm means comm is the TP group. */
+     * Ranks of comm in neither (expert-parallel replicas) hold the same
+     * logits as their peers. */
     dsc_comm *pipe_comm, *tp_comm;
 } dsc_serve_config;
 

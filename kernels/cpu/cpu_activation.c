@@ -20,7 +20,7 @@ static inline float fast_tanh(float u) {
 dsc_status dsc_cpu_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
         out[i] = 0.5f * xi * (1.0f + fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
@@ -32,7 +32,7 @@ dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const fl
                                  int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
         float th = fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
@@ -46,7 +46,7 @@ dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const fl
 dsc_status dsc_cpu_silu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
         out[i] = x[i] * sigmoid(x[i]);
     return NULL;
@@ -62,19 +62,41 @@ dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const fl
                                  int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
         dx[i] = dout[i] * silu_grad(x[i]);
     return NULL;
 }
 
+typedef struct swiglu_job {
+    float *out;
+    const float *gate, *up;
+    int64_t n;
+} swiglu_job;
+
+enum { SWIGLU_CHUNK = 16384 };
+
+static void swiglu_range(void *arg, int64_t ch) {
+    const swiglu_job *J = arg;
+    int64_t i1 = (ch + 1) * SWIGLU_CHUNK < J->n ? (ch + 1) * SWIGLU_CHUNK : J->n;
+#pragma omp simd
+    for (int64_t i = ch * SWIGLU_CHUNK; i < i1; i++)
+        J->out[i] = J->gate[i] * sigmoid(J->gate[i]) * J->up[i];
+}
+
 dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,
                                   int64_t n) {
     (void)backend;
+    swiglu_job J = {.out = out, .gate = gate, .up = up, .n = n};
+    int64_t chunks = (n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
+    if (dsc_cpu_pool_scope() && n > DSC_CPU_PARALLEL_MIN) { /* the prefill of the inference forward */
+        dsc_cpu_pool_run(swiglu_range, &J, chunks);
+        return NULL;
+    }
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
+    for (int64_t ch = 0; ch < chunks; ch++)
+        swiglu_range(&J, ch);
     return NULL;
 }
 
@@ -82,7 +104,7 @@ dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, flo
                                    const float *gate, const float *up, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], d = dout[i];
         dup[i] = d * g * sigmoid(g);
@@ -94,7 +116,7 @@ dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, flo
 dsc_status dsc_cpu_softmax(const dsc_backend *backend, float *out, const float *x, int64_t n, int64_t c) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * c; /* (C); may alias out */
         float *o = out + r * c;

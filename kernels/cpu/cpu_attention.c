@@ -147,8 +147,7 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
-    schedule(static)
+#pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
             int64_t kv0 = bi * t * kv_stride + (h / group) * hs, q0 = bi * t * q_stride + h * hs;
@@ -168,8 +167,7 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-#pragma omp parallel for collapse(2) num_threads(nt) if (b * nh * t * t * hs > DSC_CPU_PARALLEL_MIN)              \
-    schedule(static)
+#pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
             int64_t kv0 = bi * t * kv_stride + kvh * hs;

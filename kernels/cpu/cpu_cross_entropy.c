@@ -38,7 +38,7 @@ dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *loss
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(targets, n, v, true, "target"));
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * v > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * v)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         if (targets[i] < 0) {
             losses[i] = 0.0f;
@@ -56,7 +56,7 @@ dsc_status dsc_cpu_cross_entropy_backward(const dsc_backend *backend, float *dlo
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(targets, n, v, true, "target"));
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * v > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * v)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const float *row = logits + i * v; /* (V), may alias d */
         float *d = dlogits + i * v;

@@ -19,7 +19,7 @@ dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, con
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float *o = out + i * c;               /* (C) */
         const float *e = wte + tokens[i] * c; /* (C) */
@@ -40,7 +40,7 @@ dsc_status dsc_cpu_embedding_backward(const dsc_backend *backend, float *dwte, f
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
     int nt = dsc_kernels_get_num_threads();
     /* Slices of 16 floats (a 64-byte line) keep threads off each other's cache lines. */
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t c0 = 0; c0 < c; c0 += 16) {
         int64_t len = c - c0 < 16 ? c - c0 : 16;
         for (int64_t i = 0; i < n; i++) {

@@ -43,23 +43,41 @@ static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
             o[r * g->n + j] += g->bias[c0 + j];
 }
 
+/* One of `parts` blocks of the longer side (multiples of 16, the kernels' register blocks). */
+typedef struct split_job {
+    const gemm_args *g;
+    bool by_rows;
+    int64_t len, part;
+} split_job;
+
+static void split_block(void *arg, int64_t p) {
+    const split_job *S = arg;
+    int64_t s = p * S->part, e = s + S->part < S->len ? s + S->part : S->len;
+    if (S->by_rows)
+        gemm_block(S->g, s, e, 0, S->g->n);
+    else
+        gemm_block(S->g, 0, S->g->m, s, e);
+}
+
 static void gemm_split(const gemm_args *g) {
     int nt = dsc_kernels_get_num_threads();
     if (nt <= 1 || g->m * g->n * g->k < SPLIT_MIN_WORK) {
         gemm_block(g, 0, g->m, 0, g->n);
         return;
     }
-    /* The longer side is split (in multiples of 16, the kernels' register blocks). */
-    bool by_rows = g->m >= g->n;
-    int64_t len = by_rows ? g->m : g->n, part = ((len + nt - 1) / nt + 15) / 16 * 16;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int p = 0; p < nt; p++) {
-        int64_t s = p * part, e = s + part < len ? s + part : len;
-        if (by_rows)
-            gemm_block(g, s, e, 0, g->n);
-        else
-            gemm_block(g, 0, g->m, s, e);
+    /* The longer side is split: in OpenMP, one block per thread; in the pool scope (inference),
+     * four per thread, claimed as threads come free, so a late thread delays at most one. */
+    bool by_rows = g->m >= g->n, pool = dsc_cpu_pool_scope();
+    int64_t len = by_rows ? g->m : g->n, parts = pool ? 4 * (int64_t)nt : nt;
+    split_job S = {.g = g, .by_rows = by_rows, .len = len, .part = ((len + parts - 1) / parts + 15) / 16 * 16};
+    int64_t blocks = (len + S.part - 1) / S.part;
+    if (pool) {
+        dsc_cpu_pool_run(split_block, &S, blocks);
+        return;
     }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t p = 0; p < blocks; p++)
+        split_block(&S, p);
 }
 
 dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
@@ -86,7 +104,7 @@ dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     /* Each thread owns a slice of channels, so the accumulation is race-free. */
-#pragma omp parallel for num_threads(nt) if (n * oc > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * oc)) schedule(static)
     for (int64_t c0 = 0; c0 < oc; c0 += 64) {
         int64_t c1 = c0 + 64 < oc ? c0 + 64 : oc;
         float acc[64] = {0};

@@ -6,9 +6,17 @@
 
 #include "core/backend.h"
 #include "dsc/kernels.h"
+#include "kernels/cpu/cpu_pool.h"
 
 /* Work (elements touched) below which a loop stays on the calling thread. */
 #define DSC_CPU_PARALLEL_MIN 32768
+
+/* Whether an OpenMP loop over `work` elements runs in parallel: above
+ * DSC_CPU_PARALLEL_MIN, and not inside the pool scope (cpu_pool.h), where
+ * the pool owns the cores. */
+static inline bool dsc_cpu_parallel(int64_t work) {
+    return work > DSC_CPU_PARALLEL_MIN && !dsc_cpu_pool_scope();
+}
 
 /* Error naming the first id >= limit (or < 0 unless allow_negative) and its
  * flat position, or NULL. `what` is "token" or "target". */

@@ -4,7 +4,8 @@
  * (cpu_simd.c): the read is the whole cost, so nothing is packed or copied.
  * More rows (prefill) multiply as GEMMs: f32 weights directly, narrow ones
  * a panel of rows at a time widened into the caller's workspace, each
- * thread a single-threaded sgemm on its own panels (one pool: OpenMP's). */
+ * thread a single-threaded sgemm on its own panels (OpenMP's threads, or
+ * the pool's in its scope: cpu_pool.h). */
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -84,6 +85,33 @@ void dsc_cpu_stream_swiglu(float *act, const float *x, const void *w, dsc_weight
     dsc_cpu_pool_run(swiglu_chunk, &J, (F + ROW_CHUNK - 1) / ROW_CHUNK);
 }
 
+typedef struct panel_job {
+    float *y;
+    const float *x, *bias;
+    const void *w;
+    dsc_weight_format f;
+    float *workspace; /* one (panel, C) slot per thread */
+    int64_t n, oc, c;
+} panel_job;
+
+/* Panel p of the weight's rows, widened into slot `slot`, times x: y[:, rows of p]. */
+static void panel_gemm(const panel_job *P, int64_t p, int slot) {
+    const int64_t panel = DSC_LINEAR_PACKED_PANEL, c = P->c, r0 = p * panel,
+                  rows = P->oc - r0 < panel ? P->oc - r0 : panel;
+    float *wide = P->workspace + (int64_t)slot * panel * c; /* (panel, C) */
+    dsc_cpu_widen_rows(wide, P->w, P->f, c, r0, r0 + rows);
+    /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->n, (int)rows, (int)c, 1.0f, P->x, (int)c, wide,
+                (int)c, 0.0f, P->y + r0, (int)P->oc);
+    for (int64_t i = 0; P->bias && i < P->n; i++)
+        for (int64_t r = r0; r < r0 + rows; r++)
+            P->y[i * P->oc + r] += P->bias[r];
+}
+
+static void widen_panel(void *arg, int64_t p) {
+    panel_gemm(arg, p, dsc_cpu_pool_thread());
+}
+
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
                                  const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
                                  int64_t workspace_floats) {
@@ -105,20 +133,17 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
               (long long)workspace_floats);
     int nt = dsc_kernels_get_num_threads();
     if (nt > fit) nt = (int)fit;
+    panel_job P = {.y = y, .x = x, .w = w, .f = f, .bias = bias, .workspace = workspace, .n = n, .oc = oc, .c = c};
+    if (dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()) {
+        /* Each panel widens into the workspace slot of the thread that runs it (slot 0..nt-1). */
+        dsc_cpu_pool_run_upto(widen_panel, &P, panels, nt);
+        return NULL;
+    }
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        float *wide = workspace + (int64_t)tid * panel * c; /* (panel, C) */
-        for (int64_t p = tid; p < panels; p += team) {
-            int64_t r0 = p * panel, rows = oc - r0 < panel ? oc - r0 : panel;
-            dsc_cpu_widen_rows(wide, w, f, c, r0, r0 + rows);
-            /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)c, 1.0f, x, (int)c, wide,
-                        (int)c, 0.0f, y + r0, (int)oc);
-            for (int64_t i = 0; bias && i < n; i++)
-                for (int64_t r = r0; r < r0 + rows; r++)
-                    y[i * oc + r] += bias[r];
-        }
+        for (int64_t p = tid; p < panels; p += team)
+            panel_gemm(&P, p, tid);
     }
     return NULL;
 }

@@ -14,7 +14,7 @@ dsc_status dsc_cpu_layernorm_forward(const dsc_backend *backend, float *out, flo
                                      float eps) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * c; /* (C) */
         float *o = out + r * c;      /* (C) */
@@ -40,7 +40,7 @@ dsc_status dsc_cpu_layernorm_forward(const dsc_backend *backend, float *out, flo
 static void norm_param_grads(float *dw, float *db, const float *dout, const float *x, const float *shift,
                              const float *rstd, int64_t n, int64_t c) {
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t c0 = 0; c0 < c; c0 += CHANNEL_BLOCK) {
         int64_t len = c - c0 < CHANNEL_BLOCK ? c - c0 : CHANNEL_BLOCK;
         float acc_w[CHANNEL_BLOCK] = {0}, acc_b[CHANNEL_BLOCK] = {0};
@@ -64,7 +64,7 @@ static void norm_param_grads(float *dw, float *db, const float *dout, const floa
 static void norm_input_grad(float *dx, const float *dout, const float *x, const float *w, const float *shift,
                             const float *rstd, int64_t n, int64_t c) {
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * c, *dr = dout + r * c;
         float *dxr = dx + r * c;
@@ -95,7 +95,7 @@ dsc_status dsc_cpu_rmsnorm_forward(const dsc_backend *backend, float *out, float
                                    const float *w, int64_t n, int64_t c, float eps) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n * c > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * c;
         float *o = out + r * c;

@@ -22,7 +22,7 @@ dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, f
     (void)backend;
     dsc_adamw_coeffs c = dsc_adamw_coeffs_at(lr, beta1, beta2, wd, step);
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         adam_moments(&m[i], &v[i], g[i], beta1, beta2);
         p[i] = p[i] * c.decay - c.step_size * m[i] / (sqrtf(v[i]) / c.bc2_sqrt + eps);
@@ -35,7 +35,7 @@ dsc_status dsc_cpu_sgd(const dsc_backend *backend, float *p, const float *g, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     bool first = step == 1;
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float d = g[i] + wd * p[i];
         if (buf) {
@@ -52,7 +52,7 @@ dsc_status dsc_cpu_lion(const dsc_backend *backend, float *p, const float *g, fl
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     float decay = 1.0f - lr * wd;
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float c = beta1 * m[i] + (1.0f - beta1) * g[i];
         float sign = (float)((c > 0.0f) - (c < 0.0f));
@@ -66,7 +66,7 @@ dsc_status dsc_cpu_lamb_direction(const dsc_backend *backend, float *u, const fl
                                   float *v, int64_t n, float beta1, float beta2, float eps, float wd) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         adam_moments(&m[i], &v[i], g[i], beta1, beta2);
         u[i] = m[i] / (sqrtf(v[i]) + eps) + wd * p[i];

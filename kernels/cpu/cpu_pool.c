@@ -50,7 +50,27 @@ static struct {
     int workers; /* started (under busy) */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .sleep = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
-static _Thread_local bool in_pool; /* a worker, or a caller inside its job */
+static _Thread_local bool in_pool;  /* a worker, or a caller inside its job */
+static _Thread_local int thread_id; /* 0 for callers, 1.. for workers */
+static _Thread_local bool scope;
+
+bool dsc_cpu_pool_set_scope(bool on) {
+    bool was = scope;
+    scope = on;
+    return was;
+}
+
+bool dsc_cpu_pool_scope(void) {
+    return scope;
+}
+
+int dsc_cpu_pool_thread(void) {
+    return thread_id;
+}
+
+bool dsc_cpu_pool_inside(void) {
+    return in_pool;
+}
 
 static inline uint32_t gen_of(uint64_t c) {
     return (uint32_t)(c >> 32);
@@ -108,6 +128,7 @@ static uint32_t wait_job(uint32_t seen) {
 static void *worker_main(void *p) {
     int id = (int)(intptr_t)p; /* 1, 2, ... (the caller is 0) */
     in_pool = true;
+    thread_id = id;
     uint32_t seen = gen_of(atomic_load(&pool.claim));
     for (;;) {
         seen = wait_job(seen);
@@ -134,8 +155,13 @@ static void start_workers(int want) {
 }
 
 void dsc_cpu_pool_run(void (*fn)(void *arg, int64_t chunk), void *arg, int64_t chunks) {
+    dsc_cpu_pool_run_upto(fn, arg, chunks, dsc_kernels_get_num_threads());
+}
+
+void dsc_cpu_pool_run_upto(void (*fn)(void *arg, int64_t chunk), void *arg, int64_t chunks, int max_threads) {
     if (chunks <= 0) return;
     int nt = dsc_kernels_get_num_threads();
+    nt = nt < max_threads ? nt : max_threads;
     if (nt <= 1 || chunks == 1 || in_pool || omp_in_parallel() || pthread_mutex_trylock(&pool.busy) != 0) {
         for (int64_t i = 0; i < chunks; i++)
             fn(arg, i);

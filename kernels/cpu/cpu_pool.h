@@ -10,6 +10,7 @@
 #ifndef DSC_KERNELS_CPU_POOL_H
 #define DSC_KERNELS_CPU_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Runs fn(arg, i) for every i in [0, chunks) on up to
@@ -19,5 +20,18 @@
  * OpenMP parallel region, or while another thread's job runs, it runs the
  * chunks on the calling thread. */
 void dsc_cpu_pool_run(void (*fn)(void *arg, int64_t chunk), void *arg, int64_t chunks);
+/* The same on at most max_threads threads. */
+void dsc_cpu_pool_run_upto(void (*fn)(void *arg, int64_t chunk), void *arg, int64_t chunks, int max_threads);
+/* Inside a chunk: which of the job's threads runs it, in [0, threads) (0 is the caller). */
+int dsc_cpu_pool_thread(void);
+/* Whether the calling thread is running a pool chunk (a job it starts then runs inline). */
+bool dsc_cpu_pool_inside(void);
+
+/* The pool scope of the calling thread: while on (the inference forward turns it on for its
+ * duration), the GEMM splits run on the pool too, and the elementwise kernels' OpenMP loops stay
+ * on the calling thread, so no OpenMP worker spins on a core the pool's threads need. Returns
+ * the previous setting. */
+bool dsc_cpu_pool_set_scope(bool on);
+bool dsc_cpu_pool_scope(void);
 
 #endif

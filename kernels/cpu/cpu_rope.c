@@ -15,7 +15,7 @@ dsc_status dsc_cpu_rope(const dsc_backend *backend, float *out, const float *x, 
     int nt = dsc_kernels_get_num_threads();
     int64_t half = hs / 2;
     double sign = inverse ? -1.0 : 1.0;
-#pragma omp parallel for num_threads(nt) if (b * t * nh * hs > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(b * t * nh * hs)) schedule(static)
     for (int64_t ti = 0; ti < t; ti++) {
         for (int64_t i0 = 0; i0 < half; i0 += PAIR_BLOCK) {
             int64_t len = half - i0 < PAIR_BLOCK ? half - i0 : PAIR_BLOCK;

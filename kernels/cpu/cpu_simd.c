@@ -18,7 +18,8 @@
 #include <immintrin.h>
 #endif
 
-static _Atomic int simd_state; /* 0 unknown, 1 scalar, 2 avx2 */
+enum { SIMD_UNKNOWN, SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512VL };
+static _Atomic int simd_state;
 
 static bool cpu_has_avx2(void) {
 #ifdef DSC_HAVE_AVX2_BUILD
@@ -32,14 +33,27 @@ static bool cpu_has_avx2(void) {
 #endif
 }
 
-bool dsc_cpu_simd(void) {
+static bool cpu_has_avx512vl(void) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
+static int simd_level(void) {
     int s = atomic_load(&simd_state);
     if (!s) {
         const char *env = getenv("DSC_CPU_SIMD");
-        s = cpu_has_avx2() && !(env && strcmp(env, "scalar") == 0) ? 2 : 1;
+        bool scalar = env && strcmp(env, "scalar") == 0, avx2 = env && strcmp(env, "avx2") == 0;
+        s = !cpu_has_avx2() || scalar ? SIMD_SCALAR : cpu_has_avx512vl() && !avx2 ? SIMD_AVX512VL : SIMD_AVX2;
         atomic_store(&simd_state, s);
     }
-    return s == 2;
+    return s;
+}
+
+bool dsc_cpu_simd(void) {
+    return simd_level() >= SIMD_AVX2;
 }
 
 /* ---- scalar reference ---------------------------------------------------------------------- */
@@ -137,12 +151,14 @@ AVX2 __attribute__((always_inline)) static inline void dot_block(float *y, int64
         }
 }
 
-/* Rows [r0, r1) against M x rows: four weight rows at a time for one or two x rows, two for more. */
+/* Rows [r0, r1) against M x rows: four weight rows at a time for one or two x rows, two for more
+ * with AVX2's 16 registers; four for any M where AVX-512VL gives 32 (WIDE). */
 AVX2 __attribute__((always_inline)) static inline void dot_rows_m(float *y, int64_t ldy, const float *x,
                                                                   const void *w, dsc_weight_format f, int64_t c,
-                                                                  int64_t r0, int64_t r1, const int M) {
+                                                                  int64_t r0, int64_t r1, const int M,
+                                                                  const bool WIDE) {
     const size_t rb = dsc_cpu_row_bytes(f, c);
-    const int R = M <= 2 ? 4 : 2;
+    const int R = M <= 2 || WIDE ? 4 : 2;
     int64_t r = r0;
     for (; r + R <= r1; r += R)
         dot_block(y, ldy, x, w, rb, f, c, r, R, M);
@@ -153,19 +169,19 @@ AVX2 __attribute__((always_inline)) static inline void dot_rows_m(float *y, int6
 AVX2 __attribute__((always_inline)) static inline void dot_rows_avx2_fmt(float *y, int64_t ldy, const float *x,
                                                                          int64_t m, const void *w,
                                                                          dsc_weight_format f, int64_t c,
-                                                                         int64_t r0, int64_t r1) {
+                                                                         int64_t r0, int64_t r1, const bool WIDE) {
     switch (m) {
     case 1:
-        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 1);
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 1, WIDE);
         break;
     case 2:
-        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 2);
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 2, WIDE);
         break;
     case 3:
-        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 3);
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 3, WIDE);
         break;
     default:
-        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 4);
+        dot_rows_m(y, ldy, x, w, f, c, r0, r1, 4, WIDE);
         break;
     }
 }
@@ -208,10 +224,11 @@ AVX2 __attribute__((always_inline)) static inline void q8_block(float *y, int64_
             y[i * ldy + r + k] = hsum(acc[k][i]);
 }
 
-AVX2 __attribute__((always_inline)) static inline void
-q8_rows_m(float *y, int64_t ldy, const float *x, const void *w, int64_t c, int64_t r0, int64_t r1, const int M) {
+AVX2 __attribute__((always_inline)) static inline void q8_rows_m(float *y, int64_t ldy, const float *x,
+                                                                 const void *w, int64_t c, int64_t r0, int64_t r1,
+                                                                 const int M, const bool WIDE) {
     const size_t rb = dsc_cpu_row_bytes(DSC_WEIGHT_Q8_0, c);
-    const int R = M <= 2 ? 2 : 1;
+    const int R = M <= 2 || WIDE ? 2 : 1;
     int64_t r = r0;
     for (; r + R <= r1; r += R)
         q8_block(y, ldy, x, w, rb, c, r, R, M);
@@ -219,41 +236,57 @@ q8_rows_m(float *y, int64_t ldy, const float *x, const void *w, int64_t c, int64
         q8_block(y, ldy, x, w, rb, c, r, 1, M);
 }
 
-AVX2 static void dot_rows_avx2_q8(float *y, int64_t ldy, const float *x, int64_t m, const void *w, int64_t c,
-                                  int64_t r0, int64_t r1) {
+AVX2 __attribute__((always_inline)) static inline void dot_rows_avx2_q8(float *y, int64_t ldy, const float *x,
+                                                                        int64_t m, const void *w, int64_t c,
+                                                                        int64_t r0, int64_t r1, const bool WIDE) {
     switch (m) {
     case 1:
-        q8_rows_m(y, ldy, x, w, c, r0, r1, 1);
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 1, WIDE);
         break;
     case 2:
-        q8_rows_m(y, ldy, x, w, c, r0, r1, 2);
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 2, WIDE);
         break;
     case 3:
-        q8_rows_m(y, ldy, x, w, c, r0, r1, 3);
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 3, WIDE);
         break;
     default:
-        q8_rows_m(y, ldy, x, w, c, r0, r1, 4);
+        q8_rows_m(y, ldy, x, w, c, r0, r1, 4, WIDE);
+        break;
+    }
+}
+
+AVX2 __attribute__((always_inline)) static inline void dot_rows_any(float *y, int64_t ldy, const float *x,
+                                                                    int64_t m, const void *w, dsc_weight_format f,
+                                                                    int64_t c, int64_t r0, int64_t r1,
+                                                                    const bool WIDE) {
+    /* One call per format, so each loop is compiled with its widening inlined. */
+    switch (f) {
+    case DSC_WEIGHT_BF16:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_BF16, c, r0, r1, WIDE);
+        break;
+    case DSC_WEIGHT_F16:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F16, c, r0, r1, WIDE);
+        break;
+    case DSC_WEIGHT_Q8_0:
+        dot_rows_avx2_q8(y, ldy, x, m, w, c, r0, r1, WIDE);
+        break;
+    default:
+        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F32, c, r0, r1, WIDE);
         break;
     }
 }
 
 AVX2 static void dot_rows_avx2(float *y, int64_t ldy, const float *x, int64_t m, const void *w,
                                dsc_weight_format f, int64_t c, int64_t r0, int64_t r1) {
-    /* One call per format, so each loop is compiled with its widening inlined. */
-    switch (f) {
-    case DSC_WEIGHT_BF16:
-        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_BF16, c, r0, r1);
-        break;
-    case DSC_WEIGHT_F16:
-        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F16, c, r0, r1);
-        break;
-    case DSC_WEIGHT_Q8_0:
-        dot_rows_avx2_q8(y, ldy, x, m, w, c, r0, r1);
-        break;
-    default:
-        dot_rows_avx2_fmt(y, ldy, x, m, w, DSC_WEIGHT_F32, c, r0, r1);
-        break;
-    }
+    dot_rows_any(y, ldy, x, m, w, f, c, r0, r1, false);
+}
+
+/* The same 256-bit loops compiled with AVX-512VL's 32 vector registers, where the
+ * wider register blocks (four weight rows for four x rows: 16 accumulators) fit. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) static void
+dot_rows_avx512vl(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format f, int64_t c,
+                  int64_t r0, int64_t r1) {
+    dot_rows_any(y, ldy, x, m, w, f, c, r0, r1, true);
 }
 
 /* exp(x) for x <= 88.3 (Cephes' polynomial after reducing by multiples of
@@ -297,7 +330,12 @@ AVX2 static float exp_shift_sum_avx2(float *x, int64_t n, float shift) {
 void dsc_cpu_dot_rows(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format format,
                       int64_t c, int64_t r0, int64_t r1) {
 #ifdef DSC_HAVE_AVX2_BUILD
-    if (dsc_cpu_simd()) {
+    int level = simd_level();
+    if (level == SIMD_AVX512VL) {
+        dot_rows_avx512vl(y, ldy, x, m, w, format, c, r0, r1);
+        return;
+    }
+    if (level == SIMD_AVX2) {
         dot_rows_avx2(y, ldy, x, m, w, format, c, r0, r1);
         return;
     }

@@ -28,7 +28,10 @@ static inline size_t dsc_cpu_row_bytes(dsc_weight_format f, int64_t c) {
 }
 
 /* Whether the AVX2 paths run: the CPU has AVX2, FMA and F16C and
- * DSC_CPU_SIMD is not "scalar" (read once; the tests run both paths). */
+ * DSC_CPU_SIMD is not "scalar" (read once; the tests run every path). Where
+ * the CPU also has AVX-512F and VL, the GEMV loops are the same 256-bit code
+ * compiled for its 32 registers, with wider register blocks
+ * (DSC_CPU_SIMD=avx2 keeps the 16-register ones). */
 bool dsc_cpu_simd(void);
 
 /* y[i * ldy + r] = x[i] . W[r] for i < m (m <= DSC_CPU_GEMV_MAX_ROWS) and r in [r0, r1):

@@ -8,7 +8,7 @@ dsc_status dsc_cpu_sum_squares(const dsc_backend *backend, double *out, const fl
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) reduction(+ : acc) schedule(static)
     for (int64_t i = 0; i < n; i++)
         acc += (double)x[i] * x[i];
     *out = acc;
@@ -19,7 +19,7 @@ dsc_status dsc_cpu_sum(const dsc_backend *backend, double *out, const float *x, 
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     double acc = 0;
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(+ : acc) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) reduction(+ : acc) schedule(static)
     for (int64_t i = 0; i < n; i++)
         acc += x[i];
     *out = acc;
@@ -29,7 +29,7 @@ dsc_status dsc_cpu_sum(const dsc_backend *backend, double *out, const float *x, 
 dsc_status dsc_cpu_scale(const dsc_backend *backend, float *x, float s, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
         x[i] *= s;
     return NULL;
@@ -38,7 +38,7 @@ dsc_status dsc_cpu_scale(const dsc_backend *backend, float *x, float s, int64_t 
 dsc_status dsc_cpu_axpy(const dsc_backend *backend, float *y, float a, const float *x, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
         y[i] += a * x[i];
     return NULL;
@@ -47,7 +47,7 @@ dsc_status dsc_cpu_axpy(const dsc_backend *backend, float *y, float a, const flo
 dsc_status dsc_cpu_add(const dsc_backend *backend, float *out, const float *a, const float *b, int64_t n) {
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
     return NULL;
@@ -58,7 +58,7 @@ dsc_status dsc_cpu_all_finite(const dsc_backend *backend, bool *out, const float
     int nt = dsc_kernels_get_num_threads();
     int bad = 0;
     /* x - x is 0 for finite x and NaN for inf or NaN; no early exit keeps it a plain reduction. */
-#pragma omp parallel for simd num_threads(nt) if (n > DSC_CPU_PARALLEL_MIN) reduction(| : bad) schedule(static)
+#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) reduction(| : bad) schedule(static)
     for (int64_t i = 0; i < n; i++)
         bad |= !(x[i] - x[i] == 0.0f);
     *out = !bad;

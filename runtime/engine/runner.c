@@ -16,6 +16,7 @@
 
 #include "dsc/engine.h"
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 
 static dsc_status loader_next(dsc_batch_source *base, dsc_tensor *tokens, dsc_tensor *targets) {
     dsc_loader_source *src = (dsc_loader_source *)base;
@@ -48,6 +49,8 @@ static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
         DSC_TRY(dsc_optimizer_before_layer(r->opt, r->layers[l], false));
         DSC_TRY(dsc_layer_forward(r->layers[l], 0, &x, &y, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], false));
+        /* mixed precision: stored in bf16 / fp16 between layers (not the loss layer's per-token losses) */
+        if (l < r->n - 1) dsc_precision_store_between(r->opt, &y, false);
         x = y;
     }
     return NULL;
@@ -77,6 +80,7 @@ static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool la
             return dsc_error_wrap(e, "progressing gradient reductions in the backward of %s", r->layers[l]->name);
         }
         if (last_micro) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
+        if (l > 0) dsc_precision_store_between(r->opt, &dx, true);
         dy = dx;
     }
     return NULL;

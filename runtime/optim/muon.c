@@ -17,7 +17,8 @@
  * tensor parallelism's slices) takes the momentum on each piece, which is
  * elementwise, then is assembled whole for Newton-Schulz as DeepSpeed's
  * ZeRO does (stage 1/2 all-reduce the matrices that straddle partitions,
- * stage 3 all-gathers them): each rank writes its piece of the update into
+ * stage 3 all-gathers them): the pieces are all-gathered where they lie back
+ * to back in rank order (ZeRO's cuts), or each rank writes its piece into
  * zeros and the group sums, exactly; under tensor parallelism the local
  * slice is placed in the global matrix and summed over the tensor group the
  * same way. Then one rank of the group (the caller's `owner`: ZeRO-3
@@ -324,7 +325,12 @@ dsc_status dsc_optim_muon_piece(const dsc_optim_hparams *hp, dsc_param *param, c
     DSC_TRY(dsc_tensor_alloc(&local, DSC_DTYPE_F32, 1, &total, pc->value->device, DSC_MEM_OPTIM));
     dsc_tensor mine = dsc_tensor_view((float *)local.data + pc->offset, DSC_DTYPE_F32, 1, &n, local.device);
     dsc_status s = n > 0 ? dsc_tensor_copy(&mine, pc->grad) : NULL;
-    if (!s) s = assemble(pc->shard, &local, "ZeRO group", param);
+    if (!s && pc->counts && pc->shard && dsc_comm_size(pc->shard) > 1) {
+        s = dsc_comm_allgather(pc->shard, &mine, &local, pc->counts); /* in place: mine is this rank's piece */
+        if (s) s = dsc_error_wrap(s, "Muon: all-gathering %s's update over the ZeRO group", param->name);
+    } else if (!s) {
+        s = assemble(pc->shard, &local, "ZeRO group", param);
+    }
     int64_t rows = 0, cols = 0;
     /* a rank holding none of it only helps assemble the tensor-parallel whole */
     bool owned = pc->owner >= 0 && pc->shard && dsc_comm_size(pc->shard) > 1;

@@ -203,8 +203,8 @@ static dsc_status plain_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
             dsc_tensor v = dsc_tensor_view(param->value.data, DSC_DTYPE_F32, 1, &n, param->value.device);
             dsc_tensor g = dsc_tensor_view(param->grad.data, DSC_DTYPE_F32, 1, &n, param->grad.device);
             dsc_tensor m = dsc_tensor_view(s0.data, DSC_DTYPE_F32, 1, &n, s0.device);
-            s = dsc_optim_muon_piece(&p->o.hparams, param, &(dsc_muon_piece){&v, &g, &m, 0, NULL, p->o.tensor, -1},
-                                     (float)lr);
+            s = dsc_optim_muon_piece(&p->o.hparams, param,
+                                     &(dsc_muon_piece){&v, &g, &m, 0, NULL, p->o.tensor, -1, NULL}, (float)lr);
         } else {
             s = dsc_optim_update_param(&p->o.hparams, param, &s0, &s1, (float)lr, p->step);
         }

@@ -308,6 +308,11 @@ static dsc_status find_pieces(mixed_optimizer *m) {
 }
 
 static dsc_status setup(mixed_optimizer *m) {
+    int n_params = dsc_params_count(m->oo.params);
+    DSC_CHECK(n_params == 0 || dsc_params_at(m->oo.params, 0)->value.device.type == DSC_DEVICE_CPU,
+              DSC_ERR_UNSUPPORTED,
+              "mixed precision: the parameters are not in host memory; fp16 / bf16 training is implemented for "
+              "CPU jobs (dsc trains on the CPU)");
     int64_t most = 1;
     m->max_params = 1;
     for (int l = 0; l < m->oo.n_layers; l++) {
@@ -386,4 +391,20 @@ bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
     bool mixed = opt && opt->ops == &mixed_ops;
     *loss_scale = mixed ? ((const mixed_optimizer *)opt)->last_scale : 0.0;
     return mixed && ((const mixed_optimizer *)opt)->last_skipped;
+}
+
+void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient) {
+    if (!opt || opt->ops != &mixed_ops || !t->data || t->dtype != DSC_DTYPE_F32) return;
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    float scale = gradient ? (float)m->scaler.cur_scale : 1.0f;
+    int64_t n = dsc_tensor_numel(t);
+    if (scale == 1.0f) {
+        dsc_round_to_dtype(t->data, n, m->po.dtype);
+        return;
+    }
+    dsc_round_scaled(t->data, n, scale, m->po.dtype);
+    float *x = t->data;
+    for (int64_t i = 0; i < n; i++)
+        x[i] /= scale; /* a power of two: exact */
 }

@@ -5,9 +5,9 @@
  * steps, with both Newton-Schulz methods, on 2 and 3 ranks, laid out
  *  - as ZeRO holds it: each rank an even piece of every flattened parameter
  *    (its momentum and Adam moments too), the matrices assembled over the
- *    world for Newton-Schulz, orthogonalised by every rank or (stage 3's
- *    round robin) by one, which broadcasts the result; the Adam parameters'
- *    pieces step on their own;
+ *    world for Newton-Schulz (summed into zeros, or all-gathered) and
+ *    orthogonalised by every rank or (stage 3's round robin) by one, which
+ *    broadcasts the result; the Adam parameters' pieces step on their own;
  *  - as tensor parallelism holds it: each rank a slice of every matrix
  *    along its rows, then along its columns (declared with
  *    dsc_params_declare_shard), assembled over the world as the tensor
@@ -107,6 +107,13 @@ static void run_pieces(const char *method, bool round_robin) {
         int64_t lo, hi;
         dsc_zero_param_piece(f.numel, dsc_comm_size(world), dsc_comm_rank(world), &lo, &hi);
         int owner = round_robin ? i % dsc_comm_size(world) : -1;
+        int64_t counts[8]; /* round robin: the pieces all-gathered, as ZeRO-3 does; else summed into zeros */
+        assert_true(dsc_comm_size(world) <= 8);
+        for (int r = 0; r < dsc_comm_size(world); r++) {
+            int64_t a, b;
+            dsc_zero_param_piece(f.numel, dsc_comm_size(world), r, &a, &b);
+            counts[r] = b - a;
+        }
         float *value = p->value.data, *grad = p->grad.data, m[MAX_NUMEL] = {0}, v[MAX_NUMEL] = {0};
         whole("init", NULL, -1, i, value, f.numel);
         for (int step = 1; step <= STEPS; step++) {
@@ -114,8 +121,9 @@ static void run_pieces(const char *method, bool round_robin) {
             dsc_tensor pv = flat(value + lo, hi - lo), pg = flat(grad + lo, hi - lo);
             dsc_tensor pm = flat(m + lo, hi - lo), pv2 = flat(v + lo, hi - lo);
             if (dsc_optim_uses_muon(p))
-                assert_ok(
-                    dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, lo, world, NULL, owner}, 0.01f));
+                assert_ok(dsc_optim_muon_piece(
+                    &hp, p, &(dsc_muon_piece){&pv, &pg, &pm, lo, world, NULL, owner, round_robin ? counts : NULL},
+                    0.01f));
             else if (hi > lo)
                 assert_ok(
                     dsc_optim_muon_adam(&hp, &pv, &pg, &pm, &pv2, 0.01f, !(f.flags & DSC_PARAM_NO_DECAY), step));
@@ -177,7 +185,8 @@ static void run_slices(const char *method, int axis_from_end) {
             whole("grads", NULL, step - 1, i, buf, f.numel);
             slice(buf, p->grad.data, &f, axis, start, end - start, true);
             dsc_tensor pv = flat(p->value.data, n), pg = flat(p->grad.data, n), pm = flat(m, n);
-            assert_ok(dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, 0, NULL, world, -1}, 0.01f));
+            assert_ok(
+                dsc_optim_muon_piece(&hp, p, &(dsc_muon_piece){&pv, &pg, &pm, 0, NULL, world, -1, NULL}, 0.01f));
         }
         whole("expected", method, -1, i, want, f.numel);
         slice(want, mine, &f, axis, start, end - start, true);

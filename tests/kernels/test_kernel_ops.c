@@ -540,9 +540,10 @@ static const op_case cases[] = {
     CASE(gemm, case_gemm, 1e-4, 1, 1, 1, 0, 0, 0),
     CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
     CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
-    /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 4 rows stream the
-     * weight (odd C: the vector loops' tails); more rows take the GEMM paths (f32 directly,
-     * narrow formats in 128-row panels, one or two at a time). */
+    /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
+     * weight, four x rows per register block (odd C: the vector loops' tails; odd rows and
+     * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
+     * formats in 128-row panels, one or two at a time). */
     CASE(linear_packed, case_linear_packed, 1e-4, 1, 130, 64, DSC_WEIGHT_F32, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 3, 77, 45, DSC_WEIGHT_BF16, 0, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 4, 33, 24, DSC_WEIGHT_F16, 1, 1),
@@ -551,6 +552,10 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 9, 300, 64, DSC_WEIGHT_BF16, 1, 2),
     CASE(linear_packed, case_linear_packed, 1e-4, 70, 131, 96, DSC_WEIGHT_Q8_0, 0, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 5, 20, 45, DSC_WEIGHT_F16, 0, 2),
+    CASE(linear_packed, case_linear_packed, 1e-4, 32, 67, 96, DSC_WEIGHT_Q8_0, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 31, 70, 45, DSC_WEIGHT_F32, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 17, 53, 40, DSC_WEIGHT_BF16, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 33, 21, 45, DSC_WEIGHT_F16, 1, 1),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),

@@ -8,8 +8,10 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
   fp32        plain f32 training (the baseline);
   bf16        fp32 master weights and AdamW state; every step the model's
               parameters are the master rounded to bf16, forward/backward
-              compute in f32 on them (as dsc does on the CPU), every gradient
-              is rounded to bf16, then clip + AdamW update the master;
+              compute in f32 on them (as dsc does on the CPU), the
+              activations between layers (embedding and block outputs) and
+              their gradients are rounded to bf16, every gradient is rounded
+              to bf16, then clip + AdamW update the master;
   fp16        the same with fp16 and DeepSpeed's dynamic loss scaling:
               (loss * scale).backward(), gradients rounded to fp16, an inf/nan
               gradient skips the step, scale from DeepSpeed's own
@@ -22,7 +24,7 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
 
 Written: tests/precision/fixtures/mixed_gpt.{idx,bin} (the nn fixture
 format: meta lines, params, tokens, and loss/<mode> (STEPS,), skipped/<mode>,
-scale/<mode>).
+scale/<mode>, and grad0_bf16/<param>: bf16's first-step gradients).
 
 Run: PYTHONPATH=/opt/ds /opt/venv/bin/python tests/precision/make_mixed_fixture.py
 """
@@ -31,6 +33,7 @@ import os
 import sys
 
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ref"))
@@ -45,6 +48,27 @@ FP16 = dict(initial_scale_power=20, loss_scale_window=3, hysteresis=2, min_loss_
 
 def round_to(t, dtype):
     return t if dtype is None else t.to(dtype).float()
+
+
+class RoundBetween(torch.autograd.Function):
+    """An activation stored in `dtype` between layers; its gradient too (already at the loss scale)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return x.to(dtype).float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.dtype).float(), None
+
+
+def forward_rounded(model, tokens, targets, dtype):
+    x = RoundBetween.apply(model.embed(tokens), dtype)
+    for block in model.layers:
+        x = RoundBetween.apply(block(x), dtype)
+    logits = model.head(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
 
 def train(model0, tokens, targets, mode, ds):
@@ -63,8 +87,8 @@ def train(model0, tokens, targets, mode, ds):
         scaler = ds.DynamicLossScaler(init_scale=2.0 ** FP16["initial_scale_power"],
                                       scale_window=FP16["loss_scale_window"], min_scale=FP16["min_loss_scale"],
                                       delayed_shift=FP16["hysteresis"], consecutive_hysteresis=False)
-    losses, skipped, scales = [], [], []
-    for _ in range(STEPS):
+    losses, skipped, scales, grads0 = [], [], [], {}
+    for step in range(STEPS):
         work = copy.deepcopy(master)
         if lowp:
             work = work.to(low)
@@ -73,7 +97,10 @@ def train(model0, tokens, targets, mode, ds):
                 for p in work.parameters():
                     p.copy_(round_to(p, low))
         scale = scaler.cur_scale if scaler else 1.0
-        _, loss = work(tokens, targets)
+        if low is None or lowp:
+            _, loss = work(tokens, targets)
+        else:
+            loss = forward_rounded(work, tokens, targets, low)
         (loss * scale).backward()
         overflow = False
         wp = dict(work.named_parameters())
@@ -81,6 +108,8 @@ def train(model0, tokens, targets, mode, ds):
             g = round_to(wp[n].grad.float(), low)
             overflow |= not torch.isfinite(g).all().item()
             mp[n].grad = g
+        if step == 0:
+            grads0 = {n: mp[n].grad.clone() for n in names}
         losses.append(loss.float().item())
         scales.append(scale)
         skipped.append(1 if overflow else 0)
@@ -94,7 +123,7 @@ def train(model0, tokens, targets, mode, ds):
         torch.nn.utils.clip_grad_norm_([mp[n] for n in names], mm.CLIP)
         opt.step()
         opt.zero_grad()
-    return losses, skipped, scales
+    return losses, skipped, scales, grads0
 
 
 def main():
@@ -116,7 +145,10 @@ def main():
     for n, p in model.named_parameters():
         w.array("param/" + n, p.float())
     for mode in ["fp32", "bf16", "fp16", "bf16_lowp", "fp16_lowp"]:
-        losses, skipped, scales = train(model, tokens, targets, mode, ds)
+        losses, skipped, scales, grads0 = train(model, tokens, targets, mode, ds)
+        if mode == "bf16":  # the first step's gradients, rounded to bf16 (scale 1)
+            for n, g in grads0.items():
+                w.array("grad0_bf16/" + n, g)
         w.array("loss/" + mode, torch.tensor(losses))
         w.array("skipped/" + mode, torch.tensor(skipped, dtype=torch.int32))
         w.array("scale/" + mode, torch.tensor(scales))

@@ -5,7 +5,8 @@
  *  - the loss scaler: DeepSpeed's DynamicLossScaler driven by the same
  *    overflow patterns (scale and hysteresis after every update, the error
  *    at the minimum scale). Fixtures: gen_precision_fixtures.py;
- *  - the memory formula: DeepSpeed's 2 + 2 + 12 bytes per parameter. */
+ *  - the memory formula: DeepSpeed's 2 + 2 + 12 bytes per parameter;
+ *  - the fp16 / bf16 / communication_data_type sections and their refusals. */
 #define _POSIX_C_SOURCE 200809L /* open_memstream */
 #include <math.h>
 #include <stdio.h>
@@ -163,11 +164,55 @@ static void test_memory_formula_halves(void **state) {
     free(text);
 }
 
+/* The sections as DeepSpeed spells them, to the wrapper's options; the refusals. */
+static void test_config_sections(void **state) {
+    (void)state;
+    dsc_config c;
+    dsc_precision_options po;
+    assert_ok(dsc_config_parse_string("{\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, "
+                                      "\"loss_scale_window\": 500, \"hysteresis\": 3, \"min_loss_scale\": 2}}",
+                                      "c.json", NULL, 0, &c));
+    assert_true(dsc_precision_from_config(&c, &po));
+    assert_int_equal(po.dtype, DSC_DTYPE_F16);
+    assert_true(po.check_overflow && po.scaler.dynamic && po.scaler.init_scale == 4096.0);
+    assert_true(po.scaler.scale_window == 500 && po.scaler.hysteresis == 3 && po.scaler.min_scale == 2.0);
+    assert_int_equal(dsc_precision_comm_dtype(&c), DSC_DTYPE_F16); /* DeepSpeed: the training dtype */
+    dsc_config_free(&c);
+    assert_ok(dsc_config_parse_string("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128}, "
+                                      "\"communication_data_type\": \"float32\"}",
+                                      "c.json", NULL, 0, &c));
+    assert_true(dsc_precision_from_config(&c, &po));
+    assert_true(!po.scaler.dynamic && po.scaler.init_scale == 128.0);
+    assert_int_equal(dsc_precision_comm_dtype(&c), DSC_DTYPE_F32);
+    dsc_config_free(&c);
+    assert_ok(dsc_config_parse_string("{\"bf16\": {\"enabled\": true}, \"communication_data_type\": \"fp16\"}",
+                                      "c.json", NULL, 0, &c));
+    assert_true(dsc_precision_from_config(&c, &po));
+    assert_true(po.dtype == DSC_DTYPE_BF16 && !po.check_overflow && po.scaler.init_scale == 1.0);
+    assert_int_equal(dsc_precision_comm_dtype(&c), DSC_DTYPE_F16);
+    dsc_config_free(&c);
+    /* off: "auto" (the HF Trainer's default), and f32 training reduced in bf16 */
+    assert_ok(dsc_config_parse_string("{\"fp16\": {\"enabled\": \"auto\"}, \"communication_data_type\": "
+                                      "\"bfloat16\"}",
+                                      "c.json", NULL, 0, &c));
+    assert_false(dsc_precision_from_config(&c, &po));
+    assert_int_equal(dsc_precision_comm_dtype(&c), DSC_DTYPE_BF16);
+    dsc_config_free(&c);
+    assert_err(dsc_config_parse_string("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "c.json",
+                                       NULL, 0, &c),
+               DSC_ERR_CONFIG, "\"fp16.enabled\" and \"bf16.enabled\" are both true");
+    assert_err(
+        dsc_config_parse_string("{\"fp16\": {\"enabled\": true, \"auto_cast\": true}}", "c.json", NULL, 0, &c),
+        DSC_ERR_CONFIG, "\"fp16.auto_cast\" (true) is supported by DeepSpeed, not by dsc");
+    assert_err(dsc_config_parse_string("{\"communication_data_type\": \"int8\"}", "c.json", NULL, 0, &c),
+               DSC_ERR_CONFIG, "communication_data_type");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_bits_match_torch),        cmocka_unit_test(test_round_in_place),
         cmocka_unit_test(test_loss_scaler_matches_deepspeed), cmocka_unit_test(test_pack_in_place),
-        cmocka_unit_test(test_memory_formula_halves),
+        cmocka_unit_test(test_memory_formula_halves),         cmocka_unit_test(test_config_sections),
     };
-    return DSC_RUN_MPI_TESTS(tests);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,9 @@
  * stream whose chunks concatenate to the same text; a stop string ends the
  * text just before it (finish_reason stop); chat through --chat-template
  * phi-3 counts the rendered template's bytes as prompt tokens and stops
- * at the template's end-of-turn text (the model's context is 48). Argument: the checkpoint directory. */
+ * at the template's end-of-turn text (the model's context is 48). Arguments: the checkpoint directory, then
+ * optionally TP PP EP: the server runs on TP x PP x EP ranks under dsc-launch (experts split over EP
+ * replicas of each stage's TP group) and must serve the same text as dsc-generate on one rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,6 +21,7 @@
 #include "serve_test.h"
 
 static const char *model_dir;
+static const char *layout[3] = {"1", "1", "1"}; /* --tp, --pp, --ep */
 static serve_proc server;
 
 static cJSON *post(const char *path, const char *body) {
@@ -45,13 +48,34 @@ static void test_text(void **state) {
     fclose(f);
     expected[n] = '\0';
     if (n && expected[n - 1] == '\n') expected[--n] = '\0'; /* dsc-generate ends its line */
-    const char *args[] = {"--served-model-name", "gpt-moe", "--chat-template", "phi-3", NULL};
-    const char *argv[16] = {"dsc-serve", model_dir, "--port", "0", "--api-key", ST_KEY};
-    int k = 6;
+    const char *args[] = {"--served-model-name",
+                          "gpt-moe",
+                          "--chat-template",
+                          "phi-3",
+                          "--tp",
+                          layout[0],
+                          "--pp",
+                          layout[1],
+                          "--ep",
+                          layout[2],
+                          NULL};
+    int ranks = atoi(layout[0]) * atoi(layout[1]) * atoi(layout[2]);
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    const char *argv[24] = {"dsc-launch", "-n", np}, *app = DSC_BINARY_DIR "/bin/dsc-launch";
+    int k = 3;
+    if (ranks == 1) { /* dsc-serve alone */
+        app = DSC_BINARY_DIR "/bin/dsc-serve";
+        k = 0;
+    }
+    const char *base[] = {DSC_BINARY_DIR "/bin/dsc-serve", model_dir, "--port", "0", "--api-key", ST_KEY};
+    for (int i = 0; i < 6; i++)
+        argv[k++] = base[i];
     for (int i = 0; args[i]; i++)
         argv[k++] = args[i];
-    dsc_status s = serve_proc_start(&server, DSC_BINARY_DIR "/bin/dsc-serve", argv, 60.0, false);
+    dsc_status s = serve_proc_start(&server, app, argv, 120.0, false);
     if (s) fail_msg("%s", dsc_status_message(s));
+    assert_int_equal(server.n_ranks, ranks);
 
     cJSON *r =
         post("/v1/completions", "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"echo\":true}");
@@ -110,8 +134,10 @@ static void test_text(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) return 2;
+    if (argc != 2 && argc != 5) return 2;
     model_dir = argv[1];
+    for (int i = 0; argc == 5 && i < 3; i++)
+        layout[i] = argv[2 + i];
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_text)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
