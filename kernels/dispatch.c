@@ -8,7 +8,21 @@ static bool same_device(dsc_device a, dsc_device b) {
     return a.type == b.type && a.index == b.index;
 }
 
+static _Thread_local dsc_kernels_progress_fn progress_fn;
+static _Thread_local void *progress_arg;
+
+void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg) {
+    progress_fn = fn;
+    progress_arg = arg;
+}
+
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count) {
+    if (progress_fn) {
+        dsc_kernels_progress_fn fn = progress_fn;
+        progress_fn = NULL; /* kernels the callback runs do not re-enter it */
+        fn(progress_arg);
+        progress_fn = fn;
+    }
     call->op = op;
     call->backend = NULL;
     call->ops = NULL;

@@ -176,6 +176,14 @@ static dsc_status zero_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool ba
     return NULL;
 }
 
+/* Between kernels of a backward: what is in flight moves on (the same tests as at the layer hooks). */
+static dsc_status zero_progress(dsc_optimizer *opt) {
+    zero_optimizer *z = self_of(opt);
+    if (z->z.stage == 3) DSC_TRY(zero_gather_progress(z));
+    if (!z->full_grads) return zero_staged_progress(z);
+    return z->deferred ? NULL : progress(z);
+}
+
 /* ---- the step -------------------------------------------------------------------------- */
 
 static dsc_tensor piece_view(const dsc_tensor *range, const zero_piece *pc) {
@@ -437,11 +445,11 @@ static void zero_set_betas(dsc_optimizer *opt, float beta1, float beta2) {
 
 static const dsc_optimizer_ops zero_ops[4] = {
     [1] = {"zero1", NULL, NULL, zero_grads_ready, zero_reduce_grads, zero_step, zero_state_count, zero_state_at,
-           zero_destroy, zero_set_betas},
+           zero_destroy, zero_set_betas, .progress = zero_progress},
     [2] = {"zero2", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
-           zero_state_count, zero_state_at, zero_destroy, zero_set_betas},
+           zero_state_count, zero_state_at, zero_destroy, zero_set_betas, .progress = zero_progress},
     [3] = {"zero3", zero_before_layer, zero_after_layer, zero_grads_ready, zero_reduce_grads, zero_step,
-           zero_state_count, zero_state_at, zero_destroy, zero_set_betas},
+           zero_state_count, zero_state_at, zero_destroy, zero_set_betas, .progress = zero_progress},
 };
 
 /* ---- setup ------------------------------------------------------------------------------ */

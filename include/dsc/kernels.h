@@ -43,6 +43,14 @@ DSC_API void dsc_kernels_set_num_threads(int n);
  * kernels are not counted). Differences of two reads count a region. */
 DSC_API int64_t dsc_kernel_flop_count(void);
 DSC_API int dsc_kernels_get_num_threads(void);
+/* A callback run at the start of every kernel call made by the thread that
+ * installed it (other threads never see it); NULL removes it. The training
+ * runner installs one for the last micro-batch's backward that moves the
+ * optimizer's gradient reductions in flight on (MPI progresses them only
+ * while they are tested). It runs with itself removed, so kernels it calls
+ * do not call it again; what it fails at is for it to keep and report. */
+typedef void (*dsc_kernels_progress_fn)(void *arg);
+DSC_API void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg);
 
 /* ---- matrix products ------------------------------------------------------
  * out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows).

@@ -115,6 +115,12 @@ typedef struct dsc_optimizer_ops {
     void (*destroy)(dsc_optimizer *opt);
     /* Optional: replaces beta1 / beta2 for the following steps (OneCycle's momentum cycling). */
     void (*set_betas)(dsc_optimizer *opt, float beta1, float beta2);
+    /* Optional: moves the reductions grads_ready posted (overlap_comm) on
+     * without waiting for them; cheap when none is in flight. The runner
+     * calls it before every kernel of the last micro-batch's backward
+     * (dsc_kernels_set_progress), since MPI progresses them only while
+     * they are tested. */
+    dsc_status (*progress)(dsc_optimizer *opt);
 } dsc_optimizer_ops;
 
 /* Implementations embed this as their first member. */
@@ -160,6 +166,7 @@ DSC_API dsc_status dsc_optimizer_before_layer(dsc_optimizer *opt, dsc_layer *lay
 DSC_API dsc_status dsc_optimizer_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward);
 DSC_API dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer);
 DSC_API dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
+DSC_API dsc_status dsc_optimizer_progress(dsc_optimizer *opt);
 DSC_API dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
 /* Sets the betas of the following steps where the implementation has them. */
 DSC_API void dsc_optimizer_set_betas(dsc_optimizer *opt, float beta1, float beta2);

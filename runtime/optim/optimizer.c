@@ -154,6 +154,10 @@ dsc_status dsc_optimizer_grads_ready(dsc_optimizer *opt, dsc_layer *layer) {
     return opt->ops->grads_ready ? opt->ops->grads_ready(opt, layer) : NULL;
 }
 
+dsc_status dsc_optimizer_progress(dsc_optimizer *opt) {
+    return opt->ops->progress ? opt->ops->progress(opt) : NULL;
+}
+
 dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt) {
     return opt->ops->reduce_grads(opt);
 }

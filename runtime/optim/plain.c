@@ -112,6 +112,10 @@ static dsc_status progress(plain_optimizer *p) {
     return NULL;
 }
 
+static dsc_status plain_progress(dsc_optimizer *opt) {
+    return progress(self_of(opt));
+}
+
 static void reset_batch(plain_optimizer *p) {
     memcpy(p->uses_left, p->uses, (size_t)p->n_params * sizeof *p->uses);
     for (int i = 0; i < p->n_buckets; i++)
@@ -269,6 +273,7 @@ static const dsc_optimizer_ops plain_ops = {
     .state_at = plain_state_at,
     .destroy = plain_destroy,
     .set_betas = plain_set_betas,
+    .progress = plain_progress,
 };
 
 /* Elements per bucket of a group of `numel` elements: `size`, or the whole
