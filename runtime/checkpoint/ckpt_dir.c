@@ -182,7 +182,7 @@ dsc_status dsc_ckpt_list_tags(const char *save_dir, char (**tags)[128], int *cou
             }
             *tags = grown;
         }
-        snprintf((*tags)[(*count)++], 128, "%s", e->d_name);
+        memcpy((*tags)[(*count)++], e->d_name, strlen(e->d_name) + 1); /* shorter than 128: checked above */
     }
     closedir(d);
     if (*count) qsort(*tags, (size_t)*count, sizeof **tags, compare_tags);

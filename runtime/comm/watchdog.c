@@ -122,7 +122,7 @@ static dsc_status watchdog_create(const dsc_comm *world) {
     char name[MPI_MAX_PROCESSOR_NAME] = "", mine[HOST_CHARS] = "";
     int len = 0;
     DSC_TRY(dsc_comm_mpi_check(MPI_Get_processor_name(name, &len), "MPI_Get_processor_name", world));
-    snprintf(mine, sizeof mine, "%s", name);
+    snprintf(mine, sizeof mine, "%.*s", (int)sizeof mine - 1, name); /* a longer host name is cut */
     MPI_Request req;
     DSC_TRY(dsc_comm_mpi_check(MPI_Comm_idup(MPI_COMM_WORLD, &wd->side, &req), "MPI_Comm_idup", world));
     DSC_TRY(dsc_comm_mpi_wait(world, "creating the watchdog's communicator", -1, &req, 1, MPI_STATUSES_IGNORE));

@@ -6,8 +6,9 @@
  * total steps from train.steps). Each replacement is logged once, so the
  * effective value is never a surprise; --set KEY=VALUE overrides it.
  *
- * Not here: "auto" on dsc's own nullable keys (build.c treats it as null) and
- * on mixed-precision switches (deepspeed.c: off, as args.fp16/bf16 default). */
+ * Not here: "auto" on dsc's own nullable keys (build.c treats it as null),
+ * fp16.enabled / bf16.enabled included: null is off, as the Trainer's
+ * args.fp16 / args.bf16 default. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
