@@ -88,6 +88,10 @@ const char *st_kv_bytes(void) {
 }
 
 void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *const *extra) {
+    st_start_model(p, st_model_dir(), ranks, merge_stderr, extra);
+}
+
+void st_start_model(serve_proc *p, const char *model, int ranks, bool merge_stderr, const char *const *extra) {
     char np[16];
     snprintf(np, sizeof np, "%d", ranks);
     const char *argv[64] = {"dsc-launch", "-n", np}, *app = DSC_BINARY_DIR "/bin/dsc-launch";
@@ -96,7 +100,7 @@ void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *con
         app = DSC_BINARY_DIR "/bin/dsc-serve";
         n = 0;
     }
-    const char *base[] = {DSC_BINARY_DIR "/bin/dsc-serve", st_model_dir(), "--port", "0", "--api-key", ST_KEY};
+    const char *base[] = {DSC_BINARY_DIR "/bin/dsc-serve", model, "--port", "0", "--api-key", ST_KEY};
     for (int i = 0; i < 6; i++)
         argv[n++] = base[i];
     for (int i = 0; extra && extra[i] && n < 63; i++)

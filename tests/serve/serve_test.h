@@ -38,6 +38,8 @@ void st_start(serve_proc *p, const char *const *extra);
  * the layout, e.g. --tp 2); ranks 1 is st_start. merge_stderr: the
  * launcher's verdict comes back through serve_proc_wait. */
 void st_start_ranks(serve_proc *p, int ranks, bool merge_stderr, const char *const *extra);
+/* st_start_ranks with another model directory than st_model_dir(). */
+void st_start_model(serve_proc *p, const char *model, int ranks, bool merge_stderr, const char *const *extra);
 /* Sends sig to rank 0 (dsc-serve itself on one rank) and waits for the
  * server (the launcher on several ranks) to exit: its exit code (the test
  * fails when it had to be killed). */

@@ -59,23 +59,7 @@ static void test_text(void **state) {
                           "--ep",
                           layout[2],
                           NULL};
-    int ranks = atoi(layout[0]) * atoi(layout[1]) * atoi(layout[2]);
-    char np[16];
-    snprintf(np, sizeof np, "%d", ranks);
-    const char *argv[24] = {"dsc-launch", "-n", np}, *app = DSC_BINARY_DIR "/bin/dsc-launch";
-    int k = 3;
-    if (ranks == 1) { /* dsc-serve alone */
-        app = DSC_BINARY_DIR "/bin/dsc-serve";
-        k = 0;
-    }
-    const char *base[] = {DSC_BINARY_DIR "/bin/dsc-serve", model_dir, "--port", "0", "--api-key", ST_KEY};
-    for (int i = 0; i < 6; i++)
-        argv[k++] = base[i];
-    for (int i = 0; args[i]; i++)
-        argv[k++] = args[i];
-    dsc_status s = serve_proc_start(&server, app, argv, 120.0, false);
-    if (s) fail_msg("%s", dsc_status_message(s));
-    assert_int_equal(server.n_ranks, ranks);
+    st_start_model(&server, model_dir, atoi(layout[0]) * atoi(layout[1]) * atoi(layout[2]), false, args);
 
     cJSON *r =
         post("/v1/completions", "{\"prompt\":\"ROMEO:\",\"max_tokens\":20,\"temperature\":0,\"echo\":true}");
