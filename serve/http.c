@@ -24,9 +24,12 @@
 
 enum { SEND_BUFFER_BYTES = 64 * 1024, POLL_MS = 20 };
 
+/* job: a non-streaming answer's, held until the response has been sent, so
+ * that a drain does not stop the daemon with the answer still unsent. */
 typedef struct conn_ctx {
     serve_buf body;
     bool too_large;
+    serve_job *job;
 } conn_ctx;
 
 typedef struct stream_ctx {
@@ -313,7 +316,7 @@ static bool prepare(dsc_server *srv, serve_params *p, int32_t *max_tokens, serve
     return true;
 }
 
-static enum MHD_Result generate(dsc_server *srv, struct MHD_Connection *c, serve_kind kind, const conn_ctx *ctx) {
+static enum MHD_Result generate(dsc_server *srv, struct MHD_Connection *c, serve_kind kind, conn_ctx *ctx) {
     serve_params p;
     serve_error err = {0};
     int32_t max_tokens = 0;
@@ -364,7 +367,7 @@ static enum MHD_Result generate(dsc_server *srv, struct MHD_Connection *c, serve
     if (here) here = wait_for(srv, job, c, false);
     char *body = here && !job->error.http ? serve_json_final(srv, job) : NULL;
     err = job->error;
-    serve_job_unref(srv, job);
+    ctx->job = job; /* on_completed lets it go */
     pthread_mutex_unlock(&srv->mu);
     if (!here) return MHD_NO; /* the client left: close */
     if (err.http) {
@@ -388,7 +391,7 @@ static bool authorized(const dsc_server *srv, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result route(dsc_server *srv, struct MHD_Connection *c, const char *url, const char *method,
-                             const conn_ctx *ctx) {
+                             conn_ctx *ctx) {
     bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     bool is_completions = strcmp(url, "/v1/completions") == 0, is_chat = strcmp(url, "/v1/chat/completions") == 0;
     bool is_models = strcmp(url, "/v1/models") == 0, is_metrics = strcmp(url, "/metrics") == 0;
@@ -455,11 +458,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
+    dsc_server *srv = cls;
     conn_ctx *ctx = *con_cls;
     if (!ctx) return;
+    if (ctx->job) {
+        pthread_mutex_lock(&srv->mu);
+        serve_job_unref(srv, ctx->job);
+        pthread_mutex_unlock(&srv->mu);
+    }
     serve_buf_free(&ctx->body);
     free(ctx);
     *con_cls = NULL;
