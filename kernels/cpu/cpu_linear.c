@@ -18,7 +18,7 @@
 #include "kernels/cpu/cpu_simd.h"
 
 /* Weight rows per chunk in the streaming case (a few KB each: threads stay on contiguous rows). */
-enum { ROW_CHUNK = 16 };
+enum { ROW_CHUNK = 64 };
 /* Q8_0 weights multiply x quantised to Q8_0 too (cpu_q8_dot.h), once per call for every chunk:
  * on the stack up to this many bytes (decode), else on the heap (batched decode). */
 enum { Q8_STACK_BYTES = 16384 };

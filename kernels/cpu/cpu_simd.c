@@ -18,7 +18,7 @@
 #include <immintrin.h>
 #endif
 
-enum { SIMD_UNKNOWN, SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512VL };
+enum { SIMD_UNKNOWN, SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512VL, SIMD_AVX512 };
 static _Atomic int simd_state;
 
 static bool cpu_has_avx2(void) {
@@ -41,12 +41,18 @@ static bool cpu_has_avx512vl(void) {
 #endif
 }
 
+/* The best level the CPU has, lowered by DSC_CPU_SIMD (scalar, avx2, avx512vl; avx512 is the best). */
 static int simd_level(void) {
     int s = atomic_load(&simd_state);
     if (!s) {
         const char *env = getenv("DSC_CPU_SIMD");
-        bool scalar = env && strcmp(env, "scalar") == 0, avx2 = env && strcmp(env, "avx2") == 0;
-        s = !cpu_has_avx2() || scalar ? SIMD_SCALAR : cpu_has_avx512vl() && !avx2 ? SIMD_AVX512VL : SIMD_AVX2;
+        s = !cpu_has_avx2() ? SIMD_SCALAR : !cpu_has_avx512vl() ? SIMD_AVX2 : SIMD_AVX512;
+        int cap = !env                           ? SIMD_AVX512
+                  : strcmp(env, "scalar") == 0   ? SIMD_SCALAR
+                  : strcmp(env, "avx2") == 0     ? SIMD_AVX2
+                  : strcmp(env, "avx512vl") == 0 ? SIMD_AVX512VL
+                                                 : SIMD_AVX512;
+        s = s < cap ? s : cap;
         atomic_store(&simd_state, s);
     }
     return s;
@@ -54,6 +60,10 @@ static int simd_level(void) {
 
 bool dsc_cpu_simd(void) {
     return simd_level() >= SIMD_AVX2;
+}
+
+bool dsc_cpu_simd_avx512(void) {
+    return simd_level() == SIMD_AVX512;
 }
 
 /* ---- scalar reference ---------------------------------------------------------------------- */
@@ -75,6 +85,14 @@ static inline float widen_one(const void *row, dsc_weight_format f, int64_t j) {
     default:
         return ((const float *)row)[j];
     }
+}
+
+/* x[j0..c) . row[j0..c): the columns a vector loop's steps leave over. */
+static inline float tail_dot(const float *x, const void *row, dsc_weight_format f, int64_t j0, int64_t c) {
+    float sum = 0.0f;
+    for (int64_t j = j0; j < c; j++)
+        sum += x[j] * widen_one(row, f, j);
+    return sum;
 }
 
 static void dot_rows_scalar(float *y, int64_t ldy, const float *x, int64_t m, const void *w, dsc_weight_format f,
@@ -143,12 +161,8 @@ AVX2 __attribute__((always_inline)) static inline void dot_block(float *y, int64
         }
     }
     for (int k = 0; k < R; k++)
-        for (int i = 0; i < M; i++) {
-            float sum = hsum(acc[k][i]);
-            for (int64_t j = c8; j < c; j++)
-                sum += x[i * c + j] * widen_one(w + (size_t)(r + k) * rb, f, j);
-            y[i * ldy + r + k] = sum;
-        }
+        for (int i = 0; i < M; i++)
+            y[i * ldy + r + k] = hsum(acc[k][i]) + tail_dot(x + i * c, w + (size_t)(r + k) * rb, f, c8, c);
 }
 
 /* Rows [r0, r1) against M x rows: four weight rows at a time for one or two x rows, two for more
@@ -289,6 +303,131 @@ dot_rows_avx512vl(float *y, int64_t ldy, const float *x, int64_t m, const void *
     dot_rows_any(y, ldy, x, m, w, f, c, r0, r1, true);
 }
 
+/* ---- AVX-512F: 512-bit GEMV loops for decode (one to four x rows) ------------------------------------ */
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+enum { ZMM_COLS = 32, ZMM_X_MAX = 8192 }; /* columns per step; most x floats permuted on the stack */
+
+/* 32 weights of a row from column j as two f32 vectors: columns j..j+15 and j+16..j+31 (f32, f16),
+ * or for bf16 the even and the odd columns, each widened by one instruction (a shift, a mask) from
+ * one 64-byte load; x is permuted to match (bf16_perm_x). */
+AVX512 __attribute__((always_inline)) static inline void load32(const void *row, dsc_weight_format f, int64_t j,
+                                                                __m512 *lo, __m512 *hi) {
+    if (f == DSC_WEIGHT_BF16) {
+        __m512i v = _mm512_loadu_si512((const uint16_t *)row + j);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else if (f == DSC_WEIGHT_F16) {
+        *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j)));
+        *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j + 16)));
+    } else {
+        *lo = _mm512_loadu_ps((const float *)row + j);
+        *hi = _mm512_loadu_ps((const float *)row + j + 16);
+    }
+}
+
+/* xp: each block of 32 x values as its 16 even then its 16 odd ones (the order load32 widens bf16 in). */
+AVX512 static void bf16_perm_x(float *xp, const float *x, int64_t c32) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int64_t j = 0; j < c32; j += ZMM_COLS) {
+        __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + 16);
+        _mm512_storeu_ps(xp + j, _mm512_permutex2var_ps(a, even, b));
+        _mm512_storeu_ps(xp + j + 16, _mm512_permutex2var_ps(a, odd, b));
+    }
+}
+
+/* R weight rows against M x rows (xs: x, permuted for bf16; ldx its row stride), 32 columns a
+ * step; each step also prefetches the same columns of the next R rows when they are below
+ * `pf_end`, so one thread's stream runs ahead through its contiguous range of rows. */
+AVX512 __attribute__((always_inline)) static inline void
+zmm_block(float *y, int64_t ldy, const float *xs, int64_t ldx, const float *x, const uint8_t *w, size_t rb,
+          dsc_weight_format f, int64_t c, int64_t r, int64_t pf_end, const int R, const int M) {
+    __m512 acc[4][DSC_CPU_GEMV_MAX_ROWS];
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++)
+            acc[k][i] = _mm512_setzero_ps();
+    const int64_t c32 = c / ZMM_COLS * ZMM_COLS;
+    const size_t es = f == DSC_WEIGHT_F32 ? 4 : 2;
+    const bool pf = r + 2 * R <= pf_end;
+    for (int64_t j = 0; j < c32; j += ZMM_COLS) {
+        __m512 lo[4], hi[4];
+        for (int k = 0; k < R; k++) {
+            const uint8_t *row = w + (size_t)(r + k) * rb;
+            load32(row, f, j, &lo[k], &hi[k]);
+            if (pf) {
+                _mm_prefetch((const char *)(row + (size_t)R * rb + (size_t)j * es), _MM_HINT_T0);
+                if (es == 4) _mm_prefetch((const char *)(row + (size_t)R * rb + (size_t)j * es + 64), _MM_HINT_T0);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            __m512 x0 = _mm512_loadu_ps(xs + i * ldx + j), x1 = _mm512_loadu_ps(xs + i * ldx + j + 16);
+            for (int k = 0; k < R; k++)
+                acc[k][i] = _mm512_fmadd_ps(x1, hi[k], _mm512_fmadd_ps(x0, lo[k], acc[k][i]));
+        }
+    }
+    for (int k = 0; k < R; k++)
+        for (int i = 0; i < M; i++)
+            y[i * ldy + r + k] =
+                _mm512_reduce_add_ps(acc[k][i]) + tail_dot(x + i * c, w + (size_t)(r + k) * rb, f, c32, c);
+}
+
+AVX512 __attribute__((always_inline)) static inline void zmm_rows_m(float *y, int64_t ldy, const float *xs,
+                                                                    int64_t ldx, const float *x, const void *w,
+                                                                    dsc_weight_format f, int64_t c, int64_t r0,
+                                                                    int64_t r1, const int M) {
+    const size_t rb = dsc_cpu_row_bytes(f, c);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        zmm_block(y, ldy, xs, ldx, x, w, rb, f, c, r, r1, 4, M);
+    for (; r < r1; r++)
+        zmm_block(y, ldy, xs, ldx, x, w, rb, f, c, r, r1, 1, M);
+}
+
+AVX512 __attribute__((always_inline)) static inline void zmm_rows_fmt(float *y, int64_t ldy, const float *xs,
+                                                                      int64_t ldx, const float *x, int64_t m,
+                                                                      const void *w, dsc_weight_format f,
+                                                                      int64_t c, int64_t r0, int64_t r1) {
+    switch (m) {
+    case 1:
+        zmm_rows_m(y, ldy, xs, ldx, x, w, f, c, r0, r1, 1);
+        break;
+    case 2:
+        zmm_rows_m(y, ldy, xs, ldx, x, w, f, c, r0, r1, 2);
+        break;
+    case 3:
+        zmm_rows_m(y, ldy, xs, ldx, x, w, f, c, r0, r1, 3);
+        break;
+    default:
+        zmm_rows_m(y, ldy, xs, ldx, x, w, f, c, r0, r1, 4);
+        break;
+    }
+}
+
+/* f32, bf16 and f16 weights with 512-bit vectors; false (nothing done) where this path does not
+ * apply: Q8_0 (cpu_q8_dot.c), or a bf16 x too wide for the permuted copy on the stack. */
+AVX512 static bool dot_rows_avx512(float *y, int64_t ldy, const float *x, int64_t m, const void *w,
+                                   dsc_weight_format f, int64_t c, int64_t r0, int64_t r1) {
+    switch (f) {
+    case DSC_WEIGHT_F32:
+        zmm_rows_fmt(y, ldy, x, c, x, m, w, DSC_WEIGHT_F32, c, r0, r1);
+        return true;
+    case DSC_WEIGHT_F16:
+        zmm_rows_fmt(y, ldy, x, c, x, m, w, DSC_WEIGHT_F16, c, r0, r1);
+        return true;
+    case DSC_WEIGHT_BF16: {
+        const int64_t c32 = c / ZMM_COLS * ZMM_COLS;
+        if (c32 * m > ZMM_X_MAX) return false;
+        _Alignas(64) float xp[ZMM_X_MAX];
+        for (int64_t i = 0; i < m; i++)
+            bf16_perm_x(xp + i * c32, x + i * c, c32);
+        zmm_rows_fmt(y, ldy, xp, c32, x, m, w, DSC_WEIGHT_BF16, c, r0, r1);
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
 /* exp(x) for x <= 88.3 (Cephes' polynomial after reducing by multiples of
  * ln 2, relative error ~2e-7); 0 below -87.3, where expf underflows too. */
 AVX2 static inline __m256 exp8(__m256 x) {
@@ -331,7 +470,8 @@ void dsc_cpu_dot_rows(float *y, int64_t ldy, const float *x, int64_t m, const vo
                       int64_t c, int64_t r0, int64_t r1) {
 #ifdef DSC_HAVE_AVX2_BUILD
     int level = simd_level();
-    if (level == SIMD_AVX512VL) {
+    if (level == SIMD_AVX512 && dot_rows_avx512(y, ldy, x, m, w, format, c, r0, r1)) return;
+    if (level >= SIMD_AVX512VL) {
         dot_rows_avx512vl(y, ldy, x, m, w, format, c, r0, r1);
         return;
     }

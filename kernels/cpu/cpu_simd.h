@@ -33,6 +33,9 @@ static inline size_t dsc_cpu_row_bytes(dsc_weight_format f, int64_t c) {
  * compiled for its 32 registers, with wider register blocks
  * (DSC_CPU_SIMD=avx2 keeps the 16-register ones). */
 bool dsc_cpu_simd(void);
+/* Whether the 512-bit GEMV loops run (AVX-512F and VL, DSC_CPU_SIMD unset or "avx512";
+ * "avx512vl" keeps the 256-bit loops with 32 registers). */
+bool dsc_cpu_simd_avx512(void);
 
 /* y[i * ldy + r] = x[i] . W[r] for i < m (m <= DSC_CPU_GEMV_MAX_ROWS) and r in [r0, r1):
  * x (m, c) f32, W (OC, c) in `format` (rows of dsc_weight_row_bytes(format, c) bytes). */

@@ -24,6 +24,7 @@
 
 #include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
 #include "kernel_test_util.h"
+#include "kernels/cpu/cpu_simd.h" /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
 #include "ref_kernels.h"
 
 #define MAX_TENSORS 16
@@ -573,6 +574,13 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 31, 70, 45, DSC_WEIGHT_F32, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 17, 53, 40, DSC_WEIGHT_BF16, 0, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 33, 21, 45, DSC_WEIGHT_F16, 1, 1),
+    /* one to four rows over 32-column steps with a tail, 4-row blocks with a remainder, several
+     * row chunks (the 512-bit loops, their bf16 even / odd order and their prefetch) */
+    CASE(linear_packed, case_linear_packed, 1e-4, 1, 150, 77, DSC_WEIGHT_BF16, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 1, 131, 160, DSC_WEIGHT_F32, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 2, 133, 100, DSC_WEIGHT_F16, 1, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 2, 70, 64, DSC_WEIGHT_BF16, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 3, 9, 40, DSC_WEIGHT_F32, 1, 1),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
@@ -769,6 +777,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_coverage),
         cmocka_unit_test(test_cases),
     };
+    const char *simd = getenv("DSC_CPU_SIMD");
+    if (!cuda && simd && strcmp(simd, "avx512") == 0 && !dsc_cpu_simd_avx512()) {
+        printf("SKIPPED: the CPU has no AVX-512F / VL\n");
+        return 77;
+    }
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (cuda && dsc_cuda_device_count() == 0) {
         printf("SKIPPED: no CUDA device\n");
