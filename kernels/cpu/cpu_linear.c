@@ -10,18 +10,41 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_pool.h"
+#include "kernels/cpu/cpu_q8_dot.h"
 #include "kernels/cpu/cpu_simd.h"
 
 /* Weight rows per chunk in the streaming case (a few KB each: threads stay on contiguous rows). */
 enum { ROW_CHUNK = 16 };
+/* Q8_0 weights multiply x quantised to Q8_0 too (cpu_q8_dot.h), once per call for every chunk:
+ * on the stack up to this many bytes (decode), else on the heap (batched decode). */
+enum { Q8_STACK_BYTES = 16384 };
+
+/* x (n, c) quantised into `stack` or a buffer *heap the caller frees; NULL (widen instead) if no memory. */
+static const void *quantized_x(const float *x, int64_t n, int64_t c, void *stack, void **heap) {
+    size_t bytes = (size_t)n * dsc_cpu_q8_act_row_bytes(c);
+    void *buf = bytes <= Q8_STACK_BYTES ? stack : (*heap = malloc(bytes));
+    if (buf) dsc_cpu_q8_quantize_rows(buf, x, n, c);
+    return buf;
+}
+
+/* Rows i0 .. i0 + m of x (or of its quantised copy xq) against weight rows [r0, r1). */
+static void dot_rows(float *y, int64_t ldy, const float *x, const void *xq, int64_t i0, int64_t m, const void *w,
+                     dsc_weight_format f, int64_t c, int64_t r0, int64_t r1) {
+    if (xq)
+        dsc_cpu_q8_dot_rows(y, ldy, (const uint8_t *)xq + (size_t)i0 * dsc_cpu_q8_act_row_bytes(c), m, w, c, r0,
+                            r1);
+    else
+        dsc_cpu_dot_rows(y, ldy, x + i0 * c, m, w, f, c, r0, r1);
+}
 
 typedef struct stream_job {
     float *y;
     const float *x, *bias;
-    const void *w;
+    const void *w, *xq; /* xq: x quantised (Q8_0 weights), or NULL */
     dsc_weight_format f;
     int64_t n, oc, c;
 } stream_job;
@@ -31,7 +54,7 @@ static void stream_chunk(void *arg, int64_t ch) {
     int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < J->oc ? r0 + ROW_CHUNK : J->oc;
     for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
         int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
-        dsc_cpu_dot_rows(J->y + i0 * J->oc, J->oc, J->x + i0 * J->c, m, J->w, J->f, J->c, r0, r1);
+        dot_rows(J->y + i0 * J->oc, J->oc, J->x, J->xq, i0, m, J->w, J->f, J->c, r0, r1);
         for (int64_t i = i0; J->bias && i < i0 + m; i++)
             for (int64_t r = r0; r < r1; r++)
                 J->y[i * J->oc + r] += J->bias[r];
@@ -40,22 +63,27 @@ static void stream_chunk(void *arg, int64_t ch) {
 
 void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_format f, const float *bias,
                          int64_t n, int64_t oc, int64_t c) {
+    _Alignas(64) unsigned char stack[Q8_STACK_BYTES];
+    void *heap = NULL;
     stream_job J = {.y = y, .x = x, .bias = bias, .w = w, .f = f, .n = n, .oc = oc, .c = c};
+    if (f == DSC_WEIGHT_Q8_0) J.xq = quantized_x(x, n, c, stack, &heap);
     int64_t chunks = (oc + ROW_CHUNK - 1) / ROW_CHUNK;
     if (oc * c <= DSC_CPU_PARALLEL_MIN) {
         for (int64_t ch = 0; ch < chunks; ch++)
             stream_chunk(&J, ch);
-        return;
+    } else {
+        /* The pool, not an OpenMP region: a decode token runs dozens of these, and a thread
+         * that is late (descheduled on a busy machine) is not waited for (cpu_pool.h). */
+        dsc_cpu_pool_run(stream_chunk, &J, chunks);
     }
-    /* The pool, not an OpenMP region: a decode token runs dozens of these, and a thread
-     * that is late (descheduled on a busy machine) is not waited for (cpu_pool.h). */
-    dsc_cpu_pool_run(stream_chunk, &J, chunks);
+    free(heap);
 }
 
 typedef struct swiglu_job {
     float *act;
     const float *x;
     const uint8_t *w;
+    const void *xq; /* x quantised (Q8_0 weights), or NULL */
     dsc_weight_format f;
     int64_t n, F, c;
 } swiglu_job;
@@ -68,9 +96,8 @@ static void swiglu_chunk(void *arg, int64_t ch) {
     float g[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK], u[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK];
     for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
         int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
-        const float *x = J->x + i0 * J->c;
-        dsc_cpu_dot_rows(g, ROW_CHUNK, x, m, J->w + (size_t)r0 * rb, J->f, J->c, 0, nr);
-        dsc_cpu_dot_rows(u, ROW_CHUNK, x, m, J->w + (size_t)(J->F + r0) * rb, J->f, J->c, 0, nr);
+        dot_rows(g, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)r0 * rb, J->f, J->c, 0, nr);
+        dot_rows(u, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)(J->F + r0) * rb, J->f, J->c, 0, nr);
         for (int64_t i = 0; i < m; i++)
             for (int64_t r = 0; r < nr; r++) {
                 float gv = g[i * ROW_CHUNK + r]; /* as dsc_cpu_swiglu_forward: gate * sigmoid(gate) * up */
@@ -81,8 +108,12 @@ static void swiglu_chunk(void *arg, int64_t ch) {
 
 void dsc_cpu_stream_swiglu(float *act, const float *x, const void *w, dsc_weight_format f, int64_t n, int64_t F,
                            int64_t c) {
+    _Alignas(64) unsigned char stack[Q8_STACK_BYTES];
+    void *heap = NULL;
     swiglu_job J = {.act = act, .x = x, .w = w, .f = f, .n = n, .F = F, .c = c};
+    if (f == DSC_WEIGHT_Q8_0) J.xq = quantized_x(x, n, c, stack, &heap);
     dsc_cpu_pool_run(swiglu_chunk, &J, (F + ROW_CHUNK - 1) / ROW_CHUNK);
+    free(heap);
 }
 
 typedef struct panel_job {

@@ -153,6 +153,21 @@ static double packed_value(const uint8_t *row, dsc_weight_format f, int64_t j) {
     }
 }
 
+/* x as a Q8_0 weight streams it (up to DSC_CPU_STREAM_MAX_ROWS rows): quantised by llama.cpp's rule
+ * (per block of 32, d = max|x| / 127 kept as f16, q = x / d rounded half away from zero), widened. */
+static double *q8_0_activations(const double *x, int64_t n, int64_t ch) {
+    double *q = kt_zeros_d(n * ch);
+    for (int64_t b = 0; b < n * ch / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf((float)x[b * 32 + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++)
+            q[b * 32 + j] = (double)dsc_f16_to_f32(dsc_f32_to_f16(d)) * roundf((float)x[b * 32 + j] * id);
+    }
+    return q;
+}
+
 /* a: rows, out channels, in channels, format, bias, workspace threads (panels of widened rows). */
 static void case_linear_packed(tc *c, const int64_t *a) {
     int64_t n = a[0], oc = a[1], ch = a[2];
@@ -174,7 +189,9 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     for (int64_t r = 0; r < oc; r++)
         for (int64_t j = 0; j < ch; j++)
             wide[r * ch + j] = packed_value((const uint8_t *)c->init[tc_index(c, w)].data + r * rb, f, j);
-    ref_gemm(want, tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    double *xq = f == DSC_WEIGHT_Q8_0 && n <= 32 ? q8_0_activations(tc_in(c, x), n, ch) : NULL;
+    ref_gemm(want, xq ? xq : tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    free(xq);
     free(wide);
 }
 
@@ -618,7 +635,7 @@ static const op_case cases[] = {
     CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
     CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
     /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
-     * weight, four x rows per register block (odd C: the vector loops' tails; odd rows and
+     * weight (Q8_0 against x quantised too), four x rows a block (odd C: the vector loops' tails; odd rows and
      * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
      * formats in 128-row panels, one or two at a time). */
     CASE(linear_packed, case_linear_packed, 1e-4, 1, 130, 64, DSC_WEIGHT_F32, 1, 1),
