@@ -144,6 +144,18 @@ struct dsc_kernel_ops {
     dsc_status (*all_finite)(const dsc_backend *backend, bool *out, const float *x, int64_t n);
     /* Sets x to +0.0 whatever it held (scale by 0 would keep NaN). */
     dsc_status (*zero)(const dsc_backend *backend, float *x, int64_t n);
+    /* MoE row movement over routes dest (s*K + j: row of the expert buffer, -1 = dropped):
+     * scatter buf (rows, m) = 0, then buf[dest] = x[s] (dispatch); gather out[s] (+)= sum_j
+     * (w ? w : 1) * y[dest] (combine, and dispatch's backward with w NULL); combine_backward
+     * dy (rows, m) = 0, then dy[dest] = w * dout[s], dw[s*K + j] = dout[s] . y[dest] (0 dropped). */
+    dsc_status (*moe_scatter)(const dsc_backend *backend, float *buf, int64_t rows, const float *x,
+                              const int32_t *dest, int64_t s, int64_t k, int64_t m);
+    dsc_status (*moe_gather)(const dsc_backend *backend, float *out, const float *y, int64_t rows,
+                             const int32_t *dest, const float *w, int64_t s, int64_t k, int64_t m,
+                             bool accumulate);
+    dsc_status (*moe_combine_backward)(const dsc_backend *backend, float *dy, float *dw, int64_t rows,
+                                       const float *dout, const float *y, const int32_t *dest, const float *w,
+                                       int64_t s, int64_t k, int64_t m);
 };
 
 #ifdef __cplusplus

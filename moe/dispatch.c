@@ -5,89 +5,79 @@
  * all-to-all-v), and the axis swap that turns the first all-to-all's
  * (source rank, local expert) blocks into one block per local expert.
  *
+ * The row movement itself is the kernels' (dsc_kernel_moe_*: vectorised,
+ * parallel over tokens on the caller's pool or OpenMP, a CUDA version for
+ * device buffers); this file turns (expert, slot) routes into the kernels'
+ * destination rows once per layout.
+ *
  * Not here: the all-to-alls themselves and the experts (moe/layer.c,
  * moe/dropless.c). */
 #include <string.h>
 
+#include "dsc/kernels.h"
 #include "moe/moe_internal.h"
 
-void moe_rows_padded(const dsc_moe_gate_result *r, int64_t *row0) {
-    for (int64_t e = 0; e <= r->num_experts; e++)
-        row0[e] = e * r->capacity;
+/* r->dest[i] = row0[expert] + slot for kept routes, -1 for dropped ones. */
+static dsc_status fill_dest(dsc_moe_gate_result *r, const int64_t *row0) {
+    const int64_t n = r->num_tokens * r->k;
+    DSC_CHECK(row0[r->num_experts] <= INT32_MAX, DSC_ERR_INVALID,
+              "moe dispatch: %lld expert rows exceed the int32 route row", (long long)row0[r->num_experts]);
+    for (int64_t i = 0; i < n; i++)
+        r->dest[i] = r->slot[i] < 0 ? -1 : (int32_t)(row0[r->expert[i]] + r->slot[i]);
+    return NULL;
 }
 
-void moe_rows_packed(const dsc_moe_gate_result *r, int64_t *row0) {
+dsc_status moe_rows_padded(dsc_moe_gate_result *r, int64_t *row0) {
+    for (int64_t e = 0; e <= r->num_experts; e++)
+        row0[e] = e * r->capacity;
+    return fill_dest(r, row0);
+}
+
+dsc_status moe_rows_packed(dsc_moe_gate_result *r, int64_t *row0) {
     row0[0] = 0;
     for (int64_t e = 0; e < r->num_experts; e++)
         row0[e + 1] = row0[e] + r->kept_counts[e];
+    return fill_dest(r, row0);
 }
 
-void moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf) {
-    const int64_t S = r->num_tokens, K = r->k;
-    memset(buf, 0, (size_t)(row0[r->num_experts] * M) * sizeof *buf);
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < S; s++)
-        for (int64_t j = 0; j < K; j++) {
-            const int32_t slot = r->slot[s * K + j];
-            if (slot < 0) continue;
-            memcpy(buf + (row0[r->expert[s * K + j]] + slot) * M, x + s * M, (size_t)M * sizeof *x);
-        }
+/* Views of one call: token rows (S, M), expert rows (R, M), routes (S, K) and weights (S, K). */
+typedef struct moe_views {
+    dsc_tensor tokens, rows, dest, weight;
+} moe_views;
+
+static moe_views views(const dsc_moe_gate_result *r, const int64_t *row0, const float *tokens, const float *rows,
+                       int64_t M) {
+    const int64_t S = r->num_tokens, K = r->k, R = row0[r->num_experts];
+    return (moe_views){
+        .tokens = dsc_tensor_view((float *)tokens, DSC_DTYPE_F32, 2, (int64_t[]){S, M}, DSC_CPU),
+        .rows = dsc_tensor_view((float *)rows, DSC_DTYPE_F32, 2, (int64_t[]){R, M}, DSC_CPU),
+        .dest = dsc_tensor_view(r->dest, DSC_DTYPE_I32, 2, (int64_t[]){S, K}, DSC_CPU),
+        .weight = dsc_tensor_view(r->weight, DSC_DTYPE_F32, 2, (int64_t[]){S, K}, DSC_CPU),
+    };
 }
 
-void moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out) {
-    const int64_t S = r->num_tokens, K = r->k;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < S; s++) {
-        float *o = out + s * M;
-        memset(o, 0, (size_t)M * sizeof *o);
-        for (int64_t j = 0; j < K; j++) {
-            const int32_t slot = r->slot[s * K + j];
-            if (slot < 0) continue;
-            const float w = r->weight[s * K + j], *row = y + (row0[r->expert[s * K + j]] + slot) * M;
-            for (int64_t c = 0; c < M; c++)
-                o[c] += w * row[c];
-        }
-    }
+dsc_status moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf) {
+    moe_views v = views(r, row0, x, buf, M);
+    return dsc_kernel_moe_scatter(&v.rows, &v.tokens, &v.dest);
 }
 
-void moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout, const float *y,
-                          int64_t M, float *dy, float *d_weight) {
-    const int64_t S = r->num_tokens, K = r->k;
-    memset(dy, 0, (size_t)(row0[r->num_experts] * M) * sizeof *dy);
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < S; s++) {
-        const float *g = dout + s * M;
-        for (int64_t j = 0; j < K; j++) {
-            const int32_t slot = r->slot[s * K + j];
-            d_weight[s * K + j] = 0.0f;
-            if (slot < 0) continue;
-            const int64_t at = (row0[r->expert[s * K + j]] + slot) * M;
-            const float w = r->weight[s * K + j];
-            double dot = 0;
-            for (int64_t c = 0; c < M; c++) {
-                dy[at + c] = w * g[c];
-                dot += (double)g[c] * y[at + c];
-            }
-            d_weight[s * K + j] = (float)dot;
-        }
-    }
+dsc_status moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out) {
+    moe_views v = views(r, row0, out, y, M);
+    return dsc_kernel_moe_gather(&v.tokens, &v.rows, &v.dest, &v.weight, false);
 }
 
-void moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
-                           float *dx, bool accumulate) {
-    const int64_t S = r->num_tokens, K = r->k;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < S; s++) {
-        float *d = dx + s * M;
-        if (!accumulate) memset(d, 0, (size_t)M * sizeof *d);
-        for (int64_t j = 0; j < K; j++) {
-            const int32_t slot = r->slot[s * K + j];
-            if (slot < 0) continue;
-            const float *row = dbuf + (row0[r->expert[s * K + j]] + slot) * M;
-            for (int64_t c = 0; c < M; c++)
-                d[c] += row[c];
-        }
-    }
+dsc_status moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout,
+                                const float *y, int64_t M, float *dy, float *d_weight) {
+    moe_views v = views(r, row0, dout, y, M);
+    dsc_tensor dyv = dsc_tensor_view(dy, DSC_DTYPE_F32, 2, v.rows.shape, DSC_CPU);
+    dsc_tensor dw = dsc_tensor_view(d_weight, DSC_DTYPE_F32, 2, v.dest.shape, DSC_CPU);
+    return dsc_kernel_moe_combine_backward(&dyv, &dw, &v.tokens, &v.rows, &v.dest, &v.weight);
+}
+
+dsc_status moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
+                                 float *dx, bool accumulate) {
+    moe_views v = views(r, row0, dx, dbuf, M);
+    return dsc_kernel_moe_gather(&v.tokens, &v.rows, &v.dest, NULL, accumulate);
 }
 
 void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner) {
@@ -99,12 +89,15 @@ void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t i
 
 void moe_swap_axes_v(const float *src, float *dst, const int64_t *rows, int64_t a, int64_t b, int64_t inner) {
     int64_t at = 0;
-    for (int64_t j = 0; j < b; j++)
+    for (int64_t j = 0; j < b; j++) {
+        int64_t from = 0; /* rows of the blocks before (i, j): running over i, plus j's row-major offset */
+        for (int64_t k = 0; k < j; k++)
+            from += rows[k];
         for (int64_t i = 0; i < a; i++) {
-            int64_t from = 0;
-            for (int64_t k = 0; k < i * b + j; k++)
-                from += rows[k];
             memcpy(dst + at * inner, src + from * inner, (size_t)(rows[i * b + j] * inner) * sizeof *src);
             at += rows[i * b + j];
+            for (int64_t k = i * b + j; k < (i + 1) * b + j && i + 1 < a; k++)
+                from += rows[k];
         }
+    }
 }

@@ -128,9 +128,8 @@ static dsc_status gate_and_pack(dsc_moe_dropless *d, const float *logits, const 
         dsc_tensor z = dsc_tensor_view((float *)logits + lo * E, DSC_DTYPE_F32, 2, (int64_t[]){S, E}, DSC_CPU);
         DSC_TRY(dsc_moe_gate_forward(&d->gate, &z, false, NULL, NULL, &d->routes));
     }
-    moe_rows_packed(&d->routes, d->row0);
-    if (S) moe_dispatch(&d->routes, d->row0, x + lo * M, M, d->packed);
-    return NULL;
+    DSC_TRY(moe_rows_packed(&d->routes, d->row0));
+    return S ? moe_dispatch(&d->routes, d->row0, x + lo * M, M, d->packed) : NULL;
 }
 
 /* Runs each local expert on its `rows` (E_loc blocks back to back, n[e] rows each). */
@@ -201,7 +200,7 @@ dsc_status dsc_moe_dropless_forward(dsc_moe_dropless *d, const float *logits, co
     } else {
         DSC_TRY(exchange(d, fn, user));
     }
-    if (S) moe_combine(&d->routes, d->row0, d->packed, M, out + lo * M);
+    if (S) DSC_TRY(moe_combine(&d->routes, d->row0, d->packed, M, out + lo * M));
     if (ep == 1) return NULL;
     for (int j = 0; j < ep; j++) {
         int64_t f, c;

@@ -96,6 +96,7 @@ static size_t layout(dsc_moe_gate_result *res, char *base) {
     res->cursor = carve(base, &off, (E + 1) * sizeof(int64_t));
     res->route_prob = carve(base, &off, routes * sizeof(double));
     res->candidates = carve(base, &off, routes * sizeof(dsc_moe_gate_candidate));
+    res->dest = carve(base, &off, routes * sizeof(int32_t));
     return off;
 }
 

@@ -321,13 +321,13 @@ static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     const int64_t Cap = s->routes.capacity;
     DSC_CHECK(Cap <= m->max_cap, DSC_ERR_INTERNAL, "%s: capacity %lld exceeds the reserved %lld", self->name,
               (long long)Cap, (long long)m->max_cap);
-    moe_rows_padded(&s->routes, m->row0);
-    moe_dispatch(&s->routes, m->row0, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data);
+    DSC_TRY(moe_rows_padded(&s->routes, m->row0));
+    DSC_TRY(moe_dispatch(&s->routes, m->row0, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data));
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(run_experts(m, slot, s, Cap, &t0));
     *out = view(&m->out, 3, in->shape);
     dsc_tensor out2 = view(out, 2, (int64_t[]){S, M});
-    moe_combine(&s->routes, m->row0, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data);
+    DSC_TRY(moe_combine(&s->routes, m->row0, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data));
     if (m->o.use_residual) DSC_TRY(residual_forward(m, slot, s, &x2, &out2));
     lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     ctx->aux_loss += s->routes.loss;
@@ -437,12 +437,12 @@ static dsc_status moe_backward(dsc_layer *self, int slot, const dsc_tensor *dout
         memset(din2.data, 0, (size_t)(S * M) * sizeof(float));
     }
     float *dy = m->ep_size == 1 ? m->buf[2].data : m->buf[0].data;
-    moe_rows_padded(&s->routes, m->row0);
-    moe_combine_backward(&s->routes, m->row0, dmoe, s->y.data, M, dy, m->dweight.data);
+    DSC_TRY(moe_rows_padded(&s->routes, m->row0));
+    DSC_TRY(moe_combine_backward(&s->routes, m->row0, dmoe, s->y.data, M, dy, m->dweight.data));
     lap(m, DSC_MOE_PHASE_COMBINE, &t0);
     float *ddisp;
     DSC_TRY(experts_backward(m, slot, Cap, &ddisp, &t0));
-    moe_dispatch_backward(&s->routes, m->row0, ddisp, M, din2.data, true);
+    DSC_TRY(moe_dispatch_backward(&s->routes, m->row0, ddisp, M, din2.data, true));
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(gate_backward(m, s, &x2, &din2, ctx));
     lap(m, DSC_MOE_PHASE_GATE, &t0);

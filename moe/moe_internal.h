@@ -2,10 +2,11 @@
  * row buffers (padded (E, Cap, M) or packed), the layout change around the all-to-alls, and
  * the MoE layer's hooks for block.c (type check, statistics).
  *
- * These are plain CPU loops over f32 rows, driven by the gate's routes
- * (expert, slot, weight per route; slot -1 = dropped). Each (expert, slot)
- * holds at most one route, so the scatters never collide and every loop
- * parallelises over tokens. Nothing here talks to other ranks.
+ * The row movement runs as kernels (dsc_kernel_moe_*) over the
+ * destination rows moe_rows_* derive from the gate's routes (expert, slot,
+ * weight per route; slot -1 = dropped). Each (expert, slot) holds at most
+ * one route, so the scatters never collide and every kernel parallelises
+ * over tokens. Nothing here talks to other ranks.
  *
  * Dimension letters: S tokens, K routes per token, E experts, Cap slots per
  * expert, M model width. */
@@ -22,27 +23,28 @@
  * row0[E] = the rows in all: padded, every expert Cap rows (training's
  * (E, Cap, M) all-to-all buffers), or packed, kept_counts[e] rows each and
  * no padding (serving's dropless all-to-all-v). Routes fill slots
- * 0 .. kept_counts[e] - 1 of their expert, so both layouts hold every kept route. */
-void moe_rows_padded(const dsc_moe_gate_result *r, int64_t *row0);
-void moe_rows_packed(const dsc_moe_gate_result *r, int64_t *row0);
+ * 0 .. kept_counts[e] - 1 of their expert, so both layouts hold every kept route.
+ * Both also fill r->dest (the kernels' destination row of each route) for that layout. */
+dsc_status moe_rows_padded(dsc_moe_gate_result *r, int64_t *row0);
+dsc_status moe_rows_packed(dsc_moe_gate_result *r, int64_t *row0);
 
 /* buf (row0[E], M) = 0, then row row0[e] + slot = x[s] for every kept route (s -> e, slot); x (S, M). */
-void moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf);
+dsc_status moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf);
 
 /* out[s] = sum over the kept routes of s of weight * y[row0[e] + slot]; out (S, M), y (row0[E], M).
  * A token with no kept route gets a zero row. */
-void moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out);
+dsc_status moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out);
 
 /* Backward of moe_combine for dout (S, M): dy (row0[E], M) = 0, then
  * dy[row0[e] + slot] = weight * dout[s] for every kept route; d_weight (S, K) =
  * dot(dout[s], y[row0[e] + slot]) for kept routes and 0 for dropped ones. */
-void moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout, const float *y,
-                          int64_t M, float *dy, float *d_weight);
+dsc_status moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout,
+                                const float *y, int64_t M, float *dy, float *d_weight);
 
 /* Backward of moe_dispatch: dx[s] (+)= sum over the kept routes of s of dbuf[row0[e] + slot];
  * dx (S, M) is overwritten unless `accumulate`. */
-void moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
-                           float *dx, bool accumulate);
+dsc_status moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
+                                 float *dx, bool accumulate);
 
 /* dst (b, a, inner) = src (a, b, inner) with the first two axes swapped. */
 void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner);

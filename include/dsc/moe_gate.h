@@ -104,6 +104,7 @@ typedef struct dsc_moe_gate_result {
     int64_t *cursor;    /* (E+1) bucket offsets and running positions */
     double *route_prob; /* (S, K) gate probability of each route */
     void *candidates;   /* (S*K) sort workspace of the priority drop rule */
+    int32_t *dest;      /* (S, K) row of each route in the MoE layer's expert buffer, -1 dropped */
     size_t bytes;
 } dsc_moe_gate_result;
 

@@ -100,4 +100,13 @@ dsc_status dsc_cpu_add(const dsc_backend *backend, float *out, const float *a, c
 dsc_status dsc_cpu_all_finite(const dsc_backend *backend, bool *out, const float *x, int64_t n);
 dsc_status dsc_cpu_zero(const dsc_backend *backend, float *x, int64_t n);
 
+dsc_status dsc_cpu_moe_scatter(const dsc_backend *backend, float *buf, int64_t rows, const float *x,
+                               const int32_t *dest, int64_t s, int64_t k, int64_t m);
+dsc_status dsc_cpu_moe_gather(const dsc_backend *backend, float *out, const float *y, int64_t rows,
+                              const int32_t *dest, const float *w, int64_t s, int64_t k, int64_t m,
+                              bool accumulate);
+dsc_status dsc_cpu_moe_combine_backward(const dsc_backend *backend, float *dy, float *dw, int64_t rows,
+                                        const float *dout, const float *y, const int32_t *dest, const float *w,
+                                        int64_t s, int64_t k, int64_t m);
+
 #endif

@@ -35,4 +35,7 @@ const struct dsc_kernel_ops dsc_cpu_kernel_ops = {
     .add = dsc_cpu_add,
     .all_finite = dsc_cpu_all_finite,
     .zero = dsc_cpu_zero,
+    .moe_scatter = dsc_cpu_moe_scatter,
+    .moe_gather = dsc_cpu_moe_gather,
+    .moe_combine_backward = dsc_cpu_moe_combine_backward,
 };

@@ -22,6 +22,7 @@
 #endif
 
 enum { Q8_BLOCK = 32, Q8_BLOCK_BYTES = 34 }; /* a weight block: f16 scale + 32 int8 */
+
 enum { LEVEL_UNKNOWN, LEVEL_SCALAR, LEVEL_AVX2, LEVEL_VNNI };
 static _Atomic int q8_level_state;
 
@@ -152,27 +153,19 @@ AVX2 static void quantize_rows_avx2(void *dst, const float *x, int64_t n, int64_
 #define Q8_NAME(s) q8_##s##_avx2
 #define Q8_TARGET AVX2
 #define Q8_PROD(aw, sx) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
-#define Q8_R_FEW 2
-#define Q8_R_MANY 1
 #include "kernels/cpu/cpu_q8_dot_loops.h"
 #undef Q8_NAME
 #undef Q8_TARGET
 #undef Q8_PROD
-#undef Q8_R_FEW
-#undef Q8_R_MANY
 
 /* AVX-512 VNNI (on 256-bit vectors, with AVX-512VL's 32 registers): four products summed to s32 in one. */
 #define Q8_NAME(s) q8_##s##_vnni
 #define Q8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define Q8_PROD(aw, sx) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
-#define Q8_R_FEW 4
-#define Q8_R_MANY 2
 #include "kernels/cpu/cpu_q8_dot_loops.h"
 #undef Q8_NAME
 #undef Q8_TARGET
 #undef Q8_PROD
-#undef Q8_R_FEW
-#undef Q8_R_MANY
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */

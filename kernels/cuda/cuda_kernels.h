@@ -88,4 +88,13 @@ dsc_status dsc_cuda_add(const dsc_backend *backend, float *out, const float *a, 
 dsc_status dsc_cuda_all_finite(const dsc_backend *backend, bool *out, const float *x, int64_t n);
 dsc_status dsc_cuda_zero(const dsc_backend *backend, float *x, int64_t n);
 
+dsc_status dsc_cuda_moe_scatter(const dsc_backend *backend, float *buf, int64_t rows, const float *x,
+                                const int32_t *dest, int64_t s, int64_t k, int64_t m);
+dsc_status dsc_cuda_moe_gather(const dsc_backend *backend, float *out, const float *y, int64_t rows,
+                               const int32_t *dest, const float *w, int64_t s, int64_t k, int64_t m,
+                               bool accumulate);
+dsc_status dsc_cuda_moe_combine_backward(const dsc_backend *backend, float *dy, float *dw, int64_t rows,
+                                         const float *dout, const float *y, const int32_t *dest, const float *w,
+                                         int64_t s, int64_t k, int64_t m);
+
 #endif

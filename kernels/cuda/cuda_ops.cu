@@ -35,4 +35,7 @@ extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {
     .add = dsc_cuda_add,
     .all_finite = dsc_cuda_all_finite,
     .zero = dsc_cuda_zero,
+    .moe_scatter = dsc_cuda_moe_scatter,
+    .moe_gather = dsc_cuda_moe_gather,
+    .moe_combine_backward = dsc_cuda_moe_combine_backward,
 };

@@ -534,6 +534,72 @@ static void case_elementwise(tc *c, const int64_t *a) {
         w[i] = a[1] == SCALE ? 3 * xi[i] : a[1] == AXPY ? yi[i] + 0.5 * xi[i] : xi[i] + yi[i];
 }
 
+/* ---- MoE row movement: routes (S, K) to distinct rows of R, every fourth dropped ---- */
+
+/* Route i goes to row (i * 7 + 3) % R (distinct while S*K <= R and 7 does not divide R), -1 when i % 4 == 2. */
+static dsc_tensor *route_rows(tc *c, int64_t s, int64_t k, int64_t r) {
+    int32_t *d = malloc((size_t)(s * k > 0 ? s * k : 1) * sizeof *d);
+    for (int64_t i = 0; i < s * k; i++)
+        d[i] = i % 4 == 2 ? -1 : (int32_t)((i * 7 + 3) % r);
+    dsc_tensor *t = tc_ints(c, d, KT_SHAPE(s, k));
+    free(d);
+    return t;
+}
+
+/* a: S, K, M, R. buf starts non-zero: rows no route reaches must come back zero. */
+static void case_moe_scatter(tc *c, const int64_t *a) {
+    int64_t s = a[0], k = a[1], m = a[2], r = a[3];
+    dsc_tensor *x = RANDN(c, 1.0f, s, m), *dest = route_rows(c, s, k, r), *buf = FULL(c, 7.0f, r, m);
+    assert_ok(dsc_kernel_moe_scatter(buf, x, dest));
+    double *want = tc_out(c, buf);
+    if (!c->ref) return;
+    const int32_t *d = tc_ids(c, dest);
+    const double *xi = tc_in(c, x);
+    memset(want, 0, (size_t)(r * m) * sizeof *want);
+    for (int64_t i = 0; i < s * k; i++)
+        for (int64_t j = 0; d[i] >= 0 && j < m; j++)
+            want[d[i] * m + j] = xi[(i / k) * m + j];
+}
+
+/* a: S, K, M, R, weighted, accumulate. */
+static void case_moe_gather(tc *c, const int64_t *a) {
+    int64_t s = a[0], k = a[1], m = a[2], r = a[3];
+    dsc_tensor *y = RANDN(c, 1.0f, r, m), *dest = route_rows(c, s, k, r), *out = FULL(c, 0.5f, s, m);
+    dsc_tensor *w = a[4] ? RANDN(c, 1.0f, s, k) : NULL;
+    assert_ok(dsc_kernel_moe_gather(out, y, dest, w, a[5] != 0));
+    double *want = tc_out(c, out);
+    if (!c->ref) return;
+    const int32_t *d = tc_ids(c, dest);
+    const double *yi = tc_in(c, y), *wi = tc_in(c, w);
+    for (int64_t t = 0; t < s; t++)
+        for (int64_t j = 0; j < m; j++) {
+            double acc = a[5] ? want[t * m + j] : 0.0;
+            for (int64_t i = t * k; i < (t + 1) * k; i++)
+                acc += d[i] < 0 ? 0.0 : (wi ? wi[i] : 1.0) * yi[d[i] * m + j];
+            want[t * m + j] = acc;
+        }
+}
+
+/* a: S, K, M, R. dy and dw start non-zero: unreached rows and dropped routes must come back zero. */
+static void case_moe_combine_backward(tc *c, const int64_t *a) {
+    int64_t s = a[0], k = a[1], m = a[2], r = a[3];
+    dsc_tensor *dout = RANDN(c, 1.0f, s, m), *y = RANDN(c, 1.0f, r, m), *dest = route_rows(c, s, k, r);
+    dsc_tensor *w = RANDN(c, 1.0f, s, k), *dy = FULL(c, 3.0f, r, m), *dw = FULL(c, 3.0f, s, k);
+    assert_ok(dsc_kernel_moe_combine_backward(dy, dw, dout, y, dest, w));
+    double *want_dy = tc_out(c, dy), *want_dw = tc_out(c, dw);
+    if (!c->ref) return;
+    const int32_t *d = tc_ids(c, dest);
+    const double *g = tc_in(c, dout), *yi = tc_in(c, y), *wi = tc_in(c, w);
+    memset(want_dy, 0, (size_t)(r * m) * sizeof *want_dy);
+    for (int64_t i = 0; i < s * k; i++) {
+        want_dw[i] = 0;
+        for (int64_t j = 0; d[i] >= 0 && j < m; j++) {
+            want_dy[d[i] * m + j] = wi[i] * g[(i / k) * m + j];
+            want_dw[i] += g[(i / k) * m + j] * yi[d[i] * m + j];
+        }
+    }
+}
+
 /* ---- the table ------------------------------------------------------------------ */
 
 typedef struct op_case {
@@ -549,6 +615,17 @@ typedef struct op_case {
     { ENTRY(op), #op " (" #__VA_ARGS__ ")", fn, {__VA_ARGS__}, tol }
 
 static const op_case cases[] = {
+    /* MoE rows: S, K, M, R (+ weighted, accumulate for the gather); M 37: the vector loops' tails,
+     * M 1000 x 80 routes: above the threshold of the parallel loops */
+    CASE(moe_scatter, case_moe_scatter, 1e-6, 9, 2, 37, 30),
+    CASE(moe_scatter, case_moe_scatter, 1e-6, 40, 2, 1000, 90),
+    CASE(moe_scatter, case_moe_scatter, 1e-6, 0, 2, 8, 5), /* no tokens: all rows zero */
+    CASE(moe_gather, case_moe_gather, 1e-5, 9, 2, 37, 30, 1, 0),
+    CASE(moe_gather, case_moe_gather, 1e-5, 40, 2, 1000, 90, 1, 0),
+    CASE(moe_gather, case_moe_gather, 1e-5, 11, 3, 33, 40, 0, 1),
+    CASE(moe_gather, case_moe_gather, 1e-5, 5, 1, 16, 9, 1, 1),
+    CASE(moe_combine_backward, case_moe_combine_backward, 1e-5, 9, 2, 37, 30),
+    CASE(moe_combine_backward, case_moe_combine_backward, 1e-5, 40, 2, 1000, 90),
     /* gemm: m, n, k, trans_a, trans_b, batch */
     CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 0, 0, 0),
     CASE(gemm, case_gemm, 1e-4, 65, 130, 47, 0, 1, 0),
