@@ -10,8 +10,15 @@
  * Every rank runs the same command (mpirun / dsc-launch start them). Rank 0
  * prints the step lines, writes the metrics and, at the end, a sample
  * generated from the trained model. A thin CLI: the wiring is dsc_trainer
- * (runtime/engine), the loop is dsc_engine. */
+ * (runtime/engine), the loop is dsc_engine.
+ *
+ * Preemption: SIGTERM, or SIGUSR2 (what dsc-launch makes of the SIGTERM or
+ * SIGINT it gets; mpirun relays it to every rank), stops the run after the
+ * step in progress, with a checkpoint when checkpoint.save_dir is set, and
+ * exit status 0; `--resume auto` continues from it. */
+#define _POSIX_C_SOURCE 200809L /* sigaction */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,18 +315,59 @@ static dsc_status have_checkpoint(const dsc_checkpointer_options *co, bool *foun
     return NULL;
 }
 
+static volatile sig_atomic_t g_stop_signal; /* the signal that asked for a stop; 0: none */
+
+static void on_stop_signal(int sig) {
+    g_stop_signal = sig;
+}
+
+/* The engine's step-end hook: the checkpointer's saves, then the stop. */
+typedef struct step_hook {
+    dsc_checkpointer *ckpt; /* NULL: the run saves nothing */
+    MPI_Comm comm;          /* every rank of the job */
+    int signal;             /* the agreed stop signal; 0: none */
+} step_hook;
+
+/* The ranks agree after every step whether one of them was signalled (each
+ * may get the signal during a different step); on a stop the state of the
+ * step just finished is saved, unless that step saved already. */
+static dsc_status on_step_end(dsc_engine *e, const dsc_step_metrics *m, void *ctx) {
+    step_hook *h = ctx;
+    if (h->ckpt) DSC_TRY(dsc_checkpointer_on_step(e, m, h->ckpt));
+    int sig = g_stop_signal;
+    DSC_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, h->comm) == MPI_SUCCESS, DSC_ERR_COMM,
+              "agreeing after step %lld whether a rank was asked to stop", (long long)m->step);
+    if (!sig) return NULL;
+    h->signal = sig;
+    if (h->ckpt && dsc_checkpointer_saved_step(h->ckpt) != m->step) DSC_TRY(dsc_checkpointer_save(h->ckpt));
+    dsc_engine_request_stop(e);
+    return NULL;
+}
+
+/* After training: whether a signal stopped it early (rank 0 says so). */
+static bool stopped_early(const step_hook *h, const dsc_config *cfg, const dsc_engine *e, bool log) {
+    int64_t done = dsc_engine_steps_done(e);
+    if (!h->signal || done >= cfg->train.steps) return false;
+    if (log)
+        printf("dsc-train: stopped by signal %d after step %lld of %lld; %s\n", h->signal, (long long)done,
+               (long long)cfg->train.steps,
+               h->ckpt ? "run again with --resume auto to continue"
+                       : "nothing was saved (no \"checkpoint.save_dir\" in the config)");
+    return true;
+}
+
 /* Checkpointing when the config saves or the command resumes: the engine's
- * step hook saves, and a resume restores before training. Without a resume,
- * --init-from-hf sets the parameters from the Hugging Face checkpoint. */
+ * step hook saves (and stops on a signal), and a resume restores before
+ * training. Without a resume, --init-from-hf sets the parameters from the
+ * Hugging Face checkpoint. */
 static dsc_status wire_checkpoints(const args *a, dsc_hf_import *hf, const dsc_checkpointer_options *co,
-                                   dsc_checkpointer **out) {
+                                   step_hook *hook, dsc_checkpointer **out) {
     *out = NULL;
     bool resume = a->resume != NULL;
     if (resume && strcmp(a->resume, "auto") == 0) DSC_TRY(have_checkpoint(co, &resume));
-    if (resume || co->cfg->checkpoint.save_dir[0]) {
-        DSC_TRY(dsc_checkpointer_create(co, out));
-        dsc_engine_set_hook(co->engine, dsc_checkpointer_on_step, *out);
-    }
+    if (resume || co->cfg->checkpoint.save_dir[0]) DSC_TRY(dsc_checkpointer_create(co, out));
+    *hook = (step_hook){*out, co->comm, 0};
+    dsc_engine_set_hook(co->engine, on_step_end, hook);
     if (resume) return dsc_checkpointer_resume(*out, strcmp(a->resume, "auto") == 0 ? "latest" : a->resume);
     if (!hf) return NULL;
     dsc_checkpoint_state st = {.comm = co->comm, .params = co->params, .optimizer = co->optimizer};
@@ -432,11 +480,17 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
                                    1,
                                    rank == 0};
     dsc_checkpointer *ckpt = NULL;
-    if (!s) s = wire_checkpoints(a, hf, &co, &ckpt);
+    step_hook hook = {0};
+    if (!s) s = wire_checkpoints(a, hf, &co, &hook, &ckpt);
     if (!s && tp > 1)
         s = dsc_tp_sync_rng(dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_TENSOR),
                             dsc_pipe_trainer_rng(t));
     if (!s) s = dsc_engine_train(dsc_pipe_trainer_engine(t));
+    if (!s && stopped_early(&hook, cfg, dsc_pipe_trainer_engine(t), rank == 0)) {
+        dsc_checkpointer_destroy(ckpt);
+        dsc_pipe_trainer_destroy(t);
+        return NULL;
+    }
     int n_layers;
     dsc_layer *const *layers = dsc_pipe_trainer_layers(t, &n_layers);
     if (!s && moe)
@@ -498,6 +552,7 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
         fflush(stdout);
     }
     dsc_checkpointer *ckpt = NULL;
+    step_hook hook = {0};
     if (!s) {
         dsc_checkpointer_options co = {&cfg,
                                        dsc_trainer_engine(t),
@@ -510,23 +565,25 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
                                        dsc_trainer_rng(t),
                                        1,
                                        rank == 0};
-        s = wire_checkpoints(a, hf, &co, &ckpt);
+        s = wire_checkpoints(a, hf, &co, &hook, &ckpt);
     }
     if (!s && tp > 1) s = dsc_tp_sync_rng(moe ? mw.tp.group : tw.extra.group, dsc_trainer_rng(t));
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
-    if (!s && moe) {
+    /* preempted: the reports and the sample would only delay the exit */
+    const bool finished = !s && !stopped_early(&hook, &cfg, dsc_trainer_engine(t), rank == 0);
+    if (!s && finished && moe) {
         int n_layers;
         dsc_layer *const *layers = dsc_trainer_model_layers(t, &n_layers);
         s = dsc_moe_report_load(world, dsc_groups_get(mw.groups, DSC_GROUP_KIND_TENSOR), cfg.model.n_layer,
                                 cfg.moe.num_experts, layers, n_layers, stdout);
     }
-    if (!s && a->report_memory)
+    if (!s && finished && a->report_memory)
         s = dsc_zero_memory_report(stdout, world, cfg.zero_optimization.stage, (double)dsc_trainer_param_count(t),
                                    dp, state_bytes(&cfg));
     /* Generation runs on rank 0 alone, which an expert-parallel MoE layer cannot do; it grows the context one
      * token at a time, which sequence parallelism cannot split. */
     const bool sp = tp > 1 && cfg.tensor_parallel.sequence_parallel;
-    if (!s && ((moe && cfg.moe.ep_size > 1) || sp)) {
+    if (!s && finished && ((moe && cfg.moe.ep_size > 1) || sp)) {
         if (rank == 0 && a->sample_tokens > 0)
             printf("dsc-train: no sample: %s (use dsc-generate on the checkpoint)\n",
                    sp ? "tensor_parallel.sequence_parallel splits positions over the tensor ranks"
@@ -534,7 +591,7 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
     }
     /* ZeRO-3 gathers parameters and tensor-parallel layers reduce collectively, so every rank generates and
      * rank 0 prints. */
-    else if (!s && (rank == 0 || cfg.zero_optimization.stage == 3 || tp > 1))
+    else if (!s && finished && (rank == 0 || cfg.zero_optimization.stage == 3 || tp > 1))
         print_sample(trainer_generate, t, &cfg, a, rank == 0);
     dsc_checkpointer_destroy(ckpt);
     dsc_trainer_destroy(t);
@@ -612,6 +669,10 @@ int main(int argc, char **argv) {
         free(a.overrides);
         return s ? 1 : 0;
     }
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
     dsc_comm *world = NULL;
     dsc_hf_import *hf = NULL;
     s = dsc_comm_world(NULL, &world);

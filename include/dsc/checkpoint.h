@@ -127,6 +127,8 @@ DSC_API void dsc_checkpointer_destroy(dsc_checkpointer *c);
 DSC_API dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag);
 /* Collective: saves now as global_step<N> (N = steps done). */
 DSC_API dsc_status dsc_checkpointer_save(dsc_checkpointer *c);
+/* The step of the last save of this checkpointer; -1 before the first. */
+DSC_API int64_t dsc_checkpointer_saved_step(const dsc_checkpointer *c);
 /* The engine hook: saves when the step is a multiple of save_interval or the last. */
 DSC_API dsc_status dsc_checkpointer_on_step(dsc_engine *e, const dsc_step_metrics *m, void *ctx);
 /* The model signature of a config: architecture and shapes, layout-independent. */

@@ -194,6 +194,9 @@ DSC_API void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps);
 /* Replaces the step-end hook (for wiring done after creation, e.g. by a
  * checkpointer attached to a trainer's engine). */
 DSC_API void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx);
+/* From a step-end hook: dsc_engine_train returns (NULL) after this step
+ * instead of running the remaining ones (a preempted job that saved). */
+DSC_API void dsc_engine_request_stop(dsc_engine *e);
 
 /* Reads a metrics JSONL file and writes an SVG of train loss (and val loss
  * when present) against step. */

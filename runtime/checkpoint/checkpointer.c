@@ -15,6 +15,7 @@ struct dsc_checkpointer {
     char *config_json;
     char *signature;
     char layout[160];
+    int64_t saved_step; /* -1: nothing saved yet */
 };
 
 dsc_status dsc_checkpoint_model_signature(const dsc_config *cfg, char **json) {
@@ -44,6 +45,7 @@ dsc_status dsc_checkpointer_create(const dsc_checkpointer_options *opts, dsc_che
     dsc_checkpointer *c = calloc(1, sizeof *c);
     DSC_CHECK(c, DSC_ERR_NOMEM, "checkpointer");
     c->o = *opts;
+    c->saved_step = -1;
     int world;
     MPI_Comm_size(opts->comm, &world);
     snprintf(c->layout, sizeof c->layout,
@@ -107,7 +109,12 @@ dsc_status dsc_checkpointer_save(dsc_checkpointer *c) {
     tag_of(c->o.cfg->checkpoint.tag, st.global_step, tag, sizeof tag);
     DSC_TRY(dsc_checkpoint_save(&st, save_dir(c), tag, c->o.cfg->checkpoint.keep_last));
     if (c->o.log) printf("saved checkpoint %s/%s\n", save_dir(c), tag);
+    c->saved_step = st.global_step;
     return NULL;
+}
+
+int64_t dsc_checkpointer_saved_step(const dsc_checkpointer *c) {
+    return c->saved_step;
 }
 
 dsc_status dsc_checkpointer_resume(dsc_checkpointer *c, const char *tag) {

@@ -22,6 +22,7 @@
 struct dsc_engine {
     dsc_engine_options o;
     int64_t steps_done;
+    bool stop;            /* dsc_engine_request_stop: no further step */
     double t_start;       /* when dsc_engine_train started (monotonic seconds) */
     FILE *metrics;        /* JSON lines, or NULL */
     dsc_monitor *monitor; /* tensorboard / csv_monitor, or NULL */
@@ -85,6 +86,10 @@ int64_t dsc_engine_steps_done(const dsc_engine *e) {
 }
 void dsc_engine_set_steps_done(dsc_engine *e, int64_t steps) {
     e->steps_done = steps;
+}
+
+void dsc_engine_request_stop(dsc_engine *e) {
+    e->stop = true;
 }
 
 void dsc_engine_set_hook(dsc_engine *e, dsc_engine_hook hook, void *ctx) {
@@ -331,7 +336,7 @@ dsc_status dsc_engine_train(dsc_engine *e) {
     if (cl->enabled)
         dsc_comm_logger_configure(&(dsc_comm_logger_options){cl->enabled, cl->verbose, cl->prof_all, cl->debug});
     e->t_start = dsc_time_now();
-    while (e->steps_done < cfg->train.steps) {
+    while (e->steps_done < cfg->train.steps && !e->stop) {
         dsc_step_metrics m;
         dsc_status s = dsc_engine_step(e, &m);
         if (s) {
