@@ -324,7 +324,7 @@ static void on_stop_signal(int sig) {
 /* The engine's step-end hook: the checkpointer's saves, then the stop. */
 typedef struct step_hook {
     dsc_checkpointer *ckpt; /* NULL: the run saves nothing */
-    MPI_Comm comm;          /* every rank of the job */
+    dsc_comm *world;        /* every rank of the job; its deadline bounds the agreement */
     int signal;             /* the agreed stop signal; 0: none */
 } step_hook;
 
@@ -334,9 +334,10 @@ typedef struct step_hook {
 static dsc_status on_step_end(dsc_engine *e, const dsc_step_metrics *m, void *ctx) {
     step_hook *h = ctx;
     if (h->ckpt) DSC_TRY(dsc_checkpointer_on_step(e, m, h->ckpt));
-    int sig = g_stop_signal;
-    DSC_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, h->comm) == MPI_SUCCESS, DSC_ERR_COMM,
-              "agreeing after step %lld whether a rank was asked to stop", (long long)m->step);
+    int32_t sig = g_stop_signal;
+    dsc_tensor flag = dsc_tensor_view(&sig, DSC_DTYPE_I32, 1, (int64_t[]){1}, DSC_CPU);
+    dsc_status s = dsc_comm_allreduce(h->world, &flag, DSC_REDUCE_OP_MAX);
+    if (s) return dsc_error_wrap(s, "agreeing after step %lld whether a rank was asked to stop", (long long)m->step);
     if (!sig) return NULL;
     h->signal = sig;
     if (h->ckpt && dsc_checkpointer_saved_step(h->ckpt) != m->step) DSC_TRY(dsc_checkpointer_save(h->ckpt));
@@ -361,12 +362,12 @@ static bool stopped_early(const step_hook *h, const dsc_config *cfg, const dsc_e
  * training. Without a resume, --init-from-hf sets the parameters from the
  * Hugging Face checkpoint. */
 static dsc_status wire_checkpoints(const args *a, dsc_hf_import *hf, const dsc_checkpointer_options *co,
-                                   step_hook *hook, dsc_checkpointer **out) {
+                                   dsc_comm *world, step_hook *hook, dsc_checkpointer **out) {
     *out = NULL;
     bool resume = a->resume != NULL;
     if (resume && strcmp(a->resume, "auto") == 0) DSC_TRY(have_checkpoint(co, &resume));
     if (resume || co->cfg->checkpoint.save_dir[0]) DSC_TRY(dsc_checkpointer_create(co, out));
-    *hook = (step_hook){*out, co->comm, 0};
+    *hook = (step_hook){*out, world, 0};
     dsc_engine_set_hook(co->engine, on_step_end, hook);
     if (resume) return dsc_checkpointer_resume(*out, strcmp(a->resume, "auto") == 0 ? "latest" : a->resume);
     if (!hf) return NULL;
@@ -481,7 +482,7 @@ static dsc_status train_pipeline(const args *a, dsc_hf_import *hf, dsc_comm *wor
                                    rank == 0};
     dsc_checkpointer *ckpt = NULL;
     step_hook hook = {0};
-    if (!s) s = wire_checkpoints(a, hf, &co, &hook, &ckpt);
+    if (!s) s = wire_checkpoints(a, hf, &co, world, &hook, &ckpt);
     if (!s && tp > 1)
         s = dsc_tp_sync_rng(dsc_groups_get(dsc_pipe_trainer_groups(t), DSC_GROUP_KIND_TENSOR),
                             dsc_pipe_trainer_rng(t));
@@ -565,7 +566,7 @@ static dsc_status train(const args *a, dsc_hf_import *hf, dsc_comm *world) {
                                        dsc_trainer_rng(t),
                                        1,
                                        rank == 0};
-        s = wire_checkpoints(a, hf, &co, &hook, &ckpt);
+        s = wire_checkpoints(a, hf, &co, world, &hook, &ckpt);
     }
     if (!s && tp > 1) s = dsc_tp_sync_rng(moe ? mw.tp.group : tw.extra.group, dsc_trainer_rng(t));
     if (!s) s = dsc_engine_train(dsc_trainer_engine(t));
