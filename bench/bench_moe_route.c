@@ -7,7 +7,8 @@
  * row kernels (dsc_kernel_moe_scatter / _gather) over the destination-row
  * table. Both share the gate (dsc_moe_gate_forward, timed on its own).
  * Reference: the memory-traffic bound of moving the token rows twice (the
- * dispatch reads S rows and writes the E * Cap buffer rows, the combine
+ * dispatch reads S rows and writes the E * Cap buffer rows once: kept rows
+ * copied, padding zeroed; the old loops zeroed all, then copied; the combine
  * reads the kept rows and writes S rows) at the memcpy rate measured at the
  * same footprint (and, for scale, from DRAM).
  * Runs are interleaved (before, after, before, ...), min and median over
@@ -94,6 +95,12 @@ static void one_pass(setup *b, bool kernels, double *t) {
         dsc_tensor dest = dsc_tensor_view(b->dest, DSC_DTYPE_I32, 2, (int64_t[]){S, K}, DSC_CPU);
         dsc_tensor w = dsc_tensor_view(b->r.weight, DSC_DTYPE_F32, 2, (int64_t[]){S, K}, DSC_CPU);
         dsc_tensor out = dsc_tensor_view(b->out, DSC_DTYPE_F32, 2, (int64_t[]){S, M}, DSC_CPU);
+        for (int64_t e = 0; e < b->E; e++) { /* padding slots after each expert's kept rows */
+            int64_t n = (b->r.capacity - b->r.kept_counts[e]) * M;
+            dsc_tensor pad =
+                dsc_tensor_view(b->buf + (b->row0[e] + b->r.kept_counts[e]) * M, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+            if (n > 0) die(dsc_kernel_zero(&pad));
+        }
         die(dsc_kernel_moe_scatter(&buf, &x, &dest));
         t[1] += now_s() - t1;
         double t2 = now_s();

@@ -145,9 +145,9 @@ struct dsc_kernel_ops {
     /* Sets x to +0.0 whatever it held (scale by 0 would keep NaN). */
     dsc_status (*zero)(const dsc_backend *backend, float *x, int64_t n);
     /* MoE row movement over routes dest (s*K + j: row of the expert buffer, -1 = dropped):
-     * scatter buf (rows, m) = 0, then buf[dest] = x[s] (dispatch); gather out[s] (+)= sum_j
-     * (w ? w : 1) * y[dest] (combine, and dispatch's backward with w NULL); combine_backward
-     * dy (rows, m) = 0, then dy[dest] = w * dout[s], dw[s*K + j] = dout[s] . y[dest] (0 dropped). */
+     * scatter buf[dest] = x[s] (dispatch); gather out[s] (+)= sum_j (w ? w : 1) * y[dest]
+     * (combine, and dispatch's backward with w NULL); combine_backward dy[dest] = w * dout[s],
+     * dw[s*K + j] = dout[s] . y[dest] (0 dropped). Rows of buf / dy no route names are left as they are. */
     dsc_status (*moe_scatter)(const dsc_backend *backend, float *buf, int64_t rows, const float *x,
                               const int32_t *dest, int64_t s, int64_t k, int64_t m);
     dsc_status (*moe_gather)(const dsc_backend *backend, float *out, const float *y, int64_t rows,

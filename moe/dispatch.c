@@ -56,8 +56,20 @@ static moe_views views(const dsc_moe_gate_result *r, const int64_t *row0, const 
     };
 }
 
+/* Zeroes each expert's rows after its kept routes (slots kept_counts[e] .. of its block; none when packed). */
+static dsc_status zero_padding(const dsc_moe_gate_result *r, const int64_t *row0, float *rows, int64_t M) {
+    for (int64_t e = 0; e < r->num_experts; e++) {
+        const int64_t n = (row0[e + 1] - row0[e] - r->kept_counts[e]) * M;
+        if (n <= 0) continue;
+        dsc_tensor pad = dsc_tensor_view(rows + (row0[e] + r->kept_counts[e]) * M, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+        DSC_TRY(dsc_kernel_zero(&pad));
+    }
+    return NULL;
+}
+
 dsc_status moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf) {
     moe_views v = views(r, row0, x, buf, M);
+    DSC_TRY(zero_padding(r, row0, buf, M));
     return dsc_kernel_moe_scatter(&v.rows, &v.tokens, &v.dest);
 }
 
@@ -71,6 +83,7 @@ dsc_status moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row
     moe_views v = views(r, row0, dout, y, M);
     dsc_tensor dyv = dsc_tensor_view(dy, DSC_DTYPE_F32, 2, v.rows.shape, DSC_CPU);
     dsc_tensor dw = dsc_tensor_view(d_weight, DSC_DTYPE_F32, 2, v.dest.shape, DSC_CPU);
+    DSC_TRY(zero_padding(r, row0, dy, M));
     return dsc_kernel_moe_combine_backward(&dyv, &dw, &v.tokens, &v.rows, &v.dest, &v.weight);
 }
 

@@ -97,6 +97,8 @@ static size_t layout(dsc_moe_gate_result *res, char *base) {
     res->route_prob = carve(base, &off, routes * sizeof(double));
     res->candidates = carve(base, &off, routes * sizeof(dsc_moe_gate_candidate));
     res->dest = carve(base, &off, routes * sizeof(int32_t));
+    res->probs = carve(base, &off, (size_t)res->max_tokens * E * sizeof(double));
+    res->lse = carve(base, &off, (size_t)res->max_tokens * sizeof(double));
     return off;
 }
 
@@ -108,6 +110,9 @@ dsc_status dsc_moe_gate_result_alloc(dsc_moe_gate_result *res, int64_t max_token
               (long long)max_tokens, (long long)num_experts, k);
     DSC_CHECK(max_tokens * k <= INT32_MAX && num_experts <= INT32_MAX, DSC_ERR_INVALID,
               "moe gate result: %lld routes exceed the int32 route index", (long long)(max_tokens * k));
+    DSC_CHECK(max_tokens <= INT32_MAX / num_experts, DSC_ERR_INVALID,
+              "moe gate result: %lld tokens x %lld experts exceed the int32 probability table",
+              (long long)max_tokens, (long long)num_experts);
     res->max_tokens = max_tokens;
     res->num_experts = num_experts;
     res->k = k;

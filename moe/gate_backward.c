@@ -35,6 +35,51 @@ static dsc_status check_backward_args(const dsc_moe_gate_config *cfg, const dsc_
     return NULL;
 }
 
+/* Token s's row of d_logits; its probabilities, each evaluated once, go to res->probs (the forward's
+ * table, rewritten with the same values). */
+static void token_backward(const dsc_moe_gate_config *cfg, const float *logits, const dsc_moe_gate_result *res,
+                           const float *dw, double aux, double zc, float *d_logits, int64_t s) {
+    const int64_t E = res->num_experts;
+    const int K = cfg->k;
+    const float *z = logits + s * E; // (E)
+    float *dz = d_logits + s * E;    // (E)
+    double *pe = res->probs + s * E; // (E)
+    const int32_t *expert = res->expert + s * K;
+    const int32_t *slot = res->slot + s * K;
+    const double *prob = res->route_prob + s * K;
+    const float *dws = dw ? dw + s * K : NULL;
+    double max, sum;
+    double lse = dsc_moe_gate_row_stats(z, E, &max, &sum);
+    for (int64_t e = 0; e < E; e++)
+        pe[e] = dsc_moe_gate_prob(z, e, max, sum);
+
+    /* Weight gradient on the kept routes' probabilities: w_r = p_r / D with
+     * D = max(sum of kept p, eps) gives dp_r = (dw_r - sum_j dw_j w_j) / D
+     * while D is not clamped, dp_r = dw_r / eps when it is; unnormalised weights have D = 1. */
+    double kept_sum = 0, dw_dot_w = 0;
+    for (int r = 0; r < K; r++)
+        kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
+    const bool normalised = dsc_moe_gate_normalised(cfg);
+    const bool clamped = normalised && kept_sum < DSC_MOE_GATE_DENOM_EPS;
+    const double denom = dsc_moe_gate_denom(cfg, kept_sum);
+    if (normalised && !clamped && dws)
+        for (int r = 0; r < K; r++)
+            dw_dot_w += slot[r] >= 0 ? dws[r] * prob[r] / denom : 0.0;
+    double p_dot_dp = 0; /* sum_e p_e * dp_e */
+    for (int r = 0; r < K; r++)
+        if (slot[r] >= 0 && dws) p_dot_dp += prob[r] * (dws[r] - dw_dot_w) / denom;
+    for (int64_t e = 0; e < E; e++)
+        p_dot_dp += pe[e] * aux * res->ce_counts[e];
+
+    /* Softmax backward dz_e = p_e * (dp_e - sum_j p_j dp_j), plus the z-loss term. */
+    for (int64_t e = 0; e < E; e++) {
+        double dp = aux * res->ce_counts[e];
+        for (int r = 0; r < K; r++)
+            if (expert[r] == e && slot[r] >= 0 && dws) dp += (dws[r] - dw_dot_w) / denom;
+        dz[e] = (float)(pe[e] * (dp - p_dot_dp + zc * lse));
+    }
+}
+
 dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tensor *logits,
                                  const dsc_moe_gate_result *res, const dsc_tensor *d_weight, double d_loss,
                                  dsc_tensor *d_logits) {
@@ -47,42 +92,8 @@ dsc_status dsc_moe_gate_backward(const dsc_moe_gate_config *cfg, const dsc_tenso
     const double aux = d_loss * cfg->aux_loss_coef * dsc_moe_gate_aux_scale(K, E) / ((double)S * (double)S);
     /* d z_loss / d logits[s][e] = 2 * lse[s] * p[s][e] / S. */
     const double zc = d_loss * cfg->z_loss_coef * 2.0 / (double)S;
-    for (int64_t s = 0; s < S; s++) {
-        const float *z = (const float *)logits->data + s * E; // (E)
-        float *dz = (float *)d_logits->data + s * E;          // (E)
-        const int32_t *expert = res->expert + s * K;
-        const int32_t *slot = res->slot + s * K;
-        const double *prob = res->route_prob + s * K;
-        const float *dws = dw ? dw + s * K : NULL;
-        double max, sum;
-        double lse = dsc_moe_gate_row_stats(z, E, &max, &sum);
-
-        /* Weight gradient on the kept routes' probabilities: w_r = p_r / D with
-         * D = max(sum of kept p, eps) gives dp_r = (dw_r - sum_j dw_j w_j) / D
-         * while D is not clamped, dp_r = dw_r / eps when it is; unnormalised weights have D = 1. */
-        double kept_sum = 0, dw_dot_w = 0;
-        for (int r = 0; r < K; r++)
-            kept_sum += slot[r] >= 0 ? prob[r] : 0.0;
-        const bool normalised = dsc_moe_gate_normalised(cfg);
-        const bool clamped = normalised && kept_sum < DSC_MOE_GATE_DENOM_EPS;
-        const double denom = dsc_moe_gate_denom(cfg, kept_sum);
-        if (normalised && !clamped && dws)
-            for (int r = 0; r < K; r++)
-                dw_dot_w += slot[r] >= 0 ? dws[r] * prob[r] / denom : 0.0;
-        double p_dot_dp = 0; /* sum_e p_e * dp_e */
-        for (int r = 0; r < K; r++)
-            if (slot[r] >= 0 && dws) p_dot_dp += prob[r] * (dws[r] - dw_dot_w) / denom;
-        for (int64_t e = 0; e < E; e++)
-            p_dot_dp += dsc_moe_gate_prob(z, e, max, sum) * aux * res->ce_counts[e];
-
-        /* Softmax backward dz_e = p_e * (dp_e - sum_j p_j dp_j), plus the z-loss term. */
-        for (int64_t e = 0; e < E; e++) {
-            double dp = aux * res->ce_counts[e];
-            for (int r = 0; r < K; r++)
-                if (expert[r] == e && slot[r] >= 0 && dws) dp += (dws[r] - dw_dot_w) / denom;
-            double p = dsc_moe_gate_prob(z, e, max, sum);
-            dz[e] = (float)(p * (dp - p_dot_dp + zc * lse));
-        }
-    }
+#pragma omp parallel for schedule(static) if (S * E > DSC_MOE_GATE_PARALLEL_MIN)
+    for (int64_t s = 0; s < S; s++)
+        token_backward(cfg, logits->data, res, dw, aux, zc, d_logits->data, s);
     return NULL;
 }

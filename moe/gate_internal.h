@@ -12,6 +12,10 @@
 
 #include "dsc/moe_gate.h"
 
+/* Work (tokens x experts) above which the gate's per-token loops run on OpenMP threads
+ * (decode-sized passes, and passes inside the inference pool scope, stay on the caller). */
+#define DSC_MOE_GATE_PARALLEL_MIN 32768
+
 /* DeepSpeed clamps the renormalisation denominator of top-2/top-k at
  * torch.finfo(float32).eps. */
 #define DSC_MOE_GATE_DENOM_EPS 0x1p-23

@@ -22,10 +22,9 @@ static double gumbel(dsc_rng *rng) {
     return -log(-log(u));
 }
 
-/* The expert with the largest probability that is not among taken[0..ntaken),
+/* The expert with the largest probability p[e] that is not among taken[0..ntaken),
  * the lowest index on ties (torch.argmax returns the first maximum). */
-static int32_t best_by_prob(const float *z, int64_t num_experts, double max, double sum, const int32_t *taken,
-                            int ntaken) {
+static int32_t best_by_prob(const double *p, int64_t num_experts, const int32_t *taken, int ntaken) {
     int32_t best = -1;
     double best_p = 0;
     for (int64_t e = 0; e < num_experts; e++) {
@@ -33,10 +32,9 @@ static int32_t best_by_prob(const float *z, int64_t num_experts, double max, dou
         for (int r = 0; r < ntaken; r++)
             is_taken |= taken[r] == e;
         if (is_taken) continue;
-        double p = dsc_moe_gate_prob(z, e, max, sum);
-        if (best < 0 || p > best_p) {
+        if (best < 0 || p[e] > best_p) {
             best = (int32_t)e;
-            best_p = p;
+            best_p = p[e];
         }
     }
     return best;
@@ -59,33 +57,47 @@ static int32_t best_by_logit(const float *z, int64_t num_experts, int32_t exclud
     return best;
 }
 
+/* Token s: its probabilities (each evaluated once, as dsc_moe_gate_prob), logsumexp and K experts. */
+static void select_token(const dsc_moe_gate_config *cfg, const float *logits, dsc_rng *rng,
+                         dsc_moe_gate_result *res, int64_t s) {
+    const int64_t E = res->num_experts;
+    const int K = cfg->k;
+    const float *z = logits + s * E; // (E)
+    double *p = res->probs + s * E;  // (E)
+    int32_t *expert = res->expert + s * K;
+    double max, sum;
+    res->lse[s] = dsc_moe_gate_row_stats(z, E, &max, &sum);
+    for (int64_t e = 0; e < E; e++)
+        p[e] = dsc_moe_gate_prob(z, e, max, sum);
+    if (K == 1 && rng) {
+        expert[0] = best_by_logit(z, E, -1, rng);
+    } else if (K == 2) {
+        expert[0] = best_by_prob(p, E, NULL, 0);
+        expert[1] = best_by_logit(z, E, expert[0], rng);
+    } else {
+        for (int r = 0; r < K; r++)
+            expert[r] = best_by_prob(p, E, expert, r);
+    }
+    for (int r = 0; r < K; r++)
+        res->route_prob[s * K + r] = p[expert[r]];
+}
+
 void dsc_moe_gate_select(const dsc_moe_gate_config *cfg, const float *logits, dsc_rng *rng,
                          dsc_moe_gate_result *res, double *lse_sq_sum) {
     const int64_t S = res->num_tokens, E = res->num_experts;
-    const int K = cfg->k;
+    /* Tokens are independent but for the RNG's draw order: without draws they run in parallel. The sums below
+     * stay in token order, so every bit is the same either way. */
+#pragma omp parallel for schedule(static) if (!rng && S * E > DSC_MOE_GATE_PARALLEL_MIN)
+    for (int64_t s = 0; s < S; s++)
+        select_token(cfg, logits, rng, res, s);
     for (int64_t e = 0; e < E; e++)
         res->mean_prob[e] = 0;
     double lse_sq = 0;
     for (int64_t s = 0; s < S; s++) {
-        const float *z = logits + s * E; // (E)
-        int32_t *expert = res->expert + s * K;
-        double *prob = res->route_prob + s * K;
-        double max, sum;
-        double lse = dsc_moe_gate_row_stats(z, E, &max, &sum);
-        lse_sq += lse * lse;
+        lse_sq += res->lse[s] * res->lse[s];
+        const double *p = res->probs + s * E;
         for (int64_t e = 0; e < E; e++)
-            res->mean_prob[e] += dsc_moe_gate_prob(z, e, max, sum);
-        if (K == 1 && rng) {
-            expert[0] = best_by_logit(z, E, -1, rng);
-        } else if (K == 2) {
-            expert[0] = best_by_prob(z, E, max, sum, NULL, 0);
-            expert[1] = best_by_logit(z, E, expert[0], rng);
-        } else {
-            for (int r = 0; r < K; r++)
-                expert[r] = best_by_prob(z, E, max, sum, expert, r);
-        }
-        for (int r = 0; r < K; r++)
-            prob[r] = dsc_moe_gate_prob(z, expert[r], max, sum);
+            res->mean_prob[e] += p[e];
     }
     *lse_sq_sum = lse_sq;
 }

@@ -28,15 +28,16 @@
 dsc_status moe_rows_padded(dsc_moe_gate_result *r, int64_t *row0);
 dsc_status moe_rows_packed(dsc_moe_gate_result *r, int64_t *row0);
 
-/* buf (row0[E], M) = 0, then row row0[e] + slot = x[s] for every kept route (s -> e, slot); x (S, M). */
+/* buf (row0[E], M): row row0[e] + slot = x[s] for every kept route (s -> e, slot), the rest of each expert's
+ * rows zero; x (S, M). Needs r->kept_counts of the routes. */
 dsc_status moe_dispatch(const dsc_moe_gate_result *r, const int64_t *row0, const float *x, int64_t M, float *buf);
 
 /* out[s] = sum over the kept routes of s of weight * y[row0[e] + slot]; out (S, M), y (row0[E], M).
  * A token with no kept route gets a zero row. */
 dsc_status moe_combine(const dsc_moe_gate_result *r, const int64_t *row0, const float *y, int64_t M, float *out);
 
-/* Backward of moe_combine for dout (S, M): dy (row0[E], M) = 0, then
- * dy[row0[e] + slot] = weight * dout[s] for every kept route; d_weight (S, K) =
+/* Backward of moe_combine for dout (S, M): dy (row0[E], M) has
+ * dy[row0[e] + slot] = weight * dout[s] for every kept route, zero elsewhere; d_weight (S, K) =
  * dot(dout[s], y[row0[e] + slot]) for kept routes and 0 for dropped ones. */
 dsc_status moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dout,
                                 const float *y, int64_t M, float *dy, float *d_weight);

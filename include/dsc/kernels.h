@@ -214,14 +214,15 @@ DSC_API dsc_status dsc_kernel_all_finite(bool *out, const dsc_tensor *x);
 /* ---- MoE row movement (moe/dispatch.c) ------------------------------------------------
  * dest (S, K) int32: for route j of token s the row of the expert buffer it
  * occupies, -1 when dropped; no two routes share a row. Rows are moved whole
- * (copies; combine as fused multiply-adds over rows), parallel over tokens. */
-/* buf (R, M) = 0, then buf[dest[s, j]] = x[s] for every kept route; x (S, M). */
+ * (copies; combine as fused multiply-adds over rows), parallel over tokens.
+ * The scatters write only the rows routes name: the caller zeroes padding. */
+/* buf[dest[s, j]] = x[s] for every kept route; buf (R, M), x (S, M). */
 DSC_API dsc_status dsc_kernel_moe_scatter(dsc_tensor *buf, const dsc_tensor *x, const dsc_tensor *dest);
 /* out[s] (+)= sum over kept j of w[s, j] * y[dest[s, j]] (w NULL: weight 1); out (S, M), y (R, M), w (S, K).
  * Without `accumulate` a token with no kept route gets a zero row. */
 DSC_API dsc_status dsc_kernel_moe_gather(dsc_tensor *out, const dsc_tensor *y, const dsc_tensor *dest,
                                          const dsc_tensor *w, bool accumulate);
-/* Backward of the weighted gather: dy (R, M) = 0, then dy[dest[s, j]] = w[s, j] * dout[s];
+/* Backward of the weighted gather: dy[dest[s, j]] = w[s, j] * dout[s], dy (R, M);
  * dw (S, K) = dout[s] . y[dest[s, j]] for kept routes, 0 for dropped ones. */
 DSC_API dsc_status dsc_kernel_moe_combine_backward(dsc_tensor *dy, dsc_tensor *dw, const dsc_tensor *dout,
                                                    const dsc_tensor *y, const dsc_tensor *dest,

@@ -105,6 +105,8 @@ typedef struct dsc_moe_gate_result {
     double *route_prob; /* (S, K) gate probability of each route */
     void *candidates;   /* (S*K) sort workspace of the priority drop rule */
     int32_t *dest;      /* (S, K) row of each route in the MoE layer's expert buffer, -1 dropped */
+    double *probs;      /* (S, E) softmax of each token's logits, each evaluated once per pass */
+    double *lse;        /* (S) logsumexp of each token's logits */
     size_t bytes;
 } dsc_moe_gate_result;
 

@@ -5,7 +5,8 @@
  * row loops are AVX2 + FMA where dsc_cpu_simd() allows, portable loops
  * otherwise. Threads split tokens: on the context's pool inside the pool
  * scope (the inference forward), OpenMP above DSC_CPU_PARALLEL_MIN
- * otherwise. No two routes share a row, so the scatters never collide. */
+ * otherwise. No two routes share a row, so the scatters never collide; rows
+ * no route names are not touched (the caller zeroes padding). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -75,12 +76,12 @@ static double dot_row(const float *a, const float *b, int64_t m) {
     return dot;
 }
 
-/* One job over token chunks; `zero` rows of `zero_buf` are cleared first, in chunks of their own. */
+/* One job over token chunks. */
 typedef struct moe_job {
-    float *out, *dy, *dw, *zero_buf;
+    float *out, *dy, *dw;
     const float *x, *y, *w;
     const int32_t *dest;
-    int64_t s, k, m, chunk, zero_rows, zero_chunk;
+    int64_t s, k, m, chunk;
     bool accumulate;
     void (*fn)(const struct moe_job *j, int64_t s0, int64_t s1);
 } moe_job;
@@ -126,46 +127,25 @@ static void combine_backward_tokens(const moe_job *j, int64_t s0, int64_t s1) {
     }
 }
 
-/* Chunk i: the zeroing chunks first, then the token chunks (each reads only rows no zeroing chunk clears). */
-static void run_chunk(const moe_job *j, int64_t i) {
-    const int64_t nz = (j->zero_rows + j->zero_chunk - 1) / j->zero_chunk;
-    if (i < nz) {
-        int64_t r0 = i * j->zero_chunk, r1 = r0 + j->zero_chunk < j->zero_rows ? r0 + j->zero_chunk : j->zero_rows;
-        memset(j->zero_buf + r0 * j->m, 0, (size_t)((r1 - r0) * j->m) * sizeof(float));
-        return;
-    }
-    int64_t s0 = (i - nz) * j->chunk, s1 = s0 + j->chunk < j->s ? s0 + j->chunk : j->s;
+static void pool_chunk(void *arg, int64_t i) {
+    const moe_job *j = arg;
+    int64_t s0 = i * j->chunk, s1 = s0 + j->chunk < j->s ? s0 + j->chunk : j->s;
     j->fn(j, s0, s1);
 }
 
-static void pool_chunk(void *arg, int64_t i) {
-    run_chunk(arg, i);
-}
-
-static void run_phase(const moe_job *j, int64_t chunks) {
+/* Runs j->fn over the tokens in chunks: on the pool inside the pool scope, else OpenMP above the threshold. */
+static void run_job(moe_job *j) {
+    j->chunk = chunk_tokens(j->k, j->m);
+    const int64_t chunks = (j->s + j->chunk - 1) / j->chunk;
     if (chunks <= 0) return;
     if (dsc_cpu_pool_scope()) {
-        dsc_cpu_pool_run(pool_chunk, (void *)j, chunks);
+        dsc_cpu_pool_run(pool_chunk, j, chunks);
         return;
     }
     int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(j->s * j->k * j->m + j->zero_rows * j->m))          \
-    schedule(static)
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(j->s * j->k * j->m)) schedule(static)
     for (int64_t i = 0; i < chunks; i++)
-        run_chunk(j, i);
-}
-
-/* Zeroes j->zero_buf's rows, then runs j->fn over the tokens (two phases: a row a token writes may lie in any
- * zeroing chunk). */
-static void run_job(moe_job *j) {
-    j->chunk = chunk_tokens(j->k, j->m);
-    j->zero_chunk = chunk_tokens(1, j->m) * 4;
-    const int64_t zero_chunks = (j->zero_rows + j->zero_chunk - 1) / j->zero_chunk;
-    run_phase(j, zero_chunks);
-    const int64_t rows = j->zero_rows;
-    j->zero_rows = 0;
-    run_phase(j, (j->s + j->chunk - 1) / j->chunk);
-    j->zero_rows = rows;
+        pool_chunk(j, i);
 }
 
 /* A job over the routes dest (s, k) of rows of m floats, checked against the `rows` of the expert buffer. */
@@ -184,8 +164,7 @@ dsc_status dsc_cpu_moe_scatter(const dsc_backend *backend, float *buf, int64_t r
                                const int32_t *dest, int64_t s, int64_t k, int64_t m) {
     (void)backend;
     moe_job j = job(scatter_tokens, dest, s, k, m);
-    j.out = j.zero_buf = buf;
-    j.zero_rows = rows;
+    j.out = buf;
     j.x = x;
     return start(&j, rows);
 }
@@ -207,8 +186,7 @@ dsc_status dsc_cpu_moe_combine_backward(const dsc_backend *backend, float *dy, f
                                         int64_t s, int64_t k, int64_t m) {
     (void)backend;
     moe_job j = job(combine_backward_tokens, dest, s, k, m);
-    j.dy = j.zero_buf = dy;
-    j.zero_rows = rows;
+    j.dy = dy;
     j.dw = dw;
     j.x = dout;
     j.y = y;

@@ -61,7 +61,6 @@ dsc_status dsc_cuda_moe_scatter(const dsc_backend *backend, float *buf, int64_t 
     DSC_TRY(dsc_cuda_check_ids(backend, dest, s * k, rows, true, "route row"));
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
-    CUDA_CALL(cudaMemsetAsync(buf, 0, (size_t)(rows * m) * sizeof *buf, cx->stream));
     if (s * k == 0 || m == 0) return NULL;
     moe_scatter_kernel<<<(unsigned int)(s * k), CUDA_BLOCK, 0, cx->stream>>>(buf, x, dest, k, m);
     CUDA_LAUNCHED(moe_scatter_kernel);
@@ -88,7 +87,6 @@ dsc_status dsc_cuda_moe_combine_backward(const dsc_backend *backend, float *dy, 
     DSC_TRY(dsc_cuda_check_ids(backend, dest, s * k, rows, true, "route row"));
     cuda_context *cx;
     DSC_TRY(dsc_cuda_enter(backend, &cx));
-    CUDA_CALL(cudaMemsetAsync(dy, 0, (size_t)(rows * m) * sizeof *dy, cx->stream));
     if (s * k == 0) return NULL;
     moe_combine_backward_kernel<<<(unsigned int)(s * k), CUDA_BLOCK, 0, cx->stream>>>(dy, dw, dout, y, dest, w, k,
                                                                                       m);

@@ -546,7 +546,7 @@ static dsc_tensor *route_rows(tc *c, int64_t s, int64_t k, int64_t r) {
     return t;
 }
 
-/* a: S, K, M, R. buf starts non-zero: rows no route reaches must come back zero. */
+/* a: S, K, M, R. buf starts non-zero: rows no route names must keep their values. */
 static void case_moe_scatter(tc *c, const int64_t *a) {
     int64_t s = a[0], k = a[1], m = a[2], r = a[3];
     dsc_tensor *x = RANDN(c, 1.0f, s, m), *dest = route_rows(c, s, k, r), *buf = FULL(c, 7.0f, r, m);
@@ -555,7 +555,6 @@ static void case_moe_scatter(tc *c, const int64_t *a) {
     if (!c->ref) return;
     const int32_t *d = tc_ids(c, dest);
     const double *xi = tc_in(c, x);
-    memset(want, 0, (size_t)(r * m) * sizeof *want);
     for (int64_t i = 0; i < s * k; i++)
         for (int64_t j = 0; d[i] >= 0 && j < m; j++)
             want[d[i] * m + j] = xi[(i / k) * m + j];
@@ -580,7 +579,7 @@ static void case_moe_gather(tc *c, const int64_t *a) {
         }
 }
 
-/* a: S, K, M, R. dy and dw start non-zero: unreached rows and dropped routes must come back zero. */
+/* a: S, K, M, R. dy and dw start non-zero: rows no route names keep their values, dropped routes get dw 0. */
 static void case_moe_combine_backward(tc *c, const int64_t *a) {
     int64_t s = a[0], k = a[1], m = a[2], r = a[3];
     dsc_tensor *dout = RANDN(c, 1.0f, s, m), *y = RANDN(c, 1.0f, r, m), *dest = route_rows(c, s, k, r);
@@ -590,7 +589,6 @@ static void case_moe_combine_backward(tc *c, const int64_t *a) {
     if (!c->ref) return;
     const int32_t *d = tc_ids(c, dest);
     const double *g = tc_in(c, dout), *yi = tc_in(c, y), *wi = tc_in(c, w);
-    memset(want_dy, 0, (size_t)(r * m) * sizeof *want_dy);
     for (int64_t i = 0; i < s * k; i++) {
         want_dw[i] = 0;
         for (int64_t j = 0; d[i] >= 0 && j < m; j++) {
@@ -619,7 +617,7 @@ static const op_case cases[] = {
      * M 1000 x 80 routes: above the threshold of the parallel loops */
     CASE(moe_scatter, case_moe_scatter, 1e-6, 9, 2, 37, 30),
     CASE(moe_scatter, case_moe_scatter, 1e-6, 40, 2, 1000, 90),
-    CASE(moe_scatter, case_moe_scatter, 1e-6, 0, 2, 8, 5), /* no tokens: all rows zero */
+    CASE(moe_scatter, case_moe_scatter, 1e-6, 0, 2, 8, 5), /* no tokens: nothing written */
     CASE(moe_gather, case_moe_gather, 1e-5, 9, 2, 37, 30, 1, 0),
     CASE(moe_gather, case_moe_gather, 1e-5, 40, 2, 1000, 90, 1, 0),
     CASE(moe_gather, case_moe_gather, 1e-5, 11, 3, 33, 40, 0, 1),

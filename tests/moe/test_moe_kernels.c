@@ -6,8 +6,11 @@
  * first, routes in that order), capacity overflow (padded layout with a
  * small capacity: dropped routes leave no row and get d_weight 0, tokens
  * with every route dropped get a zero row), an expert no token picks (packed
- * layout: zero rows for it), and widths around the vector loops' tails. */
+ * layout: zero rows for it), and widths around the vector loops' tails.
+ * Also: the gate's per-token passes give the same bits on one thread and on
+ * two (above DSC_MOE_GATE_PARALLEL_MIN), forward and backward. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +172,7 @@ static void test_no_tokens(void **state) {
     assert_ok(dsc_moe_gate_result_alloc(&r, 4, 3, 1));
     r.num_tokens = 0;
     r.capacity = 2;
+    memset(r.kept_counts, 0, 3 * sizeof *r.kept_counts);
     int64_t row0[4];
     assert_ok(moe_rows_padded(&r, row0));
     float buf[6 * 5];
@@ -181,12 +185,50 @@ static void test_no_tokens(void **state) {
     dsc_moe_gate_result_free(&r);
 }
 
+/* One gate forward + backward on `threads` OpenMP threads; returns the result, d_logits in dz. */
+static void gate_pass(int threads, const float *logits, int64_t S, int64_t E, dsc_moe_gate_result *r, float *dz) {
+    omp_set_num_threads(threads);
+    dsc_moe_gate_config cfg = dsc_moe_gate_config_default();
+    cfg.k = 2;
+    cfg.z_loss_coef = 0.5;
+    assert_ok(dsc_moe_gate_result_alloc(r, S, E, 2));
+    dsc_tensor z = dsc_tensor_view((float *)logits, DSC_DTYPE_F32, 2, (int64_t[]){S, E}, DSC_CPU);
+    dsc_tensor d = dsc_tensor_view(dz, DSC_DTYPE_F32, 2, (int64_t[]){S, E}, DSC_CPU);
+    assert_ok(dsc_moe_gate_forward(&cfg, &z, false, NULL, NULL, r));
+    float *dw = randv(S * 2);
+    dsc_tensor dwt = dsc_tensor_view(dw, DSC_DTYPE_F32, 2, (int64_t[]){S, 2}, DSC_CPU);
+    assert_ok(dsc_moe_gate_backward(&cfg, &z, r, &dwt, 1.0, &d));
+    free(dw);
+}
+
+static void test_gate_threads_same_bits(void **state) {
+    (void)state;
+    enum { S = 3000, E = 16 };
+    float *logits = randv(S * E), *dz1 = randv(S * E), *dz2 = randv(S * E);
+    const uint64_t seed = lcg;
+    dsc_moe_gate_result a, b;
+    gate_pass(1, logits, S, E, &a, dz1);
+    lcg = seed; /* the same d_weight */
+    gate_pass(2, logits, S, E, &b, dz2);
+    omp_set_num_threads(1);
+    assert_memory_equal(a.expert, b.expert, S * 2 * sizeof(int32_t));
+    assert_memory_equal(a.slot, b.slot, S * 2 * sizeof(int32_t));
+    assert_memory_equal(a.weight, b.weight, S * 2 * sizeof(float));
+    assert_memory_equal(a.mean_prob, b.mean_prob, E * sizeof(double));
+    assert_memory_equal(dz1, dz2, S * E * sizeof(float));
+    assert_true(a.l_aux == b.l_aux && a.z_loss == b.z_loss && a.z_loss > 0);
+    dsc_moe_gate_result_free(&a);
+    dsc_moe_gate_result_free(&b);
+    free(logits), free(dz1), free(dz2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_ties),
         cmocka_unit_test(test_capacity_overflow),
         cmocka_unit_test(test_zero_token_expert),
         cmocka_unit_test(test_no_tokens),
+        cmocka_unit_test(test_gate_threads_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
