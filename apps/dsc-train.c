@@ -337,7 +337,8 @@ static dsc_status on_step_end(dsc_engine *e, const dsc_step_metrics *m, void *ct
     int32_t sig = g_stop_signal;
     dsc_tensor flag = dsc_tensor_view(&sig, DSC_DTYPE_I32, 1, (int64_t[]){1}, DSC_CPU);
     dsc_status s = dsc_comm_allreduce(h->world, &flag, DSC_REDUCE_OP_MAX);
-    if (s) return dsc_error_wrap(s, "agreeing after step %lld whether a rank was asked to stop", (long long)m->step);
+    if (s)
+        return dsc_error_wrap(s, "agreeing after step %lld whether a rank was asked to stop", (long long)m->step);
     if (!sig) return NULL;
     h->signal = sig;
     if (h->ckpt && dsc_checkpointer_saved_step(h->ckpt) != m->step) DSC_TRY(dsc_checkpointer_save(h->ckpt));
