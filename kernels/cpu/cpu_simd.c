@@ -138,46 +138,51 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* R weight rows against M x rows, R and M constants once inlined: R * M
- * accumulators that stay in registers (a runtime M kept them in memory, and
- * each FMA waited on a store), each weight vector loaded and widened once
- * for all M x rows, each x vector loaded once for all R weight rows. */
-AVX2 __attribute__((always_inline)) static inline void dot_block(float *y, int64_t ldy, const float *x,
-                                                                 const uint8_t *w, size_t rb, dsc_weight_format f,
-                                                                 int64_t c, int64_t r, const int R, const int M) {
+/* One weight row against M x rows, U vectors of 8 columns a step (U and M
+ * constants once inlined): U * M accumulators that stay in registers (a
+ * runtime M kept them in memory, and each FMA waited on a store), each
+ * weight vector loaded and widened once for all M x rows. One row at a
+ * time, so each thread reads one sequential stream: four rows side by side
+ * (four streams a row apart) read at half the rate (12-16 against 23-28
+ * GB/s, two threads, f32 rows of 768). */
+AVX2 __attribute__((always_inline)) static inline void dot_row(float *y, int64_t ldy, const float *x,
+                                                               const uint8_t *row, dsc_weight_format f, int64_t c,
+                                                               int64_t r, const int U, const int M) {
     __m256 acc[4][DSC_CPU_GEMV_MAX_ROWS];
-    for (int k = 0; k < R; k++)
+    for (int u = 0; u < U; u++)
         for (int i = 0; i < M; i++)
-            acc[k][i] = _mm256_setzero_ps();
-    const int64_t c8 = c / 8 * 8;
-    for (int64_t j = 0; j < c8; j += 8) {
+            acc[u][i] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 * U <= c; j += 8 * U) {
         __m256 wv[4];
-        for (int k = 0; k < R; k++)
-            wv[k] = load8(w + (size_t)(r + k) * rb, f, j);
-        for (int i = 0; i < M; i++) {
-            __m256 xv = _mm256_loadu_ps(x + i * c + j);
-            for (int k = 0; k < R; k++)
-                acc[k][i] = _mm256_fmadd_ps(xv, wv[k], acc[k][i]);
-        }
-    }
-    for (int k = 0; k < R; k++)
+        for (int u = 0; u < U; u++)
+            wv[u] = load8(row, f, j + 8 * u);
         for (int i = 0; i < M; i++)
-            y[i * ldy + r + k] = hsum(acc[k][i]) + tail_dot(x + i * c, w + (size_t)(r + k) * rb, f, c8, c);
+            for (int u = 0; u < U; u++)
+                acc[u][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * c + j + 8 * u), wv[u], acc[u][i]);
+    }
+    for (; j + 8 <= c; j += 8) {
+        __m256 wv = load8(row, f, j);
+        for (int i = 0; i < M; i++)
+            acc[0][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * c + j), wv, acc[0][i]);
+    }
+    for (int i = 0; i < M; i++) {
+        for (int u = 1; u < U; u++)
+            acc[0][i] = _mm256_add_ps(acc[0][i], acc[u][i]);
+        y[i * ldy + r] = hsum(acc[0][i]) + tail_dot(x + i * c, row, f, j, c);
+    }
 }
 
-/* Rows [r0, r1) against M x rows: four weight rows at a time for one or two x rows, two for more
- * with AVX2's 16 registers; four for any M where AVX-512VL gives 32 (WIDE). */
+/* Rows [r0, r1) against M x rows: four vectors a step for one or two x rows, two for more with
+ * AVX2's 16 registers; four for any M where AVX-512VL gives 32 (WIDE). */
 AVX2 __attribute__((always_inline)) static inline void dot_rows_m(float *y, int64_t ldy, const float *x,
                                                                   const void *w, dsc_weight_format f, int64_t c,
                                                                   int64_t r0, int64_t r1, const int M,
                                                                   const bool WIDE) {
     const size_t rb = dsc_cpu_row_bytes(f, c);
-    const int R = M <= 2 || WIDE ? 4 : 2;
-    int64_t r = r0;
-    for (; r + R <= r1; r += R)
-        dot_block(y, ldy, x, w, rb, f, c, r, R, M);
-    for (; r < r1; r++)
-        dot_block(y, ldy, x, w, rb, f, c, r, 1, M);
+    const int U = M <= 2 || WIDE ? 4 : 2;
+    for (int64_t r = r0; r < r1; r++)
+        dot_row(y, ldy, x, (const uint8_t *)w + (size_t)r * rb, f, c, r, U, M);
 }
 
 AVX2 __attribute__((always_inline)) static inline void dot_rows_avx2_fmt(float *y, int64_t ldy, const float *x,
@@ -336,39 +341,39 @@ AVX512 static void bf16_perm_x(float *xp, const float *x, int64_t c32) {
     }
 }
 
-/* R weight rows against M x rows (xs: x, permuted for bf16; ldx its row stride), 32 columns a
- * step; each step also prefetches the same columns of the next R rows when they are below
- * `pf_end`, so one thread's stream runs ahead through its contiguous range of rows. */
-AVX512 __attribute__((always_inline)) static inline void
-zmm_block(float *y, int64_t ldy, const float *xs, int64_t ldx, const float *x, const uint8_t *w, size_t rb,
-          dsc_weight_format f, int64_t c, int64_t r, int64_t pf_end, const int R, const int M) {
+/* One weight row against M x rows (xs: x, permuted for bf16; ldx its row stride): for one or two
+ * x rows 64 columns a step in four accumulators per x row, then 32 in two (for three or four x rows
+ * only 32: the wider step ran at two thirds of the rate for f16); one row at a time as dot_row,
+ * for the same reason. */
+AVX512 __attribute__((always_inline)) static inline void zmm_row(float *y, int64_t ldy, const float *xs,
+                                                                 int64_t ldx, const float *x, const uint8_t *row,
+                                                                 dsc_weight_format f, int64_t c, int64_t r,
+                                                                 const int M) {
     __m512 acc[4][DSC_CPU_GEMV_MAX_ROWS];
-    for (int k = 0; k < R; k++)
+    for (int u = 0; u < 4; u++)
         for (int i = 0; i < M; i++)
-            acc[k][i] = _mm512_setzero_ps();
-    const int64_t c32 = c / ZMM_COLS * ZMM_COLS;
-    const size_t es = f == DSC_WEIGHT_F32 ? 4 : 2;
-    const bool pf = r + 2 * R <= pf_end;
-    for (int64_t j = 0; j < c32; j += ZMM_COLS) {
-        __m512 lo[4], hi[4];
-        for (int k = 0; k < R; k++) {
-            const uint8_t *row = w + (size_t)(r + k) * rb;
-            load32(row, f, j, &lo[k], &hi[k]);
-            if (pf) {
-                _mm_prefetch((const char *)(row + (size_t)R * rb + (size_t)j * es), _MM_HINT_T0);
-                if (es == 4) _mm_prefetch((const char *)(row + (size_t)R * rb + (size_t)j * es + 64), _MM_HINT_T0);
-            }
-        }
+            acc[u][i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; M <= 2 && j + 2 * ZMM_COLS <= c; j += 2 * ZMM_COLS) {
+        __m512 wv[4];
+        load32(row, f, j, &wv[0], &wv[1]);
+        load32(row, f, j + ZMM_COLS, &wv[2], &wv[3]);
+        for (int i = 0; i < M; i++)
+            for (int u = 0; u < 4; u++)
+                acc[u][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xs + i * ldx + j + 16 * u), wv[u], acc[u][i]);
+    }
+    for (; j + ZMM_COLS <= c; j += ZMM_COLS) {
+        __m512 lo, hi;
+        load32(row, f, j, &lo, &hi);
         for (int i = 0; i < M; i++) {
-            __m512 x0 = _mm512_loadu_ps(xs + i * ldx + j), x1 = _mm512_loadu_ps(xs + i * ldx + j + 16);
-            for (int k = 0; k < R; k++)
-                acc[k][i] = _mm512_fmadd_ps(x1, hi[k], _mm512_fmadd_ps(x0, lo[k], acc[k][i]));
+            acc[0][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xs + i * ldx + j), lo, acc[0][i]);
+            acc[1][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xs + i * ldx + j + 16), hi, acc[1][i]);
         }
     }
-    for (int k = 0; k < R; k++)
-        for (int i = 0; i < M; i++)
-            y[i * ldy + r + k] =
-                _mm512_reduce_add_ps(acc[k][i]) + tail_dot(x + i * c, w + (size_t)(r + k) * rb, f, c32, c);
+    for (int i = 0; i < M; i++) {
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][i], acc[1][i]), _mm512_add_ps(acc[2][i], acc[3][i]));
+        y[i * ldy + r] = _mm512_reduce_add_ps(sum) + tail_dot(x + i * c, row, f, j, c);
+    }
 }
 
 AVX512 __attribute__((always_inline)) static inline void zmm_rows_m(float *y, int64_t ldy, const float *xs,
@@ -376,11 +381,8 @@ AVX512 __attribute__((always_inline)) static inline void zmm_rows_m(float *y, in
                                                                     dsc_weight_format f, int64_t c, int64_t r0,
                                                                     int64_t r1, const int M) {
     const size_t rb = dsc_cpu_row_bytes(f, c);
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4)
-        zmm_block(y, ldy, xs, ldx, x, w, rb, f, c, r, r1, 4, M);
-    for (; r < r1; r++)
-        zmm_block(y, ldy, xs, ldx, x, w, rb, f, c, r, r1, 1, M);
+    for (int64_t r = r0; r < r1; r++)
+        zmm_row(y, ldy, xs, ldx, x, (const uint8_t *)w + (size_t)r * rb, f, c, r, M);
 }
 
 AVX512 __attribute__((always_inline)) static inline void zmm_rows_fmt(float *y, int64_t ldy, const float *xs,
