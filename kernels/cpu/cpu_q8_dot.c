@@ -22,6 +22,10 @@
 #endif
 
 enum { Q8_BLOCK = 32, Q8_BLOCK_BYTES = 34 }; /* a weight block: f16 scale + 32 int8 */
+/* How far ahead of the block in use the weight stream is prefetched: the hardware prefetcher alone
+ * kept the 34-byte blocks at 14 GB/s on two threads (Sapphire Rapids, read rate 22-25 GB/s);
+ * 1 KB ahead gave 17, 2 and 4 KB 19.7. */
+enum { Q8_PREFETCH_BYTES = 2048 };
 
 enum { LEVEL_UNKNOWN, LEVEL_SCALAR, LEVEL_AVX2, LEVEL_VNNI };
 static _Atomic int q8_level_state;

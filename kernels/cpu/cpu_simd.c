@@ -311,6 +311,10 @@ dot_rows_avx512vl(float *y, int64_t ldy, const float *x, int64_t m, const void *
 /* ---- AVX-512F: 512-bit GEMV loops for decode (one to four x rows) ------------------------------------ */
 #define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 enum { ZMM_COLS = 32, ZMM_X_MAX = 8192 }; /* columns per step; most x floats permuted on the stack */
+/* How far ahead the 2-byte weight streams are prefetched (one or two x rows): 2 KB took bf16's
+ * GEMV from 21-22 to 25 GB/s on two threads (Sapphire Rapids); f32 streams at the read rate
+ * without it. */
+enum { ZMM_PREFETCH_BYTES = 2048 };
 
 /* 32 weights of a row from column j as two f32 vectors: columns j..j+15 and j+16..j+31 (f32, f16),
  * or for bf16 the even and the odd columns, each widened by one instruction (a shift, a mask) from
@@ -356,6 +360,11 @@ AVX512 __attribute__((always_inline)) static inline void zmm_row(float *y, int64
     int64_t j = 0;
     for (; M <= 2 && j + 2 * ZMM_COLS <= c; j += 2 * ZMM_COLS) {
         __m512 wv[4];
+        if (f != DSC_WEIGHT_F32) { /* the step's 128 bytes, ZMM_PREFETCH_BYTES ahead */
+            const char *p = (const char *)row + j * 2 + ZMM_PREFETCH_BYTES;
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + 64, _MM_HINT_T0);
+        }
         load32(row, f, j, &wv[0], &wv[1]);
         load32(row, f, j + ZMM_COLS, &wv[2], &wv[3]);
         for (int i = 0; i < M; i++)
