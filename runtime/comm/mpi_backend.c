@@ -75,6 +75,12 @@ static char *shift(const void *base, int64_t elems, size_t esize) {
     return elems ? (char *)base + (size_t)elems * esize : (char *)base;
 }
 
+/* Whether two byte ranges share no byte (compared as addresses: they may be unrelated buffers). */
+static bool disjoint(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x + a_bytes <= y || y + b_bytes <= x;
+}
+
 static dsc_status mpi_init(dsc_comm *c) {
     mpi_state *st;
     DSC_TRY(dsc_mem_alloc((void **)&st, sizeof *st, DSC_MEM_COMM, DSC_CPU));
@@ -209,13 +215,13 @@ static dsc_status start_reduce_ring(collective *k, const void *send, void *recv)
                                          &pieces, k->dtype, k->op, k->scratch, (char *)k->scratch + bytes);
 }
 
-static dsc_status start_gather_ring(collective *k, void *buf) {
+static dsc_status start_gather_ring(collective *k, void *buf, const void *own) {
     dsc_comm *c = k->comm;
     mpi_state *st = c->impl;
     dsc_ring_pieces pieces = pieces_of(k);
     DSC_TRY(check_int(c, pieces.max_count, dsc_comm_op_name(k->kind)));
     if (k->kind != DSC_COMM_OP_ALLREDUCE) k->rings_left = 1;
-    return dsc_ring_start_allgather(&k->ring, c, st->coll, dsc_comm_op_name(k->kind), k->tag, buf, &pieces,
+    return dsc_ring_start_allgather(&k->ring, c, st->coll, dsc_comm_op_name(k->kind), k->tag, buf, own, &pieces,
                                     k->dtype);
 }
 
@@ -287,8 +293,16 @@ static dsc_status mpi_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
                                   dsc_tensor_numel(recv), &k);
     if (s) return post(req, k, s);
     char *own = shift(recv->data, k->displs[c->rank], dsc_dtype_size(recv->dtype)); /* send may already be there */
+    const size_t own_bytes = dsc_tensor_nbytes(send);
+    if (use_ring(c, dsc_tensor_nbytes(recv)) && send->data != own &&
+        disjoint(send->data, own_bytes, recv->data, dsc_tensor_nbytes(recv))) {
+        /* the first step sends from `send` while its copy into place runs (on 2 ranks the only step) */
+        s = start_gather_ring(k, recv->data, send->data);
+        if (!s) memcpy(own, send->data, own_bytes);
+        return post(req, k, s);
+    }
     /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
-    if (send->data != own) memmove(own, send->data, dsc_tensor_nbytes(send));
+    if (send->data != own) memmove(own, send->data, own_bytes);
     if (!use_ring(c, dsc_tensor_nbytes(recv))) {
         int *icounts = k->icounts, *idispls = k->icounts + c->size;
         for (int i = 0; i < c->size; i++) {
@@ -301,7 +315,7 @@ static dsc_status mpi_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
                                                type, c->mpi, &k->mpi),
                                "MPI_Iallgatherv", c);
     } else {
-        s = start_gather_ring(k, recv->data);
+        s = start_gather_ring(k, recv->data, NULL);
     }
     return post(req, k, s);
 }
@@ -323,7 +337,8 @@ static dsc_status collective_test(collective *k, bool *done) {
             DSC_TRY(dsc_ring_advance(&k->ring, &ring_done));
             if (!ring_done) return NULL;
             if (--k->rings_left == 0) break;
-            DSC_TRY(start_gather_ring(k, k->allgather_buf)); /* all-reduce: the reduced pieces to every rank */
+            DSC_TRY(
+                start_gather_ring(k, k->allgather_buf, NULL)); /* all-reduce: the reduced pieces to every rank */
         }
         *done = true;
     }

@@ -4,21 +4,54 @@
  * Every blocking operation in dsc ends in dsc_comm_poll: test until done or
  * past the deadline. For the first SPIN_S seconds it tests back to back
  * (small messages complete here, at MPI's latency; MPI's own blocking calls
- * spin forever); after that it sleeps between tests with a 50 -> 200 us
- * backoff.
+ * spin forever), and goes on for another SPIN_S, up to SPIN_MAX_S, each
+ * time no task is waiting for a core; after that it sleeps between tests
+ * with a 50 -> 200 us backoff.
  * Sleeping rather than spinning matters when ranks outnumber cores: a
- * spinning rank would steal the CPU its peer needs to make progress.
+ * spinning rank would steal the CPU its peer needs to make progress. Where
+ * every runnable task has a core, a sleep only delays the test that would
+ * have found the operation done: the 50 us sleeps (and the timer's slack)
+ * held 1 MB all-reduces and sends at a fifth and a half of Open MPI's rate
+ * on 2 ranks with a core each.
  * While it sleeps, a waiting rank answers its peers' watchdog queries, and a
  * timeout error carries the watchdog's diagnosis of the peers (watchdog.c).
  * Not here: what is being waited for (the backends post the operations). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, pread */
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/comm/comm_internal.h"
 
-static const double SPIN_S = 100e-6;
+static const double SPIN_S = 100e-6, SPIN_MAX_S = 5e-3;
 static const long SLEEP_MIN_NS = 50 * 1000, SLEEP_MAX_NS = 200 * 1000;
+
+/* Whether no task waits for a core now: the fourth field of /proc/loadavg ("3/412") counts the
+ * tasks running or ready to run, this one included. False where it cannot be read (not Linux):
+ * the wait then sleeps as if the cores were oversubscribed. */
+static bool cores_to_spare(void) {
+    static _Atomic int fd = -2; /* -2: not opened yet; -1: cannot be */
+    static _Atomic long cpus;
+    int f = atomic_load(&fd);
+    if (f == -2) {
+        f = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+        int expected = -2;
+        if (!atomic_compare_exchange_strong(&fd, &expected, f)) {
+            if (f >= 0) close(f);
+            f = expected;
+        }
+        atomic_store(&cpus, sysconf(_SC_NPROCESSORS_ONLN));
+    }
+    char text[128];
+    ssize_t n = f >= 0 ? pread(f, text, sizeof text - 1, 0) : -1;
+    if (n <= 0) return false;
+    text[n] = '\0';
+    long running = 0;
+    if (sscanf(text, "%*s %*s %*s %ld/", &running) != 1) return false;
+    return running <= atomic_load(&cpus);
+}
 
 double dsc_comm_now(void) {
     struct timespec ts;
@@ -40,7 +73,8 @@ dsc_status dsc_comm_timeout_error(const dsc_comm *c, const char *what, int peer)
 dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double deadline, dsc_comm_test_fn test,
                          void *arg) {
     long sleep_ns = SLEEP_MIN_NS;
-    double spin_until = dsc_comm_now() + SPIN_S;
+    const double t0 = dsc_comm_now();
+    double spin_until = t0 + SPIN_S;
     dsc_comm_watch_waiting(c, what, peer);
     dsc_status s = NULL;
     for (;;) {
@@ -53,6 +87,10 @@ dsc_status dsc_comm_poll(const dsc_comm *c, const char *what, int peer, double d
             break;
         }
         if (now < spin_until) continue;
+        if (now < t0 + SPIN_MAX_S && cores_to_spare()) {
+            spin_until = now + SPIN_S;
+            continue;
+        }
         dsc_comm_watch_serve();
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);

@@ -39,7 +39,8 @@ static dsc_status post_step(dsc_ring *r) {
     int send_piece, recv_piece;
     step_pieces(r, &send_piece, &recv_piece);
     const void *out = r->reduce ? (r->step == 0 ? at(r->src, &r->pieces, send_piece, esize) : r->partial)
-                                : at(r->out, &r->pieces, send_piece, esize);
+                      : r->step == 0 && r->src ? r->src
+                                               : at(r->out, &r->pieces, send_piece, esize);
     void *in = r->reduce ? r->incoming : at(r->out, &r->pieces, recv_piece, esize);
     MPI_Datatype type = dsc_comm_mpi_type(r->dtype);
     DSC_TRY(dsc_comm_mpi_check(
@@ -97,9 +98,15 @@ dsc_status dsc_ring_start_reduce_scatter(dsc_ring *r, const dsc_comm *c, MPI_Com
 }
 
 dsc_status dsc_ring_start_allgather(dsc_ring *r, const dsc_comm *c, MPI_Comm mpi, const char *what, int tag,
-                                    void *buf, const dsc_ring_pieces *pieces, dsc_dtype dtype) {
-    *r =
-        (dsc_ring){.comm = c, .mpi = mpi, .what = what, .tag = tag, .pieces = *pieces, .dtype = dtype, .out = buf};
+                                    void *buf, const void *own, const dsc_ring_pieces *pieces, dsc_dtype dtype) {
+    *r = (dsc_ring){.comm = c,
+                    .mpi = mpi,
+                    .what = what,
+                    .tag = tag,
+                    .pieces = *pieces,
+                    .dtype = dtype,
+                    .src = own,
+                    .out = buf};
     return start(r);
 }
 

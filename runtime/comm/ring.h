@@ -27,7 +27,7 @@ typedef struct dsc_ring {
     dsc_ring_pieces pieces;
     dsc_dtype dtype;
     dsc_reduce_op op;
-    const void *src;          /* reduce-scatter: the input; all-gather: NULL */
+    const void *src;          /* reduce-scatter: the input; all-gather: this rank's piece, or NULL */
     void *out;                /* reduce-scatter: this rank's reduced piece; all-gather: the buffer, in place */
     void *partial, *incoming; /* reduce-scatter: max_count elements each */
     int step;                 /* steps completed, of P - 1 */
@@ -41,9 +41,11 @@ dsc_status dsc_ring_start_reduce_scatter(dsc_ring *r, const dsc_comm *c, MPI_Com
                                          const void *src, void *out, const dsc_ring_pieces *pieces,
                                          dsc_dtype dtype, dsc_reduce_op op, void *tmp_a, void *tmp_b);
 
-/* In place: buf holds this rank's piece at its offset; once done it holds all. */
+/* Once done buf holds every rank's piece. own: where this rank's piece is sent from in the first
+ * step (the caller copies it to its offset in buf while that step is in flight), or NULL where it
+ * is already there. */
 dsc_status dsc_ring_start_allgather(dsc_ring *r, const dsc_comm *c, MPI_Comm mpi, const char *what, int tag,
-                                    void *buf, const dsc_ring_pieces *pieces, dsc_dtype dtype);
+                                    void *buf, const void *own, const dsc_ring_pieces *pieces, dsc_dtype dtype);
 
 /* Tests the step in flight; sets *done once every step has completed. */
 dsc_status dsc_ring_advance(dsc_ring *r, bool *done);
