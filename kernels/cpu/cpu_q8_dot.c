@@ -40,7 +40,7 @@ static int q8_level(void) {
         bool avx2_only = env && strcmp(env, "avx2") == 0;
         __builtin_cpu_init();
         bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512vnni");
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
         s = vnni && !avx2_only ? LEVEL_VNNI : LEVEL_AVX2;
     }
 #endif
@@ -170,6 +170,71 @@ AVX2 static void quantize_rows_avx2(void *dst, const float *x, int64_t n, int64_
 #undef Q8_NAME
 #undef Q8_TARGET
 #undef Q8_PROD
+
+/* AVX-512 VNNI on 512-bit vectors, two blocks a step (rows of an even number of blocks): the
+ * 256-bit loop spends 7 instructions per block and x row; this one 8 per two. AVX-512 has no
+ * byte sign instruction: x is negated under the mask of w's negative bytes instead. */
+#define VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+VNNI512 __attribute__((always_inline)) static inline void
+q8_row_vnni512(float *y, int64_t ldy, const int8_t *xq, size_t xrb, const uint8_t *row, int64_t c, const int M) {
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc[DSC_CPU_GEMV_MAX_ROWS];
+    for (int i = 0; i < M; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < c / Q8_BLOCK; b += 2) {
+        const uint8_t *blk = row + b * Q8_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES, _MM_HINT_T0);
+        uint16_t d0, d1;
+        memcpy(&d0, blk, sizeof d0);
+        memcpy(&d1, blk + Q8_BLOCK_BYTES, sizeof d1);
+        const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d1 << 16 | d0))); /* both scales */
+        const __m512i wq =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
+                               _mm256_loadu_si256((const __m256i *)(blk + Q8_BLOCK_BYTES + 2)), 1);
+        const __m512i aw = _mm512_abs_epi8(wq); /* |w|, a u8 operand */
+        const __mmask64 neg = _mm512_movepi8_mask(wq);
+        for (int i = 0; i < M; i++) {
+            const int8_t *xi = xq + (size_t)i * xrb;
+            __m512i xv = _mm512_loadu_si512((const void *)(xi + b * Q8_BLOCK));
+            __m512i sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+            __m128 dx = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(xi + c + b * (int64_t)sizeof(float))));
+            /* the two blocks' products of scales, 8 lanes each */
+            __m512 scale = _mm512_permutexvar_ps(pairs, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx)),
+                                     scale, acc[i]);
+        }
+    }
+    for (int i = 0; i < M; i++)
+        y[i * ldy] = _mm512_reduce_add_ps(acc[i]);
+}
+
+VNNI512 __attribute__((always_inline)) static inline void q8_rows_m_vnni512(float *y, int64_t ldy,
+                                                                            const int8_t *xq, const uint8_t *w,
+                                                                            int64_t c, int64_t r0, int64_t r1,
+                                                                            const int M) {
+    const size_t rb = (size_t)(c / Q8_BLOCK) * Q8_BLOCK_BYTES, xrb = dsc_cpu_q8_act_row_bytes(c);
+    for (int64_t r = r0; r < r1; r++)
+        q8_row_vnni512(y + r, ldy, xq, xrb, w + (size_t)r * rb, c, M);
+}
+
+VNNI512 static void q8_rows_vnni512(float *y, int64_t ldy, const void *xq, int64_t m, const void *w, int64_t c,
+                                    int64_t r0, int64_t r1) {
+    switch (m) {
+    case 1:
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 1);
+        break;
+    case 2:
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 2);
+        break;
+    case 3:
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 3);
+        break;
+    default:
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 4);
+        break;
+    }
+}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -189,7 +254,10 @@ void dsc_cpu_q8_dot_rows(float *y, int64_t ldy, const void *xq, int64_t m, const
 #ifdef DSC_Q8_X86
     int level = q8_level();
     if (level == LEVEL_VNNI) {
-        q8_rows_vnni(y, ldy, xq, m, w, c, r0, r1);
+        if ((c / Q8_BLOCK) % 2 == 0)
+            q8_rows_vnni512(y, ldy, xq, m, w, c, r0, r1);
+        else
+            q8_rows_vnni(y, ldy, xq, m, w, c, r0, r1);
         return;
     }
     if (level == LEVEL_AVX2) {
