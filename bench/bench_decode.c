@@ -17,6 +17,7 @@
  * Llama of docs/performance.md. Prints one "key value" line per figure (the
  * peer driver parses them), never asserts. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,33 +40,88 @@ static void die(dsc_status s) {
     exit(1);
 }
 
-/* Read-only rate of `threads` threads streaming a buffer far larger than
- * the caches (best of 3 passes), in bytes/s: the decode roofline's divisor. */
+/* The sum of n floats (n a multiple of 64) read once, with the widest loads the CPU has and
+ * the weight streams' 2 KB prefetch (kernels/cpu): a read test with 8-byte scalar loads measured
+ * 15-18 GB/s where the GEMVs streamed 23-25, so the roofline it divided was not the machine's. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static float sum_avx512(const float *p, size_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 64) {
+        const char *ahead = (const char *)(p + i) + 2048;
+        for (int k = 0; k < 4; k++)
+            _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+__attribute__((target("avx2"))) static float sum_avx2(const float *p, size_t n) {
+    __m256 a[8];
+    for (int k = 0; k < 8; k++)
+        a[k] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 64) {
+        const char *ahead = (const char *)(p + i) + 2048;
+        for (int k = 0; k < 4; k++)
+            _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);
+        for (int k = 0; k < 8; k++)
+            a[k] = _mm256_add_ps(a[k], _mm256_loadu_ps(p + i + 8 * k));
+    }
+    float out[8], total = 0.0f;
+    for (int k = 1; k < 8; k++)
+        a[0] = _mm256_add_ps(a[0], a[k]);
+    _mm256_storeu_ps(out, a[0]);
+    for (int k = 0; k < 8; k++)
+        total += out[k];
+    return total;
+}
+#endif
+
+static float sum_portable(const float *p, size_t n) {
+    float acc[32] = {0}, total = 0.0f;
+    for (size_t i = 0; i < n; i += 32)
+        for (int j = 0; j < 32; j++)
+            acc[j] += p[i + j];
+    for (int j = 0; j < 32; j++)
+        total += acc[j];
+    return total;
+}
+
+static float sum_stream(const float *p, size_t n) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) return sum_avx512(p, n);
+    if (__builtin_cpu_supports("avx2")) return sum_avx2(p, n);
+#endif
+    return sum_portable(p, n);
+}
+
+/* Read-only rate of `threads` threads streaming a buffer far larger than the caches, each its
+ * contiguous share (as the GEMVs' row chunks), best of 20 passes (20 ms each at 25 GB/s), in
+ * bytes/s: the decode roofline's divisor. */
 static double read_rate(int threads) {
-    const size_t n = (size_t)64 << 20; /* 512 MiB of u64 */
-    uint64_t *buf = malloc(n * sizeof *buf);
+    const size_t n = (size_t)128 << 20; /* 512 MiB of f32 */
+    float *buf = malloc(n * sizeof *buf);
     if (!buf) return 0;
     for (size_t i = 0; i < n; i++)
-        buf[i] = i;
+        buf[i] = (float)(i & 7);
     double best = 1e30;
-    uint64_t sink = 0;
-    for (int r = 0; r < 3; r++) {
+    float sink = 0;
+    const size_t share = n / (size_t)threads / 64 * 64;
+    for (int r = 0; r < 20; r++) {
         double t = now_s();
-        uint64_t total = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
-        for (size_t i = 0; i < n; i += 8) {
-            uint64_t s = 0; /* eight independent loads per step keep the loads in flight */
-            for (int j = 0; j < 8; j++)
-                s += buf[i + j];
-            total += s;
-        }
+        float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        total += sum_stream(buf + (size_t)omp_get_thread_num() * share, share);
         t = now_s() - t;
         sink += total;
         best = t < best ? t : best;
     }
     free(buf);
     if (sink == 42) printf("\n"); /* keeps the sums alive */
-    return (double)(n * sizeof(uint64_t)) / best;
+    return (double)(share * (size_t)threads * sizeof(float)) / best;
 }
 
 /* FLOP/s of dsc_kernel_linear_forward on prefill's typical shape (512 tokens, 768 -> 768). */
