@@ -41,6 +41,12 @@ static void dot_rows(float *y, int64_t ldy, const float *x, const void *xq, int6
         dsc_cpu_dot_rows(y, ldy, x + i0 * c, m, w, f, c, r0, r1);
 }
 
+/* x rows one pass over a weight chunk serves: Q8_0's dot takes more at once than the widening loops. */
+static inline int64_t rows_per_pass(const void *xq) {
+    _Static_assert(DSC_CPU_Q8_MAX_ROWS >= DSC_CPU_GEMV_MAX_ROWS, "the SwiGLU chunk's buffers hold the larger");
+    return xq ? DSC_CPU_Q8_MAX_ROWS : DSC_CPU_GEMV_MAX_ROWS;
+}
+
 typedef struct stream_job {
     float *y;
     const float *x, *bias;
@@ -52,8 +58,9 @@ typedef struct stream_job {
 static void stream_chunk(void *arg, int64_t ch) {
     const stream_job *J = arg;
     int64_t r0 = ch * ROW_CHUNK, r1 = r0 + ROW_CHUNK < J->oc ? r0 + ROW_CHUNK : J->oc;
-    for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
-        int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+    const int64_t pass = rows_per_pass(J->xq);
+    for (int64_t i0 = 0; i0 < J->n; i0 += pass) {
+        int64_t m = J->n - i0 < pass ? J->n - i0 : pass;
         dot_rows(J->y + i0 * J->oc, J->oc, J->x, J->xq, i0, m, J->w, J->f, J->c, r0, r1);
         for (int64_t i = i0; J->bias && i < i0 + m; i++)
             for (int64_t r = r0; r < r1; r++)
@@ -93,9 +100,10 @@ static void swiglu_chunk(void *arg, int64_t ch) {
     const swiglu_job *J = arg;
     const int64_t r0 = ch * ROW_CHUNK, nr = r0 + ROW_CHUNK < J->F ? ROW_CHUNK : J->F - r0;
     const size_t rb = dsc_cpu_row_bytes(J->f, J->c);
-    float g[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK], u[DSC_CPU_GEMV_MAX_ROWS * ROW_CHUNK];
-    for (int64_t i0 = 0; i0 < J->n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
-        int64_t m = J->n - i0 < DSC_CPU_GEMV_MAX_ROWS ? J->n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+    float g[DSC_CPU_Q8_MAX_ROWS * ROW_CHUNK], u[DSC_CPU_Q8_MAX_ROWS * ROW_CHUNK];
+    const int64_t pass = rows_per_pass(J->xq);
+    for (int64_t i0 = 0; i0 < J->n; i0 += pass) {
+        int64_t m = J->n - i0 < pass ? J->n - i0 : pass;
         dot_rows(g, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)r0 * rb, J->f, J->c, 0, nr);
         dot_rows(u, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)(J->F + r0) * rb, J->f, J->c, 0, nr);
         for (int64_t i = 0; i < m; i++)

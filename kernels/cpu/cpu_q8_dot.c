@@ -179,7 +179,7 @@ AVX2 static void quantize_rows_avx2(void *dst, const float *x, int64_t n, int64_
 VNNI512 __attribute__((always_inline)) static inline void
 q8_row_vnni512(float *y, int64_t ldy, const int8_t *xq, size_t xrb, const uint8_t *row, int64_t c, const int M) {
     const __m512i pairs = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512 acc[DSC_CPU_GEMV_MAX_ROWS];
+    __m512 acc[DSC_CPU_Q8_MAX_ROWS];
     for (int i = 0; i < M; i++)
         acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < c / Q8_BLOCK; b += 2) {
@@ -220,18 +220,21 @@ VNNI512 __attribute__((always_inline)) static inline void q8_rows_m_vnni512(floa
 
 VNNI512 static void q8_rows_vnni512(float *y, int64_t ldy, const void *xq, int64_t m, const void *w, int64_t c,
                                     int64_t r0, int64_t r1) {
-    switch (m) {
-    case 1:
-        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 1);
+    switch (m) { /* M a constant in each: the accumulators stay in registers */
+#define Q8_ROWS_CASE(M)                                                                                           \
+    case M:                                                                                                       \
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, M);                                                           \
         break;
-    case 2:
-        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 2);
-        break;
-    case 3:
-        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 3);
-        break;
+        Q8_ROWS_CASE(1)
+        Q8_ROWS_CASE(2)
+        Q8_ROWS_CASE(3)
+        Q8_ROWS_CASE(4)
+        Q8_ROWS_CASE(5)
+        Q8_ROWS_CASE(6)
+        Q8_ROWS_CASE(7)
+#undef Q8_ROWS_CASE
     default:
-        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, 4);
+        q8_rows_m_vnni512(y, ldy, xq, w, c, r0, r1, DSC_CPU_Q8_MAX_ROWS);
         break;
     }
 }
@@ -253,15 +256,20 @@ void dsc_cpu_q8_dot_rows(float *y, int64_t ldy, const void *xq, int64_t m, const
                          int64_t r1) {
 #ifdef DSC_Q8_X86
     int level = q8_level();
-    if (level == LEVEL_VNNI) {
-        if ((c / Q8_BLOCK) % 2 == 0)
-            q8_rows_vnni512(y, ldy, xq, m, w, c, r0, r1);
-        else
-            q8_rows_vnni(y, ldy, xq, m, w, c, r0, r1);
+    if (level == LEVEL_VNNI && (c / Q8_BLOCK) % 2 == 0) {
+        q8_rows_vnni512(y, ldy, xq, m, w, c, r0, r1);
         return;
     }
-    if (level == LEVEL_AVX2) {
-        q8_rows_avx2(y, ldy, xq, m, w, c, r0, r1);
+    if (level >= LEVEL_AVX2) { /* the 256-bit loops: DSC_CPU_GEMV_MAX_ROWS x rows a pass */
+        const size_t xrb = dsc_cpu_q8_act_row_bytes(c);
+        for (int64_t i0 = 0; i0 < m; i0 += DSC_CPU_GEMV_MAX_ROWS) {
+            int64_t mi = m - i0 < DSC_CPU_GEMV_MAX_ROWS ? m - i0 : DSC_CPU_GEMV_MAX_ROWS;
+            const int8_t *xi = (const int8_t *)xq + (size_t)i0 * xrb;
+            if (level == LEVEL_VNNI)
+                q8_rows_vnni(y + i0 * ldy, ldy, xi, mi, w, c, r0, r1);
+            else
+                q8_rows_avx2(y + i0 * ldy, ldy, xi, mi, w, c, r0, r1);
+        }
         return;
     }
 #endif

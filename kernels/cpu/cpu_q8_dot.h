@@ -19,13 +19,19 @@ static inline size_t dsc_cpu_q8_act_row_bytes(int64_t c) {
     return (size_t)c + (size_t)(c / 32) * sizeof(float);
 }
 
+/* Most x rows one dsc_cpu_q8_dot_rows call serves in one pass over the weight rows where the
+ * 512-bit VNNI loop runs (eight accumulators in registers; each weight block made unsigned and
+ * its sign mask taken once for all of them); the other loops take them DSC_CPU_GEMV_MAX_ROWS at
+ * a time. */
+#define DSC_CPU_Q8_MAX_ROWS 8
+
 /* Which loops dsc_cpu_q8_dot_rows runs here: "scalar", "avx2" or "avx512vnni". */
 const char *dsc_cpu_q8_dot_level(void);
 
 /* Rows [0, n) of x (n, c) f32 into dst, rows of dsc_cpu_q8_act_row_bytes(c). */
 void dsc_cpu_q8_quantize_rows(void *dst, const float *x, int64_t n, int64_t c);
 
-/* y[i * ldy + r] = xq[i] . W[r] for i < m (m <= DSC_CPU_GEMV_MAX_ROWS) and r in [r0, r1): xq from
+/* y[i * ldy + r] = xq[i] . W[r] for i < m (m <= DSC_CPU_Q8_MAX_ROWS) and r in [r0, r1): xq from
  * dsc_cpu_q8_quantize_rows (rows of dsc_cpu_q8_act_row_bytes(c) bytes), W (OC, c) Q8_0. */
 void dsc_cpu_q8_dot_rows(float *y, int64_t ldy, const void *xq, int64_t m, const void *w, int64_t c, int64_t r0,
                          int64_t r1);

@@ -160,8 +160,8 @@ static float *run(const uint8_t *act, int64_t n, const uint8_t *w, int64_t oc, i
     for (int64_t k = 0; k < n * oc; k++)
         y[k] = NAN;
     size_t xrb = dsc_cpu_q8_act_row_bytes(c);
-    for (int64_t i0 = 0; i0 < n; i0 += DSC_CPU_GEMV_MAX_ROWS) {
-        int64_t m = n - i0 < DSC_CPU_GEMV_MAX_ROWS ? n - i0 : DSC_CPU_GEMV_MAX_ROWS;
+    for (int64_t i0 = 0; i0 < n; i0 += DSC_CPU_Q8_MAX_ROWS) { /* as cpu_linear.c calls it */
+        int64_t m = n - i0 < DSC_CPU_Q8_MAX_ROWS ? n - i0 : DSC_CPU_Q8_MAX_ROWS;
         if (scalar)
             dsc_cpu_q8_dot_rows_scalar(y + i0 * oc, oc, act + i0 * xrb, m, w, c, r0, oc);
         else
