@@ -25,6 +25,7 @@
 #include "bench/bench_clock.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
+#include "dsc/memory.h"
 
 /* CPU seconds of the whole process (every thread; spinning counts): less
  * sensitive to other processes' load than wall time. */
@@ -102,9 +103,9 @@ static float sum_stream(const float *p, size_t n) {
  * contiguous share (as the GEMVs' row chunks), best of 20 passes (20 ms each at 25 GB/s), in
  * bytes/s: the decode roofline's divisor. */
 static double read_rate(int threads) {
-    const size_t n = (size_t)128 << 20; /* 512 MiB of f32 */
-    float *buf = malloc(n * sizeof *buf);
-    if (!buf) return 0;
+    const size_t n = (size_t)128 << 20; /* 512 MiB of f32, from dsc's allocator as the weights are */
+    float *buf;
+    if (dsc_mem_alloc((void **)&buf, n * sizeof *buf, DSC_MEM_OTHER, DSC_CPU)) return 0;
     for (size_t i = 0; i < n; i++)
         buf[i] = (float)(i & 7);
     double best = 1e30;
@@ -119,7 +120,7 @@ static double read_rate(int threads) {
         sink += total;
         best = t < best ? t : best;
     }
-    free(buf);
+    dsc_mem_free(buf, n * sizeof *buf, DSC_MEM_OTHER, DSC_CPU);
     if (sink == 42) printf("\n"); /* keeps the sums alive */
     return (double)(share * (size_t)threads * sizeof(float)) / best;
 }

@@ -52,6 +52,11 @@ typedef struct dsc_mem_stats {
 
 /* Alignment of every allocation (bytes); fits AVX-512 and CUDA's 256-byte rule. */
 #define DSC_MEM_ALIGN 256
+/* Host allocations of at least DSC_MEM_HUGE_MIN bytes are DSC_MEM_HUGE_PAGE-aligned, rounded up
+ * to whole huge pages and advised to be backed by transparent huge pages (fewer TLB misses for
+ * the weights decode streams); the accounting counts the bytes asked for. */
+#define DSC_MEM_HUGE_PAGE ((size_t)2 << 20)
+#define DSC_MEM_HUGE_MIN (2 * DSC_MEM_HUGE_PAGE)
 
 /* Zero-filled allocation of `bytes` on `device`, counted under `category`.
  * On success *ptr is never NULL, even for 0 bytes. */

@@ -1,20 +1,36 @@
 /* Host memory for the CPU backend: aligned, zero-filled, and copies that are
  * plain memcpy; and the registration of the CPU table when the library loads.
  * The kernel table is defined with the kernels. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/backend.h"
+
+/* Allocations of DSC_MEM_HUGE_MIN bytes or more start on a 2 MiB boundary, fill whole 2 MiB
+ * pages and ask for transparent huge pages (Linux's common `madvise` mode gives them only when
+ * asked): decode streams every weight once per token, and through 4 KiB pages every 4 KiB cost
+ * a TLB miss; the f32 GEMV read 23 GB/s from 4 KiB pages and 27 from huge ones (2 threads,
+ * Sapphire Rapids). Where the kernel has no huge pages the advice is a no-op. */
+static size_t round_up(size_t bytes, size_t to) {
+    return (bytes + to - 1) / to * to;
+}
 
 static dsc_status cpu_alloc(const dsc_backend *backend, void **ptr, size_t bytes) {
     (void)backend;
     *ptr = NULL;
-    if (bytes > SIZE_MAX - DSC_MEM_ALIGN) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes", bytes);
-    size_t rounded = (bytes + DSC_MEM_ALIGN - 1) / DSC_MEM_ALIGN * DSC_MEM_ALIGN;
-    *ptr = aligned_alloc(DSC_MEM_ALIGN, rounded);
+    if (bytes > SIZE_MAX - DSC_MEM_HUGE_PAGE)
+        return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes", bytes);
+    const bool huge = bytes >= DSC_MEM_HUGE_MIN;
+    const size_t align = huge ? DSC_MEM_HUGE_PAGE : DSC_MEM_ALIGN, rounded = round_up(bytes, align);
+    *ptr = aligned_alloc(align, rounded);
     if (!*ptr) return dsc_error(DSC_ERR_NOMEM, "host allocation of %zu bytes failed", bytes);
-    memset(*ptr, 0, rounded);
+#ifdef MADV_HUGEPAGE
+    if (huge) (void)madvise(*ptr, rounded, MADV_HUGEPAGE); /* advice: refused is as if not given */
+#endif
+    memset(*ptr, 0, rounded); /* the pages are faulted in here, huge where granted */
     return NULL;
 }
 

@@ -1,6 +1,7 @@
 /* Runtime core: status messages, tensors and dtypes, allocator accounting,
  * and reproducible RNG streams. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "dsc/memory.h"
@@ -135,6 +136,27 @@ static void test_tensor_sizes_are_overflow_checked(void **state) {
     assert_int_equal(after.current[DSC_MEM_OTHER], before.current[DSC_MEM_OTHER]);
 }
 
+/* Host allocations from DSC_MEM_HUGE_MIN bytes on start on a huge-page boundary (where the
+ * kernel's transparent huge pages can back them), smaller ones on DSC_MEM_ALIGN; both zeroed,
+ * both counted as asked. */
+static void test_large_allocations_huge_page_aligned(void **state) {
+    (void)state;
+    const size_t sizes[] = {DSC_MEM_HUGE_MIN - 1, DSC_MEM_HUGE_MIN, DSC_MEM_HUGE_MIN + 12345};
+    for (size_t k = 0; k < 3; k++) {
+        dsc_mem_stats before, during;
+        dsc_mem_get_stats(&before);
+        unsigned char *p;
+        assert_ok(dsc_mem_alloc((void **)&p, sizes[k], DSC_MEM_OTHER, DSC_CPU));
+        dsc_mem_get_stats(&during);
+        assert_int_equal(during.current[DSC_MEM_OTHER] - before.current[DSC_MEM_OTHER], (int64_t)sizes[k]);
+        const size_t align = sizes[k] >= DSC_MEM_HUGE_MIN ? DSC_MEM_HUGE_PAGE : DSC_MEM_ALIGN;
+        assert_int_equal((uintptr_t)p % align, 0);
+        assert_int_equal(p[0], 0);
+        assert_int_equal(p[sizes[k] - 1], 0);
+        dsc_mem_free(p, sizes[k], DSC_MEM_OTHER, DSC_CPU);
+    }
+}
+
 static void test_tensor_views_and_checks(void **state) {
     (void)state;
     float data[12];
@@ -198,6 +220,7 @@ int main(void) {
         cmocka_unit_test(test_dtypes_and_half_conversions),
         cmocka_unit_test(test_tensor_alloc_and_accounting),
         cmocka_unit_test(test_tensor_sizes_are_overflow_checked),
+        cmocka_unit_test(test_large_allocations_huge_page_aligned),
         cmocka_unit_test(test_tensor_views_and_checks),
         cmocka_unit_test(test_rng_streams),
     };
