@@ -294,16 +294,14 @@ static dsc_status mpi_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
     if (s) return post(req, k, s);
     char *own = shift(recv->data, k->displs[c->rank], dsc_dtype_size(recv->dtype)); /* send may already be there */
     const size_t own_bytes = dsc_tensor_nbytes(send);
-    if (use_ring(c, dsc_tensor_nbytes(recv)) && send->data != own &&
-        disjoint(send->data, own_bytes, recv->data, dsc_tensor_nbytes(recv))) {
-        /* the first step sends from `send` while its copy into place runs (on 2 ranks the only step) */
-        s = start_gather_ring(k, recv->data, send->data);
-        if (!s) memcpy(own, send->data, own_bytes);
-        return post(req, k, s);
-    }
+    const bool ring = use_ring(c, dsc_tensor_nbytes(recv));
+    /* The ring's first step can send from `send` while its copy into place runs (on 2 ranks the
+     * only step), unless the copy would overwrite what is being sent or received. */
+    const bool send_first =
+        ring && send->data != own && disjoint(send->data, own_bytes, recv->data, dsc_tensor_nbytes(recv));
     /* MPI wants MPI_IN_PLACE on every rank or on none, whatever each rank's buffers are. */
-    if (send->data != own) memmove(own, send->data, own_bytes);
-    if (!use_ring(c, dsc_tensor_nbytes(recv))) {
+    if (send->data != own && !send_first) memmove(own, send->data, own_bytes);
+    if (!ring) {
         int *icounts = k->icounts, *idispls = k->icounts + c->size;
         for (int i = 0; i < c->size; i++) {
             icounts[i] = (int)k->counts[i];
@@ -315,7 +313,8 @@ static dsc_status mpi_iallgather(dsc_comm *c, const dsc_tensor *send, dsc_tensor
                                                type, c->mpi, &k->mpi),
                                "MPI_Iallgatherv", c);
     } else {
-        s = start_gather_ring(k, recv->data, NULL);
+        s = start_gather_ring(k, recv->data, send_first ? send->data : NULL);
+        if (!s && send_first) memcpy(own, send->data, own_bytes);
     }
     return post(req, k, s);
 }

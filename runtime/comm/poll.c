@@ -36,13 +36,13 @@ static bool cores_to_spare(void) {
     static _Atomic long cpus;
     int f = atomic_load(&fd);
     if (f == -2) {
+        atomic_store(&cpus, sysconf(_SC_NPROCESSORS_ONLN)); /* before fd: a reader of fd sees it */
         f = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
         int expected = -2;
         if (!atomic_compare_exchange_strong(&fd, &expected, f)) {
             if (f >= 0) close(f);
             f = expected;
         }
-        atomic_store(&cpus, sysconf(_SC_NPROCESSORS_ONLN));
     }
     char text[128];
     ssize_t n = f >= 0 ? pread(f, text, sizeof text - 1, 0) : -1;
