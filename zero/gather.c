@@ -111,10 +111,16 @@ static int64_t pool_find(const zero_optimizer *z, int64_t n) {
     return -1;
 }
 
-/* Waits for the layer's prefetch, if one is in flight. */
-static dsc_status settle(zero_layer *zl) {
+/* Waits for the layer's prefetch, if one is in flight, and widens what arrived in gather_dtype. */
+static dsc_status settle(zero_optimizer *z, zero_layer *zl) {
     dsc_status s = dsc_comm_waitall(zl->gathers, zl->layer->n_params);
-    return s ? dsc_error_wrap(s, "prefetching the parameters of layer %s", zl->layer->name) : NULL;
+    if (s) return dsc_error_wrap(s, "prefetching the parameters of layer %s", zl->layer->name);
+    for (int j = 0; zl->unwidened && j < zl->layer->n_params; j++)
+        if (zl->pool_param_at[j] >= 0)
+            zero_widen_gathered(z, &z->groups[zl->layer->params[j]->group], zl->param_index[j],
+                                (float *)z->pool.data + zl->pool_at + zl->pool_param_at[j]);
+    zl->unwidened = false;
+    return NULL;
 }
 
 dsc_status zero_gather_progress(zero_optimizer *z) {
@@ -129,7 +135,7 @@ dsc_status zero_gather_progress(zero_optimizer *z) {
 dsc_status zero_gather_release(zero_optimizer *z, int layer) {
     zero_layer *zl = &z->layers[layer];
     if (!zl->live) return NULL;
-    DSC_TRY(settle(zl)); /* its pool space must not be reused under a gather in flight */
+    DSC_TRY(settle(z, zl)); /* its pool space must not be reused under a gather in flight */
     zl->live = false;
     for (int j = 0; j < zl->layer->n_params; j++)
         if (zl->pool_param_at[j] >= 0) zl->layer->params[j]->value.data = NULL;
@@ -150,13 +156,14 @@ static dsc_status gather(zero_optimizer *z, int layer, int64_t at, bool ahead) {
     }
     zl->live = true;
     zl->pool_at = at;
+    zl->unwidened = ahead;
     return NULL;
 }
 
 /* Gathers `layer` unless live, evicting other live layers (never `keep`) when the pool is full. */
 static dsc_status make_live(zero_optimizer *z, int layer, int keep) {
     zero_layer *zl = &z->layers[layer];
-    if (zl->live) return settle(zl); /* prefetched */
+    if (zl->live) return settle(z, zl); /* prefetched */
     int64_t at = pool_find(z, zl->pool_numel);
     for (int l = 0; l < z->n_layers && at < 0; l++)
         if (l != keep && l != layer && z->layers[l].live) {

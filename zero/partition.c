@@ -289,6 +289,34 @@ dsc_status zero_post_staged_range(zero_optimizer *z, zero_group *g, float *src, 
     return NULL;
 }
 
+bool zero_gathers_narrow(const zero_optimizer *z, const zero_group *g) {
+    return dsc_precision_is_narrow(z->o.gather_dtype) && g->comm && g->size > 1;
+}
+
+int64_t zero_gather_chunk(const zero_optimizer *z, const zero_group *g) {
+    int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (g->numel > 0 ? g->numel : 1);
+    return zero_gathers_narrow(z, g) && per > ZERO_NARROW_GATHER_MAX ? ZERO_NARROW_GATHER_MAX : per;
+}
+
+/* Stages 1 and 2 in gather_dtype: this rank's share is packed into z->gather16 at its place and the other
+ * shares are widened from there into dst. The own share stays f32 in dst: the mixed-precision wrapper reads
+ * its master from it after the step, then rounds it like the rest. */
+static dsc_status all_gather_narrow(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b,
+                                    const int64_t *counts) {
+    dsc_dtype dt = z->o.gather_dtype;
+    uint16_t *buf = z->gather16.data;
+    int64_t n = b - a, own = share_start(g, a, b) - a, mine = counts[g->rank];
+    DSC_ASSERT(n <= dsc_tensor_numel(&z->gather16));
+    dsc_precision_pack_to(buf + own, dst + own, mine, dt);
+    dsc_tensor send = dsc_tensor_view(buf + own, dt, 1, &mine, z->device);
+    dsc_tensor recv = dsc_tensor_view(buf, dt, 1, &n, z->device);
+    DSC_TRY(dsc_comm_allgather(g->comm, &send, &recv, counts));
+    int64_t at = 0;
+    for (int r = 0; r < g->size; at += counts[r++])
+        if (r != g->rank) dsc_precision_unpack(dst + at, buf + at, counts[r], dt);
+    return NULL;
+}
+
 dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b) {
     int64_t counts[g->size];
     int64_t mine = zero_owned(g, g->rank, a, b);
@@ -304,7 +332,8 @@ dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t
     }
     range_counts(g, a, b, counts);
     dsc_tensor recv = flat_view(dst, b - a, z->device);
-    dsc_status s = dsc_comm_allgather(g->comm, &send, &recv, counts);
+    dsc_status s = z->z.stage < 3 && zero_gathers_narrow(z, g) ? all_gather_narrow(z, g, dst, a, b, counts)
+                                                               : dsc_comm_allgather(g->comm, &send, &recv, counts);
     if (s)
         return dsc_error_wrap(s, "ZeRO: all-gather of %s parameters [%lld, %lld)", group_name(g), (long long)a,
                               (long long)b);
@@ -350,9 +379,23 @@ dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, f
     float *share = (float *)g->values.data + (mine > 0 ? g->pieces[g->piece_of[index]].pos : 0);
     dsc_tensor send = flat_view(share, mine, z->device), recv = flat_view(dst, n, z->device);
     if (!g->comm || g->size == 1) return dsc_tensor_copy(&recv, &send);
+    if (zero_gathers_narrow(z, g)) { /* gather_dtype: into dst's upper half, widened after the wait */
+        dsc_dtype dt = z->o.gather_dtype;
+        uint16_t *upper = (uint16_t *)(void *)dst + n;
+        int64_t lo, hi;
+        dsc_zero_param_piece(n, g->size, g->rank, &lo, &hi);
+        dsc_precision_pack_to(upper + lo, share, mine, dt);
+        send = dsc_tensor_view(upper + lo, dt, 1, &mine, z->device);
+        recv = dsc_tensor_view(upper, dt, 1, &n, z->device);
+    }
     dsc_status s = dsc_comm_iallgather(g->comm, &send, &recv, counts, req);
     if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", p->name);
     return NULL;
+}
+
+void zero_widen_gathered(zero_optimizer *z, zero_group *g, int index, float *dst) {
+    if (zero_gathers_narrow(z, g))
+        dsc_precision_widen_upper(dst, dsc_param_numel(dsc_params_at(z->o.params, index)), z->o.gather_dtype);
 }
 
 dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst) {
@@ -360,5 +403,6 @@ dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, fl
     DSC_TRY(zero_iall_gather_param(z, g, index, dst, &req));
     dsc_status s = dsc_comm_wait(&req);
     if (s) return dsc_error_wrap(s, "ZeRO: all-gather of %s", dsc_params_at(z->o.params, index)->name);
+    zero_widen_gathered(z, g, index, dst);
     return NULL;
 }

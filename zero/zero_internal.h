@@ -14,6 +14,10 @@
 /* Parameters start at multiples of this many elements in the store (dsc/nn.h). */
 #define ZERO_ALIGN_ELEMS 64
 
+/* Most elements a stage 1/2 all-gather in gather_dtype moves in one call: the size of its 2-byte receive
+ * buffer (16 MiB). */
+#define ZERO_NARROW_GATHER_MAX ((int64_t)1 << 23)
+
 /* One parameter's share of a rank's range. */
 typedef struct zero_piece {
     dsc_param *param;
@@ -64,6 +68,7 @@ typedef struct zero_layer {
     int64_t pool_numel;         /* stage 3: pool elements it needs (its parameters that are not persistent) */
     int64_t *pool_param_at;     /* [layer->n_params] stage 3: position in its pool segment; -1 when persistent */
     dsc_comm_request **gathers; /* [layer->n_params] stage 3: all-gathers of its prefetch still in flight */
+    bool unwidened;             /* stage 3: a prefetch's values still packed in gather_dtype (until settled) */
 } zero_layer;
 
 typedef struct zero_bucket {
@@ -116,6 +121,7 @@ typedef struct zero_optimizer {
     int64_t *persist_at; /* [n_params] where a persistent parameter's value sits in `persist` */
     dsc_tensor persist;  /* (their aligned sizes back to back) the whole values of persistent parameters */
     bool persist_stale;  /* their pieces may have been written (a checkpoint restore): gather before use */
+    dsc_tensor gather16; /* (largest stage 1/2 gather chunk) in gather_dtype: the shares all-gathered there */
 } zero_optimizer;
 
 /* ---- partition.c ---- */
@@ -139,6 +145,11 @@ dsc_status zero_ireduce_scatter_full(zero_optimizer *z, zero_group *g, float *sr
  * elements), each rank sending its share from g->values (in place when
  * g->values is a view of dst's buffer). */
 dsc_status zero_all_gather(zero_optimizer *z, zero_group *g, float *dst, int64_t a, int64_t b);
+/* Whether the group's parameters are all-gathered in the 2-byte gather_dtype (dsc/optimizer.h). */
+bool zero_gathers_narrow(const zero_optimizer *z, const zero_group *g);
+/* Elements of a group that stages 1 and 2 all-gather in one call: allgather_bucket_size, at most
+ * ZERO_NARROW_GATHER_MAX in gather_dtype. */
+int64_t zero_gather_chunk(const zero_optimizer *z, const zero_group *g);
 
 /* Staged gradients: posts the reduce-scatters (averaging) of `src`, the
  * staged values of flat range [a, b), in chunks of at most `chunk` elements
@@ -152,8 +163,10 @@ dsc_status zero_post_staged_param(zero_optimizer *z, zero_group *g, int index, f
                                   zero_slot *slot);
 /* Split layout: all-gathers one parameter's value into dst from every rank's piece. */
 dsc_status zero_all_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst);
-/* The same all-gather posted; *req is NULL when nothing is in flight (one rank). */
+/* The same all-gather posted; *req is NULL when nothing is in flight (one rank). In gather_dtype the values
+ * arrive packed in dst's upper half: zero_widen_gathered after the wait, once, makes them f32. */
 dsc_status zero_iall_gather_param(zero_optimizer *z, zero_group *g, int index, float *dst, dsc_comm_request **req);
+void zero_widen_gathered(zero_optimizer *z, zero_group *g, int index, float *dst);
 
 /* ---- staged.c (stages 2, 3 without a pipeline) ---- */
 dsc_status zero_staged_init(zero_optimizer *z);

@@ -326,7 +326,7 @@ static dsc_status update_group(zero_optimizer *z, zero_group *g, double lr, doub
                                   (long long)pc->param_offset, (long long)(pc->param_offset + pc->numel));
     }
     if (z->z.stage == 3) return NULL; /* the range is the only copy */
-    int64_t per = z->z.allgather_bucket_size > 0 ? z->z.allgather_bucket_size : (g->numel > 0 ? g->numel : 1);
+    int64_t per = zero_gather_chunk(z, g);
     float *values = flat_values(z, g->id);
     for (int64_t a = 0; a < g->numel; a += per) {
         int64_t b = a + per < g->numel ? a + per : g->numel;
@@ -427,6 +427,7 @@ static void zero_destroy(dsc_optimizer *opt) {
     zero_staged_free(z);
     dsc_tensor_free(&z->pool);
     dsc_tensor_free(&z->persist);
+    dsc_tensor_free(&z->gather16);
     free(z->persistent);
     free(z->persist_at);
     free(z->buckets);
@@ -519,6 +520,17 @@ static dsc_status setup_ranges(zero_optimizer *z, dsc_device dev) {
     return NULL;
 }
 
+/* Stages 1 and 2 gathering in gather_dtype: the 2-byte buffer of their largest chunk. */
+static dsc_status gather16_init(zero_optimizer *z) {
+    int64_t most = 0;
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        const zero_group *zg = &z->groups[g];
+        int64_t chunk = zero_gather_chunk(z, zg), n = chunk < zg->numel ? chunk : zg->numel;
+        if (z->z.stage < 3 && zero_gathers_narrow(z, zg) && n > most) most = n;
+    }
+    return most > 0 ? dsc_tensor_alloc(&z->gather16, z->o.gather_dtype, 1, &most, z->device, DSC_MEM_COMM) : NULL;
+}
+
 static dsc_status setup(zero_optimizer *z) {
     z->n_params = dsc_params_count(z->o.params);
     DSC_CHECK(z->n_params > 0, DSC_ERR_INVALID, "ZeRO: the parameter store is empty");
@@ -526,6 +538,9 @@ static dsc_status setup(zero_optimizer *z) {
     DSC_CHECK(!dsc_precision_is_narrow(z->o.reduce_dtype) || dev.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
               "ZeRO: reducing gradients in %s is implemented for host memory only",
               dsc_dtype_name(z->o.reduce_dtype));
+    DSC_CHECK(!dsc_precision_is_narrow(z->o.gather_dtype) || dev.type == DSC_DEVICE_CPU, DSC_ERR_UNSUPPORTED,
+              "ZeRO: all-gathering parameters in %s is implemented for host memory only",
+              dsc_dtype_name(z->o.gather_dtype));
     size_t n = (size_t)z->n_params;
     z->uses = calloc(n, sizeof *z->uses);
     z->uses_left = calloc(n, sizeof *z->uses_left);
@@ -546,6 +561,7 @@ static dsc_status setup(zero_optimizer *z) {
     z->n_state_kinds = dsc_optim_state_kinds(z->o.hparams.type);
     if (!z->full_grads) DSC_TRY(zero_staged_init(z));
     if (z->z.stage == 3) DSC_TRY(zero_pool_init(z));
+    DSC_TRY(gather16_init(z));
     return setup_ranges(z, dev);
 }
 
@@ -608,6 +624,7 @@ dsc_status dsc_zero_make_optimizer(const dsc_optimizer_options *opts, const dsc_
     dsc_zero_options_from_config(cfg, &zo);
     dsc_optimizer_options o = *opts;
     o.reduce_dtype = dsc_precision_comm_dtype(cfg);
+    o.gather_dtype = dsc_precision_param_dtype(cfg);
     DSC_TRY(dsc_zero_create(&o, &zo, out));
     if (zo.stage == 0) return dsc_precision_maybe_wrap(cfg, &o, NULL, out);
     const zero_optimizer *z = (const zero_optimizer *)*out;

@@ -154,6 +154,11 @@ typedef struct dsc_optimizer_options {
     /* communication_data_type: gradients are rounded to this dtype and reduced in it (DSC_DTYPE_BF16 /
      * DSC_DTYPE_F16: half the bytes); 0 (DSC_DTYPE_F32) reduces in f32. */
     dsc_dtype reduce_dtype;
+    /* The dtype the working parameter values are exact in (bf16 / fp16 training: the mixed-precision wrapper
+     * rounds them for every forward). ZeRO all-gathers them in it, 2 bytes an element as DeepSpeed gathers its
+     * bf16 / fp16 parameters, and the values arrive bitwise as that rounding gives them; 0 (DSC_DTYPE_F32)
+     * gathers f32. */
+    dsc_dtype gather_dtype;
 } dsc_optimizer_options;
 
 /* The plain data-parallel optimizer: replicated state, bucketed all-reduce

@@ -56,8 +56,13 @@ DSC_API uint16_t dsc_precision_to_f16(float x);
  * src, as for a reduced share inside its packed range); unpack_add adds them
  * to dst (no overlap). */
 DSC_API void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype);
+/* The same rounding out of place: n 2-byte values at dst from n f32 values at src (dst may be src). */
+DSC_API void dsc_precision_pack_to(void *dst, const float *src, int64_t n, dsc_dtype dtype);
 DSC_API void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtype);
 DSC_API void dsc_precision_unpack_add(float *dst, const void *src, int64_t n, dsc_dtype dtype);
+/* Parameters all-gathered in their 2-byte dtype straight into the f32 buffer they are read from: the n
+ * 2-byte values in the upper half of `buf` (bytes [2n, 4n)) widened in place into the n f32 values of buf. */
+DSC_API void dsc_precision_widen_upper(float *buf, int64_t n, dsc_dtype dtype);
 /* Whether a reduction dtype is a packed 2-byte one (bf16, f16). */
 static inline bool dsc_precision_is_narrow(dsc_dtype dtype) {
     return dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16;
@@ -115,6 +120,8 @@ DSC_API bool dsc_precision_from_config(const dsc_config *cfg, dsc_precision_opti
 /* The dtype gradients are reduced in: communication_data_type, else the
  * mixed-precision dtype, else f32 (DeepSpeed's default). */
 DSC_API dsc_dtype dsc_precision_comm_dtype(const dsc_config *cfg);
+/* The dtype the working parameters are exact in: bf16 / fp16 when mixed precision is on, else f32. */
+DSC_API dsc_dtype dsc_precision_param_dtype(const dsc_config *cfg);
 
 /* Wraps `inner` (taking ownership, also on error). The parameters are
  * rounded to the reduced type now; the master starts from their f32 values. */

@@ -48,6 +48,10 @@ dsc_dtype dsc_precision_comm_dtype(const dsc_config *cfg) {
     case DSC_COMM_DATA_TYPE_DEFAULT:
         break;
     }
+    return dsc_precision_param_dtype(cfg);
+}
+
+dsc_dtype dsc_precision_param_dtype(const dsc_config *cfg) {
     return cfg->fp16.enabled ? DSC_DTYPE_F16 : cfg->bf16.enabled ? DSC_DTYPE_BF16 : DSC_DTYPE_F32;
 }
 

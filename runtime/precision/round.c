@@ -88,15 +88,20 @@ bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype) {
  * 2-byte values (or the reverse): every access goes through memcpy on bytes,
  * so the compiler sees the overlap (no type-based aliasing assumption) and
  * keeps the order that makes it safe. */
-void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype) {
-    unsigned char *b = buf;
-    /* ascending: element i's 2 bytes land below every element not read yet */
+void dsc_precision_pack_to(void *dst, const float *src, int64_t n, dsc_dtype dtype) {
+    unsigned char *d = dst;
+    const unsigned char *s = (const unsigned char *)src;
+    /* ascending: in place, element i's 2 bytes land below every element not read yet */
     for (int64_t i = 0; i < n; i++) {
         float x;
-        memcpy(&x, b + 4 * i, 4);
+        memcpy(&x, s + 4 * i, 4);
         uint16_t h = dtype == DSC_DTYPE_BF16 ? dsc_precision_to_bf16(x) : dsc_precision_to_f16(x);
-        memcpy(b + 2 * i, &h, 2);
+        memcpy(d + 2 * i, &h, 2);
     }
+}
+
+void dsc_precision_pack(void *buf, int64_t n, dsc_dtype dtype) {
+    dsc_precision_pack_to(buf, buf, n, dtype);
 }
 
 static inline float widen(uint16_t h, dsc_dtype dtype) {
@@ -111,6 +116,18 @@ void dsc_precision_unpack(float *dst, const void *src, int64_t n, dsc_dtype dtyp
         memcpy(&h, s + 2 * i, 2);
         float x = widen(h, dtype);
         memcpy(d + 4 * i, &x, 4);
+    }
+}
+
+/* Ascending: f32 i takes bytes [4i, 4i + 4), which hold 2-byte values 2i - n and 2i + 1 - n of the upper
+ * half, both at most i, so already read. */
+void dsc_precision_widen_upper(float *buf, int64_t n, dsc_dtype dtype) {
+    unsigned char *b = (unsigned char *)buf;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * n + 2 * i, 2);
+        float x = widen(h, dtype);
+        memcpy(b + 4 * i, &x, 4);
     }
 }
 

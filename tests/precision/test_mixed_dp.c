@@ -8,6 +8,9 @@
  *    TOL_DP) with the fp32 master sharded: every rank's master holds only
  *    its range (stage 3: its parameter shards), each element on exactly one
  *    rank;
+ *  - ZeRO-1, 2 and 3 all-gather the parameters in bf16 / fp16 (DeepSpeed's
+ *    2-byte parameters): half the all-gather bytes of the fp32 run, and the
+ *    replicas' working values are exact in the type and agree bitwise;
  *  - overlap_comm (packed reductions in flight, unpacked after the wait)
  *    is bitwise the blocking run, plain and ZeRO-1/2;
  *  - fp16 with a loss scale that overflows (2^19) under ZeRO-2 and 3, where
@@ -38,8 +41,9 @@ typedef struct result {
     bool skipped[STEPS];
     float *params;
     int64_t count;
-    int64_t grad_bytes; /* sent by all-reduce + reduce-scatter on dp */
-    int64_t master;     /* elements of this rank's fp32 master */
+    int64_t grad_bytes;   /* sent by all-reduce + reduce-scatter on dp */
+    int64_t gather_bytes; /* sent by all-gather on dp */
+    int64_t master;       /* elements of this rank's fp32 master */
 } result;
 
 static void run(dsc_comm *dp, const char *data, const char *const *over, int n_over, int dp_size, result *r) {
@@ -56,11 +60,12 @@ static void run(dsc_comm *dp, const char *data, const char *const *over, int n_o
         r->loss[s] = m.loss;
         r->skipped[s] = m.skipped;
     }
-    r->grad_bytes = 0;
+    r->grad_bytes = r->gather_bytes = 0;
     if (dp) {
         dsc_comm_stats st;
         dsc_comm_get_stats(dp, &st);
         r->grad_bytes = st.bytes_sent[DSC_COMM_OP_ALLREDUCE] + st.bytes_sent[DSC_COMM_OP_REDUCE_SCATTER];
+        r->gather_bytes = st.bytes_sent[DSC_COMM_OP_ALLGATHER];
     }
     r->master = 0;
     for (int i = 0; i < dsc_optimizer_state_count(opt); i++) {
@@ -158,6 +163,66 @@ static void test_zero_bf16_master_sharded(void **state) {
     dsc_comm_free(world);
 }
 
+/* Whether every rank holds exactly these values (the maximum over the ranks of each is this rank's). */
+static bool replicas_agree(dsc_comm *world, const result *r) {
+    float *mx = malloc((size_t)r->count * sizeof *mx);
+    memcpy(mx, r->params, (size_t)r->count * sizeof *mx);
+    int64_t n = r->count;
+    dsc_tensor p = dsc_tensor_view(mx, DSC_DTYPE_F32, 1, &n, DSC_CPU);
+    assert_ok(dsc_comm_allreduce(world, &p, DSC_REDUCE_OP_MAX));
+    bool same = memcmp(mx, r->params, (size_t)r->count * sizeof *mx) == 0;
+    free(mx);
+    return same;
+}
+
+/* Whether every value survives rounding to `dtype` unchanged. */
+static bool exact_in(const result *r, dsc_dtype dtype) {
+    float *x = malloc((size_t)r->count * sizeof *x);
+    memcpy(x, r->params, (size_t)r->count * sizeof *x);
+    dsc_round_to_dtype(x, r->count, dtype);
+    bool exact = memcmp(x, r->params, (size_t)r->count * sizeof *x) == 0;
+    free(x);
+    return exact;
+}
+
+/* The parameters are all-gathered in their working type: 2 bytes an element, as DeepSpeed's bf16 / fp16
+ * parameters, where the f32 values were gathered before (twice the bytes). */
+static void test_zero_gathers_in_param_dtype(void **state) {
+    (void)state;
+    dsc_comm *world;
+    assert_ok(dsc_comm_world(NULL, &world));
+    int size = dsc_comm_size(world);
+    make_data();
+    for (int stage = 1; stage <= 3; stage++) {
+        char st[64];
+        snprintf(st, sizeof st, "zero_optimization.stage=%d", stage);
+        const char *bf16[] = {"bf16.enabled=true", st}, *fp32[] = {st};
+        const char *fp16[] = {"fp16.enabled=true", "fp16.initial_scale_power=4", st};
+        result narrow, wide, half;
+        run(world, data_path, bf16, 2, size, &narrow);
+        run(world, data_path, fp32, 1, size, &wide);
+        run(world, data_path, fp16, 3, size, &half);
+        printf("  ZeRO-%d on %d ranks: all-gather bytes sent bf16 %lld, fp16 %lld, fp32 %lld\n", stage, size,
+               (long long)narrow.gather_bytes, (long long)half.gather_bytes, (long long)wide.gather_bytes);
+        if (size > 1) {
+            assert_true(wide.gather_bytes > 0);
+            assert_int_equal(2 * narrow.gather_bytes, wide.gather_bytes);
+            for (int s = 0; s < STEPS; s++)
+                assert_false(half.skipped[s]); /* so the fp16 run gathers as often */
+            assert_int_equal(2 * half.gather_bytes, wide.gather_bytes);
+        }
+        if (stage < 3) { /* stage 3's values are its f32 master shards */
+            assert_true(exact_in(&narrow, DSC_DTYPE_BF16) && exact_in(&half, DSC_DTYPE_F16));
+            assert_true(replicas_agree(world, &narrow) && replicas_agree(world, &half));
+        }
+        free(narrow.params);
+        free(wide.params);
+        free(half.params);
+    }
+    unlink(data_path);
+    dsc_comm_free(world);
+}
+
 /* overlap_comm posts the packed reductions and unpacks them after the wait: bitwise the blocking result. */
 static void test_overlap_packed_bitwise(void **state) {
     (void)state;
@@ -205,17 +270,11 @@ static void test_fp16_overflow_agreed(void **state) {
         dsc_tensor t = dsc_tensor_view(flags, DSC_DTYPE_F32, 1, &n, DSC_CPU);
         assert_ok(dsc_comm_allreduce(world, &t, DSC_REDUCE_OP_MAX));
         for (int s = 0; s < STEPS; s++)
-            assert_true(flags[s] == lo[s]); /* every rank skipped the same steps */
-        /* replicas identical: max over ranks of each parameter equals this rank's */
-        float *mx = malloc((size_t)r.count * sizeof *mx);
-        memcpy(mx, r.params, (size_t)r.count * sizeof *mx);
-        dsc_tensor p = dsc_tensor_view(mx, DSC_DTYPE_F32, 1, &r.count, DSC_CPU);
-        assert_ok(dsc_comm_allreduce(world, &p, DSC_REDUCE_OP_MAX));
-        assert_memory_equal(mx, r.params, (size_t)r.count * sizeof *mx);
+            assert_true(flags[s] == lo[s]);     /* every rank skipped the same steps */
+        assert_true(replicas_agree(world, &r)); /* replicas identical */
         printf("  fp16 ZeRO-%d from loss scale 2^19: %d of %d steps skipped, the same on every rank\n", stage,
                skipped, STEPS);
         assert_true(skipped >= 1 && skipped < STEPS);
-        free(mx);
         free(r.params);
     }
     unlink(data_path);
@@ -224,9 +283,8 @@ static void test_fp16_overflow_agreed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_dp_equals_one_rank),
-        cmocka_unit_test(test_zero_bf16_master_sharded),
-        cmocka_unit_test(test_overlap_packed_bitwise),
+        cmocka_unit_test(test_bf16_dp_equals_one_rank),     cmocka_unit_test(test_zero_bf16_master_sharded),
+        cmocka_unit_test(test_zero_gathers_in_param_dtype), cmocka_unit_test(test_overlap_packed_bitwise),
         cmocka_unit_test(test_fp16_overflow_agreed),
     };
     return DSC_RUN_MPI_TESTS(tests);
