@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_simd.h"
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
@@ -78,10 +79,8 @@ enum { SWIGLU_CHUNK = 16384 };
 
 static void swiglu_range(void *arg, int64_t ch) {
     const swiglu_job *J = arg;
-    int64_t i1 = (ch + 1) * SWIGLU_CHUNK < J->n ? (ch + 1) * SWIGLU_CHUNK : J->n;
-#pragma omp simd
-    for (int64_t i = ch * SWIGLU_CHUNK; i < i1; i++)
-        J->out[i] = J->gate[i] * sigmoid(J->gate[i]) * J->up[i];
+    int64_t i0 = ch * SWIGLU_CHUNK, i1 = i0 + SWIGLU_CHUNK < J->n ? i0 + SWIGLU_CHUNK : J->n;
+    dsc_cpu_swiglu_rows(J->out + i0, J->gate + i0, J->up + i0, i1 - i0);
 }
 
 dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,

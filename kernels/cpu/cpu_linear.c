@@ -8,7 +8,6 @@
  * the pool's in its scope: cpu_pool.h). */
 #include <cblas.h>
 #include <limits.h>
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -107,10 +106,7 @@ static void swiglu_chunk(void *arg, int64_t ch) {
         dot_rows(g, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)r0 * rb, J->f, J->c, 0, nr);
         dot_rows(u, ROW_CHUNK, J->x, J->xq, i0, m, J->w + (size_t)(J->F + r0) * rb, J->f, J->c, 0, nr);
         for (int64_t i = 0; i < m; i++)
-            for (int64_t r = 0; r < nr; r++) {
-                float gv = g[i * ROW_CHUNK + r]; /* as dsc_cpu_swiglu_forward: gate * sigmoid(gate) * up */
-                J->act[(i0 + i) * J->F + r0 + r] = gv * (1.0f / (1.0f + expf(-gv))) * u[i * ROW_CHUNK + r];
-            }
+            dsc_cpu_swiglu_rows(J->act + (i0 + i) * J->F + r0, g + i * ROW_CHUNK, u + i * ROW_CHUNK, nr);
     }
 }
 

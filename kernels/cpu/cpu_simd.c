@@ -1,4 +1,4 @@
-/* The narrow-weight dot products, weight widening and vector exponential of
+/* The narrow-weight dot products, weight widening, vector exponential and SwiGLU of
  * cpu_simd.h. The AVX2 versions are compiled for that target only (function
  * attributes), so the library still builds and runs for any x86-64 (or
  * other) CPU; __builtin_cpu_supports picks them at run time. Weights stay
@@ -109,6 +109,11 @@ static void dot_rows_scalar(float *y, int64_t ldy, const float *x, int64_t m, co
         for (int64_t i = 0; i < m; i++)
             y[i * ldy + r] = acc[i];
     }
+}
+
+static void swiglu_scalar(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 static float exp_shift_sum_scalar(float *x, int64_t n, float shift) {
@@ -473,6 +478,17 @@ AVX2 static float exp_shift_sum_avx2(float *x, int64_t n, float shift) {
         sum += x[i] = expf(x[i] - shift);
     return sum;
 }
+
+AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)); /* gate * sigmoid(gate) = gate / (1 + e^-gate) */
+        _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_mul_ps(g, _mm256_loadu_ps(up + i)), _mm256_add_ps(one, e)));
+    }
+    swiglu_scalar(out + i, gate + i, up + i, n - i);
+}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -526,4 +542,14 @@ float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift) {
     if (dsc_cpu_simd()) return exp_shift_sum_avx2(x, n, shift);
 #endif
     return exp_shift_sum_scalar(x, n, shift);
+}
+
+void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t n) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) {
+        swiglu_avx2(out, gate, up, n);
+        return;
+    }
+#endif
+    swiglu_scalar(out, gate, up, n);
 }
