@@ -41,12 +41,19 @@ static int scratch_table(dsc_forward_scratch *s, scratch_entry *e) {
     F = F > mc->d_ff_shared ? F : mc->d_ff_shared;
     int64_t Y2 = mc->parallel_residual ? N * C : 0, P = mc->d_embed && mc->d_embed != C ? mc->d_embed : 0;
     const scratch_entry table[] = {
-        {(void **)&s->x, N * C * sizeof(float)},   {(void **)&s->h, N * C * sizeof(float)},
-        {(void **)&s->y, N * C * sizeof(float)},   {(void **)&s->qkv, N * (Q + 2 * KV) * sizeof(float)},
-        {(void **)&s->att, N * Q * sizeof(float)}, {(void **)&s->ff1, N * 2 * F * sizeof(float)},
-        {(void **)&s->moe, N * C * sizeof(float)}, {(void **)&s->y2, Y2 * sizeof(float)},
-        {(void **)&s->emb, N * P * sizeof(float)}, {(void **)&s->router, N * E * sizeof(float)},
-        {(void **)&s->pos, N * sizeof(int32_t)},   {(void **)&s->last, S * C * sizeof(float)},
+        {(void **)&s->x, N * C * sizeof(float)},
+        {(void **)&s->h, N * C * sizeof(float)},
+        {(void **)&s->y, N * C * sizeof(float)},
+        {(void **)&s->qkv, N * (Q + 2 * KV) * sizeof(float)},
+        {(void **)&s->att, N * Q * sizeof(float)},
+        {(void **)&s->ff1, N * 2 * F * sizeof(float)},
+        {(void **)&s->moe, N * C * sizeof(float)},
+        {(void **)&s->y2, Y2 * sizeof(float)},
+        {(void **)&s->emb, N * P * sizeof(float)},
+        {(void **)&s->router, N * E * sizeof(float)},
+        {(void **)&s->pos, N * sizeof(int32_t)},
+        {(void **)&s->last, S * C * sizeof(float)},
+        {(void **)&s->rope, N * dsc_model_rope_dims(mc) * sizeof(float)},
     };
     int n = (int)(sizeof table / sizeof table[0]);
     for (int i = 0; i < n; i++)
@@ -177,25 +184,26 @@ static dsc_status embed(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc_f
 typedef struct rope_job {
     const dsc_infer_model *m;
     float *q, *k;
-    const int32_t *pos;
+    const float *cs; /* (n, D) */
     int64_t n;
 } rope_job;
 
-/* A chunk is ROPE_TOKENS tokens' q and k heads (dsc_model_rope stays on its thread at that count). */
+/* A chunk is ROPE_TOKENS tokens' q and k heads. */
 enum { ROPE_TOKENS = 8 };
 
 static void rope_chunk(void *arg, int64_t ch) {
     const rope_job *R = arg;
     const dsc_infer_model_config *mc = &R->m->shard;
     int64_t t0 = ch * ROPE_TOKENS, n = R->n - t0 < ROPE_TOKENS ? R->n - t0 : ROPE_TOKENS;
-    dsc_model_rope(R->m, R->q + t0 * mc->n_head * mc->head_size, n, mc->n_head, R->pos + t0);
-    dsc_model_rope(R->m, R->k + t0 * mc->n_kv_head * mc->head_size, n, mc->n_kv_head, R->pos + t0);
+    const float *cs = R->cs + t0 * dsc_model_rope_dims(mc);
+    dsc_model_rope(R->m, R->q + t0 * mc->n_head * mc->head_size, n, mc->n_head, cs);
+    dsc_model_rope(R->m, R->k + t0 * mc->n_kv_head * mc->head_size, n, mc->n_kv_head, cs);
 }
 
 /* RoPE on q (N, NH, HS) and k (N, NKV, HS) through the decode pool (kernels/cpu/cpu_pool.h), so a
  * forward's short loops never wait for a late thread, as its GEMVs and attention do not. */
-static void rope_qk(const dsc_infer_model *m, float *q, float *k, int64_t n, const int32_t *pos) {
-    rope_job R = {.m = m, .q = q, .k = k, .pos = pos, .n = n};
+static void rope_qk(const dsc_infer_model *m, float *q, float *k, int64_t n, const float *cs) {
+    rope_job R = {.m = m, .q = q, .k = k, .cs = cs, .n = n};
     dsc_cpu_pool_run(rope_chunk, &R, (n + ROPE_TOKENS - 1) / ROPE_TOKENS);
 }
 
@@ -215,7 +223,7 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
         DSC_TRY(project(m, k, s->h, N, C, w, b, Q, KV));
         DSC_TRY(project(m, v, s->h, N, C, w, b, Q + KV, KV));
     }
-    if (dsc_model_rope_dims(mc) > 0) rope_qk(m, q, k, N, s->pos);
+    if (dsc_model_rope_dims(mc) > 0) rope_qk(m, q, k, N, s->rope);
     int64_t qs[3] = {N, mc->n_head, mc->head_size}, ks[3] = {N, mc->n_kv_head, mc->head_size};
     dsc_tensor qv = dsc_tensor_view(q, DSC_DTYPE_F32, 3, qs, DSC_CPU);
     dsc_tensor kv = dsc_tensor_view(k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
@@ -328,6 +336,7 @@ static dsc_status forward(dsc_infer_model *m, const dsc_ragged_batch *batch, dsc
               "batch of %lld tokens / %lld sequences exceeds the scratch (%lld / %lld)", (long long)N,
               (long long)S, (long long)s->max_tokens, (long long)s->max_seqs);
     DSC_TRY(positions(m, batch, s->pos));
+    if (dsc_model_rope_dims(mc) > 0) dsc_model_rope_angles(m, s->rope, N, s->pos);
     if (m->first) DSC_TRY(embed(m, batch, s));
     for (int32_t l = m->layer0; l < m->layer1; l++)
         DSC_TRY(block(m, l, batch, cache, s));

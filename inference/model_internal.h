@@ -116,6 +116,7 @@ typedef struct dsc_forward_scratch {
     float *moe;    /* (N, C) expert output before the weighted sum */
     float *router; /* (N, E) */
     int32_t *pos;  /* (N) positions as i32 */
+    float *rope;   /* (N, D) cosines then sines of each token's RoPE angles (dsc_model_rope_angles) */
     float *last;   /* (S, C) final hidden state of each sequence's last token */
     size_t bytes;
     dsc_infer_model_config cfg;  /* the sizes the buffers were made for */
@@ -150,9 +151,12 @@ dsc_status dsc_model_moe(const dsc_infer_model *m, int32_t layer, int64_t n, con
                          dsc_forward_scratch *s);
 /* The dims of each head RoPE rotates (0: none, learned positions). */
 int32_t dsc_model_rope_dims(const dsc_infer_model_config *mc);
-/* RoPE on the first dsc_model_rope_dims of each head of x (N, heads, HS) in
- * place at per-token positions, with m->inv_freq. */
-void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos);
+/* cs (N, D): the cosines (first D/2) and sines (last D/2) of each token's RoPE angles,
+ * pos[t] * m->inv_freq, over the D = dsc_model_rope_dims rotated dims. */
+void dsc_model_rope_angles(const dsc_infer_model *m, float *cs, int64_t n, const int32_t *pos);
+/* RoPE on the first D dims of each head of x (N, heads, HS) in place, by cs from
+ * dsc_model_rope_angles. */
+void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const float *cs);
 /* The GPT family's MLP activation (mc->activation) of x into out, same shape. */
 dsc_status dsc_model_activation(const dsc_infer_model_config *mc, dsc_tensor *out, const dsc_tensor *x);
 /* Fills m->inv_freq from the config (theta, Llama-3 scaling). */

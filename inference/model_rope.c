@@ -7,11 +7,11 @@
  * derives its frequencies from theta alone over whole heads and so can
  * express neither; this table path serves every RoPE model instead of
  * keeping two. Rotate-half pairing (i, i + D/2), angles in double, as the
- * training kernel. */
+ * training kernel; their cosines and sines once per forward (every layer
+ * rotates at the same positions). */
 #include <math.h>
 #include <stdlib.h>
 
-#include "dsc/kernels.h"
 #include "inference/model_internal.h"
 
 int32_t dsc_model_rope_dims(const dsc_infer_model_config *mc) {
@@ -44,19 +44,27 @@ dsc_status dsc_model_rope_init(dsc_infer_model *m) {
     return NULL;
 }
 
-void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const int32_t *pos) {
-    int32_t hs = m->cfg.head_size, half = dsc_model_rope_dims(&m->cfg) / 2;
-    int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (n > 16) schedule(static)
-    for (int64_t t = 0; t < n; t++) {
+void dsc_model_rope_angles(const dsc_infer_model *m, float *cs, int64_t n, const int32_t *pos) {
+    int32_t half = dsc_model_rope_dims(&m->cfg) / 2;
+    for (int64_t t = 0; t < n; t++)
         for (int32_t i = 0; i < half; i++) {
             double angle = (double)pos[t] * (double)m->inv_freq[i];
-            float c = (float)cos(angle), s = (float)sin(angle);
-            for (int32_t h = 0; h < heads; h++) {
-                float *row = x + (t * heads + h) * hs;
+            cs[t * 2 * half + i] = (float)cos(angle);
+            cs[t * 2 * half + half + i] = (float)sin(angle);
+        }
+}
+
+void dsc_model_rope(const dsc_infer_model *m, float *x, int64_t n, int32_t heads, const float *cs) {
+    int32_t hs = m->cfg.head_size, half = dsc_model_rope_dims(&m->cfg) / 2;
+    for (int64_t t = 0; t < n; t++) {
+        const float *c = cs + t * 2 * half, *s = c + half;
+        for (int32_t h = 0; h < heads; h++) {
+            float *row = x + (t * heads + h) * hs;
+#pragma omp simd
+            for (int32_t i = 0; i < half; i++) {
                 float a = row[i], b = row[i + half];
-                row[i] = a * c - b * s;
-                row[i + half] = b * c + a * s;
+                row[i] = a * c[i] - b * s[i];
+                row[i + half] = b * c[i] + a * s[i];
             }
         }
     }

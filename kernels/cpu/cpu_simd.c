@@ -1,4 +1,4 @@
-/* The narrow-weight dot products, weight widening, vector exponential and SwiGLU of
+/* The narrow-weight dot products, weight widening, vector exponential, row max and SwiGLU of
  * cpu_simd.h. The AVX2 versions are compiled for that target only (function
  * attributes), so the library still builds and runs for any x86-64 (or
  * other) CPU; __builtin_cpu_supports picks them at run time. Weights stay
@@ -109,6 +109,13 @@ static void dot_rows_scalar(float *y, int64_t ldy, const float *x, int64_t m, co
         for (int64_t i = 0; i < m; i++)
             y[i * ldy + r] = acc[i];
     }
+}
+
+static float max_scalar(const float *x, int64_t n) {
+    float best = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        best = x[i] > best ? x[i] : best;
+    return best;
 }
 
 static void swiglu_scalar(float *out, const float *gate, const float *up, int64_t n) {
@@ -479,6 +486,56 @@ AVX2 static float exp_shift_sum_avx2(float *x, int64_t n, float shift) {
     return sum;
 }
 
+/* exp8 sixteen lanes at a time; lanes past n of the last step are masked off. */
+AVX512 static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+}
+
+AVX512 static float exp_shift_sum_avx512(float *x, int64_t n, float shift) {
+    __m512 s = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 lanes = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), s));
+        _mm512_mask_storeu_ps(x + i, lanes, e);
+        acc = _mm512_mask_add_ps(acc, lanes, acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+AVX2 static float max_avx2(const float *x, int64_t n) {
+    __m256 acc[4];
+    for (int a = 0; a < 4; a++)
+        acc[a] = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) /* four chains: one max_ps each waits for its own */
+        for (int a = 0; a < 4; a++)
+            acc[a] = _mm256_max_ps(_mm256_loadu_ps(x + i + 8 * a), acc[a]); /* a NaN x keeps acc, as max_scalar */
+    for (; i + 8 <= n; i += 8)
+        acc[0] = _mm256_max_ps(_mm256_loadu_ps(x + i), acc[0]);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float best = _mm_cvtss_f32(h);
+    float rest = max_scalar(x + i, n - i);
+    return rest > best ? rest : best;
+}
+
 AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
@@ -539,6 +596,7 @@ void dsc_cpu_widen_rows(float *dst, const void *w, dsc_weight_format format, int
 
 float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift) {
 #ifdef DSC_HAVE_AVX2_BUILD
+    if (simd_level() == SIMD_AVX512) return exp_shift_sum_avx512(x, n, shift);
     if (dsc_cpu_simd()) return exp_shift_sum_avx2(x, n, shift);
 #endif
     return exp_shift_sum_scalar(x, n, shift);
@@ -552,4 +610,11 @@ void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t
     }
 #endif
     swiglu_scalar(out, gate, up, n);
+}
+
+float dsc_cpu_max(const float *x, int64_t n) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) return max_avx2(x, n);
+#endif
+    return max_scalar(x, n);
 }

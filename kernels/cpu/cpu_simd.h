@@ -1,5 +1,5 @@
 /* Private to the CPU kernels (and the paged attention, which tiles the same
- * way): the loops that read narrow weights, the vector exponential and SwiGLU, each
+ * way): the loops that read narrow weights, the vector exponential, the row max and SwiGLU, each
  * in an AVX2 + FMA + F16C version and a portable scalar one. The choice is
  * made at run time (machines differ), once: dsc_cpu_simd() says which runs.
  * Not here: threading (the callers split rows between threads). */
@@ -45,6 +45,8 @@ void dsc_cpu_dot_rows(float *y, int64_t ldy, const float *x, int64_t m, const vo
 void dsc_cpu_widen_rows(float *dst, const void *w, dsc_weight_format format, int64_t c, int64_t r0, int64_t r1);
 /* x[i] = exp(x[i] - shift) for i < n; returns their sum. */
 float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift);
+/* The largest of x[0 .. n) (NaNs skipped; -inf when n is 0 or all are NaN). */
+float dsc_cpu_max(const float *x, int64_t n);
 /* out[i] = gate[i] * sigmoid(gate[i]) * up[i] for i < n (out may be gate or up). */
 void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t n);
 

@@ -1,6 +1,7 @@
 /* Paged attention against dense causal attention: random sequences are fed
  * through the blocked cache in several ragged batches (whole prompts, chunked
- * prompts continuing from the cache, single decode tokens), with GQA and
+ * prompts continuing from the cache, single decode tokens; one prompt longer
+ * than the kernel's query and key tiles), with GQA and
  * block sizes 1, 4 and 16, f32 and bf16 caches; each output row must equal
  * naive attention of that sequence alone over its full history (for bf16,
  * over keys and values rounded to bf16). */
@@ -13,7 +14,8 @@
 #include "dsc/rng.h"
 #include "test_mpi.h"
 
-enum { NH = 4, NKV = 2, HS = 8, NSEQ = 3, MAXLEN = 40 };
+/* MAXLEN spans several query tiles (128 rows) and key tiles (256 keys) of the kernel. */
+enum { NH = 4, NKV = 2, HS = 8, NSEQ = 3, MAXLEN = 300, FIRST_CHUNK = 280 };
 
 /* Naive causal attention of query (NH, HS) at position pos over keys/values
  * (pos + 1, NKV, HS) of one sequence, in double. */
@@ -75,7 +77,7 @@ static void run_case(int32_t block_size, uint64_t seed, dsc_dtype dtype) {
     static float q[NSEQ][MAXLEN][NH * HS], k[NSEQ][MAXLEN][NKV * HS], v[NSEQ][MAXLEN][NKV * HS];
     static float kref[NSEQ][MAXLEN][NKV * HS], vref[NSEQ][MAXLEN][NKV * HS]; /* as the cache stores them */
     for (int s = 0; s < NSEQ; s++) {
-        len[s] = 5 + (int64_t)dsc_rng_below(&rng, MAXLEN - 5);
+        len[s] = s == 0 ? MAXLEN : 5 + (int64_t)dsc_rng_below(&rng, MAXLEN - 5);
         fill_normal(&q[s][0][0], MAXLEN * NH * HS, &rng);
         fill_normal(&k[s][0][0], MAXLEN * NKV * HS, &rng);
         fill_normal(&v[s][0][0], MAXLEN * NKV * HS, &rng);
@@ -98,6 +100,7 @@ static void run_case(int32_t block_size, uint64_t seed, dsc_dtype dtype) {
             if (done[s] == len[s]) continue;
             int64_t left = len[s] - done[s];
             int64_t chunk = dsc_rng_below(&rng, 3) == 0 ? 1 : 1 + (int64_t)dsc_rng_below(&rng, (uint64_t)left);
+            if (s == 0 && done[s] == 0) chunk = FIRST_CHUNK; /* a long prompt, then continuations from the cache */
             uids[n] = 100 + (uint64_t)s;
             counts[n] = (int32_t)chunk;
             tokens[n++] = dummy;
