@@ -1,8 +1,7 @@
 /* LayerNorm and RMSNorm on the CPU. Forward and the input gradient are
- * parallel over rows; the weight/bias gradients are a second pass parallel
- * over channel blocks, so every accumulator has exactly one owner (no atomics,
- * no per-thread buffers). Statistics are computed in double: rows are long
- * and a one-pass float variance loses digits. */
+ * parallel over rows (RMSNorm's forward on the pool in its scope: cpu_pool.h); the weight/bias gradients are a
+ * second pass parallel over channel blocks, so every accumulator has exactly one owner (no atomics, no per-thread
+ * buffers). Statistics are computed in double: rows are long and a one-pass float variance loses digits. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -91,23 +90,47 @@ dsc_status dsc_cpu_layernorm_backward(const dsc_backend *backend, float *dx, flo
     return NULL;
 }
 
+typedef struct rmsnorm_job {
+    float *out, *rstd;
+    const float *x, *w;
+    int64_t n, c;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_row(const rmsnorm_job *J, int64_t r) {
+    const int64_t c = J->c;
+    const float *xr = J->x + r * c;
+    float *o = J->out + r * c;
+    double sq = 0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t i = 0; i < c; i++)
+        sq += (double)xr[i] * xr[i];
+    float s = (float)(1.0 / sqrt((c ? sq / (double)c : 0.0) + J->eps));
+    for (int64_t i = 0; i < c; i++)
+        o[i] = xr[i] * s * J->w[i];
+    if (J->rstd) J->rstd[r] = s;
+}
+
+enum { NORM_POOL_ROWS = 16 }; /* rows per pool chunk */
+
+static void rmsnorm_chunk(void *arg, int64_t ch) {
+    const rmsnorm_job *J = arg;
+    for (int64_t r = ch * NORM_POOL_ROWS; r < J->n && r < (ch + 1) * NORM_POOL_ROWS; r++)
+        rmsnorm_row(J, r);
+}
+
 dsc_status dsc_cpu_rmsnorm_forward(const dsc_backend *backend, float *out, float *rstd, const float *x,
                                    const float *w, int64_t n, int64_t c, float eps) {
     (void)backend;
+    rmsnorm_job J = {.out = out, .rstd = rstd, .x = x, .w = w, .n = n, .c = c, .eps = eps};
+    if (dsc_cpu_pool_scope() && n * c > DSC_CPU_PARALLEL_MIN) { /* the prefill of the inference forward */
+        dsc_cpu_pool_run(rmsnorm_chunk, &J, (n + NORM_POOL_ROWS - 1) / NORM_POOL_ROWS);
+        return NULL;
+    }
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * c;
-        float *o = out + r * c;
-        double sq = 0;
-#pragma omp simd reduction(+ : sq)
-        for (int64_t i = 0; i < c; i++)
-            sq += (double)xr[i] * xr[i];
-        float s = (float)(1.0 / sqrt((c ? sq / (double)c : 0.0) + eps));
-        for (int64_t i = 0; i < c; i++)
-            o[i] = xr[i] * s * w[i];
-        if (rstd) rstd[r] = s;
-    }
+    for (int64_t r = 0; r < n; r++)
+        rmsnorm_row(&J, r);
     return NULL;
 }
 

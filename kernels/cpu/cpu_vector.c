@@ -1,4 +1,5 @@
-/* Flat-vector reductions (in double) and elementwise helpers on the CPU. */
+/* Flat-vector reductions (in double) and elementwise helpers on the CPU (axpy, the inference
+ * forward's residual add, on the pool in its scope: cpu_pool.h). */
 #include <math.h>
 #include <string.h>
 
@@ -35,8 +36,30 @@ dsc_status dsc_cpu_scale(const dsc_backend *backend, float *x, float s, int64_t 
     return NULL;
 }
 
+typedef struct axpy_job {
+    float *y;
+    const float *x;
+    float a;
+    int64_t n;
+} axpy_job;
+
+enum { AXPY_CHUNK = 16384 }; /* floats per pool chunk */
+
+static void axpy_chunk(void *arg, int64_t ch) {
+    const axpy_job *J = arg;
+    int64_t i0 = ch * AXPY_CHUNK, i1 = i0 + AXPY_CHUNK < J->n ? i0 + AXPY_CHUNK : J->n;
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++)
+        J->y[i] += J->a * J->x[i];
+}
+
 dsc_status dsc_cpu_axpy(const dsc_backend *backend, float *y, float a, const float *x, int64_t n) {
     (void)backend;
+    if (dsc_cpu_pool_scope() && n > DSC_CPU_PARALLEL_MIN) { /* the residual adds of the inference prefill */
+        axpy_job J = {.y = y, .x = x, .a = a, .n = n};
+        dsc_cpu_pool_run(axpy_chunk, &J, (n + AXPY_CHUNK - 1) / AXPY_CHUNK);
+        return NULL;
+    }
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
