@@ -3,7 +3,9 @@
  * beside the memory-bandwidth roofline (weight bytes read per token ÷ the
  * read rate measured here, on the same threads), and prefill tokens/s of
  * one prompt beside the sgemm-rate limit (2 · weights · tokens FLOP at the
- * rate of a 768 x 768 x 512 GEMM, measured here too).
+ * rate of a 768 x 768 x 512 GEMM, measured here too), with the shares of its
+ * phases: the projections' GEMMs and the paged attention, each timed alone
+ * on the model's shapes, and the rest.
  *
  * With --batch B it also runs B sequences through the scheduler at once
  * (continuous batching: each a 16-token prompt, then `steps` greedy
@@ -25,6 +27,7 @@
 #include "bench/bench_clock.h"
 #include "dsc/inference.h"
 #include "dsc/kernels.h"
+#include "dsc/kv_cache.h"
 #include "dsc/memory.h"
 
 /* CPU seconds of the whole process (every thread; spinning counts): less
@@ -178,6 +181,100 @@ static double gemv_rate(const dsc_infer_model *m) {
     free(x);
     free(y);
     return 1.0 / best;
+}
+
+/* Seconds of rows [r0, r0 + rows) of weight w (format f) over x (n, c) into y, as the prefill runs
+ * each projection: one GEMM per block of the fused parameters. */
+static double time_rows(const dsc_tensor *w, dsc_weight_format f, int64_t r0, int64_t rows, float *x, float *y,
+                        int64_t n, int64_t c, dsc_tensor *ws) {
+    size_t rb = dsc_weight_row_bytes(f, c);
+    dsc_tensor wv =
+        dsc_tensor_view((char *)w->data + (size_t)r0 * rb, w->dtype, 2, (int64_t[]){rows, w->shape[1]}, DSC_CPU);
+    dsc_tensor xv = dsc_tensor_view(x, DSC_DTYPE_F32, 2, (int64_t[]){n, c}, DSC_CPU);
+    dsc_tensor yv = dsc_tensor_view(y, DSC_DTYPE_F32, 2, (int64_t[]){n, rows}, DSC_CPU);
+    double t = now_s();
+    die(dsc_kernel_linear_forward_packed(&yv, &xv, &wv, NULL, ws->data ? ws : NULL));
+    return now_s() - t;
+}
+
+/* The prefill's two GEMM phases on their own, best of 3 passes over every layer at T tokens:
+ * *linear the projections as the forward splits them (q, k, v, attention output, gate, up,
+ * down), *attention the paged attention of one T-token prompt (12 heads of the model's
+ * shape over a fresh cache). What prefill took beyond the two is the rest: norms, RoPE,
+ * SwiGLU, residual adds, the KV writes' share outside attention, the last token's logits. */
+static void prefill_phases(const dsc_infer_model *m, dsc_weight_format f, int32_t T, double *linear,
+                           double *attention) {
+    const dsc_infer_model_config *mc = dsc_infer_model_get_config(m);
+    const int64_t C = mc->d_model, Q = (int64_t)mc->n_head * mc->head_size,
+                  KV = (int64_t)mc->n_kv_head * mc->head_size, F = mc->d_ff, wide = Q > F ? Q : F;
+    int threads = dsc_kernels_get_num_threads();
+    int64_t wsf = dsc_kernel_linear_packed_workspace(f, wide, threads);
+    float *x = calloc((size_t)(T * wide), sizeof *x), *y = calloc((size_t)(T * 2 * F + T * Q), sizeof *y);
+    float *wsp = wsf ? calloc((size_t)wsf, sizeof *wsp) : NULL;
+    dsc_tensor ws = dsc_tensor_view(wsp, DSC_DTYPE_F32, 1, &wsf, DSC_CPU);
+    *linear = *attention = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t = 0;
+        for (int32_t l = 0; l < mc->n_layer; l++) {
+            dsc_tensor qkv, o, up, down;
+            die(dsc_infer_model_param(m, l, DSC_PARAM_ROLE_QKV_W, &qkv));
+            die(dsc_infer_model_param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W, &o));
+            die(dsc_infer_model_param(m, l, DSC_PARAM_ROLE_MLP1_W, &up));
+            die(dsc_infer_model_param(m, l, DSC_PARAM_ROLE_MLP2_W, &down));
+            t += time_rows(&qkv, f, 0, Q, x, y, T, C, &ws) + time_rows(&qkv, f, Q, KV, x, y, T, C, &ws) +
+                 time_rows(&qkv, f, Q + KV, KV, x, y, T, C, &ws) + time_rows(&o, f, 0, C, x, y, T, Q, &ws);
+            for (int64_t r0 = 0; r0 < up.shape[0]; r0 += F) /* gate, then up (a GELU MLP has one) */
+                t += time_rows(&up, f, r0, F, x, y, T, C, &ws);
+            t += time_rows(&down, f, 0, C, x, y, T, F, &ws);
+        }
+        *linear = t < *linear ? t : *linear;
+    }
+    dsc_kv_config kc = {.num_layers = 1,
+                        .num_kv_heads = mc->n_kv_head,
+                        .head_size = mc->head_size,
+                        .block_size = 16,
+                        .max_sequences = 1,
+                        .max_context = T,
+                        .max_tokens_per_forward = T,
+                        .max_batch_sequences = 1,
+                        .dtype = DSC_DTYPE_F32};
+    kc.kv_cache_bytes = (int64_t)dsc_kv_config_block_bytes(&kc) * (T / 16 + 2);
+    dsc_kv_cache *cache;
+    dsc_kv_state *state;
+    dsc_ragged_batch batch;
+    die(dsc_kv_cache_create(&cache, &kc, DSC_CPU));
+    die(dsc_kv_state_create(&state, &kc, dsc_kv_cache_blocks(cache)));
+    die(dsc_ragged_batch_init(&batch, &kc));
+    dsc_tensor layer;
+    die(dsc_kv_cache_layer(cache, 0, &layer));
+    int32_t *tokens = calloc((size_t)T, sizeof *tokens);
+    const int32_t *tp = tokens;
+    uint64_t uid = 1;
+    float *q = y, *k = q + T * Q, *v = k + T * KV, *out = x; /* contents do not matter for the time */
+    int64_t qs[3] = {T, mc->n_head, mc->head_size}, ks[3] = {T, mc->n_kv_head, mc->head_size};
+    dsc_tensor tq = dsc_tensor_view(q, DSC_DTYPE_F32, 3, qs, DSC_CPU),
+               tk = dsc_tensor_view(k, DSC_DTYPE_F32, 3, ks, DSC_CPU);
+    dsc_tensor tv = dsc_tensor_view(v, DSC_DTYPE_F32, 3, ks, DSC_CPU),
+               to = dsc_tensor_view(out, DSC_DTYPE_F32, 3, qs, DSC_CPU);
+    for (int r = 0; r < 3; r++) {
+        double t = 0;
+        for (int32_t l = 0; l < mc->n_layer; l++) {
+            die(dsc_ragged_batch_build(&batch, state, 1, &uid, &tp, &T));
+            double t0 = now_s();
+            die(dsc_paged_attention_forward(&to, &tq, &tk, &tv, &batch, &layer));
+            t += now_s() - t0;
+            die(dsc_ragged_batch_finish(&batch, state));
+            die(dsc_kv_state_flush(state, uid));
+        }
+        *attention = t < *attention ? t : *attention;
+    }
+    dsc_ragged_batch_free(&batch);
+    dsc_kv_state_destroy(state);
+    dsc_kv_cache_destroy(cache);
+    free(tokens);
+    free(x);
+    free(y);
+    free(wsp);
 }
 
 static dsc_status count_token(void *user, uint64_t uid, int32_t token, bool finished) {
@@ -354,6 +451,12 @@ int main(int argc, char **argv) {
     printf("gemv_only_tok_s %.2f\ngemv_only_of_roofline %.3f\n", gemv, gemv / roof_dec);
     printf("gemm_GFLOP_s %.1f\nprefill_limit_tok_s %.1f\nprefill_of_limit %.3f\n", flops / 1e9, roof_pre,
            pre[reps / 2] / roof_pre);
+    double linear, attention, prefill_s = T / pre[reps / 2];
+    prefill_phases(m, format, T, &linear, &attention);
+    printf("prefill_ms %.1f\nprefill_linear_ms %.1f\nprefill_linear_share %.3f\nprefill_attention_ms %.1f\n"
+           "prefill_attention_share %.3f\nprefill_rest_share %.3f\n",
+           1e3 * prefill_s, 1e3 * linear, linear / prefill_s, 1e3 * attention, attention / prefill_s,
+           1 - (linear + attention) / prefill_s);
     free(prompt);
     free(logits);
     dsc_infer_engine_destroy(e);
