@@ -207,6 +207,7 @@ static void rope_qk(const dsc_infer_model *m, float *q, float *k, int64_t n, con
     dsc_cpu_pool_run(rope_chunk, &R, (n + ROPE_TOKENS - 1) / ROPE_TOKENS);
 }
 
+/* s->att (N, Q) = attention of layer l over s->h, before the output projection. */
 static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragged_batch *batch,
                             dsc_kv_cache *cache, dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->shard;
@@ -231,14 +232,12 @@ static dsc_status attention(const dsc_infer_model *m, int32_t l, const dsc_ragge
     dsc_tensor out = dsc_tensor_view(s->att, DSC_DTYPE_F32, 3, qs, DSC_CPU);
     dsc_tensor layer_cache; /* the stage's cache holds its layers only */
     DSC_TRY(dsc_kv_cache_layer(cache, l - m->layer0, &layer_cache));
-    DSC_TRY(dsc_paged_attention_forward(&out, &qv, &kv, &vv, batch, &layer_cache));
-    const dsc_tensor *wo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W);
-    return project(m, s->y, s->att, N, Q, wo, dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B)), 0,
-                   mc->d_model);
+    return dsc_paged_attention_forward(&out, &qv, &kv, &vv, batch, &layer_cache);
 }
 
-dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, const float *h, float *out,
-                               dsc_forward_scratch *s) {
+/* s->ff1 (N, F) = the dense MLP's activation of h, before the down projection. */
+static dsc_status mlp_hidden(const dsc_infer_model *m, int32_t l, int64_t N, const float *h,
+                             dsc_forward_scratch *s) {
     const dsc_infer_model_config *mc = &m->shard;
     const dsc_tensor *w1 = param(m, l, DSC_PARAM_ROLE_MLP1_W), *b1 = param(m, l, DSC_PARAM_ROLE_MLP1_B);
     int64_t C = mc->d_model, F = mc->d_ff;
@@ -262,14 +261,53 @@ dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, c
             DSC_TRY(dsc_kernel_swiglu_forward(&a, &gate, &u));
         }
     }
-    return project(m, out, s->ff1, N, F, param(m, l, DSC_PARAM_ROLE_MLP2_W),
-                   dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, C);
+    return NULL;
+}
+
+dsc_status dsc_model_dense_mlp(const dsc_infer_model *m, int32_t l, int64_t N, const float *h, float *out,
+                               dsc_forward_scratch *s) {
+    DSC_TRY(mlp_hidden(m, l, N, h, s));
+    return project(m, out, s->ff1, N, m->shard.d_ff, param(m, l, DSC_PARAM_ROLE_MLP2_W),
+                   dsc_model_row_bias(m, param(m, l, DSC_PARAM_ROLE_MLP2_B)), 0, m->shard.d_model);
 }
 
 /* h (N, C) -> out (N, C). */
 static dsc_status mlp(const dsc_infer_model *m, int32_t l, int64_t N, float *out, dsc_forward_scratch *s) {
     if (dsc_model_is_moe_layer(&m->cfg, l)) return dsc_model_moe(m, l, N, s->h, out, s);
     return dsc_model_dense_mlp(m, l, N, s->h, out, s);
+}
+
+/* s->x (N, C) += in (N, K) @ w^T + b, the projection that ends a sublayer. On one rank with
+ * f32 weights and a prompt-sized batch the GEMM adds into x itself (beta 1: neither a pass of
+ * its own for the add nor the zeroing of an output); otherwise through s->y, summed over the
+ * tensor-parallel ranks first (decode's GEMVs stream into an output they overwrite). */
+static dsc_status project_residual(dsc_infer_model *m, const float *in, int64_t N, int64_t K, const dsc_tensor *w,
+                                   const dsc_tensor *b, dsc_forward_scratch *s) {
+    int64_t C = m->shard.d_model;
+    dsc_tensor xv = dsc_model_view2(s->x, N, C);
+    b = dsc_model_row_bias(m, b);
+    if (!m->tp_comm && w->dtype == DSC_DTYPE_F32 && N > DSC_CPU_STREAM_MAX_ROWS) {
+        dsc_tensor iv = dsc_model_view2((float *)in, N, K), wv = dsc_model_view2(w->data, C, K);
+        return dsc_kernel_gemm(&xv, &iv, &wv, b, false, true, 1.0f, 1.0f);
+    }
+    DSC_TRY(project(m, s->y, in, N, K, w, b, 0, C));
+    DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
+    dsc_tensor yv = dsc_model_view2(s->y, N, C);
+    return dsc_kernel_axpy(&xv, 1.0f, &yv);
+}
+
+/* s->x += mlp(s->h). */
+static dsc_status mlp_residual(dsc_infer_model *m, int32_t l, int64_t N, dsc_forward_scratch *s) {
+    if (dsc_model_is_moe_layer(&m->cfg, l)) {
+        DSC_TRY(dsc_model_moe(m, l, N, s->h, s->y, s));
+        DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
+        dsc_tensor xv = dsc_model_view2(s->x, N, m->shard.d_model),
+                   yv = dsc_model_view2(s->y, N, m->shard.d_model);
+        return dsc_kernel_axpy(&xv, 1.0f, &yv);
+    }
+    DSC_TRY(mlp_hidden(m, l, N, s->h, s));
+    return project_residual(m, s->ff1, N, m->shard.d_ff, param(m, l, DSC_PARAM_ROLE_MLP2_W),
+                            param(m, l, DSC_PARAM_ROLE_MLP2_B), s);
 }
 
 static dsc_status layer_norm(const dsc_infer_model *m, int32_t l, int64_t N, bool mlp_norm, float *out,
@@ -292,7 +330,10 @@ static dsc_status block(dsc_infer_model *m, int32_t l, const dsc_ragged_batch *b
     else
         DSC_TRY(layer_norm(m, l, N, false, s->h, s->x));
     DSC_TRY(attention(m, l, batch, cache, s));
+    const dsc_tensor *wo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_W), *bo = param(m, l, DSC_PARAM_ROLE_ATTN_OUT_B);
+    int64_t Q = (int64_t)m->shard.n_head * m->shard.head_size;
     if (mc->parallel_residual) {
+        DSC_TRY(project(m, s->y, s->att, N, Q, wo, dsc_model_row_bias(m, bo), 0, C));
         DSC_TRY(layer_norm(m, l, N, true, s->h, s->x));
         DSC_TRY(mlp(m, l, N, s->y2, s));
         dsc_tensor y2 = dsc_model_view2(s->y2, N, C);
@@ -300,14 +341,11 @@ static dsc_status block(dsc_infer_model *m, int32_t l, const dsc_ragged_batch *b
         DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
         return dsc_kernel_axpy(&xv, 1.0f, &yv);
     }
-    DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
-    DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
+    DSC_TRY(project_residual(m, s->att, N, Q, wo, bo, s));
     /* Post-norm: the normed sum is both the residual and the MLP's input. */
     DSC_TRY(layer_norm(m, l, N, !mc->post_norm, s->h, s->x));
     if (mc->post_norm) memcpy(s->x, s->h, (size_t)(N * C) * sizeof *s->x);
-    DSC_TRY(mlp(m, l, N, s->y, s));
-    DSC_TRY(dsc_model_tp_allreduce(m, s->y, N));
-    DSC_TRY(dsc_kernel_axpy(&xv, 1.0f, &yv));
+    DSC_TRY(mlp_residual(m, l, N, s));
     if (!mc->post_norm) return NULL;
     DSC_TRY(layer_norm(m, l, N, true, s->h, s->x));
     memcpy(s->x, s->h, (size_t)(N * C) * sizeof *s->x);
