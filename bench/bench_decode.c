@@ -3,7 +3,8 @@
  * beside the memory-bandwidth roofline (weight bytes read per token ÷ the
  * read rate measured here, on the same threads), and prefill tokens/s of
  * one prompt beside the sgemm-rate limit (2 · weights · tokens FLOP at the
- * rate of a 768 x 768 x 512 GEMM, measured here too), with the shares of its
+ * rate of a 768 x 768 x 512 GEMM, measured right after each prompt; the
+ * ratio is the median of the per-prompt ratios), with the shares of its
  * phases: the projections' GEMMs and the paged attention, each timed alone
  * on the model's shapes, and the rest.
  *
@@ -411,13 +412,16 @@ int main(int argc, char **argv) {
     for (int32_t i = 0; i < prefill_len; i++)
         prompt[i] = (int32_t)((i * 7919 + 11) % mc->vocab_size);
     uint64_t uid = 0;
-    double dec[64], pre[64], cpu[64];
+    double dec[64], pre[64], cpu[64], gemm[64], of_limit[64];
     for (int r = 0; r < reps; r++) {
         /* prefill: the whole prompt in one forward */
         const int32_t *p = prompt;
         double t = now_s();
         die(dsc_infer_engine_put(e, 1, &uid, &p, &prefill_len, logits));
         pre[r] = prefill_len / (now_s() - t);
+        /* The limit right after, so each ratio pairs two figures of the same moment of a shared machine. */
+        gemm[r] = gemm_rate();
+        of_limit[r] = pre[r] / (gemm[r] * T / prefill_flop);
         die(dsc_infer_engine_flush(e, uid));
         /* decode: `steps` greedy tokens after a 16-token prompt */
         int32_t n16 = 16, one = 1, next;
@@ -438,8 +442,10 @@ int main(int argc, char **argv) {
     }
     qsort(dec, (size_t)reps, sizeof *dec, cmp_double);
     qsort(pre, (size_t)reps, sizeof *pre, cmp_double);
+    qsort(gemm, (size_t)reps, sizeof *gemm, cmp_double);
+    qsort(of_limit, (size_t)reps, sizeof *of_limit, cmp_double);
     qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
-    double bw = read_rate(threads), flops = gemm_rate(), gemv = gemv_rate(m);
+    double bw = read_rate(threads), flops = gemm[reps / 2], gemv = gemv_rate(m);
     double roof_dec = bw / bytes_per_token, roof_pre = flops * T / prefill_flop;
     printf("model %s weight_type %s threads %d bytes_per_token %.0f\n", model_dir, weight_type, threads,
            bytes_per_token);
@@ -449,8 +455,8 @@ int main(int argc, char **argv) {
     printf("read_GB_s %.2f\ndecode_roofline_tok_s %.2f\ndecode_of_roofline %.3f\n", bw / 1e9, roof_dec,
            dec[reps / 2] / roof_dec);
     printf("gemv_only_tok_s %.2f\ngemv_only_of_roofline %.3f\n", gemv, gemv / roof_dec);
-    printf("gemm_GFLOP_s %.1f\nprefill_limit_tok_s %.1f\nprefill_of_limit %.3f\n", flops / 1e9, roof_pre,
-           pre[reps / 2] / roof_pre);
+    printf("gemm_GFLOP_s %.1f\nprefill_limit_tok_s %.1f\nprefill_of_limit %.3f\nprefill_of_limit_min %.3f\n",
+           flops / 1e9, roof_pre, of_limit[reps / 2], of_limit[0]);
     double linear, attention, prefill_s = T / pre[reps / 2];
     prefill_phases(m, format, T, &linear, &attention);
     printf("prefill_ms %.1f\nprefill_linear_ms %.1f\nprefill_linear_share %.3f\nprefill_attention_ms %.1f\n"
