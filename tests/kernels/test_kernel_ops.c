@@ -649,6 +649,10 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 31, 70, 45, DSC_WEIGHT_F32, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 17, 53, 40, DSC_WEIGHT_BF16, 0, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 33, 21, 45, DSC_WEIGHT_F16, 1, 1),
+    /* widened panels: vector steps of 8 and 16 columns with a tail, and whole Q8_0 blocks */
+    CASE(linear_packed, case_linear_packed, 1e-4, 40, 19, 45, DSC_WEIGHT_BF16, 1, 2),
+    CASE(linear_packed, case_linear_packed, 1e-4, 35, 140, 37, DSC_WEIGHT_F16, 0, 2),
+    CASE(linear_packed, case_linear_packed, 1e-4, 34, 23, 160, DSC_WEIGHT_Q8_0, 1, 2),
     /* one to four rows over 32-column steps with a tail, 4-row blocks with a remainder, several
      * row chunks (the 512-bit loops, their bf16 even / odd order and their prefetch) */
     CASE(linear_packed, case_linear_packed, 1e-4, 1, 150, 77, DSC_WEIGHT_BF16, 1, 1),
