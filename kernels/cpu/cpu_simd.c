@@ -328,6 +328,21 @@ enum { ZMM_COLS = 32, ZMM_X_MAX = 8192 }; /* columns per step; most x floats per
  * (1, 2 or 4 KB ahead), so it goes without. */
 enum { ZMM_PREFETCH_BYTES = 2048 };
 
+/* Whether those prefetches are issued: on Intel's cores, where they were measured to help; not on
+ * AMD's, where on Zen 4 the same prefetches took f16's GEMV from 28-37 down to 26-27 GB/s (three
+ * interleaved pairs; bf16 no better with them): its hardware prefetcher already follows each row,
+ * and the extra loads take issue slots. */
+static bool zmm_prefetch(void) {
+    static _Atomic int state; /* 0 unknown, 1 off, 2 on */
+    int s = atomic_load(&state);
+    if (!s) {
+        __builtin_cpu_init();
+        s = __builtin_cpu_is("intel") ? 2 : 1;
+        atomic_store(&state, s);
+    }
+    return s == 2;
+}
+
 /* 32 weights of a row from column j as two f32 vectors: columns j..j+15 and j+16..j+31 (f32, f16),
  * or for bf16 the even and the odd columns, each widened by one instruction (a shift, a mask) from
  * one 64-byte load; x is permuted to match (bf16_perm_x). */
@@ -364,7 +379,7 @@ AVX512 static void bf16_perm_x(float *xp, const float *x, int64_t c32) {
 AVX512 __attribute__((always_inline)) static inline void zmm_row(float *y, int64_t ldy, const float *xs,
                                                                  int64_t ldx, const float *x, const uint8_t *row,
                                                                  dsc_weight_format f, int64_t c, int64_t r,
-                                                                 const int M) {
+                                                                 const int M, bool prefetch) {
     __m512 acc[4][DSC_CPU_GEMV_MAX_ROWS];
     for (int u = 0; u < 4; u++)
         for (int i = 0; i < M; i++)
@@ -372,7 +387,7 @@ AVX512 __attribute__((always_inline)) static inline void zmm_row(float *y, int64
     int64_t j = 0;
     for (; M <= 2 && j + 2 * ZMM_COLS <= c; j += 2 * ZMM_COLS) {
         __m512 wv[4];
-        if (f != DSC_WEIGHT_F32) { /* the step's 128 bytes, ZMM_PREFETCH_BYTES ahead */
+        if (f != DSC_WEIGHT_F32 && prefetch) { /* the step's 128 bytes, ZMM_PREFETCH_BYTES ahead */
             const char *p = (const char *)row + j * 2 + ZMM_PREFETCH_BYTES;
             _mm_prefetch(p, _MM_HINT_T0);
             _mm_prefetch(p + 64, _MM_HINT_T0);
@@ -402,8 +417,9 @@ AVX512 __attribute__((always_inline)) static inline void zmm_rows_m(float *y, in
                                                                     dsc_weight_format f, int64_t c, int64_t r0,
                                                                     int64_t r1, const int M) {
     const size_t rb = dsc_cpu_row_bytes(f, c);
+    const bool prefetch = zmm_prefetch();
     for (int64_t r = r0; r < r1; r++)
-        zmm_row(y, ldy, xs, ldx, x, (const uint8_t *)w + (size_t)r * rb, f, c, r, M);
+        zmm_row(y, ldy, xs, ldx, x, (const uint8_t *)w + (size_t)r * rb, f, c, r, M, prefetch);
 }
 
 AVX512 __attribute__((always_inline)) static inline void zmm_rows_fmt(float *y, int64_t ldy, const float *xs,
