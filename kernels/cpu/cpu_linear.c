@@ -11,6 +11,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/cpu_bf16_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/cpu_q8_dot.h"
@@ -124,20 +125,27 @@ typedef struct panel_job {
     float *y;
     const float *x, *bias;
     const void *w;
+    const uint16_t *xb; /* x rounded to bf16 (bf16 weights on AVX-512 BF16), or NULL */
     dsc_weight_format f;
     float *workspace; /* one (panel, C) slot per thread */
     int64_t n, oc, c;
 } panel_job;
 
-/* Panel p of the weight's rows, widened into slot `slot`, times x: y[:, rows of p]. */
+/* Panel p of the weight's rows times x: y[:, rows of p]; the panel widened into slot `slot` and
+ * multiplied by sgemm, or bf16 rows packed there for the bf16 dot (cpu_bf16_gemm.h). */
 static void panel_gemm(const panel_job *P, int64_t p, int slot) {
     const int64_t panel = DSC_LINEAR_PACKED_PANEL, c = P->c, r0 = p * panel,
                   rows = P->oc - r0 < panel ? P->oc - r0 : panel;
     float *wide = P->workspace + (int64_t)slot * panel * c; /* (panel, C) */
-    dsc_cpu_widen_rows(wide, P->w, P->f, c, r0, r0 + rows);
-    /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->n, (int)rows, (int)c, 1.0f, P->x, (int)c, wide,
-                (int)c, 0.0f, P->y + r0, (int)P->oc);
+    if (P->xb) {
+        _Static_assert(DSC_LINEAR_PACKED_PANEL % 64 == 0, "a slot holds the panel's packed bf16 blocks");
+        dsc_cpu_bf16_gemm_panel(P->y, P->oc, P->xb, P->n, P->w, c, r0, rows, (uint32_t *)wide);
+    } else {
+        dsc_cpu_widen_rows(wide, P->w, P->f, c, r0, r0 + rows);
+        /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->n, (int)rows, (int)c, 1.0f, P->x, (int)c,
+                    wide, (int)c, 0.0f, P->y + r0, (int)P->oc);
+    }
     for (int64_t i = 0; P->bias && i < P->n; i++)
         for (int64_t r = r0; r < r0 + rows; r++)
             P->y[i * P->oc + r] += P->bias[r];
@@ -169,16 +177,24 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
     int nt = dsc_kernels_get_num_threads();
     if (nt > fit) nt = (int)fit;
     panel_job P = {.y = y, .x = x, .w = w, .f = f, .bias = bias, .workspace = workspace, .n = n, .oc = oc, .c = c};
+    /* bf16 weights on AVX-512 BF16: x rounded once for every panel (without memory for it, the
+     * widening panels, which need none). */
+    uint16_t *xb = NULL;
+    if (f == DSC_WEIGHT_BF16 && dsc_cpu_bf16_gemm_available() && (xb = malloc(dsc_cpu_bf16_x_bytes(n, c)))) {
+        dsc_cpu_bf16_round_x(xb, x, n, c);
+        P.xb = xb;
+    }
     if (dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()) {
         /* Each panel widens into the workspace slot of the thread that runs it (slot 0..nt-1). */
         dsc_cpu_pool_run_upto(widen_panel, &P, panels, nt);
-        return NULL;
-    }
+    } else {
 #pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        for (int64_t p = tid; p < panels; p += team)
-            panel_gemm(&P, p, tid);
+        {
+            int tid = omp_get_thread_num(), team = omp_get_num_threads();
+            for (int64_t p = tid; p < panels; p += team)
+                panel_gemm(&P, p, tid);
+        }
     }
+    free(xb);
     return NULL;
 }

@@ -16,6 +16,7 @@
  * Not here: finite-difference checks of the references' gradients and
  * thread-count invariance (test_kernels_dense, _attention, _train), and
  * argument errors (test_kernels_errors). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,7 +25,8 @@
 
 #include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
 #include "kernel_test_util.h"
-#include "kernels/cpu/cpu_simd.h" /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
+#include "kernels/cpu/cpu_bf16_gemm.h" /* dsc_cpu_bf16_gemm_available: whether x is rounded to bf16 */
+#include "kernels/cpu/cpu_simd.h"      /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
 #include "ref_kernels.h"
 
 #define MAX_TENSORS 16
@@ -169,6 +171,14 @@ static double *q8_0_activations(const double *x, int64_t n, int64_t ch) {
     return q;
 }
 
+/* x as the bf16 dot multiplies it (more rows than decode streams, on AVX-512 BF16): rounded to bf16. */
+static double *bf16_activations(const double *x, int64_t n) {
+    double *r = kt_zeros_d(n);
+    for (int64_t i = 0; i < n; i++)
+        r[i] = dsc_bf16_to_f32(dsc_f32_to_bf16((float)x[i]));
+    return r;
+}
+
 /* a: rows, out channels, in channels, format, bias, workspace threads (panels of widened rows). */
 static void case_linear_packed(tc *c, const int64_t *a) {
     int64_t n = a[0], oc = a[1], ch = a[2];
@@ -190,7 +200,10 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     for (int64_t r = 0; r < oc; r++)
         for (int64_t j = 0; j < ch; j++)
             wide[r * ch + j] = packed_value((const uint8_t *)c->init[tc_index(c, w)].data + r * rb, f, j);
-    double *xq = f == DSC_WEIGHT_Q8_0 && n <= 32 ? q8_0_activations(tc_in(c, x), n, ch) : NULL;
+    double *xq = f == DSC_WEIGHT_Q8_0 && n <= 32 ? q8_0_activations(tc_in(c, x), n, ch)
+                 : f == DSC_WEIGHT_BF16 && n > 32 && dsc_cpu_bf16_gemm_available()
+                     ? bf16_activations(tc_in(c, x), n * ch)
+                     : NULL;
     ref_gemm(want, xq ? xq : tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
     free(xq);
     free(wide);
@@ -651,6 +664,11 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 33, 21, 45, DSC_WEIGHT_F16, 1, 1),
     /* widened panels: vector steps of 8 and 16 columns with a tail, and whole Q8_0 blocks */
     CASE(linear_packed, case_linear_packed, 1e-4, 40, 19, 45, DSC_WEIGHT_BF16, 1, 2),
+    /* bf16 panels of 128 and a remainder, 64-row blocks with a remainder, 6-row x tiles with a
+     * remainder, an odd c (a padded column pair) and c 1 */
+    CASE(linear_packed, case_linear_packed, 1e-4, 70, 150, 64, DSC_WEIGHT_BF16, 1, 2),
+    CASE(linear_packed, case_linear_packed, 1e-4, 37, 130, 33, DSC_WEIGHT_BF16, 0, 1),
+    CASE(linear_packed, case_linear_packed, 1e-4, 33, 65, 1, DSC_WEIGHT_BF16, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 35, 140, 37, DSC_WEIGHT_F16, 0, 2),
     CASE(linear_packed, case_linear_packed, 1e-4, 34, 23, 160, DSC_WEIGHT_Q8_0, 1, 2),
     /* one to four rows over 32-column steps with a tail, 4-row blocks with a remainder, several
@@ -856,9 +874,15 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_coverage),
         cmocka_unit_test(test_cases),
     };
+    /* Against the device, the CPU keeps x in f32 (the CUDA kernels widen bf16 weights, x stays f32). */
+    if (cuda) setenv("DSC_CPU_SIMD", "avx512", 0);
     const char *simd = getenv("DSC_CPU_SIMD");
     if (!cuda && simd && strcmp(simd, "avx512") == 0 && !dsc_cpu_simd_avx512()) {
         printf("SKIPPED: the CPU has no AVX-512F / VL\n");
+        return 77;
+    }
+    if (!cuda && simd && strcmp(simd, "avx512bf16") == 0 && !dsc_cpu_bf16_gemm_available()) {
+        printf("SKIPPED: the CPU has no AVX-512 BF16\n");
         return 77;
     }
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,196 @@
+/* Prompt-sized products with bf16 weights on AVX-512 BF16 (cpu_bf16_gemm.h).
+ *
+ * A panel of weight rows is packed 64 rows at a time into pair-interleaved blocks: for each pair
+ * of columns (2k, 2k + 1), the 64 rows' two bf16 values as one 32-bit word each, one 64-byte
+ * vector per pair. A tile of six x rows by 64 weight rows then keeps its 24 f32 accumulators in
+ * registers; each step loads four weight vectors, broadcasts each x row's pair (one 32-bit
+ * load), and vdpbf16ps adds both products of a pair to every lane. The packed block (96 KB at
+ * c 768) stays in L2 while every tile of x passes over it. Where the CPU lacks AVX-512 BF16
+ * the portable loops below compute the same sums (they are what other targets build). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsc/tensor.h"
+#include "kernels/cpu/cpu_bf16_gemm.h"
+
+#if defined(__x86_64__)
+#define DSC_BF16_X86 1
+#include <immintrin.h>
+#endif
+
+enum { BLOCK_ROWS = 64, TILE_X_ROWS = 6 };
+
+static int64_t even(int64_t c) {
+    return c + (c & 1);
+}
+
+bool dsc_cpu_bf16_gemm_available(void) {
+    static _Atomic int state; /* 0 unknown, 1 no, 2 yes */
+    int s = atomic_load(&state);
+    if (!s) {
+        s = 1;
+#ifdef DSC_BF16_X86
+        const char *env = getenv("DSC_CPU_SIMD");
+        __builtin_cpu_init();
+        bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+        if (cpu && (!env || strcmp(env, "avx512bf16") == 0)) s = 2;
+#endif
+        atomic_store(&state, s);
+    }
+    return s == 2;
+}
+
+size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c) {
+    return (size_t)n * (size_t)even(c) * sizeof(uint16_t);
+}
+
+size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c) {
+    int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    return (size_t)blocks * BLOCK_ROWS * (size_t)(even(c) / 2) * sizeof(uint32_t);
+}
+
+/* Rows [r0, r0 + rows) (at most BLOCK_ROWS) of W as one block: dst[k * BLOCK_ROWS + j] holds row
+ * r0 + j's columns 2k (low half) and 2k + 1; rows past `rows` and the column after an odd c are 0. */
+static void pack_block(uint32_t *dst, const uint16_t *w, int64_t c, int64_t r0, int64_t rows) {
+    const int64_t pairs = even(c) / 2, whole = c / 2;
+    for (int64_t j = 0; j < BLOCK_ROWS; j++) {
+        if (j >= rows) {
+            for (int64_t k = 0; k < pairs; k++)
+                dst[k * BLOCK_ROWS + j] = 0;
+            continue;
+        }
+        const uint16_t *row = w + (size_t)(r0 + j) * (size_t)c;
+        for (int64_t k = 0; k < whole; k++)
+            memcpy(dst + k * BLOCK_ROWS + j, row + 2 * k, sizeof(uint32_t));
+        if (pairs > whole) dst[whole * BLOCK_ROWS + j] = row[c - 1];
+    }
+}
+
+/* y[i * ldy + j] for i < m, j < cols: xb rows (length c2) against one packed block, portably. */
+static void block_scalar(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, int64_t m, const uint32_t *pk,
+                         int64_t cols) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            float sum = 0.0f;
+            for (int64_t k = 0; k < c2 / 2; k++) {
+                uint32_t v = pk[k * BLOCK_ROWS + j];
+                sum += dsc_bf16_to_f32(xb[i * c2 + 2 * k]) * dsc_bf16_to_f32((uint16_t)v) +
+                       dsc_bf16_to_f32(xb[i * c2 + 2 * k + 1]) * dsc_bf16_to_f32((uint16_t)(v >> 16));
+            }
+            y[i * ldy + j] = sum;
+        }
+}
+
+#ifdef DSC_BF16_X86
+#define BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* M (constant once inlined) x rows against the block's 64 rows: 4 * M accumulators. */
+BF16DOT __attribute__((always_inline)) static inline void
+tile(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, const uint32_t *pk, int64_t cols, const int M) {
+    __m512 acc[TILE_X_ROWS][4];
+    for (int i = 0; i < M; i++)
+        for (int u = 0; u < 4; u++)
+            acc[i][u] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < c2 / 2; k++) {
+        __m512bh b[4];
+        for (int u = 0; u < 4; u++)
+            b[u] = (__m512bh)_mm512_loadu_si512(pk + k * BLOCK_ROWS + 16 * u);
+        for (int i = 0; i < M; i++) {
+            int32_t pair;
+            memcpy(&pair, xb + i * c2 + 2 * k, sizeof pair);
+            __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+            for (int u = 0; u < 4; u++)
+                acc[i][u] = _mm512_dpbf16_ps(acc[i][u], a, b[u]);
+        }
+    }
+    for (int u = 0; u < 4; u++) {
+        int64_t left = cols - 16 * u;
+        __mmask16 lanes = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        for (int i = 0; i < M; i++)
+            _mm512_mask_storeu_ps(y + i * ldy + 16 * u, lanes, acc[i][u]);
+    }
+}
+
+BF16DOT static void block_avx512(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, int64_t n,
+                                 const uint32_t *pk, int64_t cols) {
+    int64_t i = 0;
+    for (; i + TILE_X_ROWS <= n; i += TILE_X_ROWS)
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, TILE_X_ROWS);
+    switch (n - i) {
+    case 5:
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 5);
+        break;
+    case 4:
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 4);
+        break;
+    case 3:
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 3);
+        break;
+    case 2:
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 2);
+        break;
+    case 1:
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 1);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Sixteen floats rounded to bf16 as dsc_f32_to_bf16 (nearest even; a NaN stays a quiet NaN). */
+BF16DOT static inline __m256i round16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t n, int64_t c) {
+    const int64_t c2 = even(c);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = 0;
+        for (; j + 16 <= c; j += 16)
+            _mm256_storeu_si256((__m256i *)(xb + i * c2 + j), round16(_mm512_loadu_ps(x + i * c + j)));
+        for (; j < c; j++)
+            xb[i * c2 + j] = dsc_f32_to_bf16(x[i * c + j]);
+        if (c2 != c) xb[i * c2 + c] = 0;
+    }
+}
+#endif
+
+void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c) {
+#ifdef DSC_BF16_X86
+    if (dsc_cpu_bf16_gemm_available()) {
+        round_x_avx512(xb, x, n, c);
+        return;
+    }
+#endif
+    const int64_t c2 = even(c);
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < c; j++)
+            xb[i * c2 + j] = dsc_f32_to_bf16(x[i * c + j]);
+        if (c2 != c) xb[i * c2 + c] = 0;
+    }
+}
+
+void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
+                             int64_t r0, int64_t rows, uint32_t *pack) {
+    const int64_t c2 = even(c), block_words = BLOCK_ROWS * (c2 / 2);
+    for (int64_t b = 0; b * BLOCK_ROWS < rows; b++) {
+        const int64_t br0 = b * BLOCK_ROWS, cols = rows - br0 < BLOCK_ROWS ? rows - br0 : BLOCK_ROWS;
+        uint32_t *pk = pack + b * block_words;
+        pack_block(pk, w, c, r0 + br0, cols);
+#ifdef DSC_BF16_X86
+        if (dsc_cpu_bf16_gemm_available()) {
+            block_avx512(y + r0 + br0, ldy, xb, c2, n, pk, cols);
+            continue;
+        }
+#endif
+        block_scalar(y + r0 + br0, ldy, xb, c2, n, pk, cols);
+    }
+}

@@ -1,0 +1,30 @@
+/* Private to the CPU kernels: prompt-sized products with bf16 weights on AVX-512 BF16, where the
+ * CPU has it. The weights stay bf16 and are never widened; x is rounded to bf16 (nearest even,
+ * torch's rounding) once per product, and vdpbf16ps multiplies pairs of bf16 into f32 sums at
+ * twice the rate of f32 FMAs. Used by dsc_cpu_linear_packed (cpu_linear.c) for more rows than
+ * decode's streaming loops take. */
+#ifndef DSC_KERNELS_CPU_BF16_GEMM_H
+#define DSC_KERNELS_CPU_BF16_GEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Whether this path runs: the CPU has AVX-512F, BW, VL and BF16, and DSC_CPU_SIMD is unset or
+ * "avx512bf16" (every other value keeps the widening panels, which leave x in f32). */
+bool dsc_cpu_bf16_gemm_available(void);
+
+/* Bytes of x (n, c) rounded to bf16 with each row padded to an even length: n * 2 * even(c). */
+size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c);
+/* xb (n, even(c)) = x (n, c) rounded to bf16, a zero after an odd row. */
+void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c);
+
+/* Bytes of the packing buffer one panel of `rows` weight rows of c columns needs. */
+size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c);
+/* y[i * ldy + r] = xb[i] . W[r] for i < n and r in [r0, r0 + rows): xb from dsc_cpu_bf16_round_x,
+ * W (OC, c) bf16 rows of c values; `pack` holds dsc_cpu_bf16_pack_bytes(rows, c) bytes (64-byte
+ * aligned is fastest; any alignment works). */
+void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
+                             int64_t r0, int64_t rows, uint32_t *pack);
+
+#endif
