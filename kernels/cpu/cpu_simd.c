@@ -328,12 +328,14 @@ enum { ZMM_COLS = 32, ZMM_X_MAX = 8192 }; /* columns per step; most x floats per
  * (1, 2 or 4 KB ahead), so it goes without. */
 enum { ZMM_PREFETCH_BYTES = 2048 };
 
-/* Whether those prefetches are issued: on Intel's cores, where they were measured to help; not on
- * AMD's, where on Zen 4 the same prefetches took f16's GEMV from 28-37 down to 26-27 GB/s (three
- * interleaved pairs; bf16 no better with them): its hardware prefetcher already follows each row,
- * and the extra loads take issue slots. */
-static bool zmm_prefetch(void) {
-    static _Atomic int state; /* 0 unknown, 1 off, 2 on */
+/* Whether the cores are Intel's, where the 512-bit loops were tuned (Sapphire Rapids). Elsewhere
+ * two of their choices are undone, each measured on AMD Zen 4 (three or more interleaved pairs):
+ * the 2-byte streams' prefetches, which took f16's GEMV from 28-37 down to 26-27 GB/s and bf16's
+ * from 40 to 30 (its hardware prefetcher already follows each row, and the extra loads take issue
+ * slots); and 512-bit f16, whose vcvtph2ps streams at 0.85 of the read rate where the 256-bit
+ * loops with 32 registers reach 0.92-0.96. */
+static bool intel_cores(void) {
+    static _Atomic int state; /* 0 unknown, 1 no, 2 yes */
     int s = atomic_load(&state);
     if (!s) {
         __builtin_cpu_init();
@@ -417,7 +419,7 @@ AVX512 __attribute__((always_inline)) static inline void zmm_rows_m(float *y, in
                                                                     dsc_weight_format f, int64_t c, int64_t r0,
                                                                     int64_t r1, const int M) {
     const size_t rb = dsc_cpu_row_bytes(f, c);
-    const bool prefetch = zmm_prefetch();
+    const bool prefetch = intel_cores();
     for (int64_t r = r0; r < r1; r++)
         zmm_row(y, ldy, xs, ldx, x, (const uint8_t *)w + (size_t)r * rb, f, c, r, M, prefetch);
 }
@@ -443,7 +445,8 @@ AVX512 __attribute__((always_inline)) static inline void zmm_rows_fmt(float *y, 
 }
 
 /* f32, bf16 and f16 weights with 512-bit vectors; false (nothing done) where this path does not
- * apply: Q8_0 (cpu_q8_dot.c), or a bf16 x too wide for the permuted copy on the stack. */
+ * apply: Q8_0 (cpu_q8_dot.c), f16 on other cores than Intel's (intel_cores), or a bf16 x too wide
+ * for the permuted copy on the stack. */
 AVX512 static bool dot_rows_avx512(float *y, int64_t ldy, const float *x, int64_t m, const void *w,
                                    dsc_weight_format f, int64_t c, int64_t r0, int64_t r1) {
     switch (f) {
@@ -451,6 +454,7 @@ AVX512 static bool dot_rows_avx512(float *y, int64_t ldy, const float *x, int64_
         zmm_rows_fmt(y, ldy, x, c, x, m, w, DSC_WEIGHT_F32, c, r0, r1);
         return true;
     case DSC_WEIGHT_F16:
+        if (!intel_cores()) return false;
         zmm_rows_fmt(y, ldy, x, c, x, m, w, DSC_WEIGHT_F16, c, r0, r1);
         return true;
     case DSC_WEIGHT_BF16: {
