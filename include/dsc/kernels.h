@@ -98,7 +98,8 @@ DSC_API int64_t dsc_kernel_linear_packed_workspace(dsc_weight_format format, int
  * (decode) the weight is streamed once for all of them, widened in registers; beyond, row
  * panels are widened into `workspace` (f32, dsc_kernel_linear_packed_workspace floats; NULL
  * for f32 weights) and multiplied as GEMMs, except bf16 weights on a CPU with AVX-512 BF16
- * (and DSC_CPU_SIMD unset), whose panels are packed there and multiplied by x rounded to bf16. */
+ * (and DSC_CPU_SIMD unset), whose panels are packed there and multiplied by x rounded to bf16,
+ * and Q8_0 weights on AVX-512 VNNI, multiplied by x quantised to Q8_0 as decode does. */
 DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                                     const dsc_tensor *bias, dsc_tensor *workspace);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),

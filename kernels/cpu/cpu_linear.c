@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/cpu_q8_dot.h"
+#include "kernels/cpu/cpu_q8_gemm.h"
 #include "kernels/cpu/cpu_simd.h"
 
 /* Weight rows per chunk in the streaming case (a few KB each: threads stay on contiguous rows). */
@@ -125,21 +126,24 @@ typedef struct panel_job {
     float *y;
     const float *x, *bias;
     const void *w;
-    const uint16_t *xb; /* x rounded to bf16 (bf16 weights on AVX-512 BF16), or NULL */
+    /* x as the integer or bf16 dot takes it (Q8_0 weights on AVX-512 VNNI, bf16 on AVX-512 BF16),
+     * or NULL: the panels are widened and multiplied by sgemm */
+    const void *xlow;
     dsc_weight_format f;
     float *workspace; /* one (panel, C) slot per thread */
     int64_t n, oc, c;
 } panel_job;
 
 /* Panel p of the weight's rows times x: y[:, rows of p]; the panel widened into slot `slot` and
- * multiplied by sgemm, or bf16 rows packed there for the bf16 dot (cpu_bf16_gemm.h). */
+ * multiplied by sgemm, or packed there for the Q8_0 or bf16 dot (cpu_q8_gemm.h, cpu_bf16_gemm.h). */
 static void panel_gemm(const panel_job *P, int64_t p, int slot) {
     const int64_t panel = DSC_LINEAR_PACKED_PANEL, c = P->c, r0 = p * panel,
                   rows = P->oc - r0 < panel ? P->oc - r0 : panel;
     float *wide = P->workspace + (int64_t)slot * panel * c; /* (panel, C) */
-    if (P->xb) {
-        _Static_assert(DSC_LINEAR_PACKED_PANEL % 64 == 0, "a slot holds the panel's packed bf16 blocks");
-        dsc_cpu_bf16_gemm_panel(P->y, P->oc, P->xb, P->n, P->w, c, r0, rows, (uint32_t *)wide);
+    if (P->xlow && P->f == DSC_WEIGHT_Q8_0) {
+        dsc_cpu_q8_gemm_panel(P->y, P->oc, P->xlow, P->n, P->w, c, r0, rows, wide);
+    } else if (P->xlow) {
+        dsc_cpu_bf16_gemm_panel(P->y, P->oc, P->xlow, P->n, P->w, c, r0, rows, (uint32_t *)wide);
     } else {
         dsc_cpu_widen_rows(wide, P->w, P->f, c, r0, r0 + rows);
         /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
@@ -177,13 +181,17 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
     int nt = dsc_kernels_get_num_threads();
     if (nt > fit) nt = (int)fit;
     panel_job P = {.y = y, .x = x, .w = w, .f = f, .bias = bias, .workspace = workspace, .n = n, .oc = oc, .c = c};
-    /* bf16 weights on AVX-512 BF16: x rounded once for every panel (without memory for it, the
-     * widening panels, which need none). */
-    uint16_t *xb = NULL;
-    if (f == DSC_WEIGHT_BF16 && dsc_cpu_bf16_gemm_available() && (xb = malloc(dsc_cpu_bf16_x_bytes(n, c)))) {
-        dsc_cpu_bf16_round_x(xb, x, n, c);
-        P.xb = xb;
-    }
+    /* Q8_0 weights on AVX-512 VNNI, bf16 on AVX-512 BF16: x quantised or rounded once for every
+     * panel (without memory for it, the widening panels, which need none). A slot holds either
+     * packing: at most 160 c bytes (Q8_0) or 256 (c + 1) bytes (bf16) against the 4 c of a row
+     * widened times the panel's rows. */
+    _Static_assert(DSC_LINEAR_PACKED_PANEL == 128, "the packings' bounds above are for 128-row panels");
+    void *xlow = NULL;
+    if (f == DSC_WEIGHT_Q8_0 && dsc_cpu_q8_gemm_available() && (xlow = malloc(dsc_cpu_q8_gemm_x_bytes(n, c))))
+        dsc_cpu_q8_gemm_prepare_x(xlow, x, n, c);
+    else if (f == DSC_WEIGHT_BF16 && dsc_cpu_bf16_gemm_available() && (xlow = malloc(dsc_cpu_bf16_x_bytes(n, c))))
+        dsc_cpu_bf16_round_x(xlow, x, n, c);
+    P.xlow = xlow;
     if (dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()) {
         /* Each panel widens into the workspace slot of the thread that runs it (slot 0..nt-1). */
         dsc_cpu_pool_run_upto(widen_panel, &P, panels, nt);
@@ -195,6 +203,6 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
                 panel_gemm(&P, p, tid);
         }
     }
-    free(xb);
+    free(xlow);
     return NULL;
 }

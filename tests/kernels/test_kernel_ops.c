@@ -26,6 +26,7 @@
 #include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_bf16_gemm.h" /* dsc_cpu_bf16_gemm_available: whether x is rounded to bf16 */
+#include "kernels/cpu/cpu_q8_gemm.h"   /* dsc_cpu_q8_gemm_available: whether prompts quantise x */
 #include "kernels/cpu/cpu_simd.h"      /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
 #include "ref_kernels.h"
 
@@ -156,7 +157,8 @@ static double packed_value(const uint8_t *row, dsc_weight_format f, int64_t j) {
     }
 }
 
-/* x as a Q8_0 weight streams it (up to DSC_CPU_STREAM_MAX_ROWS rows): quantised by llama.cpp's rule
+/* x as a Q8_0 weight streams it (up to DSC_CPU_STREAM_MAX_ROWS rows, any number on AVX-512 VNNI):
+ * quantised by llama.cpp's rule
  * (per block of 32, d = max|x| / 127 kept as f16, q = x / d rounded half away from zero), widened. */
 static double *q8_0_activations(const double *x, int64_t n, int64_t ch) {
     double *q = kt_zeros_d(n * ch);
@@ -200,10 +202,10 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     for (int64_t r = 0; r < oc; r++)
         for (int64_t j = 0; j < ch; j++)
             wide[r * ch + j] = packed_value((const uint8_t *)c->init[tc_index(c, w)].data + r * rb, f, j);
-    double *xq = f == DSC_WEIGHT_Q8_0 && n <= 32 ? q8_0_activations(tc_in(c, x), n, ch)
-                 : f == DSC_WEIGHT_BF16 && n > 32 && dsc_cpu_bf16_gemm_available()
-                     ? bf16_activations(tc_in(c, x), n * ch)
-                     : NULL;
+    double *xq =
+        f == DSC_WEIGHT_Q8_0 && (n <= 32 || dsc_cpu_q8_gemm_available())  ? q8_0_activations(tc_in(c, x), n, ch)
+        : f == DSC_WEIGHT_BF16 && n > 32 && dsc_cpu_bf16_gemm_available() ? bf16_activations(tc_in(c, x), n * ch)
+                                                                          : NULL;
     ref_gemm(want, xq ? xq : tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
     free(xq);
     free(wide);
@@ -671,6 +673,8 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 33, 65, 1, DSC_WEIGHT_BF16, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 35, 140, 37, DSC_WEIGHT_F16, 0, 2),
     CASE(linear_packed, case_linear_packed, 1e-4, 34, 23, 160, DSC_WEIGHT_Q8_0, 1, 2),
+    /* Q8_0 on AVX-512 VNNI: two panels, the second's 64-row blocks 64 + 8, 3-row x tiles + 2 */
+    CASE(linear_packed, case_linear_packed, 1e-4, 35, 200, 64, DSC_WEIGHT_Q8_0, 1, 2),
     /* one to four rows over 32-column steps with a tail, 4-row blocks with a remainder, several
      * row chunks (the 512-bit loops, their bf16 even / odd order and their prefetch) */
     CASE(linear_packed, case_linear_packed, 1e-4, 1, 150, 77, DSC_WEIGHT_BF16, 1, 1),
