@@ -42,8 +42,13 @@ bool dsc_cpu_bf16_gemm_available(void) {
     return s == 2;
 }
 
+/* x's rows padded to whole tiles (the padding zero, its products never stored). */
+static int64_t padded_rows(int64_t n) {
+    return (n + TILE_X_ROWS - 1) / TILE_X_ROWS * TILE_X_ROWS;
+}
+
 size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c) {
-    return (size_t)n * (size_t)even(c) * sizeof(uint16_t);
+    return (size_t)padded_rows(n) * (size_t)even(c) * sizeof(uint16_t);
 }
 
 size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c) {
@@ -86,9 +91,11 @@ static void block_scalar(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, 
 #ifdef DSC_BF16_X86
 #define BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-/* M (constant once inlined) x rows against the block's 64 rows: 4 * M accumulators. */
-BF16DOT __attribute__((always_inline)) static inline void
-tile(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, const uint32_t *pk, int64_t cols, const int M) {
+/* M (constant once inlined) x rows against the block's 64 rows: 4 * M accumulators; the first
+ * `rows` of them stored. */
+BF16DOT __attribute__((always_inline)) static inline void tile(float *y, int64_t ldy, const uint16_t *xb,
+                                                               int64_t c2, const uint32_t *pk, int64_t cols,
+                                                               int64_t rows, const int M) {
     __m512 acc[TILE_X_ROWS][4];
     for (int i = 0; i < M; i++)
         for (int u = 0; u < 4; u++)
@@ -108,35 +115,15 @@ tile(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, const uint32_t *pk, 
     for (int u = 0; u < 4; u++) {
         int64_t left = cols - 16 * u;
         __mmask16 lanes = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        for (int i = 0; i < M; i++)
+        for (int i = 0; i < M && i < rows; i++)
             _mm512_mask_storeu_ps(y + i * ldy + 16 * u, lanes, acc[i][u]);
     }
 }
 
 BF16DOT static void block_avx512(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, int64_t n,
                                  const uint32_t *pk, int64_t cols) {
-    int64_t i = 0;
-    for (; i + TILE_X_ROWS <= n; i += TILE_X_ROWS)
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, TILE_X_ROWS);
-    switch (n - i) {
-    case 5:
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 5);
-        break;
-    case 4:
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 4);
-        break;
-    case 3:
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 3);
-        break;
-    case 2:
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 2);
-        break;
-    case 1:
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, 1);
-        break;
-    default:
-        break;
-    }
+    for (int64_t i = 0; i < n; i += TILE_X_ROWS) /* the last tile reads x's padding rows */
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, n - i, TILE_X_ROWS);
 }
 
 /* Sixteen floats rounded to bf16 as dsc_f32_to_bf16 (nearest even; a NaN stays a quiet NaN). */
@@ -164,13 +151,14 @@ BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t n, int6
 #endif
 
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c) {
+    const int64_t c2 = even(c);
+    memset(xb + n * c2, 0, (size_t)((padded_rows(n) - n) * c2) * sizeof *xb);
 #ifdef DSC_BF16_X86
     if (dsc_cpu_bf16_gemm_available()) {
         round_x_avx512(xb, x, n, c);
         return;
     }
 #endif
-    const int64_t c2 = even(c);
     for (int64_t i = 0; i < n; i++) {
         for (int64_t j = 0; j < c; j++)
             xb[i * c2 + j] = dsc_f32_to_bf16(x[i * c + j]);

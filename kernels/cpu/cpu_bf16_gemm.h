@@ -16,7 +16,7 @@ bool dsc_cpu_bf16_gemm_available(void);
 
 /* Bytes of x (n, c) rounded to bf16 with each row padded to an even length: n * 2 * even(c). */
 size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c);
-/* xb (n, even(c)) = x (n, c) rounded to bf16, a zero after an odd row. */
+/* xb (n, even(c)) = x (n, c) rounded to bf16, a zero after an odd row; the padding rows zero. */
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c);
 
 /* Bytes of the packing buffer one panel of `rows` weight rows of c columns needs. */

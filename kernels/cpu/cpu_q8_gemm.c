@@ -37,13 +37,19 @@ bool dsc_cpu_q8_gemm_available(void) {
     return strcmp(dsc_cpu_q8_dot_level(), "avx512vnni") == 0;
 }
 
+/* x's rows padded to whole tiles (the padding zero, its products never stored). */
+static int64_t padded_rows(int64_t n) {
+    return (n + TILE_X_ROWS - 1) / TILE_X_ROWS * TILE_X_ROWS;
+}
+
 size_t dsc_cpu_q8_gemm_x_bytes(int64_t n, int64_t c) {
-    return (size_t)n * dsc_cpu_q8_act_row_bytes(c);
+    return (size_t)padded_rows(n) * dsc_cpu_q8_act_row_bytes(c);
 }
 
 void dsc_cpu_q8_gemm_prepare_x(void *xu, const float *x, int64_t n, int64_t c) {
-    dsc_cpu_q8_quantize_rows(xu, x, n, c);
     const size_t xrb = dsc_cpu_q8_act_row_bytes(c);
+    memset((uint8_t *)xu + (size_t)n * xrb, 0, (size_t)(padded_rows(n) - n) * xrb);
+    dsc_cpu_q8_quantize_rows(xu, x, n, c);
     for (int64_t i = 0; i < n; i++) {
         uint8_t *q = (uint8_t *)xu + (size_t)i * xrb;
         for (int64_t j = 0; j < c; j++) /* int8 v as the byte v + 128 */
@@ -105,10 +111,10 @@ static void block_scalar(float *y, int64_t ldy, const uint8_t *xu, size_t xrb, i
 #ifdef DSC_Q8_GEMM_X86
 #define VNNI512 __attribute__((target("avx512f,avx512vl,avx512vnni")))
 
-/* M (constant once inlined) x rows against the block's 64 rows. */
+/* M (constant once inlined) x rows against the block's 64 rows; the first `rows` of them stored. */
 VNNI512 __attribute__((always_inline)) static inline void tile(float *y, int64_t ldy, const uint8_t *xu,
                                                                size_t xrb, int64_t c, const uint8_t *pk,
-                                                               int64_t cols, const int M) {
+                                                               int64_t cols, int64_t rows, const int M) {
     __m512 acc[TILE_X_ROWS][4];
     for (int i = 0; i < M; i++)
         for (int u = 0; u < 4; u++)
@@ -146,18 +152,15 @@ VNNI512 __attribute__((always_inline)) static inline void tile(float *y, int64_t
     for (int u = 0; u < 4; u++) {
         int64_t left = cols - 16 * u;
         __mmask16 lanes = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        for (int i = 0; i < M; i++)
+        for (int i = 0; i < M && i < rows; i++)
             _mm512_mask_storeu_ps(y + i * ldy + 16 * u, lanes, acc[i][u]);
     }
 }
 
 VNNI512 static void block_vnni(float *y, int64_t ldy, const uint8_t *xu, size_t xrb, int64_t c, int64_t n,
                                const uint8_t *pk, int64_t cols) {
-    int64_t i = 0;
-    for (; i + TILE_X_ROWS <= n; i += TILE_X_ROWS)
-        tile(y + i * ldy, ldy, xu + (size_t)i * xrb, xrb, c, pk, cols, TILE_X_ROWS);
-    if (n - i == 2) tile(y + i * ldy, ldy, xu + (size_t)i * xrb, xrb, c, pk, cols, 2);
-    if (n - i == 1) tile(y + i * ldy, ldy, xu + (size_t)i * xrb, xrb, c, pk, cols, 1);
+    for (int64_t i = 0; i < n; i += TILE_X_ROWS) /* the last tile reads x's padding rows */
+        tile(y + i * ldy, ldy, xu + (size_t)i * xrb, xrb, c, pk, cols, n - i, TILE_X_ROWS);
 }
 #endif
 

@@ -13,10 +13,10 @@
 /* Whether this path runs: the Q8_0 dot runs its AVX-512 VNNI loops (dsc_cpu_q8_dot_level). */
 bool dsc_cpu_q8_gemm_available(void);
 
-/* Bytes of x (n, c) as this path takes it: n rows of dsc_cpu_q8_act_row_bytes(c). */
+/* Bytes of x (n, c) as this path takes it: rows of dsc_cpu_q8_act_row_bytes(c), padded to whole tiles. */
 size_t dsc_cpu_q8_gemm_x_bytes(int64_t n, int64_t c);
 /* xu = x (n, c; c % 32 == 0) quantised as dsc_cpu_q8_quantize_rows, each int8 then offset by 128
- * (the unsigned operand of vpdpbusd; the packed weights carry the correction). */
+ * (the unsigned operand of vpdpbusd; the packed weights carry the correction); the padding zero. */
 void dsc_cpu_q8_gemm_prepare_x(void *xu, const float *x, int64_t n, int64_t c);
 
 /* Bytes of the packing buffer one panel of `rows` Q8_0 weight rows of c columns needs. */

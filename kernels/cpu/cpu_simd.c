@@ -597,43 +597,6 @@ AVX2 static void widen_rows_avx2(float *dst, const void *w, dsc_weight_format f,
             out[j] = widen_one(row, f, j);
     }
 }
-
-AVX512 static void widen_rows_avx512(float *dst, const void *w, dsc_weight_format f, int64_t c, int64_t r0,
-                                     int64_t r1) {
-    const size_t rb = dsc_cpu_row_bytes(f, c);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
-        float *out = dst + (r - r0) * c;
-        int64_t j = 0;
-        if (f == DSC_WEIGHT_Q8_0) {
-            for (; j + Q8_BLOCK <= c; j += Q8_BLOCK) {
-                const uint8_t *blk = row + (j / Q8_BLOCK) * Q8_BLOCK_BYTES;
-                uint16_t dh;
-                memcpy(&dh, blk, sizeof dh);
-                __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh))));
-                for (int g = 0; g < 2; g++) {
-                    __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g)));
-                    _mm512_storeu_ps(out + j + 16 * g, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
-                }
-            }
-        } else if (f == DSC_WEIGHT_BF16) {
-            for (; j + 16 <= c; j += 16) {
-                __m512i v =
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j)));
-                _mm512_storeu_ps(out + j, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-            }
-        } else if (f == DSC_WEIGHT_F16) {
-            for (; j + 16 <= c; j += 16)
-                _mm512_storeu_ps(
-                    out + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j))));
-        } else {
-            for (; j + 16 <= c; j += 16)
-                _mm512_storeu_ps(out + j, _mm512_loadu_ps((const float *)row + j));
-        }
-        for (; f != DSC_WEIGHT_Q8_0 && j < c; j++) /* Q8_0 rows are whole blocks */
-            out[j] = widen_one(row, f, j);
-    }
-}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -685,12 +648,7 @@ static void widen_rows_scalar(float *dst, const void *w, dsc_weight_format forma
 
 void dsc_cpu_widen_rows(float *dst, const void *w, dsc_weight_format format, int64_t c, int64_t r0, int64_t r1) {
 #ifdef DSC_HAVE_AVX2_BUILD
-    int level = simd_level();
-    if (level == SIMD_AVX512) {
-        widen_rows_avx512(dst, w, format, c, r0, r1);
-        return;
-    }
-    if (level >= SIMD_AVX2) {
+    if (dsc_cpu_simd()) { /* memory-bound: 512-bit vectors gain nothing here */
         widen_rows_avx2(dst, w, format, c, r0, r1);
         return;
     }
