@@ -251,7 +251,7 @@ static dsc_status mlp_hidden(const dsc_infer_model *m, int32_t l, int64_t N, con
         for (int i = 0; i < DSC_WEIGHT_FORMAT_COUNT; i++)
             if (dsc_weight_dtype((dsc_weight_format)i) == w1->dtype) f = (dsc_weight_format)i;
         float *up = s->ff1 + N * F; /* right after N rows of gate: for one token gate | up is the fused row */
-        if (N <= DSC_CPU_STREAM_MAX_ROWS && !b1 && f != DSC_WEIGHT_FORMAT_COUNT) {
+        if (f != DSC_WEIGHT_FORMAT_COUNT && N <= dsc_cpu_stream_max_rows(f) && !b1) {
             /* Decode: gate | up streamed once with SwiGLU in the same pass (cpu_linear.c). */
             dsc_cpu_stream_swiglu(s->ff1, h, w1->data, f, N, F, C);
         } else {

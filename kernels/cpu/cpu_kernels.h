@@ -34,6 +34,10 @@ void dsc_cpu_stream_rows(float *y, const float *x, const void *w, dsc_weight_for
  * each chunk of rows applies the activation to its own gate and up values, so neither is stored. */
 void dsc_cpu_stream_swiglu(float *act, const float *x, const void *w, dsc_weight_format f, int64_t n, int64_t F,
                            int64_t c);
+/* Most rows of x a linear layer over a weight in format f streams (dsc_cpu_stream_rows,
+ * dsc_cpu_stream_swiglu) before it multiplies as a GEMM: DSC_CPU_STREAM_MAX_ROWS, or fewer where
+ * the Q8_0 or bf16 dot's GEMM runs (cpu_q8_gemm.h, cpu_bf16_gemm.h). */
+int64_t dsc_cpu_stream_max_rows(dsc_weight_format f);
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
                                  const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
                                  int64_t workspace_floats);

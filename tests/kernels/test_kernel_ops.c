@@ -26,6 +26,7 @@
 #include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_bf16_gemm.h" /* dsc_cpu_bf16_gemm_available: whether x is rounded to bf16 */
+#include "kernels/cpu/cpu_kernels.h"   /* dsc_cpu_stream_max_rows: from how many rows x is */
 #include "kernels/cpu/cpu_q8_gemm.h"   /* dsc_cpu_q8_gemm_available: whether prompts quantise x */
 #include "kernels/cpu/cpu_simd.h"      /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
 #include "ref_kernels.h"
@@ -173,7 +174,7 @@ static double *q8_0_activations(const double *x, int64_t n, int64_t ch) {
     return q;
 }
 
-/* x as the bf16 dot multiplies it (more rows than decode streams, on AVX-512 BF16): rounded to bf16. */
+/* x as the bf16 dot multiplies it (more rows than streaming takes, on AVX-512 BF16): rounded to bf16. */
 static double *bf16_activations(const double *x, int64_t n) {
     double *r = kt_zeros_d(n);
     for (int64_t i = 0; i < n; i++)
@@ -202,10 +203,11 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     for (int64_t r = 0; r < oc; r++)
         for (int64_t j = 0; j < ch; j++)
             wide[r * ch + j] = packed_value((const uint8_t *)c->init[tc_index(c, w)].data + r * rb, f, j);
-    double *xq =
-        f == DSC_WEIGHT_Q8_0 && (n <= 32 || dsc_cpu_q8_gemm_available())  ? q8_0_activations(tc_in(c, x), n, ch)
-        : f == DSC_WEIGHT_BF16 && n > 32 && dsc_cpu_bf16_gemm_available() ? bf16_activations(tc_in(c, x), n * ch)
-                                                                          : NULL;
+    double *xq = f == DSC_WEIGHT_Q8_0 && (n <= 32 || dsc_cpu_q8_gemm_available())
+                     ? q8_0_activations(tc_in(c, x), n, ch)
+                 : f == DSC_WEIGHT_BF16 && n > dsc_cpu_stream_max_rows(f) && dsc_cpu_bf16_gemm_available()
+                     ? bf16_activations(tc_in(c, x), n * ch)
+                     : NULL;
     ref_gemm(want, xq ? xq : tc_in(c, x), wide, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
     free(xq);
     free(wide);
