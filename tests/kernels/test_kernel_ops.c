@@ -718,7 +718,9 @@ static const op_case cases[] = {
     CASE(attention_forward, case_attention, 1e-4, 1, 70, 4, 1, 128),
     CASE(attention_forward, case_attention, 1e-4, 1, 33, 2, 2, 40),
     CASE(attention_backward, case_attention_backward, 1e-3, 2, 130, 4, 2, 64),
-    CASE(attention_backward, case_attention_backward, 1e-3, 1, 1, 2, 1, 128),
+    /* one key: dq and dk are exactly 0, and f32 sums of 128 products of size ~1 leave ~1e-6 there
+     * (what the 1e-3 floor of close_enough times this tolerance admits; any real error is ~1) */
+    CASE(attention_backward, case_attention_backward, 5e-3, 1, 1, 2, 1, 128),
     CASE(attention_backward, case_attention_backward, 1e-3, 1, 70, 4, 1, 128),
     CASE(attention_backward, case_attention_backward, 1e-3, 1, 33, 2, 2, 40),
     /* rope: B, T, NH, HS, inverse, in place */
