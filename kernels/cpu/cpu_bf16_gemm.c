@@ -5,8 +5,8 @@
  * vector per pair. A tile of six x rows by 64 weight rows then keeps its 24 f32 accumulators in
  * registers; each step loads four weight vectors, broadcasts each x row's pair (one 32-bit
  * load), and vdpbf16ps adds both products of a pair to every lane. The packed block (96 KB at
- * c 768) stays in L2 while every tile of x passes over it. Where the CPU lacks AVX-512 BF16
- * the portable loops below compute the same sums (they are what other targets build). */
+ * c 768) stays in L2 while every tile of x passes over it. Only x86-64 builds have the kernels
+ * (elsewhere dsc_cpu_bf16_gemm_available is false and cpu_linear.c never calls them). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +20,6 @@
 #endif
 
 enum { BLOCK_ROWS = 64, TILE_X_ROWS = 6 };
-
-static int64_t even(int64_t c) {
-    return c + (c & 1);
-}
 
 bool dsc_cpu_bf16_gemm_available(void) {
     static _Atomic int state; /* 0 unknown, 1 no, 2 yes */
@@ -40,6 +36,11 @@ bool dsc_cpu_bf16_gemm_available(void) {
         atomic_store(&state, s);
     }
     return s == 2;
+}
+
+#ifdef DSC_BF16_X86 /* the kernels (cpu_bf16_gemm.h) */
+static int64_t even(int64_t c) {
+    return c + (c & 1);
 }
 
 /* x's rows padded to whole tiles (the padding zero, its products never stored). */
@@ -73,22 +74,6 @@ static void pack_block(uint32_t *dst, const uint16_t *w, int64_t c, int64_t r0, 
     }
 }
 
-/* y[i * ldy + j] for i < m, j < cols: xb rows (length c2) against one packed block, portably. */
-static void block_scalar(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, int64_t m, const uint32_t *pk,
-                         int64_t cols) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < cols; j++) {
-            float sum = 0.0f;
-            for (int64_t k = 0; k < c2 / 2; k++) {
-                uint32_t v = pk[k * BLOCK_ROWS + j];
-                sum += dsc_bf16_to_f32(xb[i * c2 + 2 * k]) * dsc_bf16_to_f32((uint16_t)v) +
-                       dsc_bf16_to_f32(xb[i * c2 + 2 * k + 1]) * dsc_bf16_to_f32((uint16_t)(v >> 16));
-            }
-            y[i * ldy + j] = sum;
-        }
-}
-
-#ifdef DSC_BF16_X86
 #define BF16DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* M (constant once inlined) x rows against the block's 64 rows: 4 * M accumulators; the first
@@ -148,22 +133,10 @@ BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t n, int6
         if (c2 != c) xb[i * c2 + c] = 0;
     }
 }
-#endif
 
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c) {
-    const int64_t c2 = even(c);
-    memset(xb + n * c2, 0, (size_t)((padded_rows(n) - n) * c2) * sizeof *xb);
-#ifdef DSC_BF16_X86
-    if (dsc_cpu_bf16_gemm_available()) {
-        round_x_avx512(xb, x, n, c);
-        return;
-    }
-#endif
-    for (int64_t i = 0; i < n; i++) {
-        for (int64_t j = 0; j < c; j++)
-            xb[i * c2 + j] = dsc_f32_to_bf16(x[i * c + j]);
-        if (c2 != c) xb[i * c2 + c] = 0;
-    }
+    memset(xb + n * even(c), 0, (size_t)((padded_rows(n) - n) * even(c)) * sizeof *xb);
+    round_x_avx512(xb, x, n, c);
 }
 
 void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
@@ -173,12 +146,7 @@ void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t 
         const int64_t br0 = b * BLOCK_ROWS, cols = rows - br0 < BLOCK_ROWS ? rows - br0 : BLOCK_ROWS;
         uint32_t *pk = pack + b * block_words;
         pack_block(pk, w, c, r0 + br0, cols);
-#ifdef DSC_BF16_X86
-        if (dsc_cpu_bf16_gemm_available()) {
-            block_avx512(y + r0 + br0, ldy, xb, c2, n, pk, cols);
-            continue;
-        }
-#endif
-        block_scalar(y + r0 + br0, ldy, xb, c2, n, pk, cols);
+        block_avx512(y + r0 + br0, ldy, xb, c2, n, pk, cols);
     }
 }
+#endif

@@ -14,6 +14,7 @@
  * "avx512bf16" (every other value keeps the widening panels, which leave x in f32). */
 bool dsc_cpu_bf16_gemm_available(void);
 
+#if defined(__x86_64__) /* the kernels; elsewhere the path is never available */
 /* Bytes of x (n, c) rounded to bf16 with each row padded to an even length: n * 2 * even(c). */
 size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c);
 /* xb (n, even(c)) = x (n, c) rounded to bf16, a zero after an odd row; the padding rows zero. */
@@ -26,5 +27,7 @@ size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c);
  * aligned is fastest; any alignment works). */
 void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
                              int64_t r0, int64_t rows, uint32_t *pack);
+
+#endif
 
 #endif

@@ -140,11 +140,14 @@ static void panel_gemm(const panel_job *P, int64_t p, int slot) {
     const int64_t panel = DSC_LINEAR_PACKED_PANEL, c = P->c, r0 = p * panel,
                   rows = P->oc - r0 < panel ? P->oc - r0 : panel;
     float *wide = P->workspace + (int64_t)slot * panel * c; /* (panel, C) */
+#if defined(__x86_64__)
     if (P->xlow && P->f == DSC_WEIGHT_Q8_0) {
         dsc_cpu_q8_gemm_panel(P->y, P->oc, P->xlow, P->n, P->w, c, r0, rows, wide);
     } else if (P->xlow) {
         dsc_cpu_bf16_gemm_panel(P->y, P->oc, P->xlow, P->n, P->w, c, r0, rows, (uint32_t *)wide);
-    } else {
+    } else
+#endif
+    {
         dsc_cpu_widen_rows(wide, P->w, P->f, c, r0, r0 + rows);
         /* y[:, r0 : r0 + rows] = x (N, C) @ wide^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)P->n, (int)rows, (int)c, 1.0f, P->x, (int)c,
@@ -192,15 +195,18 @@ dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const flo
     if (nt > fit) nt = (int)fit;
     panel_job P = {.y = y, .x = x, .w = w, .f = f, .bias = bias, .workspace = workspace, .n = n, .oc = oc, .c = c};
     /* Q8_0 weights on AVX-512 VNNI, bf16 on AVX-512 BF16: x quantised or rounded once for every
-     * panel (without memory for it, the widening panels, which need none). A slot holds either
-     * packing: at most 160 c bytes (Q8_0) or 256 (c + 1) bytes (bf16) against the 4 c of a row
-     * widened times the panel's rows. */
-    _Static_assert(DSC_LINEAR_PACKED_PANEL == 128, "the packings' bounds above are for 128-row panels");
+     * panel, each panel packed into its thread's slot (without memory for x, or were a packed
+     * panel larger than a slot, the widening panels). */
     void *xlow = NULL;
-    if (f == DSC_WEIGHT_Q8_0 && dsc_cpu_q8_gemm_available() && (xlow = malloc(dsc_cpu_q8_gemm_x_bytes(n, c))))
+#if defined(__x86_64__)
+    const size_t slot_bytes = (size_t)panel * (size_t)c * sizeof(float);
+    if (f == DSC_WEIGHT_Q8_0 && dsc_cpu_q8_gemm_available() &&
+        dsc_cpu_q8_gemm_pack_bytes(panel, c) <= slot_bytes && (xlow = malloc(dsc_cpu_q8_gemm_x_bytes(n, c))))
         dsc_cpu_q8_gemm_prepare_x(xlow, x, n, c);
-    else if (f == DSC_WEIGHT_BF16 && dsc_cpu_bf16_gemm_available() && (xlow = malloc(dsc_cpu_bf16_x_bytes(n, c))))
+    else if (f == DSC_WEIGHT_BF16 && dsc_cpu_bf16_gemm_available() &&
+             dsc_cpu_bf16_pack_bytes(panel, c) <= slot_bytes && (xlow = malloc(dsc_cpu_bf16_x_bytes(n, c))))
         dsc_cpu_bf16_round_x(xlow, x, n, c);
+#endif
     P.xlow = xlow;
     if (dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()) {
         /* Each panel widens into the workspace slot of the thread that runs it (slot 0..nt-1). */

@@ -7,7 +7,8 @@
  * integer accumulator starts at the correction, which leaves exactly the signed sum. A tile of
  * three x rows by 64 weight rows keeps 12 integer accumulators for the block and 12 f32 ones
  * for the whole row in registers; after each block the integer sums are converted and added
- * times both scales. Where the CPU lacks VNNI the portable loops below compute the same sums. */
+ * times both scales. Only x86-64 builds have the kernels (elsewhere dsc_cpu_q8_gemm_available is
+ * false and cpu_linear.c never calls them). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,8 @@ bool dsc_cpu_q8_gemm_available(void) {
     return strcmp(dsc_cpu_q8_dot_level(), "avx512vnni") == 0;
 }
 
+#ifdef DSC_Q8_GEMM_X86 /* the kernels (cpu_q8_gemm.h) */
+
 /* x's rows padded to whole tiles (the padding zero, its products never stored). */
 static int64_t padded_rows(int64_t n) {
     return (n + TILE_X_ROWS - 1) / TILE_X_ROWS * TILE_X_ROWS;
@@ -44,6 +47,11 @@ static int64_t padded_rows(int64_t n) {
 
 size_t dsc_cpu_q8_gemm_x_bytes(int64_t n, int64_t c) {
     return (size_t)padded_rows(n) * dsc_cpu_q8_act_row_bytes(c);
+}
+
+size_t dsc_cpu_q8_gemm_pack_bytes(int64_t rows, int64_t c) {
+    int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    return (size_t)blocks * (size_t)(c / Q8_BLOCK) * PACKED_BLOCK_BYTES;
 }
 
 void dsc_cpu_q8_gemm_prepare_x(void *xu, const float *x, int64_t n, int64_t c) {
@@ -55,11 +63,6 @@ void dsc_cpu_q8_gemm_prepare_x(void *xu, const float *x, int64_t n, int64_t c) {
         for (int64_t j = 0; j < c; j++) /* int8 v as the byte v + 128 */
             q[j] ^= 0x80;
     }
-}
-
-size_t dsc_cpu_q8_gemm_pack_bytes(int64_t rows, int64_t c) {
-    int64_t blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    return (size_t)blocks * (size_t)(c / Q8_BLOCK) * PACKED_BLOCK_BYTES;
 }
 
 /* Rows [r0, r0 + rows) (at most BLOCK_ROWS) of W packed as the header says; rows past `rows` are 0. */
@@ -87,28 +90,6 @@ static void pack_block(uint8_t *dst, const uint8_t *w, int64_t c, int64_t r0, in
     }
 }
 
-/* y[i * ldy + j] for i < m, j < cols: x rows (xrb bytes apart) against one packed block, portably. */
-static void block_scalar(float *y, int64_t ldy, const uint8_t *xu, size_t xrb, int64_t c, int64_t m,
-                         const uint8_t *pk, int64_t cols) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < cols; j++) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < c / Q8_BLOCK; b++) {
-                const uint8_t *pb = pk + b * PACKED_BLOCK_BYTES, *xb = xu + (size_t)i * xrb + b * Q8_BLOCK;
-                int32_t s;
-                float dw, dx;
-                memcpy(&s, pb + PACKED_CORRECTIONS + 4 * j, sizeof s);
-                for (int k = 0; k < Q8_BLOCK; k++)
-                    s += (int32_t)xb[k] * (int8_t)pb[PACKED_WEIGHTS + (k / 4 * BLOCK_ROWS + j) * 4 + k % 4];
-                memcpy(&dw, pb + PACKED_SCALES + 4 * j, sizeof dw);
-                memcpy(&dx, xu + (size_t)i * xrb + c + 4 * b, sizeof dx);
-                acc += dw * dx * (float)s;
-            }
-            y[i * ldy + j] = acc;
-        }
-}
-
-#ifdef DSC_Q8_GEMM_X86
 #define VNNI512 __attribute__((target("avx512f,avx512vl,avx512vnni")))
 
 /* M (constant once inlined) x rows against the block's 64 rows; the first `rows` of them stored. */
@@ -162,7 +143,6 @@ VNNI512 static void block_vnni(float *y, int64_t ldy, const uint8_t *xu, size_t 
     for (int64_t i = 0; i < n; i += TILE_X_ROWS) /* the last tile reads x's padding rows */
         tile(y + i * ldy, ldy, xu + (size_t)i * xrb, xrb, c, pk, cols, n - i, TILE_X_ROWS);
 }
-#endif
 
 void dsc_cpu_q8_gemm_panel(float *y, int64_t ldy, const void *xu, int64_t n, const void *w, int64_t c, int64_t r0,
                            int64_t rows, void *pack) {
@@ -171,12 +151,7 @@ void dsc_cpu_q8_gemm_panel(float *y, int64_t ldy, const void *xu, int64_t n, con
         const int64_t br0 = b * BLOCK_ROWS, cols = rows - br0 < BLOCK_ROWS ? rows - br0 : BLOCK_ROWS;
         uint8_t *pk = (uint8_t *)pack + (size_t)b * block_bytes;
         pack_block(pk, w, c, r0 + br0, cols);
-#ifdef DSC_Q8_GEMM_X86
-        if (dsc_cpu_q8_gemm_available()) {
-            block_vnni(y + r0 + br0, ldy, xu, xrb, c, n, pk, cols);
-            continue;
-        }
-#endif
-        block_scalar(y + r0 + br0, ldy, xu, xrb, c, n, pk, cols);
+        block_vnni(y + r0 + br0, ldy, xu, xrb, c, n, pk, cols);
     }
 }
+#endif

@@ -13,6 +13,7 @@
 /* Whether this path runs: the Q8_0 dot runs its AVX-512 VNNI loops (dsc_cpu_q8_dot_level). */
 bool dsc_cpu_q8_gemm_available(void);
 
+#if defined(__x86_64__) /* the kernels; elsewhere the path is never available */
 /* Bytes of x (n, c) as this path takes it: rows of dsc_cpu_q8_act_row_bytes(c), padded to whole tiles. */
 size_t dsc_cpu_q8_gemm_x_bytes(int64_t n, int64_t c);
 /* xu = x (n, c; c % 32 == 0) quantised as dsc_cpu_q8_quantize_rows, each int8 then offset by 128
@@ -26,5 +27,7 @@ size_t dsc_cpu_q8_gemm_pack_bytes(int64_t rows, int64_t c);
  * bytes. */
 void dsc_cpu_q8_gemm_panel(float *y, int64_t ldy, const void *xu, int64_t n, const void *w, int64_t c, int64_t r0,
                            int64_t rows, void *pack);
+
+#endif
 
 #endif

@@ -569,8 +569,9 @@ AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int
 
 /* Rows [r0, r1) of a narrow weight widened into dst (r1 - r0, c), as widen_rows_scalar: a Q8_0 block
  * is sign-extended and multiplied by its scale, the columns a vector step leaves over go one by one.
- * The prefill widens every narrow weight this way once per 128-row panel (cpu_linear.c), so the
- * per-value conversion call it replaces cost f16 and Q8_0 a tenth of their prefill. */
+ * A prompt widens its narrow weights this way once per 128-row panel (cpu_linear.c: all f16, and
+ * bf16 and Q8_0 where their dots do not run), so the per-value conversion call it replaces cost
+ * f16 and Q8_0 a tenth of their prefill. */
 AVX2 static void widen_rows_avx2(float *dst, const void *w, dsc_weight_format f, int64_t c, int64_t r0,
                                  int64_t r1) {
     const size_t rb = dsc_cpu_row_bytes(f, c);

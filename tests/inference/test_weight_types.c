@@ -2,9 +2,9 @@
  * Llama (C 64, F 96, 4 heads, 2 KV heads, V 256, untied head) with bf16, f16
  * and Q8_0 projection weights gives the logits of the same model in f32
  * within each type's documented tolerance (docs/performance.md), for a
- * 40-token prompt (more rows than decode's streaming loops take, 32: panels
- * widened into the workspace and GEMM, or for bf16 on AVX-512 BF16 x rounded
- * to bf16 and the bf16 dot) and 8 decode tokens after it (the weight streamed
+ * 40-token prompt (more rows than decode's streaming loops take: panels
+ * widened into the workspace and GEMM, or with bf16 on AVX-512 BF16 and Q8_0
+ * on AVX-512 VNNI x rounded or quantised and their dots) and 8 decode tokens after it (the weight streamed
  * once per token, widened in registers); the arena shrinks accordingly; widths that Q8_0
  * cannot block (the fixture's F 48) and a second conversion are refused. */
 #include <stdio.h>
