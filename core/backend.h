@@ -83,6 +83,10 @@ struct dsc_kernel_ops {
                        float beta);
     dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                        int64_t oc);
+    /* y (n, oc) = x (n, c) @ W^T (+ bias) and act = gelu(y), W (oc, c) f32: the GELU MLP's first
+     * layer with its epilogue fused. */
+    dsc_status (*linear_gelu)(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
+                              const float *bias, int64_t n, int64_t oc, int64_t c);
     /* y (n, oc) = x (n, c) @ W^T (+ bias), W (oc, c) stored in `format` (a dsc_weight_format) and
      * widened on the fly; workspace (workspace_floats) serves the many-row case of narrow formats:
      * each thread widens DSC_LINEAR_PACKED_PANEL rows at a time into its own c-wide slice. */

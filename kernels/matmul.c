@@ -54,6 +54,23 @@ dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const d
                       0.0f);
 }
 
+dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
+                                          const dsc_tensor *bias) {
+    kernel_call call;
+    DSC_TRY(
+        KERNEL_BEGIN(&call, "dsc_kernel_linear_gelu_forward", KARG(act), KARG(y), KARG(x), KARG(w), KOPT(bias)));
+    int64_t w_shape[2] = {-1, -1}, rows;
+    DSC_TRY(kernel_expect(&call, w, "w", DSC_DTYPE_F32, 2, w_shape));
+    int64_t oc = w->shape[0], c = w->shape[1];
+    DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
+    DSC_TRY(kernel_expect_like(&call, act, "act", y, "y"));
+    DSC_CHECK(act->data != y->data, DSC_ERR_INVALID,
+              "dsc_kernel_linear_gelu_forward: act and y are one buffer; the backward needs y as it was");
+    DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &oc));
+    kernel_count_flops(2 * rows * oc * c);
+    return KERNEL_RUN(&call, linear_gelu, act->data, y->data, x->data, w->data, kernel_f32(bias), rows, oc, c);
+}
+
 /* The format a weight tensor's dtype stands for (u8: Q8_0), or DSC_WEIGHT_FORMAT_COUNT. */
 static dsc_weight_format format_of(dsc_dtype dtype) {
     for (int f = 0; f < DSC_WEIGHT_FORMAT_COUNT; f++)

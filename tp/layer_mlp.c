@@ -82,13 +82,13 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *local
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     m->in[slot] = *local;
     dsc_tensor pre = tp_view(&m->pre[slot], 3, f_shape), act = tp_view(&m->act[slot], 3, f_shape);
-    DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, m->b_in));
     if (m->gated) {
         dsc_tensor up = tp_view(&m->up[slot], 3, f_shape);
+        DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, NULL));
         DSC_TRY(dsc_param_linear_forward(&up, in, m->w_up, NULL));
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
-        DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
+        DSC_TRY(dsc_param_linear_gelu_forward(&act, &pre, in, m->w_in, m->b_in));
     }
     dsc_tensor partial;
     DSC_TRY(tp_seq_partial(m->tp, &m->out[slot], in->shape, &partial));

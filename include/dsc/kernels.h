@@ -102,6 +102,12 @@ DSC_API int64_t dsc_kernel_linear_packed_workspace(dsc_weight_format format, int
  * and Q8_0 weights on AVX-512 VNNI, multiplied by x quantised to Q8_0 as decode does. */
 DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                                     const dsc_tensor *bias, dsc_tensor *workspace);
+/* The GELU MLP's first layer with its epilogue fused: y (N, OC) = x (N, C) @ w^T + bias (NULL:
+ * none) and act = gelu(y) (dsc_kernel_gelu_forward's tanh form), computed from each block of y
+ * while it is in cache (CPU) or in the one pass that adds the bias (CUDA). y is kept for the
+ * backward (dsc_kernel_gelu_backward reads it). */
+DSC_API dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
+                                                  const dsc_tensor *w, const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
  * dbias (OC) += sum_rows dy (NULL to skip). */
 DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias,

@@ -208,6 +208,10 @@ DSC_API void dsc_buffers_free(dsc_tensor **bufs, int count);
  * shape are read as matrices with C (x, dx) or OC (y, dy) columns. */
 DSC_API dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_param *w,
                                             const dsc_param *bias);
+/* The same with GELU fused into its epilogue (dsc_kernel_linear_gelu_forward): y as above and
+ * act = gelu(y), both shaped like y. */
+DSC_API dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
+                                                 const dsc_param *w, const dsc_param *bias);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
 DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,

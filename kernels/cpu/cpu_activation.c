@@ -5,42 +5,59 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_simd.h"
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_CUBIC 0.044715f
-
 static inline float sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
 }
 
-/* tanh through expf, which glibc computes several times faster than tanhf;
- * saturates correctly at both ends (exp overflow gives -1, underflow +1). */
-static inline float fast_tanh(float u) {
-    return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f;
+/* One elementwise job in chunks of ACT_CHUNK: the threads of the inference forward's pool when
+ * it runs one (its prefill), OpenMP's otherwise. */
+typedef struct act_job {
+    float *out;
+    const float *x, *other; /* the input, and the output gradient or SwiGLU's up */
+    int64_t n;
+} act_job;
+
+enum { ACT_CHUNK = 16384 };
+
+static void act_run(void (*range)(void *, int64_t), act_job *J) {
+    int64_t chunks = (J->n + ACT_CHUNK - 1) / ACT_CHUNK;
+    if (dsc_cpu_pool_scope() && J->n > DSC_CPU_PARALLEL_MIN) {
+        dsc_cpu_pool_run(range, J, chunks);
+        return;
+    }
+    int nt = dsc_kernels_get_num_threads();
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(J->n)) schedule(static)
+    for (int64_t ch = 0; ch < chunks; ch++)
+        range(J, ch);
+}
+
+static int64_t chunk_len(const act_job *J, int64_t ch) {
+    int64_t i0 = ch * ACT_CHUNK;
+    return i0 + ACT_CHUNK < J->n ? ACT_CHUNK : J->n - i0;
+}
+
+static void gelu_range(void *arg, int64_t ch) {
+    const act_job *J = arg;
+    int64_t i0 = ch * ACT_CHUNK;
+    dsc_cpu_gelu_rows(J->out + i0, J->x + i0, chunk_len(J, ch));
+}
+
+static void gelu_grad_range(void *arg, int64_t ch) {
+    const act_job *J = arg;
+    int64_t i0 = ch * ACT_CHUNK;
+    dsc_cpu_gelu_grad_rows(J->out + i0, J->other + i0, J->x + i0, chunk_len(J, ch));
 }
 
 dsc_status dsc_cpu_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     (void)backend;
-    int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float xi = x[i];
-        out[i] = 0.5f * xi * (1.0f + fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
-    }
+    act_run(gelu_range, &(act_job){.out = out, .x = x, .n = n});
     return NULL;
 }
 
 dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
                                  int64_t n) {
     (void)backend;
-    int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float xi = x[i];
-        float th = fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xi * xi);
-        dx[i] = grad * dout[i];
-    }
+    act_run(gelu_grad_range, &(act_job){.out = dx, .x = x, .other = dout, .n = n});
     return NULL;
 }
 
@@ -69,33 +86,16 @@ dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const fl
     return NULL;
 }
 
-typedef struct swiglu_job {
-    float *out;
-    const float *gate, *up;
-    int64_t n;
-} swiglu_job;
-
-enum { SWIGLU_CHUNK = 16384 };
-
 static void swiglu_range(void *arg, int64_t ch) {
-    const swiglu_job *J = arg;
-    int64_t i0 = ch * SWIGLU_CHUNK, i1 = i0 + SWIGLU_CHUNK < J->n ? i0 + SWIGLU_CHUNK : J->n;
-    dsc_cpu_swiglu_rows(J->out + i0, J->gate + i0, J->up + i0, i1 - i0);
+    const act_job *J = arg;
+    int64_t i0 = ch * ACT_CHUNK;
+    dsc_cpu_swiglu_rows(J->out + i0, J->x + i0, J->other + i0, chunk_len(J, ch));
 }
 
 dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,
                                   int64_t n) {
     (void)backend;
-    swiglu_job J = {.out = out, .gate = gate, .up = up, .n = n};
-    int64_t chunks = (n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
-    if (dsc_cpu_pool_scope() && n > DSC_CPU_PARALLEL_MIN) { /* the prefill of the inference forward */
-        dsc_cpu_pool_run(swiglu_range, &J, chunks);
-        return NULL;
-    }
-    int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t ch = 0; ch < chunks; ch++)
-        swiglu_range(&J, ch);
+    act_run(swiglu_range, &(act_job){.out = out, .x = gate, .other = up, .n = n});
     return NULL;
 }
 

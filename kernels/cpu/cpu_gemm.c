@@ -1,6 +1,6 @@
 /* GEMM on the CPU through OpenBLAS (row-major cblas_sgemm, one call per
  * batch entry: this OpenBLAS has no batched entry point), plus the bias
- * broadcast and the bias gradient. There is one thread pool, OpenMP's:
+ * broadcast, the GELU epilogue of a linear layer and the bias gradient. There is one thread pool, OpenMP's:
  * OpenBLAS always runs single-threaded (cpu_threads.c) and a large product
  * is split into one contiguous block of rows (or columns) per OpenMP
  * thread, each a single-threaded sgemm that adds the bias to its own block
@@ -19,13 +19,15 @@
 
 typedef struct gemm_args {
     float *o;
+    float *act; /* gelu(o) after the bias, out of the same block while it is in cache; NULL: none */
     const float *a, *b, *bias;
     int64_t m, n, k;
     bool ta, tb;
     float alpha, beta;
 } gemm_args;
 
-/* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias. */
+/* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias and the
+ * GELU epilogue row by row (a row of the block is still in L1 for its GELU). */
 static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     int64_t m = r1 - r0, n = c1 - c0, k = g->k;
     if (m <= 0 || n <= 0) return;
@@ -38,9 +40,12 @@ static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
     float *o = g->o + r0 * g->n + c0;
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
                 (int)n, (int)k, g->alpha, a, lda, b, ldb, g->beta, o, (int)g->n);
-    for (int64_t r = 0; g->bias && r < m; r++)
-        for (int64_t j = 0; j < n; j++)
-            o[r * g->n + j] += g->bias[c0 + j];
+    for (int64_t r = 0; (g->bias || g->act) && r < m; r++) {
+        float *row = o + r * g->n;
+        for (int64_t j = 0; g->bias && j < n; j++)
+            row[j] += g->bias[c0 + j];
+        if (g->act) dsc_cpu_gelu_rows(g->act + (r0 + r) * g->n + c0, row, n);
+    }
 }
 
 /* One of `parts` blocks of the longer side (multiples of 16, the kernels' register blocks). */
@@ -89,14 +94,40 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
               "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
               (long long)n, (long long)k);
     for (int64_t i = 0; i < batch; i++) {
-        gemm_args g = {out + i * m * n, a + i * m * k, b + i * k * n, bias, m, n, k,
-                       trans_a,         trans_b,       alpha,         beta};
+        gemm_args g = {.o = out + i * m * n,
+                       .a = a + i * m * k,
+                       .b = b + i * k * n,
+                       .bias = bias,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .ta = trans_a,
+                       .tb = trans_b,
+                       .alpha = alpha,
+                       .beta = beta};
         if (m <= DSC_CPU_STREAM_MAX_ROWS && !trans_a && trans_b && alpha == 1.0f && beta == 0.0f && k > 0)
             /* A linear layer over a few rows (decode): stream b once instead of packing it. */
             dsc_cpu_stream_rows(g.o, g.a, g.b, DSC_WEIGHT_F32, bias, m, n, k);
         else
             gemm_split(&g);
     }
+    return NULL;
+}
+
+dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
+                               const float *bias, int64_t n, int64_t oc, int64_t c) {
+    (void)backend;
+    DSC_CHECK(n <= INT_MAX && oc <= INT_MAX && c <= INT_MAX, DSC_ERR_UNSUPPORTED,
+              "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)n,
+              (long long)oc, (long long)c);
+    if (n <= DSC_CPU_STREAM_MAX_ROWS && c > 0) { /* decode: streamed as dsc_cpu_gemm does */
+        dsc_cpu_stream_rows(y, x, w, DSC_WEIGHT_F32, bias, n, oc, c);
+        dsc_cpu_gelu_rows(act, y, n * oc);
+        return NULL;
+    }
+    gemm_args g = {
+        .o = y, .act = act, .a = x, .b = w, .bias = bias, .m = n, .n = oc, .k = c, .tb = true, .alpha = 1.0f};
+    gemm_split(&g);
     return NULL;
 }
 

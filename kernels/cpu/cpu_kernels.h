@@ -41,6 +41,8 @@ int64_t dsc_cpu_stream_max_rows(dsc_weight_format f);
 dsc_status dsc_cpu_linear_packed(const dsc_backend *backend, float *y, const float *x, const void *w, int format,
                                  const float *bias, int64_t n, int64_t oc, int64_t c, float *workspace,
                                  int64_t workspace_floats);
+dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
+                               const float *bias, int64_t n, int64_t oc, int64_t c);
 dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                         int64_t oc);
 

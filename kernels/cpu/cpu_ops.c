@@ -5,6 +5,7 @@
 const struct dsc_kernel_ops dsc_cpu_kernel_ops = {
     .gemm = dsc_cpu_gemm,
     .linear_backward_bias = dsc_cpu_linear_backward_bias,
+    .linear_gelu = dsc_cpu_linear_gelu,
     .linear_packed = dsc_cpu_linear_packed,
     .layernorm_forward = dsc_cpu_layernorm_forward,
     .layernorm_backward = dsc_cpu_layernorm_backward,

@@ -1,5 +1,5 @@
-/* The narrow-weight dot products, weight widening, vector exponential, row max and SwiGLU of
- * cpu_simd.h. The AVX2 versions are compiled for that target only (function
+/* The narrow-weight dot products, weight widening, vector exponential, row max, SwiGLU and GELU
+ * of cpu_simd.h. The AVX2 versions are compiled for that target only (function
  * attributes), so the library still builds and runs for any x86-64 (or
  * other) CPU; __builtin_cpu_supports picks them at run time. Weights stay
  * narrow in memory: a bf16 value becomes f32 by a 16-bit shift, an f16 one
@@ -121,6 +121,32 @@ static float max_scalar(const float *x, int64_t n) {
 static void swiglu_scalar(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_CUBIC 0.044715f
+
+/* tanh through expf, which glibc computes several times faster than tanhf; saturates correctly
+ * at both ends (exp overflow gives -1, underflow +1). The vector loops use the same form. */
+static inline float fast_tanh(float u) {
+    return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f;
+}
+
+static void gelu_scalar(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        out[i] = 0.5f * xi * (1.0f + fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
+    }
+}
+
+static void gelu_grad_scalar(float *dx, const float *dout, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float th = fast_tanh(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi));
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * xi * xi);
+        dx[i] = grad * dout[i];
+    }
 }
 
 static float exp_shift_sum_scalar(float *x, int64_t n, float shift) {
@@ -567,6 +593,41 @@ AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int
     swiglu_scalar(out + i, gate + i, up + i, n - i);
 }
 
+/* tanh(u) = 2 / (1 + e^-2u) - 1, the scalar loops' form; exp8's clamp keeps both ends finite
+ * (-1 below u = -44, +1 above 43.6), and a NaN x still reaches the output through the x factor. */
+AVX2 static inline __m256 gelu_tanh8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(GELU_CUBIC), x3, x));
+    __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+    return _mm256_sub_ps(_mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)), one);
+}
+
+AVX2 static void gelu_avx2(float *out, const float *x, int64_t n) {
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, gelu_tanh8(v))));
+    }
+    gelu_scalar(out + i, x + i, n - i);
+}
+
+AVX2 static void gelu_grad_avx2(float *dx, const float *dout, const float *x, int64_t n) {
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 slope = _mm256_set1_ps(3.0f * GELU_CUBIC), scale = _mm256_set1_ps(0.5f * GELU_SCALE);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), th = gelu_tanh8(v);
+        __m256 sech2 = _mm256_fnmadd_ps(th, th, one);
+        /* 0.5 (1 + th) + 0.5 x sech^2 sqrt(2/pi) (1 + 3 c x^2) */
+        __m256 inner = _mm256_mul_ps(_mm256_mul_ps(scale, v), _mm256_fmadd_ps(slope, _mm256_mul_ps(v, v), one));
+        __m256 grad = _mm256_fmadd_ps(inner, sech2, _mm256_mul_ps(half, _mm256_add_ps(one, th)));
+        _mm256_storeu_ps(dx + i, _mm256_mul_ps(grad, _mm256_loadu_ps(dout + i)));
+    }
+    gelu_grad_scalar(dx + i, dout + i, x + i, n - i);
+}
+
 /* Rows [r0, r1) of a narrow weight widened into dst (r1 - r0, c), as widen_rows_scalar: a Q8_0 block
  * is sign-extended and multiplied by its scale, the columns a vector step leaves over go one by one.
  * A prompt widens its narrow weights this way once per 128-row panel (cpu_linear.c: all f16, and
@@ -673,6 +734,26 @@ void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t
     }
 #endif
     swiglu_scalar(out, gate, up, n);
+}
+
+void dsc_cpu_gelu_rows(float *out, const float *x, int64_t n) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) {
+        gelu_avx2(out, x, n);
+        return;
+    }
+#endif
+    gelu_scalar(out, x, n);
+}
+
+void dsc_cpu_gelu_grad_rows(float *dx, const float *dout, const float *x, int64_t n) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) {
+        gelu_grad_avx2(dx, dout, x, n);
+        return;
+    }
+#endif
+    gelu_grad_scalar(dx, dout, x, n);
 }
 
 float dsc_cpu_max(const float *x, int64_t n) {

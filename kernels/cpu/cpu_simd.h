@@ -1,5 +1,5 @@
 /* Private to the CPU kernels (and the paged attention, which tiles the same
- * way): the loops that read narrow weights, the vector exponential, the row max and SwiGLU, each
+ * way): the loops that read narrow weights, the vector exponential, the row max, SwiGLU and GELU, each
  * in an AVX2 + FMA + F16C version and a portable scalar one. The choice is
  * made at run time (machines differ), once: dsc_cpu_simd() says which runs.
  * Not here: threading (the callers split rows between threads). */
@@ -49,5 +49,10 @@ float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift);
 float dsc_cpu_max(const float *x, int64_t n);
 /* out[i] = gate[i] * sigmoid(gate[i]) * up[i] for i < n (out may be gate or up). */
 void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t n);
+/* out[i] = gelu(x[i]), the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), for i < n
+ * (out may be x). */
+void dsc_cpu_gelu_rows(float *out, const float *x, int64_t n);
+/* dx[i] = dout[i] * gelu'(x[i]) for i < n (dx may be dout). */
+void dsc_cpu_gelu_grad_rows(float *dx, const float *dout, const float *x, int64_t n);
 
 #endif

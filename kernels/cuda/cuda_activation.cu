@@ -14,10 +14,20 @@ __device__ __forceinline__ float silu_grad(float x) {
     return s * (1.0f + x * (1.0f - s));
 }
 
+__device__ __forceinline__ float gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + GELU_CUBIC * x * x * x)));
+}
+
 static __global__ void gelu_forward_kernel(float *out, const float *x, int64_t n) {
-    GRID_STRIDE(i, n) {
-        float xi = x[i];
-        out[i] = 0.5f * xi * (1.0f + tanhf(GELU_SCALE * (xi + GELU_CUBIC * xi * xi * xi)));
+    GRID_STRIDE(i, n) out[i] = gelu(x[i]);
+}
+
+/* The linear layer's epilogue in one pass: y (rows, oc) += bias, act = gelu(y). */
+static __global__ void bias_gelu_kernel(float *act, float *y, const float *bias, int64_t rows, int64_t oc) {
+    GRID_STRIDE(i, rows * oc) {
+        float v = y[i] + (bias ? bias[i % oc] : 0.0f);
+        y[i] = v;
+        act[i] = gelu(v);
     }
 }
 
@@ -66,6 +76,14 @@ static __global__ void softmax_kernel(float *out, const float *x, int64_t n, int
     float inv = 1.0f / warp_sum(sum);
     for (int64_t i = lane; i < c; i += 32)
         out[row * c + i] = expf(xr[i] - mx) * inv;
+}
+
+/* cuBLAS without the bias, then the bias and GELU together: one pass over y instead of
+ * dsc_kernel_linear_forward's bias kernel and a GELU kernel after it. */
+dsc_status dsc_cuda_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
+                                const float *bias, int64_t n, int64_t oc, int64_t c) {
+    DSC_TRY(dsc_cuda_gemm(backend, y, x, w, NULL, 1, n, oc, c, false, true, 1.0f, 0.0f));
+    LAUNCH_ELEMENTWISE(bias_gelu_kernel, backend, n * oc, act, y, bias, n, oc);
 }
 
 dsc_status dsc_cuda_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {

@@ -30,6 +30,8 @@ dsc_status dsc_cuda_rmsnorm_forward(const dsc_backend *backend, float *out, floa
 dsc_status dsc_cuda_rmsnorm_backward(const dsc_backend *backend, float *dx, float *dw, const float *dout,
                                      const float *x, const float *w, const float *rstd, int64_t n, int64_t c);
 
+dsc_status dsc_cuda_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
+                                const float *bias, int64_t n, int64_t oc, int64_t c);
 dsc_status dsc_cuda_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n);
 dsc_status dsc_cuda_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
                                   int64_t n);

@@ -5,6 +5,7 @@
 extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {
     .gemm = dsc_cuda_gemm,
     .linear_backward_bias = dsc_cuda_linear_backward_bias,
+    .linear_gelu = dsc_cuda_linear_gelu,
     .linear_packed = NULL, /* narrow weights are a CPU decode feature; the wrapper reports it unsupported */
     .layernorm_forward = dsc_cuda_layernorm_forward,
     .layernorm_backward = dsc_cuda_layernorm_backward,

@@ -66,6 +66,13 @@ dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, const ds
     return dsc_kernel_linear_forward(&y2, &x2, &w->value, bias ? &bias->value : NULL);
 }
 
+dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x, const dsc_param *w,
+                                         const dsc_param *bias) {
+    const int64_t OC = w->value.shape[0], C = w->value.shape[1];
+    dsc_tensor act2 = nn_matrix(act, OC), y2 = nn_matrix(y, OC), x2 = nn_matrix(x, C);
+    return dsc_kernel_linear_gelu_forward(&act2, &y2, &x2, &w->value, bias ? &bias->value : NULL);
+}
+
 dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,
                                      const dsc_tensor *dy, const dsc_tensor *x) {
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];

@@ -75,13 +75,13 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     m->in[slot] = *in;
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
     *out = nn_view(&m->shared[0], 3, in->shape);
-    DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, m->b_in));
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
+        DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, NULL));
         DSC_TRY(dsc_param_linear_forward(&up, in, m->w_up, NULL));
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
-        DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
+        DSC_TRY(dsc_param_linear_gelu_forward(&act, &pre, in, m->w_in, m->b_in));
     }
     return dsc_param_linear_forward(out, &act, m->w_out, m->b_out);
 }

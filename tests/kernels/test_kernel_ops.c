@@ -213,6 +213,18 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     free(wide);
 }
 
+/* a: rows, out channels, in channels, bias. y and act = gelu(y) against the GEMM and GELU apart. */
+static void case_linear_gelu(tc *c, const int64_t *a) {
+    int64_t n = a[0], oc = a[1], ch = a[2];
+    dsc_tensor *x = RANDN(c, 1.0f, n, ch), *w = RANDN(c, 0.5f, oc, ch), *bias = a[3] ? RANDN(c, 1.0f, oc) : NULL;
+    dsc_tensor *y = FULL(c, 0.0f, n, oc), *act = FULL(c, 0.0f, n, oc);
+    assert_ok(dsc_kernel_linear_gelu_forward(act, y, x, w, bias));
+    double *want_y = tc_out(c, y), *want_act = tc_out(c, act);
+    if (!c->ref) return;
+    ref_gemm(want_y, tc_in(c, x), tc_in(c, w), tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    ref_gelu(want_act, want_y, n * oc);
+}
+
 /* a: rows, out channels. Only dbias is asked for, so only the bias entry runs. */
 static void case_linear_bias(tc *c, const int64_t *a) {
     int64_t rows = a[0], oc = a[1];
@@ -684,6 +696,12 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 2, 133, 100, DSC_WEIGHT_F16, 1, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 2, 70, 64, DSC_WEIGHT_BF16, 0, 1),
     CASE(linear_packed, case_linear_packed, 1e-4, 3, 9, 40, DSC_WEIGHT_F32, 1, 1),
+    /* linear_gelu: rows, OC, C, bias. 300 rows: the threads' GEMM blocks, their rows' vector steps
+     * and tails (OC 77); 5 rows stream the weight; 33 rows, one column: the GEMM's smallest */
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 64, 400, 33, 0),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 33, 1, 7, 1),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
