@@ -1,7 +1,8 @@
 /* How the executor runs one model chunk on one pipeline buffer: its layers
  * in order (forward) or reverse (backward), each call wrapped in the
  * optimizer's layer hooks, grads_ready during the chunk's last backward of
- * the batch, and activation checkpointing by layer interval as DeepSpeed's
+ * the batch (with the optimizer's progress run before every kernel of it),
+ * and activation checkpointing by layer interval as DeepSpeed's
  * PipelineModule does it: the chunk's layers are cut into runs of k
  * (activation_checkpoint_interval), and a run is checkpointed when every
  * layer in it has parameters and none reads the tokens or computes the loss
@@ -146,8 +147,8 @@ dsc_status pipe_chunk_forward(pipe_runner *r, pipe_chunk *c, int slot, dsc_micro
     return NULL;
 }
 
-dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout, bool last,
-                               dsc_micro_ctx *ctx) {
+static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout, bool last,
+                                    dsc_micro_ctx *ctx, dsc_optimizer_progress_scope *progress) {
     pipe_slot *s = &r->slots[slot];
     dsc_tensor dy = dout ? *dout : (dsc_tensor){0};
     for (int i = c->n_segs - 1; i >= 0; i--) {
@@ -164,6 +165,10 @@ dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const ds
             DSC_TRY(dsc_optimizer_before_layer(r->o.optimizer, c->layers[l], true));
             DSC_TRY(dsc_layer_backward(c->layers[l], at, &dy, &dx, ctx));
             DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], true));
+            dsc_status e = progress ? dsc_optimizer_progress_take(progress) : NULL;
+            if (e)
+                return dsc_error_wrap(e, "progressing gradient reductions in the backward of %s",
+                                      c->layers[l]->name);
             if (last) DSC_TRY(dsc_optimizer_grads_ready(r->o.optimizer, c->layers[l]));
             if (!(c->first_virtual && l == 0)) dsc_precision_store_between(r->o.optimizer, &dx, true);
             dy = dx;
@@ -173,4 +178,14 @@ dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const ds
     if (c->n_segs > 0 && c->segs[0].checkpoint && !c->first_virtual) return keep(&s->din_copy, &dy, &s->din);
     s->din = dy;
     return NULL;
+}
+
+/* In the chunk's last backward of the batch the reductions grads_ready posts move on between
+ * kernels too (as in the default runner), not only at each layer's grads_ready. */
+dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout, bool last,
+                               dsc_micro_ctx *ctx) {
+    if (!last) return backward_segments(r, c, slot, dout, false, ctx, NULL);
+    dsc_optimizer_progress_scope progress;
+    dsc_optimizer_progress_begin(&progress, r->o.optimizer);
+    return dsc_optimizer_progress_end(&progress, backward_segments(r, c, slot, dout, true, ctx, &progress));
 }

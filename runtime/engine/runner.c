@@ -5,7 +5,7 @@
  * layer's gradients final (grads_ready), which lets the optimizer start
  * reducing while earlier layers still run backward, and before every kernel
  * of that backward it lets the optimizer move the reductions in flight on
- * (dsc_kernels_set_progress).
+ * (dsc_optimizer_progress_begin).
  *
  * Also the loader-backed batch source every runner consumes.
  *
@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "dsc/engine.h"
-#include "dsc/kernels.h"
 #include "dsc/precision.h"
 
 static dsc_status loader_next(dsc_batch_source *base, dsc_tensor *tokens, dsc_tensor *targets) {
@@ -56,29 +55,18 @@ static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
     return NULL;
 }
 
-/* The kernel hook of the last backward: reductions posted by grads_ready move
- * on between kernels, not only between layers; the first failure is kept. */
-typedef struct progress_hook {
-    dsc_optimizer *opt;
-    dsc_status error;
-} progress_hook;
-
-static void progress_kernel_hook(void *arg) {
-    progress_hook *h = arg;
-    if (!h->error) h->error = dsc_optimizer_progress(h->opt);
-}
-
-static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool last_micro, progress_hook *hook) {
+/* Every layer's backward; in the last micro-batch (`progress` set) the reductions grads_ready
+ * posts move on between kernels, and a failure of theirs is reported after its layer. */
+static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool last_micro,
+                                  dsc_optimizer_progress_scope *progress) {
     dsc_tensor dy = {0}, dx;
     for (int l = r->n - 1; l >= 0; l--) {
         DSC_TRY(dsc_optimizer_before_layer(r->opt, r->layers[l], true));
         DSC_TRY(dsc_layer_backward(r->layers[l], 0, &dy, &dx, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], true));
-        if (hook->error) {
-            dsc_status e = hook->error;
-            hook->error = NULL;
+        dsc_status e = progress ? dsc_optimizer_progress_take(progress) : NULL;
+        if (e)
             return dsc_error_wrap(e, "progressing gradient reductions in the backward of %s", r->layers[l]->name);
-        }
         if (last_micro) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
         if (l > 0) dsc_precision_store_between(r->opt, &dx, true);
         dy = dx;
@@ -87,13 +75,10 @@ static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool la
 }
 
 static dsc_status backward_all(default_runner *r, dsc_micro_ctx *ctx, bool last_micro) {
-    progress_hook hook = {r->opt, NULL};
-    if (last_micro) dsc_kernels_set_progress(progress_kernel_hook, &hook);
-    dsc_status s = backward_layers(r, ctx, last_micro, &hook);
-    dsc_kernels_set_progress(NULL, NULL);
-    if (s && hook.error) dsc_status_free(hook.error); /* reported already, or the first failure wins */
-    if (!s && hook.error) s = dsc_error_wrap(hook.error, "progressing gradient reductions");
-    return s;
+    if (!last_micro) return backward_layers(r, ctx, false, NULL);
+    dsc_optimizer_progress_scope progress;
+    dsc_optimizer_progress_begin(&progress, r->opt);
+    return dsc_optimizer_progress_end(&progress, backward_layers(r, ctx, true, &progress));
 }
 
 static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_result *res, bool training) {

@@ -158,6 +158,30 @@ dsc_status dsc_optimizer_progress(dsc_optimizer *opt) {
     return opt->ops->progress ? opt->ops->progress(opt) : NULL;
 }
 
+static void progress_kernel_hook(void *arg) {
+    dsc_optimizer_progress_scope *scope = arg;
+    if (!scope->error) scope->error = dsc_optimizer_progress(scope->opt);
+}
+
+void dsc_optimizer_progress_begin(dsc_optimizer_progress_scope *scope, dsc_optimizer *opt) {
+    *scope = (dsc_optimizer_progress_scope){.opt = opt};
+    dsc_kernels_set_progress(progress_kernel_hook, scope);
+}
+
+dsc_status dsc_optimizer_progress_take(dsc_optimizer_progress_scope *scope) {
+    dsc_status e = scope->error;
+    scope->error = NULL;
+    return e;
+}
+
+dsc_status dsc_optimizer_progress_end(dsc_optimizer_progress_scope *scope, dsc_status s) {
+    dsc_kernels_set_progress(NULL, NULL);
+    dsc_status kept = dsc_optimizer_progress_take(scope);
+    if (!s) return kept ? dsc_error_wrap(kept, "progressing gradient reductions") : NULL;
+    if (kept) dsc_status_free(kept); /* the first failure wins */
+    return s;
+}
+
 dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt) {
     return opt->ops->reduce_grads(opt);
 }

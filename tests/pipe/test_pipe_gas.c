@@ -4,12 +4,32 @@
  * once (in the loss layer), so after one train_batch both weights are 0.8,
  * as one process computes: grad = 2 (x w1 w2 - 0) x = 2 per weight. Dividing
  * again on each stage would leave 0.9 (or 0.95). Also with GPipe and with
- * the interleaved schedule (three weights, four virtual stages). */
+ * the interleaved schedule (three weights, four virtual stages). And the
+ * runner's progress hook: the optimizer's progress runs before the kernels of
+ * each stage's last backward of the batch, and only then. */
 #include <math.h>
 #include <stdio.h>
 
 #include "test_mpi.h"
 #include "test_pipe_layers.h"
+
+/* The plain optimizer's table with its progress counted. */
+static dsc_optimizer_ops counting_ops;
+static dsc_status (*plain_progress)(dsc_optimizer *opt);
+static int progress_calls;
+
+static dsc_status counted_progress(dsc_optimizer *opt) {
+    progress_calls++;
+    return plain_progress ? plain_progress(opt) : NULL;
+}
+
+static void count_progress(dsc_optimizer *opt) {
+    counting_ops = *opt->ops;
+    plain_progress = counting_ops.progress;
+    counting_ops.progress = counted_progress;
+    opt->ops = &counting_ops;
+    progress_calls = 0;
+}
 
 static void run(const char *const *types, int n, const char *method, int chunks, dsc_schedule_kind kind) {
     dsc_comm *world;
@@ -17,10 +37,18 @@ static void run(const char *const *types, int n, const char *method, int chunks,
     test_pipe_spec spec = {types, n, method, chunks, kind, 2, 30};
     test_pipe tp;
     assert_ok(test_pipe_build(world, &spec, &tp));
+    count_progress(tp.opt);
     test_const_source src;
     test_const_source_init(&src, 2, 1, 0);
     dsc_batch_result res;
     assert_ok(tp.runner->ops->train_batch(tp.runner, &src.base, &res));
+    /* Each test layer's backward makes one kernel call per micro-batch: the hook ran before the
+     * call of each local layer's last backward of the batch, and not in the first. */
+    int n_local;
+    dsc_pipe_stage_layers(tp.stage, &n_local);
+    printf("  %s schedule, stage %d: progress ran %d times over %d layers\n", dsc_schedule_kind_name(kind),
+           dsc_comm_rank(world), progress_calls, n_local);
+    assert_int_equal(progress_calls, n_local);
     assert_ok(dsc_optimizer_reduce_grads(tp.opt));
     dsc_optim_stats st;
     assert_ok(dsc_optimizer_step(tp.opt, 0.1, &st));
