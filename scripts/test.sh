@@ -21,14 +21,17 @@ DSC_BUILD_DIR=$root/build-asan "$root/scripts/build.sh" -DDSC_SANITIZE=ON -DDSC_
 echo "== fuzz harnesses (clang, libFuzzer + address/undefined): 20 s each"
 "$root/scripts/fuzz.sh" 20
 
-echo "== the official openai Python client for test_serve_openai_client (from PyPI; without it the test reports skipped)"
+echo "== the official openai Python client and tensorboard's event reader for test_serve_openai_client and"
+echo "   test_monitor_tensorboard (from PyPI; without them those tests report skipped)"
 pyenv=$root/build-pyenv
 py=()
 if python3 -m venv "$pyenv" >/dev/null 2>&1 &&
    "$pyenv/bin/pip" install -q --retries 1 --timeout 20 openai >/dev/null 2>&1; then
   py=(-DPython3_EXECUTABLE="$pyenv/bin/python")
+  "$pyenv/bin/pip" install -q --retries 1 --timeout 20 tensorboard >/dev/null 2>&1 ||
+    echo "   tensorboard not installed: test_monitor_tensorboard will report skipped"
 else
-  echo "   not installed (no PyPI here?): test_serve_openai_client will report skipped"
+  echo "   not installed (no PyPI here?): test_serve_openai_client and test_monitor_tensorboard will report skipped"
 fi
 
 echo "== normal build, Release -O3 (CUDA backend compiled when nvcc exists): all tests"

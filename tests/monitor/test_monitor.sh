@@ -3,15 +3,20 @@
 # package (read_tfevents.py): the events test_monitor writes, then a 2-rank
 # dsc-train run with tensorboard and csv_monitor on, whose event file and CSV
 # files must hold the same series, one row per step, against samples seen.
-# Exits 77 when /opt/venv/bin/python (or python3) lacks tensorboard.
-# Usage: test_monitor.sh BUILD_DIR SOURCE_DIR
+# The reader is the first of PYTHON (CMake's), /opt/venv/bin/python and python3 that imports
+# tensorboard; exits 77 when none does.
+# Usage: test_monitor.sh BUILD_DIR SOURCE_DIR [PYTHON]
 set -euo pipefail
 build=$1 src=$2
 bin=$build/bin
-py=/opt/venv/bin/python
-[ -x "$py" ] || py=$(command -v python3 || true)
-[ -n "$py" ] || { echo "skipped: no python"; exit 77; }
-"$py" -c "import tensorboard" 2>/dev/null || { echo "skipped: python has no tensorboard package"; exit 77; }
+py=
+for candidate in "${3:-}" /opt/venv/bin/python "$(command -v python3 || true)"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" -c "import tensorboard" 2>/dev/null; then
+    py=$candidate
+    break
+  fi
+done
+[ -n "$py" ] || { echo "skipped: no python with the tensorboard package"; exit 77; }
 work=$(mktemp -d "$build/test_monitor.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DSC_PROGRESS=0 OMP_NUM_THREADS=1 DSC_NUM_THREADS=1
