@@ -4,8 +4,13 @@
  * experts, dropping at capacity factor 1) with EP 2 on 2 and 4 ranks
  * (expert-data-parallel 1 and 2), trained 5 steps by the runtime's engine
  * and default runner, gives the losses (<= 1e-6 relative) and parameters
- * (every rank's experts and the dense ones, <= 1e-5) of the plain optimizer
- * (ZeRO-0) on the same groups. Stage 3 gathers each layer's parameters, the
+ * (every rank's experts and the dense ones, <= 1e-4) of the plain optimizer
+ * (ZeRO-0) on the same groups. The parameter bound is 1 % of one AdamW step
+ * (lr 0.01): on 4 ranks the reduce-scatter of stages 2 and 3 sums the dense
+ * gradients in another order than ZeRO-0's all-reduce, and AdamW turns that
+ * rounding into 0.6-1.7e-5 (which rounding depends on every kernel's: the
+ * vectorised GELU moved it from the first to the second), while a wrong shard,
+ * a missed or doubled reduction moves a parameter by the order of lr. Stage 3 gathers each layer's parameters, the
  * experts' over their expert-data-parallel group, around every call; its
  * parameters are read through the same hooks. Without attention biases: the
  * key bias's gradient is rounding noise that AdamW turns into +-lr steps in
@@ -166,7 +171,7 @@ static void test_ep2_stages_match_plain(void **state) {
                    "diff| %.3e over every rank's %lld elements, max relative loss diff %.3e (loss %.4f -> %.4f)\n",
                    P, dsc_comm_size(edp), stage, STEPS, all[0], (long long)n, all[1], plain.loss[0],
                    plain.loss[STEPS - 1]);
-        assert_true(all[0] <= 1e-5);
+        assert_true(all[0] <= 1e-4);
         assert_true(all[1] <= 1e-6);
         assert_true(plain.loss[STEPS - 1] < plain.loss[0]);
         free(got);
