@@ -12,8 +12,8 @@ static inline float sigmoid(float x) {
 /* One elementwise job in chunks of ACT_CHUNK: the threads of the inference forward's pool when
  * it runs one (its prefill), OpenMP's otherwise. */
 typedef struct act_job {
-    float *out;
-    const float *x, *other; /* the input, and the output gradient or SwiGLU's up */
+    float *out, *out2;              /* out2: SwiGLU backward's dup */
+    const float *x, *other, *third; /* the input, the output gradient or SwiGLU's up, SwiGLU backward's up */
     int64_t n;
 } act_job;
 
@@ -99,16 +99,17 @@ dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const 
     return NULL;
 }
 
+static void swiglu_grad_range(void *arg, int64_t ch) {
+    const act_job *J = arg;
+    int64_t i0 = ch * ACT_CHUNK;
+    dsc_cpu_swiglu_grad_rows(J->out + i0, J->out2 + i0, J->other + i0, J->x + i0, J->third + i0, chunk_len(J, ch));
+}
+
 dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout,
                                    const float *gate, const float *up, int64_t n) {
     (void)backend;
-    int nt = dsc_kernels_get_num_threads();
-#pragma omp parallel for simd num_threads(nt) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], d = dout[i];
-        dup[i] = d * g * sigmoid(g);
-        dgate[i] = d * up[i] * silu_grad(g);
-    }
+    act_run(swiglu_grad_range,
+            &(act_job){.out = dgate, .out2 = dup, .x = gate, .other = dout, .third = up, .n = n});
     return NULL;
 }
 

@@ -123,6 +123,16 @@ static void swiglu_scalar(float *out, const float *gate, const float *up, int64_
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* s = sigmoid(g): dup = dout g s, dgate = dout up s (1 + g (1 - s)), silu's derivative. */
+static void swiglu_grad_scalar(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                               int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], d = dout[i], s = 1.0f / (1.0f + expf(-g));
+        dup[i] = d * g * s;
+        dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+    }
+}
+
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_CUBIC 0.044715f
 
@@ -593,6 +603,21 @@ AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, int
     swiglu_scalar(out + i, gate + i, up + i, n - i);
 }
 
+AVX2 static void swiglu_grad_avx2(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                  int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i), d = _mm256_loadu_ps(dout + i);
+        __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        __m256 ds = _mm256_mul_ps(d, s);
+        _mm256_storeu_ps(dup + i, _mm256_mul_ps(ds, g));
+        __m256 slope = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s)));
+        _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(ds, _mm256_loadu_ps(up + i)), slope));
+    }
+    swiglu_grad_scalar(dgate + i, dup + i, dout + i, gate + i, up + i, n - i);
+}
+
 /* tanh(u) = 2 / (1 + e^-2u) - 1, the scalar loops' form; exp8's clamp keeps both ends finite
  * (-1 below u = -44, +1 above 43.6), and a NaN x still reaches the output through the x factor. */
 AVX2 static inline __m256 gelu_tanh8(__m256 x) {
@@ -734,6 +759,17 @@ void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t
     }
 #endif
     swiglu_scalar(out, gate, up, n);
+}
+
+void dsc_cpu_swiglu_grad_rows(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                              int64_t n) {
+#ifdef DSC_HAVE_AVX2_BUILD
+    if (dsc_cpu_simd()) {
+        swiglu_grad_avx2(dgate, dup, dout, gate, up, n);
+        return;
+    }
+#endif
+    swiglu_grad_scalar(dgate, dup, dout, gate, up, n);
 }
 
 void dsc_cpu_gelu_rows(float *out, const float *x, int64_t n) {

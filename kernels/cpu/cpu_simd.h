@@ -49,6 +49,9 @@ float dsc_cpu_exp_shift_sum(float *x, int64_t n, float shift);
 float dsc_cpu_max(const float *x, int64_t n);
 /* out[i] = gate[i] * sigmoid(gate[i]) * up[i] for i < n (out may be gate or up). */
 void dsc_cpu_swiglu_rows(float *out, const float *gate, const float *up, int64_t n);
+/* SwiGLU's backward for i < n: dup[i] = dout[i] silu(gate[i]), dgate[i] = dout[i] up[i] silu'(gate[i]). */
+void dsc_cpu_swiglu_grad_rows(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                              int64_t n);
 /* out[i] = gelu(x[i]), the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), for i < n
  * (out may be x). */
 void dsc_cpu_gelu_rows(float *out, const float *x, int64_t n);
