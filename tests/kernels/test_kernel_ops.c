@@ -720,6 +720,10 @@ static const op_case cases[] = {
     CASE(gelu_forward, case_activation, 1e-4, 1, 1, GELU),
     CASE(gelu_forward, case_activation, 1e-4, 0, 5, GELU),
     CASE(gelu_backward, case_activation_backward, 1e-4, 1000, 77, GELU),
+    /* 111 values: 8-lane vector steps and a 7-value scalar tail in one call */
+    CASE(gelu_forward, case_activation, 1e-4, 3, 37, GELU),
+    CASE(gelu_backward, case_activation_backward, 1e-4, 3, 37, GELU),
+    CASE(swiglu_backward, case_activation_backward, 1e-4, 3, 37, SWIGLU),
     CASE(silu_forward, case_activation, 1e-4, 1000, 77, SILU),
     CASE(silu_forward, case_activation, 1e-4, 1, 1, SILU),
     CASE(silu_backward, case_activation_backward, 1e-4, 1000, 77, SILU),
