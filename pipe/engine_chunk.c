@@ -54,7 +54,7 @@ static dsc_status setup_chunk(pipe_runner *r, int index, dsc_device dev, bool *o
             seg->input = calloc((size_t)r->n_slots, sizeof *seg->input);
             DSC_CHECK(seg->saved && seg->input, DSC_ERR_NOMEM, "pipeline: checkpoint inputs");
             for (int b = 0; b < r->n_slots; b++)
-                DSC_TRY(alloc_act(&seg->saved[b], 3, act, DSC_DTYPE_F32, dev));
+                DSC_TRY(alloc_act(&seg->saved[b], 3, act, r->stash, dev));
         }
         for (int l = seg->first; l < seg->end; l++)
             DSC_TRY(dsc_layer_reserve(c->layers[l], seg->checkpoint ? 1 : r->n_slots, r->o.B, r->o.T));
@@ -68,6 +68,10 @@ dsc_status pipe_runner_alloc_buffers(pipe_runner *r) {
     int n_all;
     dsc_layer *const *all = dsc_pipe_stage_layers(r->o.stage, &n_all);
     dsc_device dev = n_all > 0 && all[0]->n_params > 0 ? all[0]->params[0]->value.device : DSC_CPU;
+    /* Under mixed precision a checkpointed input is exact in the 2-byte type (the runner rounds
+     * what passes between layers and stages): kept in it, half of f32's bytes, on the CPU. */
+    dsc_dtype narrow = dsc_precision_dtype(r->o.optimizer);
+    r->stash = dev.type == DSC_DEVICE_CPU && dsc_precision_is_narrow(narrow) ? narrow : DSC_DTYPE_F32;
     r->chunks = calloc((size_t)r->v, sizeof *r->chunks);
     r->slots = calloc((size_t)r->n_slots, sizeof *r->slots);
     DSC_CHECK(r->chunks && r->slots, DSC_ERR_NOMEM, "pipeline: %d buffers", r->n_slots);
@@ -75,6 +79,11 @@ dsc_status pipe_runner_alloc_buffers(pipe_runner *r) {
     for (int c = 0; c < r->v; c++)
         DSC_TRY(setup_chunk(r, c, dev, &out_copy, &din_copy));
     const int64_t tok[2] = {r->o.B, r->o.T}, act[3] = {r->o.B, r->o.T, dsc_pipe_module_width(r->o.module)};
+    bool checkpointed = false;
+    for (int c = 0; c < r->v; c++)
+        for (int i = 0; i < r->chunks[c].n_segs; i++)
+            checkpointed |= r->chunks[c].segs[i].checkpoint;
+    if (checkpointed && r->stash != DSC_DTYPE_F32) DSC_TRY(alloc_act(&r->widened, 3, act, DSC_DTYPE_F32, dev));
     for (int b = 0; b < r->n_slots; b++) {
         pipe_slot *s = &r->slots[b];
         DSC_TRY(alloc_act(&s->tokens, 2, tok, DSC_DTYPE_I32, DSC_CPU));
@@ -106,6 +115,7 @@ void pipe_runner_free_buffers(pipe_runner *r) {
         dsc_tensor_free(&s->din_copy);
     }
     dsc_tensor_free(&r->grad_buf);
+    dsc_tensor_free(&r->widened);
     free(r->chunks);
     free(r->slots);
 }
@@ -135,7 +145,11 @@ dsc_status pipe_chunk_forward(pipe_runner *r, pipe_chunk *c, int slot, dsc_micro
     dsc_tensor x = c->first_virtual ? (dsc_tensor){0} : s->input;
     for (int i = 0; i < c->n_segs; i++) {
         pipe_segment *seg = &c->segs[i];
-        if (seg->checkpoint) {
+        if (seg->checkpoint && r->stash != DSC_DTYPE_F32) {
+            /* x stays as it is until the run's forward is over: it is read from there */
+            seg->input[slot] = dsc_tensor_view(seg->saved[slot].data, r->stash, x.ndim, x.shape, x.device);
+            dsc_precision_pack_to(seg->input[slot].data, x.data, dsc_tensor_numel(&x), r->stash);
+        } else if (seg->checkpoint) {
             DSC_TRY(keep(&seg->saved[slot], &x, &seg->input[slot]));
             x = seg->input[slot];
         }
@@ -158,6 +172,11 @@ static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, con
             /* Recompute into the run's slot; its losses were counted in the first forward. */
             dsc_micro_ctx again = *ctx;
             dsc_tensor x = seg->input[slot];
+            if (r->stash != DSC_DTYPE_F32) { /* widened exactly; the run's layers read it until their backward */
+                const dsc_tensor *in = &seg->input[slot];
+                x = dsc_tensor_view(r->widened.data, DSC_DTYPE_F32, in->ndim, in->shape, in->device);
+                dsc_precision_unpack(x.data, in->data, dsc_tensor_numel(in), r->stash);
+            }
             DSC_TRY(forward_layers(r, c, seg, 0, &x, &again));
         }
         for (int l = seg->end - 1; l >= seg->first; l--) {

@@ -11,7 +11,8 @@
 typedef struct pipe_segment {
     int first, end; /* layers [first, end) of the chunk */
     bool checkpoint;
-    dsc_tensor *saved; /* [n_slots] (B, T, C) input storage, checkpointed runs only */
+    dsc_tensor *saved; /* [n_slots] (B, T, C) input storage, checkpointed runs only: f32, or under
+                          mixed precision on the CPU its 2-byte type (the values are exact in it) */
     dsc_tensor *input; /* [n_slots] views of saved with the input's shape */
 } pipe_segment;
 
@@ -44,6 +45,8 @@ typedef struct pipe_runner {
     pipe_slot *slots;   /* [n_slots] */
     int n_slots;
     dsc_tensor grad_buf; /* (B, T, C) DeepSpeed's grad_layer */
+    dsc_dtype stash;     /* what checkpointed inputs are kept in (f32, or mixed precision's bf16 / fp16) */
+    dsc_tensor widened;  /* (B, T, C) f32: a 2-byte checkpointed input widened for its run's recompute */
     dsc_tensor grad_in;  /* view of grad_buf: the gradient received for this step's backward */
     pipe_p2p *p2p;
     /* the batch being run */

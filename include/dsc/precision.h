@@ -140,6 +140,10 @@ DSC_API int64_t dsc_precision_skipped_steps(const dsc_optimizer *opt);
  * round(g * scale) / scale (the scaled loss's gradient in fp16: an overflow
  * becomes inf and skips the step). Nothing for any other optimizer. */
 DSC_API void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient);
+/* The type mixed precision stores working values in: the wrapper's bf16 / fp16, f32 for any other
+ * optimizer (and NULL). What passes between layers is exact in it, so a runner may keep it in
+ * 2 bytes and widen it back without changing a bit (the pipeline's checkpointed inputs). */
+DSC_API dsc_dtype dsc_precision_dtype(const dsc_optimizer *opt);
 /* What the last step did: whether it was skipped, and the scale of its gradients (0, false for any other
  * optimizer). */
 DSC_API bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale);

@@ -393,6 +393,10 @@ bool dsc_precision_last_step(const dsc_optimizer *opt, double *loss_scale) {
     return mixed && ((const mixed_optimizer *)opt)->last_skipped;
 }
 
+dsc_dtype dsc_precision_dtype(const dsc_optimizer *opt) {
+    return opt && opt->ops == &mixed_ops ? ((const mixed_optimizer *)opt)->po.dtype : DSC_DTYPE_F32;
+}
+
 void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient) {
     if (!opt || opt->ops != &mixed_ops || !t->data || t->dtype != DSC_DTYPE_F32) return;
     mixed_optimizer *m = self_of(opt);

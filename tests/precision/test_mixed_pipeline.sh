@@ -3,7 +3,10 @@
 # 2 pipeline stages give the per-step losses of the same model on 1 rank
 # (within 1e-5: f32 summation order only). The pipeline rounds what passes
 # between its layers and stages as the default runner does, so a missing
-# rounding shows as a bf16-size (1e-3) difference.
+# rounding shows as a bf16-size (1e-3) difference. With activation
+# checkpointing (pipeline.activation_checkpoint_interval 1) the 2-stage run
+# keeps its checkpointed inputs in 2 bytes: the same losses bit for bit, and
+# fewer activation bytes than the f32 run with the same checkpointing.
 # Usage: test_mixed_pipeline.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -35,6 +38,30 @@ d = max(abs(x - y) for x, y in zip(a, b))
 print("   %s: 2 pipeline stages vs 1 rank, %d steps: max |loss diff| %.2e" % (mode, len(a), d))
 if len(a) != 6 or len(b) != 6 or d > 1e-5:
     sys.exit("FAIL: %s differs" % mode)
+PY
+done
+run() { # name, then dsc-train --set arguments
+  local name=$1
+  shift
+  "$bin/dsc-launch" -n 2 "$bin/dsc-train" c.json --set pipeline.stages=2 "$@" --metrics "$name.jsonl" --sample 0 \
+    --no-progress > "$name.log" 2>&1 || { cat "$name.log"; echo "FAIL: $name did not train" >&2; exit 1; }
+}
+run f32.ckpt --set pipeline.activation_checkpoint_interval=1
+for mode in bf16 fp16; do
+  run "$mode.ckpt" --set "$mode.enabled=true" --set pipeline.activation_checkpoint_interval=1
+  python3 - "$mode" <<'PY'
+import json, sys
+mode = sys.argv[1]
+rows = lambda name: [json.loads(l) for l in open(name + ".jsonl") if '"loss"' in l]
+plain, ckpt, f32 = rows(mode + ".2"), rows(mode + ".ckpt"), rows("f32.ckpt")
+same = [a["loss"] == b["loss"] for a, b in zip(plain, ckpt)]
+act = lambda r: r[-1]["mem_bytes"]["activations"]
+print("   %s, 2 stages, checkpoint interval 1: losses equal to the run without it: %s; activation bytes %d "
+      "(f32 with the same checkpointing: %d)" % (mode, all(same) and len(same) == 6, act(ckpt), act(f32)))
+if len(same) != 6 or not all(same):
+    sys.exit("FAIL: %s with checkpointed inputs in 2 bytes changed the losses" % mode)
+if act(ckpt) >= act(f32):
+    sys.exit("FAIL: %s keeps its checkpointed inputs in f32" % mode)
 PY
 done
 echo "mixed precision through the pipeline equals the single-rank run"
