@@ -86,13 +86,18 @@ static void gemm_split(const gemm_args *g) {
         split_block(&S, p);
 }
 
+static dsc_status check_extents(int64_t m, int64_t n, int64_t k) {
+    DSC_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, DSC_ERR_UNSUPPORTED,
+              "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
+              (long long)n, (long long)k);
+    return NULL;
+}
+
 dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, const float *b, const float *bias,
                         int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, float alpha,
                         float beta) {
     (void)backend;
-    DSC_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, DSC_ERR_UNSUPPORTED,
-              "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
-              (long long)n, (long long)k);
+    DSC_TRY(check_extents(m, n, k));
     for (int64_t i = 0; i < batch; i++) {
         gemm_args g = {.o = out + i * m * n,
                        .a = a + i * m * k,
@@ -117,9 +122,7 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
 dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
                                const float *bias, int64_t n, int64_t oc, int64_t c) {
     (void)backend;
-    DSC_CHECK(n <= INT_MAX && oc <= INT_MAX && c <= INT_MAX, DSC_ERR_UNSUPPORTED,
-              "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)n,
-              (long long)oc, (long long)c);
+    DSC_TRY(check_extents(n, oc, c));
     if (n <= DSC_CPU_STREAM_MAX_ROWS && c > 0) { /* decode: streamed as dsc_cpu_gemm does */
         dsc_cpu_stream_rows(y, x, w, DSC_WEIGHT_F32, bias, n, oc, c);
         dsc_cpu_gelu_rows(act, y, n * oc);
