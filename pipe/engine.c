@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsc/precision.h"
 #include "pipe/engine_internal.h"
 
 static dsc_micro_ctx micro_ctx(pipe_runner *r, pipe_slot *slot, const pipe_chunk *c) {
@@ -79,26 +80,91 @@ static dsc_status exec_backward(pipe_runner *r, const dsc_instr *in) {
     return NULL;
 }
 
+/* Under mixed precision (r->stash bf16 / fp16) what crosses stages is exact in the 2-byte type:
+ * the runner rounds activations, and activation gradients at the loss scale (round(g s) / s). So
+ * both travel in it, half of f32's bytes, as DeepSpeed's bf16 / fp16 tensors do: packed into the
+ * upper half of r->scratch (a gradient times the loss scale, a power of two: exact), received into
+ * its lower half and widened into place. */
+static dsc_tensor wire(const pipe_runner *r, bool sending, const dsc_tensor *like) {
+    char *at = (char *)r->scratch.data + (sending ? dsc_tensor_nbytes(&r->scratch) / 2 : 0);
+    return dsc_tensor_view(at, r->stash, like->ndim, like->shape, like->device);
+}
+
+static float grad_scale(const pipe_runner *r, bool gradient) {
+    return gradient ? (float)dsc_precision_loss_scale(r->o.optimizer) : 1.0f;
+}
+
+/* `t` as sent: itself in f32, else its 2-byte form (after the send before it completed). */
+static dsc_status to_wire(pipe_runner *r, const dsc_tensor *t, bool gradient, dsc_tensor *out) {
+    if (r->stash == DSC_DTYPE_F32) {
+        *out = *t;
+        return NULL;
+    }
+    DSC_TRY(pipe_p2p_wait_sends(r->p2p));
+    *out = wire(r, true, t);
+    const int64_t n = dsc_tensor_numel(t);
+    const float s = grad_scale(r, gradient);
+    const float *x = t->data;
+    uint16_t *w = out->data;
+    for (int64_t i = 0; i < n; i += 4096) { /* scaled in pieces on the stack: t is left as it is */
+        float piece[4096];
+        int64_t m = n - i < 4096 ? n - i : 4096;
+        for (int64_t j = 0; j < m; j++)
+            piece[j] = x[i + j] * s;
+        dsc_precision_pack_to(w + i, piece, m, r->stash);
+    }
+    return NULL;
+}
+
+static void from_wire(const pipe_runner *r, dsc_tensor *dst, const dsc_tensor *w, bool gradient) {
+    const int64_t n = dsc_tensor_numel(w);
+    dsc_precision_unpack(dst->data, w->data, n, r->stash);
+    const float s = grad_scale(r, gradient);
+    float *x = dst->data;
+    for (int64_t i = 0; s != 1.0f && i < n; i++)
+        x[i] /= s;
+}
+
+static dsc_status send_activation(pipe_runner *r, pipe_slot *slot, int chunk, int peer_stage, int peer_chunk) {
+    dsc_tensor t;
+    DSC_TRY(to_wire(r, &slot->output, false, &t));
+    return pipe_p2p_send_activation(r->p2p, &t, chunk, peer_stage, peer_chunk);
+}
+
+static dsc_status recv_activation(pipe_runner *r, pipe_slot *slot, int chunk, int peer_stage, int peer_chunk) {
+    if (r->stash == DSC_DTYPE_F32)
+        return pipe_p2p_recv_activation(r->p2p, &slot->input_buf, chunk, peer_stage, peer_chunk, &slot->input);
+    dsc_tensor lower = wire(r, false, &slot->input_buf), w;
+    DSC_TRY(pipe_p2p_recv_activation(r->p2p, &lower, chunk, peer_stage, peer_chunk, &w));
+    slot->input = dsc_tensor_view(slot->input_buf.data, DSC_DTYPE_F32, w.ndim, w.shape, w.device);
+    from_wire(r, &slot->input, &w, false);
+    return NULL;
+}
+
 static dsc_status exec_send_activation(pipe_runner *r, const dsc_instr *in) {
-    return pipe_p2p_send_activation(r->p2p, &r->slots[in->buffer].output, in->chunk, in->peer_stage,
-                                    in->peer_chunk);
+    return send_activation(r, &r->slots[in->buffer], in->chunk, in->peer_stage, in->peer_chunk);
 }
 
 static dsc_status exec_recv_activation(pipe_runner *r, const dsc_instr *in) {
-    pipe_slot *slot = &r->slots[in->buffer];
-    return pipe_p2p_recv_activation(r->p2p, &slot->input_buf, in->chunk, in->peer_stage, in->peer_chunk,
-                                    &slot->input);
+    return recv_activation(r, &r->slots[in->buffer], in->chunk, in->peer_stage, in->peer_chunk);
 }
 
 static dsc_status exec_send_grad(pipe_runner *r, const dsc_instr *in) {
-    return pipe_p2p_send_grad(r->p2p, &r->slots[in->buffer].din, in->chunk, in->peer_stage, in->peer_chunk);
+    dsc_tensor t;
+    DSC_TRY(to_wire(r, &r->slots[in->buffer].din, true, &t));
+    return pipe_p2p_send_grad(r->p2p, &t, in->chunk, in->peer_stage, in->peer_chunk);
 }
 
 /* The gradient of this slot's outputs, shaped like them (no header needed). */
 static dsc_status exec_recv_grad(pipe_runner *r, const dsc_instr *in) {
     const dsc_tensor *out = &r->slots[in->buffer].output;
     r->grad_in = dsc_tensor_view(r->grad_buf.data, out->dtype, out->ndim, out->shape, out->device);
-    return pipe_p2p_recv_grad(r->p2p, &r->grad_in, in->chunk, in->peer_stage, in->peer_chunk);
+    if (r->stash == DSC_DTYPE_F32)
+        return pipe_p2p_recv_grad(r->p2p, &r->grad_in, in->chunk, in->peer_stage, in->peer_chunk);
+    dsc_tensor w = wire(r, false, out);
+    DSC_TRY(pipe_p2p_recv_grad(r->p2p, &w, in->chunk, in->peer_stage, in->peer_chunk));
+    from_wire(r, &r->grad_in, &w, true);
+    return NULL;
 }
 
 static dsc_status exec_reduce_tied(pipe_runner *r, const dsc_instr *in) {
@@ -311,14 +377,12 @@ static dsc_status forward_logits(pipe_runner *r, const dsc_tensor *tokens, dsc_t
     for (int c = 0; c < r->v; c++) {
         pipe_chunk *ch = &r->chunks[c];
         int j = c * r->P + r->stage;
-        if (j > 0)
-            DSC_TRY(pipe_p2p_recv_activation(r->p2p, &slot->input_buf, c, (j - 1) % r->P, (j - 1) / r->P,
-                                             &slot->input));
+        if (j > 0) DSC_TRY(recv_activation(r, slot, c, (j - 1) % r->P, (j - 1) / r->P));
         dsc_micro_ctx ctx = {.tokens = ch->first_virtual ? tokens : NULL, .loss_scale = 1.0f, .rng = r->o.rng};
         DSC_TRY(pipe_p2p_wait_sends(r->p2p));
         DSC_TRY(pipe_chunk_forward(r, ch, 0, &ctx));
         if (j < V - 1) {
-            DSC_TRY(pipe_p2p_send_activation(r->p2p, &slot->output, c, (j + 1) % r->P, (j + 1) / r->P));
+            DSC_TRY(send_activation(r, slot, c, (j + 1) % r->P, (j + 1) / r->P));
             continue;
         }
         const dsc_tensor *out = &slot->output; /* (1, t, V) */

@@ -79,11 +79,7 @@ dsc_status pipe_runner_alloc_buffers(pipe_runner *r) {
     for (int c = 0; c < r->v; c++)
         DSC_TRY(setup_chunk(r, c, dev, &out_copy, &din_copy));
     const int64_t tok[2] = {r->o.B, r->o.T}, act[3] = {r->o.B, r->o.T, dsc_pipe_module_width(r->o.module)};
-    bool checkpointed = false;
-    for (int c = 0; c < r->v; c++)
-        for (int i = 0; i < r->chunks[c].n_segs; i++)
-            checkpointed |= r->chunks[c].segs[i].checkpoint;
-    if (checkpointed && r->stash != DSC_DTYPE_F32) DSC_TRY(alloc_act(&r->widened, 3, act, DSC_DTYPE_F32, dev));
+    if (r->stash != DSC_DTYPE_F32) DSC_TRY(alloc_act(&r->scratch, 3, act, DSC_DTYPE_F32, dev));
     for (int b = 0; b < r->n_slots; b++) {
         pipe_slot *s = &r->slots[b];
         DSC_TRY(alloc_act(&s->tokens, 2, tok, DSC_DTYPE_I32, DSC_CPU));
@@ -115,7 +111,7 @@ void pipe_runner_free_buffers(pipe_runner *r) {
         dsc_tensor_free(&s->din_copy);
     }
     dsc_tensor_free(&r->grad_buf);
-    dsc_tensor_free(&r->widened);
+    dsc_tensor_free(&r->scratch);
     free(r->chunks);
     free(r->slots);
 }
@@ -174,7 +170,7 @@ static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, con
             dsc_tensor x = seg->input[slot];
             if (r->stash != DSC_DTYPE_F32) { /* widened exactly; the run's layers read it until their backward */
                 const dsc_tensor *in = &seg->input[slot];
-                x = dsc_tensor_view(r->widened.data, DSC_DTYPE_F32, in->ndim, in->shape, in->device);
+                x = dsc_tensor_view(r->scratch.data, DSC_DTYPE_F32, in->ndim, in->shape, in->device);
                 dsc_precision_unpack(x.data, in->data, dsc_tensor_numel(in), r->stash);
             }
             DSC_TRY(forward_layers(r, c, seg, 0, &x, &again));

@@ -45,9 +45,13 @@ typedef struct pipe_runner {
     pipe_slot *slots;   /* [n_slots] */
     int n_slots;
     dsc_tensor grad_buf; /* (B, T, C) DeepSpeed's grad_layer */
-    dsc_dtype stash;     /* what checkpointed inputs are kept in (f32, or mixed precision's bf16 / fp16) */
-    dsc_tensor widened;  /* (B, T, C) f32: a 2-byte checkpointed input widened for its run's recompute */
-    dsc_tensor grad_in;  /* view of grad_buf: the gradient received for this step's backward */
+    dsc_dtype stash;     /* what checkpointed inputs are kept and stages exchange (f32, or mixed
+                            precision's bf16 / fp16 on the CPU) */
+    /* (B, T, C) f32 where stash is 2-byte: inside a backward, a checkpointed input widened for its
+     * run's recompute; between compute instructions, its lower half receives and its upper half
+     * sends in the 2-byte type (one send in flight: the next waits for it) */
+    dsc_tensor scratch;
+    dsc_tensor grad_in; /* view of grad_buf: the gradient received for this step's backward */
     pipe_p2p *p2p;
     /* the batch being run */
     dsc_batch_source *data;

@@ -6,7 +6,9 @@
 # rounding shows as a bf16-size (1e-3) difference. With activation
 # checkpointing (pipeline.activation_checkpoint_interval 1) the 2-stage run
 # keeps its checkpointed inputs in 2 bytes: the same losses bit for bit, and
-# fewer activation bytes than the f32 run with the same checkpointing.
+# fewer activation bytes than the f32 run with the same checkpointing. The
+# stages exchange activations and their gradients in 2 bytes: comms_logger's
+# largest send is half the f32 run's.
 # Usage: test_mixed_pipeline.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -46,9 +48,10 @@ run() { # name, then dsc-train --set arguments
   "$bin/dsc-launch" -n 2 "$bin/dsc-train" c.json --set pipeline.stages=2 "$@" --metrics "$name.jsonl" --sample 0 \
     --no-progress > "$name.log" 2>&1 || { cat "$name.log"; echo "FAIL: $name did not train" >&2; exit 1; }
 }
-run f32.ckpt --set pipeline.activation_checkpoint_interval=1
+logged='comms_logger={"enabled": true}'
+run f32.ckpt --set pipeline.activation_checkpoint_interval=1 --set "$logged"
 for mode in bf16 fp16; do
-  run "$mode.ckpt" --set "$mode.enabled=true" --set pipeline.activation_checkpoint_interval=1
+  run "$mode.ckpt" --set "$mode.enabled=true" --set pipeline.activation_checkpoint_interval=1 --set "$logged"
   python3 - "$mode" <<'PY'
 import json, sys
 mode = sys.argv[1]
@@ -62,6 +65,19 @@ if len(same) != 6 or not all(same):
     sys.exit("FAIL: %s with checkpointed inputs in 2 bytes changed the losses" % mode)
 if act(ckpt) >= act(f32):
     sys.exit("FAIL: %s keeps its checkpointed inputs in f32" % mode)
+
+def largest_send(log):  # rank 0's comms_logger table: the rows under "send"
+    units, rows, op = {"B": 1, "KB": 1024, "MB": 1024 ** 2}, [], None
+    for line in open(log):
+        if line.strip() and not line[0].isspace():
+            op = line.strip()
+        elif op == "send" and len(line.split()) >= 2 and line.split()[1] in units:
+            rows.append(float(line.split()[0]) * units[line.split()[1]])
+    return max(rows)
+narrow, wide = largest_send(mode + ".ckpt.log"), largest_send("f32.ckpt.log")
+print("   %s: largest message stage 0 sends %d bytes (f32: %d)" % (mode, narrow, wide))
+if 2 * narrow != wide:
+    sys.exit("FAIL: %s stages do not exchange activations in 2 bytes" % mode)
 PY
 done
 echo "mixed precision through the pipeline equals the single-rank run"
