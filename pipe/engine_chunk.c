@@ -157,7 +157,8 @@ dsc_status pipe_chunk_forward(pipe_runner *r, pipe_chunk *c, int slot, dsc_micro
     return NULL;
 }
 
-static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout, bool last,
+/* `progress` set: the chunk's last backward of the batch, whose layers' gradients are final. */
+static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout,
                                     dsc_micro_ctx *ctx, dsc_optimizer_progress_scope *progress) {
     pipe_slot *s = &r->slots[slot];
     dsc_tensor dy = dout ? *dout : (dsc_tensor){0};
@@ -180,11 +181,8 @@ static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, con
             DSC_TRY(dsc_optimizer_before_layer(r->o.optimizer, c->layers[l], true));
             DSC_TRY(dsc_layer_backward(c->layers[l], at, &dy, &dx, ctx));
             DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], true));
-            dsc_status e = progress ? dsc_optimizer_progress_take(progress) : NULL;
-            if (e)
-                return dsc_error_wrap(e, "progressing gradient reductions in the backward of %s",
-                                      c->layers[l]->name);
-            if (last) DSC_TRY(dsc_optimizer_grads_ready(r->o.optimizer, c->layers[l]));
+            DSC_TRY(dsc_optimizer_progress_take(progress, c->layers[l]->name));
+            if (progress) DSC_TRY(dsc_optimizer_grads_ready(r->o.optimizer, c->layers[l]));
             if (!(c->first_virtual && l == 0)) dsc_precision_store_between(r->o.optimizer, &dx, true);
             dy = dx;
         }
@@ -199,8 +197,8 @@ static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, con
  * kernels too (as in the default runner), not only at each layer's grads_ready. */
 dsc_status pipe_chunk_backward(pipe_runner *r, pipe_chunk *c, int slot, const dsc_tensor *dout, bool last,
                                dsc_micro_ctx *ctx) {
-    if (!last) return backward_segments(r, c, slot, dout, false, ctx, NULL);
+    if (!last) return backward_segments(r, c, slot, dout, ctx, NULL);
     dsc_optimizer_progress_scope progress;
     dsc_optimizer_progress_begin(&progress, r->o.optimizer);
-    return dsc_optimizer_progress_end(&progress, backward_segments(r, c, slot, dout, true, ctx, &progress));
+    return dsc_optimizer_progress_end(&progress, backward_segments(r, c, slot, dout, ctx, &progress));
 }

@@ -174,15 +174,17 @@ DSC_API dsc_status dsc_optimizer_reduce_grads(dsc_optimizer *opt);
 DSC_API dsc_status dsc_optimizer_progress(dsc_optimizer *opt);
 /* The optimizer's progress between kernels: from begin to end every kernel call on this thread
  * first runs dsc_optimizer_progress(opt) (dsc_kernels_set_progress), so a backward's buckets move
- * on between the kernels of a layer, not only at grads_ready. The first failure is kept; take
- * returns it (and clears it) after each layer, end uninstalls the hook and returns `s`, or the
- * kept failure when `s` is NULL. Used by every runner's last backward of a batch. */
+ * on between the kernels of a layer, not only at grads_ready. The first failure is kept; take,
+ * after each layer's backward, returns it (and clears it) named after `layer`, NULL when there
+ * is none or `scope` is NULL (a backward that is not the batch's last); end uninstalls the hook
+ * and returns `s`, or the kept failure when `s` is NULL. Used by every runner's last backward of
+ * a batch. */
 typedef struct dsc_optimizer_progress_scope {
     dsc_optimizer *opt;
     dsc_status error;
 } dsc_optimizer_progress_scope;
 DSC_API void dsc_optimizer_progress_begin(dsc_optimizer_progress_scope *scope, dsc_optimizer *opt);
-DSC_API dsc_status dsc_optimizer_progress_take(dsc_optimizer_progress_scope *scope);
+DSC_API dsc_status dsc_optimizer_progress_take(dsc_optimizer_progress_scope *scope, const char *layer);
 DSC_API dsc_status dsc_optimizer_progress_end(dsc_optimizer_progress_scope *scope, dsc_status s);
 DSC_API dsc_status dsc_optimizer_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats);
 /* Sets the betas of the following steps where the implementation has them. */

@@ -12,8 +12,8 @@ static inline float sigmoid(float x) {
 /* One elementwise job in chunks of ACT_CHUNK: the threads of the inference forward's pool when
  * it runs one (its prefill), OpenMP's otherwise. */
 typedef struct act_job {
-    float *out, *out2;              /* out2: SwiGLU backward's dup */
-    const float *x, *other, *third; /* the input, the output gradient or SwiGLU's up, SwiGLU backward's up */
+    float *out[2];      /* outputs, in the order of the kernel's row function */
+    const float *in[3]; /* inputs, likewise */
     int64_t n;
 } act_job;
 
@@ -39,25 +39,25 @@ static int64_t chunk_len(const act_job *J, int64_t ch) {
 static void gelu_range(void *arg, int64_t ch) {
     const act_job *J = arg;
     int64_t i0 = ch * ACT_CHUNK;
-    dsc_cpu_gelu_rows(J->out + i0, J->x + i0, chunk_len(J, ch));
+    dsc_cpu_gelu_rows(J->out[0] + i0, J->in[0] + i0, chunk_len(J, ch));
 }
 
 static void gelu_grad_range(void *arg, int64_t ch) {
     const act_job *J = arg;
     int64_t i0 = ch * ACT_CHUNK;
-    dsc_cpu_gelu_grad_rows(J->out + i0, J->other + i0, J->x + i0, chunk_len(J, ch));
+    dsc_cpu_gelu_grad_rows(J->out[0] + i0, J->in[0] + i0, J->in[1] + i0, chunk_len(J, ch));
 }
 
 dsc_status dsc_cpu_gelu_forward(const dsc_backend *backend, float *out, const float *x, int64_t n) {
     (void)backend;
-    act_run(gelu_range, &(act_job){.out = out, .x = x, .n = n});
+    act_run(gelu_range, &(act_job){.out = {out}, .in = {x}, .n = n});
     return NULL;
 }
 
 dsc_status dsc_cpu_gelu_backward(const dsc_backend *backend, float *dx, const float *dout, const float *x,
                                  int64_t n) {
     (void)backend;
-    act_run(gelu_grad_range, &(act_job){.out = dx, .x = x, .other = dout, .n = n});
+    act_run(gelu_grad_range, &(act_job){.out = {dx}, .in = {dout, x}, .n = n});
     return NULL;
 }
 
@@ -89,27 +89,27 @@ dsc_status dsc_cpu_silu_backward(const dsc_backend *backend, float *dx, const fl
 static void swiglu_range(void *arg, int64_t ch) {
     const act_job *J = arg;
     int64_t i0 = ch * ACT_CHUNK;
-    dsc_cpu_swiglu_rows(J->out + i0, J->x + i0, J->other + i0, chunk_len(J, ch));
+    dsc_cpu_swiglu_rows(J->out[0] + i0, J->in[0] + i0, J->in[1] + i0, chunk_len(J, ch));
 }
 
 dsc_status dsc_cpu_swiglu_forward(const dsc_backend *backend, float *out, const float *gate, const float *up,
                                   int64_t n) {
     (void)backend;
-    act_run(swiglu_range, &(act_job){.out = out, .x = gate, .other = up, .n = n});
+    act_run(swiglu_range, &(act_job){.out = {out}, .in = {gate, up}, .n = n});
     return NULL;
 }
 
 static void swiglu_grad_range(void *arg, int64_t ch) {
     const act_job *J = arg;
     int64_t i0 = ch * ACT_CHUNK;
-    dsc_cpu_swiglu_grad_rows(J->out + i0, J->out2 + i0, J->other + i0, J->x + i0, J->third + i0, chunk_len(J, ch));
+    dsc_cpu_swiglu_grad_rows(J->out[0] + i0, J->out[1] + i0, J->in[0] + i0, J->in[1] + i0, J->in[2] + i0,
+                             chunk_len(J, ch));
 }
 
 dsc_status dsc_cpu_swiglu_backward(const dsc_backend *backend, float *dgate, float *dup, const float *dout,
                                    const float *gate, const float *up, int64_t n) {
     (void)backend;
-    act_run(swiglu_grad_range,
-            &(act_job){.out = dgate, .out2 = dup, .x = gate, .other = dout, .third = up, .n = n});
+    act_run(swiglu_grad_range, &(act_job){.out = {dgate, dup}, .in = {dout, gate, up}, .n = n});
     return NULL;
 }
 

@@ -1,10 +1,10 @@
 /* GEMM on the CPU through OpenBLAS (row-major cblas_sgemm, one call per
  * batch entry: this OpenBLAS has no batched entry point), plus the bias
- * broadcast, the GELU epilogue of a linear layer and the bias gradient. There is one thread pool, OpenMP's:
- * OpenBLAS always runs single-threaded (cpu_threads.c) and a large product
- * is split into one contiguous block of rows (or columns) per OpenMP
- * thread, each a single-threaded sgemm that adds the bias to its own block
- * while it is in cache. So BLAS threads and OpenMP threads never compete
+ * broadcast, the GELU epilogue of a linear layer and the bias gradient.
+ * There is one thread pool, OpenMP's: OpenBLAS always runs single-threaded
+ * (cpu_threads.c) and a large product is split into one contiguous block of
+ * rows (or columns) per OpenMP thread, each a single-threaded sgemm that adds
+ * the bias (and the GELU) to its own block while it is in cache. So BLAS threads and OpenMP threads never compete
  * for cores, and nothing spins between calls but the pool itself. A linear
  * layer's forward over a few rows (decode) streams the weight instead
  * (cpu_linear.c). */
@@ -86,6 +86,16 @@ static void gemm_split(const gemm_args *g) {
         split_block(&S, p);
 }
 
+/* A linear layer over a few rows (decode) streams b once instead of packing it; the rest splits. */
+static void run(const gemm_args *g) {
+    if (g->m <= DSC_CPU_STREAM_MAX_ROWS && !g->ta && g->tb && g->alpha == 1.0f && g->beta == 0.0f && g->k > 0) {
+        dsc_cpu_stream_rows(g->o, g->a, g->b, DSC_WEIGHT_F32, g->bias, g->m, g->n, g->k);
+        if (g->act) dsc_cpu_gelu_rows(g->act, g->o, g->m * g->n);
+        return;
+    }
+    gemm_split(g);
+}
+
 static dsc_status check_extents(int64_t m, int64_t n, int64_t k) {
     DSC_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, DSC_ERR_UNSUPPORTED,
               "cblas_sgemm: extents (%lld, %lld, %lld) exceed the 32-bit BLAS interface", (long long)m,
@@ -110,11 +120,7 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
                        .tb = trans_b,
                        .alpha = alpha,
                        .beta = beta};
-        if (m <= DSC_CPU_STREAM_MAX_ROWS && !trans_a && trans_b && alpha == 1.0f && beta == 0.0f && k > 0)
-            /* A linear layer over a few rows (decode): stream b once instead of packing it. */
-            dsc_cpu_stream_rows(g.o, g.a, g.b, DSC_WEIGHT_F32, bias, m, n, k);
-        else
-            gemm_split(&g);
+        run(&g);
     }
     return NULL;
 }
@@ -123,14 +129,9 @@ dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y,
                                const float *bias, int64_t n, int64_t oc, int64_t c) {
     (void)backend;
     DSC_TRY(check_extents(n, oc, c));
-    if (n <= DSC_CPU_STREAM_MAX_ROWS && c > 0) { /* decode: streamed as dsc_cpu_gemm does */
-        dsc_cpu_stream_rows(y, x, w, DSC_WEIGHT_F32, bias, n, oc, c);
-        dsc_cpu_gelu_rows(act, y, n * oc);
-        return NULL;
-    }
     gemm_args g = {
         .o = y, .act = act, .a = x, .b = w, .bias = bias, .m = n, .n = oc, .k = c, .tb = true, .alpha = 1.0f};
-    gemm_split(&g);
+    run(&g);
     return NULL;
 }
 

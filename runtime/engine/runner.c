@@ -55,19 +55,17 @@ static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
     return NULL;
 }
 
-/* Every layer's backward; in the last micro-batch (`progress` set) the reductions grads_ready
- * posts move on between kernels, and a failure of theirs is reported after its layer. */
-static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool last_micro,
-                                  dsc_optimizer_progress_scope *progress) {
+/* Every layer's backward; in the last micro-batch (`progress` set) grads_ready runs after each
+ * layer, the reductions it posts move on between kernels, and a failure of theirs is reported
+ * after its layer. */
+static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, dsc_optimizer_progress_scope *progress) {
     dsc_tensor dy = {0}, dx;
     for (int l = r->n - 1; l >= 0; l--) {
         DSC_TRY(dsc_optimizer_before_layer(r->opt, r->layers[l], true));
         DSC_TRY(dsc_layer_backward(r->layers[l], 0, &dy, &dx, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], true));
-        dsc_status e = progress ? dsc_optimizer_progress_take(progress) : NULL;
-        if (e)
-            return dsc_error_wrap(e, "progressing gradient reductions in the backward of %s", r->layers[l]->name);
-        if (last_micro) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
+        DSC_TRY(dsc_optimizer_progress_take(progress, r->layers[l]->name));
+        if (progress) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
         if (l > 0) dsc_precision_store_between(r->opt, &dx, true);
         dy = dx;
     }
@@ -75,10 +73,10 @@ static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, bool la
 }
 
 static dsc_status backward_all(default_runner *r, dsc_micro_ctx *ctx, bool last_micro) {
-    if (!last_micro) return backward_layers(r, ctx, false, NULL);
+    if (!last_micro) return backward_layers(r, ctx, NULL);
     dsc_optimizer_progress_scope progress;
     dsc_optimizer_progress_begin(&progress, r->opt);
-    return dsc_optimizer_progress_end(&progress, backward_layers(r, ctx, true, &progress));
+    return dsc_optimizer_progress_end(&progress, backward_layers(r, ctx, &progress));
 }
 
 static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_result *res, bool training) {

@@ -168,15 +168,20 @@ void dsc_optimizer_progress_begin(dsc_optimizer_progress_scope *scope, dsc_optim
     dsc_kernels_set_progress(progress_kernel_hook, scope);
 }
 
-dsc_status dsc_optimizer_progress_take(dsc_optimizer_progress_scope *scope) {
+static dsc_status take(dsc_optimizer_progress_scope *scope) {
     dsc_status e = scope->error;
     scope->error = NULL;
     return e;
 }
 
+dsc_status dsc_optimizer_progress_take(dsc_optimizer_progress_scope *scope, const char *layer) {
+    dsc_status e = scope ? take(scope) : NULL;
+    return e ? dsc_error_wrap(e, "progressing gradient reductions in the backward of %s", layer) : NULL;
+}
+
 dsc_status dsc_optimizer_progress_end(dsc_optimizer_progress_scope *scope, dsc_status s) {
     dsc_kernels_set_progress(NULL, NULL);
-    dsc_status kept = dsc_optimizer_progress_take(scope);
+    dsc_status kept = take(scope);
     if (!s) return kept ? dsc_error_wrap(kept, "progressing gradient reductions") : NULL;
     if (kept) dsc_status_free(kept); /* the first failure wins */
     return s;

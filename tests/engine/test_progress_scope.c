@@ -1,7 +1,7 @@
 /* dsc_optimizer_progress_begin / take / end: between begin and end every kernel call first runs
  * the optimizer's progress; its first failure is kept (later calls are skipped), handed out by
- * take, reported by end when the work itself succeeded and dropped when it failed; after end no
- * kernel call runs it. */
+ * take named after the layer (nothing from a NULL scope), reported by end when the work itself
+ * succeeded and dropped when it failed; after end no kernel call runs it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,7 +37,7 @@ static void test_progress_scope(void **state) {
     dsc_optimizer_progress_begin(&scope, &opt);
     kernel_call(&x), kernel_call(&x), kernel_call(&x);
     assert_int_equal(calls, 3);
-    assert_null(dsc_optimizer_progress_take(&scope));
+    assert_null(dsc_optimizer_progress_take(&scope, "layers.0"));
     assert_null(dsc_optimizer_progress_end(&scope, NULL));
     kernel_call(&x);
     assert_int_equal(calls, 3); /* removed */
@@ -47,11 +47,13 @@ static void test_progress_scope(void **state) {
     dsc_optimizer_progress_begin(&scope, &opt);
     kernel_call(&x), kernel_call(&x), kernel_call(&x);
     assert_int_equal(calls, 2);
-    dsc_status e = dsc_optimizer_progress_take(&scope);
+    assert_null(dsc_optimizer_progress_take(NULL, "layers.1")); /* not the batch's last backward */
+    dsc_status e = dsc_optimizer_progress_take(&scope, "layers.1");
     assert_non_null(e);
     assert_non_null(strstr(dsc_status_message(e), "bucket 3 failed at call 2"));
+    assert_non_null(strstr(dsc_status_message(e), "in the backward of layers.1"));
     dsc_status_free(e);
-    assert_null(dsc_optimizer_progress_take(&scope));
+    assert_null(dsc_optimizer_progress_take(&scope, "layers.1"));
     kernel_call(&x); /* runs again once the failure is taken: and fails again */
     assert_int_equal(calls, 3);
     /* end with the work succeeded reports the kept failure ... */
