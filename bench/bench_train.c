@@ -5,16 +5,19 @@
  * (bench/torch_train_ref.py, run with --python, /opt/venv/bin/python unless told).
  *
  *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] [--pairs N]
- *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH]
+ *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH] [--bf16]
  *
  * With --pairs N each model runs N times, dsc then PyTorch, interleaved, each
  * pair printed with the 1-minute load average before it; the summary line
  * gives the median and minimum of each side and the ratio of the medians.
+ * --bf16 trains in bf16 mixed precision ("bf16": {"enabled": true}), PyTorch
+ * under torch.autocast("cpu", bfloat16).
  *
  * Achieved GFLOP/s counts 6 * params * tokens/s (forward + backward of every
  * weight) plus causal attention, 6 * L * C * T per token (llm.c's estimate).
  * Prints, never asserts. */
 #define _DEFAULT_SOURCE /* popen, clock_gettime, getloadavg */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,15 +65,16 @@ static void write_tokens(const char *path) {
 }
 
 /* tokens/s of dsc on `sh` for `steps` timed steps after one warm-up step. */
-static double run_dsc(const shape *sh, int steps, const char *data, int64_t *params) {
+static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, int64_t *params) {
     char json[1024];
     snprintf(
         json, sizeof json,
         "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": 1,"
         " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": %d, \"vocab_size\": %d,"
         " \"seq_len\": %d}, \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003}},"
-        " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}}",
-        sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1);
+        " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}%s}",
+        sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1,
+        bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
     dsc_config cfg;
     dsc_status s = dsc_config_parse_string(json, "bench.json", NULL, 0, &cfg);
     if (!s) s = dsc_config_resolve_batch(&cfg, 1);
@@ -91,7 +95,8 @@ static double run_dsc(const shape *sh, int steps, const char *data, int64_t *par
 }
 
 /* tokens/s of the PyTorch reference, or 0 when it could not run. */
-static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads) {
+static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads,
+                        bool bf16) {
     if (access(script, R_OK) != 0) {
         printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", script);
         return 0;
@@ -99,9 +104,9 @@ static double run_torch(const char *python, const char *script, const shape *sh,
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d %s %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
-             "--batch %d --steps %d --threads %d 2>&1",
+             "--batch %d --steps %d --threads %d%s 2>&1",
              threads, python, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps,
-             threads);
+             threads, bf16 ? " --bf16" : "");
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
     char line[512];
@@ -134,6 +139,7 @@ int main(int argc, char **argv) {
     enum { MAX_PAIRS = 32 };
     int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2}, pairs = 1;
     const char *only = NULL, *torch = "bench/torch_train_ref.py", *python = "/opt/venv/bin/python";
+    bool bf16 = false;
     for (int i = 1; i < argc; i++) {
         bool v = i + 1 < argc;
         if (strcmp(argv[i], "--threads") == 0 && v)
@@ -152,10 +158,12 @@ int main(int argc, char **argv) {
             python = argv[++i];
         else if (strcmp(argv[i], "--pairs") == 0 && v)
             pairs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--bf16") == 0)
+            bf16 = true;
         else {
             fprintf(stderr,
                     "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
-                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH]\n");
+                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH] [--bf16]\n");
             return 2;
         }
     }
@@ -167,7 +175,8 @@ int main(int argc, char **argv) {
     char data[128];
     snprintf(data, sizeof data, "/tmp/dsc_bench_train_%d.tok", (int)getpid());
     write_tokens(data);
-    printf("bench_train: 1 rank, %d threads, AdamW, one warm-up step then timed steps\n", threads);
+    printf("bench_train: 1 rank, %d threads, AdamW%s, one warm-up step then timed steps\n", threads,
+           bf16 ? ", bf16 mixed precision (PyTorch: bf16 autocast)" : "");
     printf("%-5s %5s %10s %6s %6s %12s %12s %9s %13s %7s\n", "model", "load", "params", "B*T", "steps",
            "dsc tok/s", "dsc GFLOP/s", "ms/step", "torch tok/s", "dsc/pt");
     for (int k = 0; k < 2; k++) {
@@ -177,9 +186,9 @@ int main(int argc, char **argv) {
         for (int p = 0; p < pairs; p++) {
             int64_t params;
             double load = load_now();
-            double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, &params);
+            double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, bf16, &params);
             double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
-            double pt = pt_tps[p] = torch ? run_torch(python, torch, sh, steps[k], threads) : 0;
+            double pt = pt_tps[p] = torch ? run_torch(python, torch, sh, steps[k], threads, bf16) : 0;
             printf("%-5s %5.1f %10lld %6d %6d %12.1f %12.2f %9.1f %13.1f %7.2f\n", sh->name, load,
                    (long long)params, sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9,
                    1e3 * sh->batch * sh->seq / tps, pt, pt > 0 ? tps / pt : 0.0);

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch reference for bench_train: the same GPT-2 model (pre-LayerNorm
 blocks, tanh GELU, learned positions, tied embeddings, biases), the same batch
-and AdamW, on the same number of CPU threads. Prints tokens/s on its last line
+and AdamW, on the same number of CPU threads (--bf16: under bf16 autocast, against
+dsc's bf16 mixed precision). Prints tokens/s on its last line
 as "tokens_per_s <value>" for bench_train to read.
 
 Run with Debian's /usr/bin/python3 (python3-torch)."""
@@ -65,6 +66,7 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--bf16", action="store_true", help="forward and backward under torch.autocast(cpu, bfloat16)")
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
@@ -74,7 +76,8 @@ def main():
     x, y = data[:, :-1], data[:, 1:]
 
     def step():
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -86,7 +89,7 @@ def main():
         step()
     dt = time.perf_counter() - t0
     params = sum(q.numel() for q in model.parameters())
-    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads")
+    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads{', bf16 autocast' if a.bf16 else ''}")
     print(f"tokens_per_s {a.batch * a.seq * a.steps / dt:.1f}")
 
 

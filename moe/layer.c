@@ -233,7 +233,11 @@ static dsc_status route(moe_layer *m, moe_slot *s, const dsc_tensor *x2, dsc_mic
             gv[i] = xv[i] * nv[i];
         gin = &jittered;
     }
-    DSC_TRY(dsc_kernel_linear_forward(&logits, gin, &m->wg->value, NULL));
+    /* the router in f32 under bf16 products too: DeepSpeed's TopKGate casts the gate and its input to fp32 */
+    dsc_dtype products = dsc_kernels_set_matmul_dtype(DSC_DTYPE_F32);
+    dsc_status st = dsc_kernel_linear_forward(&logits, gin, &m->wg->value, NULL);
+    dsc_kernels_set_matmul_dtype(products);
+    DSC_TRY(st);
     m->agree_S = S;
     const dsc_moe_gate_capacity_hook hook = {agree_hook, m};
     DSC_TRY(dsc_moe_gate_forward(&m->o.gate, &logits, ctx->training, ctx->rng, &hook, &s->routes));
@@ -407,7 +411,10 @@ static dsc_status gate_backward(moe_layer *m, moe_slot *s, const dsc_tensor *x2,
     dsc_tensor dw = view(&m->dweight, 2, (int64_t[]){S, m->o.gate.k});
     DSC_TRY(dsc_moe_gate_backward(&m->o.gate, &logits, &s->routes, &dw, ctx->loss_scale, &dl));
     dsc_tensor gin = s->jittered ? view(&s->gate_in, 2, x2->shape) : *x2, dg = view(&m->dsmall, 2, x2->shape);
-    DSC_TRY(dsc_kernel_linear_backward(&dg, &m->wg->grad, NULL, &dl, &gin, &m->wg->value));
+    dsc_dtype products = dsc_kernels_set_matmul_dtype(DSC_DTYPE_F32); /* as the forward: the router in f32 */
+    dsc_status st = dsc_kernel_linear_backward(&dg, &m->wg->grad, NULL, &dl, &gin, &m->wg->value);
+    dsc_kernels_set_matmul_dtype(products);
+    DSC_TRY(st);
     float *d = din2->data, *gv = dg.data;
     const float *noise = s->jittered ? s->noise.data : NULL;
     for (int64_t i = 0; i < S * M; i++)

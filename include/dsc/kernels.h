@@ -51,6 +51,14 @@ DSC_API int dsc_kernels_get_num_threads(void);
  * do not call it again; what it fails at is for it to keep and report. */
 typedef void (*dsc_kernels_progress_fn)(void *arg);
 DSC_API void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg);
+/* The type the calling thread's f32 matrix products multiply in (its own setting; other threads
+ * keep theirs), as torch.autocast's bf16 matmuls: DSC_DTYPE_BF16 rounds both operands of every
+ * dsc_kernel_gemm and linear product to bf16 (nearest even) and sums the products, exact in f32,
+ * in f32. The CPU uses AVX-512 BF16's dot for prompt-sized products where it has it (and
+ * DSC_CPU_SIMD is unset or "avx512bf16"), sgemm over rounded copies otherwise; the CUDA backend
+ * keeps f32. Any other dtype (the default): f32. Mixed-precision training in bf16 sets it for
+ * its layers' calls. Returns the previous setting. */
+DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
 
 /* ---- matrix products ------------------------------------------------------
  * out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows).

@@ -80,7 +80,7 @@ static void pack_block(uint32_t *dst, const uint16_t *w, int64_t c, int64_t r0, 
  * `rows` of them stored. */
 BF16DOT __attribute__((always_inline)) static inline void tile(float *y, int64_t ldy, const uint16_t *xb,
                                                                int64_t c2, const uint32_t *pk, int64_t cols,
-                                                               int64_t rows, const int M) {
+                                                               int64_t rows, const int M, float alpha, bool add) {
     __m512 acc[TILE_X_ROWS][4];
     for (int i = 0; i < M; i++)
         for (int u = 0; u < 4; u++)
@@ -100,15 +100,20 @@ BF16DOT __attribute__((always_inline)) static inline void tile(float *y, int64_t
     for (int u = 0; u < 4; u++) {
         int64_t left = cols - 16 * u;
         __mmask16 lanes = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        for (int i = 0; i < M && i < rows; i++)
-            _mm512_mask_storeu_ps(y + i * ldy + 16 * u, lanes, acc[i][u]);
+        for (int i = 0; i < M && i < rows; i++) {
+            float *at = y + i * ldy + 16 * u;
+            __m512 v = alpha == 1.0f ? acc[i][u] : _mm512_mul_ps(acc[i][u], _mm512_set1_ps(alpha));
+            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, at));
+            _mm512_mask_storeu_ps(at, lanes, v);
+        }
     }
 }
 
+/* y = alpha * xb . block (+ y when `add`) for n x rows and the block's first `cols` rows. */
 BF16DOT static void block_avx512(float *y, int64_t ldy, const uint16_t *xb, int64_t c2, int64_t n,
-                                 const uint32_t *pk, int64_t cols) {
+                                 const uint32_t *pk, int64_t cols, float alpha, bool add) {
     for (int64_t i = 0; i < n; i += TILE_X_ROWS) /* the last tile reads x's padding rows */
-        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, n - i, TILE_X_ROWS);
+        tile(y + i * ldy, ldy, xb + i * c2, c2, pk, cols, n - i, TILE_X_ROWS, alpha, add);
 }
 
 /* Sixteen floats rounded to bf16 as dsc_f32_to_bf16 (nearest even; a NaN stays a quiet NaN). */
@@ -122,21 +127,93 @@ BF16DOT static inline __m256i round16(__m512 x) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t n, int64_t c) {
+/* Rows [i0, i1) of xb from x's element (i, j) at x[i * rs + j * cs]: contiguous rows (cs 1) a
+ * vector at a time; a transposed x (rs 1) sixteen rows at a time, each column of them one vector
+ * (the stores then scattered); any other layout value by value. */
+BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
+                                   int64_t i1) {
     const int64_t c2 = even(c);
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = i0;
+    for (; rs == 1 && cs != 1 && i + 16 <= i1; i += 16)
+        for (int64_t j = 0; j < c; j++) {
+            uint16_t v[16];
+            _mm256_storeu_si256((__m256i *)v, round16(_mm512_loadu_ps(x + j * cs + i)));
+            for (int t = 0; t < 16; t++)
+                xb[(i + t) * c2 + j] = v[t];
+        }
+    for (; i < i1; i++) {
         int64_t j = 0;
-        for (; j + 16 <= c; j += 16)
-            _mm256_storeu_si256((__m256i *)(xb + i * c2 + j), round16(_mm512_loadu_ps(x + i * c + j)));
+        for (; cs == 1 && j + 16 <= c; j += 16)
+            _mm256_storeu_si256((__m256i *)(xb + i * c2 + j), round16(_mm512_loadu_ps(x + i * rs + j)));
         for (; j < c; j++)
-            xb[i * c2 + j] = dsc_f32_to_bf16(x[i * c + j]);
-        if (c2 != c) xb[i * c2 + c] = 0;
+            xb[i * c2 + j] = dsc_f32_to_bf16(x[i * rs + j * cs]);
     }
+    for (i = i0; c2 != c && i < i1; i++)
+        xb[i * c2 + c] = 0;
 }
 
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c) {
+    dsc_cpu_bf16_pad_x(xb, n, c);
+    round_x_avx512(xb, x, c, 1, c, 0, n);
+}
+
+void dsc_cpu_bf16_pad_x(uint16_t *xb, int64_t n, int64_t c) {
     memset(xb + n * even(c), 0, (size_t)((padded_rows(n) - n) * even(c)) * sizeof *xb);
-    round_x_avx512(xb, x, n, c);
+}
+
+void dsc_cpu_bf16_round_x_rows(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
+                               int64_t i1) {
+    round_x_avx512(xb, x, rs, cs, c, i0, i1);
+}
+
+/* pack_block's layout from an f32 W, each value rounded to bf16: W's element (r, k) at
+ * w[r * rs + k * ks]. A transposed W (rs 1) packs sixteen rows of a pair of columns per step, two
+ * vectors widened and interleaved into one; rows along k (ks 1) round 32 columns of a row at a
+ * time into 16 pairs, stored one word each; any other layout value by value. */
+BF16DOT static void pack_block_f32(uint32_t *dst, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
+                                   int64_t rows) {
+    const int64_t pairs = even(c) / 2, whole = c / 2;
+    if (rs == 1 && ks != 1) {
+        for (int64_t k = 0; k < pairs; k++)
+            for (int u = 0; u < 4; u++) {
+                int64_t left = rows - 16 * u;
+                __mmask16 lanes = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+                const float *lo = w + 2 * k * ks + r0 + 16 * u;
+                __m512i a = _mm512_cvtepu16_epi32(round16(_mm512_maskz_loadu_ps(lanes, lo)));
+                __m512i b = k < whole ? _mm512_cvtepu16_epi32(round16(_mm512_maskz_loadu_ps(lanes, lo + ks)))
+                                      : _mm512_setzero_si512();
+                _mm512_storeu_si512(dst + k * BLOCK_ROWS + 16 * u, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+            }
+        return;
+    }
+    for (int64_t j = 0; j < BLOCK_ROWS; j++) {
+        if (j >= rows) {
+            for (int64_t k = 0; k < pairs; k++)
+                dst[k * BLOCK_ROWS + j] = 0;
+            continue;
+        }
+        const float *row = w + (r0 + j) * rs;
+        int64_t k = 0;
+        for (; ks == 1 && k + 16 <= whole; k += 16) {
+            uint32_t v[16];
+            __m256i lo = round16(_mm512_loadu_ps(row + 2 * k)), hi = round16(_mm512_loadu_ps(row + 2 * k + 16));
+            _mm512_storeu_si512(v, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+            for (int t = 0; t < 16; t++)
+                dst[(k + t) * BLOCK_ROWS + j] = v[t];
+        }
+        for (; k < pairs; k++) {
+            uint32_t lo = dsc_f32_to_bf16(row[2 * k * ks]);
+            uint32_t hi = 2 * k + 1 < c ? dsc_f32_to_bf16(row[(2 * k + 1) * ks]) : 0;
+            dst[k * BLOCK_ROWS + j] = lo | hi << 16;
+        }
+    }
+}
+
+void dsc_cpu_bf16_gemm_f32_block(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const float *w, int64_t rs,
+                                 int64_t ks, int64_t c, int64_t r0, int64_t rows, uint32_t *pack, float alpha,
+                                 bool add) {
+    pack_block_f32(pack, w, rs, ks, c, r0, rows);
+    block_avx512(y + r0, ldy, xb, even(c), n, pack, rows, alpha, add);
 }
 
 void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
@@ -146,7 +223,7 @@ void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t 
         const int64_t br0 = b * BLOCK_ROWS, cols = rows - br0 < BLOCK_ROWS ? rows - br0 : BLOCK_ROWS;
         uint32_t *pk = pack + b * block_words;
         pack_block(pk, w, c, r0 + br0, cols);
-        block_avx512(y + r0 + br0, ldy, xb, c2, n, pk, cols);
+        block_avx512(y + r0 + br0, ldy, xb, c2, n, pk, cols, 1.0f, false);
     }
 }
 #endif

@@ -2,7 +2,8 @@
  * CPU has it. The weights stay bf16 and are never widened; x is rounded to bf16 (nearest even,
  * torch's rounding) once per product, and vdpbf16ps multiplies pairs of bf16 into f32 sums at
  * twice the rate of f32 FMAs. Used by dsc_cpu_linear_packed (cpu_linear.c) for more rows than
- * decode's streaming loops take. */
+ * decode's streaming loops take, and by the f32 GEMM (cpu_gemm.c) for a thread whose products
+ * are set to bf16 (mixed-precision training). */
 #ifndef DSC_KERNELS_CPU_BF16_GEMM_H
 #define DSC_KERNELS_CPU_BF16_GEMM_H
 
@@ -19,6 +20,11 @@ bool dsc_cpu_bf16_gemm_available(void);
 size_t dsc_cpu_bf16_x_bytes(int64_t n, int64_t c);
 /* xb (n, even(c)) = x (n, c) rounded to bf16, a zero after an odd row; the padding rows zero. */
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c);
+/* The same in parts, for any layout of x (element (i, j) at x[i * rs + j * cs]): the padding rows
+ * zeroed, then rows [i0, i1) rounded (parts of the rows may run on different threads). */
+void dsc_cpu_bf16_pad_x(uint16_t *xb, int64_t n, int64_t c);
+void dsc_cpu_bf16_round_x_rows(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
+                               int64_t i1);
 
 /* Bytes of the packing buffer one panel of `rows` weight rows of c columns needs. */
 size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c);
@@ -27,6 +33,13 @@ size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c);
  * aligned is fastest; any alignment works). */
 void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
                              int64_t r0, int64_t rows, uint32_t *pack);
+/* Products of f32 operands rounded to bf16 (dsc_kernels_set_matmul_dtype): y[i * ldy + r] =
+ * alpha * xb[i] . W[r] (+ the y there when `add`) for i < n and r in [r0, r0 + rows), rows at most
+ * 64: W f32 with element (r, k) at w[r * rs + k * ks], rounded as it is packed into `pack`
+ * (dsc_cpu_bf16_pack_bytes(64, c) bytes). */
+void dsc_cpu_bf16_gemm_f32_block(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const float *w, int64_t rs,
+                                 int64_t ks, int64_t c, int64_t r0, int64_t rows, uint32_t *pack, float alpha,
+                                 bool add);
 
 #endif
 

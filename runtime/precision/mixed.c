@@ -67,6 +67,8 @@ typedef struct mixed_optimizer {
     /* ZeRO-3: the inner optimizer's parameter shards are the fp32 master; the values a layer reads are
      * gathered for each call and rounded then */
     bool round_on_use;
+    /* the calling thread's product type outside a layer call (inside: bf16 under bf16) */
+    dsc_dtype matmul_was;
 } mixed_optimizer;
 
 static mixed_optimizer *self_of(dsc_optimizer *opt) {
@@ -90,6 +92,8 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
+    /* bf16 products in the layer's GEMMs, as autocast multiplies (f32 where the CPU has no bf16 dot) */
+    m->matmul_was = dsc_kernels_set_matmul_dtype(m->po.dtype);
     for (int j = 0; m->round_on_use && j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
         if (p->value.data) dsc_round_to_dtype(p->value.data, dsc_param_numel(p), m->po.dtype);
@@ -119,6 +123,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
 
 static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
+    dsc_kernels_set_matmul_dtype(m->matmul_was);
     if (backward && m->staged == layer) {
         float scale = (float)m->scaler.cur_scale;
         dsc_status s = NULL;

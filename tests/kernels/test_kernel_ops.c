@@ -213,16 +213,53 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     free(wide);
 }
 
-/* a: rows, out channels, in channels, bias. y and act = gelu(y) against the GEMM and GELU apart. */
+/* A product in bf16: both operands as the kernel multiplies them (rounded) or as given. */
+static double *operand(const tc *c, const dsc_tensor *t, bool rounded) {
+    int64_t n = dsc_tensor_numel(t);
+    if (rounded) return bf16_activations(tc_in(c, t), n);
+    double *r = kt_zeros_d(n);
+    memcpy(r, tc_in(c, t), (size_t)n * sizeof *r);
+    return r;
+}
+
+/* a: m, n, k, trans_a, trans_b, beta. dsc_kernel_gemm with this thread's products in bf16: both
+ * operands rounded, f32 sums (AVX-512 BF16's dot for prompt-sized products, else rounded copies). */
+static void case_gemm_bf16(tc *c, const int64_t *a) {
+    int64_t m = a[0], n = a[1], k = a[2];
+    bool ta = a[3], tb = a[4];
+    float beta = (float)a[5];
+    dsc_tensor *x = ta ? RANDN(c, 1.0f, k, m) : RANDN(c, 1.0f, m, k);
+    dsc_tensor *y = tb ? RANDN(c, 1.0f, n, k) : RANDN(c, 1.0f, k, n);
+    dsc_tensor *out = RANDN(c, 1.0f, m, n), *bias = RANDN(c, 1.0f, n);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(DSC_DTYPE_BF16);
+    dsc_status s = dsc_kernel_gemm(out, x, y, bias, ta, tb, 0.5f, beta);
+    dsc_kernels_set_matmul_dtype(was);
+    assert_ok(s);
+    double *want = tc_out(c, out);
+    if (!c->ref) return;
+    double *xr = operand(c, x, true), *yr = operand(c, y, true);
+    ref_gemm(want, xr, yr, tc_in(c, bias), 1, m, n, k, ta, tb, 0.5, beta);
+    free(xr);
+    free(yr);
+}
+
+/* a: rows, out channels, in channels, bias, products in bf16. y and act = gelu(y) against the
+ * GEMM and GELU apart. */
 static void case_linear_gelu(tc *c, const int64_t *a) {
     int64_t n = a[0], oc = a[1], ch = a[2];
     dsc_tensor *x = RANDN(c, 1.0f, n, ch), *w = RANDN(c, 0.5f, oc, ch), *bias = a[3] ? RANDN(c, 1.0f, oc) : NULL;
     dsc_tensor *y = FULL(c, 0.0f, n, oc), *act = FULL(c, 0.0f, n, oc);
-    assert_ok(dsc_kernel_linear_gelu_forward(act, y, x, w, bias));
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(a[4] ? DSC_DTYPE_BF16 : DSC_DTYPE_F32);
+    dsc_status s = dsc_kernel_linear_gelu_forward(act, y, x, w, bias);
+    dsc_kernels_set_matmul_dtype(was);
+    assert_ok(s);
     double *want_y = tc_out(c, y), *want_act = tc_out(c, act);
     if (!c->ref) return;
-    ref_gemm(want_y, tc_in(c, x), tc_in(c, w), tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    double *xr = operand(c, x, a[4]), *wr = operand(c, w, a[4]);
+    ref_gemm(want_y, xr, wr, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
     ref_gelu(want_act, want_y, n * oc);
+    free(xr);
+    free(wr);
 }
 
 /* a: rows, out channels. Only dbias is asked for, so only the bias entry runs. */
@@ -662,6 +699,14 @@ static const op_case cases[] = {
     CASE(gemm, case_gemm, 1e-4, 1, 1, 1, 0, 0, 0),
     CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
     CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
+    /* products in bf16 (dsc_kernels_set_matmul_dtype): every layout, odd depth, beta 0 and 1 */
+    CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 0, 0, 0),
+    CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 0, 1, 1),
+    CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 0, 1),
+    CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 1, 0),
+    CASE(gemm, case_gemm_bf16, 1e-4, 97, 64, 96, 1, 0, 1),
+    CASE(gemm, case_gemm_bf16, 1e-4, 20, 19, 33, 0, 1, 1),  /* small: rounded copies */
+    CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 0, 3), /* beta 3: out scaled first */
     /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
      * weight (Q8_0 against x quantised too), four x rows a block (odd C: the vector loops' tails; odd rows and
      * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
@@ -698,10 +743,12 @@ static const op_case cases[] = {
     CASE(linear_packed, case_linear_packed, 1e-4, 3, 9, 40, DSC_WEIGHT_F32, 1, 1),
     /* linear_gelu: rows, OC, C, bias. 300 rows: the threads' GEMM blocks, their rows' vector steps
      * and tails (OC 77); 5 rows stream the weight; 33 rows, one column: the GEMM's smallest */
-    CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1),
-    CASE(linear_gelu, case_linear_gelu, 1e-4, 64, 400, 33, 0),
-    CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1),
-    CASE(linear_gelu, case_linear_gelu, 1e-4, 33, 1, 7, 1),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 0),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 64, 400, 33, 0, 0),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 0),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 33, 1, 7, 1, 0),
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 1), /* products in bf16 */
+    CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 1),   /* rounded copies, streamed */
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),

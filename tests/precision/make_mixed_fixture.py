@@ -8,10 +8,14 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
   fp32        plain f32 training (the baseline);
   bf16        fp32 master weights and AdamW state; every step the model's
               parameters are the master rounded to bf16, forward/backward
-              compute in f32 on them (as dsc does on the CPU), the
-              activations between layers (embedding and block outputs) and
-              their gradients are rounded to bf16, every gradient is rounded
-              to bf16, then clip + AdamW update the master;
+              compute in f32 on them (as dsc does on the CPU) but for the
+              linear layers' products (and the head's), whose operands are
+              rounded to bf16 and whose products are summed in f32, forward
+              and backward (autocast's bf16 matmuls; dsc's
+              dsc_kernels_set_matmul_dtype), the activations between layers
+              (embedding and block outputs) and their gradients are rounded
+              to bf16, every gradient is rounded to bf16, then clip + AdamW
+              update the master;
   fp16        the same with fp16 and DeepSpeed's dynamic loss scaling:
               (loss * scale).backward(), gradients rounded to fp16, an inf/nan
               gradient skips the step, scale from DeepSpeed's own
@@ -63,11 +67,45 @@ class RoundBetween(torch.autograd.Function):
         return g.to(ctx.dtype).float(), None
 
 
+class Bf16Linear(torch.autograd.Function):
+    """x @ w.T + b with both operands of each product rounded to bf16 and f32 sums: forward,
+    and the two products of the backward (dsc's linear in bf16 products)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        xr, wr = round_to(x, torch.bfloat16), round_to(w, torch.bfloat16)
+        ctx.save_for_backward(xr, wr)
+        ctx.bias = b is not None
+        y = xr @ wr.t()
+        return y + b if b is not None else y
+
+    @staticmethod
+    def backward(ctx, g):
+        xr, wr = ctx.saved_tensors
+        gr = round_to(g, torch.bfloat16)
+        dw = gr.reshape(-1, gr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
+        db = g.reshape(-1, g.shape[-1]).sum(0) if ctx.bias else None
+        return gr @ wr, dw, db
+
+
+def bf16_linear(self, x):
+    return Bf16Linear.apply(x, self.weight, self.bias)
+
+
 def forward_rounded(model, tokens, targets, dtype):
-    x = RoundBetween.apply(model.embed(tokens), dtype)
-    for block in model.layers:
-        x = RoundBetween.apply(block(x), dtype)
-    logits = model.head(x)
+    products = dtype is torch.bfloat16  # dsc multiplies in bf16 under bf16, in f32 under fp16
+    plain = torch.nn.Linear.forward
+    if products:
+        torch.nn.Linear.forward = bf16_linear
+    try:
+        x = RoundBetween.apply(model.embed(tokens), dtype)
+        for block in model.layers:
+            x = RoundBetween.apply(block(x), dtype)
+        head = model.head
+        w = head.tied.weight if head.tied is not None else head.weight
+        logits = Bf16Linear.apply(head.norm(x), w, None) if products else head(x)
+    finally:
+        torch.nn.Linear.forward = plain
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
 
