@@ -145,6 +145,25 @@ static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chun
         fn(J, p);
 }
 
+/* The rounded x and the pack buffers, kept by each calling thread between products: a fresh
+ * allocation of megabytes is a fresh mapping, and faulting its pages in (the kernel zeroing each)
+ * took as long as the products themselves in a GPT-2 step. Grown to the largest product asked
+ * for (GPT-2's head gradient: 51 MB) and kept while the thread lives. */
+typedef struct bf16_scratch {
+    void *p;
+    size_t bytes;
+} bf16_scratch;
+static _Thread_local bf16_scratch xb_scratch, pack_scratch;
+
+static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
+    if (s->bytes >= bytes) return s->p;
+    free(s->p);
+    size_t whole = (bytes + 63) / 64 * 64;
+    s->p = aligned_alloc(64, whole);
+    s->bytes = s->p ? whole : 0;
+    return s->p;
+}
+
 /* The product on AVX-512 BF16 (vdpbf16ps), where it pays: more rows than decode streams and
  * enough work to split; false leaves it to the rounded copies. */
 static bool bf16_dot_gemm(const gemm_args *g) {
@@ -159,17 +178,13 @@ static bool bf16_dot_gemm(const gemm_args *g) {
                   .b_rs = g->tb ? g->k : 1,
                   .b_ks = g->tb ? 1 : g->n,
                   .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
-    J.xb = malloc(dsc_cpu_bf16_x_bytes(g->m, g->k));
-    J.packs = malloc((size_t)nt * J.pack_words * sizeof(uint32_t));
-    bool ran = J.xb && J.packs;
-    if (ran) {
-        dsc_cpu_bf16_pad_x(J.xb, g->m, g->k);
-        bf16_parallel(&J, bf16_round, (g->m + BF16_BLOCK - 1) / BF16_BLOCK, nt);
-        bf16_parallel(&J, bf16_block, (g->n + BF16_BLOCK - 1) / BF16_BLOCK, nt);
-    }
-    free(J.xb);
-    free(J.packs);
-    return ran;
+    J.xb = scratch_at_least(&xb_scratch, dsc_cpu_bf16_x_bytes(g->m, g->k));
+    J.packs = scratch_at_least(&pack_scratch, (size_t)nt * J.pack_words * sizeof(uint32_t));
+    if (!J.xb || !J.packs) return false;
+    dsc_cpu_bf16_pad_x(J.xb, g->m, g->k);
+    bf16_parallel(&J, bf16_round, (g->m + BF16_BLOCK - 1) / BF16_BLOCK, nt);
+    bf16_parallel(&J, bf16_block, (g->n + BF16_BLOCK - 1) / BF16_BLOCK, nt);
+    return true;
 }
 #else
 static bool bf16_dot_gemm(const gemm_args *g) {

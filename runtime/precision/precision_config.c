@@ -90,8 +90,8 @@ dsc_status dsc_precision_maybe_wrap(const dsc_config *cfg, const dsc_optimizer_o
     else
         dsc_log_rank0(
             DSC_LOG_INFO,
-            "bf16 mixed precision: fp32 master weights, bf16 parameters and gradients, gradients reduced "
-            "in %s%s",
+            "bf16 mixed precision: fp32 master weights, bf16 parameters and gradients, the layers' matrix "
+            "products in bf16 with f32 sums, gradients reduced in %s%s",
             comm, po.check_overflow ? ", steps with inf/nan gradients skipped" : "");
     return NULL;
 }
