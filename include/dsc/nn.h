@@ -123,6 +123,11 @@ DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
  * NULL, which the optimizer repoints around layer calls; dsc_params_flat then
  * returns data NULL for it and dsc_params_zero_grads skips it. */
 DSC_API dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads);
+/* Exchanges a group's flat value buffer with `buffer` (an f32 tensor of the group's element count on
+ * the store's device) and points the parameters' views of the old buffer into the one now held.
+ * For an optimizer that steps on another copy of the values through the parameters (mixed
+ * precision's fp32 master); swapping back restores everything. */
+DSC_API dsc_status dsc_params_swap_values(dsc_param_store *store, dsc_param_group group, dsc_tensor *buffer);
 
 /* ---- layers -------------------------------------------------------------------------- */
 

@@ -43,6 +43,8 @@ extern "C" {
  * to nearest even, overflow to inf, subnormals kept, NaN stays NaN; F32: no
  * change). */
 DSC_API void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype);
+/* The same out of place: dst[i] = src[i] in `dtype` (dst == src, or no overlap). */
+DSC_API void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype);
 /* x[i] = round(x[i] * scale) in `dtype`; returns whether every result is finite. */
 DSC_API bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype);
 /* torch's bit patterns of x.to(torch.bfloat16) (NaN: 0xffff) and x.half() (NaN: quieted, payload kept). */
@@ -111,6 +113,10 @@ typedef struct dsc_precision_options {
     dsc_loss_scaler_options scaler;   /* fp16; bf16 uses a static scale of 1 */
     const dsc_optimizer_options *opt; /* the inner optimizer's: store, layers, groups */
     dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
+    /* the ranges are the whole flat buffers and the inner optimizer reads the values through the
+     * parameters and dsc_params_flat at each step (the plain optimizer): it then steps on the
+     * master itself (dsc_params_swap_values), not on a copy */
+    bool whole;
     bool log; /* this rank logs the skipped steps */
 } dsc_precision_options;
 

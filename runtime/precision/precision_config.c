@@ -61,6 +61,7 @@ dsc_status dsc_precision_maybe_wrap(const dsc_config *cfg, const dsc_optimizer_o
     if (!dsc_precision_from_config(cfg, &po)) return NULL;
     po.opt = oo;
     po.log = true;
+    po.whole = !ranges;
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         if (ranges) {
             po.ranges[g] = ranges[g];

@@ -36,41 +36,48 @@ uint16_t dsc_precision_to_f16(float x) {
     return dsc_f32_to_f16(x);
 }
 
-static void round_bf16(float *x, int64_t n) {
+/* dst[i] = x[i] rounded, for dst == x or buffers that do not overlap. */
+static void round_bf16(float *dst, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) { /* memcpy: the bits of a float without aliasing it (vectorises) */
         uint32_t v;
         memcpy(&v, &x[i], 4);
         uint32_t r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
         r = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;
-        memcpy(&x[i], &r, 4);
+        memcpy(&dst[i], &r, 4);
     }
 }
 
 #ifdef DSC_HAVE_F16C_BUILD
-__attribute__((target("avx2,f16c"))) static int64_t round_f16_f16c(float *x, int64_t n) {
+__attribute__((target("avx2,f16c"))) static int64_t round_f16_f16c(float *dst, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
     }
     return i;
 }
 #endif
 
-static void round_f16(float *x, int64_t n) {
+static void round_f16(float *dst, const float *x, int64_t n) {
     int64_t i = 0;
 #ifdef DSC_HAVE_F16C_BUILD
-    if (dsc_cpu_simd()) i = round_f16_f16c(x, n);
+    if (dsc_cpu_simd()) i = round_f16_f16c(dst, x, n);
 #endif
     for (; i < n; i++)
-        x[i] = dsc_f16_to_f32(dsc_f32_to_f16(x[i]));
+        dst[i] = dsc_f16_to_f32(dsc_f32_to_f16(x[i]));
+}
+
+void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype) {
+    if (dtype == DSC_DTYPE_BF16)
+        round_bf16(dst, src, n);
+    else if (dtype == DSC_DTYPE_F16)
+        round_f16(dst, src, n);
+    else if (dst != src && n > 0)
+        memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
 void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype) {
-    if (dtype == DSC_DTYPE_BF16)
-        round_bf16(x, n);
-    else if (dtype == DSC_DTYPE_F16)
-        round_f16(x, n);
+    dsc_round_to_dtype_from(x, x, n, dtype);
 }
 
 bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype) {
