@@ -130,17 +130,59 @@ BF16DOT static inline __m256i round16(__m512 x) {
 /* Rows [i0, i1) of xb from x's element (i, j) at x[i * rs + j * cs]: contiguous rows (cs 1) a
  * vector at a time; a transposed x (rs 1) sixteen rows at a time, each column of them one vector
  * (the stores then scattered); any other layout value by value. */
+/* r[t] element j = r[j] element t before, for 32-bit elements: two rounds of unpacks within the
+ * 128-bit lanes (each lane then holds four rows of one column), two of lane shuffles across them. */
+BF16DOT static void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* u[4i + q], lane L: rows 4i .. 4i + 3 of column 4L + q */
+    for (int q = 0; q < 4; q++) {
+        __m512i w0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88), w1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd);
+        __m512i w2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88);
+        __m512i w3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
+        r[q] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+        r[4 + q] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+        r[8 + q] = _mm512_shuffle_i32x4(w0, w2, 0xdd);
+        r[12 + q] = _mm512_shuffle_i32x4(w1, w3, 0xdd);
+    }
+}
+
+/* A transposed x (rs 1): rows [i, i + 16) by columns [j, j + 16), each column one load, rounded,
+ * transposed in registers and stored a row at a time. */
+BF16DOT static void round_x_transposed16(uint16_t *xb, const float *x, int64_t cs, int64_t c2, int64_t i,
+                                         int64_t j) {
+    __m512i r[16];
+    for (int jj = 0; jj < 16; jj++)
+        r[jj] = _mm512_cvtepu16_epi32(round16(_mm512_loadu_ps(x + (j + jj) * cs + i)));
+    transpose16(r);
+    for (int t = 0; t < 16; t++)
+        _mm256_storeu_si256((__m256i *)(xb + (i + t) * c2 + j), _mm512_cvtepi32_epi16(r[t]));
+}
+
 BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
                                    int64_t i1) {
     const int64_t c2 = even(c);
     int64_t i = i0;
-    for (; rs == 1 && cs != 1 && i + 16 <= i1; i += 16)
-        for (int64_t j = 0; j < c; j++) {
+    for (; rs == 1 && cs != 1 && i + 16 <= i1; i += 16) {
+        int64_t j = 0;
+        for (; j + 16 <= c; j += 16)
+            round_x_transposed16(xb, x, cs, c2, i, j);
+        for (; j < c; j++) {
             uint16_t v[16];
             _mm256_storeu_si256((__m256i *)v, round16(_mm512_loadu_ps(x + j * cs + i)));
             for (int t = 0; t < 16; t++)
                 xb[(i + t) * c2 + j] = v[t];
         }
+    }
     for (; i < i1; i++) {
         int64_t j = 0;
         for (; cs == 1 && j + 16 <= c; j += 16)
@@ -186,22 +228,31 @@ BF16DOT static void pack_block_f32(uint32_t *dst, const float *w, int64_t rs, in
             }
         return;
     }
+    int64_t first = 0; /* the pairs before it are packed */
+    for (; ks == 1 && first + 16 <= whole; first += 16)
+        for (int64_t j0 = 0; j0 < BLOCK_ROWS; j0 += 16) {
+            /* 16 rows by 16 pairs: each row's 32 columns rounded into 16 words, transposed so that
+             * each pair's 16 rows are one store */
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) {
+                r[j] = _mm512_setzero_si512();
+                if (j0 + j >= rows) continue;
+                const float *row = w + (r0 + j0 + j) * rs + 2 * first;
+                r[j] = _mm512_inserti64x4(_mm512_castsi256_si512(round16(_mm512_loadu_ps(row))),
+                                          round16(_mm512_loadu_ps(row + 16)), 1);
+            }
+            transpose16(r);
+            for (int t = 0; t < 16; t++)
+                _mm512_storeu_si512(dst + (first + t) * BLOCK_ROWS + j0, r[t]);
+        }
     for (int64_t j = 0; j < BLOCK_ROWS; j++) {
         if (j >= rows) {
-            for (int64_t k = 0; k < pairs; k++)
+            for (int64_t k = first; k < pairs; k++)
                 dst[k * BLOCK_ROWS + j] = 0;
             continue;
         }
         const float *row = w + (r0 + j) * rs;
-        int64_t k = 0;
-        for (; ks == 1 && k + 16 <= whole; k += 16) {
-            uint32_t v[16];
-            __m256i lo = round16(_mm512_loadu_ps(row + 2 * k)), hi = round16(_mm512_loadu_ps(row + 2 * k + 16));
-            _mm512_storeu_si512(v, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-            for (int t = 0; t < 16; t++)
-                dst[(k + t) * BLOCK_ROWS + j] = v[t];
-        }
-        for (; k < pairs; k++) {
+        for (int64_t k = first; k < pairs; k++) {
             uint32_t lo = dsc_f32_to_bf16(row[2 * k * ks]);
             uint32_t hi = 2 * k + 1 < c ? dsc_f32_to_bf16(row[(2 * k + 1) * ks]) : 0;
             dst[k * BLOCK_ROWS + j] = lo | hi << 16;
