@@ -45,6 +45,9 @@ extern "C" {
 DSC_API void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype);
 /* The same out of place: dst[i] = src[i] in `dtype` (dst == src, or no overlap). */
 DSC_API void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype);
+/* acc[i] += round(part[i] * scale) in `dtype` (f32: no rounding), for i < n: a layer's gradient
+ * contribution at the loss scale, stored in the reduced type, accumulated in f32. */
+DSC_API void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, float scale, dsc_dtype dtype);
 /* x[i] = round(x[i] * scale) in `dtype`; returns whether every result is finite. */
 DSC_API bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype);
 /* torch's bit patterns of x.to(torch.bfloat16) (NaN: 0xffff) and x.half() (NaN: quieted, payload kept). */

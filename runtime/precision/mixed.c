@@ -126,17 +126,14 @@ static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool b
     dsc_kernels_set_matmul_dtype(m->matmul_was);
     if (backward && m->staged == layer) {
         float scale = (float)m->scaler.cur_scale;
-        dsc_status s = NULL;
         for (int j = 0; j < layer->n_params; j++) {
             if (!m->swapped[j]) continue;
             dsc_param *p = layer->params[j];
             dsc_tensor part = p->grad;
-            dsc_round_scaled(part.data, dsc_tensor_numel(&part), scale, m->po.dtype);
             p->grad = m->saved[j];
-            if (!s) s = dsc_kernel_axpy(&p->grad, 1.0f, &part);
+            dsc_precision_add_rounded(p->grad.data, part.data, dsc_tensor_numel(&part), scale, m->po.dtype);
         }
         m->staged = NULL;
-        if (s) return dsc_error_wrap(s, "mixed precision: gradients of layer %s", layer->name);
     }
     return dsc_optimizer_after_layer(m->inner, layer, backward);
 }

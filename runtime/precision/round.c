@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dsc/kernels.h"
 #include "dsc/precision.h"
 #include "kernels/cpu/cpu_simd.h"
 
@@ -67,13 +68,43 @@ static void round_f16(float *dst, const float *x, int64_t n) {
         dst[i] = dsc_f16_to_f32(dsc_f32_to_f16(x[i]));
 }
 
-void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype) {
+static void round_span(float *dst, const float *src, int64_t n, dsc_dtype dtype) {
     if (dtype == DSC_DTYPE_BF16)
         round_bf16(dst, src, n);
     else if (dtype == DSC_DTYPE_F16)
         round_f16(dst, src, n);
     else if (dst != src && n > 0)
         memcpy(dst, src, (size_t)n * sizeof *dst);
+}
+
+/* Passes over a model's values or a layer's gradients split into chunks over the kernels' threads
+ * (one thread streamed 124M values at a third of the machine's rate: 2.5 % of a GPT-2 step). */
+enum { CHUNK = 1 << 14 };
+
+void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype) {
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (chunks >= 4) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t b = c * CHUNK, len = n - b < CHUNK ? n - b : CHUNK;
+        round_span(dst + b, src + b, len, dtype);
+    }
+}
+
+void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, float scale, dsc_dtype dtype) {
+    enum { BLOCK = 1024 }; /* scaled and rounded in L1, then added */
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (chunks >= 4) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        float v[BLOCK];
+        for (int64_t b = c * CHUNK, end = n < b + CHUNK ? n : b + CHUNK; b < end; b += BLOCK) {
+            int64_t len = end - b < BLOCK ? end - b : BLOCK;
+            for (int64_t i = 0; i < len; i++)
+                v[i] = part[b + i] * scale;
+            round_span(v, v, len, dtype);
+            for (int64_t i = 0; i < len; i++)
+                acc[b + i] += v[i];
+        }
+    }
 }
 
 void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype) {

@@ -79,6 +79,51 @@ static void test_round_in_place(void **state) {
     assert_true(w[2] == dsc_f16_to_f32(dsc_f32_to_f16(1048.576f)));
 }
 
+/* Long passes (split over threads in chunks): out of place, and accumulated at a scale, each value as
+ * torch rounds it. The fixture's values repeat over 200003 elements, across every chunk boundary. */
+static void check_long(dsc_dtype dtype, const uint16_t *ref) {
+    enum { N = 200003 };
+    float *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst), *acc = malloc(N * sizeof *acc);
+    float *half = malloc(N * sizeof *half);
+    assert_non_null(src && dst && acc && half);
+    for (int i = 0; i < N; i++) {
+        src[i] = from_bits(fx_round_in[i % N_ROUND]);
+        acc[i] = (float)(i % 97);
+    }
+    dsc_round_to_dtype_from(dst, src, N, dtype);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        float want =
+            dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(ref[i % N_ROUND]) : dsc_f16_to_f32(ref[i % N_ROUND]);
+        bad += isnan(want) ? !isnan(dst[i]) : to_bits(dst[i]) != to_bits(want);
+        half[i] = src[i] / 2; /* unrounded, taken back at scale 2 */
+    }
+    assert_int_equal(bad, 0);
+    dsc_precision_add_rounded(acc, half, N, 2.0f, dtype);
+    int checked = 0;
+    for (int i = 0; i < N; i++) {
+        if (half[i] * 2 != src[i] && !isnan(src[i])) continue; /* halving a subnormal lost a bit */
+        float want = (float)(i % 97) + dst[i];                 /* src rounded as torch does */
+        bool ok = isnan(want) ? isnan(acc[i]) : to_bits(acc[i]) == to_bits(want);
+        if (!ok && bad++ < 4)
+            printf("  %s: %g + round(%g) = %g, want %g\n", dsc_dtype_name(dtype), (double)(i % 97), (double)src[i],
+                   (double)acc[i], (double)want);
+        checked++;
+    }
+    assert_int_equal(bad, 0);
+    assert_true(checked > N / 2);
+    free(src);
+    free(dst);
+    free(acc);
+    free(half);
+}
+
+static void test_round_long_passes(void **state) {
+    (void)state;
+    check_long(DSC_DTYPE_BF16, fx_round_bf16);
+    check_long(DSC_DTYPE_F16, fx_round_f16);
+}
+
 static void test_loss_scaler_matches_deepspeed(void **state) {
     (void)state;
     for (size_t c = 0; c < sizeof fx_scaler_cases / sizeof fx_scaler_cases[0]; c++) {
@@ -210,9 +255,10 @@ static void test_config_sections(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_bits_match_torch),        cmocka_unit_test(test_round_in_place),
-        cmocka_unit_test(test_loss_scaler_matches_deepspeed), cmocka_unit_test(test_pack_in_place),
-        cmocka_unit_test(test_memory_formula_halves),         cmocka_unit_test(test_config_sections),
+        cmocka_unit_test(test_round_bits_match_torch), cmocka_unit_test(test_round_in_place),
+        cmocka_unit_test(test_round_long_passes),      cmocka_unit_test(test_loss_scaler_matches_deepspeed),
+        cmocka_unit_test(test_pack_in_place),          cmocka_unit_test(test_memory_formula_halves),
+        cmocka_unit_test(test_config_sections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
