@@ -16,6 +16,7 @@
  *
  * Run: build/bench/bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N]
  *                               [--steps 64] [--prefill 512] [--reps 3] [--batch B [--batch-only 1]]
+ *                               [--kv-dtype f32|bf16]
  * DIR is a Hugging Face directory; bench/peers/make_llama.py writes the 134M
  * Llama of docs/performance.md. Prints one "key value" line per figure (the
  * peer driver parses them), never asserts. */
@@ -302,6 +303,9 @@ static dsc_status count_token(void *user, uint64_t uid, int32_t token, bool fini
 /* Generated tokens/s of `batch` requests (a 16-token prompt each, then
  * `steps` greedy tokens, stop tokens off) through one scheduler: wall time
  * from the first submit to the last token, prompts included. */
+/* The KV cache's type (--kv-dtype f32|bf16): llama.cpp's default cache is f16, half of f32's bytes. */
+static dsc_dtype kv_dtype = DSC_DTYPE_F32;
+
 static double batched_rate(dsc_infer_model *m, int32_t batch, int32_t steps) {
     const int32_t prompt_len = 16;
     dsc_infer_engine_config ec = dsc_infer_engine_config_default(m);
@@ -310,6 +314,7 @@ static double batched_rate(dsc_infer_model *m, int32_t batch, int32_t steps) {
     ec.max_tokens_per_forward = batch * prompt_len > 512 ? batch * prompt_len : 512;
     ec.max_context = prompt_len + steps + 16;
     ec.kv_cache_bytes = 512ll << 20;
+    ec.kv_dtype = kv_dtype;
     dsc_infer_engine *e;
     die(dsc_infer_engine_create(m, &ec, &e));
     int64_t generated = 0;
@@ -349,6 +354,9 @@ int main(int argc, char **argv) {
             model_dir = argv[i + 1];
         else if (strcmp(argv[i], "--weight-type") == 0)
             weight_type = argv[i + 1];
+        else if (strcmp(argv[i], "--kv-dtype") == 0 &&
+                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16")))
+            kv_dtype = strcmp(argv[i + 1], "bf16") == 0 ? DSC_DTYPE_BF16 : DSC_DTYPE_F32;
         else if (strcmp(argv[i], "--threads") == 0)
             dsc_kernels_set_num_threads(atoi(argv[i + 1]));
         else if (strcmp(argv[i], "--steps") == 0)
@@ -363,10 +371,15 @@ int main(int argc, char **argv) {
             batch_only = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--gemv-only") == 0)
             gemv_only = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "bench_decode: unknown option or value: %s %s\n", argv[i], argv[i + 1]);
+            return 2;
+        }
     }
     if (!model_dir || steps < 1 || prefill_len < 1 || reps < 1 || reps > 64 || batch < 0 || batch > 1024) {
-        fprintf(stderr, "usage: bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N] "
-                        "[--steps N] [--prefill N] [--reps N] [--batch B [--batch-only 1]]\n");
+        fprintf(stderr,
+                "usage: bench_decode --model DIR [--weight-type f32|bf16|f16|q8_0] [--threads N] "
+                "[--steps N] [--prefill N] [--reps N] [--batch B [--batch-only 1]] [--kv-dtype f32|bf16]\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -399,7 +412,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++)
             rate[r] = batched_rate(m, batch, steps);
         qsort(rate, (size_t)reps, sizeof *rate, cmp_double);
-        printf("model %s weight_type %s threads %d batch %d\n", model_dir, weight_type, threads, batch);
+        printf("model %s weight_type %s kv_dtype %s threads %d batch %d\n", model_dir, weight_type,
+               dsc_dtype_name(kv_dtype), threads, batch);
         printf("batched_tok_s %.2f\nbatched_tok_s_min %.2f\n", rate[reps / 2], rate[0]);
         if (batch_only) {
             dsc_infer_model_destroy(m);
@@ -422,6 +436,7 @@ int main(int argc, char **argv) {
     ec.max_sequences = 1;
     ec.max_context = prefill_len + steps + 16;
     ec.kv_cache_bytes = 256ll << 20;
+    ec.kv_dtype = kv_dtype;
     dsc_infer_engine *e;
     die(dsc_infer_engine_create(m, &ec, &e));
     float *logits = malloc((size_t)dsc_infer_engine_logits_width(e) * sizeof *logits);
@@ -472,8 +487,8 @@ int main(int argc, char **argv) {
     qsort(of_roof, (size_t)reps, sizeof *of_roof, cmp_double);
     double bw = read[reps / 2], flops = gemm[reps / 2], gemv = gemv_rate(m);
     double roof_dec = bw / bytes_per_token, roof_pre = flops * T / prefill_flop;
-    printf("model %s weight_type %s threads %d bytes_per_token %.0f\n", model_dir, weight_type, threads,
-           bytes_per_token);
+    printf("model %s weight_type %s kv_dtype %s threads %d bytes_per_token %.0f\n", model_dir, weight_type,
+           dsc_dtype_name(kv_dtype), threads, bytes_per_token);
     printf("decode_tok_s %.2f\ndecode_tok_s_min %.2f\n", dec[reps / 2], dec[0]);
     printf("decode_cpu_ms_per_tok %.2f\n", cpu[reps / 2]);
     printf("prefill_tok_s %.2f\nprefill_tok_s_min %.2f\n", pre[reps / 2], pre[0]);
