@@ -34,7 +34,8 @@ DSC_API uint64_t dsc_rng_u64(dsc_rng *rng);
 DSC_API double dsc_rng_uniform(dsc_rng *rng);
 /* Uniform integer in [0, n); n > 0. */
 DSC_API uint64_t dsc_rng_below(dsc_rng *rng, uint64_t n);
-/* Standard normal (Box-Muller). */
+/* Standard normal (Box-Muller): exactly two draws of the stream each (the parameter
+ * initialisation steps a stream ahead by that count to split it over threads). */
 DSC_API double dsc_rng_normal(dsc_rng *rng);
 
 #ifdef __cplusplus

@@ -169,6 +169,34 @@ static void keep_piece(const dsc_param *p, float *host) {
         memmove(host + o * run, host + o * stride + p->shard.start * inner, (size_t)run * sizeof *host);
 }
 
+/* host[0 .. total) = std * the normals of `rng`'s stream, over the kernels' threads in chunks:
+ * this thread steps the stream once (two draws a value, cheap) to note its state where each chunk
+ * starts, then each chunk draws its normals from there (the logarithms and cosines, 90 % of the
+ * time), so the values are the sequential ones bit for bit. */
+enum { INIT_CHUNK = 1 << 16 };
+
+static dsc_status fill_normal(float *host, int64_t total, double std, dsc_rng rng, const char *name) {
+    const int64_t chunks = (total + INIT_CHUNK - 1) / INIT_CHUNK;
+    dsc_rng *start = malloc((size_t)(chunks > 0 ? chunks : 1) * sizeof *start);
+    DSC_CHECK(start, DSC_ERR_NOMEM, "parameter %s: %lld stream states for its initialisation", name,
+              (long long)chunks);
+    for (int64_t c = 0; c < chunks; c++) {
+        start[c] = rng;
+        int64_t len = total - c * INIT_CHUNK < INIT_CHUNK ? total - c * INIT_CHUNK : INIT_CHUNK;
+        for (int64_t i = 0; i < 2 * len; i++) /* dsc_rng_normal draws two uniforms */
+            (void)dsc_rng_u64(&rng);
+    }
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (chunks > 1) schedule(dynamic)
+    for (int64_t c = 0; c < chunks; c++) {
+        dsc_rng r = start[c];
+        int64_t b = c * INIT_CHUNK, e = total < b + INIT_CHUNK ? total : b + INIT_CHUNK;
+        for (int64_t i = b; i < e; i++)
+            host[i] = (float)(std * dsc_rng_normal(&r));
+    }
+    free(start);
+    return NULL;
+}
+
 static dsc_status init_values(const dsc_param_store *store, dsc_param *p, float *host) {
     int64_t n = dsc_param_numel(p);
     switch (p->init) {
@@ -183,9 +211,7 @@ static dsc_status init_values(const dsc_param_store *store, dsc_param *p, float 
         dsc_rng_init(&rng, store->seed ^ name_hash(p->name), 0, DSC_RNG_INIT);
         /* A shard draws the whole tensor's stream and keeps its piece: the
          * same weights at every tensor-parallel degree. */
-        int64_t total = dsc_param_global_numel(p);
-        for (int64_t i = 0; i < total; i++)
-            host[i] = (float)(p->init_std * dsc_rng_normal(&rng));
+        DSC_TRY(fill_normal(host, dsc_param_global_numel(p), p->init_std, rng, p->name));
         if (p->shard.axis >= 0) keep_piece(p, host);
         break;
     }

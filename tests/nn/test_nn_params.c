@@ -6,6 +6,7 @@
 
 #include "dsc/kernels.h"
 #include "dsc/model.h"
+#include "dsc/rng.h"
 #include "nn_test_util.h"
 #include "test_mpi.h"
 
@@ -79,6 +80,29 @@ static void test_declare_find_and_flat_layout(void **state) {
     assert_ptr_equal(b->value.data, mine + 64);
     dsc_tensor_free(&other);
     dsc_tensor_free(&small);
+    dsc_params_destroy(s);
+}
+
+/* A tensor of several initialisation chunks (split over threads) holds the sequential stream's
+ * normals: seed ^ FNV-1a(name), purpose DSC_RNG_INIT, value i the i-th draw times init_std. */
+static void test_init_chunks_are_the_stream(void **state) {
+    (void)state;
+    enum { N = 3 * 65536 + 77 };
+    dsc_param_store *s;
+    dsc_param *w;
+    assert_ok(dsc_params_create(&s, DSC_CPU, 11));
+    assert_ok(dsc_params_declare(s, "big.weight", 1, (int64_t[]){N}, 0, DSC_INIT_NORMAL, 0.02f, &w));
+    assert_ok(dsc_params_finalize(s));
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *c = "big.weight"; *c; c++)
+        h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
+    dsc_rng rng;
+    dsc_rng_init(&rng, 11 ^ h, 0, DSC_RNG_INIT);
+    const float *v = w->value.data;
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += v[i] != (float)(0.02f * dsc_rng_normal(&rng));
+    assert_int_equal(bad, 0);
     dsc_params_destroy(s);
 }
 
@@ -188,9 +212,8 @@ static void test_specs_and_registry(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_declare_find_and_flat_layout),
-        cmocka_unit_test(test_init_independent_of_layout),
-        cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_declare_find_and_flat_layout), cmocka_unit_test(test_init_independent_of_layout),
+        cmocka_unit_test(test_init_chunks_are_the_stream),   cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_specs_and_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
