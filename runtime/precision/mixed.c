@@ -196,7 +196,7 @@ static dsc_status copy_range(float *dst, const float *src, int64_t n) {
 }
 
 /* The inner optimizer steps on the values of its ranges: the master put there, stepped, taken back,
- * and every value rounded again (ZeRO-1/2, whose step also gathers the other ranks' shares there). */
+ * and rounded again (ZeRO-1/2, whose step also gathers the other ranks' shares there). */
 static dsc_status step_on_copy(mixed_optimizer *m, double lr, dsc_optim_stats *stats) {
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         const dsc_precision_range *r = &m->po.ranges[g];
@@ -211,7 +211,8 @@ static dsc_status step_on_copy(mixed_optimizer *m, double lr, dsc_optim_stats *s
         float *values = group_values(m, g, &n);
         if (!values) continue;
         copy_range(m->master[g].data, values + r->begin, r->end - r->begin);
-        dsc_round_to_dtype(values, n, m->po.dtype);
+        /* the other ranks' shares arrived in the 2-byte type (ZeRO gathers in the parameters' dtype) */
+        dsc_round_to_dtype(values + r->begin, r->end - r->begin, m->po.dtype);
     }
     return NULL;
 }
