@@ -158,9 +158,11 @@ static _Thread_local bf16_scratch xb_scratch, pack_scratch;
 static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
     if (s->bytes >= bytes) return s->p;
     free(s->p);
+    dsc_mem_account(DSC_MEM_OTHER, -(int64_t)s->bytes); /* counted as the other workspaces */
     size_t whole = (bytes + 63) / 64 * 64;
     s->p = aligned_alloc(64, whole);
     s->bytes = s->p ? whole : 0;
+    dsc_mem_account(DSC_MEM_OTHER, (int64_t)s->bytes);
     return s->p;
 }
 
