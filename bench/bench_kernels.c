@@ -1,8 +1,8 @@
 /* bench_kernels — throughput of the non-GEMM kernels on GPT-2-small shapes:
  * causal attention forward/backward in GFLOP/s against the backend's own
- * 2048^3 GEMM rate, and LayerNorm / RMSNorm / GELU in GB/s against a plain
- * copy of the same bytes (memmove on the CPU, device-to-device copy on CUDA),
- * the memory-bound ceiling these kernels can approach.
+ * 2048^3 GEMM rate (and that GEMM with bf16 products, dsc_kernels_set_matmul_dtype), and LayerNorm / RMSNorm /
+ * GELU in GB/s against a plain copy of the same bytes (memmove on the CPU, device-to-device copy on CUDA), the
+ * memory-bound ceiling these kernels can approach.
  *
  * Run: build/bench/bench_kernels [cpu|cuda] [--threads N]
  * Attention FLOPs: forward 2*B*NH*T^2*HS (QK^T and PV over the causal half),
@@ -47,6 +47,7 @@ static dsc_tensor tensor(dsc_device dev, int ndim, const int64_t *shape) {
 
 typedef enum {
     OP_GEMM,
+    OP_GEMM_BF16,
     OP_ATTN_FWD,
     OP_ATTN_BWD,
     OP_LN_FWD,
@@ -70,6 +71,12 @@ static dsc_status run_op(bench *B, bench_op op) {
     switch (op) {
     case OP_GEMM:
         return dsc_kernel_gemm(&B->sq_out, &B->sq_a, &B->sq_b, NULL, false, false, 1.0f, 0.0f);
+    case OP_GEMM_BF16: { /* bf16 training's products */
+        dsc_dtype was = dsc_kernels_set_matmul_dtype(DSC_DTYPE_BF16);
+        dsc_status s = dsc_kernel_gemm(&B->sq_out, &B->sq_a, &B->sq_b, NULL, false, false, 1.0f, 0.0f);
+        dsc_kernels_set_matmul_dtype(was);
+        return s;
+    }
     case OP_ATTN_FWD:
         return dsc_kernel_attention_forward(&B->out, &B->lse, &B->q, &B->k, &B->v);
     case OP_ATTN_BWD:
@@ -144,6 +151,8 @@ int main(int argc, char **argv) {
     double peak = measure(&B, OP_GEMM, 2.0 * 2048 * 2048 * 2048) / 1e9;
     double attn_flops = 2.0 * (double)(b * nh * t * t * hs);
     printf("  %-22s %9.1f GFLOP/s  (reference)\n", "gemm 2048^3", peak);
+    double bf16 = measure(&B, OP_GEMM_BF16, 2.0 * 2048 * 2048 * 2048) / 1e9;
+    printf("  %-22s %9.1f GFLOP/s  vs %8.1f  ratio %.3f\n", "gemm 2048^3, bf16", bf16, peak, bf16 / peak);
     const struct {
         const char *name;
         bench_op op;
