@@ -311,7 +311,7 @@ static const dsc_config_key schema[] = {
     FLOAT("fp16.min_loss_scale", fp16.min_loss_scale, "1", 0, INF, GT,
           "The dynamic scale never goes below; an overflow there stops training."),
     SECTION("bf16", "DeepSpeed's bf16 mixed precision: fp32 master weights and optimizer state, bf16 parameters "
-                    "and gradients."),
+                    "and gradients, the layers' matrix products in bf16 with f32 sums (as torch.autocast)."),
     BOOL("bf16.enabled", bf16.enabled, "false", NUL, "Train in bf16 mixed precision; \"auto\" or null: off."),
     BOOL("bf16.check_grad_overflow", bf16.check_grad_overflow, "false", 0,
          "Skip steps whose gradients hold inf / nan instead of stopping."),
