@@ -7,27 +7,13 @@
  * the bias (and the GELU) to its own block while it is in cache. So BLAS threads and OpenMP threads never compete
  * for cores, and nothing spins between calls but the pool itself. A linear
  * layer's forward over a few rows (decode) streams the weight instead
- * (cpu_linear.c). */
+ * (cpu_linear.c); a thread whose products are bf16 goes to cpu_gemm_bf16.c. */
 #include <cblas.h>
 #include <limits.h>
-#include <omp.h>
-#include <stdlib.h>
 
-#include "kernels/cpu/cpu_bf16_gemm.h"
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_simd.h"
-
-/* Multiply-adds below which one thread does the whole product. */
-#define SPLIT_MIN_WORK (1 << 18)
-
-typedef struct gemm_args {
-    float *o;
-    float *act; /* gelu(o) after the bias, out of the same block while it is in cache; NULL: none */
-    const float *a, *b, *bias;
-    int64_t m, n, k;
-    bool ta, tb;
-    float alpha, beta;
-} gemm_args;
 
 /* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias and the
  * GELU epilogue row by row (a row of the block is still in L1 for its GELU). */
@@ -69,7 +55,7 @@ static void split_block(void *arg, int64_t p) {
 
 static void gemm_split(const gemm_args *g) {
     int nt = dsc_kernels_get_num_threads();
-    if (nt <= 1 || g->m * g->n * g->k < SPLIT_MIN_WORK) {
+    if (nt <= 1 || g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK) {
         gemm_block(g, 0, g->m, 0, g->n);
         return;
     }
@@ -89,154 +75,8 @@ static void gemm_split(const gemm_args *g) {
         split_block(&S, p);
 }
 
-/* ---- products in bf16 (dsc_kernels_set_matmul_dtype) ---- */
-
-static _Thread_local dsc_dtype matmul_dtype = DSC_DTYPE_F32;
-
-dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype) {
-    dsc_dtype was = matmul_dtype;
-    matmul_dtype = dtype == DSC_DTYPE_BF16 ? DSC_DTYPE_BF16 : DSC_DTYPE_F32;
-    return was;
-}
-
-#if defined(__x86_64__)
-enum { BF16_BLOCK = 64 }; /* out's columns one packed block of op(b) serves (cpu_bf16_gemm.c) */
-
-/* op(a) rounded once into xb, then each BF16_BLOCK columns of out: op(b)'s rows for them packed
- * (rounded) into the running thread's buffer and multiplied with every row of xb. Element (i, kk)
- * of op(a) is at a[i * a_rs + kk * a_cs], element (j, kk) of op(b)^T at b[j * b_rs + kk * b_ks]. */
-typedef struct bf16_job {
-    const gemm_args *g;
-    uint16_t *xb;
-    uint32_t *packs;
-    size_t pack_words;
-    int64_t a_rs, a_cs, b_rs, b_ks;
-    bool pool;
-} bf16_job;
-
-static void bf16_round(void *arg, int64_t p) {
-    const bf16_job *J = arg;
-    int64_t i0 = p * BF16_BLOCK, i1 = i0 + BF16_BLOCK < J->g->m ? i0 + BF16_BLOCK : J->g->m;
-    dsc_cpu_bf16_round_x_rows(J->xb, J->g->a, J->a_rs, J->a_cs, J->g->k, i0, i1);
-}
-
-static void bf16_block(void *arg, int64_t p) {
-    const bf16_job *J = arg;
-    const gemm_args *g = J->g;
-    int slot = J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num();
-    int64_t j0 = p * BF16_BLOCK, cols = g->n - j0 < BF16_BLOCK ? g->n - j0 : BF16_BLOCK;
-    dsc_cpu_bf16_gemm_f32_block(g->o, g->n, J->xb, g->m, g->b, J->b_rs, J->b_ks, g->k, j0, cols,
-                                J->packs + (size_t)slot * J->pack_words, g->alpha, g->beta == 1.0f);
-    for (int64_t i = 0; (g->bias || g->act) && i < g->m; i++) {
-        float *row = g->o + i * g->n + j0;
-        for (int64_t j = 0; g->bias && j < cols; j++)
-            row[j] += g->bias[j0 + j];
-        if (g->act) dsc_cpu_gelu_rows(g->act + i * g->n + j0, row, cols);
-    }
-}
-
-static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chunks, int nt) {
-    if (J->pool) {
-        dsc_cpu_pool_run_upto(fn, J, chunks, nt);
-        return;
-    }
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t p = 0; p < chunks; p++)
-        fn(J, p);
-}
-
-/* The rounded x and the pack buffers, kept by each calling thread between products: a fresh
- * allocation of megabytes is a fresh mapping, and faulting its pages in (the kernel zeroing each)
- * took as long as the products themselves in a GPT-2 step. Grown to the largest product asked
- * for (GPT-2's head gradient: 51 MB) and kept while the thread lives. */
-typedef struct bf16_scratch {
-    void *p;
-    size_t bytes;
-} bf16_scratch;
-static _Thread_local bf16_scratch xb_scratch, pack_scratch;
-
-static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
-    if (s->bytes >= bytes) return s->p;
-    free(s->p);
-    dsc_mem_account(DSC_MEM_OTHER, -(int64_t)s->bytes); /* counted as the other workspaces */
-    size_t whole = (bytes + 63) / 64 * 64;
-    s->p = aligned_alloc(64, whole);
-    s->bytes = s->p ? whole : 0;
-    dsc_mem_account(DSC_MEM_OTHER, (int64_t)s->bytes);
-    return s->p;
-}
-
-/* The product on AVX-512 BF16 (vdpbf16ps), where it pays: more rows than decode streams and
- * enough work to split; false leaves it to the rounded copies. */
-static bool bf16_dot_gemm(const gemm_args *g) {
-    if (!dsc_cpu_bf16_gemm_available() || g->m <= DSC_CPU_STREAM_MAX_ROWS || g->k < 2 ||
-        g->m * g->n * g->k < SPLIT_MIN_WORK)
-        return false;
-    int nt = dsc_kernels_get_num_threads();
-    bf16_job J = {.g = g,
-                  .pack_words = dsc_cpu_bf16_pack_bytes(BF16_BLOCK, g->k) / sizeof(uint32_t),
-                  .a_rs = g->ta ? 1 : g->k,
-                  .a_cs = g->ta ? g->m : 1,
-                  .b_rs = g->tb ? g->k : 1,
-                  .b_ks = g->tb ? 1 : g->n,
-                  .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
-    J.xb = scratch_at_least(&xb_scratch, dsc_cpu_bf16_x_bytes(g->m, g->k));
-    J.packs = scratch_at_least(&pack_scratch, (size_t)nt * J.pack_words * sizeof(uint32_t));
-    if (!J.xb || !J.packs) return false;
-    dsc_cpu_bf16_pad_x(J.xb, g->m, g->k);
-    bf16_parallel(&J, bf16_round, (g->m + BF16_BLOCK - 1) / BF16_BLOCK, nt);
-    bf16_parallel(&J, bf16_block, (g->n + BF16_BLOCK - 1) / BF16_BLOCK, nt);
-    return true;
-}
-#else
-static bool bf16_dot_gemm(const gemm_args *g) {
-    (void)g;
-    return false;
-}
-#endif
-
-static void run_f32(const gemm_args *g);
-
-/* f32 copies of v[0 .. n) rounded to bf16 (NULL without memory). */
-static float *rounded_copy(const float *v, int64_t n) {
-    float *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
-    if (!r) return NULL;
-    for (int64_t i = 0; i < n; i++)
-        r[i] = dsc_bf16_to_f32(dsc_f32_to_bf16(v[i]));
-    return r;
-}
-
-/* A product in bf16: both operands rounded to bf16, the products (exact in f32) summed in f32.
- * On AVX-512 BF16 vdpbf16ps does both at once; elsewhere, and for small products, sgemm
- * multiplies rounded copies. The same values either way but for the order of the sums. */
-static dsc_status run_bf16(const gemm_args *g) {
-    if (g->beta != 0.0f && g->beta != 1.0f) { /* the bf16 tiles add or overwrite */
-        for (int64_t i = 0; i < g->m * g->n; i++)
-            g->o[i] *= g->beta;
-        gemm_args one = *g;
-        one.beta = 1.0f;
-        return run_bf16(&one);
-    }
-    if (bf16_dot_gemm(g)) return NULL;
-    gemm_args r = *g;
-    float *ra = rounded_copy(g->a, g->m * g->k), *rb = rounded_copy(g->b, g->k * g->n);
-    dsc_status s = ra && rb ? NULL
-                            : dsc_error(DSC_ERR_NOMEM,
-                                        "dsc_kernel_gemm: bf16 copies of a (%lld x %lld) and b "
-                                        "(%lld x %lld)",
-                                        (long long)g->m, (long long)g->k, (long long)g->k, (long long)g->n);
-    if (!s) {
-        r.a = ra;
-        r.b = rb;
-        run_f32(&r);
-    }
-    free(ra);
-    free(rb);
-    return s;
-}
-
 /* A linear layer over a few rows (decode) streams b once instead of packing it; the rest splits. */
-static void run_f32(const gemm_args *g) {
+void dsc_cpu_gemm_f32(const gemm_args *g) {
     if (g->m <= DSC_CPU_STREAM_MAX_ROWS && !g->ta && g->tb && g->alpha == 1.0f && g->beta == 0.0f && g->k > 0) {
         dsc_cpu_stream_rows(g->o, g->a, g->b, DSC_WEIGHT_F32, g->bias, g->m, g->n, g->k);
         if (g->act) dsc_cpu_gelu_rows(g->act, g->o, g->m * g->n);
@@ -247,8 +87,8 @@ static void run_f32(const gemm_args *g) {
 
 /* In the calling thread's product type (dsc_kernels_set_matmul_dtype). */
 static dsc_status run(const gemm_args *g) {
-    if (matmul_dtype == DSC_DTYPE_BF16 && g->m > 0 && g->n > 0 && g->k > 0) return run_bf16(g);
-    run_f32(g);
+    if (dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16 && g->m > 0 && g->n > 0 && g->k > 0) return dsc_cpu_gemm_bf16(g);
+    dsc_cpu_gemm_f32(g);
     return NULL;
 }
 

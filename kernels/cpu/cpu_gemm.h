@@ -1,0 +1,32 @@
+/* Private to the CPU kernels: one GEMM's arguments, and its two ways, f32 (cpu_gemm.c) and bf16
+ * products (cpu_gemm_bf16.c, for a thread that asked for them with dsc_kernels_set_matmul_dtype). */
+#ifndef DSC_KERNELS_CPU_GEMM_H
+#define DSC_KERNELS_CPU_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dsc/kernels.h"
+
+/* Multiply-adds below which one thread does the whole product. */
+#define DSC_CPU_GEMM_SPLIT_MIN_WORK (1 << 18)
+
+/* o (m, n) = alpha op(a) op(b) + beta o (+ bias), a (m, k) or (k, m) when ta, b (k, n) or (n, k)
+ * when tb; act, when not NULL, gets gelu(o) after the bias. */
+typedef struct gemm_args {
+    float *o;
+    float *act; /* gelu(o) after the bias, out of the same block while it is in cache; NULL: none */
+    const float *a, *b, *bias;
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+} gemm_args;
+
+/* In f32: sgemm over blocks of the threads, or streaming b for a few rows. */
+void dsc_cpu_gemm_f32(const gemm_args *g);
+/* In bf16 products (m, n, k > 0); fails only without memory for rounded copies. */
+dsc_status dsc_cpu_gemm_bf16(const gemm_args *g);
+/* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
+dsc_dtype dsc_cpu_matmul_dtype(void);
+
+#endif
