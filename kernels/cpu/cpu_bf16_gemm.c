@@ -172,16 +172,23 @@ BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t rs, int
                                    int64_t i1) {
     const int64_t c2 = even(c);
     int64_t i = i0;
-    for (; rs == 1 && cs != 1 && i + 16 <= i1; i += 16) {
+    if (rs == 1 && cs != 1) {
+        /* the row blocks innermost, so that each column's rows of the range are read as one run
+         * (a column is a row of the stored matrix, cs floats from the next): 16.6-19.6 against
+         * 25-31 ms for GPT-2's head gradient (50257 x 512) on one thread */
+        const int64_t whole = i0 + (i1 - i0) / 16 * 16;
         int64_t j = 0;
         for (; j + 16 <= c; j += 16)
-            round_x_transposed16(xb, x, cs, c2, i, j);
-        for (; j < c; j++) {
-            uint16_t v[16];
-            _mm256_storeu_si256((__m256i *)v, round16(_mm512_loadu_ps(x + j * cs + i)));
-            for (int t = 0; t < 16; t++)
-                xb[(i + t) * c2 + j] = v[t];
-        }
+            for (int64_t b = i0; b < whole; b += 16)
+                round_x_transposed16(xb, x, cs, c2, b, j);
+        for (; j < c; j++)
+            for (int64_t b = i0; b < whole; b += 16) {
+                uint16_t v[16];
+                _mm256_storeu_si256((__m256i *)v, round16(_mm512_loadu_ps(x + j * cs + b)));
+                for (int t = 0; t < 16; t++)
+                    xb[(b + t) * c2 + j] = v[t];
+            }
+        i = whole;
     }
     for (; i < i1; i++) {
         int64_t j = 0;
