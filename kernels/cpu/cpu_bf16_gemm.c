@@ -267,10 +267,13 @@ BF16DOT static void pack_block_f32(uint32_t *dst, const float *w, int64_t rs, in
     }
 }
 
-void dsc_cpu_bf16_gemm_f32_block(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const float *w, int64_t rs,
-                                 int64_t ks, int64_t c, int64_t r0, int64_t rows, uint32_t *pack, float alpha,
-                                 bool add) {
+void dsc_cpu_bf16_pack_f32(uint32_t *pack, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
+                           int64_t rows) {
     pack_block_f32(pack, w, rs, ks, c, r0, rows);
+}
+
+void dsc_cpu_bf16_multiply(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint32_t *pack, int64_t c,
+                           int64_t r0, int64_t rows, float alpha, bool add) {
     block_avx512(y + r0, ldy, xb, even(c), n, pack, rows, alpha, add);
 }
 

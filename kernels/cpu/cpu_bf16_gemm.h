@@ -33,13 +33,14 @@ size_t dsc_cpu_bf16_pack_bytes(int64_t rows, int64_t c);
  * aligned is fastest; any alignment works). */
 void dsc_cpu_bf16_gemm_panel(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint16_t *w, int64_t c,
                              int64_t r0, int64_t rows, uint32_t *pack);
-/* Products of f32 operands rounded to bf16 (dsc_kernels_set_matmul_dtype): y[i * ldy + r] =
- * alpha * xb[i] . W[r] (+ the y there when `add`) for i < n and r in [r0, r0 + rows), rows at most
- * 64: W f32 with element (r, k) at w[r * rs + k * ks], rounded as it is packed into `pack`
- * (dsc_cpu_bf16_pack_bytes(64, c) bytes). */
-void dsc_cpu_bf16_gemm_f32_block(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const float *w, int64_t rs,
-                                 int64_t ks, int64_t c, int64_t r0, int64_t rows, uint32_t *pack, float alpha,
-                                 bool add);
+/* Products of f32 operands rounded to bf16 (dsc_kernels_set_matmul_dtype), in two steps. First
+ * rows [r0, r0 + rows) of W (rows at most 64), f32 with element (r, k) at w[r * rs + k * ks],
+ * rounded as they are packed into `pack` (dsc_cpu_bf16_pack_bytes(64, c) bytes); then
+ * y[i * ldy + r] = alpha * xb[i] . W[r] (+ the y there when `add`) for i < n and those rows. */
+void dsc_cpu_bf16_pack_f32(uint32_t *pack, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
+                           int64_t rows);
+void dsc_cpu_bf16_multiply(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint32_t *pack, int64_t c,
+                           int64_t r0, int64_t rows, float alpha, bool add);
 
 #endif
 

@@ -24,39 +24,78 @@ dsc_dtype dsc_cpu_matmul_dtype(void) {
 }
 
 #if defined(__x86_64__)
-enum { BF16_BLOCK = 64 }; /* out's columns one packed block of op(b) serves (cpu_bf16_gemm.c) */
+/* out's columns one packed block of op(b) serves (cpu_bf16_gemm.c), and the rows of op(a) one
+ * chunk rounds when op(a) is the larger operand (16 of the kernel's 6-row tiles) */
+enum { BF16_BLOCK = 64, BF16_ROWS = 96 };
 
-/* op(a) rounded once into xb, then each BF16_BLOCK columns of out: op(b)'s rows for them packed
- * (rounded) into the running thread's buffer and multiplied with every row of xb. Element (i, kk)
- * of op(a) is at a[i * a_rs + kk * a_cs], element (j, kk) of op(b)^T at b[j * b_rs + kk * b_ks]. */
+/* One operand prepared whole, the other in pieces per thread. With at least as many columns as
+ * rows, op(a) is rounded once into xb and each BF16_BLOCK columns of out packs op(b)'s rows for
+ * them into its thread's pack and multiplies every row of xb; with more rows (the weight gradients
+ * of wide layers, the head's: 50257 rows), op(b) is packed whole once and each BF16_ROWS rows of
+ * op(a) are rounded into their thread's xb and multiply every packed block, so the larger operand
+ * is read once. Element (i, kk) of op(a) is at a[i * a_rs + kk * a_cs], element (j, kk) of
+ * op(b)^T at b[j * b_rs + kk * b_ks]. */
 typedef struct bf16_job {
     const gemm_args *g;
     uint16_t *xb;
     uint32_t *packs;
-    size_t pack_words;
+    size_t pack_words, xb_halves; /* one block's words; one thread's chunk of x (by rows) */
     int64_t a_rs, a_cs, b_rs, b_ks;
     bool pool;
 } bf16_job;
 
-static void bf16_round(void *arg, int64_t p) {
-    const bf16_job *J = arg;
-    int64_t i0 = p * BF16_BLOCK, i1 = i0 + BF16_BLOCK < J->g->m ? i0 + BF16_BLOCK : J->g->m;
-    dsc_cpu_bf16_round_x_rows(J->xb, J->g->a, J->a_rs, J->a_cs, J->g->k, i0, i1);
+static int thread_slot(const bf16_job *J) {
+    return J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num();
 }
 
-static void bf16_block(void *arg, int64_t p) {
-    const bf16_job *J = arg;
-    const gemm_args *g = J->g;
-    int slot = J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num();
-    int64_t j0 = p * BF16_BLOCK, cols = g->n - j0 < BF16_BLOCK ? g->n - j0 : BF16_BLOCK;
-    dsc_cpu_bf16_gemm_f32_block(g->o, g->n, J->xb, g->m, g->b, J->b_rs, J->b_ks, g->k, j0, cols,
-                                J->packs + (size_t)slot * J->pack_words, g->alpha, g->beta == 1.0f);
-    for (int64_t i = 0; (g->bias || g->act) && i < g->m; i++) {
+static int64_t block_cols(const gemm_args *g, int64_t j0) {
+    return g->n - j0 < BF16_BLOCK ? g->n - j0 : BF16_BLOCK;
+}
+
+/* The bias and the GELU of rows [i0, i1), columns [j0, j0 + cols) of out. */
+static void epilogue(const gemm_args *g, int64_t i0, int64_t i1, int64_t j0, int64_t cols) {
+    for (int64_t i = i0; (g->bias || g->act) && i < i1; i++) {
         float *row = g->o + i * g->n + j0;
         for (int64_t j = 0; g->bias && j < cols; j++)
             row[j] += g->bias[j0 + j];
         if (g->act) dsc_cpu_gelu_rows(g->act + i * g->n + j0, row, cols);
     }
+}
+
+static void round_rows(void *arg, int64_t p) {
+    const bf16_job *J = arg;
+    int64_t i0 = p * BF16_BLOCK, i1 = i0 + BF16_BLOCK < J->g->m ? i0 + BF16_BLOCK : J->g->m;
+    dsc_cpu_bf16_round_x_rows(J->xb, J->g->a, J->a_rs, J->a_cs, J->g->k, i0, i1);
+}
+
+static void columns_block(void *arg, int64_t p) {
+    const bf16_job *J = arg;
+    const gemm_args *g = J->g;
+    uint32_t *pack = J->packs + (size_t)thread_slot(J) * J->pack_words;
+    int64_t j0 = p * BF16_BLOCK, cols = block_cols(g, j0);
+    dsc_cpu_bf16_pack_f32(pack, g->b, J->b_rs, J->b_ks, g->k, j0, cols);
+    dsc_cpu_bf16_multiply(g->o, g->n, J->xb, g->m, pack, g->k, j0, cols, g->alpha, g->beta == 1.0f);
+    epilogue(g, 0, g->m, j0, cols);
+}
+
+static void pack_block(void *arg, int64_t p) {
+    const bf16_job *J = arg;
+    int64_t j0 = p * BF16_BLOCK;
+    dsc_cpu_bf16_pack_f32(J->packs + (size_t)p * J->pack_words, J->g->b, J->b_rs, J->b_ks, J->g->k, j0,
+                          block_cols(J->g, j0));
+}
+
+static void rows_chunk(void *arg, int64_t p) {
+    const bf16_job *J = arg;
+    const gemm_args *g = J->g;
+    uint16_t *xb = J->xb + (size_t)thread_slot(J) * J->xb_halves;
+    int64_t i0 = p * BF16_ROWS, len = g->m - i0 < BF16_ROWS ? g->m - i0 : BF16_ROWS;
+    dsc_cpu_bf16_pad_x(xb, len, g->k);
+    dsc_cpu_bf16_round_x_rows(xb, g->a + i0 * J->a_rs, J->a_rs, J->a_cs, g->k, 0, len);
+    for (int64_t j0 = 0, b = 0; j0 < g->n; j0 += BF16_BLOCK, b++)
+        dsc_cpu_bf16_multiply(g->o + i0 * g->n, g->n, xb, len, J->packs + (size_t)b * J->pack_words, g->k, j0,
+                              block_cols(g, j0), g->alpha, g->beta == 1.0f);
+    epilogue(g, i0, i0 + len, 0, g->n);
 }
 
 static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chunks, int nt) {
@@ -104,12 +143,21 @@ static bool bf16_dot_gemm(const gemm_args *g) {
                   .b_rs = g->tb ? g->k : 1,
                   .b_ks = g->tb ? 1 : g->n,
                   .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
-    J.xb = scratch_at_least(&xb_scratch, dsc_cpu_bf16_x_bytes(g->m, g->k));
-    J.packs = scratch_at_least(&pack_scratch, (size_t)nt * J.pack_words * sizeof(uint32_t));
+    const int64_t blocks = (g->n + BF16_BLOCK - 1) / BF16_BLOCK;
+    const bool by_rows = g->m > g->n;
+    J.xb_halves = dsc_cpu_bf16_x_bytes(BF16_ROWS, g->k) / sizeof(uint16_t);
+    J.xb = scratch_at_least(&xb_scratch, by_rows ? (size_t)nt * J.xb_halves * sizeof(uint16_t)
+                                                 : dsc_cpu_bf16_x_bytes(g->m, g->k));
+    J.packs = scratch_at_least(&pack_scratch, (size_t)(by_rows ? blocks : nt) * J.pack_words * sizeof(uint32_t));
     if (!J.xb || !J.packs) return false;
-    dsc_cpu_bf16_pad_x(J.xb, g->m, g->k);
-    bf16_parallel(&J, bf16_round, (g->m + BF16_BLOCK - 1) / BF16_BLOCK, nt);
-    bf16_parallel(&J, bf16_block, (g->n + BF16_BLOCK - 1) / BF16_BLOCK, nt);
+    if (by_rows) {
+        bf16_parallel(&J, pack_block, blocks, nt);
+        bf16_parallel(&J, rows_chunk, (g->m + BF16_ROWS - 1) / BF16_ROWS, nt);
+    } else {
+        dsc_cpu_bf16_pad_x(J.xb, g->m, g->k);
+        bf16_parallel(&J, round_rows, (g->m + BF16_BLOCK - 1) / BF16_BLOCK, nt);
+        bf16_parallel(&J, columns_block, blocks, nt);
+    }
     return true;
 }
 #else
