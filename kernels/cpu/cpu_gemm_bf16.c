@@ -5,6 +5,7 @@
  * for small products, sgemm multiplies rounded copies. */
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_bf16_gemm.h"
 #include "kernels/cpu/cpu_gemm.h"
@@ -21,6 +22,29 @@ dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype) {
 
 dsc_dtype dsc_cpu_matmul_dtype(void) {
     return matmul_dtype;
+}
+
+/* The two operands' buffers, kept by each calling thread between products (the rounded x and the
+ * packs of the dot, or the rounded copies sgemm multiplies: a product takes one way): a fresh
+ * allocation of megabytes is a fresh mapping, and faulting its pages in (the kernel zeroing each)
+ * took as long as the products themselves in a GPT-2 step. Grown to the largest product asked
+ * for (GPT-2's head input gradient, 512 rows of 50257: 51 MB for the dot's x) and kept while the
+ * thread lives. */
+typedef struct bf16_scratch {
+    void *p;
+    size_t bytes;
+} bf16_scratch;
+static _Thread_local bf16_scratch first_scratch, second_scratch;
+
+static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
+    if (s->bytes >= bytes) return s->p;
+    free(s->p);
+    dsc_mem_account(DSC_MEM_OTHER, -(int64_t)s->bytes); /* counted as the other workspaces */
+    size_t whole = (bytes + 63) / 64 * 64;
+    s->p = aligned_alloc(64, whole);
+    s->bytes = s->p ? whole : 0;
+    dsc_mem_account(DSC_MEM_OTHER, (int64_t)s->bytes);
+    return s->p;
 }
 
 #if defined(__x86_64__)
@@ -108,27 +132,6 @@ static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chun
         fn(J, p);
 }
 
-/* The rounded x and the pack buffers, kept by each calling thread between products: a fresh
- * allocation of megabytes is a fresh mapping, and faulting its pages in (the kernel zeroing each)
- * took as long as the products themselves in a GPT-2 step. Grown to the largest product asked
- * for (GPT-2's head input gradient, 512 rows of 50257: 51 MB) and kept while the thread lives. */
-typedef struct bf16_scratch {
-    void *p;
-    size_t bytes;
-} bf16_scratch;
-static _Thread_local bf16_scratch xb_scratch, pack_scratch;
-
-static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
-    if (s->bytes >= bytes) return s->p;
-    free(s->p);
-    dsc_mem_account(DSC_MEM_OTHER, -(int64_t)s->bytes); /* counted as the other workspaces */
-    size_t whole = (bytes + 63) / 64 * 64;
-    s->p = aligned_alloc(64, whole);
-    s->bytes = s->p ? whole : 0;
-    dsc_mem_account(DSC_MEM_OTHER, (int64_t)s->bytes);
-    return s->p;
-}
-
 /* The product on AVX-512 BF16 (vdpbf16ps), where it pays: more rows than decode streams and
  * enough work to split; false leaves it to the rounded copies. */
 static bool bf16_dot_gemm(const gemm_args *g) {
@@ -146,9 +149,9 @@ static bool bf16_dot_gemm(const gemm_args *g) {
     const int64_t blocks = (g->n + BF16_BLOCK - 1) / BF16_BLOCK;
     const bool by_rows = g->m > g->n;
     J.xb_halves = dsc_cpu_bf16_x_bytes(BF16_ROWS, g->k) / sizeof(uint16_t);
-    J.xb = scratch_at_least(&xb_scratch, by_rows ? (size_t)nt * J.xb_halves * sizeof(uint16_t)
-                                                 : dsc_cpu_bf16_x_bytes(g->m, g->k));
-    J.packs = scratch_at_least(&pack_scratch, (size_t)(by_rows ? blocks : nt) * J.pack_words * sizeof(uint32_t));
+    J.xb = scratch_at_least(&first_scratch, by_rows ? (size_t)nt * J.xb_halves * sizeof(uint16_t)
+                                                    : dsc_cpu_bf16_x_bytes(g->m, g->k));
+    J.packs = scratch_at_least(&second_scratch, (size_t)(by_rows ? blocks : nt) * J.pack_words * sizeof(uint32_t));
     if (!J.xb || !J.packs) return false;
     if (by_rows) {
         bf16_parallel(&J, pack_block, blocks, nt);
@@ -167,12 +170,20 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-/* f32 copies of v[0 .. n) rounded to bf16 (NULL without memory). */
-static float *rounded_copy(const float *v, int64_t n) {
-    float *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
+/* v[0 .. n) rounded to bf16 as dsc_f32_to_bf16 (nearest even, a NaN quieted) and widened back,
+ * into the kept buffer `s` (NULL without memory), over the kernels' threads: the rounding is
+ * spelled out on the bits so that the loop vectorises (a call per value took longer than sgemm). */
+static float *rounded_copy(bf16_scratch *s, const float *v, int64_t n) {
+    float *r = scratch_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!r) return NULL;
-    for (int64_t i = 0; i < n; i++)
-        r[i] = dsc_bf16_to_f32(dsc_f32_to_bf16(v[i]));
+#pragma omp parallel for simd num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        uint32_t bits = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
+                                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&r[i], &bits, sizeof bits);
+    }
     return r;
 }
 
@@ -189,7 +200,8 @@ dsc_status dsc_cpu_gemm_bf16(const gemm_args *g) {
     }
     if (bf16_dot_gemm(g)) return NULL;
     gemm_args r = *g;
-    float *ra = rounded_copy(g->a, g->m * g->k), *rb = rounded_copy(g->b, g->k * g->n);
+    float *ra = rounded_copy(&first_scratch, g->a, g->m * g->k),
+          *rb = rounded_copy(&second_scratch, g->b, g->k * g->n);
     dsc_status s = ra && rb ? NULL
                             : dsc_error(DSC_ERR_NOMEM,
                                         "dsc_kernel_gemm: bf16 copies of a (%lld x %lld) and b "
@@ -200,7 +212,5 @@ dsc_status dsc_cpu_gemm_bf16(const gemm_args *g) {
         r.b = rb;
         dsc_cpu_gemm_f32(&r);
     }
-    free(ra);
-    free(rb);
     return s;
 }
