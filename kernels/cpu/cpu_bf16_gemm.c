@@ -127,9 +127,6 @@ BF16DOT static inline __m256i round16(__m512 x) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-/* Rows [i0, i1) of xb from x's element (i, j) at x[i * rs + j * cs]: contiguous rows (cs 1) a
- * vector at a time; a transposed x (rs 1) sixteen rows at a time, each column of them one vector
- * (the stores then scattered); any other layout value by value. */
 /* r[t] element j = r[j] element t before, for 32-bit elements: two rounds of unpacks within the
  * 128-bit lanes (each lane then holds four rows of one column), two of lane shuffles across them. */
 BF16DOT static void transpose16(__m512i r[16]) {
@@ -168,8 +165,11 @@ BF16DOT static void round_x_transposed16(uint16_t *xb, const float *x, int64_t c
         _mm256_storeu_si256((__m256i *)(xb + (i + t) * c2 + j), _mm512_cvtepi32_epi16(r[t]));
 }
 
-BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
-                                   int64_t i1) {
+/* Rows [i0, i1) of xb from x's element (i, j) at x[i * rs + j * cs]: contiguous rows (cs 1) a
+ * vector at a time; a transposed x (rs 1) sixteen rows by sixteen columns at a time, transposed
+ * in registers; any other layout value by value. */
+BF16DOT void dsc_cpu_bf16_round_x_rows(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
+                                       int64_t i1) {
     const int64_t c2 = even(c);
     int64_t i = i0;
     if (rs == 1 && cs != 1) {
@@ -203,23 +203,18 @@ BF16DOT static void round_x_avx512(uint16_t *xb, const float *x, int64_t rs, int
 
 void dsc_cpu_bf16_round_x(uint16_t *xb, const float *x, int64_t n, int64_t c) {
     dsc_cpu_bf16_pad_x(xb, n, c);
-    round_x_avx512(xb, x, c, 1, c, 0, n);
+    dsc_cpu_bf16_round_x_rows(xb, x, c, 1, c, 0, n);
 }
 
 void dsc_cpu_bf16_pad_x(uint16_t *xb, int64_t n, int64_t c) {
     memset(xb + n * even(c), 0, (size_t)((padded_rows(n) - n) * even(c)) * sizeof *xb);
 }
 
-void dsc_cpu_bf16_round_x_rows(uint16_t *xb, const float *x, int64_t rs, int64_t cs, int64_t c, int64_t i0,
-                               int64_t i1) {
-    round_x_avx512(xb, x, rs, cs, c, i0, i1);
-}
-
 /* pack_block's layout from an f32 W, each value rounded to bf16: W's element (r, k) at
  * w[r * rs + k * ks]. A transposed W (rs 1) packs sixteen rows of a pair of columns per step, two
  * vectors widened and interleaved into one; rows along k (ks 1) round 32 columns of a row at a
  * time into 16 pairs, stored one word each; any other layout value by value. */
-BF16DOT static void pack_block_f32(uint32_t *dst, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
+BF16DOT void dsc_cpu_bf16_pack_f32(uint32_t *dst, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
                                    int64_t rows) {
     const int64_t pairs = even(c) / 2, whole = c / 2;
     if (rs == 1 && ks != 1) {
@@ -265,11 +260,6 @@ BF16DOT static void pack_block_f32(uint32_t *dst, const float *w, int64_t rs, in
             dst[k * BLOCK_ROWS + j] = lo | hi << 16;
         }
     }
-}
-
-void dsc_cpu_bf16_pack_f32(uint32_t *pack, const float *w, int64_t rs, int64_t ks, int64_t c, int64_t r0,
-                           int64_t rows) {
-    pack_block_f32(pack, w, rs, ks, c, r0, rows);
 }
 
 void dsc_cpu_bf16_multiply(float *y, int64_t ldy, const uint16_t *xb, int64_t n, const uint32_t *pack, int64_t c,

@@ -36,7 +36,7 @@ static dsc_status cpu_alloc(const dsc_backend *backend, void **ptr, size_t bytes
      * host, and a model's buffers (GPT-2 with AdamW: 2.9 GB) took seconds on one thread. */
     const int64_t pages = (int64_t)(rounded / DSC_MEM_HUGE_PAGE);
     char *at = *ptr;
-    const bool spread = huge && dsc_cpu_parallel((int64_t)(rounded / sizeof(float)));
+    const bool spread = huge && !dsc_cpu_pool_scope(); /* the pool, when in its scope, owns the cores */
 #pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (spread) schedule(static)
     for (int64_t p = 0; p < pages; p++)
         memset(at + (size_t)p * DSC_MEM_HUGE_PAGE, 0, DSC_MEM_HUGE_PAGE);

@@ -223,9 +223,9 @@ static dsc_status step_on_copy(mixed_optimizer *m, double lr, dsc_optim_stats *s
 static dsc_status step_on_master(mixed_optimizer *m, double lr, dsc_optim_stats *stats) {
     int swapped = 0;
     dsc_status s = NULL;
-    for (; swapped < DSC_PARAM_GROUP_COUNT && !s; swapped++)
-        s = dsc_params_swap_values(m->oo.params, (dsc_param_group)swapped, &m->master[swapped]);
-    if (s) swapped--;
+    while (swapped < DSC_PARAM_GROUP_COUNT &&
+           !(s = dsc_params_swap_values(m->oo.params, (dsc_param_group)swapped, &m->master[swapped])))
+        swapped++;
     if (!s) s = dsc_optimizer_step(m->inner, lr, stats);
     for (int g = 0; g < swapped; g++) { /* back, whatever happened */
         dsc_status back = dsc_params_swap_values(m->oo.params, (dsc_param_group)g, &m->master[g]);
