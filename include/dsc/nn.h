@@ -33,7 +33,11 @@ extern "C" {
 typedef enum dsc_param_flag {
     DSC_PARAM_EXPERT = 1u << 0,   /* reduced over the expert-data-parallel group */
     DSC_PARAM_NO_DECAY = 1u << 1, /* excluded from weight decay (norms, biases) */
-    DSC_PARAM_TIED = 1u << 2      /* held by several pipeline stages; grads summed across them */
+    DSC_PARAM_TIED = 1u << 2,     /* held by several pipeline stages; grads summed across them */
+    /* every layer of the stage reads its value only as an operand of the kernels' matrix products
+     * (dsc_kernel_linear_*, dsc_kernel_gemm), which round it themselves under bf16 products; kept
+     * only when every declaration of the parameter gives it */
+    DSC_PARAM_PRODUCT_OPERAND = 1u << 3
 } dsc_param_flag;
 
 typedef enum dsc_param_group {
@@ -123,11 +127,6 @@ DSC_API dsc_status dsc_params_zero_grads(dsc_param_store *store);
  * NULL, which the optimizer repoints around layer calls; dsc_params_flat then
  * returns data NULL for it and dsc_params_zero_grads skips it. */
 DSC_API dsc_status dsc_params_release(dsc_param_store *store, dsc_param_group group, bool values, bool grads);
-/* Exchanges a group's flat value buffer with `buffer` (an f32 tensor of the group's element count on
- * the store's device) and points the parameters' views of the old buffer into the one now held.
- * For an optimizer that steps on another copy of the values through the parameters (mixed
- * precision's fp32 master); swapping back restores everything. */
-DSC_API dsc_status dsc_params_swap_values(dsc_param_store *store, dsc_param_group group, dsc_tensor *buffer);
 
 /* ---- layers -------------------------------------------------------------------------- */
 

@@ -117,8 +117,8 @@ typedef struct dsc_precision_options {
     const dsc_optimizer_options *opt; /* the inner optimizer's: store, layers, groups */
     dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
     /* the ranges are the whole flat buffers and the inner optimizer reads the values through the
-     * parameters and dsc_params_flat at each step (the plain optimizer): it then steps on the
-     * master itself (dsc_params_swap_values), not on a copy */
+     * parameters and dsc_params_flat at each step (the plain optimizer): the store's values are
+     * then the master, and each layer call reads them rounded from a scratch of one layer's size */
     bool whole;
     bool log; /* this rank logs the skipped steps */
 } dsc_precision_options;
@@ -132,8 +132,9 @@ DSC_API dsc_dtype dsc_precision_comm_dtype(const dsc_config *cfg);
 /* The dtype the working parameters are exact in: bf16 / fp16 when mixed precision is on, else f32. */
 DSC_API dsc_dtype dsc_precision_param_dtype(const dsc_config *cfg);
 
-/* Wraps `inner` (taking ownership, also on error). The parameters are
- * rounded to the reduced type now; the master starts from their f32 values. */
+/* Wraps `inner` (taking ownership, also on error). The master starts from
+ * the parameters' f32 values; with ranges (ZeRO-1/2) the values are rounded
+ * to the reduced type now, as the working copy. */
 DSC_API dsc_status dsc_precision_wrap(const dsc_precision_options *po, dsc_optimizer *inner, dsc_optimizer **out);
 /* dsc_precision_wrap when the config asks for mixed precision (else *opt
  * stays as it is): `ranges` NULL means the whole flat buffers (the plain

@@ -211,10 +211,11 @@ dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, 
     const int64_t shape[2] = {h->V, h->C};
     dsc_status s = nn_norm_init(&h->norm, &list, ctx->params, "head.norm", mc);
     if (!s && mc->tie_embeddings)
-        s = nn_declare(&list, ctx->params, "embed", "wte.weight", 2, shape, DSC_PARAM_TIED, DSC_INIT_NORMAL,
-                       mc->init_std, &h->w);
+        s = nn_declare(&list, ctx->params, "embed", "wte.weight", 2, shape,
+                       DSC_PARAM_TIED | DSC_PARAM_PRODUCT_OPERAND, DSC_INIT_NORMAL, mc->init_std, &h->w);
     else if (!s)
-        s = nn_declare(&list, ctx->params, "head", "weight", 2, shape, 0, DSC_INIT_NORMAL, mc->init_std, &h->w);
+        s = nn_declare(&list, ctx->params, "head", "weight", 2, shape, DSC_PARAM_PRODUCT_OPERAND, DSC_INIT_NORMAL,
+                       mc->init_std, &h->w);
     if (!s) s = dsc_layer_set_params(&h->base, list.items, list.n);
     if (s) {
         dsc_layer_destroy(&h->base);

@@ -82,7 +82,8 @@ dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim
         }
         DSC_CHECK(existing->group == group, DSC_ERR_INVALID,
                   "parameter %s declared both as an expert and as a dense parameter", name);
-        existing->flags |= flags;
+        uint32_t all = DSC_PARAM_PRODUCT_OPERAND; /* the flags every declaration must give */
+        existing->flags = ((existing->flags | flags) & ~all) | (existing->flags & flags & all);
         *out = existing;
         return NULL;
     }
@@ -298,28 +299,6 @@ dsc_status dsc_params_zero_grads(dsc_param_store *store) {
     DSC_CHECK(store->finalized, DSC_ERR_INVALID, "zeroing gradients of a parameter store that is not finalized");
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         if (store->numel[g] > 0 && store->grads[g].data) DSC_TRY(dsc_kernel_zero(&store->grads[g]));
-    return NULL;
-}
-
-dsc_status dsc_params_swap_values(dsc_param_store *store, dsc_param_group group, dsc_tensor *buffer) {
-    DSC_CHECK(store->finalized, DSC_ERR_INVALID, "swapping the values of a parameter store that is not finalized");
-    DSC_CHECK((unsigned)group < DSC_PARAM_GROUP_COUNT, DSC_ERR_INVALID, "swapping parameter group %d", (int)group);
-    dsc_tensor *held = &store->values[group];
-    DSC_CHECK(held->data && buffer->data && buffer->dtype == DSC_DTYPE_F32 &&
-                  dsc_tensor_numel(buffer) == store->numel[group] && buffer->device.type == store->device.type &&
-                  buffer->device.index == store->device.index,
-              DSC_ERR_INVALID,
-              "swapping parameter group %d's values (%lld f32 elements) with a %s buffer of %lld elements%s",
-              (int)group, (long long)store->numel[group], dsc_dtype_name(buffer->dtype),
-              (long long)dsc_tensor_numel(buffer), held->data ? "" : " (the group's values are released)");
-    float *old = held->data;
-    dsc_tensor t = *held;
-    *held = *buffer;
-    *buffer = t;
-    for (int i = 0; i < store->count; i++) {
-        dsc_param *p = store->params[i];
-        if (p->group == group && p->value.data == old + p->offset) p->value.data = (float *)held->data + p->offset;
-    }
     return NULL;
 }
 

@@ -14,17 +14,24 @@
  *    all-reduce over the groups that share the model (data, pipeline,
  *    expert); an overflow skips the step (gradients zeroed, parameters and
  *    optimizer state untouched, the loss scaler updated and the skip logged).
- *    Otherwise the gradients are unscaled, the fp32 master is put in the
- *    values the inner optimizer updates, it steps (clipping included), the
- *    result becomes the master again and every value is rounded to the
- *    reduced type for the next forward.
+ *    Otherwise the gradients are unscaled and the inner optimizer steps
+ *    (clipping included) on the fp32 master.
  *
- * The master holds only what the inner optimizer updates on this rank (the
- * whole flat buffers for the plain optimizer, the rank's range for ZeRO-1/2;
- * under ZeRO-3 the inner optimizer's f32 parameter shards are the master and
- * the values gathered for each layer call are rounded there);
- * checkpoints save it as optimizer state "master/<param>" beside the rounded
- * model values, and the loss scaler as "loss_scale" and "loss_scaler". */
+ * Where the master lives:
+ *  - the plain optimizer: the store's values are the master; each layer call
+ *    reads them rounded to the reduced type from a scratch of one layer's
+ *    size, so the working parameters take no second copy of the model (4
+ *    bytes a parameter for both, where a rounded copy beside the master took
+ *    8). Under bf16 the weights the products alone read
+ *    (DSC_PARAM_PRODUCT_OPERAND) are read as they are: the products round
+ *    their operands, to the same values;
+ *  - ZeRO-1/2: the rank's range of the values, copied in for the step and
+ *    out after it; the store's values are the rounded working copy (the
+ *    other ranks' shares arrive rounded);
+ *  - ZeRO-3: the inner optimizer's f32 parameter shards; the values gathered
+ *    for each layer call are rounded there.
+ * Checkpoints save it as optimizer state "master/<param>" beside the model
+ * values, and the loss scaler as "loss_scale" and "loss_scaler". */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +52,7 @@ typedef struct mixed_optimizer {
     dsc_optimizer *inner;
     dsc_precision_options po;
     dsc_optimizer_options oo;
-    dsc_tensor master[DSC_PARAM_GROUP_COUNT]; /* f32 [end - begin) of each group's range */
+    dsc_tensor master[DSC_PARAM_GROUP_COUNT]; /* ZeRO-1/2: f32 [end - begin) of each group's range */
     master_piece *pieces;
     int n_pieces;
     dsc_loss_scaler scaler;
@@ -67,6 +74,12 @@ typedef struct mixed_optimizer {
     /* ZeRO-3: the inner optimizer's parameter shards are the fp32 master; the values a layer reads are
      * gathered for each call and rounded then */
     bool round_on_use;
+    /* the plain optimizer: the layer being called reads its values rounded from `rounded`; its
+     * parameters' value views, put back after */
+    dsc_tensor rounded;
+    dsc_tensor *saved_values;
+    bool *values_swapped;
+    const dsc_layer *reading;
     /* the calling thread's product type outside a layer call (inside: bf16 under bf16) */
     dsc_dtype matmul_was;
 } mixed_optimizer;
@@ -88,28 +101,64 @@ static void sync_scaler(mixed_optimizer *m) {
     m->ck_handed = false;
 }
 
+static bool seen_before(const dsc_layer *layer, int j) {
+    for (int k = 0; k < j; k++)
+        if (layer->params[k] == layer->params[j]) return true;
+    return false;
+}
+
+/* Whether a layer reads the parameter's master as it is: bf16 products round their operands. */
+static bool read_as_is(const mixed_optimizer *m, const dsc_param *p) {
+    return m->po.dtype == DSC_DTYPE_BF16 && (p->flags & DSC_PARAM_PRODUCT_OPERAND);
+}
+
+/* The layer reads the master rounded: each parameter's value view points into `rounded` (but
+ * those the products round). */
+static void read_rounded(mixed_optimizer *m, dsc_layer *layer) {
+    float *at = m->rounded.data;
+    for (int j = 0; j < layer->n_params; j++) {
+        dsc_param *p = layer->params[j];
+        m->values_swapped[j] = false;
+        if (seen_before(layer, j) || !p->value.data || read_as_is(m, p)) continue;
+        int64_t n = dsc_param_numel(p);
+        m->saved_values[j] = p->value;
+        dsc_round_to_dtype_from(at, p->value.data, n, m->po.dtype);
+        p->value = dsc_tensor_view(at, DSC_DTYPE_F32, p->value.ndim, p->value.shape, p->value.device);
+        m->values_swapped[j] = true;
+        at += n;
+    }
+    m->reading = layer;
+}
+
+/* The master views back, after the call (or before anything else, when a failed call left them out). */
+static void put_back_values(mixed_optimizer *m) {
+    const dsc_layer *layer = m->reading;
+    for (int j = 0; layer && j < layer->n_params; j++)
+        if (m->values_swapped[j]) layer->params[j]->value = m->saved_values[j];
+    m->reading = NULL;
+}
+
 static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
+    put_back_values(m);
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
+    DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
+              "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
+              layer->name, layer->n_params);
     /* bf16 products in the layer's GEMMs, as autocast multiplies (f32 where the CPU has no bf16 dot) */
     m->matmul_was = dsc_kernels_set_matmul_dtype(m->po.dtype);
     for (int j = 0; m->round_on_use && j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
         if (p->value.data) dsc_round_to_dtype(p->value.data, dsc_param_numel(p), m->po.dtype);
     }
+    if (m->po.whole) read_rounded(m, layer);
     if (!backward) return NULL;
-    DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
-              "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
-              layer->name, layer->n_params);
     float *at = m->scratch.data;
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
         m->swapped[j] = false;
-        bool again = false;
-        for (int k = 0; k < j; k++)
-            again |= layer->params[k] == p;
-        if (again || !p->grad.data) continue;
+        if (seen_before(layer, j) || !p->grad.data) continue;
         int64_t n = dsc_param_numel(p);
         m->saved[j] = p->grad;
         p->grad = dsc_tensor_view(at, DSC_DTYPE_F32, p->grad.ndim, p->grad.shape, p->grad.device);
@@ -124,6 +173,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
 static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     dsc_kernels_set_matmul_dtype(m->matmul_was);
+    put_back_values(m);
     if (backward && m->staged == layer) {
         float scale = (float)m->scaler.cur_scale;
         for (int j = 0; j < layer->n_params; j++) {
@@ -217,32 +267,6 @@ static dsc_status step_on_copy(mixed_optimizer *m, double lr, dsc_optim_stats *s
     return NULL;
 }
 
-/* The plain optimizer steps on the master itself, swapped in as the store's values for the step;
- * then the working values are the master rounded: one pass, where copying the master in and the
- * result out and rounding in place took three (6 % of a GPT-2 step). */
-static dsc_status step_on_master(mixed_optimizer *m, double lr, dsc_optim_stats *stats) {
-    int swapped = 0;
-    dsc_status s = NULL;
-    while (swapped < DSC_PARAM_GROUP_COUNT &&
-           !(s = dsc_params_swap_values(m->oo.params, (dsc_param_group)swapped, &m->master[swapped])))
-        swapped++;
-    if (!s) s = dsc_optimizer_step(m->inner, lr, stats);
-    for (int g = 0; g < swapped; g++) { /* back, whatever happened */
-        dsc_status back = dsc_params_swap_values(m->oo.params, (dsc_param_group)g, &m->master[g]);
-        if (!s)
-            s = back;
-        else
-            dsc_status_free(back);
-    }
-    DSC_TRY(s);
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
-        int64_t n;
-        float *values = group_values(m, g, &n);
-        dsc_round_to_dtype_from(values, m->master[g].data, n, m->po.dtype);
-    }
-    return NULL;
-}
-
 static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *stats) {
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
@@ -255,7 +279,8 @@ static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
         if (scale != 1.0 && r->grads.data && dsc_tensor_numel(&r->grads) > 0)
             DSC_TRY(dsc_kernel_scale(&r->grads, (float)(1.0 / scale)));
     }
-    DSC_TRY(m->po.whole ? step_on_master(m, lr, stats) : step_on_copy(m, lr, stats));
+    put_back_values(m);
+    DSC_TRY(m->po.whole ? dsc_optimizer_step(m->inner, lr, stats) : step_on_copy(m, lr, stats));
     DSC_TRY(dsc_loss_scaler_update(&m->scaler, false, NULL, 0));
     m->inner_steps = stats->step;
     m->last_skipped = false;
@@ -296,8 +321,10 @@ static void mixed_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) 
     snprintf(out->name, sizeof out->name, "master/%s", pc->param->name);
     out->param = pc->param;
     out->offset = pc->offset;
-    out->local = dsc_tensor_view((float *)m->master[pc->param->group].data + pc->pos, DSC_DTYPE_F32, 1, &pc->numel,
-                                 DSC_CPU);
+    put_back_values(m);
+    int64_t n;
+    float *master = m->po.whole ? group_values(m, pc->param->group, &n) : m->master[pc->param->group].data;
+    out->local = dsc_tensor_view(master + pc->pos, DSC_DTYPE_F32, 1, &pc->numel, DSC_CPU);
 }
 
 static void mixed_destroy(dsc_optimizer *opt) {
@@ -306,6 +333,9 @@ static void mixed_destroy(dsc_optimizer *opt) {
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         dsc_tensor_free(&m->master[g]);
     dsc_tensor_free(&m->scratch);
+    dsc_tensor_free(&m->rounded);
+    free(m->saved_values);
+    free(m->values_swapped);
     free(m->pieces);
     free(m->saved);
     free(m->swapped);
@@ -352,20 +382,31 @@ static dsc_status setup(mixed_optimizer *m) {
               DSC_ERR_UNSUPPORTED,
               "mixed precision: the parameters are not in host memory; fp16 / bf16 training is implemented for "
               "CPU jobs (dsc trains on the CPU)");
-    int64_t most = 1;
+    int64_t most = 1, most_rounded = 1; /* one layer's gradients, and the values it reads rounded */
     m->max_params = 1;
     for (int l = 0; l < m->oo.n_layers; l++) {
         const dsc_layer *layer = m->oo.layers[l];
-        int64_t n = 0;
-        for (int j = 0; j < layer->n_params; j++)
+        int64_t n = 0, rounded = 0;
+        for (int j = 0; j < layer->n_params; j++) {
             n += dsc_param_numel(layer->params[j]);
+            if (!seen_before(layer, j) && !read_as_is(m, layer->params[j]))
+                rounded += dsc_param_numel(layer->params[j]);
+        }
         if (n > most) most = n;
+        if (rounded > most_rounded) most_rounded = rounded;
         if (layer->n_params > m->max_params) m->max_params = layer->n_params;
     }
     DSC_TRY(dsc_tensor_alloc(&m->scratch, DSC_DTYPE_F32, 1, &most, DSC_CPU, DSC_MEM_GRADS));
     m->saved = calloc((size_t)m->max_params, sizeof *m->saved);
     m->swapped = calloc((size_t)m->max_params, sizeof *m->swapped);
     DSC_CHECK(m->saved && m->swapped, DSC_ERR_NOMEM, "mixed precision: %d gradient views", m->max_params);
+    if (m->po.whole) {
+        DSC_TRY(dsc_tensor_alloc(&m->rounded, DSC_DTYPE_F32, 1, &most_rounded, DSC_CPU, DSC_MEM_PARAMS));
+        m->saved_values = calloc((size_t)m->max_params, sizeof *m->saved_values);
+        m->values_swapped = calloc((size_t)m->max_params, sizeof *m->values_swapped);
+        DSC_CHECK(m->saved_values && m->values_swapped, DSC_ERR_NOMEM, "mixed precision: %d value views",
+                  m->max_params);
+    }
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         dsc_precision_range *r = &m->po.ranges[g];
         int64_t n;
@@ -385,6 +426,7 @@ static dsc_status setup(mixed_optimizer *m) {
             "%lld) of %lld elements%s",
             g == DSC_PARAM_GROUP_EXPERT ? "expert" : "dense", (long long)r->begin, (long long)r->end, (long long)n,
             values ? "" : " (released)");
+        if (m->po.whole) continue; /* the values are the master */
         int64_t len = r->end - r->begin;
         DSC_TRY(dsc_tensor_alloc(&m->master[g], DSC_DTYPE_F32, 1, &len, DSC_CPU, DSC_MEM_OPTIM));
         if (values) {

@@ -58,28 +58,6 @@ static void test_declare_find_and_flat_layout(void **state) {
     assert_ok(dsc_params_zero_grads(s));
     assert_true(((float *)w->grad.data)[2] == 0.0f);
 
-    /* Swapping a group's values (mixed precision's master): the parameters follow, and back. */
-    dsc_tensor other, small;
-    assert_ok(dsc_tensor_alloc(&other, DSC_DTYPE_F32, 1, (int64_t[]){128}, DSC_CPU, DSC_MEM_OTHER));
-    assert_ok(dsc_tensor_alloc(&small, DSC_DTYPE_F32, 1, (int64_t[]){64}, DSC_CPU, DSC_MEM_OTHER));
-    float *mine = values.data, *theirs = other.data;
-    theirs[64] = 9.0f;
-    assert_ok(dsc_params_swap_values(s, DSC_PARAM_GROUP_DENSE, &other));
-    assert_ptr_equal(b->value.data, theirs + 64);
-    assert_ptr_equal(w->value.data, theirs);
-    dsc_tensor expert;
-    dsc_params_flat(s, DSC_PARAM_GROUP_EXPERT, &expert, NULL);
-    assert_ptr_equal(e->value.data, expert.data); /* the other group untouched */
-    assert_true(((float *)b->value.data)[0] == 9.0f);
-    assert_ptr_equal(other.data, mine);
-    assert_ok(dsc_params_swap_values(s, DSC_PARAM_GROUP_DENSE, &other));
-    assert_ptr_equal(b->value.data, mine + 64);
-    assert_ptr_equal(other.data, theirs);
-    assert_err(dsc_params_swap_values(s, DSC_PARAM_GROUP_DENSE, &small), DSC_ERR_INVALID,
-               "parameter group 0's values (128 f32 elements) with a f32 buffer of 64 elements");
-    assert_ptr_equal(b->value.data, mine + 64);
-    dsc_tensor_free(&other);
-    dsc_tensor_free(&small);
     dsc_params_destroy(s);
 }
 

@@ -54,6 +54,9 @@ typedef struct run_opts {
     bool check;        /* bf16.check_grad_overflow */
     bool expect_error; /* the step at inject_at fails (an unchecked non-finite gradient) */
     int inject_at;
+    bool ranges; /* the master a copy of the ranges (ZeRO-1/2's path), not the store's values */
+    /* after the steps, the layer calls are checked to read the master rounded (the store's path) */
+    bool check_reads;
 } run_opts;
 
 typedef struct run_out {
@@ -62,8 +65,11 @@ typedef struct run_out {
     bool skipped[16];
     float *params; /* after the run, flat values of the dense group */
     int64_t n_params;
-    int bad_grads, exact_grads, n_grads; /* first step's gradients vs grad0_bf16/ (bf16 runs) */
-    float worst_rel;                     /* the largest difference over its tensor's largest |gradient| */
+    int bad_grads, exact_grads, n_grads;        /* first step's gradients vs grad0_bf16/ (bf16 runs) */
+    float worst_rel;                            /* the largest difference over its tensor's largest |gradient| */
+    int64_t wrap_bytes[DSC_MEM_CATEGORY_COUNT]; /* what wrapping the optimizer allocated */
+    int64_t largest_layer;                      /* the most elements one layer reads rounded */
+    int weights;                                /* parameter uses flagged as product operands */
 } run_out;
 
 /* Each gradient element equals PyTorch's bf16 gradient, or is within one bf16 ulp of it or within 2^-8 of its
@@ -97,6 +103,40 @@ static void compare_grads(const fixture *f, dsc_param_store *store, run_out *out
                        (double)want[j], (double)top);
             out->n_grads++;
         }
+    }
+}
+
+/* Whether the layers read the parameter's master as it is: a weight only the products read, under bf16. */
+static bool as_is(const dsc_param *p, dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 && (p->flags & DSC_PARAM_PRODUCT_OPERAND);
+}
+
+/* Each layer call reads its values rounded from elsewhere (but the weights bf16 products round), and
+ * after it the parameters view the store's values again, unchanged. */
+static void check_reads(dsc_layer **layers, int n, dsc_optimizer *opt, dsc_dtype dtype) {
+    for (int l = 0; l < n; l++) {
+        dsc_layer *layer = layers[l];
+        float *master[16];
+        assert_true(layer->n_params <= 16);
+        for (int j = 0; j < layer->n_params; j++)
+            master[j] = layer->params[j]->value.data;
+        assert_ok(dsc_optimizer_before_layer(opt, layer, false));
+        for (int j = 0; j < layer->n_params; j++) {
+            const dsc_param *p = layer->params[j];
+            int64_t k = dsc_param_numel(p);
+            float *want = malloc((size_t)k * sizeof *want);
+            dsc_round_to_dtype_from(want, master[j], k, dtype);
+            if (as_is(p, dtype)) { /* the products round it */
+                assert_ptr_equal(p->value.data, master[j]);
+            } else {
+                assert_ptr_not_equal(p->value.data, master[j]);
+                assert_memory_equal(p->value.data, want, (size_t)k * sizeof *want);
+            }
+            free(want);
+        }
+        assert_ok(dsc_optimizer_after_layer(opt, layer, false));
+        for (int j = 0; j < layer->n_params; j++)
+            assert_ptr_equal(layer->params[j]->value.data, master[j]);
     }
 }
 
@@ -145,9 +185,25 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
         dsc_tensor grads;
         dsc_params_flat(m.store, DSC_PARAM_GROUP_DENSE, NULL, &grads);
         po.ranges[DSC_PARAM_GROUP_DENSE] = (dsc_precision_range){0, dsc_tensor_numel(&grads), grads};
+        po.whole = !ro->ranges;
+        dsc_mem_stats before, after;
+        dsc_mem_get_stats(&before);
         dsc_optimizer *wrapped;
         assert_ok(dsc_precision_wrap(&po, opt, &wrapped));
+        dsc_mem_get_stats(&after);
+        for (int c = 0; c < DSC_MEM_CATEGORY_COUNT; c++)
+            out->wrap_bytes[c] = after.current[c] - before.current[c];
         opt = wrapped;
+    }
+    out->largest_layer = out->weights = 0;
+    for (int l = 0; l < m.n; l++) {
+        int64_t n = 0;
+        for (int j = 0; j < m.layers[l]->n_params; j++) {
+            const dsc_param *p = m.layers[l]->params[j];
+            if (!as_is(p, ro->dtype)) n += dsc_param_numel(p);
+            if (as_is(p, DSC_DTYPE_BF16)) out->weights++;
+        }
+        if (n > out->largest_layer) out->largest_layer = n;
     }
     dsc_batch_runner *runner;
     assert_ok(dsc_runner_create_default(m.layers, m.n, opt, tok->shape[0], tok->shape[1], NULL, &runner));
@@ -172,6 +228,7 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
         out->loss[s] = res.loss;
         out->skipped[s] = dsc_precision_last_step(opt, &out->scale[s]);
     }
+    if (ro->check_reads) check_reads(m.layers, m.n, opt, ro->dtype);
     dsc_tensor values;
     dsc_params_flat(m.store, DSC_PARAM_GROUP_DENSE, &values, NULL);
     out->n_params = dsc_tensor_numel(&values);
@@ -241,22 +298,41 @@ static void test_against_pytorch(void **state) {
     fixture_free(&f);
 }
 
-/* Every working value is exactly a bf16 / fp16 value after the steps. */
-static void test_parameters_stay_rounded(void **state) {
+/* The plain optimizer's path: the store's values are the fp32 master (no copy of it is allocated, only
+ * one layer's scratch of working values; after 3 steps not every value is a bf16 / fp16 one) and each
+ * layer call reads them rounded. ZeRO-1/2's path (the master a copy of the ranges): every value of the
+ * store is the working value, exact in the reduced type. */
+static void test_where_the_master_lives(void **state) {
     (void)state;
     fixture f;
     fixture_load(&f, FIXTURE);
     dsc_dtype types[2] = {DSC_DTYPE_BF16, DSC_DTYPE_F16};
     for (int k = 0; k < 2; k++) {
-        run_out o;
-        run_opts ro = {.dtype = types[k], .init_power = 8};
-        train(&f, &ro, 3, &o);
-        float *copy = malloc((size_t)o.n_params * sizeof(float));
-        memcpy(copy, o.params, (size_t)o.n_params * sizeof(float));
-        dsc_round_to_dtype(copy, o.n_params, types[k]);
-        assert_memory_equal(copy, o.params, (size_t)o.n_params * sizeof(float));
-        free(copy);
-        free(o.params);
+        for (int ranges = 0; ranges < 2; ranges++) {
+            run_out o;
+            run_opts ro = {.dtype = types[k], .init_power = 8, .ranges = ranges, .check_reads = !ranges};
+            train(&f, &ro, 3, &o);
+            float *copy = malloc((size_t)o.n_params * sizeof(float));
+            dsc_round_to_dtype_from(copy, o.params, o.n_params, types[k]);
+            bool rounded = memcmp(copy, o.params, (size_t)o.n_params * sizeof(float)) == 0;
+            int64_t master = o.wrap_bytes[DSC_MEM_OPTIM], working = o.wrap_bytes[DSC_MEM_PARAMS];
+            printf("  %s, master %s: %lld bytes of master and %lld of working values allocated for %lld "
+                   "parameters\n",
+                   dsc_dtype_name(types[k]), ranges ? "a copy of the ranges" : "the store's values",
+                   (long long)master, (long long)working, (long long)o.n_params);
+            if (ranges) {
+                assert_true(rounded);
+                assert_int_equal(master, o.n_params * (int64_t)sizeof(float));
+                assert_int_equal(working, 0);
+            } else {
+                assert_false(rounded);
+                assert_int_equal(master, 0);
+                assert_int_equal(working, o.largest_layer * (int64_t)sizeof(float));
+                assert_true(o.weights > 0);
+            }
+            free(copy);
+            free(o.params);
+        }
     }
     fixture_free(&f);
 }
@@ -321,7 +397,7 @@ static void test_bf16_check_grad_overflow(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_pytorch),
-        cmocka_unit_test(test_parameters_stay_rounded),
+        cmocka_unit_test(test_where_the_master_lives),
         cmocka_unit_test(test_overflow_path),
         cmocka_unit_test(test_bf16_check_grad_overflow),
     };
