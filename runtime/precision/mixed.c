@@ -47,6 +47,16 @@ typedef struct master_piece {
     int64_t numel;
 } master_piece;
 
+/* One layer's parameter tensors (its values or its gradients) pointed into a scratch of one layer's
+ * size, and the views they had, put back after the call. */
+typedef struct layer_views {
+    dsc_tensor scratch;
+    dsc_tensor *saved;
+    bool *swapped;
+    const dsc_layer *layer; /* whose views are out, or NULL */
+    bool grads;
+} layer_views;
+
 typedef struct mixed_optimizer {
     dsc_optimizer base;
     dsc_optimizer *inner;
@@ -65,21 +75,14 @@ typedef struct mixed_optimizer {
     bool ck_handed;
     int64_t inner_steps;
     double last_scale;
-    /* the layer whose backward runs now: its gradient views, put back after */
-    dsc_tensor scratch;
-    dsc_tensor *saved;
-    bool *swapped;
-    int max_params;
-    const dsc_layer *staged;
+    /* the layer whose backward runs now: its gradient views point into a zeroed scratch */
+    layer_views grads;
+    int max_params; /* the most parameters a layer has */
     /* ZeRO-3: the inner optimizer's parameter shards are the fp32 master; the values a layer reads are
      * gathered for each call and rounded then */
     bool round_on_use;
-    /* the plain optimizer: the layer being called reads its values rounded from `rounded`; its
-     * parameters' value views, put back after */
-    dsc_tensor rounded;
-    dsc_tensor *saved_values;
-    bool *values_swapped;
-    const dsc_layer *reading;
+    /* the plain optimizer: the layer being called reads its values rounded from a scratch */
+    layer_views values;
     /* the calling thread's product type outside a layer call (inside: bf16 under bf16) */
     dsc_dtype matmul_was;
 } mixed_optimizer;
@@ -107,41 +110,72 @@ static bool seen_before(const dsc_layer *layer, int j) {
     return false;
 }
 
+static dsc_tensor *viewed(const layer_views *v, dsc_param *p) {
+    return v->grads ? &p->grad : &p->value;
+}
+
+static dsc_status views_reserve(layer_views *v, bool grads, int64_t numel, int max_params, dsc_mem_category kind) {
+    v->grads = grads;
+    DSC_TRY(dsc_tensor_alloc(&v->scratch, DSC_DTYPE_F32, 1, &numel, DSC_CPU, kind));
+    v->saved = calloc((size_t)max_params, sizeof *v->saved);
+    v->swapped = calloc((size_t)max_params, sizeof *v->swapped);
+    DSC_CHECK(v->saved && v->swapped, DSC_ERR_NOMEM, "mixed precision: %d %s views", max_params,
+              grads ? "gradient" : "value");
+    return NULL;
+}
+
+static void views_free(layer_views *v) {
+    dsc_tensor_free(&v->scratch);
+    free(v->saved);
+    free(v->swapped);
+}
+
+/* Starts a layer's views: none out yet. */
+static float *views_begin(layer_views *v, const dsc_layer *layer) {
+    for (int j = 0; j < layer->n_params; j++)
+        v->swapped[j] = false;
+    v->layer = layer;
+    return v->scratch.data;
+}
+
+/* Points parameter j's tensor at `at`; returns where the next one goes. */
+static float *view_out(layer_views *v, int j, float *at) {
+    dsc_param *p = v->layer->params[j];
+    dsc_tensor *t = viewed(v, p);
+    v->saved[j] = *t;
+    *t = dsc_tensor_view(at, DSC_DTYPE_F32, t->ndim, t->shape, t->device);
+    v->swapped[j] = true;
+    return at + dsc_param_numel(p);
+}
+
+/* The views back (a no-op when none are out). */
+static void views_put_back(layer_views *v) {
+    for (int j = 0; v->layer && j < v->layer->n_params; j++)
+        if (v->swapped[j]) *viewed(v, v->layer->params[j]) = v->saved[j];
+    v->layer = NULL;
+}
+
 /* Whether a layer reads the parameter's master as it is: bf16 products round their operands. */
 static bool read_as_is(const mixed_optimizer *m, const dsc_param *p) {
     return m->po.dtype == DSC_DTYPE_BF16 && (p->flags & DSC_PARAM_PRODUCT_OPERAND);
 }
 
-/* The layer reads the master rounded: each parameter's value view points into `rounded` (but
- * those the products round). */
+/* The layer reads the master rounded: each parameter's value view points into the values' scratch
+ * (but those the products round). */
 static void read_rounded(mixed_optimizer *m, dsc_layer *layer) {
-    float *at = m->rounded.data;
+    float *at = views_begin(&m->values, layer);
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
-        m->values_swapped[j] = false;
         if (seen_before(layer, j) || !p->value.data || read_as_is(m, p)) continue;
-        int64_t n = dsc_param_numel(p);
-        m->saved_values[j] = p->value;
-        dsc_round_to_dtype_from(at, p->value.data, n, m->po.dtype);
-        p->value = dsc_tensor_view(at, DSC_DTYPE_F32, p->value.ndim, p->value.shape, p->value.device);
-        m->values_swapped[j] = true;
-        at += n;
+        dsc_round_to_dtype_from(at, p->value.data, dsc_param_numel(p), m->po.dtype);
+        at = view_out(&m->values, j, at);
     }
-    m->reading = layer;
-}
-
-/* The master views back, after the call (or before anything else, when a failed call left them out). */
-static void put_back_values(mixed_optimizer *m) {
-    const dsc_layer *layer = m->reading;
-    for (int j = 0; layer && j < layer->n_params; j++)
-        if (m->values_swapped[j]) layer->params[j]->value = m->saved_values[j];
-    m->reading = NULL;
 }
 
 static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
-    put_back_values(m);
+    views_put_back(&m->values);
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
     DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
               "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
@@ -154,36 +188,29 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     }
     if (m->po.whole) read_rounded(m, layer);
     if (!backward) return NULL;
-    float *at = m->scratch.data;
+    float *at = views_begin(&m->grads, layer);
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
-        m->swapped[j] = false;
         if (seen_before(layer, j) || !p->grad.data) continue;
-        int64_t n = dsc_param_numel(p);
-        m->saved[j] = p->grad;
-        p->grad = dsc_tensor_view(at, DSC_DTYPE_F32, p->grad.ndim, p->grad.shape, p->grad.device);
+        at = view_out(&m->grads, j, at);
         DSC_TRY(dsc_kernel_zero(&p->grad));
-        m->swapped[j] = true;
-        at += n;
     }
-    m->staged = layer;
     return NULL;
 }
 
 static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     dsc_kernels_set_matmul_dtype(m->matmul_was);
-    put_back_values(m);
-    if (backward && m->staged == layer) {
+    views_put_back(&m->values);
+    if (backward && m->grads.layer == layer) {
         float scale = (float)m->scaler.cur_scale;
         for (int j = 0; j < layer->n_params; j++) {
-            if (!m->swapped[j]) continue;
-            dsc_param *p = layer->params[j];
-            dsc_tensor part = p->grad;
-            p->grad = m->saved[j];
-            dsc_precision_add_rounded(p->grad.data, part.data, dsc_tensor_numel(&part), scale, m->po.dtype);
+            if (!m->grads.swapped[j]) continue;
+            const dsc_tensor *part = &layer->params[j]->grad;
+            dsc_precision_add_rounded(m->grads.saved[j].data, part->data, dsc_tensor_numel(part), scale,
+                                      m->po.dtype);
         }
-        m->staged = NULL;
+        views_put_back(&m->grads);
     }
     return dsc_optimizer_after_layer(m->inner, layer, backward);
 }
@@ -279,7 +306,7 @@ static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
         if (scale != 1.0 && r->grads.data && dsc_tensor_numel(&r->grads) > 0)
             DSC_TRY(dsc_kernel_scale(&r->grads, (float)(1.0 / scale)));
     }
-    put_back_values(m);
+    views_put_back(&m->values);
     DSC_TRY(m->po.whole ? dsc_optimizer_step(m->inner, lr, stats) : step_on_copy(m, lr, stats));
     DSC_TRY(dsc_loss_scaler_update(&m->scaler, false, NULL, 0));
     m->inner_steps = stats->step;
@@ -321,7 +348,7 @@ static void mixed_state_at(dsc_optimizer *opt, int index, dsc_optim_state *out) 
     snprintf(out->name, sizeof out->name, "master/%s", pc->param->name);
     out->param = pc->param;
     out->offset = pc->offset;
-    put_back_values(m);
+    views_put_back(&m->values);
     int64_t n;
     float *master = m->po.whole ? group_values(m, pc->param->group, &n) : m->master[pc->param->group].data;
     out->local = dsc_tensor_view(master + pc->pos, DSC_DTYPE_F32, 1, &pc->numel, DSC_CPU);
@@ -332,13 +359,9 @@ static void mixed_destroy(dsc_optimizer *opt) {
     dsc_optimizer_destroy(m->inner);
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         dsc_tensor_free(&m->master[g]);
-    dsc_tensor_free(&m->scratch);
-    dsc_tensor_free(&m->rounded);
-    free(m->saved_values);
-    free(m->values_swapped);
+    views_free(&m->grads);
+    views_free(&m->values);
     free(m->pieces);
-    free(m->saved);
-    free(m->swapped);
     free(m);
 }
 
@@ -396,17 +419,8 @@ static dsc_status setup(mixed_optimizer *m) {
         if (rounded > most_rounded) most_rounded = rounded;
         if (layer->n_params > m->max_params) m->max_params = layer->n_params;
     }
-    DSC_TRY(dsc_tensor_alloc(&m->scratch, DSC_DTYPE_F32, 1, &most, DSC_CPU, DSC_MEM_GRADS));
-    m->saved = calloc((size_t)m->max_params, sizeof *m->saved);
-    m->swapped = calloc((size_t)m->max_params, sizeof *m->swapped);
-    DSC_CHECK(m->saved && m->swapped, DSC_ERR_NOMEM, "mixed precision: %d gradient views", m->max_params);
-    if (m->po.whole) {
-        DSC_TRY(dsc_tensor_alloc(&m->rounded, DSC_DTYPE_F32, 1, &most_rounded, DSC_CPU, DSC_MEM_PARAMS));
-        m->saved_values = calloc((size_t)m->max_params, sizeof *m->saved_values);
-        m->values_swapped = calloc((size_t)m->max_params, sizeof *m->values_swapped);
-        DSC_CHECK(m->saved_values && m->values_swapped, DSC_ERR_NOMEM, "mixed precision: %d value views",
-                  m->max_params);
-    }
+    DSC_TRY(views_reserve(&m->grads, true, most, m->max_params, DSC_MEM_GRADS));
+    if (m->po.whole) DSC_TRY(views_reserve(&m->values, false, most_rounded, m->max_params, DSC_MEM_PARAMS));
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         dsc_precision_range *r = &m->po.ranges[g];
         int64_t n;
