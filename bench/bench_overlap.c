@@ -74,7 +74,7 @@ static void setup(bench *B) {
     die(dsc_params_finalize(B->store));
     for (int l = 0; l < B->layers; l++) {
         snprintf(B->layer[l].name, sizeof B->layer[l].name, "layers.%d", l);
-        die(dsc_layer_set_params(&B->layer[l], &params[l], 1));
+        die(dsc_layer_set_params(&B->layer[l], &params[l], NULL, 1));
         B->ptrs[l] = &B->layer[l];
     }
     free(params);

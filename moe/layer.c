@@ -541,7 +541,7 @@ static dsc_status collect_params(moe_layer *m) {
         list[i++] = m->wc;
         list[i++] = m->bc;
     }
-    dsc_status s = dsc_layer_set_params(&m->base, list, n);
+    dsc_status s = dsc_layer_set_params(&m->base, list, NULL, n);
     free(list);
     return s;
 }

@@ -201,7 +201,7 @@ static dsc_status declare(tp_attention *a, const dsc_model_config *mc, dsc_param
     }
     if (mc->arch != DSC_ARCH_LLAMA && mc->arch != DSC_ARCH_MIXTRAL)
         DSC_TRY(tp_declare(&list, store, p, "o.bias", 1, (int64_t[]){C}, -1, 0, 0, nd, DSC_INIT_ZEROS, 0, &a->bo));
-    return dsc_layer_set_params(&a->base, list.items, list.n);
+    return dsc_layer_set_params(&a->base, list.items, NULL, list.n);
 }
 
 dsc_status dsc_tp_attention_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out) {

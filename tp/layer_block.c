@@ -108,7 +108,7 @@ dsc_status tp_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx,
             k->n += dsc_param_numel(inner->params[i]);
         }
     k->before = malloc((size_t)(2 * k->n + 1) * sizeof *k->before);
-    dsc_status s = k->before ? dsc_layer_set_params(&k->base, inner->params, inner->n_params)
+    dsc_status s = k->before ? dsc_layer_set_params(&k->base, inner->params, inner->param_uses, inner->n_params)
                              : dsc_error(DSC_ERR_NOMEM, "block %d: norm gradient scratch", spec->block);
     if (s) {
         sb_destroy(&k->base);

@@ -156,7 +156,7 @@ dsc_status tp_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *
     if (!s && mc->arch != DSC_ARCH_LLAMA && mc->arch != DSC_ARCH_MIXTRAL)
         s = tp_declare(&list, ctx->params, "embed", "wpe.weight", 2, (int64_t[]){e->seq_len, e->C}, -1, 0, 0, 0,
                        DSC_INIT_NORMAL, mc->init_std, &e->wpe);
-    if (!s) s = dsc_layer_set_params(&e->base, list.items, list.n);
+    if (!s) s = dsc_layer_set_params(&e->base, list.items, NULL, list.n);
     if (s) {
         dsc_layer_destroy(&e->base);
         return s;

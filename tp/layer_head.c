@@ -266,7 +266,7 @@ static dsc_status declare(tp_head *h, const dsc_model_config *mc, dsc_param_stor
     else
         DSC_TRY(tp_declare(&list, store, "head", "weight", 2, shape, 0, v0, h->NV, 0, DSC_INIT_NORMAL,
                            mc->init_std, &h->w));
-    return dsc_layer_set_params(&h->base, list.items, list.n);
+    return dsc_layer_set_params(&h->base, list.items, NULL, list.n);
 }
 
 dsc_status tp_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out) {

@@ -160,7 +160,7 @@ static dsc_status declare(tp_mlp *m, const dsc_model_config *mc, dsc_param_store
         DSC_TRY(tp_declare(&list, store, p, "proj.bias", 1, (int64_t[]){C}, -1, 0, 0, nd, DSC_INIT_ZEROS, 0,
                            &m->b_out));
     }
-    return dsc_layer_set_params(&m->base, list.items, list.n);
+    return dsc_layer_set_params(&m->base, list.items, NULL, list.n);
 }
 
 dsc_status tp_mlp_create(const dsc_build_ctx *ctx, int block, dsc_layer **out) {

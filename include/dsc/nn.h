@@ -33,12 +33,18 @@ extern "C" {
 typedef enum dsc_param_flag {
     DSC_PARAM_EXPERT = 1u << 0,   /* reduced over the expert-data-parallel group */
     DSC_PARAM_NO_DECAY = 1u << 1, /* excluded from weight decay (norms, biases) */
-    DSC_PARAM_TIED = 1u << 2,     /* held by several pipeline stages; grads summed across them */
-    /* every layer of the stage reads its value only as an operand of the kernels' matrix products
-     * (dsc_kernel_linear_*, dsc_kernel_gemm), which round it themselves under bf16 products; kept
-     * only when every declaration of the parameter gives it */
-    DSC_PARAM_PRODUCT_OPERAND = 1u << 3
+    DSC_PARAM_TIED = 1u << 2      /* held by several pipeline stages; grads summed across them */
 } dsc_param_flag;
+
+/* How one layer reads a parameter's value (dsc_layer.param_uses): what mixed precision need not
+ * round for that layer's calls. A tied weight has one use per layer that reads it. */
+typedef enum dsc_param_use {
+    /* read only as an operand of the kernels' matrix products (dsc_kernel_linear_*, dsc_kernel_gemm),
+     * which round it themselves under bf16 products */
+    DSC_PARAM_USE_PRODUCT_OPERAND = 1u << 0,
+    /* not read by the layer's backward (an embedding lookup's gradient is a scatter of dout) */
+    DSC_PARAM_USE_FORWARD_ONLY = 1u << 1
+} dsc_param_use;
 
 typedef enum dsc_param_group {
     DSC_PARAM_GROUP_DENSE = 0,
@@ -169,8 +175,9 @@ typedef struct dsc_layer_ops {
 /* Implementations embed this as their first member. */
 struct dsc_layer {
     const dsc_layer_ops *ops;
-    char name[64];      /* "layers.3", "embed", "head" */
-    dsc_param **params; /* the parameters this layer reads (owned array) */
+    char name[64];        /* "layers.3", "embed", "head" */
+    dsc_param **params;   /* the parameters this layer reads (owned array) */
+    uint32_t *param_uses; /* how it reads each (dsc_param_use bits; owned, n_params entries) */
     int n_params;
     int64_t activation_bytes_per_token; /* for partition summaries and memory estimates */
     /* Set by dsc_layer_reserve: slot count and the largest micro-batch (B, T) a
@@ -230,8 +237,9 @@ DSC_API dsc_status dsc_layer_forward(dsc_layer *layer, int slot, const dsc_tenso
 DSC_API dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout, dsc_tensor *din,
                                       dsc_micro_ctx *ctx);
 DSC_API void dsc_layer_destroy(dsc_layer *layer);
-/* Records the parameters a layer reads (copied array). */
-DSC_API dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n);
+/* Records the parameters a layer reads and how (dsc_param_use bits per parameter; NULL: all 0, read in
+ * every way); both arrays are copied. */
+DSC_API dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param *const *params, const uint32_t *uses, int n);
 DSC_API int64_t dsc_layer_param_numel(const dsc_layer *layer);
 
 #ifdef __cplusplus

@@ -223,6 +223,13 @@ static const dsc_layer_ops block_ops = {.type = "block",
                                         .backward = block_backward,
                                         .destroy = block_destroy};
 
+/* A sub-layer's parameters and their uses copied to the block's lists. */
+static void append_params(dsc_param **params, uint32_t *uses, const dsc_layer *sub) {
+    if (!sub || sub->n_params == 0) return;
+    memcpy(params, sub->params, (size_t)sub->n_params * sizeof *params);
+    memcpy(uses, sub->param_uses, (size_t)sub->n_params * sizeof *uses);
+}
+
 static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_store *store) {
     nn_param_list list = {.n = 0};
     char prefix[sizeof k->base.name + 8];
@@ -235,12 +242,17 @@ static dsc_status declare(block_layer *k, const dsc_model_config *mc, dsc_param_
     /* The ffn's list has no fixed bound (a MoE layer holds every local expert's tensors). */
     const int n_attn = k->attn_layer ? k->attn_layer->n_params : 0, n = list.n + n_attn + k->ffn->n_params;
     dsc_param **all = malloc((size_t)n * sizeof *all);
-    DSC_CHECK(all, DSC_ERR_NOMEM, "%s: parameter list of %d", k->base.name, n);
-    memcpy(all, list.items, (size_t)list.n * sizeof *all);
-    if (n_attn) memcpy(all + list.n, k->attn_layer->params, (size_t)n_attn * sizeof *all);
-    memcpy(all + list.n + n_attn, k->ffn->params, (size_t)k->ffn->n_params * sizeof *all);
-    dsc_status s = dsc_layer_set_params(&k->base, all, n);
+    uint32_t *uses = malloc((size_t)n * sizeof *uses);
+    dsc_status s = all && uses ? NULL : dsc_error(DSC_ERR_NOMEM, "%s: parameter list of %d", k->base.name, n);
+    if (!s) {
+        memcpy(all, list.items, (size_t)list.n * sizeof *all);
+        memcpy(uses, list.uses, (size_t)list.n * sizeof *uses);
+        append_params(all + list.n, uses + list.n, k->attn_layer);
+        append_params(all + list.n + n_attn, uses + list.n + n_attn, k->ffn);
+        s = dsc_layer_set_params(&k->base, all, uses, n);
+    }
     free(all);
+    free(uses);
     return s;
 }
 

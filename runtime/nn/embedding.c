@@ -112,12 +112,13 @@ dsc_status nn_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *
     e->base.activation_bytes_per_token = (int64_t)sizeof(float) * e->C + (int64_t)sizeof(int32_t);
     nn_param_list list = {.n = 0};
     const uint32_t tied = mc->tie_embeddings ? DSC_PARAM_TIED : 0;
-    dsc_status s = nn_declare(&list, ctx->params, "embed", "wte.weight", 2, (int64_t[]){mc->vocab_size, e->C},
-                              tied, DSC_INIT_NORMAL, mc->init_std, &e->wte);
+    const uint32_t lookup = DSC_PARAM_USE_FORWARD_ONLY; /* the backward scatters dout into the gradients */
+    dsc_status s = nn_declare_used(&list, ctx->params, "embed", "wte.weight", 2, (int64_t[]){mc->vocab_size, e->C},
+                                   tied, lookup, DSC_INIT_NORMAL, mc->init_std, &e->wte);
     if (!s && !nn_arch_is_llama(mc))
-        s = nn_declare(&list, ctx->params, "embed", "wpe.weight", 2, (int64_t[]){e->seq_len, e->C}, 0,
-                       DSC_INIT_NORMAL, mc->init_std, &e->wpe);
-    if (!s) s = dsc_layer_set_params(&e->base, list.items, list.n);
+        s = nn_declare_used(&list, ctx->params, "embed", "wpe.weight", 2, (int64_t[]){e->seq_len, e->C}, 0, lookup,
+                            DSC_INIT_NORMAL, mc->init_std, &e->wpe);
+    if (!s) s = nn_set_params(&e->base, &list);
     if (s) {
         dsc_layer_destroy(&e->base);
         return s;

@@ -65,20 +65,31 @@ dsc_status dsc_layer_backward(dsc_layer *layer, int slot, const dsc_tensor *dout
 void dsc_layer_destroy(dsc_layer *layer) {
     if (!layer) return;
     free(layer->params);
+    free(layer->param_uses);
     layer->params = NULL;
+    layer->param_uses = NULL;
     layer->n_params = 0;
     layer->ops->destroy(layer);
 }
 
-dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param **params, int n) {
+dsc_status dsc_layer_set_params(dsc_layer *layer, dsc_param *const *params, const uint32_t *uses, int n) {
     dsc_param **copy = NULL;
+    uint32_t *uses_copy = NULL;
     if (n > 0) {
         copy = malloc((size_t)n * sizeof *copy);
-        DSC_CHECK(copy, DSC_ERR_NOMEM, "layer %s: parameter list of %d entries", layer->name, n);
+        uses_copy = calloc((size_t)n, sizeof *uses_copy);
+        if (!copy || !uses_copy) {
+            free(copy);
+            free(uses_copy);
+            return dsc_error(DSC_ERR_NOMEM, "layer %s: parameter list of %d entries", layer->name, n);
+        }
         memcpy(copy, params, (size_t)n * sizeof *copy);
+        if (uses) memcpy(uses_copy, uses, (size_t)n * sizeof *uses_copy);
     }
     free(layer->params);
+    free(layer->param_uses);
     layer->params = copy;
+    layer->param_uses = uses_copy;
     layer->n_params = n;
     return NULL;
 }

@@ -11,14 +11,25 @@
 
 dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
                       const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std, dsc_param **out) {
+    return nn_declare_used(list, store, prefix, leaf, ndim, shape, flags, 0, init, init_std, out);
+}
+
+dsc_status nn_declare_used(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
+                           int ndim, const int64_t *shape, uint32_t flags, uint32_t uses, dsc_param_init init,
+                           float init_std, dsc_param **out) {
     char name[DSC_PARAM_NAME_MAX];
     int len = snprintf(name, sizeof name, "%s.%s", prefix, leaf);
     DSC_CHECK(len > 0 && (size_t)len < sizeof name, DSC_ERR_INVALID, "parameter name %s.%s is longer than %d",
               prefix, leaf, DSC_PARAM_NAME_MAX - 1);
     DSC_ASSERT(list->n < NN_MAX_LAYER_PARAMS);
     DSC_TRY(dsc_params_declare(store, name, ndim, shape, flags, init, init_std, out));
+    list->uses[list->n] = uses;
     list->items[list->n++] = *out;
     return NULL;
+}
+
+dsc_status nn_set_params(dsc_layer *layer, const nn_param_list *list) {
+    return dsc_layer_set_params(layer, list->items, list->uses, list->n);
 }
 
 dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device) {

@@ -131,19 +131,20 @@ static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *st
     const char *prefix = m->base.name;
     const int64_t C = m->C, F = m->F;
     const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    const uint32_t nd = DSC_PARAM_NO_DECAY, w = DSC_PARAM_PRODUCT_OPERAND;
+    const uint32_t nd = DSC_PARAM_NO_DECAY, w = DSC_PARAM_USE_PRODUCT_OPERAND;
     if (m->gated) {
-        DSC_TRY(nn_declare(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, w, DSC_INIT_NORMAL, std,
-                           &m->w_in));
-        DSC_TRY(
-            nn_declare(list, store, prefix, "up.weight", 2, (int64_t[]){F, C}, w, DSC_INIT_NORMAL, std, &m->w_up));
-        return nn_declare(list, store, prefix, "down.weight", 2, (int64_t[]){C, F}, w, DSC_INIT_NORMAL, std_out,
-                          &m->w_out);
+        DSC_TRY(nn_declare_used(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL,
+                                std, &m->w_in));
+        DSC_TRY(nn_declare_used(list, store, prefix, "up.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL, std,
+                                &m->w_up));
+        return nn_declare_used(list, store, prefix, "down.weight", 2, (int64_t[]){C, F}, 0, w, DSC_INIT_NORMAL,
+                               std_out, &m->w_out);
     }
-    DSC_TRY(nn_declare(list, store, prefix, "fc.weight", 2, (int64_t[]){F, C}, w, DSC_INIT_NORMAL, std, &m->w_in));
+    DSC_TRY(nn_declare_used(list, store, prefix, "fc.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL, std,
+                            &m->w_in));
     DSC_TRY(nn_declare(list, store, prefix, "fc.bias", 1, (int64_t[]){F}, nd, DSC_INIT_ZEROS, 0, &m->b_in));
-    DSC_TRY(nn_declare(list, store, prefix, "proj.weight", 2, (int64_t[]){C, F}, w, DSC_INIT_NORMAL, std_out,
-                       &m->w_out));
+    DSC_TRY(nn_declare_used(list, store, prefix, "proj.weight", 2, (int64_t[]){C, F}, 0, w, DSC_INIT_NORMAL,
+                            std_out, &m->w_out));
     return nn_declare(list, store, prefix, "proj.bias", 1, (int64_t[]){C}, nd, DSC_INIT_ZEROS, 0, &m->b_out);
 }
 
@@ -161,7 +162,7 @@ dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc
     m->base.activation_bytes_per_token = (int64_t)sizeof(float) * (m->gated ? 3 : 2) * m->F;
     nn_param_list list = {.n = 0};
     dsc_status s = declare(m, &list, store, mc);
-    if (!s) s = dsc_layer_set_params(&m->base, list.items, list.n);
+    if (!s) s = nn_set_params(&m->base, &list);
     if (s) {
         dsc_layer_destroy(&m->base);
         return s;

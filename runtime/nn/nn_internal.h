@@ -37,12 +37,19 @@ void nn_profile_leave(nn_profile_mark mark, bool backward);
 /* The parameters a layer is collecting while it declares them. */
 typedef struct nn_param_list {
     dsc_param *items[NN_MAX_LAYER_PARAMS];
+    uint32_t uses[NN_MAX_LAYER_PARAMS]; /* how the layer reads each (dsc_param_use) */
     int n;
 } nn_param_list;
 
-/* Declares a parameter named "<prefix>.<leaf>" and appends it to `list`. */
+/* Declares a parameter named "<prefix>.<leaf>" and appends it to `list`, read in every way. */
 dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
                       const int64_t *shape, uint32_t flags, dsc_param_init init, float init_std, dsc_param **out);
+/* The same for a weight the layer reads only as `uses` says (dsc_param_use bits). */
+dsc_status nn_declare_used(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf,
+                           int ndim, const int64_t *shape, uint32_t flags, uint32_t uses, dsc_param_init init,
+                           float init_std, dsc_param **out);
+/* The layer's parameters and their uses from `list`. */
+dsc_status nn_set_params(dsc_layer *layer, const nn_param_list *list);
 
 /* The leading elements of `buf` seen with another (smaller or equal) shape. */
 dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape);

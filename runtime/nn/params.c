@@ -82,8 +82,7 @@ dsc_status dsc_params_declare(dsc_param_store *store, const char *name, int ndim
         }
         DSC_CHECK(existing->group == group, DSC_ERR_INVALID,
                   "parameter %s declared both as an expert and as a dense parameter", name);
-        uint32_t all = DSC_PARAM_PRODUCT_OPERAND; /* the flags every declaration must give */
-        existing->flags = ((existing->flags | flags) & ~all) | (existing->flags & flags & all);
+        existing->flags |= flags;
         *out = existing;
         return NULL;
     }

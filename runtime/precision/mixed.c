@@ -22,9 +22,10 @@
  *    reads them rounded to the reduced type from a scratch of one layer's
  *    size, so the working parameters take no second copy of the model (4
  *    bytes a parameter for both, where a rounded copy beside the master took
- *    8). Under bf16 the weights the products alone read
- *    (DSC_PARAM_PRODUCT_OPERAND) are read as they are: the products round
- *    their operands, to the same values;
+ *    8). A layer reads as they are the weights it uses only in products
+ *    under bf16 (DSC_PARAM_USE_PRODUCT_OPERAND: the products round their
+ *    operands, to the same values) and, in its backward, those its backward
+ *    does not read (DSC_PARAM_USE_FORWARD_ONLY);
  *  - ZeRO-1/2: the rank's range of the values, copied in for the step and
  *    out after it; the store's values are the rounded working copy (the
  *    other ranks' shares arrive rounded);
@@ -155,18 +156,23 @@ static void views_put_back(layer_views *v) {
     v->layer = NULL;
 }
 
-/* Whether a layer reads the parameter's master as it is: bf16 products round their operands. */
-static bool read_as_is(const mixed_optimizer *m, const dsc_param *p) {
-    return m->po.dtype == DSC_DTYPE_BF16 && (p->flags & DSC_PARAM_PRODUCT_OPERAND);
+/* Whether the call reads parameter j's master as it is: the layer's bf16 products round it, or its
+ * backward does not read it at all; every use of it in the layer must say so. */
+static bool read_as_is(const mixed_optimizer *m, const dsc_layer *layer, int j, bool backward) {
+    uint32_t as_is = backward ? DSC_PARAM_USE_FORWARD_ONLY : 0;
+    if (m->po.dtype == DSC_DTYPE_BF16) as_is |= DSC_PARAM_USE_PRODUCT_OPERAND;
+    for (int k = 0; k < layer->n_params; k++)
+        if (layer->params[k] == layer->params[j] && !(layer->param_uses[k] & as_is)) return false;
+    return true;
 }
 
 /* The layer reads the master rounded: each parameter's value view points into the values' scratch
- * (but those the products round). */
-static void read_rounded(mixed_optimizer *m, dsc_layer *layer) {
+ * (but those it reads as they are). */
+static void read_rounded(mixed_optimizer *m, dsc_layer *layer, bool backward) {
     float *at = views_begin(&m->values, layer);
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
-        if (seen_before(layer, j) || !p->value.data || read_as_is(m, p)) continue;
+        if (seen_before(layer, j) || !p->value.data || read_as_is(m, layer, j, backward)) continue;
         dsc_round_to_dtype_from(at, p->value.data, dsc_param_numel(p), m->po.dtype);
         at = view_out(&m->values, j, at);
     }
@@ -186,7 +192,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
         dsc_param *p = layer->params[j];
         if (p->value.data) dsc_round_to_dtype(p->value.data, dsc_param_numel(p), m->po.dtype);
     }
-    if (m->po.whole) read_rounded(m, layer);
+    if (m->po.whole) read_rounded(m, layer, backward);
     if (!backward) return NULL;
     float *at = views_begin(&m->grads, layer);
     for (int j = 0; j < layer->n_params; j++) {
@@ -412,7 +418,7 @@ static dsc_status setup(mixed_optimizer *m) {
         int64_t n = 0, rounded = 0;
         for (int j = 0; j < layer->n_params; j++) {
             n += dsc_param_numel(layer->params[j]);
-            if (!seen_before(layer, j) && !read_as_is(m, layer->params[j]))
+            if (!seen_before(layer, j) && !read_as_is(m, layer, j, false)) /* a forward rounds the most */
                 rounded += dsc_param_numel(layer->params[j]);
         }
         if (n > most) most = n;

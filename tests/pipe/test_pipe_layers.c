@@ -101,7 +101,7 @@ static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int
         char name[64];
         snprintf(name, sizeof name, "lin.%d.weight", spec->block);
         DSC_TRY(dsc_params_declare(ctx->params, name, 2, (int64_t[]){1, 1}, 0, DSC_INIT_ONES, 0, &l->w));
-        DSC_TRY(dsc_layer_set_params(&l->base, &l->w, 1));
+        DSC_TRY(dsc_layer_set_params(&l->base, &l->w, NULL, 1));
     }
     l->base.activation_bytes_per_token = 12;
     *out = &l->base;

@@ -57,6 +57,7 @@ typedef struct run_opts {
     bool ranges; /* the master a copy of the ranges (ZeRO-1/2's path), not the store's values */
     /* after the steps, the layer calls are checked to read the master rounded (the store's path) */
     bool check_reads;
+    bool tied; /* the head reads the embedding's table (the fixture's head.weight unused) */
 } run_opts;
 
 typedef struct run_out {
@@ -70,6 +71,7 @@ typedef struct run_out {
     int64_t wrap_bytes[DSC_MEM_CATEGORY_COUNT]; /* what wrapping the optimizer allocated */
     int64_t largest_layer;                      /* the most elements one layer reads rounded */
     int weights;                                /* parameter uses flagged as product operands */
+    float *grads0;                              /* tied runs: the first step's flat dense gradients */
 } run_out;
 
 /* Each gradient element equals PyTorch's bf16 gradient, or is within one bf16 ulp of it or within 2^-8 of its
@@ -106,43 +108,51 @@ static void compare_grads(const fixture *f, dsc_param_store *store, run_out *out
     }
 }
 
-/* Whether the layers read the parameter's master as it is: a weight only the products read, under bf16. */
-static bool as_is(const dsc_param *p, dsc_dtype dtype) {
-    return dtype == DSC_DTYPE_BF16 && (p->flags & DSC_PARAM_PRODUCT_OPERAND);
+/* Whether a layer call reads the parameter's master as it is, said from what the layers do: the
+ * embedding's backward reads no value (it scatters dout), and the other layers read their matrices
+ * (every ".weight" but the norms') only in products, which round them under bf16. */
+static bool as_is(const dsc_layer *layer, const dsc_param *p, dsc_dtype dtype, bool backward) {
+    const char *leaf = strrchr(p->name, '.');
+    bool matrix = leaf && strcmp(leaf, ".weight") == 0 && !strstr(p->name, "norm");
+    if (strcmp(layer->name, "embed") == 0) return backward;
+    return dtype == DSC_DTYPE_BF16 && matrix;
 }
 
 /* Each layer call reads its values rounded from elsewhere (but the weights bf16 products round), and
  * after it the parameters view the store's values again, unchanged. */
 static void check_reads(dsc_layer **layers, int n, dsc_optimizer *opt, dsc_dtype dtype) {
     for (int l = 0; l < n; l++) {
-        dsc_layer *layer = layers[l];
-        float *master[16];
-        assert_true(layer->n_params <= 16);
-        for (int j = 0; j < layer->n_params; j++)
-            master[j] = layer->params[j]->value.data;
-        assert_ok(dsc_optimizer_before_layer(opt, layer, false));
-        for (int j = 0; j < layer->n_params; j++) {
-            const dsc_param *p = layer->params[j];
-            int64_t k = dsc_param_numel(p);
-            float *want = malloc((size_t)k * sizeof *want);
-            dsc_round_to_dtype_from(want, master[j], k, dtype);
-            if (as_is(p, dtype)) { /* the products round it */
-                assert_ptr_equal(p->value.data, master[j]);
-            } else {
-                assert_ptr_not_equal(p->value.data, master[j]);
-                assert_memory_equal(p->value.data, want, (size_t)k * sizeof *want);
+        for (int backward = 0; backward < 2; backward++) {
+            dsc_layer *layer = layers[l];
+            float *master[16];
+            assert_true(layer->n_params <= 16);
+            for (int j = 0; j < layer->n_params; j++)
+                master[j] = layer->params[j]->value.data;
+            assert_ok(dsc_optimizer_before_layer(opt, layer, backward));
+            for (int j = 0; j < layer->n_params; j++) {
+                const dsc_param *p = layer->params[j];
+                int64_t k = dsc_param_numel(p);
+                float *want = malloc((size_t)k * sizeof *want);
+                dsc_round_to_dtype_from(want, master[j], k, dtype);
+                if (as_is(layer, p, dtype, backward)) { /* the products round it, or nothing reads it */
+                    assert_ptr_equal(p->value.data, master[j]);
+                } else {
+                    assert_ptr_not_equal(p->value.data, master[j]);
+                    assert_memory_equal(p->value.data, want, (size_t)k * sizeof *want);
+                }
+                free(want);
             }
-            free(want);
+            assert_ok(dsc_optimizer_after_layer(opt, layer, backward)); /* adds the scratch's 0 gradients */
+            for (int j = 0; j < layer->n_params; j++)
+                assert_ptr_equal(layer->params[j]->value.data, master[j]);
         }
-        assert_ok(dsc_optimizer_after_layer(opt, layer, false));
-        for (int j = 0; j < layer->n_params; j++)
-            assert_ptr_equal(layer->params[j]->value.data, master[j]);
     }
 }
 
 static void train(const fixture *f, const run_opts *ro, int steps, run_out *out) {
     dsc_model_config mc;
     fixture_model_config(f, &mc);
+    mc.tie_embeddings = ro->tied;
     const fixture_array *tok = fixture_get(f, "tokens"), *tgt = fixture_get(f, "targets");
     test_model m;
     assert_ok(test_model_build(&m, &mc, DSC_CPU, 1, 1, tok->shape[0], tok->shape[1]));
@@ -196,12 +206,13 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
         opt = wrapped;
     }
     out->largest_layer = out->weights = 0;
+    out->grads0 = NULL;
     for (int l = 0; l < m.n; l++) {
         int64_t n = 0;
         for (int j = 0; j < m.layers[l]->n_params; j++) {
             const dsc_param *p = m.layers[l]->params[j];
-            if (!as_is(p, ro->dtype)) n += dsc_param_numel(p);
-            if (as_is(p, DSC_DTYPE_BF16)) out->weights++;
+            if (!as_is(m.layers[l], p, ro->dtype, false)) n += dsc_param_numel(p);
+            if (as_is(m.layers[l], p, DSC_DTYPE_BF16, false)) out->weights++;
         }
         if (n > out->largest_layer) out->largest_layer = n;
     }
@@ -216,7 +227,14 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
             ((float *)p->grad.data)[3] = INFINITY;
         }
         assert_ok(dsc_optimizer_reduce_grads(opt));
-        if (s == 0 && ro->dtype == DSC_DTYPE_BF16) compare_grads(f, m.store, out);
+        if (s == 0 && ro->tied) {
+            dsc_tensor grads;
+            dsc_params_flat(m.store, DSC_PARAM_GROUP_DENSE, NULL, &grads);
+            out->grads0 = malloc((size_t)dsc_tensor_numel(&grads) * sizeof(float));
+            memcpy(out->grads0, grads.data, (size_t)dsc_tensor_numel(&grads) * sizeof(float));
+        } else if (s == 0 && ro->dtype == DSC_DTYPE_BF16) {
+            compare_grads(f, m.store, out);
+        }
         dsc_optim_stats st;
         dsc_status step_status = dsc_optimizer_step(opt, fixture_meta(f, "lr"), &st);
         if (ro->expect_error && s == ro->inject_at) {
@@ -337,6 +355,34 @@ static void test_where_the_master_lives(void **state) {
     fixture_free(&f);
 }
 
+/* A tied embedding under bf16: the head reads it as it is (its products round it), the embedding's
+ * forward rounded and its backward not at all, and the run is bitwise ZeRO-1/2's path, where every
+ * layer reads the rounded store. */
+static void test_tied_weight_uses(void **state) {
+    (void)state;
+    fixture f;
+    fixture_load(&f, FIXTURE);
+    run_out o[2];
+    for (int ranges = 0; ranges < 2; ranges++) {
+        run_opts ro = {.dtype = DSC_DTYPE_BF16, .ranges = ranges, .check_reads = !ranges, .tied = true};
+        train(&f, &ro, 3, &o[ranges]);
+    }
+    assert_int_equal(o[0].n_params, o[1].n_params);
+    assert_memory_equal(o[0].grads0, o[1].grads0, (size_t)o[0].n_params * sizeof(float));
+    for (int s = 0; s < 3; s++)
+        assert_true(o[0].loss[s] == o[1].loss[s]);
+    float *rounded = malloc((size_t)o[0].n_params * sizeof(float));
+    dsc_round_to_dtype_from(rounded, o[0].params, o[0].n_params, DSC_DTYPE_BF16);
+    assert_memory_equal(rounded, o[1].params, (size_t)o[0].n_params * sizeof(float));
+    printf("  tied bf16: first-step gradients and 3 losses bitwise those of the rounded store\n");
+    free(rounded);
+    for (int k = 0; k < 2; k++) {
+        free(o[k].params);
+        free(o[k].grads0);
+    }
+    fixture_free(&f);
+}
+
 /* An inf in step 2's gradients (scale 2^8, hysteresis 2, window 2): step 2
  * is skipped with the parameters untouched; over a longer run two overflows
  * halve the scale and clean steps double it again. */
@@ -396,9 +442,8 @@ static void test_bf16_check_grad_overflow(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_pytorch),
-        cmocka_unit_test(test_where_the_master_lives),
-        cmocka_unit_test(test_overflow_path),
+        cmocka_unit_test(test_against_pytorch),          cmocka_unit_test(test_where_the_master_lives),
+        cmocka_unit_test(test_tied_weight_uses),         cmocka_unit_test(test_overflow_path),
         cmocka_unit_test(test_bf16_check_grad_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

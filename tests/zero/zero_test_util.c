@@ -49,7 +49,7 @@ void toy_model_init(toy_model *m, const toy_spec *spec, int rank) {
             list[n] = params[spec->layer_params[l][n]];
             n++;
         }
-        assert_ok(dsc_layer_set_params(layer, list, n));
+        assert_ok(dsc_layer_set_params(layer, list, NULL, n));
         m->layer_ptrs[l] = layer;
     }
 }
