@@ -48,6 +48,8 @@ DSC_API void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, ds
 /* acc[i] += round(part[i] * scale) in `dtype` (f32: no rounding), for i < n: a layer's gradient
  * contribution at the loss scale, stored in the reduced type, accumulated in f32. */
 DSC_API void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, float scale, dsc_dtype dtype);
+/* x[i] = round(x[i] * scale) in `dtype`, on the kernels' threads: a first contribution, where it landed. */
+DSC_API void dsc_precision_scale_rounded(float *x, int64_t n, float scale, dsc_dtype dtype);
 /* x[i] = round(x[i] * scale) in `dtype`; returns whether every result is finite. */
 DSC_API bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype);
 /* torch's bit patterns of x.to(torch.bfloat16) (NaN: 0xffff) and x.half() (NaN: quieted, payload kept). */
@@ -118,7 +120,9 @@ typedef struct dsc_precision_options {
     dsc_precision_range ranges[DSC_PARAM_GROUP_COUNT];
     /* the ranges are the whole flat buffers and the inner optimizer reads the values through the
      * parameters and dsc_params_flat at each step (the plain optimizer): the store's values are
-     * then the master, and each layer call reads them rounded from a scratch of one layer's size */
+     * then the master, and each layer call reads them rounded from a scratch of one layer's size;
+     * its step zeroes the gradients, so a layer's first backward after it rounds its contribution
+     * where it lands */
     bool whole;
     bool log; /* this rank logs the skipped steps */
 } dsc_precision_options;

@@ -76,8 +76,13 @@ typedef struct mixed_optimizer {
     bool ck_handed;
     int64_t inner_steps;
     double last_scale;
-    /* the layer whose backward runs now: its gradient views point into a zeroed scratch */
+    /* the layer whose backward runs now: its gradient views point into a zeroed scratch, but for
+     * the parameters whose gradients it writes first (in_place) */
     layer_views grads;
+    bool *in_place;
+    /* the plain optimizer: per layer of oo.layers, whether its backward has not run since the
+     * gradients were last zeroed (a step, a skipped step) */
+    bool *untouched;
     int max_params; /* the most parameters a layer has */
     /* ZeRO-3: the inner optimizer's parameter shards are the fp32 master; the values a layer reads are
      * gathered for each call and rounded then */
@@ -178,6 +183,28 @@ static void read_rounded(mixed_optimizer *m, dsc_layer *layer, bool backward) {
     }
 }
 
+static int layer_index(const mixed_optimizer *m, const dsc_layer *layer) {
+    for (int l = 0; l < m->oo.n_layers; l++)
+        if (m->oo.layers[l] == layer) return l;
+    return -1;
+}
+
+/* Whether no layer that reads the parameter ran its backward since the gradients were zeroed: this
+ * backward's contribution to it is the first, and is rounded where it lands, without the scratch
+ * (zeroed, then added from). A tied weight's first contribution is the later layer's. */
+static bool grads_untouched(const mixed_optimizer *m, const dsc_param *p) {
+    if (!m->untouched) return false;
+    for (int o = 0; o < m->oo.n_layers; o++)
+        for (int j = 0; j < m->oo.layers[o]->n_params; j++)
+            if (m->oo.layers[o]->params[j] == p && !m->untouched[o]) return false;
+    return true;
+}
+
+static void all_untouched(mixed_optimizer *m) {
+    for (int l = 0; m->untouched && l < m->oo.n_layers; l++)
+        m->untouched[l] = true;
+}
+
 static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
@@ -194,13 +221,18 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     }
     if (m->po.whole) read_rounded(m, layer, backward);
     if (!backward) return NULL;
+    const int l = layer_index(m, layer);
     float *at = views_begin(&m->grads, layer);
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
+        m->in_place[j] = false;
         if (seen_before(layer, j) || !p->grad.data) continue;
+        m->in_place[j] = l >= 0 && grads_untouched(m, p);
+        if (m->in_place[j]) continue;
         at = view_out(&m->grads, j, at);
         DSC_TRY(dsc_kernel_zero(&p->grad));
     }
+    if (l >= 0 && m->untouched) m->untouched[l] = false;
     return NULL;
 }
 
@@ -211,10 +243,12 @@ static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool b
     if (backward && m->grads.layer == layer) {
         float scale = (float)m->scaler.cur_scale;
         for (int j = 0; j < layer->n_params; j++) {
-            if (!m->grads.swapped[j]) continue;
             const dsc_tensor *part = &layer->params[j]->grad;
-            dsc_precision_add_rounded(m->grads.saved[j].data, part->data, dsc_tensor_numel(part), scale,
-                                      m->po.dtype);
+            if (m->in_place[j])
+                dsc_precision_scale_rounded(part->data, dsc_tensor_numel(part), scale, m->po.dtype);
+            else if (m->grads.swapped[j])
+                dsc_precision_add_rounded(m->grads.saved[j].data, part->data, dsc_tensor_numel(part), scale,
+                                          m->po.dtype);
         }
         views_put_back(&m->grads);
     }
@@ -266,6 +300,7 @@ static dsc_status skip_step(mixed_optimizer *m, dsc_optim_stats *stats) {
     double attempted = m->scaler.cur_scale;
     DSC_TRY(dsc_loss_scaler_update(&m->scaler, true, msg, sizeof msg));
     m->skipped++;
+    all_untouched(m);
     if (m->po.log) dsc_log_rank0(DSC_LOG_WARN, "%s: %s", m->po.dtype == DSC_DTYPE_F16 ? "fp16" : "bf16", msg);
     *stats = (dsc_optim_stats){.grad_norm = 0, .clip_coef = 1, .step = m->inner_steps};
     m->last_skipped = true;
@@ -314,6 +349,7 @@ static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
     }
     views_put_back(&m->values);
     DSC_TRY(m->po.whole ? dsc_optimizer_step(m->inner, lr, stats) : step_on_copy(m, lr, stats));
+    all_untouched(m); /* the plain optimizer's step zeroes the gradients */
     DSC_TRY(dsc_loss_scaler_update(&m->scaler, false, NULL, 0));
     m->inner_steps = stats->step;
     m->last_skipped = false;
@@ -366,6 +402,8 @@ static void mixed_destroy(dsc_optimizer *opt) {
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++)
         dsc_tensor_free(&m->master[g]);
     views_free(&m->grads);
+    free(m->in_place);
+    free(m->untouched);
     views_free(&m->values);
     free(m->pieces);
     free(m);
@@ -426,6 +464,12 @@ static dsc_status setup(mixed_optimizer *m) {
         if (layer->n_params > m->max_params) m->max_params = layer->n_params;
     }
     DSC_TRY(views_reserve(&m->grads, true, most, m->max_params, DSC_MEM_GRADS));
+    m->in_place = calloc((size_t)m->max_params, sizeof *m->in_place);
+    DSC_CHECK(m->in_place, DSC_ERR_NOMEM, "mixed precision: %d gradient flags", m->max_params);
+    if (m->po.whole) { /* until the first step: the gradients' contents are the caller's */
+        m->untouched = calloc((size_t)(m->oo.n_layers > 0 ? m->oo.n_layers : 1), sizeof *m->untouched);
+        DSC_CHECK(m->untouched, DSC_ERR_NOMEM, "mixed precision: %d layer flags", m->oo.n_layers);
+    }
     if (m->po.whole) DSC_TRY(views_reserve(&m->values, false, most_rounded, m->max_params, DSC_MEM_PARAMS));
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         dsc_precision_range *r = &m->po.ranges[g];

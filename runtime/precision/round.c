@@ -107,6 +107,17 @@ void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, float s
     }
 }
 
+void dsc_precision_scale_rounded(float *x, int64_t n, float scale, dsc_dtype dtype) {
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (chunks >= 4) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t b = c * CHUNK, len = n - b < CHUNK ? n - b : CHUNK;
+        for (int64_t i = b; i < b + len; i++)
+            x[i] *= scale;
+        round_span(x + b, x + b, len, dtype);
+    }
+}
+
 void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype) {
     dsc_round_to_dtype_from(x, x, n, dtype);
 }
