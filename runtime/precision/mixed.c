@@ -5,7 +5,9 @@
  *  - backward: before a layer's backward its gradient views point into a
  *    zeroed scratch; after it, the layer's contribution is multiplied by the
  *    loss scale and rounded to the reduced type, then added to the gradients
- *    the inner optimizer accumulates (f32 accumulation of reduced-type
+ *    the inner optimizer accumulates (with the plain optimizer, a first
+ *    contribution after the step zeroed them is rounded where it landed
+ *    instead) (f32 accumulation of reduced-type
  *    contributions, DeepSpeed's default for bf16; data_types.grad_accum_dtype
  *    "fp32"). The scale is a power of two (dynamic), so multiplying the
  *    f32 contribution by it is exactly what scaling the loss gives;
