@@ -56,8 +56,9 @@ DSC_API void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg);
  * dsc_kernel_gemm and linear product to bf16 (nearest even) and sums the products, exact in f32,
  * in f32. The CPU uses AVX-512 BF16's dot for prompt-sized products where it has it (and
  * DSC_CPU_SIMD is unset or "avx512bf16"), sgemm over rounded copies otherwise; the CUDA backend
- * keeps f32. Any other dtype (the default): f32. Mixed-precision training in bf16 sets it for
- * its layers' calls. Returns the previous setting. */
+ * keeps f32. Under BF16 the CPU's embedding lookup (dsc_kernel_embedding_forward) reads the rows
+ * it gathers rounded to bf16 too. Any other dtype (the default): f32. Mixed-precision training in
+ * bf16 sets it for its layers' calls. Returns the previous setting. */
 DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
 
 /* ---- matrix products ------------------------------------------------------

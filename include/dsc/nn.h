@@ -39,9 +39,9 @@ typedef enum dsc_param_flag {
 /* How one layer reads a parameter's value (dsc_layer.param_uses): what mixed precision need not
  * round for that layer's calls. A tied weight has one use per layer that reads it. */
 typedef enum dsc_param_use {
-    /* read only as an operand of the kernels' matrix products (dsc_kernel_linear_*, dsc_kernel_gemm),
-     * which round it themselves under bf16 products */
-    DSC_PARAM_USE_PRODUCT_OPERAND = 1u << 0,
+    /* read only by kernels that round what they read under bf16 products (dsc_kernels_set_matmul_dtype):
+     * the matrix products (dsc_kernel_linear_*, dsc_kernel_gemm) and the embedding lookup */
+    DSC_PARAM_USE_ROUNDED_BY_KERNELS = 1u << 0,
     /* not read by the layer's backward (an embedding lookup's gradient is a scatter of dout) */
     DSC_PARAM_USE_FORWARD_ONLY = 1u << 1
 } dsc_param_use;

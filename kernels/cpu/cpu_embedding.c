@@ -4,6 +4,7 @@
  * before anything is written, so a bad id leaves the outputs untouched. */
 #include <string.h>
 
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool allow_negative, const char *what) {
@@ -13,23 +14,37 @@ dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool 
     return NULL;
 }
 
+/* x rounded to bf16 (nearest even) on its bits. */
+static inline float bf16_rounded(float x) {
+    uint32_t v;
+    memcpy(&v, &x, 4);
+    v = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &v, 4);
+    return x;
+}
+
+/* Under bf16 products the gathered rows are read rounded, as a product reads its operands: the
+ * tables need no rounded copy (a whole vocabulary's) for the few rows a batch reads. */
 dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens,
                                      const float *wte, const float *wpe, int64_t n, int64_t t, int64_t v,
                                      int64_t c) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
+    const bool bf16 = dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16; /* the calling thread's setting */
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float *o = out + i * c;               /* (C) */
-        const float *e = wte + tokens[i] * c; /* (C) */
-        if (!wpe) {
+        float *o = out + i * c;                          /* (C) */
+        const float *e = wte + tokens[i] * c;            /* (C) */
+        const float *p = wpe ? wpe + (i % t) * c : NULL; /* (C) */
+        if (bf16)
+            for (int64_t j = 0; j < c; j++)
+                o[j] = bf16_rounded(e[j]) + (p ? bf16_rounded(p[j]) : 0.0f);
+        else if (p)
+            for (int64_t j = 0; j < c; j++)
+                o[j] = e[j] + p[j];
+        else
             memcpy(o, e, (size_t)c * sizeof *o);
-            continue;
-        }
-        const float *p = wpe + (i % t) * c; /* (C) */
-        for (int64_t j = 0; j < c; j++)
-            o[j] = e[j] + p[j];
     }
     return NULL;
 }

@@ -25,7 +25,7 @@ dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_sto
     const float std = mc->init_std;
     /* GPT-2's scaled init: the residual stream sums 2 projections per block. */
     const float std_o = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    const uint32_t w = DSC_PARAM_USE_PRODUCT_OPERAND;
+    const uint32_t w = DSC_PARAM_USE_ROUNDED_BY_KERNELS;
     DSC_TRY(nn_declare_used(list, store, prefix, "q.weight", 2, (int64_t[]){C, C}, 0, w, DSC_INIT_NORMAL, std,
                             &a->wq));
     DSC_TRY(nn_declare_used(list, store, prefix, "k.weight", 2, (int64_t[]){KV, C}, 0, w, DSC_INIT_NORMAL, std,

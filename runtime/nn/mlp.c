@@ -131,7 +131,7 @@ static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *st
     const char *prefix = m->base.name;
     const int64_t C = m->C, F = m->F;
     const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    const uint32_t nd = DSC_PARAM_NO_DECAY, w = DSC_PARAM_USE_PRODUCT_OPERAND;
+    const uint32_t nd = DSC_PARAM_NO_DECAY, w = DSC_PARAM_USE_ROUNDED_BY_KERNELS;
     if (m->gated) {
         DSC_TRY(nn_declare_used(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL,
                                 std, &m->w_in));

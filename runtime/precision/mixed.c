@@ -25,7 +25,7 @@
  *    size, so the working parameters take no second copy of the model (4
  *    bytes a parameter for both, where a rounded copy beside the master took
  *    8). A layer reads as they are the weights it uses only in products
- *    under bf16 (DSC_PARAM_USE_PRODUCT_OPERAND: the products round their
+ *    under bf16 (DSC_PARAM_USE_ROUNDED_BY_KERNELS: the products round their
  *    operands, to the same values) and, in its backward, those its backward
  *    does not read (DSC_PARAM_USE_FORWARD_ONLY);
  *  - ZeRO-1/2: the rank's range of the values, copied in for the step and
@@ -167,7 +167,7 @@ static void views_put_back(layer_views *v) {
  * backward does not read it at all; every use of it in the layer must say so. */
 static bool read_as_is(const mixed_optimizer *m, const dsc_layer *layer, int j, bool backward) {
     uint32_t as_is = backward ? DSC_PARAM_USE_FORWARD_ONLY : 0;
-    if (m->po.dtype == DSC_DTYPE_BF16) as_is |= DSC_PARAM_USE_PRODUCT_OPERAND;
+    if (m->po.dtype == DSC_DTYPE_BF16) as_is |= DSC_PARAM_USE_ROUNDED_BY_KERNELS;
     for (int k = 0; k < layer->n_params; k++)
         if (layer->params[k] == layer->params[j] && !(layer->param_uses[k] & as_is)) return false;
     return true;

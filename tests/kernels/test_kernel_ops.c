@@ -438,14 +438,21 @@ static dsc_tensor *ids(tc *c, int64_t b, int64_t t, int64_t v) {
     return tok;
 }
 
-/* a: B, T, V, C, with wpe. */
+/* a: B, T, V, C, with wpe, under bf16 products (the gathered rows read rounded). */
 static void case_embedding(tc *c, const int64_t *a) {
     int64_t b = a[0], t = a[1], v = a[2], ch = a[3];
     dsc_tensor *tok = ids(c, b, t, v), *wte = RANDN(c, 1.0f, v, ch);
     dsc_tensor *wpe = a[4] ? RANDN(c, 1.0f, t + 2, ch) : NULL, *out = FULL(c, 0.0f, b, t, ch);
-    assert_ok(dsc_kernel_embedding_forward(out, tok, wte, wpe));
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(a[5] ? DSC_DTYPE_BF16 : DSC_DTYPE_F32);
+    dsc_status s = dsc_kernel_embedding_forward(out, tok, wte, wpe);
+    dsc_kernels_set_matmul_dtype(was);
+    assert_ok(s);
     double *want = tc_out(c, out);
-    if (c->ref) ref_embedding(want, tc_ids(c, tok), tc_in(c, wte), tc_in(c, wpe), b * t, t, ch);
+    if (!c->ref) return;
+    double *te = operand(c, wte, a[5]), *pe = wpe ? operand(c, wpe, a[5]) : NULL;
+    ref_embedding(want, tc_ids(c, tok), te, pe, b * t, t, ch);
+    free(te);
+    free(pe);
 }
 
 static void case_embedding_backward(tc *c, const int64_t *a) {
@@ -795,9 +802,11 @@ static const op_case cases[] = {
     /* rope: B, T, NH, HS, inverse, in place */
     CASE(rope, case_rope, 1e-4, 2, 4, 3, 64, 0, 0),
     CASE(rope, case_rope, 1e-4, 1, 9, 2, 2, 1, 1),
-    /* embedding: B, T, V, C, wpe */
-    CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 96, 1),
-    CASE(embedding_forward, case_embedding, 1e-5, 1, 7, 3, 1, 0),
+    /* embedding: B, T, V, C, wpe, products in bf16 */
+    CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 96, 1, 0),
+    CASE(embedding_forward, case_embedding, 1e-5, 1, 7, 3, 1, 0, 0),
+    CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 96, 1, 1),
+    CASE(embedding_forward, case_embedding, 1e-5, 3, 5, 7, 33, 0, 1),
     CASE(embedding_backward, case_embedding_backward, 1e-5, 2, 4, 5, 96, 1),
     CASE(embedding_backward, case_embedding_backward, 1e-5, 3, 50, 4, 33, 0),
     /* cross-entropy: rows, vocabulary, in place */

@@ -109,12 +109,13 @@ static void compare_grads(const fixture *f, dsc_param_store *store, run_out *out
 }
 
 /* Whether a layer call reads the parameter's master as it is, said from what the layers do: the
- * embedding's backward reads no value (it scatters dout), and the other layers read their matrices
- * (every ".weight" but the norms') only in products, which round them under bf16. */
+ * embedding's backward reads no value (it scatters dout) and its lookup rounds the rows it reads
+ * under bf16; the other layers read their matrices (every ".weight" but the norms') only in
+ * products, which round them under bf16. */
 static bool as_is(const dsc_layer *layer, const dsc_param *p, dsc_dtype dtype, bool backward) {
     const char *leaf = strrchr(p->name, '.');
     bool matrix = leaf && strcmp(leaf, ".weight") == 0 && !strstr(p->name, "norm");
-    if (strcmp(layer->name, "embed") == 0) return backward;
+    if (strcmp(layer->name, "embed") == 0) return backward || dtype == DSC_DTYPE_BF16;
     return dtype == DSC_DTYPE_BF16 && matrix;
 }
 
