@@ -230,8 +230,10 @@ int main(int argc, char **argv) {
     }
     dsc_tensor_free(&B.dy);
     dsc_tensor_free(&B.x);
-    for (int l = 0; l < B.layers; l++)
+    for (int l = 0; l < B.layers; l++) {
         free(B.layer[l].params);
+        free(B.layer[l].param_uses);
+    }
     free(B.layer);
     free(B.ptrs);
     dsc_params_destroy(B.store);

@@ -55,8 +55,10 @@ void toy_model_init(toy_model *m, const toy_spec *spec, int rank) {
 }
 
 void toy_model_free(toy_model *m) {
-    for (int l = 0; l < m->n_layers; l++)
+    for (int l = 0; l < m->n_layers; l++) {
         free(m->layers[l].params);
+        free(m->layers[l].param_uses);
+    }
     dsc_params_destroy(m->store);
 }
 
