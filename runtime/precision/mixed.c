@@ -211,6 +211,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     mixed_optimizer *m = self_of(opt);
     sync_scaler(m);
     views_put_back(&m->values);
+    views_put_back(&m->grads); /* a failed backward's, its contribution dropped */
     DSC_TRY(dsc_optimizer_before_layer(m->inner, layer, backward));
     DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
               "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
@@ -350,6 +351,7 @@ static dsc_status mixed_step(dsc_optimizer *opt, double lr, dsc_optim_stats *sta
             DSC_TRY(dsc_kernel_scale(&r->grads, (float)(1.0 / scale)));
     }
     views_put_back(&m->values);
+    views_put_back(&m->grads);
     DSC_TRY(m->po.whole ? dsc_optimizer_step(m->inner, lr, stats) : step_on_copy(m, lr, stats));
     all_untouched(m); /* the plain optimizer's step zeroes the gradients */
     DSC_TRY(dsc_loss_scaler_update(&m->scaler, false, NULL, 0));

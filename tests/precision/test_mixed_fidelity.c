@@ -148,6 +148,15 @@ static void check_reads(dsc_layer **layers, int n, dsc_optimizer *opt, dsc_dtype
                 assert_ptr_equal(layer->params[j]->value.data, master[j]);
         }
     }
+    /* A backward that failed (no after_layer): the next call puts its gradient views back. */
+    float *grads[16];
+    for (int j = 0; j < layers[0]->n_params; j++)
+        grads[j] = layers[0]->params[j]->grad.data;
+    assert_ok(dsc_optimizer_before_layer(opt, layers[0], true));
+    assert_ok(dsc_optimizer_before_layer(opt, layers[1], false));
+    for (int j = 0; j < layers[0]->n_params; j++)
+        assert_ptr_equal(layers[0]->params[j]->grad.data, grads[j]);
+    assert_ok(dsc_optimizer_after_layer(opt, layers[1], false));
 }
 
 static void train(const fixture *f, const run_opts *ro, int steps, run_out *out) {
