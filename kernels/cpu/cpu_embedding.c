@@ -14,15 +14,6 @@ dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool 
     return NULL;
 }
 
-/* x rounded to bf16 (nearest even) on its bits. */
-static inline float bf16_rounded(float x) {
-    uint32_t v;
-    memcpy(&v, &x, 4);
-    v = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &v, 4);
-    return x;
-}
-
 /* Under bf16 products the gathered rows are read rounded, as a product reads its operands: the
  * tables need no rounded copy (a whole vocabulary's) for the few rows a batch reads. */
 dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens,
@@ -37,14 +28,14 @@ dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, con
         float *o = out + i * c;                          /* (C) */
         const float *e = wte + tokens[i] * c;            /* (C) */
         const float *p = wpe ? wpe + (i % t) * c : NULL; /* (C) */
-        if (bf16)
-            for (int64_t j = 0; j < c; j++)
-                o[j] = bf16_rounded(e[j]) + (p ? bf16_rounded(p[j]) : 0.0f);
-        else if (p)
-            for (int64_t j = 0; j < c; j++)
-                o[j] = e[j] + p[j];
-        else
+        if (!bf16 && !p) {
             memcpy(o, e, (size_t)c * sizeof *o);
+            continue;
+        }
+        for (int64_t j = 0; j < c; j++) {
+            float x = bf16 ? dsc_cpu_bf16_rounded(e[j]) : e[j];
+            o[j] = p ? x + (bf16 ? dsc_cpu_bf16_rounded(p[j]) : p[j]) : x;
+        }
     }
     return NULL;
 }

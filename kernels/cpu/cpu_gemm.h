@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dsc/kernels.h"
 
@@ -28,5 +29,16 @@ void dsc_cpu_gemm_f32(const gemm_args *g);
 dsc_status dsc_cpu_gemm_bf16(const gemm_args *g);
 /* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
 dsc_dtype dsc_cpu_matmul_dtype(void);
+
+/* x rounded to bf16 as dsc_f32_to_bf16 (nearest even, a NaN quieted) and widened back, spelled out
+ * on the bits so that a loop over it vectorises (a call per value took longer than sgemm). */
+static inline float dsc_cpu_bf16_rounded(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
+                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof u);
+    return x;
+}
 
 #endif

@@ -170,20 +170,14 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-/* v[0 .. n) rounded to bf16 as dsc_f32_to_bf16 (nearest even, a NaN quieted) and widened back,
- * into the kept buffer `s` (NULL without memory), over the kernels' threads: the rounding is
- * spelled out on the bits so that the loop vectorises (a call per value took longer than sgemm). */
+/* v[0 .. n) rounded to bf16 and widened back, into the kept buffer `s` (NULL without memory),
+ * over the kernels' threads. */
 static float *rounded_copy(bf16_scratch *s, const float *v, int64_t n) {
     float *r = scratch_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!r) return NULL;
 #pragma omp parallel for simd num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], sizeof u);
-        uint32_t bits = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
-                                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(&r[i], &bits, sizeof bits);
-    }
+    for (int64_t i = 0; i < n; i++)
+        r[i] = dsc_cpu_bf16_rounded(v[i]);
     return r;
 }
 

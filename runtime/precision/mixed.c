@@ -195,7 +195,6 @@ static int layer_index(const mixed_optimizer *m, const dsc_layer *layer) {
  * backward's contribution to it is the first, and is rounded where it lands, without the scratch
  * (zeroed, then added from). A tied weight's first contribution is the later layer's. */
 static bool grads_untouched(const mixed_optimizer *m, const dsc_param *p) {
-    if (!m->untouched) return false;
     for (int o = 0; o < m->oo.n_layers; o++)
         for (int j = 0; j < m->oo.layers[o]->n_params; j++)
             if (m->oo.layers[o]->params[j] == p && !m->untouched[o]) return false;
@@ -230,7 +229,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
         dsc_param *p = layer->params[j];
         m->in_place[j] = false;
         if (seen_before(layer, j) || !p->grad.data) continue;
-        m->in_place[j] = l >= 0 && grads_untouched(m, p);
+        m->in_place[j] = l >= 0 && m->untouched && m->untouched[l] && grads_untouched(m, p);
         if (m->in_place[j]) continue;
         at = view_out(&m->grads, j, at);
         DSC_TRY(dsc_kernel_zero(&p->grad));
@@ -470,11 +469,11 @@ static dsc_status setup(mixed_optimizer *m) {
     DSC_TRY(views_reserve(&m->grads, true, most, m->max_params, DSC_MEM_GRADS));
     m->in_place = calloc((size_t)m->max_params, sizeof *m->in_place);
     DSC_CHECK(m->in_place, DSC_ERR_NOMEM, "mixed precision: %d gradient flags", m->max_params);
-    if (m->po.whole) { /* until the first step: the gradients' contents are the caller's */
+    if (m->po.whole) { /* untouched: false until the first step, the gradients' contents are the caller's */
         m->untouched = calloc((size_t)(m->oo.n_layers > 0 ? m->oo.n_layers : 1), sizeof *m->untouched);
         DSC_CHECK(m->untouched, DSC_ERR_NOMEM, "mixed precision: %d layer flags", m->oo.n_layers);
+        DSC_TRY(views_reserve(&m->values, false, most_rounded, m->max_params, DSC_MEM_PARAMS));
     }
-    if (m->po.whole) DSC_TRY(views_reserve(&m->values, false, most_rounded, m->max_params, DSC_MEM_PARAMS));
     for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
         dsc_precision_range *r = &m->po.ranges[g];
         int64_t n;

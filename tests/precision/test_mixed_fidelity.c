@@ -365,9 +365,9 @@ static void test_where_the_master_lives(void **state) {
     fixture_free(&f);
 }
 
-/* A tied embedding under bf16: the head reads it as it is (its products round it), the embedding's
- * forward rounded and its backward not at all, and the run is bitwise ZeRO-1/2's path, where every
- * layer reads the rounded store. */
+/* A tied embedding under bf16: the head and the lookup read it as it is (the products and the lookup
+ * round what they read), the embedding's backward not at all, and the run is bitwise ZeRO-1/2's
+ * path, where every layer reads the rounded store. */
 static void test_tied_weight_uses(void **state) {
     (void)state;
     fixture f;
