@@ -11,9 +11,16 @@
  * FLOPs of the k experts a token visits (the MoE layer also computes the
  * padding slots, Cap*E >= k*S, and the router).
  *
+ * With EP > 1 the layer runs both ways of exchanging (moe.overlap_alltoall
+ * off: blocking all-to-alls; on: messages in flight while the local share
+ * runs through the experts), interleaved over --pairs pairs, and prints the
+ * exposed exchange time of each (the all-to-all phase: time spent in
+ * communication calls, not hidden behind expert GEMMs) with min and median,
+ * and the ratio on / off.
+ *
  *   mpirun -np 1 build/bench/bench_moe     (EP 1)
  *   mpirun -np 2 build/bench/bench_moe     (EP 2)
- *   options: --tokens S --d-model M --d-ff F --experts E --k K --capacity-factor C --iters N
+ *   options: --tokens S --d-model M --d-ff F --experts E --k K --capacity-factor C --iters N --pairs P
  * Prints; never asserts. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdio.h>
@@ -39,7 +46,7 @@ static double now_s(void) {
 
 typedef struct bench_opts {
     int64_t S, M, F;
-    int E, k, iters;
+    int E, k, iters, pairs;
     double capacity_factor;
 } bench_opts;
 
@@ -51,7 +58,7 @@ static void fill(float *p, int64_t n, unsigned seed) {
 }
 
 /* Seconds per forward+backward of the MoE layer, its stats and all-to-all bytes per iteration. */
-static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int64_t *a2a_bytes) {
+static double time_moe(const bench_opts *o, dsc_comm *ep, bool overlap, dsc_moe_stats *st, int64_t *a2a_bytes) {
     dsc_model_config mc;
     dsc_model_config_defaults(&mc, DSC_ARCH_GPT_MOE);
     mc.d_model = (int)o->M;
@@ -62,6 +69,7 @@ static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int
     mo.gate.capacity_factor = o->capacity_factor;
     mo.gate.use_rts = false;
     mo.gate.top2_2nd_expert_sampling = false;
+    mo.overlap_alltoall = overlap;
     dsc_param_store *store;
     dsc_layer *layer;
     die(dsc_params_create(&store, DSC_CPU, 1));
@@ -90,7 +98,7 @@ static double time_moe(const bench_opts *o, dsc_comm *ep, dsc_moe_stats *st, int
     die(dsc_moe_stats_get(layer, st));
     dsc_comm_stats cs;
     dsc_comm_get_stats(ep, &cs);
-    *a2a_bytes = cs.bytes_sent[DSC_COMM_OP_ALLTOALL] / o->iters;
+    *a2a_bytes = (cs.bytes_sent[DSC_COMM_OP_ALLTOALL] + cs.bytes_sent[DSC_COMM_OP_SEND]) / o->iters;
     for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++)
         st->seconds[p] /= o->iters;
     free(x);
@@ -139,8 +147,33 @@ static double time_dense(const bench_opts *o) {
     return t;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* min and median of n values (sorted in place). */
+static void min_median(double *v, int n, double *min, double *median) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    *min = v[0];
+    *median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void print_run(const bench_opts *o, int ep, const char *what, double t_moe, const dsc_moe_stats *st,
+                      int64_t a2a) {
+    const int64_t formula = 4 * (int64_t)(ep - 1) * o->E * st->capacity * o->M * 4 / ep;
+    printf("  %-28s %12.0f %10.2f\n", what, (double)o->S / t_moe, 1e3 * t_moe);
+    printf("    time split:");
+    for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++)
+        printf(" %s %.2f ms (%.0f%%)", dsc_moe_phase_name((dsc_moe_phase)p), 1e3 * st->seconds[p],
+               100.0 * st->seconds[p] / t_moe);
+    printf("\n    bytes sent per step and rank: %lld measured, %lld formula 4*(ep-1)/ep*E*Cap*M*4\n",
+           (long long)a2a, (long long)formula);
+}
+
 int main(int argc, char **argv) {
-    bench_opts o = {.S = 1024, .M = 256, .F = 512, .E = 8, .k = 2, .iters = 10, .capacity_factor = 1.0};
+    bench_opts o = {
+        .S = 1024, .M = 256, .F = 512, .E = 8, .k = 2, .iters = 10, .pairs = 3, .capacity_factor = 1.0};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--tokens"))
@@ -157,10 +190,16 @@ int main(int argc, char **argv) {
             o.capacity_factor = atof(v);
         else if (!strcmp(a, "--iters"))
             o.iters = atoi(v);
+        else if (!strcmp(a, "--pairs"))
+            o.pairs = atoi(v);
         else {
             fprintf(stderr, "bench_moe: unknown option %s\n", a);
             return 2;
         }
+    }
+    if (o.pairs < 1 || o.pairs > 64 || o.iters < 1) {
+        fprintf(stderr, "bench_moe: --pairs must be in [1, 64] and --iters >= 1\n");
+        return 2;
     }
     dsc_comm *world;
     die(dsc_comm_world(NULL, &world));
@@ -168,24 +207,49 @@ int main(int argc, char **argv) {
     die(dsc_moe_check_parallel(o.E, ep, ep));
     dsc_moe_stats st;
     int64_t a2a;
-    const double t_moe = time_moe(&o, world, &st, &a2a);
     const double t_dense = time_dense(&o);
+    if (rank == 0)
+        printf(
+            "bench_moe: EP %d (%d ranks), S %lld tokens/rank, M %lld, F %lld, E %d, k %d, capacity factor %.2f, "
+            "forward+backward, %d iterations, %d threads\n",
+            ep, ep, (long long)o.S, (long long)o.M, (long long)o.F, o.E, o.k, o.capacity_factor, o.iters,
+            dsc_kernels_get_num_threads());
+    if (ep == 1) {
+        const double t_moe = time_moe(&o, world, false, &st, &a2a);
+        if (rank == 0) {
+            printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
+            print_run(&o, ep, "MoE layer", t_moe, &st, a2a);
+            printf("  %-28s %12.0f %10.2f   (dense / MoE time %.2f)\n", "dense FFN, width k*F",
+                   (double)o.S / t_dense, 1e3 * t_dense, t_dense / t_moe);
+        }
+        dsc_comm_free(world);
+        die(dsc_comm_finalize());
+        return 0;
+    }
+    double exposed[2][64], step[2][64];
+    if (rank == 0) printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
+    for (int i = 0; i < o.pairs; i++)
+        for (int v = 0; v < 2; v++) { /* off, on, off, on, ... */
+            step[v][i] = time_moe(&o, world, v == 1, &st, &a2a);
+            exposed[v][i] = st.seconds[DSC_MOE_PHASE_ALLTOALL];
+            char what[64];
+            snprintf(what, sizeof what, "MoE layer, overlap %s (%d)", v ? "on" : "off", i + 1);
+            if (rank == 0) print_run(&o, ep, what, step[v][i], &st, a2a);
+        }
     if (rank == 0) {
-        const int64_t formula = 4 * (int64_t)(ep - 1) * o.E * st.capacity * o.M * 4 / ep;
-        printf("bench_moe: EP %d (%d ranks), S %lld tokens/rank, M %lld, F %lld, E %d, k %d, capacity factor %.2f "
-               "(Cap %lld), forward+backward, %d iterations, %d threads\n",
-               ep, ep, (long long)o.S, (long long)o.M, (long long)o.F, o.E, o.k, o.capacity_factor,
-               (long long)st.capacity, o.iters, dsc_kernels_get_num_threads());
-        printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
-        printf("  %-28s %12.0f %10.2f\n", "MoE layer", (double)o.S / t_moe, 1e3 * t_moe);
+        double emin[2], emed[2], smin[2], smed[2];
+        for (int v = 0; v < 2; v++) {
+            min_median(exposed[v], o.pairs, &emin[v], &emed[v]);
+            min_median(step[v], o.pairs, &smin[v], &smed[v]);
+        }
         printf("  %-28s %12.0f %10.2f   (dense / MoE time %.2f)\n", "dense FFN, width k*F", (double)o.S / t_dense,
-               1e3 * t_dense, t_dense / t_moe);
-        printf("  time split:");
-        for (int p = 0; p < DSC_MOE_PHASE_COUNT; p++)
-            printf(" %s %.2f ms (%.0f%%)", dsc_moe_phase_name((dsc_moe_phase)p), 1e3 * st.seconds[p],
-                   100.0 * st.seconds[p] / t_moe);
-        printf("\n  all-to-all bytes sent per step and rank: %lld measured, %lld formula 4*(ep-1)/ep*E*Cap*M*4\n",
-               (long long)a2a, (long long)formula);
+               1e3 * t_dense, t_dense / smed[1]);
+        printf("  exposed exchange, ms/iter (min, median over %d pairs): overlap off %.3f, %.3f; on %.3f, %.3f; "
+               "on / off (medians) %.2f\n",
+               o.pairs, 1e3 * emin[0], 1e3 * emed[0], 1e3 * emin[1], 1e3 * emed[1], emed[1] / emed[0]);
+        printf(
+            "  MoE layer, ms/iter (min, median): overlap off %.2f, %.2f; on %.2f, %.2f; on / off (medians) %.3f\n",
+            1e3 * smin[0], 1e3 * smed[0], 1e3 * smin[1], 1e3 * smed[1], smed[1] / smed[0]);
     }
     dsc_comm_free(world);
     die(dsc_comm_finalize());

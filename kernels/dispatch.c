@@ -16,6 +16,11 @@ void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg) {
     progress_arg = arg;
 }
 
+void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg) {
+    *fn = progress_fn;
+    *arg = progress_arg;
+}
+
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count) {
     if (progress_fn) {
         dsc_kernels_progress_fn fn = progress_fn;

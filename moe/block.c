@@ -14,7 +14,9 @@
 dsc_status dsc_moe_options_from_config(const dsc_config_moe *cfg, dsc_model_arch arch, dsc_moe_options *out) {
     DSC_CHECK(arch == DSC_ARCH_GPT_MOE || arch == DSC_ARCH_MIXTRAL, DSC_ERR_CONFIG,
               "moe: model.arch \"%s\" has no MoE layers (use gpt-moe or mixtral)", dsc_model_arch_name(arch));
-    dsc_moe_options o = {.num_experts = cfg->num_experts, .use_residual = cfg->use_residual};
+    dsc_moe_options o = {.num_experts = cfg->num_experts,
+                         .use_residual = cfg->use_residual,
+                         .overlap_alltoall = cfg->overlap_alltoall};
     o.expert_kind = arch == DSC_ARCH_MIXTRAL ? DSC_MOE_EXPERT_KIND_SWIGLU : DSC_MOE_EXPERT_KIND_GELU;
     o.gate = dsc_moe_gate_config_default();
     o.gate.k = cfg->k;

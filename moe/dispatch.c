@@ -93,13 +93,6 @@ dsc_status moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *ro
     return dsc_kernel_moe_gather(&v.tokens, &v.rows, &v.dest, NULL, accumulate);
 }
 
-void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t i = 0; i < a; i++)
-        for (int64_t j = 0; j < b; j++)
-            memcpy(dst + (j * a + i) * inner, src + (i * b + j) * inner, (size_t)inner * sizeof *src);
-}
-
 void moe_swap_axes_v(const float *src, float *dst, const int64_t *rows, int64_t a, int64_t b, int64_t inner) {
     int64_t at = 0;
     for (int64_t j = 0; j < b; j++) {

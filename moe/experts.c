@@ -233,37 +233,49 @@ dsc_status dsc_moe_experts_reserve(dsc_moe_experts *x, int slots, int64_t rows) 
     return s;
 }
 
-/* The bank's values as one (count, rows, cols) tensor: the flat buffer itself or a fresh packed copy. */
-static dsc_status bank_values(const dsc_moe_experts *x, proj_bank *b, dsc_tensor *out) {
-    const int64_t shape[3] = {x->o.count, b->rows, b->cols};
+/* FFNs [first, first + n) of a (count, R, C) tensor. */
+typedef struct ffn_range {
+    int first, n;
+} ffn_range;
+
+static dsc_tensor part_of(const dsc_tensor *t, ffn_range r) {
+    const int64_t per = t->shape[1] * t->shape[2];
+    return dsc_tensor_view((float *)t->data + r.first * per, DSC_DTYPE_F32, 3,
+                           (int64_t[]){r.n, t->shape[1], t->shape[2]}, t->device);
+}
+
+/* The range's values as one (n, rows, cols) tensor: the flat buffer itself or a fresh packed copy. */
+static dsc_status bank_values(const dsc_moe_experts *x, proj_bank *b, ffn_range r, dsc_tensor *out) {
+    const int64_t n = b->rows * b->cols, shape[3] = {r.n, b->rows, b->cols};
     if (!b->packed) {
         DSC_CHECK(contiguous(b, x->o.count), DSC_ERR_INVALID,
                   "expert bank %s: parameters moved since reserve; reserve the layer again", b->p[0]->name);
-        *out = dsc_tensor_view(b->p[0]->value.data, DSC_DTYPE_F32, 3, shape, x->device);
+        *out = dsc_tensor_view((float *)b->p[0]->value.data + r.first * n, DSC_DTYPE_F32, 3, shape, x->device);
         return NULL;
     }
-    const int64_t n = b->rows * b->cols;
-    for (int e = 0; e < x->o.count; e++) {
+    for (int e = r.first; e < r.first + r.n; e++) {
         dsc_tensor dst = dsc_tensor_view((float *)b->value.data + e * n, DSC_DTYPE_F32, 1, &n, x->device);
         dsc_tensor src = dsc_tensor_view(b->p[e]->value.data, DSC_DTYPE_F32, 1, &n, x->device);
         DSC_TRY(dsc_tensor_copy(&dst, &src));
     }
-    *out = b->value;
+    *out = part_of(&b->value, r);
     return NULL;
 }
 
-/* Where a GEMM accumulates the bank's gradient: the flat gradient buffer with
+/* Where a GEMM accumulates the range's gradient: the flat gradient buffer with
  * beta 1, or the packed scratch with beta 0 (added back by bank_grad_end). */
-static dsc_tensor bank_grad(const dsc_moe_experts *x, const proj_bank *b, float *beta) {
-    const int64_t shape[3] = {x->o.count, b->rows, b->cols};
+static dsc_tensor bank_grad(const dsc_moe_experts *x, const proj_bank *b, ffn_range r, float *beta) {
+    const int64_t n = b->rows * b->cols, shape[3] = {r.n, b->rows, b->cols};
     *beta = b->packed ? 0.0f : 1.0f;
-    return b->packed ? b->grad : dsc_tensor_view(b->p[0]->grad.data, DSC_DTYPE_F32, 3, shape, x->device);
+    return b->packed
+               ? part_of(&b->grad, r)
+               : dsc_tensor_view((float *)b->p[0]->grad.data + r.first * n, DSC_DTYPE_F32, 3, shape, x->device);
 }
 
-static dsc_status bank_grad_end(const dsc_moe_experts *x, const proj_bank *b) {
+static dsc_status bank_grad_end(const dsc_moe_experts *x, const proj_bank *b, ffn_range r) {
     if (!b->packed) return NULL;
     const int64_t n = b->rows * b->cols;
-    for (int e = 0; e < x->o.count; e++) {
+    for (int e = r.first; e < r.first + r.n; e++) {
         dsc_tensor piece = dsc_tensor_view((float *)b->grad.data + e * n, DSC_DTYPE_F32, 1, &n, x->device);
         dsc_tensor dst = dsc_tensor_view(b->p[e]->grad.data, DSC_DTYPE_F32, 1, &n, x->device);
         DSC_TRY(dsc_kernel_axpy(&dst, 1.0f, &piece));
@@ -271,42 +283,45 @@ static dsc_status bank_grad_end(const dsc_moe_experts *x, const proj_bank *b) {
     return NULL;
 }
 
-/* y (count, R, OC) = x (count, R, IC) @ w^T (+ bias per FFN); w (count, OC, IC). */
-static dsc_status project(dsc_moe_experts *x, dsc_tensor *y, const dsc_tensor *in, proj_bank *w, proj_bank *bias) {
+/* y (n, R, OC) = x (n, R, IC) @ w^T (+ bias per FFN); w (n, OC, IC), the range r of the bank. */
+static dsc_status project(dsc_moe_experts *x, dsc_tensor *y, const dsc_tensor *in, proj_bank *w, proj_bank *bias,
+                          ffn_range r) {
     dsc_tensor wv;
-    DSC_TRY(bank_values(x, w, &wv));
+    DSC_TRY(bank_values(x, w, r, &wv));
     DSC_TRY(dsc_kernel_gemm(y, in, &wv, NULL, false, true, 1.0f, 0.0f));
     if (!bias) return NULL;
     dsc_tensor bv;
-    DSC_TRY(bank_values(x, bias, &bv));
+    DSC_TRY(bank_values(x, bias, r, &bv));
     const int64_t R = in->shape[1];
-    dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, 1}, x->device);
+    dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){r.n, R, 1}, x->device);
     return dsc_kernel_gemm(y, &ones, &bv, NULL, false, false, 1.0f, 1.0f); /* y[e] += 1 (R, 1) @ b[e] (1, OC) */
 }
 
 /* Gradients of project(): dw (+ dbias) += scale * ..., and din = dy @ w (added when `accumulate`). */
 static dsc_status project_backward(dsc_moe_experts *x, dsc_tensor *din, bool accumulate, const dsc_tensor *dy,
-                                   const dsc_tensor *in, proj_bank *w, proj_bank *bias, float scale) {
+                                   const dsc_tensor *in, proj_bank *w, proj_bank *bias, ffn_range r, float scale) {
     float beta;
-    dsc_tensor dw = bank_grad(x, w, &beta);
+    dsc_tensor dw = bank_grad(x, w, r, &beta);
     DSC_TRY(dsc_kernel_gemm(&dw, dy, in, NULL, true, false, scale, beta)); /* dw[e] += dy[e]^T @ in[e] */
-    DSC_TRY(bank_grad_end(x, w));
+    DSC_TRY(bank_grad_end(x, w, r));
     if (bias) {
         const int64_t R = in->shape[1];
-        dsc_tensor ones =
-            dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, 1, R}, x->device);
-        dsc_tensor db = bank_grad(x, bias, &beta);
+        dsc_tensor ones = dsc_tensor_view(x->ones.data, DSC_DTYPE_F32, 3, (int64_t[]){r.n, 1, R}, x->device);
+        dsc_tensor db = bank_grad(x, bias, r, &beta);
         DSC_TRY(dsc_kernel_gemm(&db, &ones, dy, NULL, false, false, scale, beta)); /* db[e] += 1 (1, R) @ dy[e] */
-        DSC_TRY(bank_grad_end(x, bias));
+        DSC_TRY(bank_grad_end(x, bias, r));
     }
     dsc_tensor wv;
-    DSC_TRY(bank_values(x, w, &wv));
+    DSC_TRY(bank_values(x, w, r, &wv));
     return dsc_kernel_gemm(din, dy, &wv, NULL, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 
-static dsc_status check_rows(const dsc_moe_experts *x, int slot, const dsc_tensor *t, const char *what) {
+static dsc_status check_call(const dsc_moe_experts *x, int slot, int first, int n, const dsc_tensor *t,
+                             const char *what) {
     DSC_CHECK(slot >= 0 && slot < x->nslots, DSC_ERR_INVALID, "expert bank: slot %d outside the %d reserved", slot,
               x->nslots);
+    DSC_CHECK(first >= 0 && n >= 0 && n <= x->o.count - first, DSC_ERR_INVALID,
+              "expert bank: FFNs [%d, %d + %d) outside the bank's %d", first, first, n, x->o.count);
     DSC_TRY(dsc_tensor_expect(t, what, DSC_DTYPE_F32, 3, (const int64_t[]){x->o.count, -1, x->o.d_model}));
     DSC_CHECK(t->shape[1] <= x->max_rows, DSC_ERR_INVALID,
               "expert bank: %lld rows per expert exceed the %lld reserved", (long long)t->shape[1],
@@ -314,48 +329,65 @@ static dsc_status check_rows(const dsc_moe_experts *x, int slot, const dsc_tenso
     return NULL;
 }
 
-static dsc_tensor f_view(const dsc_moe_experts *x, const dsc_tensor *buf, int64_t R) {
-    return dsc_tensor_view(buf->data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, x->o.d_ff}, x->device);
+/* FFNs r of a slot's (count, R, F) activation buffer. */
+static dsc_tensor f_part(const dsc_moe_experts *x, const dsc_tensor *buf, int64_t R, ffn_range r) {
+    dsc_tensor whole =
+        dsc_tensor_view(buf->data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, x->o.d_ff}, x->device);
+    return part_of(&whole, r);
 }
 
-dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tensor *in, dsc_tensor *out) {
-    DSC_TRY(check_rows(x, slot, in, "expert input"));
+dsc_status dsc_moe_experts_forward_part(dsc_moe_experts *x, int slot, int first, int n, const dsc_tensor *in,
+                                        dsc_tensor *out) {
+    DSC_TRY(check_call(x, slot, first, n, in, "expert input"));
     DSC_TRY(dsc_tensor_expect(out, "expert output", DSC_DTYPE_F32, 3, in->shape));
     const int64_t R = in->shape[1];
+    const ffn_range r = {first, n};
     x->in[slot] = *in;
-    if (R == 0) return NULL;
-    dsc_tensor pre = f_view(x, &x->pre[slot], R), act = f_view(x, &x->act[slot], R);
-    DSC_TRY(project(x, &pre, in, &x->w_in, x->b_in.p ? &x->b_in : NULL));
+    if (R == 0 || n == 0) return NULL;
+    dsc_tensor xin = part_of(in, r), y = part_of(out, r);
+    dsc_tensor pre = f_part(x, &x->pre[slot], R, r), act = f_part(x, &x->act[slot], R, r);
+    DSC_TRY(project(x, &pre, &xin, &x->w_in, x->b_in.p ? &x->b_in : NULL, r));
     if (gated(x)) {
-        dsc_tensor up = f_view(x, &x->up[slot], R);
-        DSC_TRY(project(x, &up, in, &x->w_up, NULL));
+        dsc_tensor up = f_part(x, &x->up[slot], R, r);
+        DSC_TRY(project(x, &up, &xin, &x->w_up, NULL, r));
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
     /* Under expert tensor parallelism the group's sum adds the bias once, from rank 0. */
     const bool out_bias = x->b_out.p && (x->o.ff_global == 0 || x->o.tp_rank == 0);
-    return project(x, out, &act, &x->w_out, out_bias ? &x->b_out : NULL);
+    return project(x, &y, &act, &x->w_out, out_bias ? &x->b_out : NULL, r);
 }
 
-dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
-                                    float grad_scale) {
-    DSC_TRY(check_rows(x, slot, dout, "expert output gradient"));
+dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const dsc_tensor *in, dsc_tensor *out) {
+    return dsc_moe_experts_forward_part(x, slot, 0, x->o.count, in, out);
+}
+
+dsc_status dsc_moe_experts_backward_part(dsc_moe_experts *x, int slot, int first, int n, const dsc_tensor *dout,
+                                         dsc_tensor *din, float grad_scale) {
+    DSC_TRY(check_call(x, slot, first, n, dout, "expert output gradient"));
     const dsc_tensor *in = &x->in[slot];
     DSC_CHECK(in->ndim == 3, DSC_ERR_INVALID, "expert bank: backward without a forward on slot %d", slot);
     DSC_TRY(dsc_tensor_expect(dout, "expert output gradient", DSC_DTYPE_F32, 3, in->shape));
     DSC_TRY(dsc_tensor_expect(din, "expert input gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t R = in->shape[1];
-    if (R == 0) return NULL;
-    dsc_tensor pre = f_view(x, &x->pre[slot], R), act = f_view(x, &x->act[slot], R);
-    dsc_tensor dact = f_view(x, &x->scratch[0], R), dpre = f_view(x, &x->scratch[1], R);
-    DSC_TRY(project_backward(x, &dact, false, dout, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL, grad_scale));
+    const ffn_range r = {first, n};
+    if (R == 0 || n == 0) return NULL;
+    dsc_tensor xin = part_of(in, r), dy = part_of(dout, r), dx = part_of(din, r);
+    dsc_tensor pre = f_part(x, &x->pre[slot], R, r), act = f_part(x, &x->act[slot], R, r);
+    dsc_tensor dact = f_part(x, &x->scratch[0], R, r), dpre = f_part(x, &x->scratch[1], R, r);
+    DSC_TRY(project_backward(x, &dact, false, &dy, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL, r, grad_scale));
     if (gated(x)) {
-        dsc_tensor up = f_view(x, &x->up[slot], R), dup = f_view(x, &x->scratch[2], R);
+        dsc_tensor up = f_part(x, &x->up[slot], R, r), dup = f_part(x, &x->scratch[2], R, r);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
-        DSC_TRY(project_backward(x, din, false, &dpre, in, &x->w_in, NULL, grad_scale));
-        return project_backward(x, din, true, &dup, in, &x->w_up, NULL, grad_scale);
+        DSC_TRY(project_backward(x, &dx, false, &dpre, &xin, &x->w_in, NULL, r, grad_scale));
+        return project_backward(x, &dx, true, &dup, &xin, &x->w_up, NULL, r, grad_scale);
     }
     DSC_TRY(dsc_kernel_gelu_backward(&dpre, &dact, &pre));
-    return project_backward(x, din, false, &dpre, in, &x->w_in, &x->b_in, grad_scale);
+    return project_backward(x, &dx, false, &dpre, &xin, &x->w_in, &x->b_in, r, grad_scale);
+}
+
+dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
+                                    float grad_scale) {
+    return dsc_moe_experts_backward_part(x, slot, 0, x->o.count, dout, din, grad_scale);
 }

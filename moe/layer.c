@@ -5,10 +5,11 @@
  * Layout across the expert-parallel group (ep ranks, E_loc = E / ep experts
  * each; rank r holds global experts r*E_loc .. r*E_loc + E_loc - 1): the
  * (E, Cap, M) dispatch buffer is cut into ep pieces of E_loc experts, piece j
- * goes to rank j; what arrives is (ep, E_loc, Cap, M), swapped to
- * (E_loc, ep*Cap, M) so each local expert sees the rows of every source rank
- * in one GEMM block. The way back is the mirror image, and backward repeats
- * both all-to-alls in reverse. With ep = 1 no communication or swap happens.
+ * goes to rank j; what arrives is (ep, E_loc, Cap, M), and each source
+ * rank's piece runs through the local experts as a bank slot of its own (see
+ * "the experts between the two exchanges"). The way back is the mirror image,
+ * and backward repeats both exchanges in reverse. With ep = 1 no
+ * communication happens.
  *
  * Gradient scaling: a local expert's gradient sums the objectives of all ep
  * ranks whose tokens it served, while a dense gradient is that of this
@@ -50,7 +51,7 @@ typedef struct moe_slot {
     dsc_tensor noise;           /* (S, M) jitter factors */
     bool jittered;              /* this forward applied jitter */
     dsc_tensor logits;          /* (S, E) */
-    dsc_tensor xin;             /* (E_loc, ep*Cap, M) expert input */
+    dsc_tensor xin;             /* (ep, E_loc, Cap, M) expert input, piece j from rank j */
     dsc_tensor y;               /* (E, Cap, M) expert outputs, back on the tokens' rank */
     dsc_tensor moe_out;         /* (S, M) combined expert output (residual only) */
     dsc_tensor mlp_out;         /* (1, S, M) residual MLP output (residual only) */
@@ -70,13 +71,14 @@ typedef struct moe_layer {
     int nslots;
     int64_t max_S, max_cap;
     moe_slot *slots;
-    dsc_tensor buf[3];   /* (E, max_cap, M) each: dispatch / all-to-all / expert scratch, shared by slots */
-    int64_t *row0;       /* (E + 1) first row of each expert in the padded (E, Cap, M) buffers */
-    dsc_tensor out, din; /* (B, T, M) shared output and input gradient */
-    dsc_tensor dlogits;  /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
-    dsc_tensor dweight;  /* (S, K) */
-    dsc_tensor dsmall;   /* (S, M) gate / residual input-gradient scratch */
-    int64_t agree_S;     /* S of the forward being gated, for the capacity agreement */
+    dsc_tensor buf[4];      /* (E, max_cap, M) each, shared by slots: what is sent, received, computed, returned */
+    dsc_comm_request **req; /* (ep, 4): an expert pass's messages in flight */
+    int64_t *row0;          /* (E + 1) first row of each expert in the padded (E, Cap, M) buffers */
+    dsc_tensor out, din;    /* (B, T, M) shared output and input gradient */
+    dsc_tensor dlogits;     /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
+    dsc_tensor dweight;     /* (S, K) */
+    dsc_tensor dsmall;      /* (S, M) gate / residual input-gradient scratch */
+    int64_t agree_S;        /* S of the forward being gated, for the capacity agreement */
     /* statistics since the last reset */
     int64_t st_forwards, st_tokens, st_dropped_tokens, st_capacity;
     int64_t *st_routed, *st_kept, *st_dropped; /* (E) */
@@ -149,7 +151,8 @@ static void release(moe_layer *m) {
     free(m->slots);
     m->slots = NULL;
     m->nslots = 0;
-    dsc_tensor *t[] = {&m->buf[0], &m->buf[1], &m->buf[2], &m->out, &m->din, &m->dlogits, &m->dweight, &m->dsmall};
+    dsc_tensor *t[] = {&m->buf[0], &m->buf[1],  &m->buf[2],  &m->buf[3], &m->out,
+                       &m->din,    &m->dlogits, &m->dweight, &m->dsmall};
     for (size_t j = 0; j < sizeof t / sizeof t[0]; j++)
         dsc_tensor_free(t[j]);
 }
@@ -176,7 +179,7 @@ static dsc_status reserve_slot(moe_layer *m, moe_slot *s) {
         DSC_TRY(alloc(&s->gate_in, 2, (int64_t[]){S, M}, DSC_CPU));
         DSC_TRY(alloc(&s->noise, 2, (int64_t[]){S, M}, DSC_CPU));
     }
-    DSC_TRY(alloc(&s->xin, 3, (int64_t[]){m->E_loc, m->ep_size * Cap, M}, m->device));
+    DSC_TRY(alloc(&s->xin, 3, (int64_t[]){m->ep_size, m->E_loc * Cap, M}, m->device));
     DSC_TRY(alloc(&s->y, 3, (int64_t[]){E, Cap, M}, m->device));
     if (!m->o.use_residual) return NULL;
     DSC_TRY(alloc(&s->moe_out, 2, (int64_t[]){S, M}, m->device));
@@ -193,7 +196,7 @@ static dsc_status reserve(moe_layer *m, int slots, int64_t B, int64_t T) {
     m->nslots = slots;
     for (int i = 0; i < slots; i++)
         DSC_TRY(reserve_slot(m, &m->slots[i]));
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         DSC_TRY(alloc(&m->buf[i], 3, (int64_t[]){m->E, m->max_cap, M}, m->device));
     DSC_TRY(alloc(&m->out, 3, (int64_t[]){B, T, M}, m->device));
     DSC_TRY(alloc(&m->din, 3, (int64_t[]){B, T, M}, m->device));
@@ -201,7 +204,8 @@ static dsc_status reserve(moe_layer *m, int slots, int64_t B, int64_t T) {
         alloc(&m->dlogits, 2, (int64_t[]){S, m->E > 2 ? m->E : 2}, DSC_CPU)); /* also (S, 2) for the residual */
     DSC_TRY(alloc(&m->dweight, 2, (int64_t[]){S, m->o.gate.k}, DSC_CPU));
     DSC_TRY(alloc(&m->dsmall, 2, (int64_t[]){S, M}, m->device));
-    DSC_TRY(dsc_moe_experts_reserve(m->experts, slots, m->ep_size * m->max_cap));
+    DSC_TRY(
+        dsc_moe_experts_reserve(m->experts, (int)(slots * m->ep_size), m->max_cap)); /* a slot per source rank */
     return m->mlp ? dsc_moe_experts_reserve(m->mlp, slots, S) : NULL;
 }
 
@@ -246,32 +250,158 @@ static dsc_status route(moe_layer *m, moe_slot *s, const dsc_tensor *x2, dsc_mic
     return agree(m, &cap);
 }
 
-/* The two all-to-alls and the experts: from the dispatched (E, Cap, M) rows in
- * buf[0] (or, with ep = 1, already in s->xin) to s->y (E, Cap, M). */
-static dsc_status run_experts(moe_layer *m, int slot, moe_slot *s, int64_t Cap, double *t0) {
-    const int64_t M = m->M, R = m->ep_size * Cap;
-    const int64_t local[3] = {m->E_loc, R, M}, global[3] = {m->E, Cap, M};
-    dsc_tensor xin = view(&s->xin, 3, local), y = view(&s->y, 3, global);
+/* ---- the experts between the two exchanges ----------------------------------------------
+ * Piece j of the (E, Cap, M) rows this rank sends is for rank j's experts;
+ * what arrives is (ep, E_loc, Cap, M), piece j from rank j, which the bank
+ * computes as its own slot (slot * ep + j, Cap rows per FFN), so no axis swap
+ * is needed; piece j of the results goes back to rank j. The local piece
+ * needs no exchange: it is computed in two halves, the first while the
+ * pieces of the other ranks are in flight, the second while their results
+ * travel back (o.overlap_alltoall: point-to-point messages, moved on by a
+ * kernel progress hook during the expert GEMMs). Without overlap the same
+ * pieces run in the same order between two blocking all-to-alls, so both
+ * ways give bitwise the same results. */
+
+enum { TAG_TO_EXPERTS = 1, TAG_BACK = 2 };
+
+typedef struct expert_pass {
+    moe_layer *m;
+    int slot;
+    bool backward;
+    int64_t Cap;
+    dsc_comm_request **req; /* m->req: (ep, 4) receive / send there, receive / send back */
+    dsc_status error;       /* the first failure of the progress hook */
+    dsc_kernels_progress_fn prev_fn;
+    void *prev_arg;
+} expert_pass;
+
+static void pass_progress(void *arg) {
+    expert_pass *p = arg;
+    for (int64_t i = 0; i < 4 * p->m->ep_size && !p->error; i++) {
+        bool done;
+        if (p->req[i]) p->error = dsc_comm_test(&p->req[i], &done);
+    }
+    if (p->prev_fn) p->prev_fn(p->prev_arg);
+}
+
+static dsc_tensor piece(const moe_layer *m, float *buf, int64_t j, int64_t Cap) {
+    return dsc_tensor_view(buf + j * m->E_loc * Cap * m->M, DSC_DTYPE_F32, 3, (int64_t[]){m->E_loc, Cap, m->M},
+                           m->device);
+}
+
+/* FFNs [first, first + n) of source rank j's piece: in -> out. */
+static dsc_status run_piece(expert_pass *p, int64_t j, int first, int n, dsc_tensor *in, dsc_tensor *out) {
+    moe_layer *m = p->m;
+    const int bank_slot = (int)(p->slot * m->ep_size + j);
+    if (p->backward)
+        DSC_TRY(dsc_moe_experts_backward_part(m->experts, bank_slot, first, n, in, out, 1.0f / (float)m->ep_size));
+    else
+        DSC_TRY(dsc_moe_experts_forward_part(m->experts, bank_slot, first, n, in, out));
+    const int64_t rows = p->Cap * m->M;
+    dsc_tensor part = dsc_tensor_view((float *)out->data + first * rows, DSC_DTYPE_F32, 3,
+                                      (int64_t[]){n, p->Cap, m->M}, m->device);
+    return tp_sum(m, &part);
+}
+
+static dsc_status post(expert_pass *p, const float *send, float *in, float *back) {
+    moe_layer *m = p->m;
+    for (int64_t j = 0; j < m->ep_size; j++) {
+        if (j == m->ep_rank) continue;
+        dsc_tensor to = piece(m, (float *)send, j, p->Cap), from = piece(m, in, j, p->Cap);
+        dsc_tensor result = piece(m, back, j, p->Cap);
+        DSC_TRY(dsc_comm_irecv(m->ep, &from, (int)j, TAG_TO_EXPERTS, &p->req[4 * j]));
+        DSC_TRY(dsc_comm_isend(m->ep, &to, (int)j, TAG_TO_EXPERTS, &p->req[4 * j + 1]));
+        DSC_TRY(dsc_comm_irecv(m->ep, &result, (int)j, TAG_BACK, &p->req[4 * j + 2]));
+    }
+    return NULL;
+}
+
+/* The pieces in order: the local one's first half, the other ranks' from the next one round, the local second
+ * half. */
+static dsc_status run_pieces(expert_pass *p, float *in, float *out, float *back, double *t0) {
+    moe_layer *m = p->m;
+    const bool overlap = m->o.overlap_alltoall;
+    const int64_t me = m->ep_rank;
+    const int half = (int)(m->E_loc / 2), whole = (int)m->E_loc;
+    dsc_tensor own_in = piece(m, in, me, p->Cap), own_out = piece(m, overlap ? back : out, me, p->Cap);
+    DSC_TRY(run_piece(p, me, 0, half, &own_in, &own_out));
+    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
+    for (int64_t i = 1; i < m->ep_size; i++) {
+        const int64_t j = (me + i) % m->ep_size;
+        dsc_tensor pin = piece(m, in, j, p->Cap), pout = piece(m, out, j, p->Cap);
+        if (overlap) {
+            DSC_TRY(dsc_comm_wait(&p->req[4 * j]));
+            lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+        }
+        DSC_TRY(run_piece(p, j, 0, whole, &pin, &pout));
+        if (overlap) DSC_TRY(dsc_comm_isend(m->ep, &pout, (int)j, TAG_BACK, &p->req[4 * j + 3]));
+        lap(m, DSC_MOE_PHASE_EXPERTS, t0);
+    }
+    DSC_TRY(run_piece(p, me, half, whole - half, &own_in, &own_out));
+    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
+    return NULL;
+}
+
+/* Overlapped: posts the messages, runs the pieces with the progress hook
+ * installed, and waits for what is still in flight (after a failure too,
+ * since the buffers must not be reused under open requests). */
+static dsc_status run_overlapped(expert_pass *p, const float *send, float *in, float *out, float *back,
+                                 double *t0) {
+    moe_layer *m = p->m;
+    const int64_t n = 4 * m->ep_size;
+    dsc_tensor own_to = piece(m, (float *)send, m->ep_rank, p->Cap), own_in = piece(m, in, m->ep_rank, p->Cap);
+    DSC_TRY(dsc_tensor_copy(&own_in, &own_to));
+    dsc_kernels_get_progress(&p->prev_fn, &p->prev_arg);
+    dsc_status s = post(p, send, in, back);
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+    if (!s) {
+        dsc_kernels_set_progress(pass_progress, p);
+        s = run_pieces(p, in, out, back, t0);
+        dsc_kernels_set_progress(p->prev_fn, p->prev_arg);
+    }
+    dsc_status w = dsc_comm_waitall(p->req, (int)n);
+    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+    if (!s)
+        s = p->error ? p->error : w;
+    else if (p->error)
+        dsc_status_free(p->error);
+    if (w && w != s) dsc_status_free(w);
+    return s;
+}
+
+/* One direction's pass over the expert-parallel group: `send` (E, Cap, M)
+ * goes to the experts' ranks, arriving in `in` (kept: in the forward the bank
+ * reads it again in the backward), the experts write `out`, and the results
+ * come back to `back` (E, Cap, M) in expert order. With ep = 1 only the
+ * experts run, from `send` into `back`. */
+static dsc_status expert_pass_run(moe_layer *m, int slot, bool backward, int64_t Cap, const float *send, float *in,
+                                  float *out, float *back, double *t0) {
+    expert_pass p = {.m = m, .slot = slot, .backward = backward, .Cap = Cap, .req = m->req};
     if (m->ep_size == 1) {
-        DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &y));
-        DSC_TRY(tp_sum(m, &y));
+        dsc_tensor x = piece(m, (float *)send, 0, Cap), y = piece(m, back, 0, Cap);
+        DSC_TRY(run_piece(&p, 0, 0, (int)m->E_loc, &x, &y));
         lap(m, DSC_MOE_PHASE_EXPERTS, t0);
         return NULL;
     }
-    dsc_tensor send = view(&m->buf[0], 3, global), recv = view(&m->buf[1], 3, global);
-    dsc_tensor eout = view(&m->buf[2], 3, local);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &send, &recv));
-    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
-    moe_swap_axes(recv.data, xin.data, m->ep_size, m->E_loc, Cap * M); /* (ep, E_loc) -> (E_loc, ep) */
-    lap(m, DSC_MOE_PHASE_DISPATCH, t0);
-    DSC_TRY(dsc_moe_experts_forward(m->experts, slot, &xin, &eout));
-    DSC_TRY(tp_sum(m, &eout));
-    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
-    moe_swap_axes(eout.data, send.data, m->E_loc, m->ep_size, Cap * M);
-    lap(m, DSC_MOE_PHASE_COMBINE, t0);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &send, &y));
-    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
-    return NULL;
+    const char *what = backward ? "the gradients' exchange" : "the tokens' exchange";
+    dsc_status s;
+    if (m->o.overlap_alltoall) {
+        s = run_overlapped(&p, send, in, out, back, t0);
+    } else {
+        const int64_t shape[3] = {m->E, Cap, m->M};
+        dsc_tensor a = dsc_tensor_view((void *)send, DSC_DTYPE_F32, 3, shape, m->device);
+        dsc_tensor b = dsc_tensor_view(in, DSC_DTYPE_F32, 3, shape, m->device);
+        dsc_tensor c = dsc_tensor_view(out, DSC_DTYPE_F32, 3, shape, m->device);
+        dsc_tensor d = dsc_tensor_view(back, DSC_DTYPE_F32, 3, shape, m->device);
+        s = dsc_comm_alltoall(m->ep, &a, &b);
+        lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+        if (!s) s = run_pieces(&p, in, out, back, t0);
+        if (!s) s = dsc_comm_alltoall(m->ep, &c, &d);
+        lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
+    }
+    return s ? dsc_error_wrap(s, "%s: %s over expert-parallel group \"%s\"", m->base.name, what,
+                              dsc_comm_name(m->ep))
+             : NULL;
 }
 
 /* PR-MoE: out = c0 * moe + c1 * mlp with (c0, c1) = softmax(x @ Wc^T + bc). */
@@ -326,9 +456,10 @@ static dsc_status moe_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     DSC_CHECK(Cap <= m->max_cap, DSC_ERR_INTERNAL, "%s: capacity %lld exceeds the reserved %lld", self->name,
               (long long)Cap, (long long)m->max_cap);
     DSC_TRY(moe_rows_padded(&s->routes, m->row0));
-    DSC_TRY(moe_dispatch(&s->routes, m->row0, x2.data, M, m->ep_size == 1 ? s->xin.data : m->buf[0].data));
+    float *dispatched = m->ep_size == 1 ? s->xin.data : m->buf[0].data; /* the bank keeps its input */
+    DSC_TRY(moe_dispatch(&s->routes, m->row0, x2.data, M, dispatched));
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
-    DSC_TRY(run_experts(m, slot, s, Cap, &t0));
+    DSC_TRY(expert_pass_run(m, slot, false, Cap, dispatched, s->xin.data, m->buf[2].data, s->y.data, &t0));
     *out = view(&m->out, 3, in->shape);
     dsc_tensor out2 = view(out, 2, (int64_t[]){S, M});
     DSC_TRY(moe_combine(&s->routes, m->row0, s->y.data, M, m->o.use_residual ? s->moe_out.data : out2.data));
@@ -369,37 +500,6 @@ static dsc_status residual_backward(moe_layer *m, int slot, moe_slot *s, const d
     DSC_TRY(dsc_moe_experts_backward(m->mlp, slot, &dmlp3, &din3, 1.0f));
     DSC_TRY(dsc_kernel_linear_backward(NULL, &m->wc->grad, &m->bc->grad, &dz, x2, &m->wc->value));
     return dsc_kernel_gemm(din2, &dz, &m->wc->value, NULL, false, false, 1.0f, 1.0f); /* din += dz @ Wc */
-}
-
-/* From dy (E, Cap, M) in buf[0] (ep > 1) or buf[2] (ep = 1) to the gradient of
- * the dispatched rows (E, Cap, M); returns where it is. */
-static dsc_status experts_backward(moe_layer *m, int slot, int64_t Cap, float **ddisp, double *t0) {
-    const int64_t M = m->M, R = m->ep_size * Cap;
-    const int64_t local[3] = {m->E_loc, R, M}, global[3] = {m->E, Cap, M};
-    const float scale = 1.0f / (float)m->ep_size;
-    if (m->ep_size == 1) {
-        dsc_tensor dy = view(&m->buf[2], 3, local), dx = view(&m->buf[0], 3, local);
-        DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
-        DSC_TRY(tp_sum(m, &dx));
-        lap(m, DSC_MOE_PHASE_EXPERTS, t0);
-        *ddisp = dx.data;
-        return NULL;
-    }
-    dsc_tensor a = view(&m->buf[0], 3, global), b = view(&m->buf[1], 3, global), c = view(&m->buf[2], 3, global);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &b)); /* dy to the experts' ranks */
-    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
-    moe_swap_axes(b.data, c.data, m->ep_size, m->E_loc, Cap * M); /* (E_loc, R, M) in c */
-    lap(m, DSC_MOE_PHASE_COMBINE, t0);
-    dsc_tensor dy = view(&c, 3, local), dx = view(&b, 3, local);
-    DSC_TRY(dsc_moe_experts_backward(m->experts, slot, &dy, &dx, scale));
-    DSC_TRY(tp_sum(m, &dx));
-    lap(m, DSC_MOE_PHASE_EXPERTS, t0);
-    moe_swap_axes(b.data, a.data, m->E_loc, m->ep_size, Cap * M);
-    lap(m, DSC_MOE_PHASE_DISPATCH, t0);
-    DSC_TRY(dsc_comm_alltoall(m->ep, &a, &c)); /* dx back to the tokens' ranks */
-    lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
-    *ddisp = c.data;
-    return NULL;
 }
 
 /* Router and gate: d_logits from the combine-weight gradients and the gate
@@ -443,12 +543,11 @@ static dsc_status moe_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     } else {
         memset(din2.data, 0, (size_t)(S * M) * sizeof(float));
     }
-    float *dy = m->ep_size == 1 ? m->buf[2].data : m->buf[0].data;
+    float *dy = m->buf[0].data, *ddisp = m->buf[3].data;
     DSC_TRY(moe_rows_padded(&s->routes, m->row0));
     DSC_TRY(moe_combine_backward(&s->routes, m->row0, dmoe, s->y.data, M, dy, m->dweight.data));
     lap(m, DSC_MOE_PHASE_COMBINE, &t0);
-    float *ddisp;
-    DSC_TRY(experts_backward(m, slot, Cap, &ddisp, &t0));
+    DSC_TRY(expert_pass_run(m, slot, true, Cap, dy, m->buf[1].data, m->buf[2].data, ddisp, &t0));
     DSC_TRY(moe_dispatch_backward(&s->routes, m->row0, ddisp, M, din2.data, true));
     lap(m, DSC_MOE_PHASE_DISPATCH, &t0);
     DSC_TRY(gate_backward(m, s, &x2, &din2, ctx));
@@ -468,6 +567,7 @@ static void moe_destroy(dsc_layer *self) {
     free(m->st_kept);
     free(m->st_dropped);
     free(m->row0);
+    free(m->req);
     free(m);
 }
 
@@ -573,7 +673,8 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
     m->st_kept = calloc((size_t)m->E, sizeof *m->st_kept);
     m->st_dropped = calloc((size_t)m->E, sizeof *m->st_dropped);
     m->row0 = calloc((size_t)m->E + 1, sizeof *m->row0);
-    dsc_status s = m->st_routed && m->st_kept && m->st_dropped && m->row0
+    m->req = calloc((size_t)(4 * ep_size), sizeof *m->req);
+    dsc_status s = m->st_routed && m->st_kept && m->st_dropped && m->row0 && m->req
                        ? NULL
                        : dsc_error(DSC_ERR_NOMEM, "%s: statistics", m->base.name);
     if (!s) s = declare(m, mc, store);

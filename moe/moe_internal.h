@@ -47,10 +47,7 @@ dsc_status moe_combine_backward(const dsc_moe_gate_result *r, const int64_t *row
 dsc_status moe_dispatch_backward(const dsc_moe_gate_result *r, const int64_t *row0, const float *dbuf, int64_t M,
                                  float *dx, bool accumulate);
 
-/* dst (b, a, inner) = src (a, b, inner) with the first two axes swapped. */
-void moe_swap_axes(const float *src, float *dst, int64_t a, int64_t b, int64_t inner);
-
-/* moe_swap_axes for blocks of varying size: src holds the (a, b) blocks in
+/* dst gets the (a, b) blocks of src, of varying size, in (b, a) order: src holds them in
  * row-major order, block (i, j) rows[i * b + j] rows of `inner` floats;
  * dst gets them in (b, a) order. rows (a * b). */
 void moe_swap_axes_v(const float *src, float *dst, const int64_t *rows, int64_t a, int64_t b, int64_t inner);

@@ -197,6 +197,7 @@ typedef struct dsc_config_moe {
     bool top2_2nd_expert_sampling;
     dsc_moe_drop_policy drop_policy;
     bool enable_expert_tensor_parallelism; /* split every expert by width over the tensor group too */
+    bool overlap_alltoall;                 /* dsc_moe_options.overlap_alltoall */
 } dsc_config_moe;
 
 typedef struct dsc_config_checkpoint {

@@ -51,6 +51,9 @@ DSC_API int dsc_kernels_get_num_threads(void);
  * do not call it again; what it fails at is for it to keep and report. */
 typedef void (*dsc_kernels_progress_fn)(void *arg);
 DSC_API void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg);
+/* The calling thread's callback and argument (NULL when none), for a caller that installs its own
+ * for a while and chains to it (the MoE layer, inside the runner's backward). */
+DSC_API void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg);
 /* The type the calling thread's f32 matrix products multiply in (its own setting; other threads
  * keep theirs), as torch.autocast's bf16 matmuls: DSC_DTYPE_BF16 rounds both operands of every
  * dsc_kernel_gemm and linear product to bf16 (nearest even) and sums the products, exact in f32,

@@ -94,6 +94,15 @@ DSC_API dsc_status dsc_moe_experts_forward(dsc_moe_experts *x, int slot, const d
  * grad_scale times the gradient of sum(dout * out). */
 DSC_API dsc_status dsc_moe_experts_backward(dsc_moe_experts *x, int slot, const dsc_tensor *dout, dsc_tensor *din,
                                             float grad_scale);
+/* The same for FFNs [first, first + n) of the bank only, `in` / `dout` and
+ * `out` / `din` still the whole (count, R, M) tensors (only the range's rows
+ * are read and written): a slot's FFNs computed in several calls, in any
+ * grouping, each range once per pass (the MoE layer overlaps its
+ * all-to-alls with them). */
+DSC_API dsc_status dsc_moe_experts_forward_part(dsc_moe_experts *x, int slot, int first, int n,
+                                                const dsc_tensor *in, dsc_tensor *out);
+DSC_API dsc_status dsc_moe_experts_backward_part(dsc_moe_experts *x, int slot, int first, int n,
+                                                 const dsc_tensor *dout, dsc_tensor *din, float grad_scale);
 DSC_API int dsc_moe_experts_param_count(const dsc_moe_experts *x);
 DSC_API dsc_param *const *dsc_moe_experts_params(const dsc_moe_experts *x);
 
@@ -113,6 +122,11 @@ typedef struct dsc_moe_options {
      * the caller that forms the groups fills it. */
     dsc_comm *expert_tp;
     int64_t tp_f0, tp_nf;
+    /* The exchanges with the expert-parallel group as point-to-point messages
+     * in flight while this rank's own share of the tokens runs through its
+     * experts (half before the other ranks' shares, half after), instead of
+     * two blocking all-to-alls each way; bitwise the same results. */
+    bool overlap_alltoall;
 } dsc_moe_options;
 
 /* The config's moe section as layer options: GELU experts for gpt-moe,

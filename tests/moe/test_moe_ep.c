@@ -8,8 +8,12 @@
  * top-1 and top-2, dropping and no-drop capacity, GELU experts with the
  * PR-MoE residual and SwiGLU experts.
  *
- * Also: the all-to-all byte counters equal 4 * (ep-1)/ep * E*Cap*M*4 bytes
- * (two all-to-alls forward, two backward), ranks gating different token
+ * Each case runs with both exchanges (moe.overlap_alltoall off: blocking
+ * all-to-alls; on: point-to-point messages overlapping the local experts),
+ * which must also agree bitwise with each other.
+ *
+ * Also: the all-to-all (or send) byte counters equal 4 * (ep-1)/ep * E*Cap*M*4
+ * bytes (two exchanges forward, two backward), ranks gating different token
  * counts fail together with a message instead of hanging, and an
  * expert-parallel group that does not divide the experts is refused. */
 #include <math.h>
@@ -91,12 +95,71 @@ typedef struct ep_case {
     double capacity_factor;
 } ep_case;
 
+/* The expert-parallel layer on this rank's token set, then the optimizer's
+ * reduction (dense gradients over all ranks, experts over their EDP group),
+ * with the exchange's messages counted: two all-to-alls each way, or with
+ * overlap_alltoall the same bytes as 4 * (ep-1) point-to-point sends. */
+static void count_call(void *arg) {
+    ++*(int64_t *)arg;
+}
+
+/* ... and with a kernel progress hook of the caller's installed (the runner's,
+ * in training): `hook_calls` counts its calls, which the layer's own hook must
+ * pass on (one per kernel call either way) and leave installed. */
+static void run_ep(const ep_case *c, const dsc_moe_options *o, const dsc_model_config *mc, ep_env *env,
+                   layer_run *L, float *out, float *din, double *loss, int64_t *hook_calls) {
+    const int rank = dsc_comm_rank(env->world);
+    dsc_comm *ep = dsc_groups_get(env->groups, DSC_GROUP_KIND_EXPERT);
+    dsc_comm *edp = dsc_groups_get(env->groups, DSC_GROUP_KIND_EXPERT_DATA);
+    const int64_t M = mc->d_model;
+    layer_open(L, o, mc, ep, T);
+    dsc_comm_reset_stats(ep);
+    *hook_calls = 0;
+    dsc_kernels_set_progress(count_call, hook_calls);
+    run_set(L, rank, M, out, din, loss);
+    dsc_kernels_progress_fn fn;
+    void *arg;
+    dsc_kernels_get_progress(&fn, &arg);
+    dsc_kernels_set_progress(NULL, NULL);
+    assert_true(fn == count_call && arg == hook_calls);
+    assert_true(*hook_calls > 0);
+    dsc_moe_stats st;
+    assert_ok(dsc_moe_stats_get(L->layer, &st));
+    dsc_comm_stats cs;
+    dsc_comm_get_stats(ep, &cs);
+    const int64_t a2a_bytes = 4 * (c->ep - 1) * (8 * st.capacity * M * 4) / c->ep;
+    const dsc_comm_op op = o->overlap_alltoall ? DSC_COMM_OP_SEND : DSC_COMM_OP_ALLTOALL;
+    if (rank == 0)
+        printf(
+            "  overlap %d: capacity %lld, dropped tokens %lld; %s: %lld calls, %lld bytes sent (formula %lld)\n",
+            o->overlap_alltoall, (long long)st.capacity, (long long)st.dropped_tokens,
+            o->overlap_alltoall ? "sends" : "all-to-all", (long long)cs.calls[op], (long long)cs.bytes_sent[op],
+            (long long)a2a_bytes);
+    assert_int_equal(cs.calls[op], o->overlap_alltoall ? 4 * (c->ep - 1) : 4);
+    assert_int_equal(cs.bytes_sent[op], a2a_bytes);
+    assert_int_equal(cs.calls[o->overlap_alltoall ? DSC_COMM_OP_ALLTOALL : DSC_COMM_OP_SEND], 0);
+    int64_t dropped = st.dropped_tokens, one = 1;
+    dsc_tensor dt = dsc_tensor_view(&dropped, DSC_DTYPE_I64, 1, &one, DSC_CPU);
+    assert_ok(dsc_comm_allreduce(env->world, &dt, DSC_REDUCE_OP_SUM));
+    if (c->drop)
+        assert_true(dropped > 0); /* the case really drops tokens */
+    else
+        assert_int_equal(dropped, 0);
+    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
+        dsc_tensor values, grads;
+        dsc_params_flat(L->store, (dsc_param_group)g, &values, &grads);
+        if (dsc_tensor_numel(&grads) > 0)
+            assert_ok(
+                dsc_comm_allreduce(g == DSC_PARAM_GROUP_EXPERT ? edp : env->world, &grads, DSC_REDUCE_OP_AVG));
+    }
+}
+
+/* Each exchange (blocking all-to-alls, overlapped messages) against the
+ * single-rank layer, and the two bitwise equal to each other. */
 static void run_case(const ep_case *c) {
     ep_env env;
     env_open(&env, c->ep);
     const int rank = dsc_comm_rank(env.world), world = dsc_comm_size(env.world);
-    dsc_comm *ep = dsc_groups_get(env.groups, DSC_GROUP_KIND_EXPERT);
-    dsc_comm *edp = dsc_groups_get(env.groups, DSC_GROUP_KIND_EXPERT_DATA);
     if (rank == 0) printf("case %s: world %d, ep %d\n", c->name, world, c->ep);
     dsc_model_config mc;
     moe_test_model_config(&mc, c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1, 8,
@@ -105,45 +168,22 @@ static void run_case(const ep_case *c) {
     moe_test_options(&o, 8, c->k, c->drop, c->residual, c->kind);
     o.gate.capacity_factor = c->capacity_factor;
     const int64_t M = mc.d_model, n = B * T * M;
-    float *out = malloc(n * sizeof *out), *din = malloc(n * sizeof *din);
-    float *ref_out = malloc(n * sizeof *out), *ref_din = malloc(n * sizeof *din);
-
-    layer_run L;
-    layer_open(&L, &o, &mc, ep, T);
-    dsc_comm_reset_stats(ep);
-    double loss, ref_loss = 0;
-    run_set(&L, rank, M, out, din, &loss);
-    dsc_moe_stats st;
-    assert_ok(dsc_moe_stats_get(L.layer, &st));
-    dsc_comm_stats cs;
-    dsc_comm_get_stats(ep, &cs);
-    const int64_t a2a_bytes = 4 * (c->ep - 1) * (8 * st.capacity * M * 4) / c->ep;
-    if (rank == 0)
-        printf("  capacity %lld, dropped tokens %lld; all-to-all: %lld calls, %lld bytes sent (formula %lld)\n",
-               (long long)st.capacity, (long long)st.dropped_tokens, (long long)cs.calls[DSC_COMM_OP_ALLTOALL],
-               (long long)cs.bytes_sent[DSC_COMM_OP_ALLTOALL], (long long)a2a_bytes);
-    assert_int_equal(cs.calls[DSC_COMM_OP_ALLTOALL], 4);
-    assert_int_equal(cs.bytes_sent[DSC_COMM_OP_ALLTOALL], a2a_bytes);
-    int64_t dropped = st.dropped_tokens, one = 1;
-    dsc_tensor dt = dsc_tensor_view(&dropped, DSC_DTYPE_I64, 1, &one, DSC_CPU);
-    assert_ok(dsc_comm_allreduce(env.world, &dt, DSC_REDUCE_OP_SUM));
-    if (c->drop)
-        assert_true(dropped > 0); /* the case really drops tokens */
-    else
-        assert_int_equal(dropped, 0);
-
-    /* The optimizer's reduction: dense over all ranks, experts over their EDP group. */
-    for (int g = 0; g < DSC_PARAM_GROUP_COUNT; g++) {
-        dsc_tensor values, grads;
-        dsc_params_flat(L.store, (dsc_param_group)g, &values, &grads);
-        if (dsc_tensor_numel(&grads) > 0)
-            assert_ok(
-                dsc_comm_allreduce(g == DSC_PARAM_GROUP_EXPERT ? edp : env.world, &grads, DSC_REDUCE_OP_AVG));
+    float *out[2], *din[2];
+    double loss[2], ref_loss = 0;
+    int64_t hook_calls[2];
+    layer_run L[2];
+    for (int v = 0; v < 2; v++) {
+        out[v] = malloc(n * sizeof *out[v]);
+        din[v] = malloc(n * sizeof *din[v]);
+        o.overlap_alltoall = v == 1;
+        run_ep(c, &o, &mc, &env, &L[v], out[v], din[v], &loss[v], &hook_calls[v]);
     }
+    assert_int_equal(hook_calls[1], hook_calls[0]);
 
     /* The single-rank layer with all experts, on every token set. */
     layer_run R;
     layer_open(&R, &o, &mc, NULL, T);
+    float *ref_out = malloc(n * sizeof *ref_out), *ref_din = malloc(n * sizeof *ref_din);
     float *tmp_out = malloc(n * sizeof *tmp_out), *tmp_din = malloc(n * sizeof *tmp_din);
     for (int q = 0; q < world; q++) {
         double l;
@@ -156,30 +196,41 @@ static void run_case(const ep_case *c) {
         if (dsc_tensor_numel(&ref_grads) > 0) assert_ok(dsc_kernel_scale(&ref_grads, 1.0f / (float)world));
     }
 
-    double worst = dsc_test_max_rel_err(out, ref_out, n, FLOOR, "output");
-    worst = fmax(worst, dsc_test_max_rel_err(din, ref_din, n, FLOOR, "input gradient"));
-    float fl = (float)loss, frl = (float)ref_loss;
-    worst = fmax(worst, dsc_test_max_rel_err(&fl, &frl, 1, FLOOR, "gate loss"));
-    int expert_params = 0;
-    for (int i = 0; i < dsc_params_count(L.store); i++) {
-        dsc_param *p = dsc_params_at(L.store, i), *r = dsc_params_find(R.store, p->name);
-        assert_non_null(r);
-        expert_params += (p->flags & DSC_PARAM_EXPERT) != 0;
-        worst = fmax(worst, dsc_test_max_rel_err(p->grad.data, r->grad.data, dsc_param_numel(p), FLOOR, p->name));
+    for (int v = 0; v < 2; v++) {
+        double worst = dsc_test_max_rel_err(out[v], ref_out, n, FLOOR, "output");
+        worst = fmax(worst, dsc_test_max_rel_err(din[v], ref_din, n, FLOOR, "input gradient"));
+        float fl = (float)loss[v], frl = (float)ref_loss;
+        worst = fmax(worst, dsc_test_max_rel_err(&fl, &frl, 1, FLOOR, "gate loss"));
+        int expert_params = 0;
+        for (int i = 0; i < dsc_params_count(L[v].store); i++) {
+            dsc_param *p = dsc_params_at(L[v].store, i), *r = dsc_params_find(R.store, p->name);
+            assert_non_null(r);
+            expert_params += (p->flags & DSC_PARAM_EXPERT) != 0;
+            worst =
+                fmax(worst, dsc_test_max_rel_err(p->grad.data, r->grad.data, dsc_param_numel(p), FLOOR, p->name));
+            if (v == 1) {
+                const dsc_param *b = dsc_params_at(L[0].store, i);
+                assert_memory_equal(p->grad.data, b->grad.data, (size_t)dsc_param_numel(p) * sizeof(float));
+            }
+        }
+        /* This rank holds exactly its E / ep experts, by global name. */
+        assert_int_equal(expert_params, (8 / c->ep) * (c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 4));
+        if (rank == 0) printf("  overlap %d: worst relative error %.3e (tolerance %.0e)\n", v, worst, TOL);
+        assert_true(worst <= TOL);
     }
-    /* This rank holds exactly its E / ep experts, by global name. */
-    assert_int_equal(expert_params, (8 / c->ep) * (c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 4));
-    if (rank == 0) printf("  worst relative error %.3e (tolerance %.0e)\n", worst, TOL);
-    assert_true(worst <= TOL);
+    assert_memory_equal(out[1], out[0], (size_t)n * sizeof(float));
+    assert_memory_equal(din[1], din[0], (size_t)n * sizeof(float));
 
     free(tmp_out);
     free(tmp_din);
-    free(out);
-    free(din);
     free(ref_out);
     free(ref_din);
     layer_close(&R);
-    layer_close(&L);
+    for (int v = 0; v < 2; v++) {
+        free(out[v]);
+        free(din[v]);
+        layer_close(&L[v]);
+    }
     env_close(&env);
 }
 

@@ -234,6 +234,41 @@ static void ffn_ref(dsc_param *const *p, bool swiglu, int e, int count, const fl
     free(h);
 }
 
+/* Slot 1 of the 3-FFN bank again in parts, FFN 2 then FFNs 0-1: each call
+ * writes only its range, and together they give the whole call's output,
+ * input gradient and parameter gradients (`once`, at grad_scale 0.5). */
+static void bank_parts(dsc_moe_experts *bank, dsc_param_store *store, const dsc_tensor *x, const dsc_tensor *y,
+                       const dsc_tensor *g, const dsc_tensor *dx, const float *once) {
+    const int64_t n = dsc_tensor_numel(x), per = n / 3;
+    dsc_tensor y2, dx2;
+    assert_ok(dsc_tensor_alloc(&y2, DSC_DTYPE_F32, 3, x->shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    assert_ok(dsc_tensor_alloc(&dx2, DSC_DTYPE_F32, 3, x->shape, DSC_CPU, DSC_MEM_ACTIVATIONS));
+    float *yv = y2.data, *dv = dx2.data;
+    for (int64_t i = 0; i < n; i++)
+        yv[i] = dv[i] = 7.0f;
+    assert_ok(dsc_moe_experts_forward_part(bank, 1, 2, 1, x, &y2));
+    for (int64_t i = 0; i < 2 * per; i++)
+        assert_true(yv[i] == 7.0f);
+    assert_ok(dsc_moe_experts_forward_part(bank, 1, 0, 2, x, &y2));
+    assert_true(dsc_test_max_rel_err(yv, y->data, n, 1e-6, "bank output in parts") <= 1e-6);
+    assert_ok(dsc_params_zero_grads(store));
+    assert_ok(dsc_moe_experts_backward_part(bank, 1, 2, 1, g, &dx2, 0.5f));
+    for (int64_t i = 0; i < 2 * per; i++)
+        assert_true(dv[i] == 7.0f);
+    assert_ok(dsc_moe_experts_backward_part(bank, 1, 0, 2, g, &dx2, 0.5f));
+    assert_true(dsc_test_max_rel_err(dv, dx->data, n, 1e-6, "bank input gradient in parts") <= 1e-6);
+    dsc_tensor values, grads;
+    dsc_params_flat(store, DSC_PARAM_GROUP_EXPERT, &values, &grads);
+    assert_true(
+        dsc_test_max_rel_err(grads.data, once, dsc_tensor_numel(&grads), 1e-6, "bank gradients in parts") <= 1e-6);
+    dsc_status s = dsc_moe_experts_forward_part(bank, 1, 2, 2, x, &y2);
+    assert_non_null(s);
+    assert_non_null(strstr(dsc_status_message(s), "FFNs [2, 2 + 2) outside the bank's 3"));
+    dsc_status_free(s);
+    dsc_tensor_free(&y2);
+    dsc_tensor_free(&dx2);
+}
+
 static void bank_case(dsc_moe_expert_kind kind, int64_t M, int64_t F) {
     const int count = 3;
     const int64_t R = 5;
@@ -278,6 +313,7 @@ static void bank_case(dsc_moe_expert_kind kind, int64_t M, int64_t F) {
     dsc_params_flat(store, DSC_PARAM_GROUP_EXPERT, &values, &grads);
     float *once = malloc((size_t)dsc_tensor_numel(&grads) * sizeof *once);
     memcpy(once, grads.data, (size_t)dsc_tensor_numel(&grads) * sizeof *once);
+    bank_parts(bank, store, &x, &y, &g, &dx, once);
     assert_ok(dsc_moe_experts_forward(bank, 0, &x, &y));
     assert_ok(dsc_moe_experts_backward(bank, 0, &g, &dx, 1.5f));
     for (int64_t i = 0; i < dsc_tensor_numel(&grads); i++)

@@ -231,15 +231,18 @@ static void check_case(int ep_size) {
     const int64_t moe_forwards = STEPS * par.cfg.gradient_accumulation_steps; /* one MoE block */
     if (rank == 0)
         printf("  all-reduce calls: data-parallel %lld, expert-data-parallel %lld, expert-parallel %lld "
-               "(%lld bytes); all-to-all calls %lld\n",
+               "(%lld bytes); all-to-all calls %lld, sends %lld\n",
                (long long)sdp.calls[DSC_COMM_OP_ALLREDUCE], (long long)sedp.calls[DSC_COMM_OP_ALLREDUCE],
                (long long)sep.calls[DSC_COMM_OP_ALLREDUCE], (long long)sep.bytes_sent[DSC_COMM_OP_ALLREDUCE],
-               (long long)sep.calls[DSC_COMM_OP_ALLTOALL]);
+               (long long)sep.calls[DSC_COMM_OP_ALLTOALL], (long long)sep.calls[DSC_COMM_OP_SEND]);
     assert_int_equal(sdp.calls[DSC_COMM_OP_ALLREDUCE], 2 * STEPS); /* dense bucket + loss */
     assert_int_equal(sedp.calls[DSC_COMM_OP_ALLREDUCE], dsc_comm_size(edp) > 1 ? STEPS : 0);
     /* The capacity agreement of each MoE forward, and the experts' share of the global gradient norm. */
     assert_int_equal(sep.calls[DSC_COMM_OP_ALLREDUCE], moe_forwards + STEPS);
-    assert_int_equal(sep.calls[DSC_COMM_OP_ALLTOALL], 4 * moe_forwards);
+    /* The exchanges: two each way per forward, overlapped (the default) as one message per peer. */
+    assert_true(par.cfg.moe.overlap_alltoall);
+    assert_int_equal(sep.calls[DSC_COMM_OP_ALLTOALL], 0);
+    assert_int_equal(sep.calls[DSC_COMM_OP_SEND], 4 * (dsc_comm_size(ep) - 1) * moe_forwards);
 
     check_load_report(world, &par, &one);
 
