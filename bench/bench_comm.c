@@ -2,7 +2,7 @@
  * default algorithms, blocking calls on MPI_COMM_WORLD) for all-reduce,
  * all-gather, reduce-scatter, all-to-all and point-to-point, 4 KB .. 64 MB.
  *
- * Run on 2 ranks: mpirun -np 2 build/bench/bench_comm [--max-mb 64]
+ * Run on 2 ranks: mpirun -np 2 build/bench/bench_comm [--max-mb 64] [--min-kb 4] [--op all-reduce]
  * GB/s is algorithm bandwidth: the operation's buffer size (all-reduce: the
  * buffer; all-gather: the gathered output; reduce-scatter: the input;
  * all-to-all: one rank's send buffer; p2p: one message, one way) divided by
@@ -90,9 +90,14 @@ static double time_op(bench *B, bench_op op, int use_dsc, int iters) {
 }
 
 int main(int argc, char **argv) {
-    int64_t max_mb = 64;
-    for (int i = 1; i + 1 < argc; i += 2)
+    int64_t max_mb = 64, min_bytes = 4096;
+    const char *only = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--max-mb") == 0) max_mb = atoll(argv[i + 1]);
+        if (strcmp(argv[i], "--min-kb") == 0) min_bytes = atoll(argv[i + 1]) << 10;
+        if (strcmp(argv[i], "--op") == 0) only = argv[i + 1];
+    }
+    if (min_bytes < 4) min_bytes = 4;
     bench B = {0};
     die(dsc_comm_world(NULL, &B.comm));
     B.rank = dsc_comm_rank(B.comm);
@@ -108,7 +113,7 @@ int main(int argc, char **argv) {
         printf("%-15s %10s %12s %12s %8s\n", "op", "bytes", "dsc GB/s", "MPI GB/s", "ratio");
     }
     for (int op = 0; op < OP_COUNT; op++)
-        for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+        for (int64_t bytes = min_bytes; bytes <= max_bytes && (!only || !strcmp(only, op_names[op])); bytes *= 4) {
             dsc_tensor full_a = B.a, full_b = B.b;
             B.n = bytes / 4 / B.size * B.size;
             B.a = dsc_tensor_rows(&full_a, 0, B.n);
