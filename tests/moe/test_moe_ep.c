@@ -93,6 +93,7 @@ typedef struct ep_case {
     bool drop, residual;
     dsc_moe_expert_kind kind;
     double capacity_factor;
+    int experts;
 } ep_case;
 
 /* The expert-parallel layer on this rank's token set, then the optimizer's
@@ -127,7 +128,7 @@ static void run_ep(const ep_case *c, const dsc_moe_options *o, const dsc_model_c
     assert_ok(dsc_moe_stats_get(L->layer, &st));
     dsc_comm_stats cs;
     dsc_comm_get_stats(ep, &cs);
-    const int64_t a2a_bytes = 4 * (c->ep - 1) * (8 * st.capacity * M * 4) / c->ep;
+    const int64_t a2a_bytes = 4 * (c->ep - 1) * (c->experts * st.capacity * M * 4) / c->ep;
     const dsc_comm_op op = o->overlap_alltoall ? DSC_COMM_OP_SEND : DSC_COMM_OP_ALLTOALL;
     if (rank == 0)
         printf(
@@ -165,7 +166,7 @@ static void run_case(const ep_case *c) {
     moe_test_model_config(&mc, c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? DSC_ARCH_MIXTRAL : DSC_ARCH_GPT_MOE, 1, 8,
                           1);
     dsc_moe_options o;
-    moe_test_options(&o, 8, c->k, c->drop, c->residual, c->kind);
+    moe_test_options(&o, c->experts, c->k, c->drop, c->residual, c->kind);
     o.gate.capacity_factor = c->capacity_factor;
     const int64_t M = mc.d_model, n = B * T * M;
     float *out[2], *din[2];
@@ -214,7 +215,7 @@ static void run_case(const ep_case *c) {
             }
         }
         /* This rank holds exactly its E / ep experts, by global name. */
-        assert_int_equal(expert_params, (8 / c->ep) * (c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 4));
+        assert_int_equal(expert_params, (c->experts / c->ep) * (c->kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 4));
         if (rank == 0) printf("  overlap %d: worst relative error %.3e (tolerance %.0e)\n", v, worst, TOL);
         assert_true(worst <= TOL);
     }
@@ -236,22 +237,29 @@ static void run_case(const ep_case *c) {
 
 static void test_ep2_top2_drop_gelu_residual(void **state) {
     (void)state;
-    run_case(&(ep_case){"ep2 top-2 drop gelu+residual", 2, 2, true, true, DSC_MOE_EXPERT_KIND_GELU, 0.5});
+    run_case(&(ep_case){"ep2 top-2 drop gelu+residual", 2, 2, true, true, DSC_MOE_EXPERT_KIND_GELU, 0.5, 8});
 }
 
 static void test_ep2_top2_nodrop_swiglu(void **state) {
     (void)state;
-    run_case(&(ep_case){"ep2 top-2 no-drop swiglu", 2, 2, false, false, DSC_MOE_EXPERT_KIND_SWIGLU, 1.0});
+    run_case(&(ep_case){"ep2 top-2 no-drop swiglu", 2, 2, false, false, DSC_MOE_EXPERT_KIND_SWIGLU, 1.0, 8});
 }
 
 static void test_ep4_top1_drop_swiglu(void **state) {
     (void)state;
-    run_case(&(ep_case){"ep4 top-1 drop swiglu", 4, 1, true, false, DSC_MOE_EXPERT_KIND_SWIGLU, 1.0});
+    run_case(&(ep_case){"ep4 top-1 drop swiglu", 4, 1, true, false, DSC_MOE_EXPERT_KIND_SWIGLU, 1.0, 8});
+}
+
+/* One expert a rank: the own piece has no first half, so the results' trip back is not overlapped. */
+static void test_ep4_one_expert_each(void **state) {
+    (void)state;
+    run_case(&(ep_case){"ep4 one expert a rank, top-2 no-drop gelu", 4, 2, false, false, DSC_MOE_EXPERT_KIND_GELU,
+                        1.0, 4});
 }
 
 static void test_ep4_top2_nodrop_gelu_residual(void **state) {
     (void)state;
-    run_case(&(ep_case){"ep4 top-2 no-drop gelu+residual", 4, 2, false, true, DSC_MOE_EXPERT_KIND_GELU, 1.0});
+    run_case(&(ep_case){"ep4 top-2 no-drop gelu+residual", 4, 2, false, true, DSC_MOE_EXPERT_KIND_GELU, 1.0, 8});
 }
 
 /* The first rank of each EP group gates fewer tokens than its peer: every rank fails with the reason. */
@@ -298,9 +306,13 @@ static void test_bad_ep_group(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ep2_top2_drop_gelu_residual), cmocka_unit_test(test_ep2_top2_nodrop_swiglu),
-        cmocka_unit_test(test_ep4_top1_drop_swiglu),        cmocka_unit_test(test_ep4_top2_nodrop_gelu_residual),
-        cmocka_unit_test(test_token_count_mismatch),        cmocka_unit_test(test_bad_ep_group),
+        cmocka_unit_test(test_ep2_top2_drop_gelu_residual),
+        cmocka_unit_test(test_ep2_top2_nodrop_swiglu),
+        cmocka_unit_test(test_ep4_top1_drop_swiglu),
+        cmocka_unit_test(test_ep4_top2_nodrop_gelu_residual),
+        cmocka_unit_test(test_ep4_one_expert_each),
+        cmocka_unit_test(test_token_count_mismatch),
+        cmocka_unit_test(test_bad_ep_group),
     };
     return DSC_RUN_MPI_TESTS(tests);
 }
