@@ -250,7 +250,7 @@ static void test_ep4_top1_drop_swiglu(void **state) {
     run_case(&(ep_case){"ep4 top-1 drop swiglu", 4, 1, true, false, DSC_MOE_EXPERT_KIND_SWIGLU, 1.0, 8});
 }
 
-/* One expert a rank: the own piece has no first half, so the results' trip back is not overlapped. */
+/* One expert a rank: the own piece has no first half and runs whole after the other ranks' pieces. */
 static void test_ep4_one_expert_each(void **state) {
     (void)state;
     run_case(&(ep_case){"ep4 one expert a rank, top-2 no-drop gelu", 4, 2, false, false, DSC_MOE_EXPERT_KIND_GELU,
