@@ -11,6 +11,10 @@
  * FLOPs of the k experts a token visits (the MoE layer also computes the
  * padding slots, Cap*E >= k*S, and the router).
  *
+ * With EP 1 the peer is PyTorch running the same layer (bench/torch_moe_ref.py, with
+ * DeepSpeed's einsum dispatch and with index_select / index_add), interleaved with dsc
+ * over --pairs pairs on the same threads; the ratio is against the faster peer.
+ *
  * With EP > 1 the layer runs both ways of exchanging (moe.overlap_alltoall
  * off: blocking all-to-alls; on: messages in flight while the local share
  * runs through the experts), interleaved over --pairs pairs, and prints the
@@ -21,12 +25,14 @@
  *   mpirun -np 1 build/bench/bench_moe     (EP 1)
  *   mpirun -np 2 build/bench/bench_moe     (EP 2)
  *   options: --tokens S --d-model M --d-ff F --experts E --k K --capacity-factor C --iters N --pairs P
+ *            --torch PATH|none (default bench/torch_moe_ref.py) --python PATH (default /opt/venv/bin/python)
  * Prints; never asserts. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _DEFAULT_SOURCE /* popen, clock_gettime, getloadavg */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dsc/comm.h"
 #include "dsc/kernels.h"
@@ -48,6 +54,7 @@ typedef struct bench_opts {
     int64_t S, M, F;
     int E, k, iters, pairs;
     double capacity_factor;
+    const char *torch, *python; /* the EP 1 peer; torch "none": no peer */
 } bench_opts;
 
 static void fill(float *p, int64_t n, unsigned seed) {
@@ -171,9 +178,76 @@ static void print_run(const bench_opts *o, int ep, const char *what, double t_mo
            (long long)a2a, (long long)formula);
 }
 
+/* tokens/s of the PyTorch layer with `dispatch` (einsum | gather), or 0 when it could not run. */
+static double run_torch(const bench_opts *o, const char *dispatch) {
+    if (access(o->torch, R_OK) != 0) {
+        printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", o->torch);
+        return 0;
+    }
+    const int threads = dsc_kernels_get_num_threads();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=%d %s %s --tokens %lld --d-model %lld --d-ff %lld --experts %d --k %d "
+             "--capacity-factor %g --iters %d --threads %d --dispatch %s 2>&1",
+             threads, o->python, o->torch, (long long)o->S, (long long)o->M, (long long)o->F, o->E, o->k,
+             o->capacity_factor, o->iters, threads, dispatch);
+    FILE *p = popen(cmd, "r");
+    if (!p) return 0;
+    char line[512];
+    double tps = 0;
+    while (fgets(line, sizeof line, p))
+        if (sscanf(line, "tokens_per_s %lf", &tps) != 1) printf("    %s", line);
+    if (pclose(p) != 0) printf("  PyTorch reference failed (see its output above)\n");
+    return tps;
+}
+
+/* EP 1: the layer against the dense FFN and, interleaved, the PyTorch layer. */
+static void run_single(const bench_opts *o, dsc_comm *world, double t_dense) {
+    static const char *const peers[2] = {"einsum", "gather"};
+    double dsc_tps[64], peer_tps[2][64];
+    dsc_moe_stats st;
+    int64_t a2a;
+    const bool torch = strcmp(o->torch, "none") != 0;
+    printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
+    for (int i = 0; i < o->pairs; i++) {
+        const double t_moe = time_moe(o, world, false, &st, &a2a);
+        dsc_tps[i] = (double)o->S / t_moe;
+        print_run(o, 1, "MoE layer", t_moe, &st, a2a);
+        for (int v = 0; v < 2 && torch; v++)
+            peer_tps[v][i] = run_torch(o, peers[v]);
+    }
+    double dmin, dmed;
+    min_median(dsc_tps, o->pairs, &dmin, &dmed);
+    printf("  %-28s %12.0f %10.2f   (dense / MoE time, medians: %.2f)\n", "dense FFN, width k*F",
+           (double)o->S / t_dense, 1e3 * t_dense, t_dense * dmed / (double)o->S);
+    printf("  tokens/s (min, median over %d pairs): dsc %.0f, %.0f", o->pairs, dmin, dmed);
+    if (!torch) {
+        printf("\n");
+        return;
+    }
+    double best = 0;
+    for (int v = 0; v < 2; v++) {
+        double pmin, pmed;
+        min_median(peer_tps[v], o->pairs, &pmin, &pmed);
+        printf("; PyTorch, %s dispatch, %.0f, %.0f", peers[v], pmin, pmed);
+        best = pmed > best ? pmed : best;
+    }
+    double load = 0;
+    printf("\n  dsc / the faster PyTorch (medians) %.2f; load %.2f\n", best > 0 ? dmed / best : 0,
+           getloadavg(&load, 1) == 1 ? load : -1.0);
+}
+
 int main(int argc, char **argv) {
-    bench_opts o = {
-        .S = 1024, .M = 256, .F = 512, .E = 8, .k = 2, .iters = 10, .pairs = 3, .capacity_factor = 1.0};
+    bench_opts o = {.S = 1024,
+                    .M = 256,
+                    .F = 512,
+                    .E = 8,
+                    .k = 2,
+                    .iters = 10,
+                    .pairs = 3,
+                    .capacity_factor = 1.0,
+                    .torch = "bench/torch_moe_ref.py",
+                    .python = "/opt/venv/bin/python"};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--tokens"))
@@ -192,6 +266,10 @@ int main(int argc, char **argv) {
             o.iters = atoi(v);
         else if (!strcmp(a, "--pairs"))
             o.pairs = atoi(v);
+        else if (!strcmp(a, "--torch"))
+            o.torch = v;
+        else if (!strcmp(a, "--python"))
+            o.python = v;
         else {
             fprintf(stderr, "bench_moe: unknown option %s\n", a);
             return 2;
@@ -215,13 +293,7 @@ int main(int argc, char **argv) {
             ep, ep, (long long)o.S, (long long)o.M, (long long)o.F, o.E, o.k, o.capacity_factor, o.iters,
             dsc_kernels_get_num_threads());
     if (ep == 1) {
-        const double t_moe = time_moe(&o, world, false, &st, &a2a);
-        if (rank == 0) {
-            printf("  %-28s %12s %10s\n", "", "tokens/s/rank", "ms/iter");
-            print_run(&o, ep, "MoE layer", t_moe, &st, a2a);
-            printf("  %-28s %12.0f %10.2f   (dense / MoE time %.2f)\n", "dense FFN, width k*F",
-                   (double)o.S / t_dense, 1e3 * t_dense, t_dense / t_moe);
-        }
+        run_single(&o, world, t_dense);
         dsc_comm_free(world);
         die(dsc_comm_finalize());
         return 0;
