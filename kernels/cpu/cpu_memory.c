@@ -33,11 +33,17 @@ static dsc_status cpu_alloc(const dsc_backend *backend, void **ptr, size_t bytes
 #endif
     /* The pages are faulted in here, huge where granted, a 2 MiB page at a time over the kernels'
      * threads for a large allocation: on a VM each first touch is a fault in the guest and in the
-     * host, and a model's buffers (GPT-2 with AdamW: 2.9 GB) took seconds on one thread. */
-    const int64_t pages = (int64_t)(rounded / DSC_MEM_HUGE_PAGE);
+     * host, and a model's buffers (GPT-2 with AdamW: 2.9 GB) took seconds on one thread.
+     * Small ones stay out of OpenMP altogether: even a region whose `if` is false enters libgomp and
+     * wakes its barrier with a futex call, which took most of a 1 KB all-reduce's time (its request
+     * and counts are small allocations). */
     char *at = *ptr;
-    const bool spread = huge && !dsc_cpu_pool_scope(); /* the pool, when in its scope, owns the cores */
-#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (spread) schedule(static)
+    if (!huge || dsc_cpu_pool_scope()) { /* the pool, when in its scope, owns the cores */
+        memset(at, 0, rounded);
+        return NULL;
+    }
+    const int64_t pages = (int64_t)(rounded / DSC_MEM_HUGE_PAGE);
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) schedule(static)
     for (int64_t p = 0; p < pages; p++)
         memset(at + (size_t)p * DSC_MEM_HUGE_PAGE, 0, DSC_MEM_HUGE_PAGE);
     memset(at + (size_t)pages * DSC_MEM_HUGE_PAGE, 0, rounded - (size_t)pages * DSC_MEM_HUGE_PAGE);
