@@ -135,6 +135,14 @@ static dsc_status scratch_take(dsc_comm *c, collective *k, size_t bytes) {
     return NULL;
 }
 
+/* A collective and its arrays in one block (one allocation per collective, not four): the
+ * struct, then counts and displs (P each), then icounts (2P). */
+_Static_assert(sizeof(collective) % _Alignof(int64_t) == 0, "the arrays after a collective must be aligned");
+
+static size_t collective_bytes(int p) {
+    return sizeof(collective) + 2 * ARRAY_BYTES(p, int64_t) + ARRAY_BYTES(2 * p, int);
+}
+
 static void collective_free(collective *k) {
     if (!k) return;
     dsc_comm *c = k->comm;
@@ -144,10 +152,7 @@ static void collective_free(collective *k) {
         st->kept[k->scratch_slot].busy = false;
     else
         dsc_mem_free(k->scratch, k->scratch_bytes, DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(k->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(k->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(k->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU);
-    dsc_mem_free(k, sizeof *k, DSC_MEM_COMM, DSC_CPU);
+    dsc_mem_free(k, collective_bytes(p), DSC_MEM_COMM, DSC_CPU);
 }
 
 static dsc_status check_int(const dsc_comm *c, int64_t n, const char *what) {
@@ -162,18 +167,19 @@ static dsc_status collective_new(dsc_comm *c, dsc_comm_op kind, dsc_dtype dtype,
     int p = c->size;
     collective *k;
     *out = NULL;
-    DSC_TRY(dsc_mem_alloc((void **)&k, sizeof *k, DSC_MEM_COMM, DSC_CPU));
+    DSC_TRY(dsc_mem_alloc((void **)&k, collective_bytes(p), DSC_MEM_COMM, DSC_CPU));
+    int64_t *arrays = (int64_t *)(k + 1);
     *k = (collective){.comm = c,
                       .kind = kind,
                       .op = op,
                       .dtype = dtype,
                       .mpi = MPI_REQUEST_NULL,
                       .scratch_slot = -1,
-                      .tag = RING_TAG_BASE + (int)(c->seq % RING_TAGS)};
+                      .tag = RING_TAG_BASE + (int)(c->seq % RING_TAGS),
+                      .counts = arrays,
+                      .displs = arrays + p,
+                      .icounts = (int *)(arrays + 2 * p)};
     *out = k;
-    DSC_TRY(dsc_mem_alloc((void **)&k->counts, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
-    DSC_TRY(dsc_mem_alloc((void **)&k->displs, ARRAY_BYTES(p, int64_t), DSC_MEM_COMM, DSC_CPU));
-    DSC_TRY(dsc_mem_alloc((void **)&k->icounts, ARRAY_BYTES(2 * p, int), DSC_MEM_COMM, DSC_CPU));
     int64_t offset = 0;
     for (int i = 0; i < p; i++) {
         k->counts[i] = counts ? counts[i] : n / p + (i < n % p);
