@@ -322,6 +322,8 @@ int main(int argc, char **argv) {
         printf(
             "  MoE layer, ms/iter (min, median): overlap off %.2f, %.2f; on %.2f, %.2f; on / off (medians) %.3f\n",
             1e3 * smin[0], 1e3 * smed[0], 1e3 * smin[1], 1e3 * smed[1], smed[1] / smed[0]);
+        double load = 0;
+        printf("  load %.2f\n", getloadavg(&load, 1) == 1 ? load : -1.0);
     }
     dsc_comm_free(world);
     die(dsc_comm_finalize());

@@ -244,32 +244,36 @@ static dsc_tensor part_of(const dsc_tensor *t, ffn_range r) {
                            (int64_t[]){r.n, t->shape[1], t->shape[2]}, t->device);
 }
 
+/* The range of a bank's (count, rows, cols) values or gradients that start at `data`. */
+static dsc_tensor bank_part(const dsc_moe_experts *x, const proj_bank *b, void *data, ffn_range r) {
+    const dsc_tensor whole =
+        dsc_tensor_view(data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, b->rows, b->cols}, x->device);
+    return part_of(&whole, r);
+}
+
 /* The range's values as one (n, rows, cols) tensor: the flat buffer itself or a fresh packed copy. */
 static dsc_status bank_values(const dsc_moe_experts *x, proj_bank *b, ffn_range r, dsc_tensor *out) {
-    const int64_t n = b->rows * b->cols, shape[3] = {r.n, b->rows, b->cols};
     if (!b->packed) {
         DSC_CHECK(contiguous(b, x->o.count), DSC_ERR_INVALID,
                   "expert bank %s: parameters moved since reserve; reserve the layer again", b->p[0]->name);
-        *out = dsc_tensor_view((float *)b->p[0]->value.data + r.first * n, DSC_DTYPE_F32, 3, shape, x->device);
+        *out = bank_part(x, b, b->p[0]->value.data, r);
         return NULL;
     }
+    const int64_t n = b->rows * b->cols;
     for (int e = r.first; e < r.first + r.n; e++) {
         dsc_tensor dst = dsc_tensor_view((float *)b->value.data + e * n, DSC_DTYPE_F32, 1, &n, x->device);
         dsc_tensor src = dsc_tensor_view(b->p[e]->value.data, DSC_DTYPE_F32, 1, &n, x->device);
         DSC_TRY(dsc_tensor_copy(&dst, &src));
     }
-    *out = part_of(&b->value, r);
+    *out = bank_part(x, b, b->value.data, r);
     return NULL;
 }
 
 /* Where a GEMM accumulates the range's gradient: the flat gradient buffer with
  * beta 1, or the packed scratch with beta 0 (added back by bank_grad_end). */
 static dsc_tensor bank_grad(const dsc_moe_experts *x, const proj_bank *b, ffn_range r, float *beta) {
-    const int64_t n = b->rows * b->cols, shape[3] = {r.n, b->rows, b->cols};
     *beta = b->packed ? 0.0f : 1.0f;
-    return b->packed
-               ? part_of(&b->grad, r)
-               : dsc_tensor_view((float *)b->p[0]->grad.data + r.first * n, DSC_DTYPE_F32, 3, shape, x->device);
+    return bank_part(x, b, b->packed ? b->grad.data : b->p[0]->grad.data, r);
 }
 
 static dsc_status bank_grad_end(const dsc_moe_experts *x, const proj_bank *b, ffn_range r) {

@@ -72,7 +72,7 @@ typedef struct moe_layer {
     int64_t max_S, max_cap;
     moe_slot *slots;
     dsc_tensor buf[4];      /* (E, max_cap, M) each, shared by slots: what is sent, received, computed, returned */
-    dsc_comm_request **req; /* (ep, 4): an expert pass's messages in flight */
+    dsc_comm_request **req; /* (ep, 4): an expert pass's messages in flight: receive / send there, back */
     int64_t *row0;          /* (E + 1) first row of each expert in the padded (E, Cap, M) buffers */
     dsc_tensor out, din;    /* (B, T, M) shared output and input gradient */
     dsc_tensor dlogits;     /* (S, max(E, 2)): router, or residual coefficient, logit gradients */
@@ -269,17 +269,17 @@ typedef struct expert_pass {
     int slot;
     bool backward;
     int64_t Cap;
-    dsc_comm_request **req; /* m->req: (ep, 4) receive / send there, receive / send back */
-    dsc_status error;       /* the first failure of the progress hook */
+    dsc_status error; /* the first failure of the progress hook */
     dsc_kernels_progress_fn prev_fn;
     void *prev_arg;
 } expert_pass;
 
 static void pass_progress(void *arg) {
     expert_pass *p = arg;
+    dsc_comm_request **req = p->m->req;
     for (int64_t i = 0; i < 4 * p->m->ep_size && !p->error; i++) {
         bool done;
-        if (p->req[i]) p->error = dsc_comm_test(&p->req[i], &done);
+        if (req[i]) p->error = dsc_comm_test(&req[i], &done);
     }
     if (p->prev_fn) p->prev_fn(p->prev_arg);
 }
@@ -309,9 +309,9 @@ static dsc_status post(expert_pass *p, const float *send, float *in, float *back
         if (j == m->ep_rank) continue;
         dsc_tensor to = piece(m, (float *)send, j, p->Cap), from = piece(m, in, j, p->Cap);
         dsc_tensor result = piece(m, back, j, p->Cap);
-        DSC_TRY(dsc_comm_irecv(m->ep, &from, (int)j, TAG_TO_EXPERTS, &p->req[4 * j]));
-        DSC_TRY(dsc_comm_isend(m->ep, &to, (int)j, TAG_TO_EXPERTS, &p->req[4 * j + 1]));
-        DSC_TRY(dsc_comm_irecv(m->ep, &result, (int)j, TAG_BACK, &p->req[4 * j + 2]));
+        DSC_TRY(dsc_comm_irecv(m->ep, &from, (int)j, TAG_TO_EXPERTS, &m->req[4 * j]));
+        DSC_TRY(dsc_comm_isend(m->ep, &to, (int)j, TAG_TO_EXPERTS, &m->req[4 * j + 1]));
+        DSC_TRY(dsc_comm_irecv(m->ep, &result, (int)j, TAG_BACK, &m->req[4 * j + 2]));
     }
     return NULL;
 }
@@ -330,11 +330,11 @@ static dsc_status run_pieces(expert_pass *p, float *in, float *out, float *back,
         const int64_t j = (me + i) % m->ep_size;
         dsc_tensor pin = piece(m, in, j, p->Cap), pout = piece(m, out, j, p->Cap);
         if (overlap) {
-            DSC_TRY(dsc_comm_wait(&p->req[4 * j]));
+            DSC_TRY(dsc_comm_wait(&m->req[4 * j]));
             lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
         }
         DSC_TRY(run_piece(p, j, 0, whole, &pin, &pout));
-        if (overlap) DSC_TRY(dsc_comm_isend(m->ep, &pout, (int)j, TAG_BACK, &p->req[4 * j + 3]));
+        if (overlap) DSC_TRY(dsc_comm_isend(m->ep, &pout, (int)j, TAG_BACK, &m->req[4 * j + 3]));
         lap(m, DSC_MOE_PHASE_EXPERTS, t0);
     }
     DSC_TRY(run_piece(p, me, half, whole - half, &own_in, &own_out));
@@ -359,7 +359,7 @@ static dsc_status run_overlapped(expert_pass *p, const float *send, float *in, f
         s = run_pieces(p, in, out, back, t0);
         dsc_kernels_set_progress(p->prev_fn, p->prev_arg);
     }
-    dsc_status w = dsc_comm_waitall(p->req, (int)n);
+    dsc_status w = dsc_comm_waitall(m->req, (int)n);
     lap(m, DSC_MOE_PHASE_ALLTOALL, t0);
     if (!s)
         s = p->error ? p->error : w;
@@ -376,7 +376,7 @@ static dsc_status run_overlapped(expert_pass *p, const float *send, float *in, f
  * experts run, from `send` into `back`. */
 static dsc_status expert_pass_run(moe_layer *m, int slot, bool backward, int64_t Cap, const float *send, float *in,
                                   float *out, float *back, double *t0) {
-    expert_pass p = {.m = m, .slot = slot, .backward = backward, .Cap = Cap, .req = m->req};
+    expert_pass p = {.m = m, .slot = slot, .backward = backward, .Cap = Cap};
     if (m->ep_size == 1) {
         dsc_tensor x = piece(m, (float *)send, 0, Cap), y = piece(m, back, 0, Cap);
         DSC_TRY(run_piece(&p, 0, 0, (int)m->E_loc, &x, &y));

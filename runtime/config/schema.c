@@ -246,9 +246,9 @@ static const dsc_config_key schema[] = {
         "by rows, the output projection by columns, one all-reduce each way); false: experts whole, replicated "
         "over the tensor group."),
     BOOL("moe.overlap_alltoall", moe.overlap_alltoall, "true", 0,
-         "Overlap the exchanges with the expert-parallel group with expert compute: point-to-point messages in "
-         "flight while this rank's own share of the tokens runs through its experts, instead of blocking "
-         "all-to-alls (the same results bitwise; docs/moe.md)."),
+         "Training: overlap the exchanges with the expert-parallel group with expert compute, as "
+         "point-to-point messages in flight while this rank's own share of the tokens runs through its "
+         "experts, instead of blocking all-to-alls (the same results bitwise; docs/moe.md)."),
 
     SECTION("checkpoint", "Saving and restoring (HDF5)."),
     STRING("checkpoint.save_dir", checkpoint.save_dir, "\"\"", "Directory for checkpoints; \"\" disables saving."),
