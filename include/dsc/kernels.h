@@ -60,8 +60,11 @@ DSC_API void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg);
  * in f32. The CPU uses AVX-512 BF16's dot for prompt-sized products where it has it (and
  * DSC_CPU_SIMD is unset or "avx512bf16"), sgemm over rounded copies otherwise; the CUDA backend
  * keeps f32. Under BF16 the CPU's embedding lookup (dsc_kernel_embedding_forward) reads the rows
- * it gathers rounded to bf16 too. Any other dtype (the default): f32. Mixed-precision training in
- * bf16 sets it for its layers' calls. Returns the previous setting. */
+ * it gathers rounded to bf16 too, and its attention (dsc_kernel_attention_forward / _backward)
+ * computes as a bf16 flash attention: q, k, v, the output gradient, each tile's probabilities and
+ * score gradients rounded to bf16 before they multiply, the output rounded. Any other dtype (the
+ * default): f32. Mixed-precision training in bf16 sets it for its layers' calls. Returns the
+ * previous setting. */
 DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
 
 /* ---- matrix products ------------------------------------------------------

@@ -30,6 +30,19 @@ dsc_status dsc_cpu_gemm_bf16(const gemm_args *g);
 /* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
 dsc_dtype dsc_cpu_matmul_dtype(void);
 
+/* A buffer a thread keeps between kernel calls (declare it _Thread_local): grown to the largest
+ * size asked for, never shrunk, counted as DSC_MEM_OTHER. A fresh allocation of megabytes is a
+ * fresh mapping, and faulting its pages in took as long as the products that used it. */
+typedef struct dsc_cpu_kept {
+    void *p;
+    size_t bytes;
+} dsc_cpu_kept;
+/* At least `bytes` of `s`, 64-byte aligned; NULL without memory. */
+void *dsc_cpu_kept_at_least(dsc_cpu_kept *s, size_t bytes);
+/* v[0 .. n) rounded to bf16 and widened back into `s`, over the kernels' threads; NULL without
+ * memory. */
+float *dsc_cpu_bf16_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n);
+
 /* x rounded to bf16 as dsc_f32_to_bf16 (nearest even, a NaN quieted) and widened back, spelled out
  * on the bits so that a loop over it vectorises (a call per value took longer than sgemm). */
 static inline float dsc_cpu_bf16_rounded(float x) {

@@ -25,18 +25,12 @@ dsc_dtype dsc_cpu_matmul_dtype(void) {
 }
 
 /* The two operands' buffers, kept by each calling thread between products (the rounded x and the
- * packs of the dot, or the rounded copies sgemm multiplies: a product takes one way): a fresh
- * allocation of megabytes is a fresh mapping, and faulting its pages in (the kernel zeroing each)
- * took as long as the products themselves in a GPT-2 step. Grown to the largest product asked
- * for (GPT-2's head input gradient, 512 rows of 50257: 51 MB for the dot's x) and kept while the
- * thread lives. */
-typedef struct bf16_scratch {
-    void *p;
-    size_t bytes;
-} bf16_scratch;
-static _Thread_local bf16_scratch first_scratch, second_scratch;
+ * packs of the dot, or the rounded copies sgemm multiplies: a product takes one way), grown to the
+ * largest product asked for (GPT-2's head input gradient, 512 rows of 50257: 51 MB for the dot's
+ * x). */
+static _Thread_local dsc_cpu_kept first_scratch, second_scratch;
 
-static void *scratch_at_least(bf16_scratch *s, size_t bytes) {
+void *dsc_cpu_kept_at_least(dsc_cpu_kept *s, size_t bytes) {
     if (s->bytes >= bytes) return s->p;
     free(s->p);
     dsc_mem_account(DSC_MEM_OTHER, -(int64_t)s->bytes); /* counted as the other workspaces */
@@ -149,9 +143,10 @@ static bool bf16_dot_gemm(const gemm_args *g) {
     const int64_t blocks = (g->n + BF16_BLOCK - 1) / BF16_BLOCK;
     const bool by_rows = g->m > g->n;
     J.xb_halves = dsc_cpu_bf16_x_bytes(BF16_ROWS, g->k) / sizeof(uint16_t);
-    J.xb = scratch_at_least(&first_scratch, by_rows ? (size_t)nt * J.xb_halves * sizeof(uint16_t)
-                                                    : dsc_cpu_bf16_x_bytes(g->m, g->k));
-    J.packs = scratch_at_least(&second_scratch, (size_t)(by_rows ? blocks : nt) * J.pack_words * sizeof(uint32_t));
+    J.xb = dsc_cpu_kept_at_least(&first_scratch, by_rows ? (size_t)nt * J.xb_halves * sizeof(uint16_t)
+                                                         : dsc_cpu_bf16_x_bytes(g->m, g->k));
+    J.packs =
+        dsc_cpu_kept_at_least(&second_scratch, (size_t)(by_rows ? blocks : nt) * J.pack_words * sizeof(uint32_t));
     if (!J.xb || !J.packs) return false;
     if (by_rows) {
         bf16_parallel(&J, pack_block, blocks, nt);
@@ -170,10 +165,8 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-/* v[0 .. n) rounded to bf16 and widened back, into the kept buffer `s` (NULL without memory),
- * over the kernels' threads. */
-static float *rounded_copy(bf16_scratch *s, const float *v, int64_t n) {
-    float *r = scratch_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
+float *dsc_cpu_bf16_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n) {
+    float *r = dsc_cpu_kept_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!r) return NULL;
 #pragma omp parallel for simd num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
     for (int64_t i = 0; i < n; i++)
@@ -194,8 +187,8 @@ dsc_status dsc_cpu_gemm_bf16(const gemm_args *g) {
     }
     if (bf16_dot_gemm(g)) return NULL;
     gemm_args r = *g;
-    float *ra = rounded_copy(&first_scratch, g->a, g->m * g->k),
-          *rb = rounded_copy(&second_scratch, g->b, g->k * g->n);
+    float *ra = dsc_cpu_bf16_rounded_copy(&first_scratch, g->a, g->m * g->k),
+          *rb = dsc_cpu_bf16_rounded_copy(&second_scratch, g->b, g->k * g->n);
     dsc_status s = ra && rb ? NULL
                             : dsc_error(DSC_ERR_NOMEM,
                                         "dsc_kernel_gemm: bf16 copies of a (%lld x %lld) and b "

@@ -73,8 +73,10 @@ void ref_swiglu_backward(double *dgate, double *dup, const double *dout, const d
 
 void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q,
                             const double *k, const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
-                            int64_t hs) {
+                            int64_t hs, ref_rounding round) {
     double *p = malloc((size_t)t * sizeof *p), *dp = malloc((size_t)t * sizeof *dp);
+    double *out = malloc((size_t)(b * t * nh * hs) * sizeof *out); /* D = dout . out, out as the forward's */
+    ref_attention(out, NULL, q, k, v, b, t, nh, nkv, hs, round);
     double scale = 1 / sqrt((double)hs);
     for (int64_t i = 0; i < b * t * nh * hs; i++)
         dq[i] = 0;
@@ -84,8 +86,11 @@ void ref_attention_backward(double *dq, double *dk, double *dv, const double *do
         for (int64_t h = 0; h < nh; h++) {
             int64_t kvh = h / (nh / nkv);
             for (int64_t i = 0; i < t; i++) {
-                const double *qi = q + ((bi * t + i) * nh + h) * hs, *gi = dout + ((bi * t + i) * nh + h) * hs;
+                int64_t row = ((bi * t + i) * nh + h) * hs;
+                const double *qi = q + row, *gi = dout + row;
                 double mx = -INFINITY, sum = 0, dot = 0;
+                for (int64_t d = 0; d < hs; d++)
+                    dot += gi[d] * out[row + d];
                 for (int64_t j = 0; j <= i; j++) {
                     const double *kj = k + ((bi * t + j) * nkv + kvh) * hs,
                                  *vj = v + ((bi * t + j) * nkv + kvh) * hs;
@@ -98,20 +103,19 @@ void ref_attention_backward(double *dq, double *dk, double *dv, const double *do
                 }
                 for (int64_t j = 0; j <= i; j++)
                     sum += (p[j] = exp(p[j] - mx));
-                for (int64_t j = 0; j <= i; j++)
-                    dot += (p[j] /= sum) * dp[j];
                 for (int64_t j = 0; j <= i; j++) {
-                    double ds = p[j] * (dp[j] - dot) * scale;
+                    p[j] /= sum;
+                    double ds = ref_rounded(round, p[j] * (dp[j] - dot)) * scale, pj = ref_rounded(round, p[j]);
                     int64_t kv = ((bi * t + j) * nkv + kvh) * hs;
                     for (int64_t d = 0; d < hs; d++) {
-                        dq[((bi * t + i) * nh + h) * hs + d] += ds * k[kv + d];
+                        dq[row + d] += ds * k[kv + d];
                         dk[kv + d] += ds * qi[d];
-                        dv[kv + d] += p[j] * gi[d];
+                        dv[kv + d] += pj * gi[d];
                     }
                 }
             }
         }
-    free(p), free(dp);
+    free(p), free(dp), free(out);
 }
 
 void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, const int32_t *tokens, int64_t n,

@@ -84,8 +84,8 @@ void ref_softmax(double *out, const double *x, int64_t n, int64_t c) {
 }
 
 void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b,
-                   int64_t t, int64_t nh, int64_t nkv, int64_t hs) {
-    double *p = malloc((size_t)(t * t) * sizeof *p); /* (T, T) probabilities of one head */
+                   int64_t t, int64_t nh, int64_t nkv, int64_t hs, ref_rounding round) {
+    double *p = malloc((size_t)(t * t) * sizeof *p); /* (T, T) probabilities of one head, unnormalised */
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
             int64_t kvh = h / (nh / nkv);
@@ -100,17 +100,17 @@ void ref_attention(double *out, double *lse, const double *q, const double *k, c
                     p[i * t + j] = s / sqrt((double)hs);
                     mx = fmax(mx, p[i * t + j]);
                 }
-                for (int64_t j = 0; j <= i; j++)
-                    sum += exp(p[i * t + j] - mx);
-                for (int64_t j = 0; j <= i; j++)
-                    p[i * t + j] = exp(p[i * t + j] - mx) / sum;
+                for (int64_t j = 0; j <= i; j++) {
+                    sum += (p[i * t + j] = exp(p[i * t + j] - mx));
+                    p[i * t + j] = ref_rounded(round, p[i * t + j]);
+                }
                 if (lse) lse[(bi * nh + h) * t + i] = mx + log(sum);
                 double *o = out + ((bi * t + i) * nh + h) * hs;
                 for (int64_t d = 0; d < hs; d++) {
                     double acc = 0;
                     for (int64_t j = 0; j <= i; j++)
                         acc += p[i * t + j] * v[((bi * t + j) * nkv + kvh) * hs + d];
-                    o[d] = acc;
+                    o[d] = ref_rounded(round, acc / sum);
                 }
             }
         }

@@ -18,9 +18,17 @@ void ref_gelu(double *out, const double *x, int64_t n);
 void ref_silu(double *out, const double *x, int64_t n);
 void ref_swiglu(double *out, const double *gate, const double *up, int64_t n);
 void ref_softmax(double *out, const double *x, int64_t n, int64_t c);
+/* A rounding applied inside the attention references (NULL: none): a bf16 flash attention rounds
+ * the unnormalised probabilities before they multiply v and the output once normalised, and in the
+ * backward the probabilities before dv and the score gradients P (dP - D) before dq, dk; its q, k, v
+ * and output gradient are the caller's to round. */
+typedef double (*ref_rounding)(double);
+static inline double ref_rounded(ref_rounding round, double x) {
+    return round ? round(x) : x;
+}
 /* lse may be NULL. */
 void ref_attention(double *out, double *lse, const double *q, const double *k, const double *v, int64_t b,
-                   int64_t t, int64_t nh, int64_t nkv, int64_t hs);
+                   int64_t t, int64_t nh, int64_t nkv, int64_t hs, ref_rounding round);
 void ref_rope(double *out, const double *x, const int32_t *pos, int64_t b, int64_t t, int64_t nh, int64_t hs,
               double theta, bool inverse);
 /* wpe may be NULL; n = B*T rows, position = row % t. */
@@ -49,7 +57,7 @@ void ref_swiglu_backward(double *dgate, double *dup, const double *dout, const d
                          int64_t n);
 void ref_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q,
                             const double *k, const double *v, int64_t b, int64_t t, int64_t nh, int64_t nkv,
-                            int64_t hs);
+                            int64_t hs, ref_rounding round);
 void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, const int32_t *tokens, int64_t n,
                             int64_t t, int64_t c);
 void ref_cross_entropy_backward(double *dlogits, const double *logits, const int32_t *targets, int64_t n,

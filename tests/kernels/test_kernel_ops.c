@@ -393,7 +393,7 @@ static void case_attention(tc *c, const int64_t *a) {
                *lse = FULL(c, 0.0f, b, nh, t);
     assert_ok(dsc_kernel_attention_forward(out, lse, q, k, v));
     double *want = tc_out(c, out), *want_lse = tc_out(c, lse);
-    if (c->ref) ref_attention(want, want_lse, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+    if (c->ref) ref_attention(want, want_lse, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs, NULL);
 }
 
 /* a: B, T, NH, NKV, HS. out and lse are the reference forward's. */
@@ -402,7 +402,7 @@ static void case_attention_backward(tc *c, const int64_t *a) {
     dsc_tensor *q = RANDN(c, 1.0f, b, t, nh, hs), *k = RANDN(c, 1.0f, b, t, nkv, hs);
     dsc_tensor *v = RANDN(c, 1.0f, b, t, nkv, hs), *dout = RANDN(c, 1.0f, b, t, nh, hs);
     double *o = kt_zeros_d(b * t * nh * hs), *l = kt_zeros_d(b * nh * t);
-    ref_attention(o, l, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs);
+    ref_attention(o, l, tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv, hs, NULL);
     dsc_tensor *out = tc_values(c, o, KT_SHAPE(b, t, nh, hs)), *lse = tc_values(c, l, KT_SHAPE(b, nh, t));
     dsc_tensor *dq = FULL(c, 0.0f, b, t, nh, hs), *dk = FULL(c, 0.0f, b, t, nkv, hs),
                *dv = FULL(c, 0.0f, b, t, nkv, hs);
@@ -410,7 +410,7 @@ static void case_attention_backward(tc *c, const int64_t *a) {
     double *wq = tc_out(c, dq), *wk = tc_out(c, dk), *wv = tc_out(c, dv);
     if (c->ref)
         ref_attention_backward(wq, wk, wv, tc_in(c, dout), tc_in(c, q), tc_in(c, k), tc_in(c, v), b, t, nh, nkv,
-                               hs);
+                               hs, NULL);
     free(o), free(l);
 }
 

@@ -12,7 +12,8 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
               linear layers' products (and the head's), whose operands are
               rounded to bf16 and whose products are summed in f32, forward
               and backward (autocast's bf16 matmuls; dsc's
-              dsc_kernels_set_matmul_dtype), the activations between layers
+              dsc_kernels_set_matmul_dtype), the attention computed as a
+              bf16 flash attention (Bf16Attention), the activations between layers
               (embedding and block outputs) and their gradients are rounded
               to bf16, every gradient is rounded to bf16, then clip + AdamW
               update the master;
@@ -33,6 +34,7 @@ scale/<mode>, and grad0_bf16/<param>: bf16's first-step gradients).
 Run: PYTHONPATH=/opt/ds /opt/venv/bin/python tests/precision/make_mixed_fixture.py
 """
 import copy
+import math
 import os
 import sys
 
@@ -92,11 +94,52 @@ def bf16_linear(self, x):
     return Bf16Linear.apply(x, self.weight, self.bias)
 
 
+class Bf16Attention(torch.autograd.Function):
+    """Causal attention of (B, NH, T, HS) q, k, v as a bf16 flash attention computes it (PyTorch's
+    CPU flash kernel, FlashAttention-2; dsc's CPU attention in bf16 products): every product's
+    operands rounded to bf16 and summed in f32; the exponentials rounded after their f32 row sum is
+    taken and before they multiply v, the output rounded once normalised. The backward rounds the
+    output gradient, the recomputed probabilities before dv and the score gradients P (dP - D)
+    before dq and dk. T fits one key block, so the maximum is the row's."""
+
+    @staticmethod
+    def scores(qr, kr):
+        t = qr.shape[-2]
+        s = (qr @ kr.transpose(-2, -1)) / math.sqrt(qr.shape[-1])
+        return s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1), float("-inf"))
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        bf = torch.bfloat16
+        qr, kr, vr = round_to(q, bf), round_to(k, bf), round_to(v, bf)
+        s = Bf16Attention.scores(qr, kr)
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m)
+        total = e.sum(-1, keepdim=True)
+        out = round_to((round_to(e, bf) @ vr) / total, bf)
+        ctx.save_for_backward(qr, kr, vr, out, m + torch.log(total))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        bf = torch.bfloat16
+        qr, kr, vr, out, lse = ctx.saved_tensors
+        gr = round_to(g, bf)
+        p = torch.exp(Bf16Attention.scores(qr, kr) - lse)
+        ds = round_to(p * (gr @ vr.transpose(-2, -1) - (gr * out).sum(-1, keepdim=True)), bf)
+        scale = 1 / math.sqrt(qr.shape[-1])
+        return ds @ kr * scale, ds.transpose(-2, -1) @ qr * scale, round_to(p, bf).transpose(-2, -1) @ gr
+
+
+def bf16_attend(self, q, k, v):
+    return Bf16Attention.apply(q, k, v)
+
+
 def forward_rounded(model, tokens, targets, dtype):
     products = dtype is torch.bfloat16  # dsc multiplies in bf16 under bf16, in f32 under fp16
-    plain = torch.nn.Linear.forward
+    plain, plain_attend = torch.nn.Linear.forward, mm.Attention.attend
     if products:
-        torch.nn.Linear.forward = bf16_linear
+        torch.nn.Linear.forward, mm.Attention.attend = bf16_linear, bf16_attend
     try:
         x = RoundBetween.apply(model.embed(tokens), dtype)
         for block in model.layers:
@@ -105,7 +148,7 @@ def forward_rounded(model, tokens, targets, dtype):
         w = head.tied.weight if head.tied is not None else head.weight
         logits = Bf16Linear.apply(head.norm(x), w, None) if products else head(x)
     finally:
-        torch.nn.Linear.forward = plain
+        torch.nn.Linear.forward, mm.Attention.attend = plain, plain_attend
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
 

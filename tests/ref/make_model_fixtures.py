@@ -86,11 +86,16 @@ class Attention(nn.Module):
             q, k = rope(q, self.theta), rope(k, self.theta)
         k = k.repeat_interleave(self.nh // self.nkv, dim=1)
         v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        y = self.attend(q, k, v).transpose(1, 2).reshape(b, t, c)
+        return self.o(y)
+
+    def attend(self, q, k, v):
+        """Causal softmax attention of (B, NH, T, HS) q, k, v."""
+        t = q.shape[-2]
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)
         mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
         att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        return self.o(y)
+        return att @ v
 
 
 class Mlp(nn.Module):
