@@ -8,6 +8,7 @@
  * Attention FLOPs: forward 2*B*NH*T^2*HS (QK^T and PV over the causal half),
  * backward 2.5x forward (FlashAttention's convention). Bytes: every tensor
  * the kernel must read or write once. Best of 3 timed batches; never asserts. */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,9 +145,11 @@ int main(int argc, char **argv) {
     B.w = TENSOR(d, c), B.b = TENSOR(d, c), B.dw = TENSOR(d, c), B.db = TENSOR(d, c);
     B.mean = TENSOR(d, n), B.rstd = TENSOR(d, n);
     B.sq_a = TENSOR(d, 2048, 2048), B.sq_b = TENSOR(d, 2048, 2048), B.sq_out = TENSOR(d, 2048, 2048);
-    printf("bench_kernels on %s (threads %d): B=%lld T=%lld NH=%lld HS=%lld, rows N=%lld C=%lld\n",
+    printf("bench_kernels on %s (threads %d): B=%lld T=%lld NH=%lld HS=%lld, rows N=%lld C=%lld; OpenBLAS runs "
+           "its %s "
+           "kernels\n",
            dsc_device_name(B.dev, name, sizeof name), dsc_kernels_get_num_threads(), (long long)b, (long long)t,
-           (long long)nh, (long long)hs, (long long)n, (long long)c);
+           (long long)nh, (long long)hs, (long long)n, (long long)c, openblas_get_corename());
 
     double peak = measure(&B, OP_GEMM, 2.0 * 2048 * 2048 * 2048) / 1e9;
     double attn_flops = 2.0 * (double)(b * nh * t * t * hs);

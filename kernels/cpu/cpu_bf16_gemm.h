@@ -1,9 +1,9 @@
 /* Private to the CPU kernels: prompt-sized products with bf16 weights on AVX-512 BF16, where the
  * CPU has it. The weights stay bf16 and are never widened; x is rounded to bf16 (nearest even,
  * torch's rounding) once per product, and vdpbf16ps multiplies pairs of bf16 into f32 sums at
- * twice the rate of f32 FMAs. Used by dsc_cpu_linear_packed (cpu_linear.c) for more rows than
- * decode's streaming loops take, and by the f32 GEMM (cpu_gemm.c) for a thread whose products
- * are set to bf16 (mixed-precision training). */
+ * twice the rate of f32 FMAs where it issues as often as an FMA (AMD's Zen 4). Used by dsc_cpu_linear_packed
+ * (cpu_linear.c) for more rows than decode's streaming loops take, and by the f32 GEMM (cpu_gemm.c) for a thread
+ * whose products are set to bf16 (mixed-precision training). */
 #ifndef DSC_KERNELS_CPU_BF16_GEMM_H
 #define DSC_KERNELS_CPU_BF16_GEMM_H
 
@@ -11,8 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Whether this path runs: the CPU has AVX-512F, BW, VL and BF16, and DSC_CPU_SIMD is unset or
- * "avx512bf16" (every other value keeps the widening panels, which leave x in f32). */
+/* Whether this path runs: the CPU has AVX-512F, BW, VL and BF16, and DSC_CPU_SIMD is "avx512bf16",
+ * or unset on a CPU where the dot outruns sgemm (AMD's; every other case keeps the widening panels,
+ * which leave x in f32, and sgemm over rounded copies for bf16 products). */
 bool dsc_cpu_bf16_gemm_available(void);
 
 #if defined(__x86_64__) /* the kernels; elsewhere the path is never available */

@@ -3,12 +3,15 @@
  * OpenMP per parallel region (num_threads). OpenBLAS is kept at one thread:
  * its own pthread pool would compete with OpenMP's for the same cores (each
  * spinning while the other works), so the kernels split large products over
- * OpenMP threads themselves (cpu_gemm.c). Not a thread pool: OpenMP owns that. */
+ * OpenMP threads themselves (cpu_gemm.c); and it runs the kernels this CPU has
+ * (cpu_blas_core.c), both settled at the first use. Not a thread pool: OpenMP
+ * owns that. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/cpu_blas_core.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 static _Atomic int num_threads; /* 0 until first use */
@@ -24,6 +27,7 @@ static int parse_threads(const char *value) {
 void dsc_kernels_set_num_threads(int n) {
     if (n < 1) n = 1;
     atomic_store(&num_threads, n);
+    dsc_cpu_blas_choose_core();
     openblas_set_num_threads(1);
 }
 
