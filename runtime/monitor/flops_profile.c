@@ -127,7 +127,8 @@ static void detailed(FILE *f, const dsc_layer_profile *rows, int n, const totals
         const dsc_layer_profile *r = &rows[i];
         if (depth >= 0 && r->depth > depth) continue;
         char name[40], p[32], ff[32], fr[32], bf[32], br[32];
-        snprintf(name, sizeof name, "%*s%s", 2 * r->depth, "", r->name);
+        int indent = r->depth > 0 ? (r->depth < 8 ? 2 * r->depth : 16) : 0; /* a long name is cut to the column */
+        snprintf(name, sizeof name, "%*s%.*s", indent, "", (int)sizeof name - 1 - indent, r->name);
         fprintf(f, "%-28s %-10s %10s %5.1f%% %10s %5.1f%% %11.3f %5.1f%% %12s %10s %11.3f %12s\n", name, r->type,
                 human((double)r->params, p, sizeof p), share((double)r->params, (double)t->params),
                 human((double)r->fwd_flops, ff, sizeof ff), share((double)r->fwd_flops, (double)t->fwd_flops),
