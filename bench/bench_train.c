@@ -6,12 +6,16 @@
  *
  *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] [--pairs N]
  *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH] [--bf16]
+ *               [--torch-flush-denormal]
  *
  * With --pairs N each model runs N times, dsc then PyTorch, interleaved, each
  * pair printed with the 1-minute load average before it; the summary line
  * gives the median and minimum of each side and the ratio of the medians.
  * --bf16 trains in bf16 mixed precision ("bf16": {"enabled": true}), PyTorch
- * under torch.autocast("cpu", bfloat16).
+ * under torch.autocast("cpu", bfloat16). --torch-flush-denormal runs PyTorch with
+ * torch.set_flush_denormal(True): at its defaults it computes on subnormal floats, which Intel's
+ * cores take microcode assists for (an Emerald Rapids: 61 tok/s for GPT-2 small against 163-172
+ * flushed; dsc, which does not flush, is not slowed there).
  *
  * Achieved GFLOP/s counts 6 * params * tokens/s (forward + backward of every
  * weight) plus causal attention, 6 * L * C * T per token (llm.c's estimate).
@@ -95,8 +99,8 @@ static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, i
 }
 
 /* tokens/s of the PyTorch reference, or 0 when it could not run. */
-static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads,
-                        bool bf16) {
+static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads, bool bf16,
+                        bool flush_denormal) {
     if (access(script, R_OK) != 0) {
         printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", script);
         return 0;
@@ -104,9 +108,9 @@ static double run_torch(const char *python, const char *script, const shape *sh,
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d %s %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
-             "--batch %d --steps %d --threads %d%s 2>&1",
+             "--batch %d --steps %d --threads %d%s%s 2>&1",
              threads, python, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps,
-             threads, bf16 ? " --bf16" : "");
+             threads, bf16 ? " --bf16" : "", flush_denormal ? " --flush-denormal" : "");
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
     char line[512];
@@ -139,7 +143,7 @@ int main(int argc, char **argv) {
     enum { MAX_PAIRS = 32 };
     int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2}, pairs = 1;
     const char *only = NULL, *torch = "bench/torch_train_ref.py", *python = "/opt/venv/bin/python";
-    bool bf16 = false;
+    bool bf16 = false, flush_denormal = false;
     for (int i = 1; i < argc; i++) {
         bool v = i + 1 < argc;
         if (strcmp(argv[i], "--threads") == 0 && v)
@@ -160,10 +164,12 @@ int main(int argc, char **argv) {
             pairs = atoi(argv[++i]);
         else if (strcmp(argv[i], "--bf16") == 0)
             bf16 = true;
+        else if (strcmp(argv[i], "--torch-flush-denormal") == 0)
+            flush_denormal = true;
         else {
             fprintf(stderr,
                     "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
-                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH] [--bf16]\n");
+                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH] [--bf16] [--torch-flush-denormal]\n");
             return 2;
         }
     }
@@ -188,7 +194,8 @@ int main(int argc, char **argv) {
             double load = load_now();
             double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, bf16, &params);
             double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
-            double pt = pt_tps[p] = torch ? run_torch(python, torch, sh, steps[k], threads, bf16) : 0;
+            double pt = pt_tps[p] =
+                torch ? run_torch(python, torch, sh, steps[k], threads, bf16, flush_denormal) : 0;
             printf("%-5s %5.1f %10lld %6d %6d %12.1f %12.2f %9.1f %13.1f %7.2f\n", sh->name, load,
                    (long long)params, sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9,
                    1e3 * sh->batch * sh->seq / tps, pt, pt > 0 ? tps / pt : 0.0);

@@ -67,9 +67,12 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--bf16", action="store_true", help="forward and backward under torch.autocast(cpu, bfloat16)")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="torch.set_flush_denormal(True): subnormal results as zero (they cost Intel cores assists)")
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
+    torch.set_flush_denormal(a.flush_denormal)
     model = GPT(a.layers, a.d_model, a.heads, a.vocab, a.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     data = torch.randint(0, min(a.vocab, 256), (a.batch, a.seq + 1))
@@ -89,7 +92,8 @@ def main():
         step()
     dt = time.perf_counter() - t0
     params = sum(q.numel() for q in model.parameters())
-    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads{', bf16 autocast' if a.bf16 else ''}")
+    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads{', bf16 autocast' if a.bf16 else ''}"
+          f"{', denormals flushed' if a.flush_denormal else ''}")
     print(f"tokens_per_s {a.batch * a.seq * a.steps / dt:.1f}")
 
 
