@@ -1,7 +1,7 @@
 /* OpenBLAS chooses its kernels once, as it loads: a DYNAMIC_ARCH build (Debian's) picks them by the
  * CPU's family and model, and a release older than the CPU does not know it. Debian 12's 0.3.21 gives
  * an Emerald Rapids (family 6, model 207) its Prescott kernels, SSE3: sgemm ran at 51 GFLOP/s on two
- * cores where the AVX-512 kernels the same library carries ran at 268-302, and prefill and training
+ * cores where the AVX-512 kernels the same library carries ran at 209-302, and prefill and training
  * are mostly sgemm. So before the first product, where OPENBLAS_CORETYPE is unset (a value the user
  * or the machine set is theirs) and the chosen core is below AVX2 on a CPU with AVX2 or more, OpenBLAS
  * is re-initialised with the core its own fallback for unknown CPUs names for the CPU's features,
