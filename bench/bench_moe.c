@@ -31,9 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "bench/bench_clock.h"
+#include "bench/bench_peer.h"
 #include "dsc/comm.h"
 #include "dsc/kernels.h"
 #include "dsc/moe.h"
@@ -42,12 +42,6 @@ static void die(dsc_status s) {
     if (!s) return;
     fprintf(stderr, "bench_moe: %s\n", dsc_status_message(s));
     exit(1);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct bench_opts {
@@ -154,11 +148,6 @@ static double time_dense(const bench_opts *o) {
     return t;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* min and median of n values (sorted in place). */
 static void min_median(double *v, int n, double *min, double *median) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -180,10 +169,6 @@ static void print_run(const bench_opts *o, int ep, const char *what, double t_mo
 
 /* tokens/s of the PyTorch layer with `dispatch` (einsum | gather), or 0 when it could not run. */
 static double run_torch(const bench_opts *o, const char *dispatch) {
-    if (access(o->torch, R_OK) != 0) {
-        printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", o->torch);
-        return 0;
-    }
     const int threads = dsc_kernels_get_num_threads();
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
@@ -191,14 +176,7 @@ static double run_torch(const bench_opts *o, const char *dispatch) {
              "--capacity-factor %g --iters %d --threads %d --dispatch %s 2>&1",
              threads, o->python, o->torch, (long long)o->S, (long long)o->M, (long long)o->F, o->E, o->k,
              o->capacity_factor, o->iters, threads, dispatch);
-    FILE *p = popen(cmd, "r");
-    if (!p) return 0;
-    char line[512];
-    double tps = 0;
-    while (fgets(line, sizeof line, p))
-        if (sscanf(line, "tokens_per_s %lf", &tps) != 1) printf("    %s", line);
-    if (pclose(p) != 0) printf("  PyTorch reference failed (see its output above)\n");
-    return tps;
+    return bench_peer_tokens_per_s(o->torch, cmd, "    ");
 }
 
 /* EP 1: the layer against the dense FFN and, interleaved, the PyTorch layer. */

@@ -25,9 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "bench/bench_clock.h"
+#include "bench/bench_peer.h"
 #include "dsc/config.h"
 #include "dsc/data.h"
 #include "dsc/engine.h"
@@ -43,12 +43,6 @@ static const shape shapes[] = {
     {"tiny", 4, 128, 4, 256, 64, 8},
     {"gpt2", 12, 768, 12, 50257, 256, 2},
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(dsc_status s) {
     fprintf(stderr, "bench_train: %s\n", dsc_status_message(s));
@@ -101,31 +95,13 @@ static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, i
 /* tokens/s of the PyTorch reference, or 0 when it could not run. */
 static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads, bool bf16,
                         bool flush_denormal) {
-    if (access(script, R_OK) != 0) {
-        printf("  PyTorch reference: %s not found (run from the repository root or pass --torch)\n", script);
-        return 0;
-    }
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d %s %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
              "--batch %d --steps %d --threads %d%s%s 2>&1",
              threads, python, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps,
              threads, bf16 ? " --bf16" : "", flush_denormal ? " --flush-denormal" : "");
-    FILE *p = popen(cmd, "r");
-    if (!p) return 0;
-    char line[512];
-    double tps = 0;
-    while (fgets(line, sizeof line, p)) {
-        if (sscanf(line, "tokens_per_s %lf", &tps) == 1) continue;
-        printf("  torch: %s", line);
-    }
-    if (pclose(p) != 0) printf("  PyTorch reference failed (see its output above)\n");
-    return tps;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    return bench_peer_tokens_per_s(script, cmd, "  torch: ");
 }
 
 /* Median of v[0..n) (sorted in place); v[0] is then the minimum. */
