@@ -6,7 +6,8 @@
  *                    (first virtual stage: inputs; last: labels)
  *   ForwardPass      the chunk's layers on the slot (pipe/engine_chunk.c)
  *   BackwardPass     the same in reverse; the loss layer seeds it with
- *                    loss_scale 1/M, so the division by M happens exactly once
+ *                    loss_scale s/M (s: fp16's loss scale, else 1), so the
+ *                    division by M happens exactly once
  *   Send/Recv*       pipe/p2p.c; received gradients land in one shared
  *                    buffer (DeepSpeed's grad_layer): RecvGrad always shares
  *                    its step with the BackwardPass that consumes it
@@ -33,7 +34,7 @@ static dsc_micro_ctx micro_ctx(pipe_runner *r, pipe_slot *slot, const pipe_chunk
     return (dsc_micro_ctx){
         .tokens = c->first_virtual ? &slot->tokens : NULL,
         .targets = c->last_virtual ? &slot->targets : NULL,
-        .loss_scale = 1.0f / (float)r->M,
+        .loss_scale = dsc_precision_micro_loss_scale(r->o.optimizer, r->M),
         .training = r->training,
         .rng = r->o.rng,
     };
@@ -81,57 +82,33 @@ static dsc_status exec_backward(pipe_runner *r, const dsc_instr *in) {
 }
 
 /* Under mixed precision (r->stash bf16 / fp16) what crosses stages is exact in the 2-byte type:
- * the runner rounds activations, and activation gradients at the loss scale (round(g s) / s). So
- * both travel in it, half of f32's bytes, as DeepSpeed's bf16 / fp16 tensors do: packed into the
- * upper half of r->scratch (a gradient times the loss scale, a power of two: exact), received into
- * its lower half and widened into place. */
+ * the runner rounds activations, and activation gradients (already times the loss scale). So both
+ * travel in it, half of f32's bytes, as DeepSpeed's bf16 / fp16 tensors do: packed into the upper
+ * half of r->scratch, received into its lower half and widened into place. */
 static dsc_tensor wire(const pipe_runner *r, bool sending, const dsc_tensor *like) {
     char *at = (char *)r->scratch.data + (sending ? dsc_tensor_nbytes(&r->scratch) / 2 : 0);
     return dsc_tensor_view(at, r->stash, like->ndim, like->shape, like->device);
 }
 
-static float grad_scale(const pipe_runner *r, bool gradient) {
-    return gradient ? (float)dsc_precision_loss_scale(r->o.optimizer) : 1.0f;
-}
-
 /* `t` as sent: itself in f32, else its 2-byte form (after the send before it completed). */
-static dsc_status to_wire(pipe_runner *r, const dsc_tensor *t, bool gradient, dsc_tensor *out) {
+static dsc_status to_wire(pipe_runner *r, const dsc_tensor *t, dsc_tensor *out) {
     if (r->stash == DSC_DTYPE_F32) {
         *out = *t;
         return NULL;
     }
     DSC_TRY(pipe_p2p_wait_sends(r->p2p));
     *out = wire(r, true, t);
-    const int64_t n = dsc_tensor_numel(t);
-    const float s = grad_scale(r, gradient);
-    const float *x = t->data;
-    uint16_t *w = out->data;
-    if (s == 1.0f) {
-        dsc_precision_pack_to(w, x, n, r->stash);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i += 4096) { /* scaled in pieces on the stack: t is left as it is */
-        float piece[4096];
-        int64_t m = n - i < 4096 ? n - i : 4096;
-        for (int64_t j = 0; j < m; j++)
-            piece[j] = x[i + j] * s;
-        dsc_precision_pack_to(w + i, piece, m, r->stash);
-    }
+    dsc_precision_pack_to(out->data, t->data, dsc_tensor_numel(t), r->stash);
     return NULL;
 }
 
-static void from_wire(const pipe_runner *r, dsc_tensor *dst, const dsc_tensor *w, bool gradient) {
-    const int64_t n = dsc_tensor_numel(w);
-    dsc_precision_unpack(dst->data, w->data, n, r->stash);
-    const float s = grad_scale(r, gradient);
-    float *x = dst->data;
-    for (int64_t i = 0; s != 1.0f && i < n; i++)
-        x[i] /= s; /* a power of two: exact */
+static void from_wire(const pipe_runner *r, dsc_tensor *dst, const dsc_tensor *w) {
+    dsc_precision_unpack(dst->data, w->data, dsc_tensor_numel(w), r->stash);
 }
 
 static dsc_status send_activation(pipe_runner *r, pipe_slot *slot, int chunk, int peer_stage, int peer_chunk) {
     dsc_tensor t;
-    DSC_TRY(to_wire(r, &slot->output, false, &t));
+    DSC_TRY(to_wire(r, &slot->output, &t));
     return pipe_p2p_send_activation(r->p2p, &t, chunk, peer_stage, peer_chunk);
 }
 
@@ -141,7 +118,7 @@ static dsc_status recv_activation(pipe_runner *r, pipe_slot *slot, int chunk, in
     dsc_tensor lower = wire(r, false, &slot->input_buf), w;
     DSC_TRY(pipe_p2p_recv_activation(r->p2p, &lower, chunk, peer_stage, peer_chunk, &w));
     slot->input = dsc_tensor_view(slot->input_buf.data, DSC_DTYPE_F32, w.ndim, w.shape, w.device);
-    from_wire(r, &slot->input, &w, false);
+    from_wire(r, &slot->input, &w);
     return NULL;
 }
 
@@ -155,7 +132,7 @@ static dsc_status exec_recv_activation(pipe_runner *r, const dsc_instr *in) {
 
 static dsc_status exec_send_grad(pipe_runner *r, const dsc_instr *in) {
     dsc_tensor t;
-    DSC_TRY(to_wire(r, &r->slots[in->buffer].din, true, &t));
+    DSC_TRY(to_wire(r, &r->slots[in->buffer].din, &t));
     return pipe_p2p_send_grad(r->p2p, &t, in->chunk, in->peer_stage, in->peer_chunk);
 }
 
@@ -167,7 +144,7 @@ static dsc_status exec_recv_grad(pipe_runner *r, const dsc_instr *in) {
         return pipe_p2p_recv_grad(r->p2p, &r->grad_in, in->chunk, in->peer_stage, in->peer_chunk);
     dsc_tensor w = wire(r, false, out);
     DSC_TRY(pipe_p2p_recv_grad(r->p2p, &w, in->chunk, in->peer_stage, in->peer_chunk));
-    from_wire(r, &r->grad_in, &w, true);
+    from_wire(r, &r->grad_in, &w);
     return NULL;
 }
 

@@ -130,7 +130,7 @@ static dsc_status forward_layers(pipe_runner *r, const pipe_chunk *c, const pipe
         DSC_TRY(dsc_layer_forward(c->layers[l], slot, x, &y, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], false));
         /* mixed precision: stored in bf16 / fp16 between layers (not the loss layer's per-token losses) */
-        if (!(c->last_virtual && l == c->n - 1)) dsc_precision_store_between(r->o.optimizer, &y, false);
+        if (!(c->last_virtual && l == c->n - 1)) dsc_precision_store_between(r->o.optimizer, &y);
         *x = y;
     }
     return NULL;
@@ -183,7 +183,7 @@ static dsc_status backward_segments(pipe_runner *r, pipe_chunk *c, int slot, con
             DSC_TRY(dsc_optimizer_after_layer(r->o.optimizer, c->layers[l], true));
             DSC_TRY(dsc_optimizer_progress_take(progress, c->layers[l]->name));
             if (progress) DSC_TRY(dsc_optimizer_grads_ready(r->o.optimizer, c->layers[l]));
-            if (!(c->first_virtual && l == 0)) dsc_precision_store_between(r->o.optimizer, &dx, true);
+            if (!(c->first_virtual && l == 0)) dsc_precision_store_between(r->o.optimizer, &dx);
             dy = dx;
         }
     }

@@ -55,16 +55,18 @@ DSC_API void dsc_kernels_set_progress(dsc_kernels_progress_fn fn, void *arg);
  * for a while and chains to it (the MoE layer, inside the runner's backward). */
 DSC_API void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg);
 /* The type the calling thread's f32 matrix products multiply in (its own setting; other threads
- * keep theirs), as torch.autocast's bf16 matmuls: DSC_DTYPE_BF16 rounds both operands of every
- * dsc_kernel_gemm and linear product to bf16 (nearest even) and sums the products, exact in f32,
- * in f32. The CPU uses AVX-512 BF16's dot for prompt-sized products where it has it and
+ * keep theirs), as torch.autocast's bf16 matmuls and a GPU's fp16 GEMM with f32 accumulation:
+ * DSC_DTYPE_BF16 / DSC_DTYPE_F16 round both operands of every dsc_kernel_gemm and linear product
+ * to the type (nearest even; fp16 overflows to inf) and sum the products, exact in f32, in f32.
+ * A gradient operand is rounded as it is: under fp16 it carries the loss scale already (the loss
+ * was scaled). The CPU uses AVX-512 BF16's dot for prompt-sized bf16 products where it has it and
  * DSC_CPU_SIMD is "avx512bf16", or unset on AMD's cores (where the dot issues as often as an FMA),
- * and sgemm over rounded copies otherwise; the CUDA backend keeps f32. Under BF16 the CPU's
- * embedding lookup (dsc_kernel_embedding_forward) reads the rows it gathers rounded to bf16 too,
- * and its attention (dsc_kernel_attention_forward / _backward) computes as a bf16 flash attention:
- * q, k, v, the output gradient, each tile's probabilities and score gradients rounded to bf16
- * before they multiply, the output rounded. Any other dtype (the default): f32. Mixed-precision
- * training in bf16 sets it for its layers' calls. Returns the previous setting. */
+ * and sgemm over rounded copies otherwise; the CUDA backend keeps f32. Under either type the CPU's
+ * embedding lookup (dsc_kernel_embedding_forward) reads the rows it gathers rounded too, and its
+ * attention (dsc_kernel_attention_forward / _backward) computes as a bf16 / fp16 flash attention:
+ * q, k, v, the output gradient, each tile's probabilities and score gradients rounded before they
+ * multiply, the output rounded. Any other dtype (the default): f32. Mixed-precision training sets
+ * it for its layers' calls. Returns the previous setting. */
 DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
 
 /* ---- matrix products ------------------------------------------------------

@@ -11,7 +11,7 @@
  *    ZeRO-1/2) behind dsc/optimizer.h's table. It keeps the fp32 master copy
  *    of the values the inner optimizer updates (ZeRO: only this rank's range),
  *    leaves the parameters the layers read rounded to the reduced type, rounds
- *    each layer's gradient contribution (times the loss scale) to the reduced
+ *    each layer's gradient contribution (the scaled loss's) to the reduced
  *    type as it is accumulated, skips the step when any gradient of any rank
  *    overflowed (fp16; bf16 with check_grad_overflow) and otherwise unscales,
  *    lets the inner optimizer update the master and rounds the result again.
@@ -45,13 +45,9 @@ extern "C" {
 DSC_API void dsc_round_to_dtype(float *x, int64_t n, dsc_dtype dtype);
 /* The same out of place: dst[i] = src[i] in `dtype` (dst == src, or no overlap). */
 DSC_API void dsc_round_to_dtype_from(float *dst, const float *src, int64_t n, dsc_dtype dtype);
-/* acc[i] += round(part[i] * scale) in `dtype` (f32: no rounding), for i < n: a layer's gradient
- * contribution at the loss scale, stored in the reduced type, accumulated in f32. */
-DSC_API void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, float scale, dsc_dtype dtype);
-/* x[i] = round(x[i] * scale) in `dtype`, on the kernels' threads: a first contribution, where it landed. */
-DSC_API void dsc_precision_scale_rounded(float *x, int64_t n, float scale, dsc_dtype dtype);
-/* x[i] = round(x[i] * scale) in `dtype`; returns whether every result is finite. */
-DSC_API bool dsc_round_scaled(float *x, int64_t n, float scale, dsc_dtype dtype);
+/* acc[i] += round(part[i]) in `dtype` (f32: no rounding), for i < n: a layer's gradient
+ * contribution (at the loss scale) stored in the reduced type, accumulated in f32. */
+DSC_API void dsc_precision_add_rounded(float *acc, const float *part, int64_t n, dsc_dtype dtype);
 /* torch's bit patterns of x.to(torch.bfloat16) (NaN: 0xffff) and x.half() (NaN: quieted, payload kept). */
 DSC_API uint16_t dsc_precision_to_bf16(float x);
 DSC_API uint16_t dsc_precision_to_f16(float x);
@@ -146,14 +142,18 @@ DSC_API dsc_status dsc_precision_wrap(const dsc_precision_options *po, dsc_optim
 DSC_API dsc_status dsc_precision_maybe_wrap(const dsc_config *cfg, const dsc_optimizer_options *oo,
                                             const dsc_precision_range *ranges, dsc_optimizer **opt);
 /* The wrapper's current loss scale and the steps it skipped (1 and 0 for any other optimizer). */
-DSC_API double dsc_precision_loss_scale(const dsc_optimizer *opt);
+DSC_API double dsc_precision_loss_scale(dsc_optimizer *opt);
+/* What a runner seeds a micro-batch's backward with (dsc_micro_ctx.loss_scale): the loss scale
+ * over the micro-batches, so every gradient of the backward is the scaled loss's, as DeepSpeed's
+ * (loss * scale).backward() (fp16 overflows where its gradients would), unscaled at the step. */
+DSC_API float dsc_precision_micro_loss_scale(dsc_optimizer *opt, int micro_batches);
 DSC_API int64_t dsc_precision_skipped_steps(const dsc_optimizer *opt);
 /* What a runner does with what passes between two layers under mixed
- * precision: `t` (f32, in place) becomes its value stored in the wrapper's
- * dtype; an activation gradient (`gradient`) is stored at the loss scale,
- * round(g * scale) / scale (the scaled loss's gradient in fp16: an overflow
- * becomes inf and skips the step). Nothing for any other optimizer. */
-DSC_API void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient);
+ * precision: `t` (f32, in place), an activation or an activation gradient
+ * (the scaled loss's: an fp16 overflow becomes inf and skips the step),
+ * becomes its value stored in the wrapper's dtype. Nothing for any other
+ * optimizer. */
+DSC_API void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t);
 /* The type mixed precision stores working values in: the wrapper's bf16 / fp16, f32 for any other
  * optimizer (and NULL). What passes between layers is exact in it, so a runner may keep it in
  * 2 bytes and widen it back without changing a bit (the pipeline's checkpointed inputs). */

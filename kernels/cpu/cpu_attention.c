@@ -13,12 +13,13 @@
  * count. OpenBLAS runs single-threaded (cpu_threads.c): OpenMP supplies the
  * parallelism.
  *
- * In bf16 products (dsc_kernels_set_matmul_dtype: bf16 training) every product's operands are
- * rounded to bf16 and summed in f32, as a bf16 flash attention (PyTorch's CPU and FlashAttention-2
- * kernels) does: q, k, v (and the output gradient) are rounded copies, the exponentials of a tile
+ * In bf16 or fp16 products (dsc_kernels_set_matmul_dtype: mixed-precision training) every
+ * product's operands are rounded to the type and summed in f32, as a bf16 / fp16 flash attention
+ * (PyTorch's CPU and FlashAttention-2 kernels) does: q, k, v (and the output gradient, at the loss
+ * scale under fp16) are rounded copies, the exponentials of a tile
  * are rounded after their f32 row sum is taken and before they multiply v (unnormalised, against
- * the running maximum), the output is rounded once normalised (the bf16 tensor autocast's
- * attention returns); the backward rounds the recomputed probabilities before dv and the score
+ * the running maximum), the output is rounded once normalised (the tensor autocast's attention
+ * returns); the backward rounds the recomputed probabilities before dv and the score
  * gradients dS = P (dP - D) before dq and dk, whose products then take the 1/sqrt(HS) scale. */
 #include <cblas.h>
 #include <math.h>
@@ -26,6 +27,7 @@
 
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_round.h"
 #include "kernels/cpu/cpu_simd.h"
 
 #define TILE 64
@@ -37,20 +39,18 @@ typedef struct attn_slice {
     float *lse; /* (T) */
     int64_t t, hs, q_stride, kv_stride;
     float scale;
-    bool bf16; /* products in bf16: round the probabilities and score gradients (q, k, v are) */
+    dsc_dtype products; /* bf16 / fp16: round the probabilities and score gradients to it (q, k, v are) */
 } attn_slice;
 
-/* q, k, v and the output gradient rounded to bf16 for a bf16 attention, kept by each calling thread */
+/* q, k, v and the output gradient rounded for a bf16 / fp16 attention, kept by each calling thread */
 static _Thread_local dsc_cpu_kept rounded_q, rounded_k, rounded_v, rounded_dout;
 
 static inline int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
 
-static void round_in_place(float *x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++)
-        x[i] = dsc_cpu_bf16_rounded(x[i]);
+static void round_in_place(const attn_slice *A, float *x, int64_t n) {
+    if (A->products != DSC_DTYPE_F32) dsc_cpu_round_span(x, x, n, A->products);
 }
 
 /* s (ni, nj), leading dimension TILE = alpha * A[a0:a0+ni] @ B[b0:b0+nj]^T over hs columns. */
@@ -63,7 +63,7 @@ static void tile_nt(float *s, float alpha, const float *a, int64_t a_stride, con
 /* The slice of query head at q0 and kv head at kv0 (element offsets into q and k/v); the caller fills in
  * the output / gradient pointers its pass needs. */
 static attn_slice slice_at(const float *q, const float *k, const float *v, float *lse, int64_t q0, int64_t kv0,
-                           int64_t t, int64_t hs, int64_t q_stride, int64_t kv_stride, bool bf16) {
+                           int64_t t, int64_t hs, int64_t q_stride, int64_t kv_stride, dsc_dtype products) {
     return (attn_slice){.q = q + q0,
                         .k = k + kv0,
                         .v = v + kv0,
@@ -73,7 +73,7 @@ static attn_slice slice_at(const float *q, const float *k, const float *v, float
                         .q_stride = q_stride,
                         .kv_stride = kv_stride,
                         .scale = 1.0f / sqrtf((float)hs),
-                        .bf16 = bf16};
+                        .products = products};
 }
 
 static void attend_tile(const attn_slice *A, int64_t i0) {
@@ -98,7 +98,7 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
                 block_max = sr[c] > block_max ? sr[c] : block_max;
             float m_new = block_max > m[r] ? block_max : m[r], corr = expf(m[r] - m_new);
             float sum = dsc_cpu_exp_shift_sum(sr, keys, m_new);
-            if (A->bf16) round_in_place(sr, keys);
+            round_in_place(A, sr, keys);
             for (int64_t c = keys; c < nj; c++)
                 sr[c] = 0.0f;
             l[r] = l[r] * corr + sum;
@@ -117,7 +117,7 @@ static void attend_tile(const attn_slice *A, int64_t i0) {
         float *orow = A->o + (i0 + r) * A->q_stride, inv = 1.0f / l[r];
         for (int64_t d = 0; d < A->hs; d++)
             orow[d] *= inv;
-        if (A->bf16) round_in_place(orow, A->hs);
+        round_in_place(A, orow, A->hs);
         A->lse[i0 + r] = m[r] + logf(l[r]);
     }
 }
@@ -152,7 +152,8 @@ static void attend_tile_backward(const attn_slice *A, int64_t i0) {
                 pr[c] = 0.0f;
             for (int64_t c = 0; c < nj; c++)
                 dsr[c] = pr[c] * (dsr[c] - d_row[r]);
-            if (A->bf16) round_in_place(pr, nj), round_in_place(dsr, nj);
+            round_in_place(A, pr, nj);
+            round_in_place(A, dsr, nj);
         }
         /* dq tile += scale ds @ k block; dk block += scale ds^T @ q tile; dv block += p^T @ dout tile */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)ni, (int)hs, (int)nj, A->scale, ds, TILE, kb,
@@ -166,14 +167,14 @@ static void attend_tile_backward(const attn_slice *A, int64_t i0) {
 
 /* q, k, v (and *dout when given) replaced by rounded copies: rows (B T) of q_stride and kv_stride. */
 static dsc_status round_operands(const float **q, const float **k, const float **v, const float **dout,
-                                 int64_t rows, int64_t q_stride, int64_t kv_stride) {
-    *q = dsc_cpu_bf16_rounded_copy(&rounded_q, *q, rows * q_stride);
-    *k = dsc_cpu_bf16_rounded_copy(&rounded_k, *k, rows * kv_stride);
-    *v = dsc_cpu_bf16_rounded_copy(&rounded_v, *v, rows * kv_stride);
-    if (dout) *dout = dsc_cpu_bf16_rounded_copy(&rounded_dout, *dout, rows * q_stride);
+                                 int64_t rows, int64_t q_stride, int64_t kv_stride, dsc_dtype products) {
+    *q = dsc_cpu_rounded_copy(&rounded_q, *q, rows * q_stride, products);
+    *k = dsc_cpu_rounded_copy(&rounded_k, *k, rows * kv_stride, products);
+    *v = dsc_cpu_rounded_copy(&rounded_v, *v, rows * kv_stride, products);
+    if (dout) *dout = dsc_cpu_rounded_copy(&rounded_dout, *dout, rows * q_stride, products);
     DSC_CHECK(*q && *k && *v && (!dout || *dout), DSC_ERR_NOMEM,
-              "attention: bf16 copies of q, k, v%s (%lld rows of %lld and %lld floats)", dout ? ", dout" : "",
-              (long long)rows, (long long)q_stride, (long long)kv_stride);
+              "attention: %s copies of q, k, v%s (%lld rows of %lld and %lld floats)", dsc_dtype_name(products),
+              dout ? ", dout" : "", (long long)rows, (long long)q_stride, (long long)kv_stride);
     return NULL;
 }
 
@@ -183,13 +184,14 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    const bool bf16 = dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16;
-    if (bf16) DSC_TRY(round_operands(&q, &k, &v, NULL, b * t, q_stride, kv_stride));
+    const dsc_dtype products = dsc_cpu_matmul_dtype();
+    if (products != DSC_DTYPE_F32) DSC_TRY(round_operands(&q, &k, &v, NULL, b * t, q_stride, kv_stride, products));
 #pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t h = 0; h < nh; h++) {
             int64_t kv0 = bi * t * kv_stride + (h / group) * hs, q0 = bi * t * q_stride + h * hs;
-            attn_slice A = slice_at(q, k, v, lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride, kv_stride, bf16);
+            attn_slice A =
+                slice_at(q, k, v, lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride, kv_stride, products);
             A.o = out + q0;
             for (int64_t i0 = 0; i0 < t; i0 += TILE)
                 attend_tile(&A, i0);
@@ -205,8 +207,9 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    const bool bf16 = dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16;
-    if (bf16) DSC_TRY(round_operands(&q, &k, &v, &dout, b * t, q_stride, kv_stride));
+    const dsc_dtype products = dsc_cpu_matmul_dtype();
+    if (products != DSC_DTYPE_F32)
+        DSC_TRY(round_operands(&q, &k, &v, &dout, b * t, q_stride, kv_stride, products));
 #pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
@@ -217,8 +220,8 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
             }
             for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
                 int64_t q0 = bi * t * q_stride + h * hs;
-                attn_slice A =
-                    slice_at(q, k, v, (float *)lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride, kv_stride, bf16);
+                attn_slice A = slice_at(q, k, v, (float *)lse + (bi * nh + h) * t, q0, kv0, t, hs, q_stride,
+                                        kv_stride, products);
                 A.dout = dout + q0, A.out = out + q0;
                 A.dq = dq + q0, A.dk = dk + kv0, A.dv = dv + kv0;
                 for (int64_t i0 = 0; i0 < t; i0 += TILE)

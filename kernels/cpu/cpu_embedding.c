@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_round.h"
 
 dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool allow_negative, const char *what) {
     for (int64_t i = 0; i < n; i++)
@@ -14,27 +15,27 @@ dsc_status dsc_cpu_check_ids(const int32_t *ids, int64_t n, int64_t limit, bool 
     return NULL;
 }
 
-/* Under bf16 products the gathered rows are read rounded, as a product reads its operands: the
- * tables need no rounded copy (a whole vocabulary's) for the few rows a batch reads. */
+/* Under bf16 / fp16 products the gathered rows are read rounded, as a product reads its operands:
+ * the tables need no rounded copy (a whole vocabulary's) for the few rows a batch reads. */
 dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, const int32_t *tokens,
                                      const float *wte, const float *wpe, int64_t n, int64_t t, int64_t v,
                                      int64_t c) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
-    const bool bf16 = dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16; /* the calling thread's setting */
+    const dsc_dtype products = dsc_cpu_matmul_dtype(); /* the calling thread's setting */
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float *o = out + i * c;                          /* (C) */
         const float *e = wte + tokens[i] * c;            /* (C) */
         const float *p = wpe ? wpe + (i % t) * c : NULL; /* (C) */
-        if (!bf16 && !p) {
-            memcpy(o, e, (size_t)c * sizeof *o);
-            continue;
-        }
-        for (int64_t j = 0; j < c; j++) {
-            float x = bf16 ? dsc_cpu_bf16_rounded(e[j]) : e[j];
-            o[j] = p ? x + (bf16 ? dsc_cpu_bf16_rounded(p[j]) : p[j]) : x;
+        dsc_cpu_round_span(o, e, c, products);
+        for (int64_t j0 = 0; p && j0 < c; j0 += 256) {
+            float pos[256];
+            int64_t len = c - j0 < 256 ? c - j0 : 256;
+            dsc_cpu_round_span(pos, p + j0, len, products);
+            for (int64_t j = 0; j < len; j++)
+                o[j0 + j] += pos[j];
         }
     }
     return NULL;

@@ -87,7 +87,8 @@ void dsc_cpu_gemm_f32(const gemm_args *g) {
 
 /* In the calling thread's product type (dsc_kernels_set_matmul_dtype). */
 static dsc_status run(const gemm_args *g) {
-    if (dsc_cpu_matmul_dtype() == DSC_DTYPE_BF16 && g->m > 0 && g->n > 0 && g->k > 0) return dsc_cpu_gemm_bf16(g);
+    dsc_dtype products = dsc_cpu_matmul_dtype();
+    if (products != DSC_DTYPE_F32 && g->m > 0 && g->n > 0 && g->k > 0) return dsc_cpu_gemm_rounded(g, products);
     dsc_cpu_gemm_f32(g);
     return NULL;
 }

@@ -1,11 +1,11 @@
-/* Private to the CPU kernels: one GEMM's arguments, and its two ways, f32 (cpu_gemm.c) and bf16
- * products (cpu_gemm_bf16.c, for a thread that asked for them with dsc_kernels_set_matmul_dtype). */
+/* Private to the CPU kernels: one GEMM's arguments, and its two ways, f32 (cpu_gemm.c) and bf16 /
+ * fp16 products (cpu_gemm_rounded.c, for a thread that asked for them with
+ * dsc_kernels_set_matmul_dtype). */
 #ifndef DSC_KERNELS_CPU_GEMM_H
 #define DSC_KERNELS_CPU_GEMM_H
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "dsc/kernels.h"
 
@@ -25,8 +25,8 @@ typedef struct gemm_args {
 
 /* In f32: sgemm over blocks of the threads, or streaming b for a few rows. */
 void dsc_cpu_gemm_f32(const gemm_args *g);
-/* In bf16 products (m, n, k > 0); fails only without memory for rounded copies. */
-dsc_status dsc_cpu_gemm_bf16(const gemm_args *g);
+/* In bf16 or fp16 products (`dtype`; m, n, k > 0); fails only without memory for rounded copies. */
+dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype);
 /* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
 dsc_dtype dsc_cpu_matmul_dtype(void);
 
@@ -39,19 +39,8 @@ typedef struct dsc_cpu_kept {
 } dsc_cpu_kept;
 /* At least `bytes` of `s`, 64-byte aligned; NULL without memory. */
 void *dsc_cpu_kept_at_least(dsc_cpu_kept *s, size_t bytes);
-/* v[0 .. n) rounded to bf16 and widened back into `s`, over the kernels' threads; NULL without
- * memory. */
-float *dsc_cpu_bf16_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n);
-
-/* x rounded to bf16 as dsc_f32_to_bf16 (nearest even, a NaN quieted) and widened back, spelled out
- * on the bits so that a loop over it vectorises (a call per value took longer than sgemm). */
-static inline float dsc_cpu_bf16_rounded(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
-                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof u);
-    return x;
-}
+/* v[0 .. n) rounded to `dtype` (bf16 / fp16) and widened back into `s`, over the kernels' threads;
+ * NULL without memory. */
+float *dsc_cpu_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n, dsc_dtype dtype);
 
 #endif

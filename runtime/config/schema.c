@@ -300,7 +300,7 @@ static const dsc_config_key schema[] = {
          "Name each record's communicator (DeepSpeed names the calling function)."),
 
     SECTION("fp16", "DeepSpeed's fp16 mixed precision: fp32 master weights and optimizer state, fp16 parameters "
-                    "and gradients, loss scaling."),
+                    "and gradients, the layers' matrix products in fp16 with f32 sums, loss scaling."),
     BOOL("fp16.enabled", fp16.enabled, "false", NUL, "Train in fp16 mixed precision; \"auto\" or null: off."),
     FLOAT("fp16.loss_scale", fp16.loss_scale, "0", 0, INF, 0,
           "0: dynamic loss scaling; a positive value: that static scale."),

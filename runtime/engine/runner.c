@@ -49,7 +49,7 @@ static dsc_status forward_all(default_runner *r, dsc_micro_ctx *ctx) {
         DSC_TRY(dsc_layer_forward(r->layers[l], 0, &x, &y, ctx));
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], false));
         /* mixed precision: stored in bf16 / fp16 between layers (not the loss layer's per-token losses) */
-        if (l < r->n - 1) dsc_precision_store_between(r->opt, &y, false);
+        if (l < r->n - 1) dsc_precision_store_between(r->opt, &y);
         x = y;
     }
     return NULL;
@@ -66,7 +66,7 @@ static dsc_status backward_layers(default_runner *r, dsc_micro_ctx *ctx, dsc_opt
         DSC_TRY(dsc_optimizer_after_layer(r->opt, r->layers[l], true));
         DSC_TRY(dsc_optimizer_progress_take(progress, r->layers[l]->name));
         if (progress) DSC_TRY(dsc_optimizer_grads_ready(r->opt, r->layers[l]));
-        if (l > 0) dsc_precision_store_between(r->opt, &dx, true);
+        if (l > 0) dsc_precision_store_between(r->opt, &dx);
         dy = dx;
     }
     return NULL;
@@ -88,7 +88,7 @@ static dsc_status run(default_runner *r, dsc_batch_source *data, dsc_batch_resul
         dsc_micro_ctx ctx = {
             .tokens = &r->tokens,
             .targets = &r->targets,
-            .loss_scale = 1.0f / (float)M,
+            .loss_scale = dsc_precision_micro_loss_scale(r->opt, M),
             .training = training,
             .rng = r->rng,
         };

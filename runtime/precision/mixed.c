@@ -3,14 +3,14 @@
  *
  * Per step:
  *  - backward: before a layer's backward its gradient views point into a
- *    zeroed scratch; after it, the layer's contribution is multiplied by the
- *    loss scale and rounded to the reduced type, then added to the gradients
- *    the inner optimizer accumulates (with the plain optimizer, a first
- *    contribution after the step zeroed them is rounded where it landed
- *    instead) (f32 accumulation of reduced-type
+ *    zeroed scratch; after it, the layer's contribution (the scaled loss's:
+ *    the runners seed the backward with the loss scale,
+ *    dsc_precision_micro_loss_scale) is rounded to the reduced type, then
+ *    added to the gradients the inner optimizer accumulates (with the plain
+ *    optimizer, a first contribution after the step zeroed them is rounded
+ *    where it landed instead): f32 accumulation of reduced-type
  *    contributions, DeepSpeed's default for bf16; data_types.grad_accum_dtype
- *    "fp32"). The scale is a power of two (dynamic), so multiplying the
- *    f32 contribution by it is exactly what scaling the loss gives;
+ *    "fp32";
  *  - reduction: the inner optimizer's, in communication_data_type;
  *  - step: overflow = an inf/nan in this rank's gradients, agreed by a MAX
  *    all-reduce over the groups that share the model (data, pipeline,
@@ -25,7 +25,7 @@
  *    size, so the working parameters take no second copy of the model (4
  *    bytes a parameter for both, where a rounded copy beside the master took
  *    8). A layer reads as they are the weights it uses only in products
- *    under bf16 (DSC_PARAM_USE_ROUNDED_BY_KERNELS: the products round their
+ *    (DSC_PARAM_USE_ROUNDED_BY_KERNELS: the bf16 / fp16 products round their
  *    operands, to the same values) and, in its backward, those its backward
  *    does not read (DSC_PARAM_USE_FORWARD_ONLY);
  *  - ZeRO-1/2: the rank's range of the values, copied in for the step and
@@ -91,7 +91,7 @@ typedef struct mixed_optimizer {
     bool round_on_use;
     /* the plain optimizer: the layer being called reads its values rounded from a scratch */
     layer_views values;
-    /* the calling thread's product type outside a layer call (inside: bf16 under bf16) */
+    /* the calling thread's product type outside a layer call (inside: the reduced type) */
     dsc_dtype matmul_was;
 } mixed_optimizer;
 
@@ -163,11 +163,11 @@ static void views_put_back(layer_views *v) {
     v->layer = NULL;
 }
 
-/* Whether the call reads parameter j's master as it is: the layer's bf16 products round it, or its
- * backward does not read it at all; every use of it in the layer must say so. */
-static bool read_as_is(const mixed_optimizer *m, const dsc_layer *layer, int j, bool backward) {
-    uint32_t as_is = backward ? DSC_PARAM_USE_FORWARD_ONLY : 0;
-    if (m->po.dtype == DSC_DTYPE_BF16) as_is |= DSC_PARAM_USE_ROUNDED_BY_KERNELS;
+/* Whether the call reads parameter j's master as it is: the layer's bf16 / fp16 products round it
+ * (the kernels multiply in the reduced type), or its backward does not read it at all; every use of
+ * it in the layer must say so. */
+static bool read_as_is(const dsc_layer *layer, int j, bool backward) {
+    uint32_t as_is = DSC_PARAM_USE_ROUNDED_BY_KERNELS | (backward ? DSC_PARAM_USE_FORWARD_ONLY : 0);
     for (int k = 0; k < layer->n_params; k++)
         if (layer->params[k] == layer->params[j] && !(layer->param_uses[k] & as_is)) return false;
     return true;
@@ -179,7 +179,7 @@ static void read_rounded(mixed_optimizer *m, dsc_layer *layer, bool backward) {
     float *at = views_begin(&m->values, layer);
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
-        if (seen_before(layer, j) || !p->value.data || read_as_is(m, layer, j, backward)) continue;
+        if (seen_before(layer, j) || !p->value.data || read_as_is(layer, j, backward)) continue;
         dsc_round_to_dtype_from(at, p->value.data, dsc_param_numel(p), m->po.dtype);
         at = view_out(&m->values, j, at);
     }
@@ -215,7 +215,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     DSC_CHECK(layer->n_params <= m->max_params, DSC_ERR_INVALID,
               "mixed precision: layer %s has %d parameters, more than the layers given to the optimizer",
               layer->name, layer->n_params);
-    /* bf16 products in the layer's GEMMs, as autocast multiplies (f32 where the CPU has no bf16 dot) */
+    /* bf16 / fp16 products in the layer's GEMMs, as autocast and a GPU's fp16 GEMM multiply */
     m->matmul_was = dsc_kernels_set_matmul_dtype(m->po.dtype);
     for (int j = 0; m->round_on_use && j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
@@ -243,14 +243,12 @@ static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool b
     dsc_kernels_set_matmul_dtype(m->matmul_was);
     views_put_back(&m->values);
     if (backward && m->grads.layer == layer) {
-        float scale = (float)m->scaler.cur_scale;
         for (int j = 0; j < layer->n_params; j++) {
             const dsc_tensor *part = &layer->params[j]->grad;
             if (m->in_place[j])
-                dsc_precision_scale_rounded(part->data, dsc_tensor_numel(part), scale, m->po.dtype);
+                dsc_round_to_dtype(part->data, dsc_tensor_numel(part), m->po.dtype);
             else if (m->grads.swapped[j])
-                dsc_precision_add_rounded(m->grads.saved[j].data, part->data, dsc_tensor_numel(part), scale,
-                                          m->po.dtype);
+                dsc_precision_add_rounded(m->grads.saved[j].data, part->data, dsc_tensor_numel(part), m->po.dtype);
         }
         views_put_back(&m->grads);
     }
@@ -459,7 +457,7 @@ static dsc_status setup(mixed_optimizer *m) {
         int64_t n = 0, rounded = 0;
         for (int j = 0; j < layer->n_params; j++) {
             n += dsc_param_numel(layer->params[j]);
-            if (!seen_before(layer, j) && !read_as_is(m, layer, j, false)) /* a forward rounds the most */
+            if (!seen_before(layer, j) && !read_as_is(layer, j, false)) /* a forward rounds the most */
                 rounded += dsc_param_numel(layer->params[j]);
         }
         if (n > most) most = n;
@@ -533,8 +531,15 @@ dsc_status dsc_precision_wrap(const dsc_precision_options *po, dsc_optimizer *in
     return NULL;
 }
 
-double dsc_precision_loss_scale(const dsc_optimizer *opt) {
-    return opt && opt->ops == &mixed_ops ? ((const mixed_optimizer *)opt)->scaler.cur_scale : 1.0;
+double dsc_precision_loss_scale(dsc_optimizer *opt) {
+    if (!opt || opt->ops != &mixed_ops) return 1.0;
+    mixed_optimizer *m = self_of(opt);
+    sync_scaler(m);
+    return m->scaler.cur_scale;
+}
+
+float dsc_precision_micro_loss_scale(dsc_optimizer *opt, int micro_batches) {
+    return (float)dsc_precision_loss_scale(opt) * (1.0f / (float)micro_batches);
 }
 
 int64_t dsc_precision_skipped_steps(const dsc_optimizer *opt) {
@@ -551,18 +556,7 @@ dsc_dtype dsc_precision_dtype(const dsc_optimizer *opt) {
     return opt && opt->ops == &mixed_ops ? ((const mixed_optimizer *)opt)->po.dtype : DSC_DTYPE_F32;
 }
 
-void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t, bool gradient) {
+void dsc_precision_store_between(dsc_optimizer *opt, const dsc_tensor *t) {
     if (!opt || opt->ops != &mixed_ops || !t->data || t->dtype != DSC_DTYPE_F32) return;
-    mixed_optimizer *m = self_of(opt);
-    sync_scaler(m);
-    float scale = gradient ? (float)m->scaler.cur_scale : 1.0f;
-    int64_t n = dsc_tensor_numel(t);
-    if (scale == 1.0f) {
-        dsc_round_to_dtype(t->data, n, m->po.dtype);
-        return;
-    }
-    dsc_round_scaled(t->data, n, scale, m->po.dtype);
-    float *x = t->data;
-    for (int64_t i = 0; i < n; i++)
-        x[i] /= scale; /* a power of two: exact */
+    dsc_round_to_dtype(t->data, dsc_tensor_numel(t), self_of(opt)->po.dtype);
 }

@@ -78,15 +78,16 @@ dsc_status dsc_precision_maybe_wrap(const dsc_config *cfg, const dsc_optimizer_o
     if (po.dtype == DSC_DTYPE_F16 && po.scaler.dynamic)
         dsc_log_rank0(
             DSC_LOG_INFO,
-            "fp16 mixed precision: fp32 master weights, fp16 parameters and gradients, dynamic loss scale "
-            "2^%d (window %lld, hysteresis %d, min %g), gradients reduced in %s",
+            "fp16 mixed precision: fp32 master weights, fp16 parameters and gradients, the layers' matrix "
+            "products in fp16 with f32 sums, dynamic loss scale 2^%d (window %lld, hysteresis %d, min %g), "
+            "gradients reduced in %s",
             cfg->fp16.initial_scale_power, (long long)po.scaler.scale_window, po.scaler.hysteresis,
             po.scaler.min_scale, comm);
     else if (po.dtype == DSC_DTYPE_F16)
         dsc_log_rank0(
             DSC_LOG_INFO,
-            "fp16 mixed precision: fp32 master weights, fp16 parameters and gradients, static loss scale "
-            "%g, gradients reduced in %s",
+            "fp16 mixed precision: fp32 master weights, fp16 parameters and gradients, the layers' matrix "
+            "products in fp16 with f32 sums, static loss scale %g, gradients reduced in %s",
             po.scaler.init_scale, comm);
     else
         dsc_log_rank0(

@@ -213,49 +213,59 @@ static void case_linear_packed(tc *c, const int64_t *a) {
     free(wide);
 }
 
-/* A product in bf16: both operands as the kernel multiplies them (rounded) or as given. */
-static double *operand(const tc *c, const dsc_tensor *t, bool rounded) {
+/* A case's product type: 0 f32, 1 bf16, 2 fp16 (dsc_kernels_set_matmul_dtype). */
+static dsc_dtype products_of(int64_t code) {
+    return code == 1 ? DSC_DTYPE_BF16 : code == 2 ? DSC_DTYPE_F16 : DSC_DTYPE_F32;
+}
+
+/* An operand as the kernel multiplies it in `products`: rounded to bf16 / fp16 (by the scalar
+ * conversions of core/tensor.c), or as given. */
+static double *operand(const tc *c, const dsc_tensor *t, dsc_dtype products) {
     int64_t n = dsc_tensor_numel(t);
-    if (rounded) return bf16_activations(tc_in(c, t), n);
+    if (products == DSC_DTYPE_BF16) return bf16_activations(tc_in(c, t), n);
     double *r = kt_zeros_d(n);
     memcpy(r, tc_in(c, t), (size_t)n * sizeof *r);
+    for (int64_t i = 0; products == DSC_DTYPE_F16 && i < n; i++)
+        r[i] = dsc_f16_to_f32(dsc_f32_to_f16((float)r[i]));
     return r;
 }
 
-/* a: m, n, k, trans_a, trans_b, beta. dsc_kernel_gemm with this thread's products in bf16: both
- * operands rounded, f32 sums (AVX-512 BF16's dot for prompt-sized products, else rounded copies). */
-static void case_gemm_bf16(tc *c, const int64_t *a) {
+/* a: m, n, k, trans_a, trans_b, beta, product type. dsc_kernel_gemm with this thread's products in
+ * bf16 / fp16: both operands rounded, f32 sums (AVX-512 BF16's dot for prompt-sized bf16 products,
+ * else rounded copies). */
+static void case_gemm_rounded(tc *c, const int64_t *a) {
     int64_t m = a[0], n = a[1], k = a[2];
     bool ta = a[3], tb = a[4];
     float beta = (float)a[5];
+    dsc_dtype products = products_of(a[6]);
     dsc_tensor *x = ta ? RANDN(c, 1.0f, k, m) : RANDN(c, 1.0f, m, k);
     dsc_tensor *y = tb ? RANDN(c, 1.0f, n, k) : RANDN(c, 1.0f, k, n);
     dsc_tensor *out = RANDN(c, 1.0f, m, n), *bias = RANDN(c, 1.0f, n);
-    dsc_dtype was = dsc_kernels_set_matmul_dtype(DSC_DTYPE_BF16);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(products);
     dsc_status s = dsc_kernel_gemm(out, x, y, bias, ta, tb, 0.5f, beta);
     dsc_kernels_set_matmul_dtype(was);
     assert_ok(s);
     double *want = tc_out(c, out);
     if (!c->ref) return;
-    double *xr = operand(c, x, true), *yr = operand(c, y, true);
+    double *xr = operand(c, x, products), *yr = operand(c, y, products);
     ref_gemm(want, xr, yr, tc_in(c, bias), 1, m, n, k, ta, tb, 0.5, beta);
     free(xr);
     free(yr);
 }
 
-/* a: rows, out channels, in channels, bias, products in bf16. y and act = gelu(y) against the
- * GEMM and GELU apart. */
+/* a: rows, out channels, in channels, bias, product type. y and act = gelu(y) against the GEMM and
+ * GELU apart. */
 static void case_linear_gelu(tc *c, const int64_t *a) {
     int64_t n = a[0], oc = a[1], ch = a[2];
     dsc_tensor *x = RANDN(c, 1.0f, n, ch), *w = RANDN(c, 0.5f, oc, ch), *bias = a[3] ? RANDN(c, 1.0f, oc) : NULL;
     dsc_tensor *y = FULL(c, 0.0f, n, oc), *act = FULL(c, 0.0f, n, oc);
-    dsc_dtype was = dsc_kernels_set_matmul_dtype(a[4] ? DSC_DTYPE_BF16 : DSC_DTYPE_F32);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(products_of(a[4]));
     dsc_status s = dsc_kernel_linear_gelu_forward(act, y, x, w, bias);
     dsc_kernels_set_matmul_dtype(was);
     assert_ok(s);
     double *want_y = tc_out(c, y), *want_act = tc_out(c, act);
     if (!c->ref) return;
-    double *xr = operand(c, x, a[4]), *wr = operand(c, w, a[4]);
+    double *xr = operand(c, x, products_of(a[4])), *wr = operand(c, w, products_of(a[4]));
     ref_gemm(want_y, xr, wr, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
     ref_gelu(want_act, want_y, n * oc);
     free(xr);
@@ -438,18 +448,18 @@ static dsc_tensor *ids(tc *c, int64_t b, int64_t t, int64_t v) {
     return tok;
 }
 
-/* a: B, T, V, C, with wpe, under bf16 products (the gathered rows read rounded). */
+/* a: B, T, V, C, with wpe, product type (bf16 / fp16: the gathered rows read rounded). */
 static void case_embedding(tc *c, const int64_t *a) {
     int64_t b = a[0], t = a[1], v = a[2], ch = a[3];
     dsc_tensor *tok = ids(c, b, t, v), *wte = RANDN(c, 1.0f, v, ch);
     dsc_tensor *wpe = a[4] ? RANDN(c, 1.0f, t + 2, ch) : NULL, *out = FULL(c, 0.0f, b, t, ch);
-    dsc_dtype was = dsc_kernels_set_matmul_dtype(a[5] ? DSC_DTYPE_BF16 : DSC_DTYPE_F32);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(products_of(a[5]));
     dsc_status s = dsc_kernel_embedding_forward(out, tok, wte, wpe);
     dsc_kernels_set_matmul_dtype(was);
     assert_ok(s);
     double *want = tc_out(c, out);
     if (!c->ref) return;
-    double *te = operand(c, wte, a[5]), *pe = wpe ? operand(c, wpe, a[5]) : NULL;
+    double *te = operand(c, wte, products_of(a[5])), *pe = wpe ? operand(c, wpe, products_of(a[5])) : NULL;
     ref_embedding(want, tc_ids(c, tok), te, pe, b * t, t, ch);
     free(te);
     free(pe);
@@ -677,9 +687,9 @@ typedef struct op_case {
     size_t entry; /* offsetof(struct dsc_kernel_ops, <entry>) */
     const char *name;
     case_fn fn;
-    int64_t a[6];
+    int64_t a[7];
     double tol;    /* relative error, in both modes */
-    bool cpu_only; /* products in bf16 (dsc_kernels_set_matmul_dtype): the CUDA backend keeps f32 */
+    bool cpu_only; /* products in bf16 / fp16 (dsc_kernels_set_matmul_dtype): the CUDA backend keeps f32 */
 } op_case;
 
 #define ENTRY(op) offsetof(struct dsc_kernel_ops, op)
@@ -710,13 +720,18 @@ static const op_case cases[] = {
     CASE(gemm, case_gemm, 1e-4, 7, 5, 0, 0, 0, 0), /* k = 0: out = beta out + bias */
     CASE(gemm, case_gemm, 1e-4, 0, 5, 3, 0, 0, 0), /* no rows */
     /* products in bf16 (dsc_kernels_set_matmul_dtype): every layout, odd depth, beta 0 and 1 */
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 0, 0, 0),
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 0, 1, 1),
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 0, 1),
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 1, 0),
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 97, 64, 96, 1, 0, 1),
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 20, 19, 33, 0, 1, 1),  /* small: rounded copies */
-    CPU_CASE(gemm, case_gemm_bf16, 1e-4, 70, 130, 47, 1, 0, 3), /* beta 3: out scaled first */
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 0, 0, 0, 1),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 0, 1, 1, 1),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 0, 1, 1),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 1, 0, 1),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 97, 64, 96, 1, 0, 1, 1),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 33, 0, 1, 1, 1),  /* small: rounded copies */
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 0, 3, 1), /* beta 3: out scaled first */
+    /* in fp16 (mixed-precision fp16): rounded copies, every layout */
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 0, 0, 0, 2),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 1, 1, 2),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 97, 64, 96, 1, 0, 1, 2),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 33, 0, 1, 3, 2),
     /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
      * weight (Q8_0 against x quantised too), four x rows a block (odd C: the vector loops' tails; odd rows and
      * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
@@ -759,6 +774,7 @@ static const op_case cases[] = {
     CASE(linear_gelu, case_linear_gelu, 1e-4, 33, 1, 7, 1, 0),
     CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 1), /* products in bf16 */
     CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 1),   /* rounded copies, streamed */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 2), /* products in fp16 */
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
@@ -810,6 +826,7 @@ static const op_case cases[] = {
     CASE(embedding_forward, case_embedding, 1e-5, 1, 7, 3, 1, 0, 0),
     CPU_CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 96, 1, 1),
     CPU_CASE(embedding_forward, case_embedding, 1e-5, 3, 5, 7, 33, 0, 1),
+    CPU_CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 300, 1, 2), /* fp16: rows past 256 */
     CASE(embedding_backward, case_embedding_backward, 1e-5, 2, 4, 5, 96, 1),
     CASE(embedding_backward, case_embedding_backward, 1e-5, 3, 50, 4, 33, 0),
     /* cross-entropy: rows, vocabulary, in place */

@@ -1,8 +1,8 @@
 /* CPU causal attention (MHA and GQA; T = 1, and T below, at and across the
  * 64-row query tile / 64-key block) and RoPE. Forwards against the
  * double-precision references (materialised softmax), backwards against
- * finite differences; attention with 3 threads against 1 thread; in bf16
- * products against the reference with a bf16 flash attention's roundings. */
+ * finite differences; attention with 3 threads against 1 thread; in bf16 / fp16
+ * products against the reference with a bf16 / fp16 flash attention's roundings. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -101,21 +101,26 @@ static double bf16(double x) {
     return dsc_bf16_to_f32(dsc_f32_to_bf16((float)x));
 }
 
-static double *rounded_to_bf16(const dsc_tensor *t) {
+static double f16(double x) {
+    return dsc_f16_to_f32(dsc_f32_to_f16((float)x));
+}
+
+static double *rounded_copy(const dsc_tensor *t, ref_rounding rounding) {
     double *d = kt_to_double(t);
     for (int64_t i = 0; i < dsc_tensor_numel(t); i++)
-        d[i] = bf16(d[i]);
+        d[i] = rounding(d[i]);
     return d;
 }
 
-/* Under dsc_kernels_set_matmul_dtype(bf16) the attention's products take bf16 operands: within
- * `close` of the reference that rounds q, k, v, dout, the probabilities, the output and the score
- * gradients where a bf16 flash attention does, and `apart` or more from the f32 attention, so a
- * rounding left out fails. With T within one 64-key block the running maximum the kernel rounds
- * against is the row's, as the reference's; across blocks it rounds against a partial maximum,
- * which is the same up to a bf16 rounding of each probability. */
-static void check_attention_bf16(int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs, double close,
-                                 double apart) {
+/* Under dsc_kernels_set_matmul_dtype(bf16 / fp16) the attention's products take operands rounded
+ * to it: within `close` of the reference that rounds q, k, v, dout, the probabilities, the output
+ * and the score gradients where a bf16 / fp16 flash attention does, and `apart` or more from the
+ * f32 attention, so a rounding left out fails. With T within one 64-key block the running maximum
+ * the kernel rounds against is the row's, as the reference's; across blocks it rounds against a
+ * partial maximum, which is the same up to a rounding of each probability. */
+static void check_attention_rounded(dsc_dtype products, int64_t b, int64_t t, int64_t nh, int64_t nkv, int64_t hs,
+                                    double close, double apart) {
+    ref_rounding rounding = products == DSC_DTYPE_BF16 ? bf16 : f16;
     dsc_rng rng;
     dsc_rng_init(&rng, (uint64_t)(t * 17 + hs), 0, DSC_RNG_INIT);
     dsc_tensor q = KT_RANDN(&rng, 1.0f, b, t, nh, hs), k = KT_RANDN(&rng, 1.0f, b, t, nkv, hs);
@@ -124,17 +129,17 @@ static void check_attention_bf16(int64_t b, int64_t t, int64_t nh, int64_t nkv, 
     dsc_tensor dq = KT_FULL(9.0f, b, t, nh, hs), dk = KT_FULL(9.0f, b, t, nkv, hs),
                dv = KT_FULL(9.0f, b, t, nkv, hs);
     int64_t nq = b * t * nh * hs, nk = b * t * nkv * hs;
-    double *rq = rounded_to_bf16(&q), *rk = rounded_to_bf16(&k), *rv = rounded_to_bf16(&v);
-    double *rd = rounded_to_bf16(&dout), *want[4], *exact[4];
+    double *rq = rounded_copy(&q, rounding), *rk = rounded_copy(&k, rounding), *rv = rounded_copy(&v, rounding);
+    double *rd = rounded_copy(&dout, rounding), *want[4], *exact[4];
     for (int i = 0; i < 4; i++)
         want[i] = kt_zeros_d(nq), exact[i] = kt_zeros_d(nq);
-    ref_attention(want[0], NULL, rq, rk, rv, b, t, nh, nkv, hs, bf16);
-    ref_attention_backward(want[1], want[2], want[3], rd, rq, rk, rv, b, t, nh, nkv, hs, bf16);
+    ref_attention(want[0], NULL, rq, rk, rv, b, t, nh, nkv, hs, rounding);
+    ref_attention_backward(want[1], want[2], want[3], rd, rq, rk, rv, b, t, nh, nkv, hs, rounding);
     double *q64 = kt_to_double(&q), *k64 = kt_to_double(&k), *v64 = kt_to_double(&v), *d64 = kt_to_double(&dout);
     ref_attention(exact[0], NULL, q64, k64, v64, b, t, nh, nkv, hs, NULL);
     ref_attention_backward(exact[1], exact[2], exact[3], d64, q64, k64, v64, b, t, nh, nkv, hs, NULL);
 
-    dsc_dtype was = dsc_kernels_set_matmul_dtype(DSC_DTYPE_BF16);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(products);
     assert_ok(dsc_kernel_attention_forward(&out, &lse, &q, &k, &v));
     assert_ok(dsc_kernel_attention_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse));
     dsc_kernels_set_matmul_dtype(was);
@@ -142,13 +147,15 @@ static void check_attention_bf16(int64_t b, int64_t t, int64_t nh, int64_t nkv, 
     const float *o = kt_f(&out);
     int64_t unrounded = 0;
     for (int64_t i = 0; i < nq; i++)
-        unrounded += (double)o[i] != bf16(o[i]);
-    assert_int_equal(unrounded, 0); /* the bf16 output autocast's attention returns */
+        unrounded += (double)o[i] != rounding(o[i]);
+    assert_int_equal(unrounded, 0); /* the bf16 / fp16 output autocast's attention returns */
     const dsc_tensor *got[4] = {&out, &dq, &dk, &dv};
-    const char *names[4] = {"bf16 attention out", "bf16 attention dq", "bf16 attention dk", "bf16 attention dv"};
+    const char *names[4] = {"attention out", "attention dq", "attention dk", "attention dv"};
     for (int i = 0; i < 4; i++) {
         int64_t n = i < 2 ? nq : nk;
-        assert_true(kt_rel_err(kt_f(got[i]), want[i], n, 1e-3, names[i]) <= close);
+        char name[64];
+        snprintf(name, sizeof name, "%s %s", dsc_dtype_name(products), names[i]);
+        assert_true(kt_rel_err(kt_f(got[i]), want[i], n, 1e-3, name) <= close);
         assert_true(kt_rel_err(kt_f(got[i]), exact[i], n, 1e-3, "  against f32") >= apart);
     }
     for (int i = 0; i < 4; i++)
@@ -160,8 +167,14 @@ static void check_attention_bf16(int64_t b, int64_t t, int64_t nh, int64_t nkv, 
 
 static void test_attention_bf16_products(void **state) {
     (void)state;
-    check_attention_bf16(2, 40, 4, 2, 16, 1e-5, 1e-3);  /* one key block: the reference's roundings exactly */
-    check_attention_bf16(1, 130, 4, 1, 32, 3e-3, 1e-3); /* three query tiles */
+    check_attention_rounded(DSC_DTYPE_BF16, 2, 40, 4, 2, 16, 1e-5, 1e-3);  /* one key block: exactly */
+    check_attention_rounded(DSC_DTYPE_BF16, 1, 130, 4, 1, 32, 3e-3, 1e-3); /* three query tiles */
+}
+
+static void test_attention_fp16_products(void **state) {
+    (void)state;
+    check_attention_rounded(DSC_DTYPE_F16, 2, 40, 4, 2, 16, 6e-5, 2.5e-4); /* one key block */
+    check_attention_rounded(DSC_DTYPE_F16, 1, 130, 4, 1, 32, 5e-4, 2e-4);  /* three query tiles */
 }
 
 typedef struct rope_ctx {
@@ -201,11 +214,9 @@ static void test_rope(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attention_small),
-        cmocka_unit_test(test_attention_across_key_blocks),
-        cmocka_unit_test(test_attention_threads),
-        cmocka_unit_test(test_attention_bf16_products),
-        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention_small),         cmocka_unit_test(test_attention_across_key_blocks),
+        cmocka_unit_test(test_attention_threads),       cmocka_unit_test(test_attention_bf16_products),
+        cmocka_unit_test(test_attention_fp16_products), cmocka_unit_test(test_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

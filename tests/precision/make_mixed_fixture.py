@@ -13,13 +13,15 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
               rounded to bf16 and whose products are summed in f32, forward
               and backward (autocast's bf16 matmuls; dsc's
               dsc_kernels_set_matmul_dtype), the attention computed as a
-              bf16 flash attention (Bf16Attention), the activations between layers
+              bf16 flash attention (LowAttention), the activations between layers
               (embedding and block outputs) and their gradients are rounded
               to bf16, every gradient is rounded to bf16, then clip + AdamW
               update the master;
-  fp16        the same with fp16 and DeepSpeed's dynamic loss scaling:
-              (loss * scale).backward(), gradients rounded to fp16, an inf/nan
-              gradient skips the step, scale from DeepSpeed's own
+  fp16        the same with fp16 (the products' operands, the attention as an
+              fp16 flash attention: a GPU's fp16 GEMMs with f32 sums) and
+              DeepSpeed's dynamic loss scaling: (loss * scale).backward(), so
+              the gradient operands are rounded at the scale, gradients
+              rounded to fp16, an inf/nan gradient skips the step, scale from DeepSpeed's own
               DynamicLossScaler (loaded from /opt/ds; see
               gen_precision_fixtures.py), unscaled before clipping;
   bf16_lowp   DeepSpeed as it runs on a GPU: model.to(torch.bfloat16),
@@ -29,7 +31,9 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
 
 Written: tests/precision/fixtures/mixed_gpt.{idx,bin} (the nn fixture
 format: meta lines, params, tokens, and loss/<mode> (STEPS,), skipped/<mode>,
-scale/<mode>, and grad0_bf16/<param>: bf16's first-step gradients).
+scale/<mode>, grad0_bf16/<param>: bf16's first-step gradients, and
+grad0_fp16/<param>: fp16's at the loss scale 2^fp16_grad0_scale_power, still
+scaled).
 
 Run: PYTHONPATH=/opt/ds /opt/venv/bin/python tests/precision/make_mixed_fixture.py
 """
@@ -50,6 +54,7 @@ from gen_precision_fixtures import load_deepspeed_loss_scaler  # noqa: E402
 STEPS = 8
 CASE = "gpt_untied"
 FP16 = dict(initial_scale_power=20, loss_scale_window=3, hysteresis=2, min_loss_scale=1.0)
+FP16_GRAD0_POWER = 8
 
 
 def round_to(t, dtype):
@@ -69,35 +74,31 @@ class RoundBetween(torch.autograd.Function):
         return g.to(ctx.dtype).float(), None
 
 
-class Bf16Linear(torch.autograd.Function):
-    """x @ w.T + b with both operands of each product rounded to bf16 and f32 sums: forward,
-    and the two products of the backward (dsc's linear in bf16 products)."""
+class LowLinear(torch.autograd.Function):
+    """x @ w.T + b with both operands of each product rounded to `low` (bf16 / fp16) and f32 sums:
+    forward, and the two products of the backward (dsc's linear in bf16 / fp16 products)."""
 
     @staticmethod
-    def forward(ctx, x, w, b):
-        xr, wr = round_to(x, torch.bfloat16), round_to(w, torch.bfloat16)
+    def forward(ctx, x, w, b, low):
+        xr, wr = round_to(x, low), round_to(w, low)
         ctx.save_for_backward(xr, wr)
-        ctx.bias = b is not None
+        ctx.bias, ctx.low = b is not None, low
         y = xr @ wr.t()
         return y + b if b is not None else y
 
     @staticmethod
     def backward(ctx, g):
         xr, wr = ctx.saved_tensors
-        gr = round_to(g, torch.bfloat16)
+        gr = round_to(g, ctx.low)
         dw = gr.reshape(-1, gr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
         db = g.reshape(-1, g.shape[-1]).sum(0) if ctx.bias else None
-        return gr @ wr, dw, db
+        return gr @ wr, dw, db, None
 
 
-def bf16_linear(self, x):
-    return Bf16Linear.apply(x, self.weight, self.bias)
-
-
-class Bf16Attention(torch.autograd.Function):
-    """Causal attention of (B, NH, T, HS) q, k, v as a bf16 flash attention computes it (PyTorch's
-    CPU flash kernel, FlashAttention-2; dsc's CPU attention in bf16 products): every product's
-    operands rounded to bf16 and summed in f32; the exponentials rounded after their f32 row sum is
+class LowAttention(torch.autograd.Function):
+    """Causal attention of (B, NH, T, HS) q, k, v as a bf16 / fp16 flash attention computes it
+    (PyTorch's CPU flash kernel, FlashAttention-2; dsc's CPU attention in bf16 / fp16 products):
+    every product's operands rounded to `low` and summed in f32; the exponentials rounded after their f32 row sum is
     taken and before they multiply v, the output rounded once normalised. The backward rounds the
     output gradient, the recomputed probabilities before dv and the score gradients P (dP - D)
     before dq and dk. T fits one key block, so the maximum is the row's."""
@@ -109,10 +110,10 @@ class Bf16Attention(torch.autograd.Function):
         return s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1), float("-inf"))
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        bf = torch.bfloat16
+    def forward(ctx, q, k, v, low):
+        bf = ctx.low = low
         qr, kr, vr = round_to(q, bf), round_to(k, bf), round_to(v, bf)
-        s = Bf16Attention.scores(qr, kr)
+        s = LowAttention.scores(qr, kr)
         m = s.amax(-1, keepdim=True)
         e = torch.exp(s - m)
         total = e.sum(-1, keepdim=True)
@@ -122,37 +123,32 @@ class Bf16Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        bf = torch.bfloat16
+        bf = ctx.low
         qr, kr, vr, out, lse = ctx.saved_tensors
         gr = round_to(g, bf)
-        p = torch.exp(Bf16Attention.scores(qr, kr) - lse)
+        p = torch.exp(LowAttention.scores(qr, kr) - lse)
         ds = round_to(p * (gr @ vr.transpose(-2, -1) - (gr * out).sum(-1, keepdim=True)), bf)
         scale = 1 / math.sqrt(qr.shape[-1])
-        return ds @ kr * scale, ds.transpose(-2, -1) @ qr * scale, round_to(p, bf).transpose(-2, -1) @ gr
-
-
-def bf16_attend(self, q, k, v):
-    return Bf16Attention.apply(q, k, v)
+        return ds @ kr * scale, ds.transpose(-2, -1) @ qr * scale, round_to(p, bf).transpose(-2, -1) @ gr, None
 
 
 def forward_rounded(model, tokens, targets, dtype):
-    products = dtype is torch.bfloat16  # dsc multiplies in bf16 under bf16, in f32 under fp16
     plain, plain_attend = torch.nn.Linear.forward, mm.Attention.attend
-    if products:
-        torch.nn.Linear.forward, mm.Attention.attend = bf16_linear, bf16_attend
+    torch.nn.Linear.forward = lambda self, x: LowLinear.apply(x, self.weight, self.bias, dtype)
+    mm.Attention.attend = lambda self, q, k, v: LowAttention.apply(q, k, v, dtype)
     try:
         x = RoundBetween.apply(model.embed(tokens), dtype)
         for block in model.layers:
             x = RoundBetween.apply(block(x), dtype)
         head = model.head
         w = head.tied.weight if head.tied is not None else head.weight
-        logits = Bf16Linear.apply(head.norm(x), w, None) if products else head(x)
+        logits = LowLinear.apply(head.norm(x), w, None, dtype)
     finally:
         torch.nn.Linear.forward, mm.Attention.attend = plain, plain_attend
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
 
-def train(model0, tokens, targets, mode, ds):
+def train(model0, tokens, targets, mode, ds, steps=STEPS, scale_power=FP16["initial_scale_power"]):
     master = copy.deepcopy(model0).float()
     names = [n for n, _ in master.named_parameters()]
     mp = dict(master.named_parameters())
@@ -165,11 +161,11 @@ def train(model0, tokens, targets, mode, ds):
     lowp = mode.endswith("_lowp")
     scaler = None
     if low is torch.float16:
-        scaler = ds.DynamicLossScaler(init_scale=2.0 ** FP16["initial_scale_power"],
+        scaler = ds.DynamicLossScaler(init_scale=2.0 ** scale_power,
                                       scale_window=FP16["loss_scale_window"], min_scale=FP16["min_loss_scale"],
                                       delayed_shift=FP16["hysteresis"], consecutive_hysteresis=False)
     losses, skipped, scales, grads0 = [], [], [], {}
-    for step in range(STEPS):
+    for step in range(steps):
         work = copy.deepcopy(master)
         if lowp:
             work = work.to(low)
@@ -221,6 +217,7 @@ def main():
     for k, v in dict(batch=mm.B, steps=STEPS, lr=mm.LR, beta1=mm.BETAS[0], beta2=mm.BETAS[1], eps=mm.EPS,
                      weight_decay=mm.WEIGHT_DECAY, clip=mm.CLIP, **FP16).items():
         w.meta(k, v)
+    w.meta("fp16_grad0_scale_power", FP16_GRAD0_POWER)
     w.array("tokens", tokens)
     w.array("targets", targets)
     for n, p in model.named_parameters():
@@ -230,6 +227,11 @@ def main():
         if mode == "bf16":  # the first step's gradients, rounded to bf16 (scale 1)
             for n, g in grads0.items():
                 w.array("grad0_bf16/" + n, g)
+        if mode == "fp16":  # the first step's gradients at a scale that does not overflow: 2^8 times
+            first = train(model, tokens, targets, mode, ds, steps=1, scale_power=FP16_GRAD0_POWER)
+            assert first[1] == [0]
+            for n, g in first[3].items():
+                w.array("grad0_fp16/" + n, g)
         w.array("loss/" + mode, torch.tensor(losses))
         w.array("skipped/" + mode, torch.tensor(skipped, dtype=torch.int32))
         w.array("scale/" + mode, torch.tensor(scales))

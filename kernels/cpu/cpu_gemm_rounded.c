@@ -1,8 +1,9 @@
-/* Products in bf16 for a thread that asked for them (dsc_kernels_set_matmul_dtype: bf16
- * training): both operands rounded to bf16, the products (exact in f32) summed in f32, as
- * torch.autocast's bf16 matmuls. On AVX-512 BF16 a prompt-sized product runs the vdpbf16ps tiles
- * of cpu_bf16_gemm.c over op(a) rounded once and op(b) rounded into packed blocks; elsewhere, and
- * for small products, sgemm multiplies rounded copies. */
+/* Products in bf16 or fp16 for a thread that asked for them (dsc_kernels_set_matmul_dtype: mixed
+ * precision training): both operands rounded to the type, the products (exact in f32) summed in
+ * f32, as torch.autocast's bf16 matmuls and a GPU's fp16 GEMM with f32 accumulation. On AVX-512
+ * BF16 a prompt-sized bf16 product runs the vdpbf16ps tiles of cpu_bf16_gemm.c over op(a) rounded
+ * once and op(b) rounded into packed blocks; elsewhere, for fp16, and for small products, sgemm
+ * multiplies rounded copies. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,13 +11,14 @@
 #include "kernels/cpu/cpu_bf16_gemm.h"
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_round.h"
 #include "kernels/cpu/cpu_simd.h"
 
 static _Thread_local dsc_dtype matmul_dtype = DSC_DTYPE_F32;
 
 dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype) {
     dsc_dtype was = matmul_dtype;
-    matmul_dtype = dtype == DSC_DTYPE_BF16 ? DSC_DTYPE_BF16 : DSC_DTYPE_F32;
+    matmul_dtype = dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16 ? dtype : DSC_DTYPE_F32;
     return was;
 }
 
@@ -165,35 +167,40 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-float *dsc_cpu_bf16_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n) {
+float *dsc_cpu_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n, dsc_dtype dtype) {
+    enum { CHUNK = 1 << 14 };
     float *r = dsc_cpu_kept_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!r) return NULL;
-#pragma omp parallel for simd num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        r[i] = dsc_cpu_bf16_rounded(v[i]);
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t b = c * CHUNK;
+        dsc_cpu_round_span(r + b, v + b, n - b < CHUNK ? n - b : CHUNK, dtype);
+    }
     return r;
 }
 
-/* A product in bf16: both operands rounded to bf16, the products (exact in f32) summed in f32.
- * On AVX-512 BF16 vdpbf16ps does both at once; elsewhere, and for small products, sgemm
- * multiplies rounded copies. The same values either way but for the order of the sums. */
-dsc_status dsc_cpu_gemm_bf16(const gemm_args *g) {
+/* A product in bf16 / fp16: both operands rounded to the type, the products (exact in f32) summed
+ * in f32. On AVX-512 BF16 vdpbf16ps does both at once for bf16; elsewhere, and for small products,
+ * sgemm multiplies rounded copies. The same values either way but for the order of the sums. */
+dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
     if (g->beta != 0.0f && g->beta != 1.0f) { /* the bf16 tiles add or overwrite */
         for (int64_t i = 0; i < g->m * g->n; i++)
             g->o[i] *= g->beta;
         gemm_args one = *g;
         one.beta = 1.0f;
-        return dsc_cpu_gemm_bf16(&one);
+        return dsc_cpu_gemm_rounded(&one, dtype);
     }
-    if (bf16_dot_gemm(g)) return NULL;
+    if (dtype == DSC_DTYPE_BF16 && bf16_dot_gemm(g)) return NULL;
     gemm_args r = *g;
-    float *ra = dsc_cpu_bf16_rounded_copy(&first_scratch, g->a, g->m * g->k),
-          *rb = dsc_cpu_bf16_rounded_copy(&second_scratch, g->b, g->k * g->n);
+    float *ra = dsc_cpu_rounded_copy(&first_scratch, g->a, g->m * g->k, dtype),
+          *rb = dsc_cpu_rounded_copy(&second_scratch, g->b, g->k * g->n, dtype);
     dsc_status s = ra && rb ? NULL
                             : dsc_error(DSC_ERR_NOMEM,
-                                        "dsc_kernel_gemm: bf16 copies of a (%lld x %lld) and b "
+                                        "dsc_kernel_gemm: %s copies of a (%lld x %lld) and b "
                                         "(%lld x %lld)",
-                                        (long long)g->m, (long long)g->k, (long long)g->k, (long long)g->n);
+                                        dsc_dtype_name(dtype), (long long)g->m, (long long)g->k, (long long)g->k,
+                                        (long long)g->n);
     if (!s) {
         r.a = ra;
         r.b = rb;

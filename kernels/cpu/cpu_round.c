@@ -1,0 +1,57 @@
+/* Rounding f32 values to bf16 / fp16 and back: round to nearest even as torch's
+ * .to(torch.bfloat16) / .half() (c10::BFloat16's round_to_nearest_even, c10::Half's
+ * fp16_ieee_from_fp32_value): overflow to inf, fp16 subnormals kept, NaN stays NaN.
+ *
+ * bf16 is integer arithmetic on the f32 bits, which the compiler vectorises; fp16 takes F16C's
+ * vcvtps2ph / vcvtph2ps (the hardware rounds to nearest even) when the CPU has it
+ * (kernels/cpu/cpu_simd.h decides, once, at run time), else the portable conversion of
+ * core/tensor.c. */
+#include <string.h>
+
+#include "kernels/cpu/cpu_round.h"
+#include "kernels/cpu/cpu_simd.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSC_HAVE_F16C_BUILD 1
+#include <immintrin.h>
+#endif
+
+/* dst[i] = x[i] rounded, for dst == x or buffers that do not overlap. */
+static void round_bf16(float *dst, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) { /* memcpy: the bits of a float without aliasing it (vectorises) */
+        uint32_t v;
+        memcpy(&v, &x[i], 4);
+        uint32_t r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+        r = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;
+        memcpy(&dst[i], &r, 4);
+    }
+}
+
+#ifdef DSC_HAVE_F16C_BUILD
+__attribute__((target("avx2,f16c"))) static int64_t round_f16_f16c(float *dst, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    return i;
+}
+#endif
+
+static void round_f16(float *dst, const float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef DSC_HAVE_F16C_BUILD
+    if (dsc_cpu_simd()) i = round_f16_f16c(dst, x, n);
+#endif
+    for (; i < n; i++)
+        dst[i] = dsc_f16_to_f32(dsc_f32_to_f16(x[i]));
+}
+
+void dsc_cpu_round_span(float *dst, const float *src, int64_t n, dsc_dtype dtype) {
+    if (dtype == DSC_DTYPE_BF16)
+        round_bf16(dst, src, n);
+    else if (dtype == DSC_DTYPE_F16)
+        round_f16(dst, src, n);
+    else if (dst != src && n > 0)
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+}
