@@ -5,15 +5,16 @@
  * (bench/torch_train_ref.py, run with --python, /opt/venv/bin/python unless told).
  *
  *   bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] [--pairs N]
- *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH] [--bf16]
+ *               [--torch PATH/torch_train_ref.py | --no-torch] [--python PATH] [--bf16 | --fp16]
  *               [--torch-flush-denormal]
  *
  * With --pairs N each model runs N times, dsc then PyTorch, interleaved, each
  * pair printed with the 1-minute load average before it; the summary line
  * gives the median and minimum of each side and the ratio of the medians.
  * --bf16 trains in bf16 mixed precision ("bf16": {"enabled": true}), PyTorch
- * under torch.autocast("cpu", bfloat16). --torch-flush-denormal runs PyTorch with
- * torch.set_flush_denormal(True): at its defaults it computes on subnormal floats, which Intel's
+ * under torch.autocast("cpu", bfloat16); --fp16 in fp16 ("fp16": {"enabled": true}, DeepSpeed's
+ * dynamic loss scale), PyTorch under torch.autocast("cpu", float16) with GradScaler. --torch-flush-denormal runs
+ * PyTorch with torch.set_flush_denormal(True): at its defaults it computes on subnormal floats, which Intel's
  * cores take microcode assists for (an Emerald Rapids: 61 tok/s for GPT-2 small against 163-172
  * flushed; dsc, which does not flush, is not slowed there).
  *
@@ -63,7 +64,9 @@ static void write_tokens(const char *path) {
 }
 
 /* tokens/s of dsc on `sh` for `steps` timed steps after one warm-up step. */
-static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, int64_t *params) {
+static double run_dsc(const shape *sh, int steps, const char *data, const char *mixed, int64_t *params) {
+    char section[64] = "";
+    if (mixed) snprintf(section, sizeof section, ", \"%s\": {\"enabled\": true}", mixed);
     char json[1024];
     snprintf(
         json, sizeof json,
@@ -71,8 +74,7 @@ static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, i
         " \"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"d_model\": %d, \"n_head\": %d, \"vocab_size\": %d,"
         " \"seq_len\": %d}, \"optimizer\": {\"type\": \"adamw\", \"params\": {\"lr\": 0.0003}},"
         " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": %d}%s}",
-        sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1,
-        bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
+        sh->batch, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, data, steps + 1, section);
     dsc_config cfg;
     dsc_status s = dsc_config_parse_string(json, "bench.json", NULL, 0, &cfg);
     if (!s) s = dsc_config_resolve_batch(&cfg, 1);
@@ -93,14 +95,18 @@ static double run_dsc(const shape *sh, int steps, const char *data, bool bf16, i
 }
 
 /* tokens/s of the PyTorch reference, or 0 when it could not run. */
-static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads, bool bf16,
-                        bool flush_denormal) {
+static double run_torch(const char *python, const char *script, const shape *sh, int steps, int threads,
+                        const char *mixed, bool flush_denormal) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d %s %s --layers %d --d-model %d --heads %d --vocab %d --seq %d "
              "--batch %d --steps %d --threads %d%s%s 2>&1",
              threads, python, script, sh->layers, sh->d_model, sh->heads, sh->vocab, sh->seq, sh->batch, steps,
-             threads, bf16 ? " --bf16" : "", flush_denormal ? " --flush-denormal" : "");
+             threads,
+             !mixed                       ? ""
+             : strcmp(mixed, "bf16") == 0 ? " --bf16"
+                                          : " --fp16",
+             flush_denormal ? " --flush-denormal" : "");
     return bench_peer_tokens_per_s(script, cmd, "  torch: ");
 }
 
@@ -119,7 +125,8 @@ int main(int argc, char **argv) {
     enum { MAX_PAIRS = 32 };
     int threads = dsc_kernels_get_num_threads(), steps[2] = {20, 2}, pairs = 1;
     const char *only = NULL, *torch = "bench/torch_train_ref.py", *python = "/opt/venv/bin/python";
-    bool bf16 = false, flush_denormal = false;
+    const char *mixed = NULL; /* "bf16", "fp16" or f32 training */
+    bool flush_denormal = false;
     for (int i = 1; i < argc; i++) {
         bool v = i + 1 < argc;
         if (strcmp(argv[i], "--threads") == 0 && v)
@@ -138,14 +145,15 @@ int main(int argc, char **argv) {
             python = argv[++i];
         else if (strcmp(argv[i], "--pairs") == 0 && v)
             pairs = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--bf16") == 0)
-            bf16 = true;
+        else if (strcmp(argv[i], "--bf16") == 0 || strcmp(argv[i], "--fp16") == 0)
+            mixed = argv[i] + 2;
         else if (strcmp(argv[i], "--torch-flush-denormal") == 0)
             flush_denormal = true;
         else {
             fprintf(stderr,
                     "usage: bench_train [--threads N] [--steps-tiny N] [--steps-gpt2 N] [--only tiny|gpt2] "
-                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH] [--bf16] [--torch-flush-denormal]\n");
+                    "[--pairs N] [--torch PATH | --no-torch] [--python PATH] [--bf16 | --fp16] "
+                    "[--torch-flush-denormal]\n");
             return 2;
         }
     }
@@ -158,7 +166,9 @@ int main(int argc, char **argv) {
     snprintf(data, sizeof data, "/tmp/dsc_bench_train_%d.tok", (int)getpid());
     write_tokens(data);
     printf("bench_train: 1 rank, %d threads, AdamW%s, one warm-up step then timed steps\n", threads,
-           bf16 ? ", bf16 mixed precision (PyTorch: bf16 autocast)" : "");
+           !mixed                       ? ""
+           : strcmp(mixed, "bf16") == 0 ? ", bf16 mixed precision (PyTorch: bf16 autocast)"
+                                        : ", fp16 mixed precision (PyTorch: fp16 autocast, GradScaler)");
     printf("%-5s %5s %10s %6s %6s %12s %12s %9s %13s %7s\n", "model", "load", "params", "B*T", "steps",
            "dsc tok/s", "dsc GFLOP/s", "ms/step", "torch tok/s", "dsc/pt");
     for (int k = 0; k < 2; k++) {
@@ -168,10 +178,10 @@ int main(int argc, char **argv) {
         for (int p = 0; p < pairs; p++) {
             int64_t params;
             double load = load_now();
-            double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, bf16, &params);
+            double tps = dsc_tps[p] = run_dsc(sh, steps[k], data, mixed, &params);
             double flops_per_token = 6.0 * (double)params + 6.0 * sh->layers * sh->d_model * sh->seq;
             double pt = pt_tps[p] =
-                torch ? run_torch(python, torch, sh, steps[k], threads, bf16, flush_denormal) : 0;
+                torch ? run_torch(python, torch, sh, steps[k], threads, mixed, flush_denormal) : 0;
             printf("%-5s %5.1f %10lld %6d %6d %12.1f %12.2f %9.1f %13.1f %7.2f\n", sh->name, load,
                    (long long)params, sh->batch * sh->seq, steps[k], tps, tps * flops_per_token * 1e-9,
                    1e3 * sh->batch * sh->seq / tps, pt, pt > 0 ? tps / pt : 0.0);

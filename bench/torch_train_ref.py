@@ -2,7 +2,7 @@
 """PyTorch reference for bench_train: the same GPT-2 model (pre-LayerNorm
 blocks, tanh GELU, learned positions, tied embeddings, biases), the same batch
 and AdamW, on the same number of CPU threads (--bf16: under bf16 autocast, against
-dsc's bf16 mixed precision). Prints tokens/s on its last line
+dsc's bf16 mixed precision; --fp16: under fp16 autocast with GradScaler, against dsc's fp16). Prints tokens/s on its last line
 as "tokens_per_s <value>" for bench_train to read.
 
 Run with Debian's /usr/bin/python3 (python3-torch)."""
@@ -67,6 +67,8 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--bf16", action="store_true", help="forward and backward under torch.autocast(cpu, bfloat16)")
+    p.add_argument("--fp16", action="store_true",
+                   help="forward and backward under torch.autocast(cpu, float16), the loss scaled by GradScaler")
     p.add_argument("--flush-denormal", action="store_true",
                    help="torch.set_flush_denormal(True): subnormal results as zero (they cost Intel cores assists)")
     a = p.parse_args()
@@ -78,12 +80,16 @@ def main():
     data = torch.randint(0, min(a.vocab, 256), (a.batch, a.seq + 1))
     x, y = data[:, :-1], data[:, 1:]
 
+    low = torch.float16 if a.fp16 else torch.bfloat16
+    scaler = torch.amp.GradScaler("cpu", enabled=a.fp16)
+
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        with torch.autocast("cpu", dtype=low, enabled=a.bf16 or a.fp16):
             loss = model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
 
     step()  # warm-up
@@ -92,7 +98,8 @@ def main():
         step()
     dt = time.perf_counter() - t0
     params = sum(q.numel() for q in model.parameters())
-    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads{', bf16 autocast' if a.bf16 else ''}"
+    mixed = ", bf16 autocast" if a.bf16 else ", fp16 autocast + GradScaler" if a.fp16 else ""
+    print(f"torch {torch.__version__}, {params} parameters, {a.threads} threads{mixed}"
           f"{', denormals flushed' if a.flush_denormal else ''}")
     print(f"tokens_per_s {a.batch * a.seq * a.steps / dt:.1f}")
 
