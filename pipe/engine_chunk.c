@@ -56,8 +56,10 @@ static dsc_status setup_chunk(pipe_runner *r, int index, dsc_device dev, bool *o
             for (int b = 0; b < r->n_slots; b++)
                 DSC_TRY(alloc_act(&seg->saved[b], 3, act, r->stash, dev));
         }
-        for (int l = seg->first; l < seg->end; l++)
+        for (int l = seg->first; l < seg->end; l++) {
+            dsc_layer_set_saved_dtype(c->layers[l], r->stash); /* mixed precision: 2-byte product operands */
             DSC_TRY(dsc_layer_reserve(c->layers[l], seg->checkpoint ? 1 : r->n_slots, r->o.B, r->o.T));
+        }
     }
     *out_copy |= c->n_segs > 0 && c->segs[c->n_segs - 1].checkpoint;
     *din_copy |= c->n_segs > 0 && c->segs[0].checkpoint;

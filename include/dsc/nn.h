@@ -170,6 +170,12 @@ typedef struct dsc_layer_ops {
      * again before the next forward. A checkpointed block holds its
      * feed-forward layer's activations only while it runs (runtime/nn/block.c). */
     void (*release)(dsc_layer *self);
+    /* Optional: the type (bf16 / fp16) to keep, from the next reserve on, the
+     * activations the backward reads only as operands of matrix products, in
+     * a layer whose products round to that type (mixed precision: such a
+     * tensor is exact in it, so the backward's results stay bit for bit);
+     * f32 keeps them in f32. A layer without it keeps f32. */
+    void (*set_saved_dtype)(dsc_layer *self, dsc_dtype dtype);
 } dsc_layer_ops;
 
 /* Implementations embed this as their first member. */
@@ -208,6 +214,9 @@ DSC_API void dsc_layer_profile_begin(void);
 /* Closes the profile and hands over its rows (in first-call order; the
  * caller frees *rows). */
 DSC_API dsc_status dsc_layer_profile_end(dsc_layer_profile **rows, int *n);
+
+/* ops->set_saved_dtype when the layer has it (runners: the mixed-precision dtype, before reserve). */
+DSC_API void dsc_layer_set_saved_dtype(dsc_layer *layer, dsc_dtype dtype);
 
 /* `count` f32 activation buffers of one shape, for a layer's slots
  * (released with dsc_buffers_free, which also takes a partial table). */

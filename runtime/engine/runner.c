@@ -153,8 +153,10 @@ dsc_status dsc_runner_create_default(dsc_layer *const *layers, int n_layers, dsc
     const int64_t shape[2] = {B, T};
     if (!s) s = dsc_tensor_alloc(&r->tokens, DSC_DTYPE_I32, 2, shape, DSC_CPU, DSC_MEM_ACTIVATIONS);
     if (!s) s = dsc_tensor_alloc(&r->targets, DSC_DTYPE_I32, 2, shape, DSC_CPU, DSC_MEM_ACTIVATIONS);
-    for (int l = 0; l < n_layers && !s; l++)
+    for (int l = 0; l < n_layers && !s; l++) {
+        dsc_layer_set_saved_dtype(layers[l], dsc_precision_dtype(opt)); /* mixed precision: 2-byte operands */
         s = dsc_layer_reserve(layers[l], 1, B, T);
+    }
     if (s) {
         default_destroy(&r->base);
         return s;

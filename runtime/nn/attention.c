@@ -6,7 +6,14 @@
  * Per slot it saves q and k after RoPE, v, the attention output and the
  * log-sum-exp rows; the block keeps the input. RoPE's backward is the inverse
  * rotation applied to dq and dk. Masking beyond causality and dropout are
- * not supported. */
+ * not supported.
+ *
+ * Under mixed precision (a->saved bf16 / fp16) q, k, v and the output are
+ * kept in 2 bytes: the backward reads them only in products (the attention
+ * kernel's, which round them, and the o projection's weight gradient), so
+ * they are exact there. The forward computes them in the scratch and stores
+ * them rounded; the backward widens them into the thread's shared buffers
+ * (nn_saved_widened), one layer's worth for the whole model. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -20,7 +27,8 @@ dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_sto
                         .NKV = mc->n_kv_head,
                         .HS = mc->d_model / mc->n_head,
                         .rope = nn_arch_is_llama(mc),
-                        .rope_theta = mc->rope_theta};
+                        .rope_theta = mc->rope_theta,
+                        .saved = DSC_DTYPE_F32};
     const int64_t C = a->C, KV = a->NKV * a->HS;
     const float std = mc->init_std;
     /* GPT-2's scaled init: the residual stream sums 2 projections per block. */
@@ -72,10 +80,11 @@ dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T
     nn_attention_free(a);
     a->slots = slots;
     const int64_t q_shape[4] = {B, T, a->NH, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS};
-    dsc_status s = dsc_buffers_alloc(&a->q, slots, 4, q_shape, device);
-    if (!s) s = dsc_buffers_alloc(&a->k, slots, 4, kv_shape, device);
-    if (!s) s = dsc_buffers_alloc(&a->v, slots, 4, kv_shape, device);
-    if (!s) s = dsc_buffers_alloc(&a->att, slots, 4, q_shape, device);
+    a->saved = nn_saved_dtype(a->saved, device);
+    dsc_status s = nn_buffers_alloc_as(&a->q, slots, 4, q_shape, device, a->saved);
+    if (!s) s = nn_buffers_alloc_as(&a->k, slots, 4, kv_shape, device, a->saved);
+    if (!s) s = nn_buffers_alloc_as(&a->v, slots, 4, kv_shape, device, a->saved);
+    if (!s) s = nn_buffers_alloc_as(&a->att, slots, 4, q_shape, device, a->saved);
     if (!s) s = dsc_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NH, T}, device);
     /* datt and dq need (B, T, C); dk and dv fit in the same size since KV <= C. */
     if (!s) s = dsc_buffers_alloc(&a->scratch, 4, 3, (int64_t[]){B, T, a->C}, device);
@@ -84,8 +93,9 @@ dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T
     return s;
 }
 
-int64_t nn_attention_saved_floats_per_token(const nn_attention *a) {
-    return 2 * a->C + 2 * a->NKV * a->HS + a->NH; /* q, att, k, v, lse */
+int64_t nn_attention_saved_bytes_per_token(const nn_attention *a) {
+    const int64_t kept = a->saved == DSC_DTYPE_F32 ? 4 : 2;
+    return kept * (2 * a->C + 2 * a->NKV * a->HS) + (int64_t)sizeof(float) * a->NH; /* q, att, k, v; lse */
 }
 
 /* Views of one slot's saved tensors for a (b, t) micro-batch. */
@@ -104,9 +114,30 @@ static attn_views slot_views(const nn_attention *a, int slot, int64_t b, int64_t
     return w;
 }
 
+/* Where the forward computes q, k, v, att: the slot's buffers, or under a 2-byte saved type the
+ * scratch, stored rounded by store_saved. */
+static attn_views computed_views(const nn_attention *a, const attn_views *slot, int64_t b, int64_t t) {
+    if (a->saved == DSC_DTYPE_F32) return *slot;
+    const int64_t q_shape[4] = {b, t, a->NH, a->HS}, kv_shape[4] = {b, t, a->NKV, a->HS};
+    attn_views w = *slot;
+    w.att = nn_view(&a->scratch[0], 4, q_shape);
+    w.q = nn_view(&a->scratch[1], 4, q_shape);
+    w.k = nn_view(&a->scratch[2], 4, kv_shape);
+    w.v = nn_view(&a->scratch[3], 4, kv_shape);
+    return w;
+}
+
+static void store_saved(const nn_attention *a, attn_views *slot, const attn_views *computed) {
+    if (a->saved == DSC_DTYPE_F32) return;
+    nn_saved_store(&slot->q, &computed->q);
+    nn_saved_store(&slot->k, &computed->k);
+    nn_saved_store(&slot->v, &computed->v);
+    nn_saved_store(&slot->att, &computed->att);
+}
+
 dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, dsc_tensor *y) {
     const int64_t b = x->shape[0], t = x->shape[1];
-    attn_views w = slot_views(a, slot, b, t);
+    attn_views kept = slot_views(a, slot, b, t), w = computed_views(a, &kept, b, t);
     DSC_TRY(dsc_param_linear_forward(&w.q, x, a->wq, a->bq));
     DSC_TRY(dsc_param_linear_forward(&w.k, x, a->wk, a->bk));
     DSC_TRY(dsc_param_linear_forward(&w.v, x, a->wv, a->bv));
@@ -115,6 +146,7 @@ dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, 
         DSC_TRY(dsc_kernel_rope(&w.k, &w.k, &w.pos, a->rope_theta, false));
     }
     DSC_TRY(dsc_kernel_attention_forward(&w.att, &w.lse, &w.q, &w.k, &w.v));
+    store_saved(a, &kept, &w);
     return dsc_param_linear_forward(y, &w.att, a->wo, a->bo);
 }
 
@@ -122,6 +154,10 @@ dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x,
                                  dsc_tensor *dx) {
     const int64_t b = x->shape[0], t = x->shape[1];
     attn_views w = slot_views(a, slot, b, t);
+    DSC_TRY(nn_saved_widened(0, &w.q, "attention q", &w.q));
+    DSC_TRY(nn_saved_widened(1, &w.k, "attention k", &w.k));
+    DSC_TRY(nn_saved_widened(2, &w.v, "attention v", &w.v));
+    DSC_TRY(nn_saved_widened(3, &w.att, "attention output", &w.att));
     const int64_t q_shape[4] = {b, t, a->NH, a->HS}, kv_shape[4] = {b, t, a->NKV, a->HS};
     dsc_tensor datt = nn_view(&a->scratch[0], 4, q_shape);
     dsc_tensor dq = nn_view(&a->scratch[1], 4, q_shape);

@@ -217,11 +217,36 @@ static void block_destroy(dsc_layer *self) {
     free(k);
 }
 
+/* Per slot: the input copy, output and input gradient, plus (without checkpointing) h1, resid, h2
+ * and what the components and ffn save. */
+static void activation_bytes(block_layer *k) {
+    const dsc_layer *attn = k->attn_layer;
+    int64_t per_token = 3 * k->C;
+    if (!k->checkpoint)
+        per_token +=
+            3 * k->C + nn_norm_saved_floats_per_token(&k->norm1) + nn_norm_saved_floats_per_token(&k->norm2);
+    k->base.activation_bytes_per_token =
+        per_token * (int64_t)sizeof(float) +
+        (k->checkpoint
+             ? 0
+             : k->ffn->activation_bytes_per_token +
+                   (attn ? attn->activation_bytes_per_token : nn_attention_saved_bytes_per_token(&k->attn)));
+}
+
+static void block_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
+    block_layer *k = (block_layer *)self;
+    k->attn.saved = nn_saved_dtype(dtype, k->device);
+    if (k->attn_layer) dsc_layer_set_saved_dtype(k->attn_layer, dtype);
+    dsc_layer_set_saved_dtype(k->ffn, dtype);
+    activation_bytes(k);
+}
+
 static const dsc_layer_ops block_ops = {.type = "block",
                                         .reserve = block_reserve,
                                         .forward = block_forward,
                                         .backward = block_backward,
-                                        .destroy = block_destroy};
+                                        .destroy = block_destroy,
+                                        .set_saved_dtype = block_set_saved_dtype};
 
 /* A sub-layer's parameters and their uses copied to the block's lists. */
 static void append_params(dsc_param **params, uint32_t *uses, const dsc_layer *sub) {
@@ -289,16 +314,7 @@ dsc_status dsc_block_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx
         dsc_layer_destroy(&k->base);
         return s;
     }
-    /* Per slot: the input copy, output and input gradient, plus (without
-     * checkpointing) h1, resid, h2 and what the components and ffn save. */
-    int64_t per_token = 3 * k->C;
-    if (!k->checkpoint)
-        per_token += 3 * k->C + nn_norm_saved_floats_per_token(&k->norm1) +
-                     nn_norm_saved_floats_per_token(&k->norm2) +
-                     (attn ? 0 : nn_attention_saved_floats_per_token(&k->attn));
-    k->base.activation_bytes_per_token =
-        per_token * (int64_t)sizeof(float) +
-        (k->checkpoint ? 0 : ffn->activation_bytes_per_token + (attn ? attn->activation_bytes_per_token : 0));
+    activation_bytes(k);
     *out = &k->base;
     return NULL;
 }

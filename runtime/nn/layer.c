@@ -35,6 +35,10 @@ static dsc_status check_slot(const dsc_layer *layer, int slot, const char *what)
     return NULL;
 }
 
+void dsc_layer_set_saved_dtype(dsc_layer *layer, dsc_dtype dtype) {
+    if (layer->ops->set_saved_dtype) layer->ops->set_saved_dtype(layer, dtype);
+}
+
 bool dsc_layer_release(dsc_layer *layer) {
     if (!layer->ops->release) return false;
     layer->ops->release(layer);

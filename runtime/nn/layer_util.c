@@ -1,12 +1,15 @@
 /* Helpers the dense layers share: declaring parameters under a prefix,
- * per-slot activation buffers and views into them, linear layers on
- * dsc_params, and the input check every layer runs.
+ * per-slot activation buffers (f32, or 2 bytes for what a backward reads only
+ * as a product operand) and views into them, linear layers on dsc_params,
+ * and the input check every layer runs.
  *
  * No layer logic lives here; each helper is used by at least two layers. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
+#include "kernels/cpu/cpu_gemm.h"
+#include "kernels/cpu/cpu_round.h"
 #include "runtime/nn/nn_internal.h"
 
 dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
@@ -33,10 +36,15 @@ dsc_status nn_set_params(dsc_layer *layer, const nn_param_list *list) {
 }
 
 dsc_status dsc_buffers_alloc(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device) {
+    return nn_buffers_alloc_as(bufs, count, ndim, shape, device, DSC_DTYPE_F32);
+}
+
+dsc_status nn_buffers_alloc_as(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device,
+                               dsc_dtype dtype) {
     *bufs = calloc((size_t)count, sizeof **bufs);
     DSC_CHECK(*bufs, DSC_ERR_NOMEM, "activation buffer table of %d entries", count);
     for (int i = 0; i < count; i++) {
-        dsc_status s = dsc_tensor_alloc(&(*bufs)[i], DSC_DTYPE_F32, ndim, shape, device, DSC_MEM_ACTIVATIONS);
+        dsc_status s = dsc_tensor_alloc(&(*bufs)[i], dtype, ndim, shape, device, DSC_MEM_ACTIVATIONS);
         if (s) {
             dsc_buffers_free(bufs, i);
             return s;
@@ -51,6 +59,54 @@ void dsc_buffers_free(dsc_tensor **bufs, int count) {
         dsc_tensor_free(&(*bufs)[i]);
     free(*bufs);
     *bufs = NULL;
+}
+
+dsc_dtype nn_saved_dtype(dsc_dtype dtype, dsc_device device) {
+    bool narrow = dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16;
+    return narrow && device.type == DSC_DEVICE_CPU ? dtype : DSC_DTYPE_F32;
+}
+
+enum { SAVED_CHUNK = 1 << 14 }; /* values a thread packs or widens at a time */
+
+/* to = from, one of them f32 and the other 2-byte: packed (rounded) or widened, over the kernels'
+ * threads. */
+static void convert(dsc_tensor *to, const dsc_tensor *from) {
+    const int64_t n = dsc_tensor_numel(from), chunks = (n + SAVED_CHUNK - 1) / SAVED_CHUNK;
+    const bool pack = to->dtype != DSC_DTYPE_F32;
+    DSC_ASSERT(dsc_tensor_numel(to) == n && (pack ? from->dtype == DSC_DTYPE_F32 : from->dtype != DSC_DTYPE_F32));
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (chunks >= 4) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t b = c * SAVED_CHUNK, len = n - b < SAVED_CHUNK ? n - b : SAVED_CHUNK;
+        if (pack)
+            dsc_cpu_pack_span((uint16_t *)to->data + b, (const float *)from->data + b, len, to->dtype);
+        else
+            dsc_cpu_widen_span((float *)to->data + b, (const uint16_t *)from->data + b, len, from->dtype);
+    }
+}
+
+void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value) {
+    convert(saved, value);
+}
+
+void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved) {
+    convert(value, saved);
+}
+
+dsc_status nn_saved_widened(int which, const dsc_tensor *saved, const char *what, dsc_tensor *value) {
+    static _Thread_local dsc_cpu_kept widened[NN_WIDENED];
+    DSC_ASSERT(which >= 0 && which < NN_WIDENED);
+    if (saved->dtype == DSC_DTYPE_F32) {
+        *value = *saved;
+        return NULL;
+    }
+    const int64_t n = dsc_tensor_numel(saved);
+    float *at = dsc_cpu_kept_at_least(&widened[which], (size_t)(n > 0 ? n : 1) * sizeof(float));
+    DSC_CHECK(at, DSC_ERR_NOMEM, "%s widened from %s: %lld floats", what, dsc_dtype_name(saved->dtype),
+              (long long)n);
+    const dsc_tensor kept = *saved; /* value may be saved itself */
+    *value = dsc_tensor_view(at, DSC_DTYPE_F32, kept.ndim, kept.shape, kept.device);
+    nn_saved_load(value, &kept);
+    return NULL;
 }
 
 dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape) {

@@ -6,7 +6,14 @@
  * only inside a block, which keeps the input unchanged until the slot's
  * backward and consumes the output and input gradient at once; so the layer
  * keeps a view of its input instead of a copy, and one output buffer and one
- * input-gradient buffer serve all slots. */
+ * input-gradient buffer serve all slots.
+ *
+ * Under mixed precision (dsc_layer_set_saved_dtype: bf16 / fp16) a slot keeps
+ * the activation that feeds the second product (gelu(fc) or silu(gate) * up)
+ * in 2 bytes: its backward reads it only as that product's operand, which the
+ * product rounds to the same type, so nothing changes but the memory. The
+ * forward computes it in the dact scratch and stores it rounded; the backward
+ * widens it into the dpre scratch, whose own values come after. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +31,7 @@ typedef struct mlp_layer {
     dsc_param *b_out; /* (C): proj bias, NULL for SwiGLU */
     int64_t C, F;
     dsc_device device;
+    dsc_dtype saved;     /* the type act is kept in (f32, or bf16 / fp16 under mixed precision) */
     int nslots;          /* slots currently allocated */
     dsc_tensor *in;      /* [slots] views of the input the block keeps */
     dsc_tensor *pre;     /* [slots] (B, T, F): fc output, or gate for SwiGLU */
@@ -59,7 +67,7 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
     if (!s && m->gated) s = dsc_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
-    if (!s) s = dsc_buffers_alloc(&m->act, slots, 3, f_shape, m->device);
+    if (!s) s = nn_buffers_alloc_as(&m->act, slots, 3, f_shape, m->device, m->saved);
     if (!s) s = dsc_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
     if (!s) s = dsc_buffers_alloc(&m->scratch, scratch_count(m), 3, f_shape, m->device);
     if (s) release(m);
@@ -74,6 +82,8 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     m->in[slot] = *in;
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
+    dsc_tensor saved = act;
+    if (m->saved != DSC_DTYPE_F32) act = nn_view(&m->scratch[0], 3, f_shape);
     *out = nn_view(&m->shared[0], 3, in->shape);
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
@@ -83,6 +93,7 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     } else {
         DSC_TRY(dsc_param_linear_gelu_forward(&act, &pre, in, m->w_in, m->b_in));
     }
+    if (m->saved != DSC_DTYPE_F32) nn_saved_store(&saved, &act);
     return dsc_param_linear_forward(out, &act, m->w_out, m->b_out);
 }
 
@@ -97,6 +108,10 @@ static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
     dsc_tensor dact = nn_view(&m->scratch[0], 3, f_shape), dpre = nn_view(&m->scratch[1], 3, f_shape);
     *din = nn_view(&m->shared[1], 3, in->shape);
+    if (m->saved != DSC_DTYPE_F32) {
+        nn_saved_load(&dpre, &act);
+        act = dpre;
+    }
     DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_view(&m->scratch[2], 3, f_shape);
@@ -120,12 +135,24 @@ static void mlp_release(dsc_layer *self) {
     release((mlp_layer *)self);
 }
 
+static void activation_bytes(mlp_layer *m) {
+    const int64_t act = m->saved == DSC_DTYPE_F32 ? 4 : 2;
+    m->base.activation_bytes_per_token = ((int64_t)sizeof(float) * (m->gated ? 2 : 1) + act) * m->F;
+}
+
+static void mlp_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
+    mlp_layer *m = (mlp_layer *)self;
+    m->saved = nn_saved_dtype(dtype, m->device);
+    activation_bytes(m);
+}
+
 static const dsc_layer_ops mlp_ops = {.type = "mlp",
                                       .reserve = mlp_reserve,
                                       .forward = mlp_forward,
                                       .backward = mlp_backward,
                                       .destroy = mlp_destroy,
-                                      .release = mlp_release};
+                                      .release = mlp_release,
+                                      .set_saved_dtype = mlp_set_saved_dtype};
 
 static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *store, const dsc_model_config *mc) {
     const char *prefix = m->base.name;
@@ -159,7 +186,8 @@ dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc
     m->C = mc->d_model;
     m->F = mc->d_ff;
     m->device = device;
-    m->base.activation_bytes_per_token = (int64_t)sizeof(float) * (m->gated ? 3 : 2) * m->F;
+    m->saved = DSC_DTYPE_F32;
+    activation_bytes(m);
     nn_param_list list = {.n = 0};
     dsc_status s = declare(m, &list, store, mc);
     if (!s) s = nn_set_params(&m->base, &list);

@@ -57,6 +57,24 @@ dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape);
 dsc_tensor nn_matrix(const dsc_tensor *t, int64_t cols);
 dsc_tensor nn_rows(const dsc_tensor *t);
 
+/* ---- saved activations in 2 bytes (dsc_layer_ops.set_saved_dtype) ------------------------- */
+
+/* The saved type a layer keeps: `dtype` when it is bf16 / fp16 and the layer runs on the CPU
+ * (whose products round to it under mixed precision), else f32. */
+dsc_dtype nn_saved_dtype(dsc_dtype dtype, dsc_device device);
+/* dsc_buffers_alloc in `dtype` (f32, bf16 or f16). */
+dsc_status nn_buffers_alloc_as(dsc_tensor **bufs, int count, int ndim, const int64_t *shape, dsc_device device,
+                               dsc_dtype dtype);
+/* saved (2-byte) = value (f32, same element count) rounded, over the kernels' threads. */
+void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value);
+/* value (f32) = saved widened, over the kernels' threads; the inverse of nn_saved_store. */
+void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved);
+/* *value = `saved` as f32: itself when it is f32, else widened into the calling thread's buffer
+ * `which` (< NN_WIDENED), shared by every layer (layers run one at a time) and valid until the next
+ * call with that index; NULL or an out-of-memory error naming `what`. value may be saved. */
+enum { NN_WIDENED = 4 };
+dsc_status nn_saved_widened(int which, const dsc_tensor *saved, const char *what, dsc_tensor *value);
+
 /* Checks that `in` is (b, t, C) f32 with b <= max_B, t <= max_T. */
 dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C);
 
@@ -97,12 +115,15 @@ typedef struct nn_attention {
     dsc_tensor *q, *k, *v; /* [slots] (B, T, NH, HS), (B, T, NKV, HS) x2; after RoPE */
     dsc_tensor *att;       /* [slots] (B, T, NH, HS) attention output before the o projection */
     dsc_tensor *lse;       /* [slots] (B, NH, T) */
-    dsc_tensor *scratch;   /* [4] backward scratch shared by slots: datt, dq (B, T, C); dk, dv (B, T, KV) */
+    dsc_tensor *scratch;   /* [4] shared by slots: datt, dq (B, T, C); dk, dv (B, T, KV); under a 2-byte
+                            * saved type the forward computes att, q, k, v in them before storing */
+    dsc_dtype saved;       /* the type q, k, v, att are kept in (f32; bf16 / fp16 under mixed precision) */
     dsc_tensor positions;  /* (T) i32: 0..T-1, RoPE only */
 } nn_attention;
 
 dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_store *store, const char *prefix,
                              const dsc_model_config *mc);
+/* Reserves `slots` slots of (B, T), the saved tensors in a->saved (nn_saved_dtype). */
 dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T, dsc_device device);
 /* x, y (b, t, C). */
 dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, dsc_tensor *y);
@@ -110,7 +131,7 @@ dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, 
 dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x, const dsc_tensor *dy,
                                  dsc_tensor *dx);
 void nn_attention_free(nn_attention *a);
-int64_t nn_attention_saved_floats_per_token(const nn_attention *a);
+int64_t nn_attention_saved_bytes_per_token(const nn_attention *a);
 
 /* ---- dense MLP layer (mlp.c): GELU fc/proj (GPT) or SwiGLU gate/up/down (Llama) -------- */
 

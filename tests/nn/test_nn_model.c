@@ -1,5 +1,7 @@
 /* Whole models on one process: activation checkpointing gives bitwise the
- * gradients of the plain path; two micro-batches in flight (forward 0,
+ * gradients of the plain path; under bf16 / fp16 products, the product
+ * operands kept in 2 bytes give bitwise the gradients of keeping them in f32,
+ * with the activation memory the formula says; two micro-batches in flight (forward 0,
  * forward 1, backward 0, backward 1) give bitwise what running them one after
  * the other gives, and a slot's input gradient survives the other slot's
  * backward; logits-only forwards; and bad input is reported with the layer
@@ -79,6 +81,78 @@ static void test_checkpointing_is_bitwise(void **state) {
     (void)state;
     checkpointing_case(DSC_ARCH_GPT);
     checkpointing_case(DSC_ARCH_LLAMA);
+}
+
+/* The model's activation bytes now (every layer reserved once). */
+static int64_t activation_bytes_now(void) {
+    dsc_mem_stats st;
+    dsc_mem_get_stats(&st);
+    return st.current[DSC_MEM_ACTIVATIONS];
+}
+
+/* Two micro-batches through `m`, the thread's products in `products`: the losses; grads in m. */
+static void run_two(test_model *m, dsc_dtype products, double loss[2]) {
+    batch b0, b1;
+    make_batch(&b0, m->mc.vocab_size, 5);
+    make_batch(&b1, m->mc.vocab_size, 6);
+    dsc_dtype was = dsc_kernels_set_matmul_dtype(products);
+    assert_ok(test_model_forward(m, 0, &b0.tok, &b0.tgt, &loss[0]));
+    assert_ok(test_model_forward(m, 1, &b1.tok, &b1.tgt, &loss[1]));
+    assert_ok(test_model_backward(m, 0, 0.5f));
+    assert_ok(test_model_backward(m, 1, 0.5f));
+    dsc_kernels_set_matmul_dtype(was);
+}
+
+/* Keeping the MLP's second operand and the attention's q, k, v and output in 2 bytes
+ * (dsc_layer_set_saved_dtype) changes no bit under products of that type, and takes 2 bytes a value
+ * fewer per slot; under f32 products the same storage rounds them and the gradients move. */
+static void saved_case(dsc_model_arch arch, dsc_dtype saved) {
+    dsc_model_config mc;
+    test_tiny_config(&mc, arch);
+    test_model wide, narrow;
+    assert_ok(test_model_build(&wide, &mc, DSC_CPU, 3, 2, B, T));
+    assert_ok(test_model_build(&narrow, &mc, DSC_CPU, 3, 2, B, T));
+    const int64_t before = activation_bytes_now();
+    for (int l = 0; l < narrow.n; l++) {
+        dsc_layer_set_saved_dtype(narrow.layers[l], saved);
+        assert_ok(dsc_layer_reserve(narrow.layers[l], 2, B, T));
+    }
+    const int64_t kv = mc.n_kv_head * (mc.d_model / mc.n_head);
+    const int64_t per_block = (2 * mc.d_model + 2 * kv + mc.d_ff) * 2 * B * T * 2; /* 2 slots, 2 bytes less */
+    assert_true(activation_bytes_now() - before == -mc.n_layer * per_block);
+    const dsc_layer *block = narrow.layers[1];
+    assert_int_equal(wide.layers[1]->activation_bytes_per_token - block->activation_bytes_per_token,
+                     per_block / (2 * B * T));
+    double lw[2], ln[2];
+    run_two(&wide, saved, lw);
+    run_two(&narrow, saved, ln);
+    assert_true(lw[0] == ln[0] && lw[1] == ln[1]);
+    assert_same_grads(&wide, &narrow);
+    test_model_free(&narrow);
+    /* f32 products read the rounded operands as they are: the storage shows */
+    assert_ok(test_model_build(&narrow, &mc, DSC_CPU, 3, 2, B, T));
+    for (int l = 0; l < narrow.n; l++) {
+        dsc_layer_set_saved_dtype(narrow.layers[l], saved);
+        assert_ok(dsc_layer_reserve(narrow.layers[l], 2, B, T));
+    }
+    test_model_free(&wide);
+    assert_ok(test_model_build(&wide, &mc, DSC_CPU, 3, 2, B, T));
+    run_two(&wide, DSC_DTYPE_F32, lw);
+    run_two(&narrow, DSC_DTYPE_F32, ln);
+    dsc_tensor gw, gn;
+    flat_grads(&wide, &gw);
+    flat_grads(&narrow, &gn);
+    assert_true(memcmp(gw.data, gn.data, dsc_tensor_nbytes(&gw)) != 0);
+    test_model_free(&wide);
+    test_model_free(&narrow);
+}
+
+static void test_saved_in_two_bytes_is_bitwise(void **state) {
+    (void)state;
+    saved_case(DSC_ARCH_GPT, DSC_DTYPE_BF16);
+    saved_case(DSC_ARCH_LLAMA, DSC_DTYPE_BF16);
+    saved_case(DSC_ARCH_GPT, DSC_DTYPE_F16);
+    saved_case(DSC_ARCH_LLAMA, DSC_DTYPE_F16);
 }
 
 /* Backward of one slot through all layers, keeping a copy of the first block's input gradient. */
@@ -240,6 +314,7 @@ static void test_bad_input(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpointing_is_bitwise),
+        cmocka_unit_test(test_saved_in_two_bytes_is_bitwise),
         cmocka_unit_test(test_two_slots_in_flight_equal_sequential),
         cmocka_unit_test(test_logits_only_forward),
         cmocka_unit_test(test_bad_input),

@@ -88,8 +88,13 @@ static void t_destroy(dsc_layer *self) {
     free(l);
 }
 
-static const dsc_layer_ops linear_ops = {"test_linear", t_reserve, t_forward, t_backward, t_destroy, NULL};
-static const dsc_layer_ops mse_ops = {"test_mse", t_reserve, t_forward, t_backward, t_destroy, NULL};
+static const dsc_layer_ops linear_ops = {.type = "test_linear",
+                                         .reserve = t_reserve,
+                                         .forward = t_forward,
+                                         .backward = t_backward,
+                                         .destroy = t_destroy};
+static const dsc_layer_ops mse_ops = {
+    .type = "test_mse", .reserve = t_reserve, .forward = t_forward, .backward = t_backward, .destroy = t_destroy};
 
 static dsc_status make(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, int width, bool loss,
                        dsc_layer **out) {
