@@ -11,9 +11,8 @@
  * Under mixed precision (a->saved bf16 / fp16) q, k, v and the output are
  * kept in 2 bytes: the backward reads them only in products (the attention
  * kernel's, which round them, and the o projection's weight gradient), so
- * they are exact there. The forward computes them in the scratch and stores
- * them rounded; the backward widens them into the thread's shared buffers
- * (nn_saved_widened), one layer's worth for the whole model. */
+ * they are exact there. The forward computes them in the workspace and stores
+ * them rounded; the backward widens them into more of it (nn_work_at). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -59,7 +58,8 @@ void nn_attention_free(nn_attention *a) {
     dsc_buffers_free(&a->v, a->slots);
     dsc_buffers_free(&a->att, a->slots);
     dsc_buffers_free(&a->lse, a->slots);
-    dsc_buffers_free(&a->scratch, 4);
+    if (a->holds_work) nn_work_drop();
+    a->holds_work = false;
     dsc_tensor_free(&a->positions);
     a->slots = 0;
 }
@@ -81,13 +81,16 @@ dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T
     a->slots = slots;
     const int64_t q_shape[4] = {B, T, a->NH, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS};
     a->saved = nn_saved_dtype(a->saved, device);
+    nn_work_hold();
+    a->holds_work = true;
     dsc_status s = nn_buffers_alloc_as(&a->q, slots, 4, q_shape, device, a->saved);
     if (!s) s = nn_buffers_alloc_as(&a->k, slots, 4, kv_shape, device, a->saved);
     if (!s) s = nn_buffers_alloc_as(&a->v, slots, 4, kv_shape, device, a->saved);
     if (!s) s = nn_buffers_alloc_as(&a->att, slots, 4, q_shape, device, a->saved);
     if (!s) s = dsc_buffers_alloc(&a->lse, slots, 3, (int64_t[]){B, a->NH, T}, device);
-    /* datt and dq need (B, T, C); dk and dv fit in the same size since KV <= C. */
-    if (!s) s = dsc_buffers_alloc(&a->scratch, 4, 3, (int64_t[]){B, T, a->C}, device);
+    /* datt and dq need (B, T, C); dk and dv fit in the same size since KV <= C; so do q, k, v, att
+     * widened from 2 bytes. */
+    if (!s) s = nn_work_grow(NN_WORK_ATTN, a->saved == DSC_DTYPE_F32 ? 4 : 8, B * T * a->C, device);
     if (!s && a->rope) s = reserve_positions(a, T, device);
     if (s) nn_attention_free(a);
     return s;
@@ -115,15 +118,15 @@ static attn_views slot_views(const nn_attention *a, int slot, int64_t b, int64_t
 }
 
 /* Where the forward computes q, k, v, att: the slot's buffers, or under a 2-byte saved type the
- * scratch, stored rounded by store_saved. */
+ * workspace, stored rounded by store_saved. */
 static attn_views computed_views(const nn_attention *a, const attn_views *slot, int64_t b, int64_t t) {
     if (a->saved == DSC_DTYPE_F32) return *slot;
     const int64_t q_shape[4] = {b, t, a->NH, a->HS}, kv_shape[4] = {b, t, a->NKV, a->HS};
     attn_views w = *slot;
-    w.att = nn_view(&a->scratch[0], 4, q_shape);
-    w.q = nn_view(&a->scratch[1], 4, q_shape);
-    w.k = nn_view(&a->scratch[2], 4, kv_shape);
-    w.v = nn_view(&a->scratch[3], 4, kv_shape);
+    w.att = nn_work_at(NN_WORK_ATTN, 4, q_shape);
+    w.q = nn_work_at(NN_WORK_ATTN + 1, 4, q_shape);
+    w.k = nn_work_at(NN_WORK_ATTN + 2, 4, kv_shape);
+    w.v = nn_work_at(NN_WORK_ATTN + 3, 4, kv_shape);
     return w;
 }
 
@@ -133,6 +136,16 @@ static void store_saved(const nn_attention *a, attn_views *slot, const attn_view
     nn_saved_store(&slot->k, &computed->k);
     nn_saved_store(&slot->v, &computed->v);
     nn_saved_store(&slot->att, &computed->att);
+}
+
+/* The slot's q, k, v, att widened into the workspace's second four buffers, in place of *w's. */
+static void widen_saved(attn_views *w) {
+    dsc_tensor *saved[4] = {&w->q, &w->k, &w->v, &w->att};
+    for (int i = 0; i < 4; i++) {
+        dsc_tensor wide = nn_work_at(NN_WORK_ATTN + 4 + i, saved[i]->ndim, saved[i]->shape);
+        nn_saved_load(&wide, saved[i]);
+        *saved[i] = wide;
+    }
 }
 
 dsc_status nn_attention_forward(nn_attention *a, int slot, const dsc_tensor *x, dsc_tensor *y) {
@@ -154,15 +167,12 @@ dsc_status nn_attention_backward(nn_attention *a, int slot, const dsc_tensor *x,
                                  dsc_tensor *dx) {
     const int64_t b = x->shape[0], t = x->shape[1];
     attn_views w = slot_views(a, slot, b, t);
-    DSC_TRY(nn_saved_widened(0, &w.q, "attention q", &w.q));
-    DSC_TRY(nn_saved_widened(1, &w.k, "attention k", &w.k));
-    DSC_TRY(nn_saved_widened(2, &w.v, "attention v", &w.v));
-    DSC_TRY(nn_saved_widened(3, &w.att, "attention output", &w.att));
+    if (a->saved != DSC_DTYPE_F32) widen_saved(&w);
     const int64_t q_shape[4] = {b, t, a->NH, a->HS}, kv_shape[4] = {b, t, a->NKV, a->HS};
-    dsc_tensor datt = nn_view(&a->scratch[0], 4, q_shape);
-    dsc_tensor dq = nn_view(&a->scratch[1], 4, q_shape);
-    dsc_tensor dk = nn_view(&a->scratch[2], 4, kv_shape);
-    dsc_tensor dv = nn_view(&a->scratch[3], 4, kv_shape);
+    dsc_tensor datt = nn_work_at(NN_WORK_ATTN, 4, q_shape);
+    dsc_tensor dq = nn_work_at(NN_WORK_ATTN + 1, 4, q_shape);
+    dsc_tensor dk = nn_work_at(NN_WORK_ATTN + 2, 4, kv_shape);
+    dsc_tensor dv = nn_work_at(NN_WORK_ATTN + 3, 4, kv_shape);
     DSC_TRY(dsc_param_linear_backward(&datt, false, a->wo, a->bo, dy, &w.att));
     DSC_TRY(dsc_kernel_attention_backward(&dq, &dk, &dv, &datt, &w.q, &w.k, &w.v, &w.att, &w.lse));
     if (a->rope) {

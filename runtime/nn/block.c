@@ -44,7 +44,7 @@ typedef struct block_layer {
     dsc_tensor *h1;          /* [inner] (B, T, C) norm1(x) */
     dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) */
     dsc_tensor *h2;          /* [inner] (B, T, C) norm2(resid) */
-    dsc_tensor *scratch;     /* [2] (B, T, C): attention output (forward) or dh (backward); dresid */
+    bool holds_work;         /* a hold on the workspace (NN_WORK_BLOCK: attention output or dh; dresid) */
 } block_layer;
 
 /* A sub-layer whose activations follow the block's intermediates: with
@@ -58,7 +58,6 @@ static void inner_free(block_layer *k) {
     dsc_buffers_free(&k->h1, k->inner_slots);
     dsc_buffers_free(&k->resid, k->inner_slots);
     dsc_buffers_free(&k->h2, k->inner_slots);
-    dsc_buffers_free(&k->scratch, 2);
     nn_norm_free(&k->norm1);
     nn_norm_free(&k->norm2);
     if (!k->attn_layer) nn_attention_free(&k->attn);
@@ -74,7 +73,6 @@ static dsc_status inner_reserve(block_layer *k, int inner) {
     dsc_status s = dsc_buffers_alloc(&k->h1, inner, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->h2, inner, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->scratch, 2, 3, shape, k->device);
     if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
     if (!s && !k->attn_layer) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
     if (!s && k->attn_layer && follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, inner, B, T);
@@ -93,6 +91,8 @@ static void release(block_layer *k) {
     free(k->rng_at);
     k->rng_at = NULL;
     inner_free(k);
+    if (k->holds_work) nn_work_drop();
+    k->holds_work = false;
     k->nslots = 0;
 }
 
@@ -101,6 +101,8 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     release(k);
     const int64_t shape[3] = {B, T, k->C};
     k->nslots = slots;
+    nn_work_hold();
+    k->holds_work = true;
     k->B = B;
     k->T = T;
     k->bt = calloc((size_t)slots, sizeof *k->bt);
@@ -109,6 +111,7 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     if (!s) s = dsc_buffers_alloc(&k->x, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->out, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->din, slots, 3, shape, k->device);
+    if (!s) s = nn_work_grow(NN_WORK_BLOCK, 2, B * T * k->C, k->device);
     if (!s && !k->checkpoint) s = inner_reserve(k, slots);
     /* Checkpointing: a sub-layer that cannot release keeps its one slot for the block's lifetime. */
     if (!s && k->attn_layer && !follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, 1, B, T);
@@ -120,7 +123,7 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
 /* The block's forward on component slot `cs` from input x into out. */
 static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_tensor *out, dsc_micro_ctx *ctx) {
     dsc_tensor h1 = nn_view(&k->h1[cs], 3, x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
-    dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_view(&k->scratch[0], 3, x->shape);
+    dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_work_at(NN_WORK_BLOCK, 3, x->shape);
     DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
     if (k->attn_layer)
         DSC_TRY(dsc_layer_forward(k->attn_layer, cs, &h1, &a, ctx));
@@ -192,7 +195,7 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
     const int cs = k->checkpoint ? 0 : slot;
     dsc_tensor x = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
     dsc_tensor h1 = nn_view(&k->h1[cs], 3, shape), resid = nn_view(&k->resid[cs], 3, shape);
-    dsc_tensor dh = nn_view(&k->scratch[0], 3, shape), dresid = nn_view(&k->scratch[1], 3, shape);
+    dsc_tensor dh = nn_work_at(NN_WORK_BLOCK, 3, shape), dresid = nn_work_at(NN_WORK_BLOCK + 1, 3, shape);
     if (k->checkpoint) DSC_TRY(recompute(k, slot, &x, &dh, ctx)); /* dh is free until the attention backward */
     dsc_tensor dm;
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
-#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_round.h"
 #include "runtime/nn/nn_internal.h"
 
@@ -92,21 +91,45 @@ void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved) {
     convert(value, saved);
 }
 
-dsc_status nn_saved_widened(int which, const dsc_tensor *saved, const char *what, dsc_tensor *value) {
-    static _Thread_local dsc_cpu_kept widened[NN_WIDENED];
-    DSC_ASSERT(which >= 0 && which < NN_WIDENED);
-    if (saved->dtype == DSC_DTYPE_F32) {
-        *value = *saved;
-        return NULL;
+/* Process-wide, not per thread: a model's layers are reserved and run by one thread at a time. */
+static struct {
+    dsc_tensor buf[NN_WORK_COUNT];
+    int holds;
+} work;
+
+void nn_work_hold(void) {
+    work.holds++;
+}
+
+dsc_status nn_work_grow(int first, int count, int64_t numel, dsc_device device) {
+    DSC_ASSERT(work.holds > 0 && first >= 0 && count >= 0 && first + count <= NN_WORK_COUNT);
+    for (int i = 0; i < NN_WORK_COUNT; i++) {
+        const dsc_device held = work.buf[i].device;
+        char name[32];
+        DSC_CHECK(!work.buf[i].data || (held.type == device.type && held.index == device.index),
+                  DSC_ERR_UNSUPPORTED, "layer workspace: held for layers on another device than %s",
+                  dsc_device_name(device, name, sizeof name));
     }
-    const int64_t n = dsc_tensor_numel(saved);
-    float *at = dsc_cpu_kept_at_least(&widened[which], (size_t)(n > 0 ? n : 1) * sizeof(float));
-    DSC_CHECK(at, DSC_ERR_NOMEM, "%s widened from %s: %lld floats", what, dsc_dtype_name(saved->dtype),
-              (long long)n);
-    const dsc_tensor kept = *saved; /* value may be saved itself */
-    *value = dsc_tensor_view(at, DSC_DTYPE_F32, kept.ndim, kept.shape, kept.device);
-    nn_saved_load(value, &kept);
+    for (int i = first; i < first + count; i++) {
+        if (work.buf[i].data && dsc_tensor_numel(&work.buf[i]) >= numel) continue;
+        dsc_tensor grown;
+        DSC_TRY(dsc_tensor_alloc(&grown, DSC_DTYPE_F32, 1, (int64_t[]){numel}, device, DSC_MEM_ACTIVATIONS));
+        dsc_tensor_free(&work.buf[i]);
+        work.buf[i] = grown;
+    }
     return NULL;
+}
+
+void nn_work_drop(void) {
+    DSC_ASSERT(work.holds > 0);
+    if (--work.holds > 0) return;
+    for (int i = 0; i < NN_WORK_COUNT; i++)
+        dsc_tensor_free(&work.buf[i]);
+}
+
+dsc_tensor nn_work_at(int which, int ndim, const int64_t *shape) {
+    DSC_ASSERT(which >= 0 && which < NN_WORK_COUNT);
+    return nn_view(&work.buf[which], ndim, shape);
 }
 
 dsc_tensor nn_view(const dsc_tensor *buf, int ndim, const int64_t *shape) {

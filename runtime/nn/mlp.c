@@ -5,15 +5,16 @@
  * part through the layer API (moe/ plugs in a MoE layer instead). It lives
  * only inside a block, which keeps the input unchanged until the slot's
  * backward and consumes the output and input gradient at once; so the layer
- * keeps a view of its input instead of a copy, and one output buffer and one
- * input-gradient buffer serve all slots.
+ * keeps a view of its input instead of a copy, and its output and input
+ * gradient, like its backward's temporaries, live in the layers' workspace
+ * (nn_work_at), one for the model.
  *
  * Under mixed precision (dsc_layer_set_saved_dtype: bf16 / fp16) a slot keeps
  * the activation that feeds the second product (gelu(fc) or silu(gate) * up)
  * in 2 bytes: its backward reads it only as that product's operand, which the
  * product rounds to the same type, so nothing changes but the memory. The
- * forward computes it in the dact scratch and stores it rounded; the backward
- * widens it into the dpre scratch, whose own values come after. */
+ * forward computes it in the dact buffer and stores it rounded; the backward
+ * widens it into the dpre buffer, whose own values come after. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,14 +32,13 @@ typedef struct mlp_layer {
     dsc_param *b_out; /* (C): proj bias, NULL for SwiGLU */
     int64_t C, F;
     dsc_device device;
-    dsc_dtype saved;     /* the type act is kept in (f32, or bf16 / fp16 under mixed precision) */
-    int nslots;          /* slots currently allocated */
-    dsc_tensor *in;      /* [slots] views of the input the block keeps */
-    dsc_tensor *pre;     /* [slots] (B, T, F): fc output, or gate for SwiGLU */
-    dsc_tensor *up;      /* [slots] (B, T, F): SwiGLU only */
-    dsc_tensor *act;     /* [slots] (B, T, F): gelu(pre) or silu(gate) * up */
-    dsc_tensor *shared;  /* [2] (B, T, C): output, input gradient */
-    dsc_tensor *scratch; /* [3] (B, T, F): dact, dpre, dup */
+    dsc_dtype saved; /* the type act is kept in (f32, or bf16 / fp16 under mixed precision) */
+    int nslots;      /* slots currently allocated */
+    dsc_tensor *in;  /* [slots] views of the input the block keeps */
+    dsc_tensor *pre; /* [slots] (B, T, F): fc output, or gate for SwiGLU */
+    dsc_tensor *up;  /* [slots] (B, T, F): SwiGLU only */
+    dsc_tensor *act; /* [slots] (B, T, F): gelu(pre) or silu(gate) * up */
+    bool holds_work; /* a hold on the workspace (NN_WORK_MLP, NN_WORK_MLP_IO) */
 } mlp_layer;
 
 /* dact and dpre, plus dup for SwiGLU */
@@ -54,22 +54,24 @@ static void release(mlp_layer *m) {
     dsc_buffers_free(&m->pre, slots);
     dsc_buffers_free(&m->up, slots);
     dsc_buffers_free(&m->act, slots);
-    dsc_buffers_free(&m->shared, 2);
-    dsc_buffers_free(&m->scratch, scratch_count(m));
+    if (m->holds_work) nn_work_drop();
+    m->holds_work = false;
 }
 
 static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) {
     mlp_layer *m = (mlp_layer *)self;
     release(m);
     m->nslots = slots; /* release() on failure frees what was allocated so far */
-    const int64_t f_shape[3] = {B, T, m->F}, c_shape[3] = {B, T, m->C};
+    const int64_t f_shape[3] = {B, T, m->F};
     m->in = calloc((size_t)slots, sizeof *m->in);
+    nn_work_hold();
+    m->holds_work = true;
     dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
     if (!s) s = dsc_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
     if (!s && m->gated) s = dsc_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
     if (!s) s = nn_buffers_alloc_as(&m->act, slots, 3, f_shape, m->device, m->saved);
-    if (!s) s = dsc_buffers_alloc(&m->shared, 2, 3, c_shape, m->device);
-    if (!s) s = dsc_buffers_alloc(&m->scratch, scratch_count(m), 3, f_shape, m->device);
+    if (!s) s = nn_work_grow(NN_WORK_MLP, scratch_count(m), B * T * m->F, m->device);
+    if (!s) s = nn_work_grow(NN_WORK_MLP_IO, 2, B * T * m->C, m->device);
     if (s) release(m);
     return s;
 }
@@ -83,8 +85,8 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     m->in[slot] = *in;
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
     dsc_tensor saved = act;
-    if (m->saved != DSC_DTYPE_F32) act = nn_view(&m->scratch[0], 3, f_shape);
-    *out = nn_view(&m->shared[0], 3, in->shape);
+    if (m->saved != DSC_DTYPE_F32) act = nn_work_at(NN_WORK_MLP, 3, f_shape);
+    *out = nn_work_at(NN_WORK_MLP_IO, 3, in->shape);
     if (m->gated) {
         dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
         DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, NULL));
@@ -106,15 +108,15 @@ static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
-    dsc_tensor dact = nn_view(&m->scratch[0], 3, f_shape), dpre = nn_view(&m->scratch[1], 3, f_shape);
-    *din = nn_view(&m->shared[1], 3, in->shape);
+    dsc_tensor dact = nn_work_at(NN_WORK_MLP, 3, f_shape), dpre = nn_work_at(NN_WORK_MLP + 1, 3, f_shape);
+    *din = nn_work_at(NN_WORK_MLP_IO + 1, 3, in->shape);
     if (m->saved != DSC_DTYPE_F32) {
         nn_saved_load(&dpre, &act);
         act = dpre;
     }
     DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
     if (m->gated) {
-        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_view(&m->scratch[2], 3, f_shape);
+        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_work_at(NN_WORK_MLP + 2, 3, f_shape);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
         DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, NULL, &dpre, in));
         DSC_TRY(dsc_param_linear_backward(din, true, m->w_up, NULL, &dup, in));

@@ -69,11 +69,28 @@ dsc_status nn_buffers_alloc_as(dsc_tensor **bufs, int count, int ndim, const int
 void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value);
 /* value (f32) = saved widened, over the kernels' threads; the inverse of nn_saved_store. */
 void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved);
-/* *value = `saved` as f32: itself when it is f32, else widened into the calling thread's buffer
- * `which` (< NN_WIDENED), shared by every layer (layers run one at a time) and valid until the next
- * call with that index; NULL or an out-of-memory error naming `what`. value may be saved. */
-enum { NN_WIDENED = 4 };
-dsc_status nn_saved_widened(int which, const dsc_tensor *saved, const char *what, dsc_tensor *value);
+
+/* ---- the layers' workspace: per-call temporaries one process shares -------------------- */
+
+/* f32 buffers a layer uses only during one of its calls (a backward's input-gradient pieces, a
+ * forward's values before they are stored), shared by every layer of a kind: layers run one at a
+ * time, and a kind never runs inside itself, so each kind has its own range. One layer's worth for
+ * the whole model, where each layer kept its own (GPT-2 small: 264 of 677 MB of activations). */
+enum {
+    NN_WORK_BLOCK = 0,   /* 2 of (B, T, C): the attention's output or dh; dresid */
+    NN_WORK_ATTN = 2,    /* 4 of (B, T, C): datt, dq, dk, dv; then 4 more: q, k, v, att widened */
+    NN_WORK_MLP = 10,    /* 3 of (B, T, F): dact, dpre, dup */
+    NN_WORK_MLP_IO = 13, /* 2 of (B, T, C): the MLP's output and input gradient, which the block reads at once */
+    NN_WORK_COUNT = 15
+};
+/* One hold on the workspace, taken before growing it; the last hold dropped frees it. */
+void nn_work_hold(void);
+void nn_work_drop(void);
+/* Buffers [first, first + count) grown to at least `numel` floats on `device` (counted as
+ * activations). Fails on memory, or when the workspace is on another device. */
+dsc_status nn_work_grow(int first, int count, int64_t numel, dsc_device device);
+/* Buffer `which` seen as `shape` (it must fit: the caller's hold said so). */
+dsc_tensor nn_work_at(int which, int ndim, const int64_t *shape);
 
 /* Checks that `in` is (b, t, C) f32 with b <= max_B, t <= max_T. */
 dsc_status nn_check_input(const dsc_layer *layer, const dsc_tensor *in, int64_t C);
@@ -115,8 +132,7 @@ typedef struct nn_attention {
     dsc_tensor *q, *k, *v; /* [slots] (B, T, NH, HS), (B, T, NKV, HS) x2; after RoPE */
     dsc_tensor *att;       /* [slots] (B, T, NH, HS) attention output before the o projection */
     dsc_tensor *lse;       /* [slots] (B, NH, T) */
-    dsc_tensor *scratch;   /* [4] shared by slots: datt, dq (B, T, C); dk, dv (B, T, KV); under a 2-byte
-                            * saved type the forward computes att, q, k, v in them before storing */
+    bool holds_work;       /* a hold on the workspace's NN_WORK_ATTN buffers (nn_work_hold) */
     dsc_dtype saved;       /* the type q, k, v, att are kept in (f32; bf16 / fp16 under mixed precision) */
     dsc_tensor positions;  /* (T) i32: 0..T-1, RoPE only */
 } nn_attention;

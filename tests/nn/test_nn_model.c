@@ -1,7 +1,8 @@
 /* Whole models on one process: activation checkpointing gives bitwise the
  * gradients of the plain path; under bf16 / fp16 products, the product
  * operands kept in 2 bytes give bitwise the gradients of keeping them in f32,
- * with the activation memory the formula says; two micro-batches in flight (forward 0,
+ * with the activation memory the formula says; the layers' per-call
+ * temporaries are one workspace for the model; two micro-batches in flight (forward 0,
  * forward 1, backward 0, backward 1) give bitwise what running them one after
  * the other gives, and a slot's input gradient survives the other slot's
  * backward; logits-only forwards; and bad input is reported with the layer
@@ -119,7 +120,9 @@ static void saved_case(dsc_model_arch arch, dsc_dtype saved) {
     }
     const int64_t kv = mc.n_kv_head * (mc.d_model / mc.n_head);
     const int64_t per_block = (2 * mc.d_model + 2 * kv + mc.d_ff) * 2 * B * T * 2; /* 2 slots, 2 bytes less */
-    assert_true(activation_bytes_now() - before == -mc.n_layer * per_block);
+    /* ... and the workspace grows once, for the model, by the attention's four widened tensors */
+    const int64_t widened = 4 * B * T * mc.d_model * (int64_t)sizeof(float);
+    assert_true(activation_bytes_now() - before == -mc.n_layer * per_block + widened);
     const dsc_layer *block = narrow.layers[1];
     assert_int_equal(wide.layers[1]->activation_bytes_per_token - block->activation_bytes_per_token,
                      per_block / (2 * B * T));
@@ -145,6 +148,36 @@ static void saved_case(dsc_model_arch arch, dsc_dtype saved) {
     assert_true(memcmp(gw.data, gn.data, dsc_tensor_nbytes(&gw)) != 0);
     test_model_free(&wide);
     test_model_free(&narrow);
+}
+
+/* The activation bytes a model of `n_layer` blocks reserves, built alone (2 slots). */
+static int64_t model_activation_bytes(dsc_model_arch arch, int n_layer, int64_t *block_per_token) {
+    dsc_model_config mc;
+    test_tiny_config(&mc, arch);
+    mc.n_layer = n_layer;
+    const int64_t before = activation_bytes_now();
+    test_model m;
+    assert_ok(test_model_build(&m, &mc, DSC_CPU, 3, 2, B, T));
+    const int64_t bytes = activation_bytes_now() - before;
+    *block_per_token = m.layers[1]->activation_bytes_per_token;
+    test_model_free(&m);
+    assert_true(activation_bytes_now() == before); /* the workspace goes with the last layer */
+    return bytes;
+}
+
+/* The layers' per-call temporaries are one workspace for the model: two more blocks reserve
+ * exactly their slots' activations (activation_bytes_per_token), no scratch of their own. */
+static void test_workspace_shared_by_layers(void **state) {
+    (void)state;
+    dsc_model_arch arches[2] = {DSC_ARCH_GPT, DSC_ARCH_LLAMA};
+    for (int i = 0; i < 2; i++) {
+        int64_t per_token, per_token4;
+        const int64_t two = model_activation_bytes(arches[i], 2, &per_token);
+        const int64_t four = model_activation_bytes(arches[i], 4, &per_token4);
+        assert_int_equal(per_token, per_token4);
+        const int64_t positions = arches[i] == DSC_ARCH_LLAMA ? T * (int64_t)sizeof(int32_t) : 0; /* RoPE's */
+        assert_int_equal(four - two, 2 * (per_token * 2 * B * T + positions));
+    }
 }
 
 static void test_saved_in_two_bytes_is_bitwise(void **state) {
@@ -315,6 +348,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpointing_is_bitwise),
         cmocka_unit_test(test_saved_in_two_bytes_is_bitwise),
+        cmocka_unit_test(test_workspace_shared_by_layers),
         cmocka_unit_test(test_two_slots_in_flight_equal_sequential),
         cmocka_unit_test(test_logits_only_forward),
         cmocka_unit_test(test_bad_input),
