@@ -64,13 +64,6 @@ __attribute__((target("avx2,f16c"))) static int64_t pack_f16_f16c(uint16_t *dst,
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     return i;
 }
-
-__attribute__((target("avx2,f16c"))) static int64_t widen_f16_f16c(float *dst, const uint16_t *h, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    return i;
-}
 #endif
 
 void dsc_cpu_pack_span(uint16_t *dst, const float *src, int64_t n, dsc_dtype dtype) {
@@ -89,20 +82,4 @@ void dsc_cpu_pack_span(uint16_t *dst, const float *src, int64_t n, dsc_dtype dty
 #endif
     for (; i < n; i++)
         dst[i] = dsc_f32_to_f16(src[i]);
-}
-
-void dsc_cpu_widen_span(float *dst, const uint16_t *src, int64_t n, dsc_dtype dtype) {
-    int64_t i = 0;
-    if (dtype == DSC_DTYPE_BF16) {
-        for (; i < n; i++) {
-            uint32_t v = (uint32_t)src[i] << 16;
-            memcpy(&dst[i], &v, 4);
-        }
-        return;
-    }
-#ifdef DSC_HAVE_F16C_BUILD
-    if (dsc_cpu_simd()) i = widen_f16_f16c(dst, src, n);
-#endif
-    for (; i < n; i++)
-        dst[i] = dsc_f16_to_f32(src[i]);
 }

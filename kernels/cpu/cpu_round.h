@@ -1,6 +1,6 @@
 /* Private to the CPU kernels, the precision module and the layers: f32 values rounded to bf16 /
  * fp16 and widened back, what storing a value in the reduced type and reading it again gives, and
- * that storing and reading itself. */
+ * that storing itself. */
 #ifndef DSC_KERNELS_CPU_ROUND_H
 #define DSC_KERNELS_CPU_ROUND_H
 
@@ -12,9 +12,8 @@
  * torch's .to(torch.bfloat16) / .half(), overflow to inf, fp16 subnormals kept, NaN stays NaN;
  * DSC_DTYPE_F32 copies. One thread: callers split long spans. */
 void dsc_cpu_round_span(float *dst, const float *src, int64_t n, dsc_dtype dtype);
-/* dst[i] = the 2-byte bits of src[i] rounded as dsc_cpu_round_span rounds (dtype bf16 / fp16). */
+/* dst[i] = the 2-byte bits of src[i] rounded as dsc_cpu_round_span rounds (dtype bf16 / fp16);
+ * widened back (dsc_cpu_widen_rows, cpu_simd.h) they are the rounded values. */
 void dsc_cpu_pack_span(uint16_t *dst, const float *src, int64_t n, dsc_dtype dtype);
-/* dst[i] = src[i] (bf16 / fp16 bits) widened to f32: dsc_cpu_widen_span(pack(x)) is round(x). */
-void dsc_cpu_widen_span(float *dst, const uint16_t *src, int64_t n, dsc_dtype dtype);
 
 #endif

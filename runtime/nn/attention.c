@@ -80,7 +80,6 @@ dsc_status nn_attention_reserve(nn_attention *a, int slots, int64_t B, int64_t T
     nn_attention_free(a);
     a->slots = slots;
     const int64_t q_shape[4] = {B, T, a->NH, a->HS}, kv_shape[4] = {B, T, a->NKV, a->HS};
-    a->saved = nn_saved_dtype(a->saved, device);
     nn_work_hold();
     a->holds_work = true;
     dsc_status s = nn_buffers_alloc_as(&a->q, slots, 4, q_shape, device, a->saved);

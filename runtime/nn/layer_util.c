@@ -9,6 +9,7 @@
 
 #include "dsc/kernels.h"
 #include "kernels/cpu/cpu_round.h"
+#include "kernels/cpu/cpu_simd.h"
 #include "runtime/nn/nn_internal.h"
 
 dsc_status nn_declare(nn_param_list *list, dsc_param_store *store, const char *prefix, const char *leaf, int ndim,
@@ -78,8 +79,9 @@ static void convert(dsc_tensor *to, const dsc_tensor *from) {
         int64_t b = c * SAVED_CHUNK, len = n - b < SAVED_CHUNK ? n - b : SAVED_CHUNK;
         if (pack)
             dsc_cpu_pack_span((uint16_t *)to->data + b, (const float *)from->data + b, len, to->dtype);
-        else
-            dsc_cpu_widen_span((float *)to->data + b, (const uint16_t *)from->data + b, len, from->dtype);
+        else /* one row of len values, as the narrow weight formats widen */
+            dsc_cpu_widen_rows((float *)to->data + b, (const uint16_t *)from->data + b,
+                               from->dtype == DSC_DTYPE_BF16 ? DSC_WEIGHT_BF16 : DSC_WEIGHT_F16, len, 0, 1);
     }
 }
 
