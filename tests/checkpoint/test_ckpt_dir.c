@@ -1,6 +1,7 @@
 /* Checkpoint directories: publication order, `latest`, refusal to overwrite,
  * leftovers of a killed save, listing by step and pruning. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* mkdtemp, nftw */
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,13 @@
 #include "test_mpi.h"
 
 static char root[512];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
 
 static void fake_save(const char *tag) {
     assert_ok(dsc_ckpt_dir_begin(root, tag));
@@ -33,7 +41,11 @@ static int exists(const char *tag) {
 
 static void test_publish_latest_and_prune(void **state) {
     (void)state;
-    snprintf(root, sizeof root, "%s/test_ckpt_dir_%d/save", DSC_BINARY_DIR, (int)getpid());
+    /* a fresh directory of its own: a name from the pid met an earlier run's leftovers when the pid recurred */
+    char top[400];
+    snprintf(top, sizeof top, "%s/test_ckpt_dir_XXXXXX", DSC_BINARY_DIR);
+    assert_non_null(mkdtemp(top));
+    snprintf(root, sizeof root, "%s/save", top);
     char tag[128];
     assert_err(dsc_ckpt_read_latest(root, tag, sizeof tag), DSC_ERR_IO, "no checkpoint to resume");
     fake_save("global_step5");
@@ -72,6 +84,7 @@ static void test_publish_latest_and_prune(void **state) {
     struct stat st;
     dsc_ckpt_partial_dir(root, "global_step30", partial, sizeof partial);
     assert_int_not_equal(stat(partial, &st), 0);
+    assert_int_equal(nftw(top, remove_entry, 8, FTW_DEPTH | FTW_PHYS), 0);
 }
 
 int main(void) {
