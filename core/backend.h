@@ -28,6 +28,7 @@
 
 #include "dsc/memory.h"
 #include "dsc/status.h"
+#include "dsc/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -83,6 +84,11 @@ struct dsc_kernel_ops {
                        float beta);
     dsc_status (*linear_backward_bias)(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                        int64_t oc);
+    /* dw (oc, c) += round(dy^T @ x) and dbias (oc) += round(sum_rows dy), either NULL to skip, the
+     * sums in f32 and rounded to `dtype` (bf16 / fp16) before they are added; dy (n, oc), x (n, c).
+     * The operands multiply in the calling thread's product type (dsc_kernels_set_matmul_dtype). */
+    dsc_status (*linear_grads_rounded)(const dsc_backend *backend, float *dw, float *dbias, const float *dy,
+                                       const float *x, int64_t n, int64_t oc, int64_t c, dsc_dtype dtype);
     /* y (n, oc) = x (n, c) @ W^T (+ bias) and act = gelu(y), W (oc, c) f32: the GELU MLP's first
      * layer with its epilogue fused. */
     dsc_status (*linear_gelu)(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
@@ -128,6 +134,10 @@ struct dsc_kernel_ops {
                                     int64_t c);
     dsc_status (*embedding_backward)(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout,
                                      const int32_t *tokens, int64_t n, int64_t t, int64_t v, int64_t c);
+    /* embedding_backward adding each row's sum rounded to `dtype` (bf16 / fp16). */
+    dsc_status (*embedding_backward_rounded)(const dsc_backend *backend, float *dwte, float *dwpe,
+                                             const float *dout, const int32_t *tokens, int64_t n, int64_t t,
+                                             int64_t v, int64_t c, dsc_dtype dtype);
     dsc_status (*cross_entropy_forward)(const dsc_backend *backend, float *losses, const float *logits,
                                         const int32_t *targets, int64_t n, int64_t v);
     dsc_status (*cross_entropy_backward)(const dsc_backend *backend, float *dlogits, const float *logits,

@@ -21,6 +21,18 @@ void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg) {
     *arg = progress_arg;
 }
 
+static _Thread_local dsc_dtype grad_dtype = DSC_DTYPE_F32;
+
+dsc_dtype dsc_kernels_set_grad_dtype(dsc_dtype dtype) {
+    dsc_dtype was = grad_dtype;
+    grad_dtype = dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16 ? dtype : DSC_DTYPE_F32;
+    return was;
+}
+
+dsc_dtype kernel_grad_dtype(void) {
+    return grad_dtype;
+}
+
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count) {
     if (progress_fn) {
         dsc_kernels_progress_fn fn = progress_fn;

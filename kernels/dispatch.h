@@ -32,6 +32,9 @@ typedef struct kernel_call {
 /* Adds n to the count dsc_kernel_flop_count reports (flop_count.c). */
 void kernel_count_flops(int64_t n);
 
+/* The calling thread's dsc_kernels_set_grad_dtype. */
+dsc_dtype kernel_grad_dtype(void);
+
 /* Checks that required arguments are present and that all present arguments
  * live on one device, then resolves that device's backend. */
 dsc_status kernel_begin(kernel_call *call, const char *op, const kernel_arg *args, int count);

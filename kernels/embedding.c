@@ -38,6 +38,10 @@ dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, con
         KERNEL_BEGIN(&call, "dsc_kernel_embedding_backward", KARG(dwte), KOPT(dwpe), KARG(dout), KARG(tokens)));
     int64_t b, t, v, c;
     DSC_TRY(embedding_shapes(&call, dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", &b, &t, &v, &c));
+    const dsc_dtype rounded = kernel_grad_dtype();
+    if (rounded != DSC_DTYPE_F32)
+        return KERNEL_RUN(&call, embedding_backward_rounded, dwte->data, kernel_f32(dwpe), dout->data,
+                          tokens->data, b * t, t, v, c, rounded);
     return KERNEL_RUN(&call, embedding_backward, dwte->data, kernel_f32(dwpe), dout->data, tokens->data, b * t, t,
                       v, c);
 }

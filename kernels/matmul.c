@@ -123,6 +123,10 @@ dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor
     if (dx)
         DSC_TRY(
             KERNEL_RUN(&call, gemm, dx->data, dy->data, w->data, NULL, 1, rows, c, oc, false, false, 1.0f, 0.0f));
+    const dsc_dtype rounded = kernel_grad_dtype();
+    if (rounded != DSC_DTYPE_F32 && (dw || dbias))
+        return KERNEL_RUN(&call, linear_grads_rounded, kernel_f32(dw), kernel_f32(dbias), dy->data, x->data, rows,
+                          oc, c, rounded);
     /* dw (OC, C) += dy^T (OC, N) @ x (N, C) */
     if (dw)
         DSC_TRY(

@@ -68,6 +68,16 @@ DSC_API void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg);
  * multiply, the output rounded. Any other dtype (the default): f32. Mixed-precision training sets
  * it for its layers' calls. Returns the previous setting. */
 DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
+/* The type the calling thread's parameter-gradient contributions are rounded to before they are
+ * added (its own setting), as the gradient of a bf16 / fp16 parameter in autograd: DSC_DTYPE_BF16 /
+ * DSC_DTYPE_F16 make dsc_kernel_linear_backward add round(dy^T @ x) to dw and round(sum_rows dy) to
+ * dbias, and dsc_kernel_embedding_backward add each table row's sum of dout rounded; the sums
+ * themselves are f32, what is added to the accumulator is in the type. Mixed-precision training
+ * sets it for its layers' calls, so a layer whose parameters' gradients come only from these
+ * (DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS) needs no scratch to round its contribution in. Only the
+ * CPU backend implements it; elsewhere those calls fail while it is set. Any other dtype (the
+ * default): f32, added as summed. Returns the previous setting. */
+DSC_API dsc_dtype dsc_kernels_set_grad_dtype(dsc_dtype dtype);
 
 /* ---- matrix products ------------------------------------------------------
  * out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows).
@@ -126,7 +136,7 @@ DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_ten
 DSC_API dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
                                                   const dsc_tensor *w, const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
- * dbias (OC) += sum_rows dy (NULL to skip). */
+ * dbias (OC) += sum_rows dy (NULL to skip); the two sums rounded under dsc_kernels_set_grad_dtype. */
 DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias,
                                               const dsc_tensor *dy, const dsc_tensor *x, const dsc_tensor *w);
 
@@ -188,7 +198,8 @@ DSC_API dsc_status dsc_kernel_rope(dsc_tensor *out, const dsc_tensor *x, const d
  * Token ids outside [0, V) are an error naming the first bad id. */
 DSC_API dsc_status dsc_kernel_embedding_forward(dsc_tensor *out, const dsc_tensor *tokens, const dsc_tensor *wte,
                                                 const dsc_tensor *wpe);
-/* dwte (V, C) and dwpe (Tmax, C) (NULL to skip) accumulate by scatter-add. */
+/* dwte (V, C) and dwpe (Tmax, C) (NULL to skip) accumulate by scatter-add; under
+ * dsc_kernels_set_grad_dtype each row's sum over the positions that read it is rounded first. */
 DSC_API dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *dwpe, const dsc_tensor *dout,
                                                  const dsc_tensor *tokens);
 

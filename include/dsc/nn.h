@@ -36,14 +36,19 @@ typedef enum dsc_param_flag {
     DSC_PARAM_TIED = 1u << 2      /* held by several pipeline stages; grads summed across them */
 } dsc_param_flag;
 
-/* How one layer reads a parameter's value (dsc_layer.param_uses): what mixed precision need not
- * round for that layer's calls. A tied weight has one use per layer that reads it. */
+/* How one layer reads a parameter's value and writes its gradient (dsc_layer.param_uses): what
+ * mixed precision need not round for that layer's calls. A tied weight has one use per layer that reads it. */
 typedef enum dsc_param_use {
     /* read only by kernels that round what they read under bf16 products (dsc_kernels_set_matmul_dtype):
      * the matrix products (dsc_kernel_linear_*, dsc_kernel_gemm) and the embedding lookup */
     DSC_PARAM_USE_ROUNDED_BY_KERNELS = 1u << 0,
     /* not read by the layer's backward (an embedding lookup's gradient is a scatter of dout) */
-    DSC_PARAM_USE_FORWARD_ONLY = 1u << 1
+    DSC_PARAM_USE_FORWARD_ONLY = 1u << 1,
+    /* its gradient is added to only by kernels that round what they add under
+     * dsc_kernels_set_grad_dtype (dsc_kernel_linear_backward's dw and dbias, the embedding's
+     * scatter), one call per backward: mixed precision then needs no scratch to round the layer's
+     * contribution in */
+    DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS = 1u << 2
 } dsc_param_use;
 
 typedef enum dsc_param_group {

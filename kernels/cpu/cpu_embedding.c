@@ -2,6 +2,7 @@
  * scatter-add backward (threads own channel slices, so two tokens with the
  * same id never write the same float from two threads). Ids are checked
  * before anything is written, so a bad id leaves the outputs untouched. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_gemm.h"
@@ -61,5 +62,62 @@ dsc_status dsc_cpu_embedding_backward(const dsc_backend *backend, float *dwte, f
                 p[j] += d[j];
         }
     }
+    return NULL;
+}
+
+/* A position and its token, sorted by token and then position: each token's positions together,
+ * in the order the plain scatter adds them. */
+typedef struct token_position {
+    int32_t token;
+    int64_t position;
+} token_position;
+
+static int by_token_then_position(const void *a, const void *b) {
+    const token_position *x = a, *y = b;
+    if (x->token != y->token) return x->token < y->token ? -1 : 1;
+    return (x->position > y->position) - (x->position < y->position);
+}
+
+/* dst[0 .. len) += round(acc) (f32 sums of one row's contributions), acc zeroed for the next row. */
+static void add_row_rounded(float *dst, float *acc, int64_t len, dsc_dtype dtype) {
+    dsc_cpu_round_span(acc, acc, len, dtype);
+    for (int64_t j = 0; j < len; j++) {
+        dst[j] += acc[j];
+        acc[j] = 0.0f;
+    }
+}
+
+/* Each row's contributions are summed in f32 from 0, in the plain scatter's order, then rounded and
+ * added: what the scatter into a zeroed table, rounded and added to the accumulator, gives. */
+dsc_status dsc_cpu_embedding_backward_rounded(const dsc_backend *backend, float *dwte, float *dwpe,
+                                              const float *dout, const int32_t *tokens, int64_t n, int64_t t,
+                                              int64_t v, int64_t c, dsc_dtype dtype) {
+    (void)backend;
+    DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
+    token_position *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    DSC_CHECK(order, DSC_ERR_NOMEM, "dsc_kernel_embedding_backward: the order of %lld positions", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        order[i] = (token_position){tokens[i], i};
+    qsort(order, (size_t)n, sizeof *order, by_token_then_position);
+    int nt = dsc_kernels_get_num_threads();
+#pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
+    for (int64_t c0 = 0; c0 < c; c0 += 16) {
+        int64_t len = c - c0 < 16 ? c - c0 : 16;
+        float acc[16] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            const float *d = dout + order[i].position * c + c0;
+            for (int64_t j = 0; j < len; j++)
+                acc[j] += d[j];
+            if (i + 1 == n || order[i + 1].token != order[i].token)
+                add_row_rounded(dwte + order[i].token * c + c0, acc, len, dtype);
+        }
+        for (int64_t p = 0; dwpe && p < t && p < n; p++) {
+            for (int64_t i = p; i < n; i += t)
+                for (int64_t j = 0; j < len; j++)
+                    acc[j] += dout[i * c + c0 + j];
+            add_row_rounded(dwpe + p * c + c0, acc, len, dtype);
+        }
+    }
+    free(order);
     return NULL;
 }

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_round.h"
 #include "kernels/cpu/cpu_simd.h"
 
 /* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias and the
@@ -131,9 +132,8 @@ dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y,
     return run(&g);
 }
 
-dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
-                                        int64_t oc) {
-    (void)backend;
+/* dbias += sum_rows dy, the sums rounded to `sum` (f32: as summed) before they are added. */
+static void bias_grad(float *dbias, const float *dy, int64_t n, int64_t oc, dsc_dtype sum) {
     int nt = dsc_kernels_get_num_threads();
     /* Each thread owns a slice of channels, so the accumulation is race-free. */
 #pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * oc)) schedule(static)
@@ -145,8 +145,26 @@ dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias
             for (int64_t c = c0; c < c1; c++)
                 acc[c - c0] += row[c];
         }
+        if (sum != DSC_DTYPE_F32) dsc_cpu_round_span(acc, acc, c1 - c0, sum);
         for (int64_t c = c0; c < c1; c++)
             dbias[c] += acc[c - c0];
     }
+}
+
+dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
+                                        int64_t oc) {
+    (void)backend;
+    bias_grad(dbias, dy, n, oc, DSC_DTYPE_F32);
+    return NULL;
+}
+
+dsc_status dsc_cpu_linear_grads_rounded(const dsc_backend *backend, float *dw, float *dbias, const float *dy,
+                                        const float *x, int64_t n, int64_t oc, int64_t c, dsc_dtype dtype) {
+    (void)backend;
+    DSC_TRY(check_extents(oc, c, n));
+    /* dw (OC, C) += round(dy^T (OC, N) @ x (N, C)) */
+    gemm_args g = {.o = dw, .a = dy, .b = x, .m = oc, .n = c, .k = n, .ta = true, .alpha = 1.0f, .beta = 1.0f};
+    if (dw) DSC_TRY(dsc_cpu_gemm_add_rounded(&g, dsc_cpu_matmul_dtype(), dtype));
+    if (dbias) bias_grad(dbias, dy, n, oc, dtype);
     return NULL;
 }

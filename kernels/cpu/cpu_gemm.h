@@ -27,6 +27,10 @@ typedef struct gemm_args {
 void dsc_cpu_gemm_f32(const gemm_args *g);
 /* In bf16 or fp16 products (`dtype`; m, n, k > 0); fails only without memory for rounded copies. */
 dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype);
+/* o += round(alpha op(a) op(b)) with beta 1 and no bias or GELU: the products in `products` (f32, or
+ * operands rounded to bf16 / fp16), summed in f32, each tile's sums rounded to `sum` before they
+ * are added (dsc_kernels_set_grad_dtype); fails only without memory. */
+dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_dtype sum);
 /* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
 dsc_dtype dsc_cpu_matmul_dtype(void);
 

@@ -4,6 +4,7 @@
  * BF16 a prompt-sized bf16 product runs the vdpbf16ps tiles of cpu_bf16_gemm.c over op(a) rounded
  * once and op(b) rounded into packed blocks; elsewhere, for fp16, and for small products, sgemm
  * multiplies rounded copies. */
+#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,8 @@ dsc_dtype dsc_cpu_matmul_dtype(void) {
  * largest product asked for (GPT-2's head input gradient, 512 rows of 50257: 51 MB for the dot's
  * x). */
 static _Thread_local dsc_cpu_kept first_scratch, second_scratch;
+/* The threads' tiles of a product whose sum is rounded before it is added (dsc_cpu_gemm_add_rounded). */
+static _Thread_local dsc_cpu_kept tile_scratch;
 
 void *dsc_cpu_kept_at_least(dsc_cpu_kept *s, size_t bytes) {
     if (s->bytes >= bytes) return s->p;
@@ -207,4 +210,65 @@ dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
         dsc_cpu_gemm_f32(&r);
     }
     return s;
+}
+
+/* out tiles of dsc_cpu_gemm_add_rounded: TILE_COLS columns (or fewer) by as many rows as make
+ * TILE_FLOATS (a megabyte, in L2 while it is rounded and added), a multiple of 16 */
+enum { TILE_COLS = 2048, TILE_FLOATS = 1 << 18 };
+
+typedef struct add_rounded_job {
+    const gemm_args *g;
+    dsc_dtype sum;
+    float *tiles; /* one tile per thread */
+    int64_t rows, cols, col_tiles;
+    bool pool;
+} add_rounded_job;
+
+static void add_rounded_tile(void *arg, int64_t p) {
+    const add_rounded_job *J = arg;
+    const gemm_args *g = J->g;
+    const int64_t r0 = p / J->col_tiles * J->rows, c0 = p % J->col_tiles * J->cols;
+    const int64_t m = g->m - r0 < J->rows ? g->m - r0 : J->rows, n = g->n - c0 < J->cols ? g->n - c0 : J->cols;
+    float *tile = J->tiles + (size_t)(J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num()) * TILE_FLOATS;
+    int lda = (int)(g->ta ? g->m : g->k), ldb = (int)(g->tb ? g->k : g->n);
+    const float *a = g->a + (g->ta ? r0 : r0 * g->k), *b = g->b + (g->tb ? c0 * g->k : c0);
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)g->k, g->alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, 0.0f, tile, (int)n);
+    for (int64_t i = 0; i < m; i++) {
+        float *row = tile + i * n, *o = g->o + (r0 + i) * g->n + c0;
+        dsc_cpu_round_span(row, row, n, J->sum);
+        for (int64_t j = 0; j < n; j++)
+            o[j] += row[j];
+    }
+}
+
+dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_dtype sum) {
+    if (g->m <= 0 || g->n <= 0 || g->k <= 0) return NULL; /* a sum of nothing adds 0 */
+    gemm_args r = *g;
+    if (products != DSC_DTYPE_F32) {
+        r.a = dsc_cpu_rounded_copy(&first_scratch, g->a, g->m * g->k, products);
+        r.b = dsc_cpu_rounded_copy(&second_scratch, g->b, g->k * g->n, products);
+    }
+    const int nt = g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK ? 1 : dsc_kernels_get_num_threads();
+    add_rounded_job J = {.g = &r, .sum = sum, .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
+    J.cols = g->n < TILE_COLS ? g->n : TILE_COLS;
+    J.rows = TILE_FLOATS / J.cols / 16 * 16;
+    J.col_tiles = (g->n + J.cols - 1) / J.cols;
+    J.tiles = dsc_cpu_kept_at_least(&tile_scratch, (size_t)nt * TILE_FLOATS * sizeof(float));
+    DSC_CHECK(r.a && r.b && J.tiles, DSC_ERR_NOMEM,
+              "dsc_kernel_linear_backward: %s copies of dy (%lld x %lld) and x (%lld x %lld), and %d tiles",
+              dsc_dtype_name(products), (long long)g->k, (long long)g->m, (long long)g->k, (long long)g->n, nt);
+    const int64_t tiles = (g->m + J.rows - 1) / J.rows * J.col_tiles;
+    if (nt == 1) {
+        J.pool = false; /* omp_get_thread_num() is 0 outside a region */
+        for (int64_t p = 0; p < tiles; p++)
+            add_rounded_tile(&J, p);
+    } else if (J.pool) {
+        dsc_cpu_pool_run_upto(add_rounded_tile, &J, tiles, nt);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t p = 0; p < tiles; p++)
+            add_rounded_tile(&J, p);
+    }
+    return NULL;
 }

@@ -45,6 +45,8 @@ dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y,
                                const float *bias, int64_t n, int64_t oc, int64_t c);
 dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                         int64_t oc);
+dsc_status dsc_cpu_linear_grads_rounded(const dsc_backend *backend, float *dw, float *dbias, const float *dy,
+                                        const float *x, int64_t n, int64_t oc, int64_t c, dsc_dtype dtype);
 
 dsc_status dsc_cpu_layernorm_forward(const dsc_backend *backend, float *out, float *mean, float *rstd,
                                      const float *x, const float *w, const float *b, int64_t n, int64_t c,
@@ -84,6 +86,9 @@ dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, con
                                      int64_t c);
 dsc_status dsc_cpu_embedding_backward(const dsc_backend *backend, float *dwte, float *dwpe, const float *dout,
                                       const int32_t *tokens, int64_t n, int64_t t, int64_t v, int64_t c);
+dsc_status dsc_cpu_embedding_backward_rounded(const dsc_backend *backend, float *dwte, float *dwpe,
+                                              const float *dout, const int32_t *tokens, int64_t n, int64_t t,
+                                              int64_t v, int64_t c, dsc_dtype dtype);
 dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *losses, const float *logits,
                                          const int32_t *targets, int64_t n, int64_t v);
 dsc_status dsc_cpu_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits,

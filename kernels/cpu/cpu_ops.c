@@ -5,6 +5,7 @@
 const struct dsc_kernel_ops dsc_cpu_kernel_ops = {
     .gemm = dsc_cpu_gemm,
     .linear_backward_bias = dsc_cpu_linear_backward_bias,
+    .linear_grads_rounded = dsc_cpu_linear_grads_rounded,
     .linear_gelu = dsc_cpu_linear_gelu,
     .linear_packed = dsc_cpu_linear_packed,
     .layernorm_forward = dsc_cpu_layernorm_forward,
@@ -23,6 +24,7 @@ const struct dsc_kernel_ops dsc_cpu_kernel_ops = {
     .rope = dsc_cpu_rope,
     .embedding_forward = dsc_cpu_embedding_forward,
     .embedding_backward = dsc_cpu_embedding_backward,
+    .embedding_backward_rounded = dsc_cpu_embedding_backward_rounded,
     .cross_entropy_forward = dsc_cpu_cross_entropy_forward,
     .cross_entropy_backward = dsc_cpu_cross_entropy_backward,
     .adamw = dsc_cpu_adamw,

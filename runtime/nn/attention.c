@@ -32,7 +32,7 @@ dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_sto
     const float std = mc->init_std;
     /* GPT-2's scaled init: the residual stream sums 2 projections per block. */
     const float std_o = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    const uint32_t w = DSC_PARAM_USE_ROUNDED_BY_KERNELS;
+    const uint32_t w = DSC_PARAM_USE_ROUNDED_BY_KERNELS | DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS;
     DSC_TRY(nn_declare_used(list, store, prefix, "q.weight", 2, (int64_t[]){C, C}, 0, w, DSC_INIT_NORMAL, std,
                             &a->wq));
     DSC_TRY(nn_declare_used(list, store, prefix, "k.weight", 2, (int64_t[]){KV, C}, 0, w, DSC_INIT_NORMAL, std,
@@ -41,14 +41,18 @@ dsc_status nn_attention_init(nn_attention *a, nn_param_list *list, dsc_param_sto
                             &a->wv));
     DSC_TRY(nn_declare_used(list, store, prefix, "o.weight", 2, (int64_t[]){C, C}, 0, w, DSC_INIT_NORMAL, std_o,
                             &a->wo));
-    const uint32_t nd = DSC_PARAM_NO_DECAY;
+    const uint32_t nd = DSC_PARAM_NO_DECAY, b = DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS;
     if (mc->qkv_bias) {
-        DSC_TRY(nn_declare(list, store, prefix, "q.bias", 1, (int64_t[]){C}, nd, DSC_INIT_ZEROS, 0, &a->bq));
-        DSC_TRY(nn_declare(list, store, prefix, "k.bias", 1, (int64_t[]){KV}, nd, DSC_INIT_ZEROS, 0, &a->bk));
-        DSC_TRY(nn_declare(list, store, prefix, "v.bias", 1, (int64_t[]){KV}, nd, DSC_INIT_ZEROS, 0, &a->bv));
+        DSC_TRY(
+            nn_declare_used(list, store, prefix, "q.bias", 1, (int64_t[]){C}, nd, b, DSC_INIT_ZEROS, 0, &a->bq));
+        DSC_TRY(
+            nn_declare_used(list, store, prefix, "k.bias", 1, (int64_t[]){KV}, nd, b, DSC_INIT_ZEROS, 0, &a->bk));
+        DSC_TRY(
+            nn_declare_used(list, store, prefix, "v.bias", 1, (int64_t[]){KV}, nd, b, DSC_INIT_ZEROS, 0, &a->bv));
     }
     if (!nn_arch_is_llama(mc))
-        DSC_TRY(nn_declare(list, store, prefix, "o.bias", 1, (int64_t[]){C}, nd, DSC_INIT_ZEROS, 0, &a->bo));
+        DSC_TRY(
+            nn_declare_used(list, store, prefix, "o.bias", 1, (int64_t[]){C}, nd, b, DSC_INIT_ZEROS, 0, &a->bo));
     return NULL;
 }
 

@@ -112,8 +112,10 @@ dsc_status nn_embedding_create(const dsc_layer_spec *spec, const dsc_build_ctx *
     e->base.activation_bytes_per_token = (int64_t)sizeof(float) * e->C + (int64_t)sizeof(int32_t);
     nn_param_list list = {.n = 0};
     const uint32_t tied = mc->tie_embeddings ? DSC_PARAM_TIED : 0;
-    /* the lookup rounds the rows it reads under bf16; the backward scatters dout into the gradients */
-    const uint32_t lookup = DSC_PARAM_USE_ROUNDED_BY_KERNELS | DSC_PARAM_USE_FORWARD_ONLY;
+    /* the lookup rounds the rows it reads under bf16; the backward scatters dout into the gradients,
+     * rounding each row's sum under reduced-type gradients */
+    const uint32_t lookup =
+        DSC_PARAM_USE_ROUNDED_BY_KERNELS | DSC_PARAM_USE_FORWARD_ONLY | DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS;
     dsc_status s = nn_declare_used(&list, ctx->params, "embed", "wte.weight", 2, (int64_t[]){mc->vocab_size, e->C},
                                    tied, lookup, DSC_INIT_NORMAL, mc->init_std, &e->wte);
     if (!s && !nn_arch_is_llama(mc))

@@ -210,7 +210,8 @@ dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, 
     nn_param_list list = {.n = 0};
     const int64_t shape[2] = {h->V, h->C};
     dsc_status s = nn_norm_init(&h->norm, &list, ctx->params, "head.norm", mc);
-    const uint32_t w = DSC_PARAM_USE_ROUNDED_BY_KERNELS; /* tied or not: the head reads it only in products */
+    /* tied or not: the head reads it only in products, and its gradient comes from the linear backward */
+    const uint32_t w = DSC_PARAM_USE_ROUNDED_BY_KERNELS | DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS;
     if (!s && mc->tie_embeddings)
         s = nn_declare_used(&list, ctx->params, "embed", "wte.weight", 2, shape, DSC_PARAM_TIED, w,
                             DSC_INIT_NORMAL, mc->init_std, &h->w);

@@ -160,7 +160,8 @@ static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *st
     const char *prefix = m->base.name;
     const int64_t C = m->C, F = m->F;
     const float std = mc->init_std, std_out = mc->init_std / sqrtf(2.0f * (float)mc->n_layer);
-    const uint32_t nd = DSC_PARAM_NO_DECAY, w = DSC_PARAM_USE_ROUNDED_BY_KERNELS;
+    const uint32_t nd = DSC_PARAM_NO_DECAY, b = DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS,
+                   w = DSC_PARAM_USE_ROUNDED_BY_KERNELS | b;
     if (m->gated) {
         DSC_TRY(nn_declare_used(list, store, prefix, "gate.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL,
                                 std, &m->w_in));
@@ -171,10 +172,12 @@ static dsc_status declare(mlp_layer *m, nn_param_list *list, dsc_param_store *st
     }
     DSC_TRY(nn_declare_used(list, store, prefix, "fc.weight", 2, (int64_t[]){F, C}, 0, w, DSC_INIT_NORMAL, std,
                             &m->w_in));
-    DSC_TRY(nn_declare(list, store, prefix, "fc.bias", 1, (int64_t[]){F}, nd, DSC_INIT_ZEROS, 0, &m->b_in));
+    DSC_TRY(
+        nn_declare_used(list, store, prefix, "fc.bias", 1, (int64_t[]){F}, nd, b, DSC_INIT_ZEROS, 0, &m->b_in));
     DSC_TRY(nn_declare_used(list, store, prefix, "proj.weight", 2, (int64_t[]){C, F}, 0, w, DSC_INIT_NORMAL,
                             std_out, &m->w_out));
-    return nn_declare(list, store, prefix, "proj.bias", 1, (int64_t[]){C}, nd, DSC_INIT_ZEROS, 0, &m->b_out);
+    return nn_declare_used(list, store, prefix, "proj.bias", 1, (int64_t[]){C}, nd, b, DSC_INIT_ZEROS, 0,
+                           &m->b_out);
 }
 
 dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc_device device, int block,

@@ -2,15 +2,19 @@
  * (and ZeRO's fp16 handling) as a wrapper around any dsc optimizer.
  *
  * Per step:
- *  - backward: before a layer's backward its gradient views point into a
- *    zeroed scratch; after it, the layer's contribution (the scaled loss's:
- *    the runners seed the backward with the loss scale,
+ *  - backward: a layer's contribution to a gradient (the scaled loss's: the
+ *    runners seed the backward with the loss scale,
  *    dsc_precision_micro_loss_scale) is rounded to the reduced type, then
- *    added to the gradients the inner optimizer accumulates (with the plain
- *    optimizer, a first contribution after the step zeroed them is rounded
- *    where it landed instead): f32 accumulation of reduced-type
- *    contributions, DeepSpeed's default for bf16; data_types.grad_accum_dtype
- *    "fp32";
+ *    added to the gradients the inner optimizer accumulates: f32
+ *    accumulation of reduced-type contributions, DeepSpeed's default for
+ *    bf16; data_types.grad_accum_dtype "fp32". The products' weight and bias
+ *    gradients and the embedding's are rounded so by their kernels
+ *    (dsc_kernels_set_grad_dtype, DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS);
+ *    for the others (norms, the MoE and tensor-parallel layers), the
+ *    gradient views point into a zeroed scratch of one layer's size during
+ *    its backward, and the contribution is rounded from there (with the
+ *    plain optimizer, a first contribution after the step zeroed them is
+ *    rounded where it landed instead);
  *  - reduction: the inner optimizer's, in communication_data_type;
  *  - step: overflow = an inf/nan in this rank's gradients, agreed by a MAX
  *    all-reduce over the groups that share the model (data, pipeline,
@@ -91,8 +95,8 @@ typedef struct mixed_optimizer {
     bool round_on_use;
     /* the plain optimizer: the layer being called reads its values rounded from a scratch */
     layer_views values;
-    /* the calling thread's product type outside a layer call (inside: the reduced type) */
-    dsc_dtype matmul_was;
+    /* the calling thread's product and gradient types outside a layer call (inside: the reduced type) */
+    dsc_dtype matmul_was, grad_was;
 } mixed_optimizer;
 
 static mixed_optimizer *self_of(dsc_optimizer *opt) {
@@ -185,6 +189,16 @@ static void read_rounded(mixed_optimizer *m, dsc_layer *layer, bool backward) {
     }
 }
 
+/* Whether the layer's kernels round what they add to parameter j's gradient (every use says so):
+ * its contribution needs no scratch. */
+static bool grad_rounded_by_kernels(const dsc_layer *layer, int j) {
+    for (int k = 0; k < layer->n_params; k++)
+        if (layer->params[k] == layer->params[j] &&
+            !(layer->param_uses[k] & DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS))
+            return false;
+    return true;
+}
+
 static int layer_index(const mixed_optimizer *m, const dsc_layer *layer) {
     for (int l = 0; l < m->oo.n_layers; l++)
         if (m->oo.layers[l] == layer) return l;
@@ -217,6 +231,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
               layer->name, layer->n_params);
     /* bf16 / fp16 products in the layer's GEMMs, as autocast and a GPU's fp16 GEMM multiply */
     m->matmul_was = dsc_kernels_set_matmul_dtype(m->po.dtype);
+    m->grad_was = dsc_kernels_set_grad_dtype(m->po.dtype);
     for (int j = 0; m->round_on_use && j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
         if (p->value.data) dsc_round_to_dtype(p->value.data, dsc_param_numel(p), m->po.dtype);
@@ -228,7 +243,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
     for (int j = 0; j < layer->n_params; j++) {
         dsc_param *p = layer->params[j];
         m->in_place[j] = false;
-        if (seen_before(layer, j) || !p->grad.data) continue;
+        if (seen_before(layer, j) || !p->grad.data || grad_rounded_by_kernels(layer, j)) continue;
         m->in_place[j] = l >= 0 && m->untouched && m->untouched[l] && grads_untouched(m, p);
         if (m->in_place[j]) continue;
         at = view_out(&m->grads, j, at);
@@ -241,6 +256,7 @@ static dsc_status mixed_before_layer(dsc_optimizer *opt, dsc_layer *layer, bool 
 static dsc_status mixed_after_layer(dsc_optimizer *opt, dsc_layer *layer, bool backward) {
     mixed_optimizer *m = self_of(opt);
     dsc_kernels_set_matmul_dtype(m->matmul_was);
+    dsc_kernels_set_grad_dtype(m->grad_was);
     views_put_back(&m->values);
     if (backward && m->grads.layer == layer) {
         for (int j = 0; j < layer->n_params; j++) {
@@ -450,13 +466,14 @@ static dsc_status setup(mixed_optimizer *m) {
               DSC_ERR_UNSUPPORTED,
               "mixed precision: the parameters are not in host memory; fp16 / bf16 training is implemented for "
               "CPU jobs (dsc trains on the CPU)");
-    int64_t most = 1, most_rounded = 1; /* one layer's gradients, and the values it reads rounded */
+    /* one layer's gradients its kernels do not round, and the values it reads rounded */
+    int64_t most = 1, most_rounded = 1;
     m->max_params = 1;
     for (int l = 0; l < m->oo.n_layers; l++) {
         const dsc_layer *layer = m->oo.layers[l];
         int64_t n = 0, rounded = 0;
         for (int j = 0; j < layer->n_params; j++) {
-            n += dsc_param_numel(layer->params[j]);
+            if (!grad_rounded_by_kernels(layer, j)) n += dsc_param_numel(layer->params[j]);
             if (!seen_before(layer, j) && !read_as_is(layer, j, false)) /* a forward rounds the most */
                 rounded += dsc_param_numel(layer->params[j]);
         }

@@ -230,6 +230,24 @@ static double *operand(const tc *c, const dsc_tensor *t, dsc_dtype products) {
     return r;
 }
 
+/* v rounded to `dtype` (bf16 / fp16) by the scalar conversions of core/tensor.c. */
+static double rounded_to(double v, dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 ? dsc_bf16_to_f32(dsc_f32_to_bf16((float)v))
+                                   : dsc_f16_to_f32(dsc_f32_to_f16((float)v));
+}
+
+/* Called twice from zeros under dsc_kernels_set_grad_dtype(dtype), a reduced-type gradient kernel
+ * must leave twice a value of the type: want (the reference's f32-free sums) becomes 2 round(want),
+ * and every output's half is checked to be a value of the type, which f32 sums added as they are
+ * (no rounding) or a second call that overwrote (no accumulation) would not give. */
+static void expect_twice_rounded(tc *c, const dsc_tensor *out, double *want, dsc_dtype dtype) {
+    for (int64_t i = 0; i < dsc_tensor_numel(out); i++) { /* a CPU case: out is in host memory */
+        double half = kt_f(out)[i] / 2.0;
+        assert_true(half == rounded_to(half, dtype));
+        if (c->ref) want[i] = 2.0 * rounded_to(want[i], dtype);
+    }
+}
+
 /* a: m, n, k, trans_a, trans_b, beta, product type. dsc_kernel_gemm with this thread's products in
  * bf16 / fp16: both operands rounded, f32 sums (AVX-512 BF16's dot for prompt-sized bf16 products,
  * else rounded copies). */
@@ -280,6 +298,31 @@ static void case_linear_bias(tc *c, const int64_t *a) {
     assert_ok(dsc_kernel_linear_backward(NULL, NULL, db, dy, x, w));
     double *want = tc_out(c, db);
     if (c->ref) ref_bias_grad(want, tc_in(c, dy), rows, oc);
+}
+
+/* a: rows, out channels, in channels, bias, gradient type, product type. dw and dbias of
+ * dsc_kernel_linear_backward under dsc_kernels_set_grad_dtype, from zeros, called twice. */
+static void case_linear_grads_rounded(tc *c, const int64_t *a) {
+    int64_t rows = a[0], oc = a[1], ch = a[2];
+    dsc_dtype grads = products_of(a[4]), products = products_of(a[5]);
+    dsc_tensor *dy = RANDN(c, 1.0f, rows, oc), *x = RANDN(c, 1.0f, rows, ch), *w = RANDN(c, 1.0f, oc, ch);
+    dsc_tensor *dw = FULL(c, 0.0f, oc, ch), *db = a[3] ? FULL(c, 0.0f, oc) : NULL;
+    dsc_dtype was_grads = dsc_kernels_set_grad_dtype(grads), was = dsc_kernels_set_matmul_dtype(products);
+    dsc_status s = dsc_kernel_linear_backward(NULL, dw, db, dy, x, w);
+    if (!s) s = dsc_kernel_linear_backward(NULL, dw, db, dy, x, w);
+    dsc_kernels_set_matmul_dtype(was);
+    dsc_kernels_set_grad_dtype(was_grads);
+    assert_ok(s);
+    double *want = tc_out(c, dw), *want_b = db ? tc_out(c, db) : NULL;
+    if (c->ref) {
+        double *dyr = operand(c, dy, products), *xr = operand(c, x, products);
+        ref_gemm(want, dyr, xr, NULL, 1, oc, ch, rows, true, false, 1.0, 0.0);
+        if (db) ref_bias_grad(want_b, tc_in(c, dy), rows, oc);
+        free(dyr);
+        free(xr);
+    }
+    expect_twice_rounded(c, dw, want, grads);
+    if (db) expect_twice_rounded(c, db, want_b, grads);
 }
 
 /* a: rows, channels, rms (0: LayerNorm). */
@@ -472,6 +515,23 @@ static void case_embedding_backward(tc *c, const int64_t *a) {
     assert_ok(dsc_kernel_embedding_backward(dwte, dwpe, dout, tok));
     double *want = tc_out(c, dwte), *want_pe = dwpe ? tc_out(c, dwpe) : NULL;
     if (c->ref) ref_embedding_backward(want, want_pe, tc_in(c, dout), tc_ids(c, tok), b * t, t, ch);
+}
+
+/* a: B, T, V, C, wpe, gradient type. Each row's sum rounded, from zeros, called twice. */
+static void case_embedding_backward_rounded(tc *c, const int64_t *a) {
+    int64_t b = a[0], t = a[1], v = a[2], ch = a[3];
+    dsc_dtype grads = products_of(a[5]);
+    dsc_tensor *tok = ids(c, b, t, v), *dout = RANDN(c, 1.0f, b, t, ch), *dwte = FULL(c, 0.0f, v, ch);
+    dsc_tensor *dwpe = a[4] ? FULL(c, 0.0f, t + 2, ch) : NULL;
+    dsc_dtype was = dsc_kernels_set_grad_dtype(grads);
+    dsc_status s = dsc_kernel_embedding_backward(dwte, dwpe, dout, tok);
+    if (!s) s = dsc_kernel_embedding_backward(dwte, dwpe, dout, tok);
+    dsc_kernels_set_grad_dtype(was);
+    assert_ok(s);
+    double *want = tc_out(c, dwte), *want_pe = dwpe ? tc_out(c, dwpe) : NULL;
+    if (c->ref) ref_embedding_backward(want, want_pe, tc_in(c, dout), tc_ids(c, tok), b * t, t, ch);
+    expect_twice_rounded(c, dwte, want, grads);
+    if (dwpe) expect_twice_rounded(c, dwpe, want_pe, grads);
 }
 
 /* Targets in [0, v), every fifth ignored (negative). */
@@ -776,6 +836,13 @@ static const op_case cases[] = {
     CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 1),   /* rounded copies, streamed */
     CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 2), /* products in fp16 */
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
+    /* reduced-type gradients: rows, OC, C, bias, gradient type, product type; one tile, and (OC
+     * 300, C 2100) tiles of 2048 columns and 112 rows with remainders over the threads; the
+     * tolerance is one ulp of the type, the reference's double sums rounded against f32 sums */
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 1e-2, 33, 20, 17, 1, 1, 1),
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 1e-2, 64, 300, 2100, 1, 1, 0),
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 40, 70, 90, 0, 2, 2),
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 9, 5, 3, 1, 2, 0),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
     /* norms: rows, channels, rms */
@@ -829,6 +896,11 @@ static const op_case cases[] = {
     CPU_CASE(embedding_forward, case_embedding, 1e-5, 2, 4, 5, 300, 1, 2), /* fp16: rows past 256 */
     CASE(embedding_backward, case_embedding_backward, 1e-5, 2, 4, 5, 96, 1),
     CASE(embedding_backward, case_embedding_backward, 1e-5, 3, 50, 4, 33, 0),
+    /* B, T, V, C, wpe, gradient type: repeated tokens (V 5 and 4 for 8 and 150 positions), slices of
+     * 16 channels with a tail */
+    CPU_CASE(embedding_backward_rounded, case_embedding_backward_rounded, 1e-2, 2, 4, 5, 96, 1, 1),
+    CPU_CASE(embedding_backward_rounded, case_embedding_backward_rounded, 2e-3, 3, 50, 4, 33, 1, 2),
+    CPU_CASE(embedding_backward_rounded, case_embedding_backward_rounded, 1e-2, 3, 50, 4, 33, 0, 1),
     /* cross-entropy: rows, vocabulary, in place */
     CASE(cross_entropy_forward, case_cross_entropy, 1e-4, 8, 5003),
     CASE(cross_entropy_forward, case_cross_entropy, 1e-4, 1, 1),
@@ -898,7 +970,8 @@ static int unsupported; /* cases the device skips: its table lacks their entry, 
  * unsupported): narrow packed weights are a CPU decode feature. Every other
  * entry, the optimizers' included, must run on the device. */
 static bool may_lack(size_t entry) {
-    return entry == ENTRY(linear_packed);
+    return entry == ENTRY(linear_packed) || entry == ENTRY(linear_grads_rounded) ||
+           entry == ENTRY(embedding_backward_rounded);
 }
 
 /* CPU against the reference, or `dev` against the CPU: true when every output agrees. */

@@ -75,8 +75,10 @@ typedef struct run_out {
     float worst_rel;                            /* the largest difference over its tensor's largest |gradient| */
     int64_t wrap_bytes[DSC_MEM_CATEGORY_COUNT]; /* what wrapping the optimizer allocated */
     int64_t largest_layer;                      /* the most elements one layer reads rounded */
-    int weights;                                /* parameter uses flagged as product operands */
-    float *grads0;                              /* tied runs: the first step's flat dense gradients */
+    /* the most gradient elements of one layer, and of those its kernels do not round (its norms') */
+    int64_t largest_grads, largest_unrounded_grads;
+    int weights;   /* parameter uses flagged as product operands */
+    float *grads0; /* tied runs: the first step's flat dense gradients */
 } run_out;
 
 static const fixture_array *grad0_of(const fixture *f, const dsc_param *p, dsc_dtype dtype) {
@@ -239,16 +241,21 @@ static void train(const fixture *f, const run_opts *ro, int steps, run_out *out)
             out->wrap_bytes[c] = after.current[c] - before.current[c];
         opt = wrapped;
     }
-    out->largest_layer = out->weights = 0;
+    out->largest_layer = out->weights = out->largest_grads = out->largest_unrounded_grads = 0;
     out->grads0 = NULL;
     for (int l = 0; l < m.n; l++) {
-        int64_t n = 0;
+        int64_t n = 0, grads = 0, unrounded = 0;
         for (int j = 0; j < m.layers[l]->n_params; j++) {
             const dsc_param *p = m.layers[l]->params[j];
+            grads += dsc_param_numel(p);
+            if (!(m.layers[l]->param_uses[j] & DSC_PARAM_USE_GRAD_ROUNDED_BY_KERNELS))
+                unrounded += dsc_param_numel(p);
             if (!as_is(m.layers[l], p, ro->dtype, false)) n += dsc_param_numel(p);
             if (as_is(m.layers[l], p, DSC_DTYPE_BF16, false)) out->weights++;
         }
         if (n > out->largest_layer) out->largest_layer = n;
+        if (grads > out->largest_grads) out->largest_grads = grads;
+        if (unrounded > out->largest_unrounded_grads) out->largest_unrounded_grads = unrounded;
     }
     dsc_batch_runner *runner;
     assert_ok(dsc_runner_create_default(m.layers, m.n, opt, tok->shape[0], tok->shape[1], NULL, &runner));
@@ -392,6 +399,13 @@ static void test_where_the_master_lives(void **state) {
                 assert_int_equal(working, o.largest_layer * (int64_t)sizeof(float));
                 assert_true(o.weights > 0);
             }
+            /* The gradient scratch holds one layer's norm gradients: the products' and the embedding's
+             * contributions are rounded by their kernels, not in a scratch of the largest layer's size
+             * (the tied embedding's, here). */
+            printf("  %s: %lld bytes of gradient scratch; the largest layer has %lld gradient elements\n",
+                   dsc_dtype_name(types[k]), (long long)o.wrap_bytes[DSC_MEM_GRADS], (long long)o.largest_grads);
+            assert_true(o.largest_unrounded_grads > 0 && o.largest_unrounded_grads * 8 < o.largest_grads);
+            assert_int_equal(o.wrap_bytes[DSC_MEM_GRADS], o.largest_unrounded_grads * (int64_t)sizeof(float));
             free(copy);
             free(o.params);
         }
