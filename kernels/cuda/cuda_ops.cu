@@ -5,7 +5,7 @@
 extern "C" const struct dsc_kernel_ops dsc_cuda_kernel_ops = {
     .gemm = dsc_cuda_gemm,
     .linear_backward_bias = dsc_cuda_linear_backward_bias,
-    .linear_grads_rounded = NULL, /* reduced-type gradients are CPU mixed precision's (dsc_kernels_set_grad_dtype) */
+    .linear_grads_rounded = NULL, /* reduced-type gradients (dsc_kernels_set_grad_dtype) are the CPU's */
     .linear_gelu = dsc_cuda_linear_gelu,
     .linear_packed = NULL, /* narrow weights are a CPU decode feature; the wrapper reports it unsupported */
     .layernorm_forward = dsc_cuda_layernorm_forward,
