@@ -206,8 +206,10 @@ def main():
                   f"ratio {statistics.median(d) / statistics.median(p):5.2f}")
         print(f"  peer via {res['peer'][-1].get('via', 'transformers')}")
         last = res["dsc"][-1]
+        of_roof = [r["decode_of_roofline"] for r in res["dsc"]]
         print(f"  dsc {dsc_type}: read {last['read_GB_s']:.1f} GB/s -> decode roofline "
-              f"{last['decode_roofline_tok_s']:.1f} tok/s (median at {statistics.median(r['decode_of_roofline'] for r in res['dsc']):.2f} of it); "
+              f"{last['decode_roofline_tok_s']:.1f} tok/s (at {' / '.join(f'{x:.2f}' for x in of_roof)} of it, "
+              f"median {statistics.median(of_roof):.2f}); "
               f"sgemm {last['gemm_GFLOP_s']:.0f} GFLOP/s -> prefill limit {last['prefill_limit_tok_s']:.0f} tok/s "
               f"(median at {statistics.median(r['prefill_of_limit'] for r in res['dsc']):.2f})")
         print(f"  {uptime()}")
