@@ -22,19 +22,18 @@ static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
     int64_t m = r1 - r0, n = c1 - c0, k = g->k;
     if (m <= 0 || n <= 0) return;
     /* Leading dimensions of the stored (untransposed) matrices; BLAS wants at least 1. */
-    int lda = (int)(g->ta ? g->m : k), ldb = (int)(g->tb ? k : g->n);
-    if (lda < 1) lda = 1;
-    if (ldb < 1) ldb = 1;
-    const float *a = g->a + (g->ta ? r0 : r0 * k); /* (M, K) or (K, M) */
-    const float *b = g->b + (g->tb ? c0 * k : c0); /* (K, N) or (N, K) */
-    float *o = g->o + r0 * g->n + c0;
+    int64_t lda = dsc_cpu_gemm_lda(g), ldb = dsc_cpu_gemm_ldb(g), ldo = dsc_cpu_gemm_ldo(g);
+    const float *a = g->a + (g->ta ? r0 : r0 * lda); /* (M, K) or (K, M) */
+    const float *b = g->b + (g->tb ? c0 * ldb : c0); /* (K, N) or (N, K) */
+    float *o = g->o + r0 * ldo + c0;
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, g->alpha, a, lda, b, ldb, g->beta, o, (int)g->n);
+                (int)n, (int)k, g->alpha, a, lda > 1 ? (int)lda : 1, b, ldb > 1 ? (int)ldb : 1, g->beta, o,
+                (int)ldo);
     for (int64_t r = 0; (g->bias || g->act) && r < m; r++) {
-        float *row = o + r * g->n;
+        float *row = o + r * ldo;
         for (int64_t j = 0; g->bias && j < n; j++)
             row[j] += g->bias[c0 + j];
-        if (g->act) dsc_cpu_gelu_rows(g->act + (r0 + r) * g->n + c0, row, n);
+        if (g->act) dsc_cpu_gelu_rows(g->act + (r0 + r) * ldo + c0, row, n);
     }
 }
 
@@ -78,7 +77,9 @@ static void gemm_split(const gemm_args *g) {
 
 /* A linear layer over a few rows (decode) streams b once instead of packing it; the rest splits. */
 void dsc_cpu_gemm_f32(const gemm_args *g) {
-    if (g->m <= DSC_CPU_STREAM_MAX_ROWS && !g->ta && g->tb && g->alpha == 1.0f && g->beta == 0.0f && g->k > 0) {
+    const bool packed = dsc_cpu_gemm_lda(g) == g->k && dsc_cpu_gemm_ldb(g) == g->k && dsc_cpu_gemm_ldo(g) == g->n;
+    if (g->m <= DSC_CPU_STREAM_MAX_ROWS && !g->ta && g->tb && g->alpha == 1.0f && g->beta == 0.0f && g->k > 0 &&
+        packed) {
         dsc_cpu_stream_rows(g->o, g->a, g->b, DSC_WEIGHT_F32, g->bias, g->m, g->n, g->k);
         if (g->act) dsc_cpu_gelu_rows(g->act, g->o, g->m * g->n);
         return;

@@ -19,9 +19,22 @@ typedef struct gemm_args {
     float *act; /* gelu(o) after the bias, out of the same block while it is in cache; NULL: none */
     const float *a, *b, *bias;
     int64_t m, n, k;
+    /* The row strides of a, b and o (and act) as stored; 0: packed (k or m, n or k, n). A panel
+     * of a larger product (cpu_gemm_rounded.c) keeps the whole product's strides. */
+    int64_t lda, ldb, ldo;
     bool ta, tb;
     float alpha, beta;
 } gemm_args;
+
+static inline int64_t dsc_cpu_gemm_lda(const gemm_args *g) {
+    return g->lda ? g->lda : g->ta ? g->m : g->k;
+}
+static inline int64_t dsc_cpu_gemm_ldb(const gemm_args *g) {
+    return g->ldb ? g->ldb : g->tb ? g->k : g->n;
+}
+static inline int64_t dsc_cpu_gemm_ldo(const gemm_args *g) {
+    return g->ldo ? g->ldo : g->n;
+}
 
 /* In f32: sgemm over blocks of the threads, or streaming b for a few rows. */
 void dsc_cpu_gemm_f32(const gemm_args *g);
@@ -31,6 +44,9 @@ dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype);
  * operands rounded to bf16 / fp16), summed in f32, each tile's sums rounded to `sum` before they
  * are added (dsc_kernels_set_grad_dtype); fails only without memory. */
 dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_dtype sum);
+/* Operands of more values than this (default 2^22; values <= 0 restore it) are rounded in panels
+ * rather than whole by the two above: for the tests, which reach the panels with small products. */
+void dsc_cpu_gemm_rounded_set_whole_max(int64_t values);
 /* The calling thread's product type (dsc_kernels_set_matmul_dtype). */
 dsc_dtype dsc_cpu_matmul_dtype(void);
 

@@ -170,17 +170,152 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-float *dsc_cpu_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n, dsc_dtype dtype) {
+/* rows x cols values of src (row stride ld) rounded to `dtype` into dst, packed. */
+static void round_into(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols, dsc_dtype dtype) {
+    for (int64_t r = 0; r < rows; r++)
+        dsc_cpu_round_span(dst + r * cols, src + r * ld, cols, dtype);
+}
+
+/* The same into s, over the kernels' threads in pieces of CHUNK values; NULL without memory. */
+static float *rounded_block(dsc_cpu_kept *s, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                            dsc_dtype dtype) {
     enum { CHUNK = 1 << 14 };
-    float *r = dsc_cpu_kept_at_least(s, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (ld == cols) { /* packed: one long row */
+        cols *= rows;
+        rows = 1;
+    }
+    float *r = dsc_cpu_kept_at_least(s, (size_t)(rows * cols > 0 ? rows * cols : 1) * sizeof(float));
     if (!r) return NULL;
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(n)) schedule(static)
+    const int64_t pieces = (cols + CHUNK - 1) / CHUNK, chunks = rows * pieces;
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(rows * cols))            \
+    schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
-        int64_t b = c * CHUNK;
-        dsc_cpu_round_span(r + b, v + b, n - b < CHUNK ? n - b : CHUNK, dtype);
+        int64_t row = c / pieces, j = c % pieces * CHUNK;
+        dsc_cpu_round_span(r + row * cols + j, src + row * ld + j, cols - j < CHUNK ? cols - j : CHUNK, dtype);
     }
     return r;
+}
+
+float *dsc_cpu_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n, dsc_dtype dtype) {
+    return rounded_block(s, v, n, 1, n, dtype);
+}
+
+/* Operands of more values than this are rounded a panel at a time (16 MB of f32): rounded whole,
+ * GPT-2's head weight (38.6M values) and logits gradient (25.7M) took 266 MB kept by the thread.
+ * Each value is still rounded once: an operand that fits is rounded whole, the other in panels. */
+static int64_t whole_max = 1 << 22;
+/* The fewest depth a block of a product split along its depth is given (sgemm's efficiency). */
+enum { DEPTH_MIN = 256 };
+
+void dsc_cpu_gemm_rounded_set_whole_max(int64_t values) {
+    whole_max = values > 0 ? values : 1 << 22;
+}
+
+/* Element (i, kk) of op(a) and (kk, j) of op(b). */
+static const float *a_at(const gemm_args *g, int64_t i, int64_t kk) {
+    return g->ta ? g->a + kk * dsc_cpu_gemm_lda(g) + i : g->a + i * dsc_cpu_gemm_lda(g) + kk;
+}
+static const float *b_at(const gemm_args *g, int64_t kk, int64_t j) {
+    return g->tb ? g->b + j * dsc_cpu_gemm_ldb(g) + kk : g->b + kk * dsc_cpu_gemm_ldb(g) + j;
+}
+
+/* op(a)'s rows [i0, i1) over its whole depth, rounded into s and stored as a is (transposed when
+ * ta), packed; likewise op(b)'s columns [j0, j1). */
+static float *rounded_a(dsc_cpu_kept *s, const gemm_args *g, int64_t i0, int64_t i1, dsc_dtype dtype) {
+    return g->ta ? rounded_block(s, a_at(g, i0, 0), dsc_cpu_gemm_lda(g), g->k, i1 - i0, dtype)
+                 : rounded_block(s, a_at(g, i0, 0), dsc_cpu_gemm_lda(g), i1 - i0, g->k, dtype);
+}
+static float *rounded_b(dsc_cpu_kept *s, const gemm_args *g, int64_t j0, int64_t j1, dsc_dtype dtype) {
+    return g->tb ? rounded_block(s, b_at(g, 0, j0), dsc_cpu_gemm_ldb(g), j1 - j0, g->k, dtype)
+                 : rounded_block(s, b_at(g, 0, j0), dsc_cpu_gemm_ldb(g), g->k, j1 - j0, dtype);
+}
+
+/* Rows [i0, i1) and columns [j0, j1) of out from ra and rb (rounded_a, rounded_b), by sgemm. */
+static void panel_product(const gemm_args *g, const float *ra, const float *rb, int64_t i0, int64_t i1, int64_t j0,
+                          int64_t j1) {
+    const int64_t ldo = dsc_cpu_gemm_ldo(g);
+    gemm_args r = *g;
+    r.a = ra;
+    r.b = rb;
+    r.lda = r.ldb = 0;
+    r.ldo = ldo;
+    r.m = i1 - i0;
+    r.n = j1 - j0;
+    r.o = g->o + i0 * ldo + j0;
+    r.act = g->act ? g->act + i0 * ldo + j0 : NULL;
+    r.bias = g->bias ? g->bias + j0 : NULL;
+    dsc_cpu_gemm_f32(&r);
+}
+
+static dsc_status no_memory(const gemm_args *g, dsc_dtype dtype) {
+    return dsc_error(DSC_ERR_NOMEM, "dsc_kernel_gemm: %s copies of a (%lld x %lld) and b (%lld x %lld)",
+                     dsc_dtype_name(dtype), (long long)g->m, (long long)g->k, (long long)g->k, (long long)g->n);
+}
+
+/* The length of each of the fewest even pieces of [0, len) no longer than `most` (a multiple of 16
+ * where that fits: the kernels' register blocks). */
+static int64_t even_part(int64_t len, int64_t most) {
+    const int64_t parts = (len + most - 1) / most, per = (len + parts - 1) / parts, up = (per + 15) / 16 * 16;
+    return up <= most ? up : per;
+}
+
+static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype);
+
+/* A product whose operands are both no longer than their whole_max-sized blocks of depth: depth
+ * blocks in turn, out scaled by beta in the first and the bias and GELU added in the last. */
+static dsc_status by_depth(const gemm_args *g, dsc_dtype dtype) {
+    const int64_t longer = g->m > g->n ? g->m : g->n, depth = even_part(g->k, whole_max / longer);
+    for (int64_t k0 = 0; k0 < g->k; k0 += depth) {
+        gemm_args d = *g;
+        d.a = a_at(g, 0, k0);
+        d.b = b_at(g, k0, 0);
+        d.lda = dsc_cpu_gemm_lda(g);
+        d.ldb = dsc_cpu_gemm_ldb(g);
+        d.k = g->k - k0 < depth ? g->k - k0 : depth;
+        if (k0 > 0) d.beta = 1.0f;
+        if (k0 + depth < g->k) d.bias = d.act = NULL;
+        DSC_TRY(rounded_copies(&d, dtype));
+    }
+    return NULL;
+}
+
+/* Panels of op(a)'s rows and of op(b)'s columns, whichever is too large; an operand that fits is
+ * rounded once, whole. Only where both are too large is each panel of op(b) rounded again for
+ * every panel of op(a). */
+static dsc_status by_panels(const gemm_args *g, dsc_dtype dtype) {
+    const int64_t most = whole_max / g->k > 16 ? whole_max / g->k : 16;
+    const int64_t rows = g->m * g->k > whole_max ? even_part(g->m, most) : g->m;
+    const int64_t cols = g->k * g->n > whole_max ? even_part(g->n, most) : g->n;
+    const float *whole_b = cols == g->n ? rounded_b(&second_scratch, g, 0, g->n, dtype) : NULL;
+    if (cols == g->n && !whole_b) return no_memory(g, dtype);
+    for (int64_t i0 = 0; i0 < g->m; i0 += rows) {
+        const int64_t i1 = g->m - i0 < rows ? g->m : i0 + rows;
+        const float *ra = rounded_a(&first_scratch, g, i0, i1, dtype);
+        if (!ra) return no_memory(g, dtype);
+        for (int64_t j0 = 0; j0 < g->n; j0 += cols) {
+            const int64_t j1 = g->n - j0 < cols ? g->n : j0 + cols;
+            const float *rb = whole_b ? whole_b : rounded_b(&second_scratch, g, j0, j1, dtype);
+            if (!rb) return no_memory(g, dtype);
+            panel_product(g, ra, rb, i0, i1, j0, j1);
+        }
+    }
+    return NULL;
+}
+
+/* sgemm over operands rounded to `dtype`: whole where both fit in whole_max values, else along the
+ * depth (the head's input gradient: 512 x 768 outputs over 50257) or in panels (its forward: 50257
+ * columns over 768). */
+static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype) {
+    const int64_t longer = g->m > g->n ? g->m : g->n;
+    if (g->m * g->k > whole_max || g->k * g->n > whole_max) {
+        if (g->k > DEPTH_MIN && longer * DEPTH_MIN <= whole_max) return by_depth(g, dtype);
+        return by_panels(g, dtype);
+    }
+    const float *ra = rounded_a(&first_scratch, g, 0, g->m, dtype),
+                *rb = rounded_b(&second_scratch, g, 0, g->n, dtype);
+    if (!ra || !rb) return no_memory(g, dtype);
+    panel_product(g, ra, rb, 0, g->m, 0, g->n);
+    return NULL;
 }
 
 /* A product in bf16 / fp16: both operands rounded to the type, the products (exact in f32) summed
@@ -195,21 +330,7 @@ dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
         return dsc_cpu_gemm_rounded(&one, dtype);
     }
     if (dtype == DSC_DTYPE_BF16 && bf16_dot_gemm(g)) return NULL;
-    gemm_args r = *g;
-    float *ra = dsc_cpu_rounded_copy(&first_scratch, g->a, g->m * g->k, dtype),
-          *rb = dsc_cpu_rounded_copy(&second_scratch, g->b, g->k * g->n, dtype);
-    dsc_status s = ra && rb ? NULL
-                            : dsc_error(DSC_ERR_NOMEM,
-                                        "dsc_kernel_gemm: %s copies of a (%lld x %lld) and b "
-                                        "(%lld x %lld)",
-                                        dsc_dtype_name(dtype), (long long)g->m, (long long)g->k, (long long)g->k,
-                                        (long long)g->n);
-    if (!s) {
-        r.a = ra;
-        r.b = rb;
-        dsc_cpu_gemm_f32(&r);
-    }
-    return s;
+    return rounded_copies(g, dtype);
 }
 
 /* out tiles of dsc_cpu_gemm_add_rounded: TILE_COLS columns (or fewer) by as many rows as make
@@ -218,8 +339,11 @@ enum { TILE_COLS = 2048, TILE_FLOATS = 1 << 18 };
 
 typedef struct add_rounded_job {
     const gemm_args *g;
-    dsc_dtype sum;
+    dsc_dtype products, sum;
     float *tiles; /* one tile per thread */
+    /* Where op(a) (op(b)) is too large to round whole and each tile reads its own rows (columns) of
+     * it: one block per thread for the tile's rows (columns) rounded, else NULL (rounded whole). */
+    float *a_blocks, *b_blocks;
     int64_t rows, cols, col_tiles;
     bool pool;
 } add_rounded_job;
@@ -229,13 +353,34 @@ static void add_rounded_tile(void *arg, int64_t p) {
     const gemm_args *g = J->g;
     const int64_t r0 = p / J->col_tiles * J->rows, c0 = p % J->col_tiles * J->cols;
     const int64_t m = g->m - r0 < J->rows ? g->m - r0 : J->rows, n = g->n - c0 < J->cols ? g->n - c0 : J->cols;
-    float *tile = J->tiles + (size_t)(J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num()) * TILE_FLOATS;
-    int lda = (int)(g->ta ? g->m : g->k), ldb = (int)(g->tb ? g->k : g->n);
-    const float *a = g->a + (g->ta ? r0 : r0 * g->k), *b = g->b + (g->tb ? c0 * g->k : c0);
+    const size_t slot = (size_t)(J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num());
+    float *tile = J->tiles + slot * TILE_FLOATS;
+    int64_t lda = dsc_cpu_gemm_lda(g), ldb = dsc_cpu_gemm_ldb(g);
+    const float *a = a_at(g, r0, 0), *b = b_at(g, 0, c0);
+    if (J->a_blocks) {
+        float *blk = J->a_blocks + slot * (size_t)(J->rows * g->k);
+        if (g->ta)
+            round_into(blk, a, lda, g->k, m, J->products);
+        else
+            round_into(blk, a, lda, m, g->k, J->products);
+        a = blk;
+        lda = g->ta ? m : g->k;
+    }
+    if (J->b_blocks) {
+        float *blk = J->b_blocks + slot * (size_t)(J->cols * g->k);
+        if (g->tb)
+            round_into(blk, b, ldb, n, g->k, J->products);
+        else
+            round_into(blk, b, ldb, g->k, n, J->products);
+        b = blk;
+        ldb = g->tb ? g->k : n;
+    }
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)g->k, g->alpha, a, lda > 0 ? lda : 1, b, ldb > 0 ? ldb : 1, 0.0f, tile, (int)n);
+                (int)n, (int)g->k, g->alpha, a, lda > 1 ? (int)lda : 1, b, ldb > 1 ? (int)ldb : 1, 0.0f, tile,
+                (int)n);
+    const int64_t ldo = dsc_cpu_gemm_ldo(g);
     for (int64_t i = 0; i < m; i++) {
-        float *row = tile + i * n, *o = g->o + (r0 + i) * g->n + c0;
+        float *row = tile + i * n, *o = g->o + (r0 + i) * ldo + c0;
         dsc_cpu_round_span(row, row, n, J->sum);
         for (int64_t j = 0; j < n; j++)
             o[j] += row[j];
@@ -244,13 +389,9 @@ static void add_rounded_tile(void *arg, int64_t p) {
 
 dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_dtype sum) {
     if (g->m <= 0 || g->n <= 0 || g->k <= 0) return NULL; /* a sum of nothing adds 0 */
-    gemm_args r = *g;
-    if (products != DSC_DTYPE_F32) {
-        r.a = dsc_cpu_rounded_copy(&first_scratch, g->a, g->m * g->k, products);
-        r.b = dsc_cpu_rounded_copy(&second_scratch, g->b, g->k * g->n, products);
-    }
     const int nt = g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK ? 1 : dsc_kernels_get_num_threads();
-    add_rounded_job J = {.g = &r, .sum = sum, .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
+    add_rounded_job J = {
+        .g = g, .products = products, .sum = sum, .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
     J.cols = g->n < TILE_COLS ? g->n : TILE_COLS;
     J.col_tiles = (g->n + J.cols - 1) / J.cols;
     /* Row tiles of at most a tile's floats, as many as give every thread the same number of tiles
@@ -262,9 +403,32 @@ dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_
         row_tiles++;
     J.rows = ((g->m + row_tiles - 1) / row_tiles + 15) / 16 * 16;
     J.tiles = dsc_cpu_kept_at_least(&tile_scratch, (size_t)nt * TILE_FLOATS * sizeof(float));
-    DSC_CHECK(r.a && r.b && J.tiles, DSC_ERR_NOMEM,
+    gemm_args r = *g;
+    bool ok = J.tiles != NULL;
+    if (products != DSC_DTYPE_F32) {
+        /* An operand too large to round whole is rounded by the tiles that read it, each value once:
+         * op(a) where the tiles span every column (GPT-2's head: its logits gradient, 25.7M values). */
+        const bool a_by_tiles = g->m * g->k > whole_max && J.col_tiles == 1,
+                   b_by_tiles = g->k * g->n > whole_max && (g->m + J.rows - 1) / J.rows == 1;
+        if (a_by_tiles) {
+            J.a_blocks = dsc_cpu_kept_at_least(&first_scratch, (size_t)nt * J.rows * g->k * sizeof(float));
+        } else {
+            r.a = rounded_a(&first_scratch, g, 0, g->m, products);
+            r.lda = 0;
+        }
+        if (b_by_tiles) {
+            J.b_blocks = dsc_cpu_kept_at_least(&second_scratch, (size_t)nt * J.cols * g->k * sizeof(float));
+        } else {
+            r.b = rounded_b(&second_scratch, g, 0, g->n, products);
+            r.ldb = 0;
+        }
+        ok = ok && (a_by_tiles ? J.a_blocks != NULL : r.a != NULL) &&
+             (b_by_tiles ? J.b_blocks != NULL : r.b != NULL);
+    }
+    DSC_CHECK(ok, DSC_ERR_NOMEM,
               "dsc_kernel_linear_backward: %s copies of dy (%lld x %lld) and x (%lld x %lld), and %d tiles",
               dsc_dtype_name(products), (long long)g->k, (long long)g->m, (long long)g->k, (long long)g->n, nt);
+    J.g = &r;
     const int64_t tiles = (g->m + J.rows - 1) / J.rows * J.col_tiles;
     if (nt == 1) {
         J.pool = false; /* omp_get_thread_num() is 0 outside a region */

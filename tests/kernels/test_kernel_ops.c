@@ -26,6 +26,7 @@
 #include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_bf16_gemm.h" /* dsc_cpu_bf16_gemm_available: whether x is rounded to bf16 */
+#include "kernels/cpu/cpu_gemm.h"      /* dsc_cpu_gemm_rounded_set_whole_max: panels of small products */
 #include "kernels/cpu/cpu_kernels.h"   /* dsc_cpu_stream_max_rows: from how many rows x is */
 #include "kernels/cpu/cpu_q8_gemm.h"   /* dsc_cpu_q8_gemm_available: whether prompts quantise x */
 #include "kernels/cpu/cpu_simd.h"      /* dsc_cpu_simd_avx512: whether the forced 512-bit loops exist */
@@ -248,7 +249,9 @@ static void expect_twice_rounded(tc *c, const dsc_tensor *out, double *want, dsc
     }
 }
 
-/* a: m, n, k, trans_a, trans_b, beta, product type. dsc_kernel_gemm with this thread's products in
+/* a: m, n, k, trans_a, trans_b, beta, product type, and where not 0 the most values an operand is
+ * rounded whole in (dsc_cpu_gemm_rounded_set_whole_max: small, so that these products take the
+ * panels or the depth blocks a large one does). dsc_kernel_gemm with this thread's products in
  * bf16 / fp16: both operands rounded, f32 sums (AVX-512 BF16's dot for prompt-sized bf16 products,
  * else rounded copies). */
 static void case_gemm_rounded(tc *c, const int64_t *a) {
@@ -260,7 +263,9 @@ static void case_gemm_rounded(tc *c, const int64_t *a) {
     dsc_tensor *y = tb ? RANDN(c, 1.0f, n, k) : RANDN(c, 1.0f, k, n);
     dsc_tensor *out = RANDN(c, 1.0f, m, n), *bias = RANDN(c, 1.0f, n);
     dsc_dtype was = dsc_kernels_set_matmul_dtype(products);
+    dsc_cpu_gemm_rounded_set_whole_max(a[7]);
     dsc_status s = dsc_kernel_gemm(out, x, y, bias, ta, tb, 0.5f, beta);
+    dsc_cpu_gemm_rounded_set_whole_max(0);
     dsc_kernels_set_matmul_dtype(was);
     assert_ok(s);
     double *want = tc_out(c, out);
@@ -271,14 +276,16 @@ static void case_gemm_rounded(tc *c, const int64_t *a) {
     free(yr);
 }
 
-/* a: rows, out channels, in channels, bias, product type. y and act = gelu(y) against the GEMM and
- * GELU apart. */
+/* a: rows, out channels, in channels, bias, product type, the most values rounded whole (0: the
+ * default; as case_gemm_rounded). y and act = gelu(y) against the GEMM and GELU apart. */
 static void case_linear_gelu(tc *c, const int64_t *a) {
     int64_t n = a[0], oc = a[1], ch = a[2];
     dsc_tensor *x = RANDN(c, 1.0f, n, ch), *w = RANDN(c, 0.5f, oc, ch), *bias = a[3] ? RANDN(c, 1.0f, oc) : NULL;
     dsc_tensor *y = FULL(c, 0.0f, n, oc), *act = FULL(c, 0.0f, n, oc);
     dsc_dtype was = dsc_kernels_set_matmul_dtype(products_of(a[4]));
+    dsc_cpu_gemm_rounded_set_whole_max(a[5]);
     dsc_status s = dsc_kernel_linear_gelu_forward(act, y, x, w, bias);
+    dsc_cpu_gemm_rounded_set_whole_max(0);
     dsc_kernels_set_matmul_dtype(was);
     assert_ok(s);
     double *want_y = tc_out(c, y), *want_act = tc_out(c, act);
@@ -300,16 +307,19 @@ static void case_linear_bias(tc *c, const int64_t *a) {
     if (c->ref) ref_bias_grad(want, tc_in(c, dy), rows, oc);
 }
 
-/* a: rows, out channels, in channels, bias, gradient type, product type. dw and dbias of
- * dsc_kernel_linear_backward under dsc_kernels_set_grad_dtype, from zeros, called twice. */
+/* a: rows, out channels, in channels, bias, gradient type, product type, the most values rounded
+ * whole (0: the default; as case_gemm_rounded). dw and dbias of dsc_kernel_linear_backward under
+ * dsc_kernels_set_grad_dtype, from zeros, called twice. */
 static void case_linear_grads_rounded(tc *c, const int64_t *a) {
     int64_t rows = a[0], oc = a[1], ch = a[2];
     dsc_dtype grads = products_of(a[4]), products = products_of(a[5]);
     dsc_tensor *dy = RANDN(c, 1.0f, rows, oc), *x = RANDN(c, 1.0f, rows, ch), *w = RANDN(c, 1.0f, oc, ch);
     dsc_tensor *dw = FULL(c, 0.0f, oc, ch), *db = a[3] ? FULL(c, 0.0f, oc) : NULL;
     dsc_dtype was_grads = dsc_kernels_set_grad_dtype(grads), was = dsc_kernels_set_matmul_dtype(products);
+    dsc_cpu_gemm_rounded_set_whole_max(a[6]);
     dsc_status s = dsc_kernel_linear_backward(NULL, dw, db, dy, x, w);
     if (!s) s = dsc_kernel_linear_backward(NULL, dw, db, dy, x, w);
+    dsc_cpu_gemm_rounded_set_whole_max(0);
     dsc_kernels_set_matmul_dtype(was);
     dsc_kernels_set_grad_dtype(was_grads);
     assert_ok(s);
@@ -747,7 +757,7 @@ typedef struct op_case {
     size_t entry; /* offsetof(struct dsc_kernel_ops, <entry>) */
     const char *name;
     case_fn fn;
-    int64_t a[7];
+    int64_t a[8];
     double tol;    /* relative error, in both modes */
     bool cpu_only; /* products in bf16 / fp16 (dsc_kernels_set_matmul_dtype): the CUDA backend keeps f32 */
 } op_case;
@@ -792,6 +802,13 @@ static const op_case cases[] = {
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 1, 1, 2),
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 97, 64, 96, 1, 0, 1, 2),
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 33, 0, 1, 3, 2),
+    /* operands above the whole-rounding limit: panels of both (each of b's again for every one of
+     * a's), of b alone, and blocks of the depth (beta in the first, the bias in the last) */
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 0, 0, 0, 1, 1000),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 70, 130, 47, 1, 1, 3, 2, 1000),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 8, 500, 64, 0, 1, 1, 1, 2000),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 700, 0, 0, 3, 1, 6000),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 700, 1, 1, 0, 2, 6000),
     /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
      * weight (Q8_0 against x quantised too), four x rows a block (odd C: the vector loops' tails; odd rows and
      * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
@@ -832,9 +849,11 @@ static const op_case cases[] = {
     CASE(linear_gelu, case_linear_gelu, 1e-4, 64, 400, 33, 0, 0),
     CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 0),
     CASE(linear_gelu, case_linear_gelu, 1e-4, 33, 1, 7, 1, 0),
-    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 1), /* products in bf16 */
-    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 1),   /* rounded copies, streamed */
-    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 2), /* products in fp16 */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 1),       /* products in bf16 */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 5, 70, 40, 1, 1),         /* rounded copies, streamed */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 300, 77, 64, 1, 2),       /* products in fp16 */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 40, 300, 30, 1, 1, 2000), /* panels of w */
+    CPU_CASE(linear_gelu, case_linear_gelu, 1e-4, 20, 30, 600, 1, 2, 8000), /* depth blocks */
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 50, 80),
     /* reduced-type gradients: rows, OC, C, bias, gradient type, product type; one tile, and (OC
      * 300, C 2100) tiles of 2048 columns and 112 rows with remainders over the threads; the
@@ -843,6 +862,9 @@ static const op_case cases[] = {
     CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 1e-2, 64, 300, 2100, 1, 1, 0),
     CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 40, 70, 90, 0, 2, 2),
     CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 9, 5, 3, 1, 2, 0),
+    /* dy^T (300 x 64), then x (16 x 4100), rounded by the tiles that read them */
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 1e-2, 64, 300, 90, 1, 1, 1, 5000),
+    CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 16, 16, 4100, 0, 2, 2, 5000),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
     /* norms: rows, channels, rms */
