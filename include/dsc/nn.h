@@ -191,6 +191,11 @@ struct dsc_layer {
     uint32_t *param_uses; /* how it reads each (dsc_param_use bits; owned, n_params entries) */
     int n_params;
     int64_t activation_bytes_per_token; /* for partition summaries and memory estimates */
+    /* Its backward reads its input only as an operand of matrix products, which round it to the
+     * mixed-precision type anyway: a caller may keep the input in 2 bytes and widen it back into
+     * the same memory just before the backward (the dense MLP; not the MoE layer, whose router
+     * reads its input in f32). */
+    bool input_read_by_products_only;
     /* Set by dsc_layer_reserve: slot count and the largest micro-batch (B, T) a
      * forward accepts; a forward may run a smaller (b <= B, t <= T) batch. */
     int slots;

@@ -44,7 +44,11 @@ typedef struct block_layer {
     dsc_tensor *h1;          /* [inner] (B, T, C) norm1(x) */
     dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) */
     dsc_tensor *h2;          /* [inner] (B, T, C) norm2(resid) */
-    bool holds_work;         /* a hold on the workspace (NN_WORK_BLOCK: attention output or dh; dresid) */
+    /* The types h1 and h2 are kept in: 2 bytes under mixed precision on the CPU where only products
+     * read them after the forward (h1 by the block's own attention, h2 by an ffn that says so:
+     * input_read_by_products_only), widened into NN_WORK_BLOCK_IN for the backward; else f32. */
+    dsc_dtype h1_dtype, h2_dtype;
+    bool holds_work; /* a hold on the workspace (NN_WORK_BLOCK: attention output or dh; dresid) */
 } block_layer;
 
 /* A sub-layer whose activations follow the block's intermediates: with
@@ -70,9 +74,9 @@ static void inner_free(block_layer *k) {
 static dsc_status inner_reserve(block_layer *k, int inner) {
     const int64_t B = k->B, T = k->T, shape[3] = {B, T, k->C};
     k->inner_slots = inner;
-    dsc_status s = dsc_buffers_alloc(&k->h1, inner, 3, shape, k->device);
+    dsc_status s = nn_buffers_alloc_as(&k->h1, inner, 3, shape, k->device, k->h1_dtype);
     if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
-    if (!s) s = dsc_buffers_alloc(&k->h2, inner, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc_as(&k->h2, inner, 3, shape, k->device, k->h2_dtype);
     if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
     if (!s && !k->attn_layer) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
     if (!s && k->attn_layer && follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, inner, B, T);
@@ -112,6 +116,8 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     if (!s) s = dsc_buffers_alloc(&k->out, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->din, slots, 3, shape, k->device);
     if (!s) s = nn_work_grow(NN_WORK_BLOCK, 2, B * T * k->C, k->device);
+    if (!s && (k->h1_dtype != DSC_DTYPE_F32 || k->h2_dtype != DSC_DTYPE_F32))
+        s = nn_work_grow(NN_WORK_BLOCK_IN, 1, B * T * k->C, k->device);
     if (!s && !k->checkpoint) s = inner_reserve(k, slots);
     /* Checkpointing: a sub-layer that cannot release keeps its one slot for the block's lifetime. */
     if (!s && k->attn_layer && !follows_inner(k, k->attn_layer)) s = dsc_layer_reserve(k->attn_layer, 1, B, T);
@@ -120,19 +126,41 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     return s;
 }
 
+/* Where norm1's or norm2's output is computed and read in f32 (`kept`, its slot buffer, or the
+ * workspace where the slot keeps it in 2 bytes). */
+static dsc_tensor f32_at(const dsc_tensor *kept, const int64_t *shape) {
+    return kept->dtype == DSC_DTYPE_F32 ? nn_view(kept, 3, shape) : nn_work_at(NN_WORK_BLOCK_IN, 3, shape);
+}
+
+/* The f32 values of `kept` (slot cs's h1 or h2) back at f32_at for a backward: widened into the
+ * workspace where they are kept in 2 bytes, exactly the values the forward's products multiplied. */
+static void widen_kept(const dsc_tensor *kept, const int64_t *shape) {
+    dsc_tensor wide = f32_at(kept, shape), narrow = nn_view(kept, 3, shape);
+    if (kept->dtype != DSC_DTYPE_F32) nn_saved_load(&wide, &narrow);
+}
+
+/* f32 `value` kept in slot buffer `kept`, rounded where that is 2-byte. */
+static void keep(const dsc_tensor *kept, const dsc_tensor *value) {
+    dsc_tensor narrow = nn_view(kept, 3, value->shape);
+    if (kept->dtype != DSC_DTYPE_F32) nn_saved_store(&narrow, value);
+}
+
 /* The block's forward on component slot `cs` from input x into out. */
 static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_tensor *out, dsc_micro_ctx *ctx) {
-    dsc_tensor h1 = nn_view(&k->h1[cs], 3, x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
-    dsc_tensor h2 = nn_view(&k->h2[cs], 3, x->shape), a = nn_work_at(NN_WORK_BLOCK, 3, x->shape);
+    dsc_tensor h1 = f32_at(&k->h1[cs], x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
+    dsc_tensor a = nn_work_at(NN_WORK_BLOCK, 3, x->shape);
     DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
     if (k->attn_layer)
         DSC_TRY(dsc_layer_forward(k->attn_layer, cs, &h1, &a, ctx));
     else
         DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
+    keep(&k->h1[cs], &h1);
     DSC_TRY(dsc_kernel_add(&resid, x, &a));
+    dsc_tensor h2 = f32_at(&k->h2[cs], x->shape); /* may be h1's workspace: h1 is kept */
     DSC_TRY(nn_norm_forward(&k->norm2, cs, &resid, &h2));
     dsc_tensor m;
     DSC_TRY(dsc_layer_forward(k->ffn, cs, &h2, &m, ctx));
+    keep(&k->h2[cs], &h2);
     return dsc_kernel_add(out, &resid, &m);
 }
 
@@ -194,17 +222,21 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, shape));
     const int cs = k->checkpoint ? 0 : slot;
     dsc_tensor x = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
-    dsc_tensor h1 = nn_view(&k->h1[cs], 3, shape), resid = nn_view(&k->resid[cs], 3, shape);
+    dsc_tensor resid = nn_view(&k->resid[cs], 3, shape);
     dsc_tensor dh = nn_work_at(NN_WORK_BLOCK, 3, shape), dresid = nn_work_at(NN_WORK_BLOCK + 1, 3, shape);
     if (k->checkpoint) DSC_TRY(recompute(k, slot, &x, &dh, ctx)); /* dh is free until the attention backward */
+    widen_kept(&k->h2[cs], shape); /* where the view the ffn kept of its input points */
     dsc_tensor dm;
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
     DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));
     DSC_TRY(dsc_kernel_add(&dresid, &dresid, dout));
     if (k->attn_layer)
         DSC_TRY(dsc_layer_backward(k->attn_layer, cs, &dresid, &dh, ctx));
-    else
+    else {
+        widen_kept(&k->h1[cs], shape); /* after the ffn's backward: h1 and h2 may share the workspace */
+        dsc_tensor h1 = f32_at(&k->h1[cs], shape);
         DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
+    }
     DSC_TRY(nn_norm_backward(&k->norm1, cs, &x, &dh, &dx));
     DSC_TRY(dsc_kernel_add(&dx, &dx, &dresid));
     k->bt[slot][0] = 0;
@@ -224,21 +256,22 @@ static void block_destroy(dsc_layer *self) {
  * and what the components and ffn save. */
 static void activation_bytes(block_layer *k) {
     const dsc_layer *attn = k->attn_layer;
-    int64_t per_token = 3 * k->C;
+    int64_t per_token = 3 * k->C * (int64_t)sizeof(float);
     if (!k->checkpoint)
-        per_token +=
-            3 * k->C + nn_norm_saved_floats_per_token(&k->norm1) + nn_norm_saved_floats_per_token(&k->norm2);
-    k->base.activation_bytes_per_token =
-        per_token * (int64_t)sizeof(float) +
-        (k->checkpoint
-             ? 0
-             : k->ffn->activation_bytes_per_token +
-                   (attn ? attn->activation_bytes_per_token : nn_attention_saved_bytes_per_token(&k->attn)));
+        per_token += k->C * (int64_t)(sizeof(float) + dsc_dtype_size(k->h1_dtype) + dsc_dtype_size(k->h2_dtype)) +
+                     (nn_norm_saved_floats_per_token(&k->norm1) + nn_norm_saved_floats_per_token(&k->norm2)) *
+                         (int64_t)sizeof(float) +
+                     k->ffn->activation_bytes_per_token +
+                     (attn ? attn->activation_bytes_per_token : nn_attention_saved_bytes_per_token(&k->attn));
+    k->base.activation_bytes_per_token = per_token;
 }
 
 static void block_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
     block_layer *k = (block_layer *)self;
-    k->attn.saved = nn_saved_dtype(dtype, k->device);
+    const dsc_dtype narrow = nn_saved_dtype(dtype, k->device);
+    k->h1_dtype = k->attn_layer ? DSC_DTYPE_F32 : narrow;
+    k->h2_dtype = k->ffn->input_read_by_products_only ? narrow : DSC_DTYPE_F32;
+    k->attn.saved = narrow;
     if (k->attn_layer) dsc_layer_set_saved_dtype(k->attn_layer, dtype);
     dsc_layer_set_saved_dtype(k->ffn, dtype);
     activation_bytes(k);

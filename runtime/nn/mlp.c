@@ -186,6 +186,7 @@ dsc_status nn_mlp_create(const dsc_model_config *mc, dsc_param_store *store, dsc
     mlp_layer *m = calloc(1, sizeof *m);
     DSC_CHECK(m, DSC_ERR_NOMEM, "MLP layer of block %d", block);
     m->base.ops = &mlp_ops;
+    m->base.input_read_by_products_only = true; /* fc (gate and up): the view it keeps is read by them alone */
     snprintf(m->base.name, sizeof m->base.name, "layers.%d.mlp", block);
     m->gated = nn_arch_is_llama(mc);
     m->C = mc->d_model;

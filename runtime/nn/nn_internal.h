@@ -77,11 +77,12 @@ void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved);
  * time, and a kind never runs inside itself, so each kind has its own range. One layer's worth for
  * the whole model, where each layer kept its own (GPT-2 small: 264 of 677 MB of activations). */
 enum {
-    NN_WORK_BLOCK = 0,   /* 2 of (B, T, C): the attention's output or dh; dresid */
-    NN_WORK_ATTN = 2,    /* 4 of (B, T, C): datt, dq, dk, dv; then 4 more: q, k, v, att widened */
-    NN_WORK_MLP = 10,    /* 3 of (B, T, F): dact, dpre, dup */
-    NN_WORK_MLP_IO = 13, /* 2 of (B, T, C): the MLP's output and input gradient, which the block reads at once */
-    NN_WORK_COUNT = 15
+    NN_WORK_BLOCK = 0,     /* 2 of (B, T, C): the attention's output or dh; dresid */
+    NN_WORK_ATTN = 2,      /* 4 of (B, T, C): datt, dq, dk, dv; then 4 more: q, k, v, att widened */
+    NN_WORK_MLP = 10,      /* 3 of (B, T, F): dact, dpre, dup */
+    NN_WORK_MLP_IO = 13,   /* 2 of (B, T, C): the MLP's output and input gradient, which the block reads at once */
+    NN_WORK_BLOCK_IN = 15, /* (B, T, C): norm1's or norm2's output in f32 where the block keeps it in 2 bytes */
+    NN_WORK_COUNT = 16
 };
 /* One hold on the workspace, taken before growing it; the last hold dropped frees it. */
 void nn_work_hold(void);
