@@ -17,35 +17,26 @@
 #endif
 
 #ifdef DSC_X86_SIMD_BUILD
-/* The loop of round_bf16 on 16 (8) values at once: the generic build vectorises it for SSE2 only,
- * and mixed precision's products round every operand (a tenth of a bf16 GPT-2-small step). */
-__attribute__((target("avx512f"))) static int64_t round_bf16_avx512(float *dst, const float *x, int64_t n) {
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), upper = _mm512_set1_epi32(-65536);
-    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i nan = _mm512_set1_epi32(0x7fc00000);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i v = _mm512_loadu_si512(x + i);
-        __m512i r = _mm512_add_epi32(_mm512_add_epi32(v, half), _mm512_and_si512(_mm512_srli_epi32(v, 16), one));
-        __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(v, magnitude), inf);
-        _mm512_storeu_si512(dst + i, _mm512_mask_mov_epi32(_mm512_and_si512(r, upper), is_nan, nan));
+/* round_bf16's loop on 16 values at a time, in GCC's vector extensions, compiled for AVX-512 and
+ * for AVX2 (two 256-bit halves): the generic build vectorises the scalar loop for SSE2 only, and
+ * mixed precision's products round every operand (a tenth of a bf16 GPT-2-small step). */
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+#define ROUND_BF16_VECTORS(name, isa)                                                                             \
+    __attribute__((target(isa))) static int64_t name(float *dst, const float *x, int64_t n) {                     \
+        int64_t i = 0;                                                                                            \
+        for (; i + 16 <= n; i += 16) {                                                                            \
+            u32x16 v;                                                                                             \
+            memcpy(&v, x + i, sizeof v);                                                                          \
+            u32x16 r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;                                            \
+            u32x16 nan = (u32x16)((i32x16)(v & 0x7fffffffu) > 0x7f800000); /* all ones where NaN */               \
+            r = (r & ~nan) | (nan & 0x7fc00000u);                                                                 \
+            memcpy(dst + i, &r, sizeof r);                                                                        \
+        }                                                                                                         \
+        return i;                                                                                                 \
     }
-    return i;
-}
-
-__attribute__((target("avx2"))) static int64_t round_bf16_avx2(float *dst, const float *x, int64_t n) {
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), upper = _mm256_set1_epi32(-65536);
-    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i nan = _mm256_set1_epi32(0x7fc00000);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(x + i));
-        __m256i r = _mm256_add_epi32(_mm256_add_epi32(v, half), _mm256_and_si256(_mm256_srli_epi32(v, 16), one));
-        __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, magnitude), inf);
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_blendv_epi8(_mm256_and_si256(r, upper), nan, is_nan));
-    }
-    return i;
-}
+ROUND_BF16_VECTORS(round_bf16_avx512, "avx512f")
+ROUND_BF16_VECTORS(round_bf16_avx2, "avx2")
 #endif
 
 /* dst[i] = x[i] rounded, for dst == x or buffers that do not overlap. */
