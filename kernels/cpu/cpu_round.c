@@ -17,37 +17,59 @@
 #endif
 
 #ifdef DSC_X86_SIMD_BUILD
-/* round_bf16's loop on 16 values at a time, in GCC's vector extensions, compiled for AVX-512 and
- * for AVX2 (two 256-bit halves): the generic build vectorises the scalar loop for SSE2 only, and
- * mixed precision's products round every operand (a tenth of a bf16 GPT-2-small step). */
+/* The scalar loops below on 16 values at a time, in GCC's vector extensions, compiled for AVX-512
+ * and for AVX2 (two 256-bit halves): the generic build vectorises them for SSE2 at best, and mixed
+ * precision's products round every operand (a tenth of a bf16 GPT-2-small step). BF16_BITS: the
+ * rounded f32 bit patterns (NaN: 0x7fc00000), as round_bf16. */
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
-#define ROUND_BF16_VECTORS(name, isa)                                                                             \
-    __attribute__((target(isa))) static int64_t name(float *dst, const float *x, int64_t n) {                     \
-        int64_t i = 0;                                                                                            \
-        for (; i + 16 <= n; i += 16) {                                                                            \
-            u32x16 v;                                                                                             \
-            memcpy(&v, x + i, sizeof v);                                                                          \
-            u32x16 r = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;                                            \
-            u32x16 nan = (u32x16)((i32x16)(v & 0x7fffffffu) > 0x7f800000); /* all ones where NaN */               \
-            r = (r & ~nan) | (nan & 0x7fc00000u);                                                                 \
-            memcpy(dst + i, &r, sizeof r);                                                                        \
-        }                                                                                                         \
-        return i;                                                                                                 \
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+#define BF16_NAN(v) ((u32x16)((i32x16)((v)&0x7fffffffu) > 0x7f800000)) /* all ones where NaN */
+#define BF16_BITS(v)                                                                                              \
+    (((((v) + 0x7fffu + (((v) >> 16) & 1u)) & 0xffff0000u) & ~BF16_NAN(v)) | (BF16_NAN(v) & 0x7fc00000u))
+/* name(dst, x, n): as many of the first values of x as the CPU's vector loops take (a multiple of
+ * 16; 0 without AVX2) rounded (widened back: float dst) or packed (their upper halves: uint16_t
+ * dst); returns how many. */
+#define BF16_LOOP(store)                                                                                          \
+    int64_t i = 0;                                                                                                \
+    for (; i + 16 <= n; i += 16) {                                                                                \
+        u32x16 v;                                                                                                 \
+        memcpy(&v, x + i, sizeof v);                                                                              \
+        store;                                                                                                    \
+    }                                                                                                             \
+    return i;
+#define BF16_VECTORS(name, out_type, store)                                                                       \
+    __attribute__((target("avx512f"))) static int64_t name##_avx512(out_type *dst, const float *x, int64_t n) {   \
+        BF16_LOOP(store)                                                                                          \
+    }                                                                                                             \
+    __attribute__((target("avx2"))) static int64_t name##_avx2(out_type *dst, const float *x, int64_t n) {        \
+        BF16_LOOP(store)                                                                                          \
+    }                                                                                                             \
+    static int64_t name(out_type *dst, const float *x, int64_t n) {                                               \
+        return dsc_cpu_simd_avx512() ? name##_avx512(dst, x, n) : dsc_cpu_simd() ? name##_avx2(dst, x, n) : 0;    \
     }
-ROUND_BF16_VECTORS(round_bf16_avx512, "avx512f")
-ROUND_BF16_VECTORS(round_bf16_avx2, "avx2")
+#define ROUNDED                                                                                                   \
+    u32x16 r = BF16_BITS(v);                                                                                      \
+    memcpy(dst + i, &r, sizeof r)
+#define PACKED                                                                                                    \
+    u16x16 h = __builtin_convertvector(BF16_BITS(v) >> 16, u16x16);                                               \
+    memcpy(dst + i, &h, sizeof h)
+BF16_VECTORS(round_bf16_vectors, float, ROUNDED)
+BF16_VECTORS(pack_bf16_vectors, uint16_t, PACKED)
+#else
+static int64_t round_bf16_vectors(float *dst, const float *x, int64_t n) {
+    (void)dst, (void)x, (void)n;
+    return 0;
+}
+static int64_t pack_bf16_vectors(uint16_t *dst, const float *x, int64_t n) {
+    (void)dst, (void)x, (void)n;
+    return 0;
+}
 #endif
 
 /* dst[i] = x[i] rounded, for dst == x or buffers that do not overlap. */
 static void round_bf16(float *dst, const float *x, int64_t n) {
-    int64_t i = 0;
-#ifdef DSC_X86_SIMD_BUILD
-    if (dsc_cpu_simd_avx512())
-        i = round_bf16_avx512(dst, x, n);
-    else if (dsc_cpu_simd())
-        i = round_bf16_avx2(dst, x, n);
-#endif
+    int64_t i = round_bf16_vectors(dst, x, n);
     for (; i < n; i++) { /* memcpy: the bits of a float without aliasing it */
         uint32_t v;
         memcpy(&v, &x[i], 4);
@@ -99,7 +121,7 @@ __attribute__((target("avx2,f16c"))) static int64_t pack_f16_f16c(uint16_t *dst,
 void dsc_cpu_pack_span(uint16_t *dst, const float *src, int64_t n, dsc_dtype dtype) {
     int64_t i = 0;
     if (dtype == DSC_DTYPE_BF16) {
-        for (; i < n; i++) { /* as round_bf16, keeping the upper half */
+        for (i = pack_bf16_vectors(dst, src, n); i < n; i++) { /* as round_bf16, keeping the upper half */
             uint32_t v;
             memcpy(&v, &src[i], 4);
             uint32_t r = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : v + 0x7fffu + ((v >> 16) & 1u);

@@ -15,6 +15,7 @@
 
 #include "dsc/precision.h"
 #include "dsc/zero.h"
+#include "kernels/cpu/cpu_round.h" /* dsc_cpu_pack_span */
 #include "precision_fixtures.h"
 #include "test_mpi.h"
 
@@ -108,6 +109,37 @@ static void test_round_long_passes(void **state) {
     (void)state;
     check_long(DSC_DTYPE_BF16, fx_round_bf16);
     check_long(DSC_DTYPE_F16, fx_round_f16);
+}
+
+/* Whether 2-byte `h` is a NaN of `dtype`. */
+static bool narrow_nan(uint16_t h, dsc_dtype dtype) {
+    return (h & 0x7fffu) > (dtype == DSC_DTYPE_BF16 ? 0x7f80u : 0x7c00u);
+}
+
+/* The kernels' packing into 2 bytes (the activations kept in bf16 / fp16, kernels/cpu/cpu_round.c):
+ * torch's bit patterns for every fixture value (NaN: a NaN), over a length whose vector loops end
+ * mid-way. */
+static void test_kernels_pack_bits_match_torch(void **state) {
+    (void)state;
+    enum { N = 16 * N_ROUND + 7 };
+    float *src = malloc(N * sizeof *src);
+    uint16_t *dst = malloc(N * sizeof *dst);
+    assert_non_null(src && dst);
+    for (int i = 0; i < N; i++)
+        src[i] = from_bits(fx_round_in[i % N_ROUND]);
+    const dsc_dtype types[2] = {DSC_DTYPE_BF16, DSC_DTYPE_F16};
+    const uint16_t *refs[2] = {fx_round_bf16, fx_round_f16};
+    for (int k = 0; k < 2; k++) {
+        dsc_cpu_pack_span(dst, src, N, types[k]);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            const uint16_t want = refs[k][i % N_ROUND];
+            bad += narrow_nan(want, types[k]) ? !narrow_nan(dst[i], types[k]) : dst[i] != want;
+        }
+        assert_int_equal(bad, 0);
+    }
+    free(src);
+    free(dst);
 }
 
 static void test_loss_scaler_matches_deepspeed(void **state) {
@@ -241,9 +273,13 @@ static void test_config_sections(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_bits_match_torch), cmocka_unit_test(test_round_in_place),
-        cmocka_unit_test(test_round_long_passes),      cmocka_unit_test(test_loss_scaler_matches_deepspeed),
-        cmocka_unit_test(test_pack_in_place),          cmocka_unit_test(test_memory_formula_halves),
+        cmocka_unit_test(test_round_bits_match_torch),
+        cmocka_unit_test(test_round_in_place),
+        cmocka_unit_test(test_round_long_passes),
+        cmocka_unit_test(test_kernels_pack_bits_match_torch),
+        cmocka_unit_test(test_loss_scaler_matches_deepspeed),
+        cmocka_unit_test(test_pack_in_place),
+        cmocka_unit_test(test_memory_formula_halves),
         cmocka_unit_test(test_config_sections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
