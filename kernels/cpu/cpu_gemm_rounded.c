@@ -135,15 +135,15 @@ static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chun
  * enough work to split; false leaves it to the rounded copies. */
 static bool bf16_dot_gemm(const gemm_args *g) {
     if (!dsc_cpu_bf16_gemm_available() || g->m <= DSC_CPU_STREAM_MAX_ROWS || g->k < 2 ||
-        g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK)
+        g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK || dsc_cpu_gemm_ldo(g) != g->n)
         return false;
     int nt = dsc_kernels_get_num_threads();
     bf16_job J = {.g = g,
                   .pack_words = dsc_cpu_bf16_pack_bytes(BF16_BLOCK, g->k) / sizeof(uint32_t),
-                  .a_rs = g->ta ? 1 : g->k,
-                  .a_cs = g->ta ? g->m : 1,
-                  .b_rs = g->tb ? g->k : 1,
-                  .b_ks = g->tb ? 1 : g->n,
+                  .a_rs = g->ta ? 1 : dsc_cpu_gemm_lda(g),
+                  .a_cs = g->ta ? dsc_cpu_gemm_lda(g) : 1,
+                  .b_rs = g->tb ? dsc_cpu_gemm_ldb(g) : 1,
+                  .b_ks = g->tb ? 1 : dsc_cpu_gemm_ldb(g),
                   .pool = dsc_cpu_pool_scope() && !dsc_cpu_pool_inside()};
     const int64_t blocks = (g->n + BF16_BLOCK - 1) / BF16_BLOCK;
     const bool by_rows = g->m > g->n;
@@ -259,7 +259,7 @@ static int64_t even_part(int64_t len, int64_t most) {
     return up <= most ? up : per;
 }
 
-static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype);
+static dsc_status product(const gemm_args *g, dsc_dtype dtype);
 
 /* A product whose operands are both no longer than their whole_max-sized blocks of depth: depth
  * blocks in turn, out scaled by beta in the first and the bias and GELU added in the last. */
@@ -274,7 +274,7 @@ static dsc_status by_depth(const gemm_args *g, dsc_dtype dtype) {
         d.k = g->k - k0 < depth ? g->k - k0 : depth;
         if (k0 > 0) d.beta = 1.0f;
         if (k0 + depth < g->k) d.bias = d.act = NULL;
-        DSC_TRY(rounded_copies(&d, dtype));
+        DSC_TRY(product(&d, dtype));
     }
     return NULL;
 }
@@ -302,15 +302,10 @@ static dsc_status by_panels(const gemm_args *g, dsc_dtype dtype) {
     return NULL;
 }
 
-/* sgemm over operands rounded to `dtype`: whole where both fit in whole_max values, else along the
- * depth (the head's input gradient: 512 x 768 outputs over 50257) or in panels (its forward: 50257
- * columns over 768). */
+/* sgemm over operands rounded to `dtype`: whole where both fit in whole_max values, else in panels
+ * (the head's forward: 50257 columns over 768). */
 static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype) {
-    const int64_t longer = g->m > g->n ? g->m : g->n;
-    if (g->m * g->k > whole_max || g->k * g->n > whole_max) {
-        if (g->k > DEPTH_MIN && longer * DEPTH_MIN <= whole_max) return by_depth(g, dtype);
-        return by_panels(g, dtype);
-    }
+    if (g->m * g->k > whole_max || g->k * g->n > whole_max) return by_panels(g, dtype);
     const float *ra = rounded_a(&first_scratch, g, 0, g->m, dtype),
                 *rb = rounded_b(&second_scratch, g, 0, g->n, dtype);
     if (!ra || !rb) return no_memory(g, dtype);
@@ -329,6 +324,19 @@ dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
         one.beta = 1.0f;
         return dsc_cpu_gemm_rounded(&one, dtype);
     }
+    return product(g, dtype);
+}
+
+/* Along the depth where an operand is too large to round whole and the longer output side leaves
+ * blocks of DEPTH_MIN or more (the head's input gradient: 512 x 768 outputs over 50257: the bf16
+ * dot rounds its x, a depth block of it here, whole); else the bf16 dot where it runs (which keeps
+ * x rounded whole and, for more rows than columns, op(b) packed whole) or sgemm over rounded
+ * copies. */
+static dsc_status product(const gemm_args *g, dsc_dtype dtype) {
+    const int64_t longer = g->m > g->n ? g->m : g->n;
+    if ((g->m * g->k > whole_max || g->k * g->n > whole_max) && g->k > DEPTH_MIN &&
+        longer * DEPTH_MIN <= whole_max)
+        return by_depth(g, dtype);
     if (dtype == DSC_DTYPE_BF16 && bf16_dot_gemm(g)) return NULL;
     return rounded_copies(g, dtype);
 }

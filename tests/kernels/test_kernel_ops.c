@@ -809,6 +809,9 @@ static const op_case cases[] = {
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 8, 500, 64, 0, 1, 1, 1, 2000),
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 700, 0, 0, 3, 1, 6000),
     CPU_CASE(gemm, case_gemm_rounded, 1e-4, 20, 19, 700, 1, 1, 0, 2, 6000),
+    /* enough rows for the bf16 dot (DSC_CPU_SIMD=avx512bf16 on Intel): its blocks of the depth */
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 40, 40, 700, 0, 0, 1, 1, 12000),
+    CPU_CASE(gemm, case_gemm_rounded, 1e-4, 40, 40, 700, 1, 1, 0, 1, 12000),
     /* linear_packed: rows, OC, C, format, bias, workspace threads. Up to 32 rows stream the
      * weight (Q8_0 against x quantised too), four x rows a block (odd C: the vector loops' tails; odd rows and
      * OC: the blocks' remainders); more rows take the GEMM paths (f32 directly, narrow
