@@ -259,10 +259,16 @@ static int64_t even_part(int64_t len, int64_t most) {
     return up <= most ? up : per;
 }
 
+/* Whether an operand has more values than are rounded whole. */
+static bool too_large_to_round_whole(const gemm_args *g) {
+    return g->m * g->k > whole_max || g->k * g->n > whole_max;
+}
+
 static dsc_status product(const gemm_args *g, dsc_dtype dtype);
 
-/* A product whose operands are both no longer than their whole_max-sized blocks of depth: depth
- * blocks in turn, out scaled by beta in the first and the bias and GELU added in the last. */
+/* The product as blocks of its depth in turn, each block's operands small enough to round whole
+ * (product() decides that they are): out scaled by beta in the first, the bias and GELU added in
+ * the last. */
 static dsc_status by_depth(const gemm_args *g, dsc_dtype dtype) {
     const int64_t longer = g->m > g->n ? g->m : g->n, depth = even_part(g->k, whole_max / longer);
     for (int64_t k0 = 0; k0 < g->k; k0 += depth) {
@@ -305,7 +311,7 @@ static dsc_status by_panels(const gemm_args *g, dsc_dtype dtype) {
 /* sgemm over operands rounded to `dtype`: whole where both fit in whole_max values, else in panels
  * (the head's forward: 50257 columns over 768). */
 static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype) {
-    if (g->m * g->k > whole_max || g->k * g->n > whole_max) return by_panels(g, dtype);
+    if (too_large_to_round_whole(g)) return by_panels(g, dtype);
     const float *ra = rounded_a(&first_scratch, g, 0, g->m, dtype),
                 *rb = rounded_b(&second_scratch, g, 0, g->n, dtype);
     if (!ra || !rb) return no_memory(g, dtype);
@@ -334,8 +340,7 @@ dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
  * copies. */
 static dsc_status product(const gemm_args *g, dsc_dtype dtype) {
     const int64_t longer = g->m > g->n ? g->m : g->n;
-    if ((g->m * g->k > whole_max || g->k * g->n > whole_max) && g->k > DEPTH_MIN &&
-        longer * DEPTH_MIN <= whole_max)
+    if (too_large_to_round_whole(g) && g->k > DEPTH_MIN && longer * DEPTH_MIN <= whole_max)
         return by_depth(g, dtype);
     if (dtype == DSC_DTYPE_BF16 && bf16_dot_gemm(g)) return NULL;
     return rounded_copies(g, dtype);
