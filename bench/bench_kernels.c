@@ -1,7 +1,8 @@
 /* bench_kernels — throughput of the non-GEMM kernels on GPT-2-small shapes:
  * causal attention forward/backward in GFLOP/s against the backend's own
  * 2048^3 GEMM rate (and that GEMM with bf16 products, dsc_kernels_set_matmul_dtype), and LayerNorm / RMSNorm /
- * GELU in GB/s against a plain copy of the same bytes (memmove on the CPU, device-to-device copy on CUDA), the
+ * GELU, the gradient norm's sum of squares and mixed precision's bf16 rounding in GB/s against a plain copy of
+ * the same bytes (memmove on the CPU, device-to-device copy on CUDA), the
  * memory-bound ceiling these kernels can approach.
  *
  * Run: build/bench/bench_kernels [cpu|cuda] [--threads N]
@@ -15,6 +16,7 @@
 #include <time.h>
 
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 
 static void die(dsc_status s) {
     if (!s) return;
@@ -57,6 +59,8 @@ typedef enum {
     OP_RMS_BWD,
     OP_GELU_FWD,
     OP_GELU_BWD,
+    OP_SUM_SQUARES,
+    OP_ROUND_BF16,
     OP_COPY
 } bench_op;
 
@@ -95,6 +99,13 @@ static dsc_status run_op(bench *B, bench_op op) {
         return dsc_kernel_gelu_forward(&B->y, &B->x);
     case OP_GELU_BWD:
         return dsc_kernel_gelu_backward(&B->dx, &B->dy, &B->x);
+    case OP_SUM_SQUARES: {
+        double sum;
+        return dsc_kernel_sum_squares(&sum, &B->x);
+    }
+    case OP_ROUND_BF16: /* host memory only: the rounding loops are the CPU's */
+        dsc_round_to_dtype_from(B->y.data, B->x.data, dsc_tensor_numel(&B->x), DSC_DTYPE_BF16);
+        return NULL;
     case OP_COPY:
         return dsc_tensor_copy(&B->y, &B->x);
     }
@@ -174,10 +185,12 @@ int main(int argc, char **argv) {
         const char *name;
         bench_op op;
         double tensors; /* (N, C) tensors read or written */
-    } byte_ops[] = {{"layernorm forward", OP_LN_FWD, 2}, {"layernorm backward", OP_LN_BWD, 3},
-                    {"rmsnorm forward", OP_RMS_FWD, 2},  {"rmsnorm backward", OP_RMS_BWD, 3},
-                    {"gelu forward", OP_GELU_FWD, 2},    {"gelu backward", OP_GELU_BWD, 3}};
+    } byte_ops[] = {{"layernorm forward", OP_LN_FWD, 2},   {"layernorm backward", OP_LN_BWD, 3},
+                    {"rmsnorm forward", OP_RMS_FWD, 2},    {"rmsnorm backward", OP_RMS_BWD, 3},
+                    {"gelu forward", OP_GELU_FWD, 2},      {"gelu backward", OP_GELU_BWD, 3},
+                    {"sum of squares", OP_SUM_SQUARES, 1}, {"bf16 rounding", OP_ROUND_BF16, 2}};
     for (size_t i = 0; i < sizeof byte_ops / sizeof byte_ops[0]; i++) {
+        if (gpu && byte_ops[i].op == OP_ROUND_BF16) continue;
         double g = measure(&B, byte_ops[i].op, byte_ops[i].tensors * row_bytes) / 1e9;
         printf("  %-22s %9.1f GB/s     vs %8.1f  ratio %.2f\n", byte_ops[i].name, g, copy, g / copy);
     }
