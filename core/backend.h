@@ -89,6 +89,17 @@ struct dsc_kernel_ops {
      * The operands multiply in the calling thread's product type (dsc_kernels_set_matmul_dtype). */
     dsc_status (*linear_grads_rounded)(const dsc_backend *backend, float *dw, float *dbias, const float *dy,
                                        const float *x, int64_t n, int64_t oc, int64_t c, dsc_dtype dtype);
+    /* y (n, oc) = x (n, c) @ W^T (+ bias) stored in 2 bytes of y_type (bf16 / fp16), the operands
+     * multiplied in the calling thread's product type: each sum rounded once. The CPU only (mixed
+     * precision's logits). */
+    dsc_status (*linear_narrow_y)(const dsc_backend *backend, void *y, dsc_dtype y_type, const float *x,
+                                  const float *w, const float *bias, int64_t n, int64_t oc, int64_t c);
+    /* The linear backward from dy (n, oc) stored in 2 bytes of dy_type, read widened, the operands
+     * multiplied in the thread's product type: dx (n, c) = dy @ W and dw (oc, c) += round(dy^T @ x)
+     * to grad_dtype (f32: as summed), either NULL to skip. The CPU only. */
+    dsc_status (*linear_backward_narrow_dy)(const dsc_backend *backend, float *dx, float *dw, const void *dy,
+                                            dsc_dtype dy_type, const float *x, const float *w, int64_t n,
+                                            int64_t oc, int64_t c, dsc_dtype grad_dtype);
     /* y (n, oc) = x (n, c) @ W^T (+ bias) and act = gelu(y), W (oc, c) f32: the GELU MLP's first
      * layer with its epilogue fused. */
     dsc_status (*linear_gelu)(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
@@ -142,6 +153,13 @@ struct dsc_kernel_ops {
                                         const int32_t *targets, int64_t n, int64_t v);
     dsc_status (*cross_entropy_backward)(const dsc_backend *backend, float *dlogits, const float *logits,
                                          const int32_t *targets, int64_t n, int64_t v, float dloss);
+    /* The same over logits (and dlogits, which may alias them) stored in 2 bytes of `type` (bf16 /
+     * f16): the losses of the widened values, the gradients rounded. The CPU only. */
+    dsc_status (*cross_entropy_forward_narrow)(const dsc_backend *backend, float *losses, const void *logits,
+                                               dsc_dtype type, const int32_t *targets, int64_t n, int64_t v);
+    dsc_status (*cross_entropy_backward_narrow)(const dsc_backend *backend, void *dlogits, const void *logits,
+                                                dsc_dtype type, const int32_t *targets, int64_t n, int64_t v,
+                                                float dloss);
     dsc_status (*adamw)(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n,
                         float lr, float beta1, float beta2, float eps, float wd, int64_t step);
     dsc_status (*sgd)(const dsc_backend *backend, float *p, const float *g, float *buf, int64_t n, float lr,

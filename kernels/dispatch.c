@@ -88,10 +88,15 @@ dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, cons
 
 dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, const char *name, int64_t *rows,
                               int64_t *cols) {
+    return kernel_expect_rows_of(call, t, name, DSC_DTYPE_F32, rows, cols);
+}
+
+dsc_status kernel_expect_rows_of(const kernel_call *call, const dsc_tensor *t, const char *name, dsc_dtype dtype,
+                                 int64_t *rows, int64_t *cols) {
     char a[96];
-    DSC_CHECK(t->dtype == DSC_DTYPE_F32 && t->ndim >= 1, DSC_ERR_INVALID,
-              "%s argument %s: expected an f32 tensor with at least one dimension, got %s", call->op, name,
-              dsc_tensor_describe(t, a, sizeof a));
+    DSC_CHECK(t->dtype == dtype && t->ndim >= 1, DSC_ERR_INVALID,
+              "%s argument %s: expected a %s tensor with at least one dimension, got %s", call->op, name,
+              dsc_dtype_name(dtype), dsc_tensor_describe(t, a, sizeof a));
     *cols = t->shape[t->ndim - 1];
     *rows = *cols ? dsc_tensor_numel(t) / *cols : 0;
     return NULL;

@@ -51,6 +51,13 @@ dsc_status kernel_expect_like(const kernel_call *call, const dsc_tensor *t, cons
 /* t is f32 with at least one dimension; *rows = numel / last dimension, *cols = last dimension. */
 dsc_status kernel_expect_rows(const kernel_call *call, const dsc_tensor *t, const char *name, int64_t *rows,
                               int64_t *cols);
+/* The same for a tensor of `dtype`. */
+dsc_status kernel_expect_rows_of(const kernel_call *call, const dsc_tensor *t, const char *name, dsc_dtype dtype,
+                                 int64_t *rows, int64_t *cols);
+/* A 2-byte floating-point type (bf16 / f16), which some kernels also take. */
+static inline bool kernel_is_narrow(dsc_dtype dtype) {
+    return dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16;
+}
 
 /* The error for a table entry the backend does not provide. */
 dsc_status kernel_unsupported(const kernel_call *call, const char *entry);

@@ -26,12 +26,15 @@ dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const dsc_tenso
                       alpha, beta);
 }
 
-/* Rows of x (..., C) and y (..., OC) must agree; both are flattened to 2-D. */
+/* Rows of x (..., C) and y (..., OC) must agree; both are flattened to 2-D. x is f32, y f32 or, where
+ * the kernel takes it (y_narrow_ok), bf16 / f16. */
 static dsc_status linear_rows(const kernel_call *call, const dsc_tensor *x, const char *x_name,
-                              const dsc_tensor *y, const char *y_name, int64_t c, int64_t oc, int64_t *rows) {
+                              const dsc_tensor *y, const char *y_name, bool y_narrow_ok, int64_t c, int64_t oc,
+                              int64_t *rows) {
     int64_t xc, yc, yrows;
+    const bool narrow = y_narrow_ok && kernel_is_narrow(y->dtype);
     DSC_TRY(kernel_expect_rows(call, x, x_name, rows, &xc));
-    DSC_TRY(kernel_expect_rows(call, y, y_name, &yrows, &yc));
+    DSC_TRY(kernel_expect_rows_of(call, y, y_name, narrow ? y->dtype : DSC_DTYPE_F32, &yrows, &yc));
     char a[96], b[96];
     DSC_CHECK(xc == c && yc == oc && x->ndim == y->ndim && yrows == *rows, DSC_ERR_INVALID,
               "%s: %s %s and %s %s do not fit a linear map from %lld to %lld features", call->op, x_name,
@@ -47,9 +50,12 @@ dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const d
     int64_t w_shape[2] = {-1, -1}, rows;
     DSC_TRY(kernel_expect(&call, w, "w", DSC_DTYPE_F32, 2, w_shape));
     int64_t oc = w->shape[0], c = w->shape[1];
-    DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
+    DSC_TRY(linear_rows(&call, x, "x", y, "y", true, c, oc, &rows));
     DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &oc));
     kernel_count_flops(2 * rows * oc * c);
+    if (kernel_is_narrow(y->dtype))
+        return KERNEL_RUN(&call, linear_narrow_y, y->data, y->dtype, x->data, w->data, kernel_f32(bias), rows, oc,
+                          c);
     return KERNEL_RUN(&call, gemm, y->data, x->data, w->data, kernel_f32(bias), 1, rows, oc, c, false, true, 1.0f,
                       0.0f);
 }
@@ -62,7 +68,7 @@ dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const 
     int64_t w_shape[2] = {-1, -1}, rows;
     DSC_TRY(kernel_expect(&call, w, "w", DSC_DTYPE_F32, 2, w_shape));
     int64_t oc = w->shape[0], c = w->shape[1];
-    DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
+    DSC_TRY(linear_rows(&call, x, "x", y, "y", false, c, oc, &rows));
     DSC_TRY(kernel_expect_like(&call, act, "act", y, "y"));
     DSC_CHECK(act->data != y->data, DSC_ERR_INVALID,
               "dsc_kernel_linear_gelu_forward: act and y are one buffer; the backward needs y as it was");
@@ -95,7 +101,7 @@ dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_tensor *x, 
               "dsc_kernel_linear_forward_packed: %lld input features do not fit format %s", (long long)c,
               dsc_weight_format_name(f));
     DSC_TRY(kernel_expect(&call, w, "w", w->dtype, 2, w_shape));
-    DSC_TRY(linear_rows(&call, x, "x", y, "y", c, oc, &rows));
+    DSC_TRY(linear_rows(&call, x, "x", y, "y", false, c, oc, &rows));
     DSC_TRY(kernel_expect(&call, bias, "bias", DSC_DTYPE_F32, 1, &oc));
     int64_t ws = 0, ws_rows, ws_cols;
     if (workspace) {
@@ -114,11 +120,18 @@ dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor
     int64_t w_shape[2] = {-1, -1}, rows;
     DSC_TRY(kernel_expect(&call, w, "w", DSC_DTYPE_F32, 2, w_shape));
     int64_t oc = w->shape[0], c = w->shape[1];
-    DSC_TRY(linear_rows(&call, x, "x", dy, "dy", c, oc, &rows));
+    DSC_TRY(linear_rows(&call, x, "x", dy, "dy", true, c, oc, &rows));
     DSC_TRY(kernel_expect_like(&call, dx, "dx", x, "x"));
     DSC_TRY(kernel_expect_like(&call, dw, "dw", w, "w"));
     DSC_TRY(kernel_expect(&call, dbias, "dbias", DSC_DTYPE_F32, 1, &oc));
     kernel_count_flops(((dx != NULL) + (dw != NULL)) * 2 * rows * oc * c);
+    if (kernel_is_narrow(dy->dtype)) {
+        DSC_CHECK(!dbias, DSC_ERR_UNSUPPORTED,
+                  "dsc_kernel_linear_backward: dbias from a %s dy (only f32 dy sums it)",
+                  dsc_dtype_name(dy->dtype));
+        return KERNEL_RUN(&call, linear_backward_narrow_dy, kernel_f32(dx), kernel_f32(dw), dy->data, dy->dtype,
+                          x->data, w->data, rows, oc, c, kernel_grad_dtype());
+    }
     /* dx (N, C) = dy (N, OC) @ w (OC, C) */
     if (dx)
         DSC_TRY(

@@ -351,9 +351,11 @@ dsc_status dsc_moe_experts_forward_part(dsc_moe_experts *x, int slot, int first,
     dsc_tensor xin = part_of(in, r), y = part_of(out, r);
     dsc_tensor pre = f_part(x, &x->pre[slot], R, r), act = f_part(x, &x->act[slot], R, r);
     DSC_TRY(project(x, &pre, &xin, &x->w_in, x->b_in.p ? &x->b_in : NULL, r));
+    dsc_round_to_product_type(&pre); /* what the activation reads, as the dense MLP's */
     if (gated(x)) {
         dsc_tensor up = f_part(x, &x->up[slot], R, r);
         DSC_TRY(project(x, &up, &xin, &x->w_up, NULL, r));
+        dsc_round_to_product_type(&up);
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));

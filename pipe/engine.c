@@ -370,8 +370,7 @@ static dsc_status forward_logits(pipe_runner *r, const dsc_tensor *tokens, dsc_t
         DSC_CHECK(out->ndim == 3 && out->shape[2] == dsc_tensor_numel(logits), DSC_ERR_INVALID,
                   "pipeline logits: the last layer gave no (1, t, %lld) logits",
                   (long long)dsc_tensor_numel(logits));
-        int64_t row = out->shape[2] * (out->shape[1] - 1);
-        memcpy(logits->data, (const float *)out->data + row, (size_t)out->shape[2] * sizeof(float));
+        DSC_TRY(dsc_logits_row(out, out->shape[1] - 1, logits->data)); /* f32, or 2-byte under mixed precision */
     }
     DSC_TRY(pipe_p2p_wait_sends(r->p2p));
     return dsc_comm_broadcast(r->o.pipe, logits, r->P - 1);

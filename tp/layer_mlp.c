@@ -86,6 +86,8 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *local
         dsc_tensor up = tp_view(&m->up[slot], 3, f_shape);
         DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, NULL));
         DSC_TRY(dsc_param_linear_forward(&up, in, m->w_up, NULL));
+        dsc_round_to_product_type(&pre); /* as the dense MLP's (fc's: by its kernel) */
+        dsc_round_to_product_type(&up);
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
     } else {
         DSC_TRY(dsc_param_linear_gelu_forward(&act, &pre, in, m->w_in, m->b_in));

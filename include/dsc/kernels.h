@@ -68,6 +68,9 @@ DSC_API void dsc_kernels_get_progress(dsc_kernels_progress_fn *fn, void **arg);
  * multiply, the output rounded. Any other dtype (the default): f32. Mixed-precision training sets
  * it for its layers' calls. Returns the previous setting. */
 DSC_API dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype);
+/* The calling thread's product type (f32, bf16 or f16), as dsc_kernels_set_matmul_dtype left it: for a
+ * layer that rounds what its products compute as a bf16 / fp16 model's layer stores it. */
+DSC_API dsc_dtype dsc_kernels_get_matmul_dtype(void);
 /* The type the calling thread's parameter-gradient contributions are rounded to before they are
  * added (its own setting), as the gradient of a bf16 / fp16 parameter in autograd: DSC_DTYPE_BF16 /
  * DSC_DTYPE_F16 make dsc_kernel_linear_backward add round(dy^T @ x) to dw and round(sum_rows dy) to
@@ -132,7 +135,9 @@ DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_ten
 /* The GELU MLP's first layer with its epilogue fused: y (N, OC) = x (N, C) @ w^T + bias (NULL:
  * none) and act = gelu(y) (dsc_kernel_gelu_forward's tanh form), computed from each block of y
  * while it is in cache (CPU) or in the one pass that adds the bias (CUDA). y is kept for the
- * backward (dsc_kernel_gelu_backward reads it). */
+ * backward (dsc_kernel_gelu_backward reads it). Under bf16 / fp16 products
+ * (dsc_kernels_set_matmul_dtype, CPU) y is rounded to the type after the bias, before the GELU,
+ * as a bf16 / fp16 linear's output is: act and the kept y are those of the rounded y. */
 DSC_API dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
                                                   const dsc_tensor *w, const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
@@ -159,7 +164,9 @@ DSC_API dsc_status dsc_kernel_rmsnorm_backward(dsc_tensor *dx, dsc_tensor *dweig
                                                const dsc_tensor *rstd);
 
 /* ---- activations (elementwise, any shape) ----------------------------------
- * GELU is the tanh approximation (GPT-2's). SwiGLU: out = silu(gate) * up. */
+ * GELU is the tanh approximation (GPT-2's). SwiGLU: out = silu(gate) * up. Each output may be
+ * the buffer of the input at its place (dx = x; dgate = gate and dup = up): a backward can
+ * widen kept inputs into the buffers its gradients then overwrite. */
 DSC_API dsc_status dsc_kernel_gelu_forward(dsc_tensor *out, const dsc_tensor *x);
 DSC_API dsc_status dsc_kernel_gelu_backward(dsc_tensor *dx, const dsc_tensor *dout, const dsc_tensor *x);
 DSC_API dsc_status dsc_kernel_silu_forward(dsc_tensor *out, const dsc_tensor *x);

@@ -112,8 +112,12 @@ DSC_API dsc_layer *dsc_block_ffn(const dsc_layer *layer);
  * forward with ctx->targets == NULL computes logits only (no loss; *out is
  * the logits view), which is what generation needs. The view is gone once
  * the slot's backward ran (the gradient overwrites it) or another slot's
- * forward reused the buffer; asking then is an error. */
+ * forward reused the buffer; asking then is an error. Under mixed precision
+ * on the CPU (dsc_layer_set_saved_dtype bf16 / fp16) the logits are stored in
+ * that type, as a bf16 / fp16 model's are: read them with dsc_logits_row. */
 DSC_API dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits);
+/* Row `row` (of b * t) of such logits, f32 or 2-byte, as V floats in host memory `out`. */
+DSC_API dsc_status dsc_logits_row(const dsc_tensor *logits, int64_t row, float *out);
 
 #ifdef __cplusplus
 }

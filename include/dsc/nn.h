@@ -242,6 +242,13 @@ DSC_API dsc_status dsc_param_linear_forward(dsc_tensor *y, const dsc_tensor *x, 
  * act = gelu(y), both shaped like y. */
 DSC_API dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
                                                  const dsc_param *w, const dsc_param *bias);
+/* t (f32) rounded in place to the calling thread's product type (dsc_kernels_get_matmul_dtype) where
+ * the kernels compute in it (a CPU tensor): a value a bf16 / fp16 model stores, as the layers store
+ * what their products compute before the next operation reads it (the feed-forward's fc, gate and
+ * up outputs: dsc_param_linear_gelu_forward's kernel rounds its own; the head's logits) and the
+ * block its input and residual sum. Unchanged under f32 products, on other devices, whose products
+ * keep f32, and for a tensor stored in 2 bytes, whose values are of the type already. */
+DSC_API void dsc_round_to_product_type(dsc_tensor *t);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
 DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,

@@ -184,7 +184,7 @@ dsc_status dsc_cpu_attention_forward(const dsc_backend *backend, float *out, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    const dsc_dtype products = dsc_cpu_matmul_dtype();
+    const dsc_dtype products = dsc_kernels_get_matmul_dtype();
     if (products != DSC_DTYPE_F32) DSC_TRY(round_operands(&q, &k, &v, NULL, b * t, q_stride, kv_stride, products));
 #pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)
     for (int64_t bi = 0; bi < b; bi++) {
@@ -207,7 +207,7 @@ dsc_status dsc_cpu_attention_backward(const dsc_backend *backend, float *dq, flo
     (void)backend;
     int nt = dsc_kernels_get_num_threads();
     int64_t group = nh / nkv, q_stride = nh * hs, kv_stride = nkv * hs;
-    const dsc_dtype products = dsc_cpu_matmul_dtype();
+    const dsc_dtype products = dsc_kernels_get_matmul_dtype();
     if (products != DSC_DTYPE_F32)
         DSC_TRY(round_operands(&q, &k, &v, &dout, b * t, q_stride, kv_stride, products));
 #pragma omp parallel for collapse(2) num_threads(nt) if (dsc_cpu_parallel(b * nh * t * t * hs)) schedule(static)

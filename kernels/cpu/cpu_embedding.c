@@ -23,7 +23,7 @@ dsc_status dsc_cpu_embedding_forward(const dsc_backend *backend, float *out, con
                                      int64_t c) {
     (void)backend;
     DSC_TRY(dsc_cpu_check_ids(tokens, n, v, false, "token"));
-    const dsc_dtype products = dsc_cpu_matmul_dtype(); /* the calling thread's setting */
+    const dsc_dtype products = dsc_kernels_get_matmul_dtype(); /* the calling thread's setting */
     int nt = dsc_kernels_get_num_threads();
 #pragma omp parallel for num_threads(nt) if (dsc_cpu_parallel(n * c)) schedule(static)
     for (int64_t i = 0; i < n; i++) {

@@ -16,6 +16,18 @@
 #include "kernels/cpu/cpu_round.h"
 #include "kernels/cpu/cpu_simd.h"
 
+/* act = gelu(o), o rounded to `input` first (f32: as it is). */
+static void gelu_of(float *act, float *o, int64_t n, dsc_dtype input) {
+    if (input != DSC_DTYPE_F32) dsc_cpu_round_span(o, o, n, input);
+    dsc_cpu_gelu_rows(act, o, n);
+}
+
+void dsc_cpu_gemm_epilogue_row(const gemm_args *g, float *row, float *act_row, int64_t c0, int64_t n) {
+    for (int64_t j = 0; g->bias && j < n; j++)
+        row[j] += g->bias[c0 + j];
+    if (act_row) gelu_of(act_row, row, n, g->act_input);
+}
+
 /* Rows [r0, r1) and columns [c0, c1) of out, as one single-threaded sgemm, then the bias and the
  * GELU epilogue row by row (a row of the block is still in L1 for its GELU). */
 static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
@@ -29,12 +41,8 @@ static void gemm_block(const gemm_args *g, int64_t r0, int64_t r1, int64_t c0, i
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)m,
                 (int)n, (int)k, g->alpha, a, lda > 1 ? (int)lda : 1, b, ldb > 1 ? (int)ldb : 1, g->beta, o,
                 (int)ldo);
-    for (int64_t r = 0; (g->bias || g->act) && r < m; r++) {
-        float *row = o + r * ldo;
-        for (int64_t j = 0; g->bias && j < n; j++)
-            row[j] += g->bias[c0 + j];
-        if (g->act) dsc_cpu_gelu_rows(g->act + (r0 + r) * ldo + c0, row, n);
-    }
+    for (int64_t r = 0; (g->bias || g->act) && r < m; r++)
+        dsc_cpu_gemm_epilogue_row(g, o + r * ldo, g->act ? g->act + (r0 + r) * ldo + c0 : NULL, c0, n);
 }
 
 /* One of `parts` blocks of the longer side (multiples of 16, the kernels' register blocks). */
@@ -81,7 +89,7 @@ void dsc_cpu_gemm_f32(const gemm_args *g) {
     if (g->m <= DSC_CPU_STREAM_MAX_ROWS && !g->ta && g->tb && g->alpha == 1.0f && g->beta == 0.0f && g->k > 0 &&
         packed) {
         dsc_cpu_stream_rows(g->o, g->a, g->b, DSC_WEIGHT_F32, g->bias, g->m, g->n, g->k);
-        if (g->act) dsc_cpu_gelu_rows(g->act, g->o, g->m * g->n);
+        if (g->act) gelu_of(g->act, g->o, g->m * g->n, g->act_input);
         return;
     }
     gemm_split(g);
@@ -89,7 +97,7 @@ void dsc_cpu_gemm_f32(const gemm_args *g) {
 
 /* In the calling thread's product type (dsc_kernels_set_matmul_dtype). */
 static dsc_status run(const gemm_args *g) {
-    dsc_dtype products = dsc_cpu_matmul_dtype();
+    dsc_dtype products = dsc_kernels_get_matmul_dtype();
     if (products != DSC_DTYPE_F32 && g->m > 0 && g->n > 0 && g->k > 0) return dsc_cpu_gemm_rounded(g, products);
     dsc_cpu_gemm_f32(g);
     return NULL;
@@ -124,12 +132,19 @@ dsc_status dsc_cpu_gemm(const dsc_backend *backend, float *out, const float *a, 
     return NULL;
 }
 
+/* A linear layer's product: y (n, oc) = x (n, c) @ w^T + bias. */
+static gemm_args linear_args(void *y, const float *x, const float *w, const float *bias, int64_t n, int64_t oc,
+                             int64_t c) {
+    return (gemm_args){.o = y, .a = x, .b = w, .bias = bias, .m = n, .n = oc, .k = c, .tb = true, .alpha = 1.0f};
+}
+
 dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y, const float *x, const float *w,
                                const float *bias, int64_t n, int64_t oc, int64_t c) {
     (void)backend;
     DSC_TRY(check_extents(n, oc, c));
-    gemm_args g = {
-        .o = y, .act = act, .a = x, .b = w, .bias = bias, .m = n, .n = oc, .k = c, .tb = true, .alpha = 1.0f};
+    gemm_args g = linear_args(y, x, w, bias, n, oc, c);
+    g.act = act;
+    g.act_input = dsc_kernels_get_matmul_dtype();
     return run(&g);
 }
 
@@ -165,7 +180,41 @@ dsc_status dsc_cpu_linear_grads_rounded(const dsc_backend *backend, float *dw, f
     DSC_TRY(check_extents(oc, c, n));
     /* dw (OC, C) += round(dy^T (OC, N) @ x (N, C)) */
     gemm_args g = {.o = dw, .a = dy, .b = x, .m = oc, .n = c, .k = n, .ta = true, .alpha = 1.0f, .beta = 1.0f};
-    if (dw) DSC_TRY(dsc_cpu_gemm_add_rounded(&g, dsc_cpu_matmul_dtype(), dtype));
+    if (dw) DSC_TRY(dsc_cpu_gemm_add_rounded(&g, dsc_kernels_get_matmul_dtype(), dtype));
     if (dbias) bias_grad(dbias, dy, n, oc, dtype);
     return NULL;
+}
+
+dsc_status dsc_cpu_linear_narrow_y(const dsc_backend *backend, void *y, dsc_dtype y_type, const float *x,
+                                   const float *w, const float *bias, int64_t n, int64_t oc, int64_t c) {
+    (void)backend;
+    DSC_TRY(check_extents(n, oc, c));
+    if (n == 0 || oc == 0 || c == 0) return NULL; /* the wrapper takes no linear map from 0 features */
+    gemm_args g = linear_args(y, x, w, bias, n, oc, c);
+    g.o_type = y_type;
+    return dsc_cpu_gemm_rounded(&g, dsc_kernels_get_matmul_dtype());
+}
+
+dsc_status dsc_cpu_linear_backward_narrow_dy(const dsc_backend *backend, float *dx, float *dw, const void *dy,
+                                             dsc_dtype dy_type, const float *x, const float *w, int64_t n,
+                                             int64_t oc, int64_t c, dsc_dtype grad_dtype) {
+    (void)backend;
+    DSC_TRY(check_extents(n, oc, c));
+    if (dx && n > 0 && c > 0 && oc > 0) { /* oc 0 leaves no row of dy: the wrapper takes no such map */
+        /* dx (N, C) = dy (N, OC) @ w (OC, C) */
+        gemm_args g = {.o = dx, .a = dy, .a_type = dy_type, .b = w, .m = n, .n = c, .k = oc, .alpha = 1.0f};
+        DSC_TRY(dsc_cpu_gemm_rounded(&g, dsc_kernels_get_matmul_dtype()));
+    }
+    /* dw (OC, C) += round(dy^T (OC, N) @ x (N, C)) */
+    gemm_args g = {.o = dw,
+                   .a = dy,
+                   .a_type = dy_type,
+                   .b = x,
+                   .m = oc,
+                   .n = c,
+                   .k = n,
+                   .ta = true,
+                   .alpha = 1.0f,
+                   .beta = 1.0f};
+    return dw ? dsc_cpu_gemm_add_rounded(&g, dsc_kernels_get_matmul_dtype(), grad_dtype) : NULL;
 }

@@ -23,7 +23,7 @@ dsc_dtype dsc_kernels_set_matmul_dtype(dsc_dtype dtype) {
     return was;
 }
 
-dsc_dtype dsc_cpu_matmul_dtype(void) {
+dsc_dtype dsc_kernels_get_matmul_dtype(void) {
     return matmul_dtype;
 }
 
@@ -32,6 +32,8 @@ dsc_dtype dsc_cpu_matmul_dtype(void) {
  * largest product asked for (GPT-2's head input gradient, 512 rows of 50257: 51 MB for the dot's
  * x). */
 static _Thread_local dsc_cpu_kept first_scratch, second_scratch;
+/* The f32 panels of a product stored in 2 bytes (into_narrow). */
+static _Thread_local dsc_cpu_kept narrow_scratch;
 /* The threads' tiles of a product whose sum is rounded before it is added (dsc_cpu_gemm_add_rounded). */
 static _Thread_local dsc_cpu_kept tile_scratch;
 
@@ -77,12 +79,8 @@ static int64_t block_cols(const gemm_args *g, int64_t j0) {
 
 /* The bias and the GELU of rows [i0, i1), columns [j0, j0 + cols) of out. */
 static void epilogue(const gemm_args *g, int64_t i0, int64_t i1, int64_t j0, int64_t cols) {
-    for (int64_t i = i0; (g->bias || g->act) && i < i1; i++) {
-        float *row = g->o + i * g->n + j0;
-        for (int64_t j = 0; g->bias && j < cols; j++)
-            row[j] += g->bias[j0 + j];
-        if (g->act) dsc_cpu_gelu_rows(g->act + i * g->n + j0, row, cols);
-    }
+    for (int64_t i = i0; (g->bias || g->act) && i < i1; i++)
+        dsc_cpu_gemm_epilogue_row(g, g->o + i * g->n + j0, g->act ? g->act + i * g->n + j0 : NULL, j0, cols);
 }
 
 static void round_rows(void *arg, int64_t p) {
@@ -134,8 +132,8 @@ static void bf16_parallel(bf16_job *J, void (*fn)(void *, int64_t), int64_t chun
 /* The product on AVX-512 BF16 (vdpbf16ps), where it pays: more rows than decode streams and
  * enough work to split; false leaves it to the rounded copies. */
 static bool bf16_dot_gemm(const gemm_args *g) {
-    if (!dsc_cpu_bf16_gemm_available() || g->m <= DSC_CPU_STREAM_MAX_ROWS || g->k < 2 ||
-        g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK || dsc_cpu_gemm_ldo(g) != g->n)
+    if (!dsc_cpu_bf16_gemm_available() || g->a_type != DSC_DTYPE_F32 || g->m <= DSC_CPU_STREAM_MAX_ROWS ||
+        g->k < 2 || g->m * g->n * g->k < DSC_CPU_GEMM_SPLIT_MIN_WORK || dsc_cpu_gemm_ldo(g) != g->n)
         return false;
     int nt = dsc_kernels_get_num_threads();
     bf16_job J = {.g = g,
@@ -170,14 +168,30 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
+/* An operand as stored: f32 values, or 2-byte values of the products' type (gemm_args.a_type). */
+typedef struct operand {
+    const void *p;
+    dsc_dtype type;
+} operand;
+
+/* dst[0, n) = the values of src from element `at` rounded to `dtype`: f32 rounded, 2-byte ones
+ * (of that type already) widened. */
+static void rounded_span(float *dst, operand src, int64_t at, int64_t n, dsc_dtype dtype) {
+    if (src.type == DSC_DTYPE_F32)
+        dsc_cpu_round_span(dst, (const float *)src.p + at, n, dtype);
+    else
+        dsc_cpu_widen_rows(dst, (const uint16_t *)src.p + at,
+                           src.type == DSC_DTYPE_BF16 ? DSC_WEIGHT_BF16 : DSC_WEIGHT_F16, n, 0, 1);
+}
+
 /* rows x cols values of src (row stride ld) rounded to `dtype` into dst, packed. */
-static void round_into(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols, dsc_dtype dtype) {
+static void round_into(float *dst, operand src, int64_t ld, int64_t rows, int64_t cols, dsc_dtype dtype) {
     for (int64_t r = 0; r < rows; r++)
-        dsc_cpu_round_span(dst + r * cols, src + r * ld, cols, dtype);
+        rounded_span(dst + r * cols, src, r * ld, cols, dtype);
 }
 
 /* The same into s, over the kernels' threads in pieces of CHUNK values; NULL without memory. */
-static float *rounded_block(dsc_cpu_kept *s, const float *src, int64_t ld, int64_t rows, int64_t cols,
+static float *rounded_block(dsc_cpu_kept *s, operand src, int64_t ld, int64_t rows, int64_t cols,
                             dsc_dtype dtype) {
     enum { CHUNK = 1 << 14 };
     if (ld == cols) { /* packed: one long row */
@@ -191,13 +205,13 @@ static float *rounded_block(dsc_cpu_kept *s, const float *src, int64_t ld, int64
     schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t row = c / pieces, j = c % pieces * CHUNK;
-        dsc_cpu_round_span(r + row * cols + j, src + row * ld + j, cols - j < CHUNK ? cols - j : CHUNK, dtype);
+        rounded_span(r + row * cols + j, src, row * ld + j, cols - j < CHUNK ? cols - j : CHUNK, dtype);
     }
     return r;
 }
 
 float *dsc_cpu_rounded_copy(dsc_cpu_kept *s, const float *v, int64_t n, dsc_dtype dtype) {
-    return rounded_block(s, v, n, 1, n, dtype);
+    return rounded_block(s, (operand){v, DSC_DTYPE_F32}, n, 1, n, dtype);
 }
 
 /* Operands of more values than this are rounded a panel at a time (16 MB of f32): rounded whole,
@@ -211,9 +225,10 @@ void dsc_cpu_gemm_rounded_set_whole_max(int64_t values) {
     whole_max = values > 0 ? values : 1 << 22;
 }
 
-/* Element (i, kk) of op(a) and (kk, j) of op(b). */
-static const float *a_at(const gemm_args *g, int64_t i, int64_t kk) {
-    return g->ta ? g->a + kk * dsc_cpu_gemm_lda(g) + i : g->a + i * dsc_cpu_gemm_lda(g) + kk;
+/* Element (i, kk) of op(a), as stored, and (kk, j) of op(b). */
+static operand a_at(const gemm_args *g, int64_t i, int64_t kk) {
+    const int64_t at = g->ta ? kk * dsc_cpu_gemm_lda(g) + i : i * dsc_cpu_gemm_lda(g) + kk;
+    return (operand){(const char *)g->a + at * (int64_t)dsc_dtype_size(g->a_type), g->a_type};
 }
 static const float *b_at(const gemm_args *g, int64_t kk, int64_t j) {
     return g->tb ? g->b + j * dsc_cpu_gemm_ldb(g) + kk : g->b + kk * dsc_cpu_gemm_ldb(g) + j;
@@ -226,8 +241,9 @@ static float *rounded_a(dsc_cpu_kept *s, const gemm_args *g, int64_t i0, int64_t
                  : rounded_block(s, a_at(g, i0, 0), dsc_cpu_gemm_lda(g), i1 - i0, g->k, dtype);
 }
 static float *rounded_b(dsc_cpu_kept *s, const gemm_args *g, int64_t j0, int64_t j1, dsc_dtype dtype) {
-    return g->tb ? rounded_block(s, b_at(g, 0, j0), dsc_cpu_gemm_ldb(g), j1 - j0, g->k, dtype)
-                 : rounded_block(s, b_at(g, 0, j0), dsc_cpu_gemm_ldb(g), g->k, j1 - j0, dtype);
+    const operand b = {b_at(g, 0, j0), DSC_DTYPE_F32};
+    return g->tb ? rounded_block(s, b, dsc_cpu_gemm_ldb(g), j1 - j0, g->k, dtype)
+                 : rounded_block(s, b, dsc_cpu_gemm_ldb(g), g->k, j1 - j0, dtype);
 }
 
 /* Rows [i0, i1) and columns [j0, j1) of out from ra and rb (rounded_a, rounded_b), by sgemm. */
@@ -236,6 +252,7 @@ static void panel_product(const gemm_args *g, const float *ra, const float *rb, 
     const int64_t ldo = dsc_cpu_gemm_ldo(g);
     gemm_args r = *g;
     r.a = ra;
+    r.a_type = DSC_DTYPE_F32;
     r.b = rb;
     r.lda = r.ldb = 0;
     r.ldo = ldo;
@@ -273,7 +290,7 @@ static dsc_status by_depth(const gemm_args *g, dsc_dtype dtype) {
     const int64_t longer = g->m > g->n ? g->m : g->n, depth = even_part(g->k, whole_max / longer);
     for (int64_t k0 = 0; k0 < g->k; k0 += depth) {
         gemm_args d = *g;
-        d.a = a_at(g, 0, k0);
+        d.a = a_at(g, 0, k0).p;
         d.b = b_at(g, k0, 0);
         d.lda = dsc_cpu_gemm_lda(g);
         d.ldb = dsc_cpu_gemm_ldb(g);
@@ -322,7 +339,39 @@ static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype) {
 /* A product in bf16 / fp16: both operands rounded to the type, the products (exact in f32) summed
  * in f32. On AVX-512 BF16 vdpbf16ps does both at once for bf16; elsewhere, and for small products,
  * sgemm multiplies rounded copies. The same values either way but for the order of the sums. */
+/* Values of f32 panel a product stored in 2 bytes is computed in (1M: 4 MB, 2048 of the head's
+ * 50257 columns of 512 rows at a time). */
+enum { NARROW_PANEL_FLOATS = 1 << 20 };
+
+/* o stored in 2 bytes (beta 0, no GELU): column panels computed in f32 into the thread's
+ * narrow_scratch, each sum rounded once into o. */
+static dsc_status into_narrow(const gemm_args *g, dsc_dtype dtype) {
+    const int64_t ldo = dsc_cpu_gemm_ldo(g),
+                  most = NARROW_PANEL_FLOATS / g->m > 16 ? NARROW_PANEL_FLOATS / g->m : 16;
+    const int64_t cols = even_part(g->n, most);
+    float *panel = dsc_cpu_kept_at_least(&narrow_scratch, (size_t)(g->m * cols) * sizeof(float));
+    if (!panel) return no_memory(g, dtype);
+    uint16_t *o = (uint16_t *)g->o;
+    for (int64_t j0 = 0; j0 < g->n; j0 += cols) {
+        gemm_args p = *g;
+        p.n = g->n - j0 < cols ? g->n - j0 : cols;
+        p.b = b_at(g, 0, j0);
+        p.ldb = dsc_cpu_gemm_ldb(g);
+        p.bias = g->bias ? g->bias + j0 : NULL;
+        p.o = panel;
+        p.ldo = p.n;
+        p.o_type = DSC_DTYPE_F32;
+        DSC_TRY(product(&p, dtype));
+#pragma omp parallel for num_threads(dsc_kernels_get_num_threads()) if (dsc_cpu_parallel(g->m * p.n))             \
+    schedule(static)
+        for (int64_t i = 0; i < g->m; i++)
+            dsc_cpu_pack_span(o + i * ldo + j0, panel + i * p.n, p.n, g->o_type);
+    }
+    return NULL;
+}
+
 dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype) {
+    if (g->o_type != DSC_DTYPE_F32) return into_narrow(g, dtype);
     if (g->beta != 0.0f && g->beta != 1.0f) { /* the bf16 tiles add or overwrite */
         for (int64_t i = 0; i < g->m * g->n; i++)
             g->o[i] *= g->beta;
@@ -369,22 +418,24 @@ static void add_rounded_tile(void *arg, int64_t p) {
     const size_t slot = (size_t)(J->pool ? dsc_cpu_pool_thread() : omp_get_thread_num());
     float *tile = J->tiles + slot * TILE_FLOATS;
     int64_t lda = dsc_cpu_gemm_lda(g), ldb = dsc_cpu_gemm_ldb(g);
-    const float *a = a_at(g, r0, 0), *b = b_at(g, 0, c0);
+    const operand stored = a_at(g, r0, 0);
+    const float *a = stored.p, *b = b_at(g, 0, c0); /* a: f32 unless a_blocks round (widen) it */
     if (J->a_blocks) {
         float *blk = J->a_blocks + slot * (size_t)(J->rows * g->k);
         if (g->ta)
-            round_into(blk, a, lda, g->k, m, J->products);
+            round_into(blk, stored, lda, g->k, m, J->products);
         else
-            round_into(blk, a, lda, m, g->k, J->products);
+            round_into(blk, stored, lda, m, g->k, J->products);
         a = blk;
         lda = g->ta ? m : g->k;
     }
     if (J->b_blocks) {
         float *blk = J->b_blocks + slot * (size_t)(J->cols * g->k);
+        const operand stored_b = {b, DSC_DTYPE_F32};
         if (g->tb)
-            round_into(blk, b, ldb, n, g->k, J->products);
+            round_into(blk, stored_b, ldb, n, g->k, J->products);
         else
-            round_into(blk, b, ldb, g->k, n, J->products);
+            round_into(blk, stored_b, ldb, g->k, n, J->products);
         b = blk;
         ldb = g->tb ? g->k : n;
     }
@@ -418,7 +469,7 @@ dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_
     J.tiles = dsc_cpu_kept_at_least(&tile_scratch, (size_t)nt * TILE_FLOATS * sizeof(float));
     gemm_args r = *g;
     bool ok = J.tiles != NULL;
-    if (products != DSC_DTYPE_F32) {
+    if (products != DSC_DTYPE_F32 || g->a_type != DSC_DTYPE_F32) { /* a 2-byte a is widened the same way */
         /* An operand too large to round whole is rounded by the tiles that read it, each value once:
          * op(a) where the tiles span every column (GPT-2's head: its logits gradient, 25.7M values). */
         const bool a_by_tiles = g->m * g->k > whole_max && J.col_tiles == 1,
@@ -427,6 +478,7 @@ dsc_status dsc_cpu_gemm_add_rounded(const gemm_args *g, dsc_dtype products, dsc_
             J.a_blocks = dsc_cpu_kept_at_least(&first_scratch, (size_t)nt * J.rows * g->k * sizeof(float));
         } else {
             r.a = rounded_a(&first_scratch, g, 0, g->m, products);
+            r.a_type = DSC_DTYPE_F32;
             r.lda = 0;
         }
         if (b_by_tiles) {

@@ -45,6 +45,16 @@ dsc_status dsc_cpu_linear_gelu(const dsc_backend *backend, float *act, float *y,
                                const float *bias, int64_t n, int64_t oc, int64_t c);
 dsc_status dsc_cpu_linear_backward_bias(const dsc_backend *backend, float *dbias, const float *dy, int64_t n,
                                         int64_t oc);
+/* y (n, oc) = x @ w^T (+ bias) stored in 2 bytes (y_type bf16 / f16), in the thread's products:
+ * each sum rounded once. */
+dsc_status dsc_cpu_linear_narrow_y(const dsc_backend *backend, void *y, dsc_dtype y_type, const float *x,
+                                   const float *w, const float *bias, int64_t n, int64_t oc, int64_t c);
+/* The linear backward from dy (n, oc) stored in 2 bytes (dy_type), read widened, in the thread's
+ * products: dx = dy @ w (NULL: skip) and dw += round(dy^T @ x) to grad_dtype (f32: as summed; NULL:
+ * skip). */
+dsc_status dsc_cpu_linear_backward_narrow_dy(const dsc_backend *backend, float *dx, float *dw, const void *dy,
+                                             dsc_dtype dy_type, const float *x, const float *w, int64_t n,
+                                             int64_t oc, int64_t c, dsc_dtype grad_dtype);
 dsc_status dsc_cpu_linear_grads_rounded(const dsc_backend *backend, float *dw, float *dbias, const float *dy,
                                         const float *x, int64_t n, int64_t oc, int64_t c, dsc_dtype dtype);
 
@@ -93,6 +103,11 @@ dsc_status dsc_cpu_cross_entropy_forward(const dsc_backend *backend, float *loss
                                          const int32_t *targets, int64_t n, int64_t v);
 dsc_status dsc_cpu_cross_entropy_backward(const dsc_backend *backend, float *dlogits, const float *logits,
                                           const int32_t *targets, int64_t n, int64_t v, float dloss);
+dsc_status dsc_cpu_cross_entropy_forward_narrow(const dsc_backend *backend, float *losses, const void *logits,
+                                                dsc_dtype type, const int32_t *targets, int64_t n, int64_t v);
+dsc_status dsc_cpu_cross_entropy_backward_narrow(const dsc_backend *backend, void *dlogits, const void *logits,
+                                                 dsc_dtype type, const int32_t *targets, int64_t n, int64_t v,
+                                                 float dloss);
 
 dsc_status dsc_cpu_adamw(const dsc_backend *backend, float *p, const float *g, float *m, float *v, int64_t n,
                          float lr, float beta1, float beta2, float eps, float wd, int64_t step);

@@ -126,10 +126,10 @@ static void swiglu_scalar(float *out, const float *gate, const float *up, int64_
 /* s = sigmoid(g): dup = dout g s, dgate = dout up s (1 + g (1 - s)), silu's derivative. */
 static void swiglu_grad_scalar(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], d = dout[i], s = 1.0f / (1.0f + expf(-g));
+    for (int64_t i = 0; i < n; i++) { /* both inputs read before either output is written: in place */
+        float g = gate[i], u = up[i], d = dout[i], s = 1.0f / (1.0f + expf(-g));
         dup[i] = d * g * s;
-        dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+        dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
     }
 }
 
@@ -610,12 +610,12 @@ AVX2 static void swiglu_grad_avx2(float *dgate, float *dup, const float *dout, c
     const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i), d = _mm256_loadu_ps(dout + i);
+        __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i), d = _mm256_loadu_ps(dout + i);
         __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
         __m256 ds = _mm256_mul_ps(d, s);
         _mm256_storeu_ps(dup + i, _mm256_mul_ps(ds, g));
         __m256 slope = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, s)));
-        _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(ds, _mm256_loadu_ps(up + i)), slope));
+        _mm256_storeu_ps(dgate + i, _mm256_mul_ps(_mm256_mul_ps(ds, u), slope));
     }
     swiglu_grad_scalar(dgate + i, dup + i, dout + i, gate + i, up + i, n - i);
 }

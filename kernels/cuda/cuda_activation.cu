@@ -56,9 +56,9 @@ static __global__ void swiglu_forward_kernel(float *out, const float *gate, cons
 static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
                                               const float *up, int64_t n) {
     GRID_STRIDE(i, n) {
-        float g = gate[i], d = dout[i];
+        float g = gate[i], u = up[i], d = dout[i]; /* read before written: dgate, dup may be gate, up */
         dup[i] = d * g * sigmoidf(g);
-        dgate[i] = d * up[i] * silu_grad(g);
+        dgate[i] = d * u * silu_grad(g);
     }
 }
 

@@ -236,6 +236,28 @@ static int32_t pick(const float *logits, int64_t V, float temperature, dsc_rng *
     return (int32_t)best;
 }
 
+/* One token after out[0, i): the model's forward on the newest seq_len of them, then a pick from the
+ * last position's logits (widened into `row`, V floats, where the head stores them in 2 bytes). */
+static dsc_status next_token(dsc_trainer *t, int32_t *out, int i, float temperature, dsc_rng *rng, float *row) {
+    const int64_t T = t->mc.seq_len, V = t->mc.vocab_size;
+    int64_t len = i < T ? i : T; /* the newest seq_len tokens */
+    memcpy(t->context.data, out + (i - len), (size_t)len * sizeof *out);
+    dsc_tensor tokens = dsc_tensor_view(t->context.data, DSC_DTYPE_I32, 2, (int64_t[]){1, len}, DSC_CPU);
+    dsc_micro_ctx ctx = {.tokens = &tokens, .loss_scale = 1.0f, .training = false, .rng = &t->layer_rng};
+    dsc_tensor x = {0}, y = {0};
+    for (int l = 0; l < t->n_layers; l++) {
+        DSC_TRY(dsc_optimizer_before_layer(t->opt, t->layers[l], false));
+        DSC_TRY(dsc_layer_forward(t->layers[l], 0, &x, &y, &ctx));
+        DSC_TRY(dsc_optimizer_after_layer(t->opt, t->layers[l], false));
+        x = y;
+    }
+    DSC_CHECK(y.ndim == 3 && y.shape[2] == V, DSC_ERR_INTERNAL,
+              "generate: the last layer gave no (1, t, V) logits");
+    DSC_TRY(dsc_logits_row(&y, len - 1, row));
+    out[i] = pick(row, V, temperature, rng);
+    return NULL;
+}
+
 dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                                 uint64_t seed, int32_t *out) {
     DSC_CHECK(n_prompt >= 1 && n_new >= 0, DSC_ERR_INVALID, "generate: needs a prompt of >= 1 tokens (got %d)",
@@ -243,22 +265,11 @@ dsc_status dsc_trainer_generate(dsc_trainer *t, const int32_t *prompt, int n_pro
     memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     dsc_rng rng;
     dsc_rng_init(&rng, seed, 0, DSC_RNG_SAMPLE);
-    const int64_t T = t->mc.seq_len, V = t->mc.vocab_size;
-    for (int i = n_prompt; i < n_prompt + n_new; i++) {
-        int64_t len = i < T ? i : T; /* the newest seq_len tokens */
-        memcpy(t->context.data, out + (i - len), (size_t)len * sizeof *out);
-        dsc_tensor tokens = dsc_tensor_view(t->context.data, DSC_DTYPE_I32, 2, (int64_t[]){1, len}, DSC_CPU);
-        dsc_micro_ctx ctx = {.tokens = &tokens, .loss_scale = 1.0f, .training = false, .rng = &t->layer_rng};
-        dsc_tensor x = {0}, y = {0};
-        for (int l = 0; l < t->n_layers; l++) {
-            DSC_TRY(dsc_optimizer_before_layer(t->opt, t->layers[l], false));
-            DSC_TRY(dsc_layer_forward(t->layers[l], 0, &x, &y, &ctx));
-            DSC_TRY(dsc_optimizer_after_layer(t->opt, t->layers[l], false));
-            x = y;
-        }
-        DSC_CHECK(y.ndim == 3 && y.shape[2] == V, DSC_ERR_INTERNAL,
-                  "generate: the last layer gave no (1, t, V) logits");
-        out[i] = pick((const float *)y.data + (len - 1) * V, V, temperature, &rng);
-    }
-    return NULL;
+    float *row = malloc((size_t)t->mc.vocab_size * sizeof *row);
+    DSC_CHECK(row, DSC_ERR_NOMEM, "generate: a row of %lld logits", (long long)t->mc.vocab_size);
+    dsc_status s = NULL;
+    for (int i = n_prompt; i < n_prompt + n_new && !s; i++)
+        s = next_token(t, out, i, temperature, &rng, row);
+    free(row);
+    return s;
 }

@@ -36,18 +36,22 @@ typedef struct block_layer {
     dsc_device device;
     int nslots, inner_slots; /* allocated: per-slot buffers, and component slots (0 or 1 when checkpointing) */
     int64_t B, T;            /* reserved micro-batch */
-    dsc_tensor *x;           /* [slots] (B, T, C) copy of the input */
+    dsc_tensor *x;           /* [slots] (B, T, C) the input as the block computes with it (stream_dtype) */
     dsc_tensor *out;         /* [slots] (B, T, C) */
     dsc_tensor *din;         /* [slots] (B, T, C) */
     int64_t (*bt)[2];        /* [slots] (b, t) of the slot's micro-batch; b = 0 when no forward is pending */
     dsc_rng *rng_at;         /* [slots] ctx->rng as the slot's forward found it (checkpointing only) */
     dsc_tensor *h1;          /* [inner] (B, T, C) norm1(x) */
-    dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) */
+    dsc_tensor *resid;       /* [inner] (B, T, C) x + attn(h1) (stream_dtype) */
     dsc_tensor *h2;          /* [inner] (B, T, C) norm2(resid) */
     /* The types h1 and h2 are kept in: 2 bytes under mixed precision on the CPU where only products
      * read them after the forward (h1 by the block's own attention, h2 by an ffn that says so:
      * input_read_by_products_only), widened into NN_WORK_BLOCK_IN for the backward; else f32. */
     dsc_dtype h1_dtype, h2_dtype;
+    /* The type x and resid are kept in: 2 bytes under mixed precision on the CPU, where they hold
+     * values of the product type (below) and only the norms' backward reads them, widened into the
+     * workspace; else f32. */
+    dsc_dtype stream_dtype;
     bool holds_work; /* a hold on the workspace (NN_WORK_BLOCK: attention output or dh; dresid) */
 } block_layer;
 
@@ -75,7 +79,7 @@ static dsc_status inner_reserve(block_layer *k, int inner) {
     const int64_t B = k->B, T = k->T, shape[3] = {B, T, k->C};
     k->inner_slots = inner;
     dsc_status s = nn_buffers_alloc_as(&k->h1, inner, 3, shape, k->device, k->h1_dtype);
-    if (!s) s = dsc_buffers_alloc(&k->resid, inner, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc_as(&k->resid, inner, 3, shape, k->device, k->stream_dtype);
     if (!s) s = nn_buffers_alloc_as(&k->h2, inner, 3, shape, k->device, k->h2_dtype);
     if (!s) s = nn_norm_reserve(&k->norm1, inner, B, T, k->device);
     if (!s && !k->attn_layer) s = nn_attention_reserve(&k->attn, inner, B, T, k->device);
@@ -112,11 +116,11 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     k->bt = calloc((size_t)slots, sizeof *k->bt);
     k->rng_at = calloc((size_t)slots, sizeof *k->rng_at);
     dsc_status s = k->bt && k->rng_at ? NULL : dsc_error(DSC_ERR_NOMEM, "slot table of %d entries", slots);
-    if (!s) s = dsc_buffers_alloc(&k->x, slots, 3, shape, k->device);
+    if (!s) s = nn_buffers_alloc_as(&k->x, slots, 3, shape, k->device, k->stream_dtype);
     if (!s) s = dsc_buffers_alloc(&k->out, slots, 3, shape, k->device);
     if (!s) s = dsc_buffers_alloc(&k->din, slots, 3, shape, k->device);
     if (!s) s = nn_work_grow(NN_WORK_BLOCK, 2, B * T * k->C, k->device);
-    if (!s && (k->h1_dtype != DSC_DTYPE_F32 || k->h2_dtype != DSC_DTYPE_F32))
+    if (!s && (k->h1_dtype != DSC_DTYPE_F32 || k->h2_dtype != DSC_DTYPE_F32 || k->stream_dtype != DSC_DTYPE_F32))
         s = nn_work_grow(NN_WORK_BLOCK_IN, 1, B * T * k->C, k->device);
     if (!s && !k->checkpoint) s = inner_reserve(k, slots);
     /* Checkpointing: a sub-layer that cannot release keeps its one slot for the block's lifetime. */
@@ -126,13 +130,13 @@ static dsc_status block_reserve(dsc_layer *self, int slots, int64_t B, int64_t T
     return s;
 }
 
-/* Where norm1's or norm2's output is computed and read in f32 (`kept`, its slot buffer, or the
- * workspace where the slot keeps it in 2 bytes). */
+/* Where norm1's or norm2's output is computed and read in f32, and the backward's x (`kept`, its
+ * slot buffer, or the workspace where the slot keeps it in 2 bytes). */
 static dsc_tensor f32_at(const dsc_tensor *kept, const int64_t *shape) {
     return kept->dtype == DSC_DTYPE_F32 ? nn_view(kept, 3, shape) : nn_work_at(NN_WORK_BLOCK_IN, 3, shape);
 }
 
-/* The f32 values of `kept` (slot cs's h1 or h2) back at f32_at for a backward: widened into the
+/* The f32 values of `kept` (slot cs's h1 or h2, or x) back at f32_at for a backward: widened into the
  * workspace where they are kept in 2 bytes, exactly the values the forward's products multiplied. */
 static void widen_kept(const dsc_tensor *kept, const int64_t *shape) {
     dsc_tensor wide = f32_at(kept, shape), narrow = nn_view(kept, 3, shape);
@@ -141,13 +145,15 @@ static void widen_kept(const dsc_tensor *kept, const int64_t *shape) {
 
 /* f32 `value` kept in slot buffer `kept`, rounded where that is 2-byte. */
 static void keep(const dsc_tensor *kept, const dsc_tensor *value) {
-    dsc_tensor narrow = nn_view(kept, 3, value->shape);
-    if (kept->dtype != DSC_DTYPE_F32) nn_saved_store(&narrow, value);
+    nn_keep(nn_view(kept, 3, value->shape), value);
 }
 
-/* The block's forward on component slot `cs` from input x into out. */
+/* The block's forward on component slot `cs` from input x into out (which may be the workspace's
+ * NN_WORK_BLOCK: the attention's output is read by then). Under bf16 / fp16 products the residual
+ * sum is rounded to the type, as a bf16 / fp16 model stores it; where the slot keeps it in 2 bytes
+ * it is computed in the attention output's place. */
 static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_tensor *out, dsc_micro_ctx *ctx) {
-    dsc_tensor h1 = f32_at(&k->h1[cs], x->shape), resid = nn_view(&k->resid[cs], 3, x->shape);
+    dsc_tensor h1 = f32_at(&k->h1[cs], x->shape), resid_kept = nn_view(&k->resid[cs], 3, x->shape);
     dsc_tensor a = nn_work_at(NN_WORK_BLOCK, 3, x->shape);
     DSC_TRY(nn_norm_forward(&k->norm1, cs, x, &h1));
     if (k->attn_layer)
@@ -155,7 +161,10 @@ static dsc_status run_forward(block_layer *k, int cs, const dsc_tensor *x, dsc_t
     else
         DSC_TRY(nn_attention_forward(&k->attn, cs, &h1, &a));
     keep(&k->h1[cs], &h1);
+    dsc_tensor resid = resid_kept.dtype == DSC_DTYPE_F32 ? resid_kept : a;
     DSC_TRY(dsc_kernel_add(&resid, x, &a));
+    dsc_round_to_product_type(&resid);
+    nn_keep(resid_kept, &resid);
     dsc_tensor h2 = f32_at(&k->h2[cs], x->shape); /* may be h1's workspace: h1 is kept */
     DSC_TRY(nn_norm_forward(&k->norm2, cs, &resid, &h2));
     dsc_tensor m;
@@ -183,8 +192,13 @@ static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in,
     block_layer *k = (block_layer *)self;
     DSC_TRY(nn_check_input(self, in, k->C));
     k->bt[slot][0] = 0; /* a failed forward leaves no pending backward */
-    dsc_tensor x = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
+    /* The input rounded to the product type (the runners round between layers already), in the
+     * slot's copy or, where that is 2-byte, in the workspace's NN_WORK_BLOCK + 1 for the forward. */
+    dsc_tensor x_kept = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
+    dsc_tensor x = x_kept.dtype == DSC_DTYPE_F32 ? x_kept : nn_work_at(NN_WORK_BLOCK + 1, 3, in->shape);
     DSC_TRY(dsc_tensor_copy(&x, in));
+    dsc_round_to_product_type(&x);
+    nn_keep(x_kept, &x);
     if (ctx->rng) k->rng_at[slot] = *ctx->rng;
     if (k->checkpoint) {
         DSC_TRY(inner_reserve(k, 1));
@@ -221,13 +235,17 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
     const int64_t shape[3] = {k->bt[slot][0], k->bt[slot][1], k->C};
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, shape));
     const int cs = k->checkpoint ? 0 : slot;
-    dsc_tensor x = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
-    dsc_tensor resid = nn_view(&k->resid[cs], 3, shape);
+    dsc_tensor x_kept = nn_view(&k->x[slot], 3, shape), dx = nn_view(&k->din[slot], 3, shape);
+    dsc_tensor resid_kept = nn_view(&k->resid[cs], 3, shape);
     dsc_tensor dh = nn_work_at(NN_WORK_BLOCK, 3, shape), dresid = nn_work_at(NN_WORK_BLOCK + 1, 3, shape);
-    if (k->checkpoint) DSC_TRY(recompute(k, slot, &x, &dh, ctx)); /* dh is free until the attention backward */
+    if (k->checkpoint) { /* dh is free until the attention backward, dresid until norm2's */
+        const dsc_tensor x = nn_widened(&x_kept, dresid);
+        DSC_TRY(recompute(k, slot, &x, &dh, ctx));
+    }
     widen_kept(&k->h2[cs], shape); /* where the view the ffn kept of its input points */
     dsc_tensor dm;
     DSC_TRY(dsc_layer_backward(k->ffn, cs, dout, &dm, ctx));
+    const dsc_tensor resid = nn_widened(&resid_kept, dh);
     DSC_TRY(nn_norm_backward(&k->norm2, cs, &resid, &dm, &dresid));
     DSC_TRY(dsc_kernel_add(&dresid, &dresid, dout));
     if (k->attn_layer)
@@ -237,6 +255,8 @@ static dsc_status backward_slot(block_layer *k, int slot, const dsc_tensor *dout
         dsc_tensor h1 = f32_at(&k->h1[cs], shape);
         DSC_TRY(nn_attention_backward(&k->attn, cs, &h1, &dresid, &dh));
     }
+    widen_kept(&k->x[slot], shape); /* h1 is read: its workspace takes x */
+    const dsc_tensor x = f32_at(&k->x[slot], shape);
     DSC_TRY(nn_norm_backward(&k->norm1, cs, &x, &dh, &dx));
     DSC_TRY(dsc_kernel_add(&dx, &dx, &dresid));
     k->bt[slot][0] = 0;
@@ -252,13 +272,14 @@ static void block_destroy(dsc_layer *self) {
     free(k);
 }
 
-/* Per slot: the input copy, output and input gradient, plus (without checkpointing) h1, resid, h2
+/* Per slot: the input (stream_dtype), output and input gradient, plus (without checkpointing) h1, resid, h2
  * and what the components and ffn save. */
 static void activation_bytes(block_layer *k) {
     const dsc_layer *attn = k->attn_layer;
-    int64_t per_token = 3 * k->C * (int64_t)sizeof(float);
+    const int64_t stream = (int64_t)dsc_dtype_size(k->stream_dtype);
+    int64_t per_token = k->C * (stream + 2 * (int64_t)sizeof(float));
     if (!k->checkpoint)
-        per_token += k->C * (int64_t)(sizeof(float) + dsc_dtype_size(k->h1_dtype) + dsc_dtype_size(k->h2_dtype)) +
+        per_token += k->C * (stream + (int64_t)(dsc_dtype_size(k->h1_dtype) + dsc_dtype_size(k->h2_dtype))) +
                      (nn_norm_saved_floats_per_token(&k->norm1) + nn_norm_saved_floats_per_token(&k->norm2)) *
                          (int64_t)sizeof(float) +
                      k->ffn->activation_bytes_per_token +
@@ -271,6 +292,7 @@ static void block_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
     const dsc_dtype narrow = nn_saved_dtype(dtype, k->device);
     k->h1_dtype = k->attn_layer ? DSC_DTYPE_F32 : narrow;
     k->h2_dtype = k->ffn->input_read_by_products_only ? narrow : DSC_DTYPE_F32;
+    k->stream_dtype = narrow;
     k->attn.saved = narrow;
     if (k->attn_layer) dsc_layer_set_saved_dtype(k->attn_layer, dtype);
     dsc_layer_set_saved_dtype(k->ffn, dtype);

@@ -2,6 +2,12 @@
  * projection (its own "head.weight", or the embedding's "embed.wte.weight"
  * when tied), and the fused softmax cross-entropy.
  *
+ * Under mixed precision on the CPU (dsc_layer_set_saved_dtype bf16 / fp16)
+ * the logits are stored in that type, as a bf16 / fp16 model's are: the
+ * product rounds each sum once into them, the cross-entropy reads them
+ * widened and writes their gradient rounded in their place, which the
+ * backward's products read as the operand they would round it to anyway.
+ *
  * The (B, T, V) logits are the largest activation of a model, so one buffer
  * serves all slots: backward recomputes a slot's logits from its saved normed
  * input when another slot's forward has overwritten them (with deterministic
@@ -12,6 +18,7 @@
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 #include "runtime/nn/nn_internal.h"
 
 typedef struct head_slot {
@@ -25,6 +32,7 @@ typedef struct head_layer {
     dsc_param *w; /* (V, C) */
     int64_t C, V;
     dsc_device device;
+    dsc_dtype saved; /* the type the logits are stored in (f32; bf16 / fp16 under mixed precision) */
     int nslots;
     head_slot *state;        /* [slots] */
     dsc_tensor *x;           /* [slots] (B, T, C) copy of the input */
@@ -76,9 +84,7 @@ static dsc_status head_reserve(dsc_layer *self, int slots, int64_t B, int64_t T)
     if (!s) s = dsc_buffers_alloc(&h->normed, slots, 3, c_shape, h->device);
     if (!s) s = dsc_buffers_alloc(&h->din, slots, 3, c_shape, h->device);
     if (!s) s = dsc_buffers_alloc(&h->losses, slots, 2, bt, h->device);
-    if (!s)
-        s = dsc_tensor_alloc(&h->logits, DSC_DTYPE_F32, 3, (int64_t[]){B, T, h->V}, h->device,
-                             DSC_MEM_ACTIVATIONS);
+    if (!s) s = dsc_tensor_alloc(&h->logits, h->saved, 3, (int64_t[]){B, T, h->V}, h->device, DSC_MEM_ACTIVATIONS);
     if (!s) s = dsc_tensor_alloc(&h->host_targets, DSC_DTYPE_I32, 2, bt, DSC_CPU, DSC_MEM_OTHER);
     if (!s) s = dsc_tensor_alloc(&h->dnormed, DSC_DTYPE_F32, 3, c_shape, h->device, DSC_MEM_ACTIVATIONS);
     if (!s) s = nn_norm_reserve(&h->norm, slots, B, T, h->device);
@@ -91,6 +97,7 @@ static dsc_status compute_logits(head_layer *h, int slot, const dsc_tensor *norm
     *logits = nn_view(&h->logits, 3, (int64_t[]){normed->shape[0], normed->shape[1], h->V});
     h->logits_slot = -1;
     DSC_TRY(dsc_param_linear_forward(logits, normed, h->w, NULL));
+    dsc_round_to_product_type(logits); /* stored in 2 bytes, they are rounded already */
     h->logits_slot = slot;
     h->logits_bt[0] = normed->shape[0];
     h->logits_bt[1] = normed->shape[1];
@@ -175,11 +182,17 @@ static void head_destroy(dsc_layer *self) {
     free(self);
 }
 
+static void head_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
+    head_layer *h = (head_layer *)self;
+    h->saved = nn_saved_dtype(dtype, h->device);
+}
+
 static const dsc_layer_ops head_ops = {.type = "lm_head",
                                        .reserve = head_reserve,
                                        .forward = head_forward,
                                        .backward = head_backward,
-                                       .destroy = head_destroy};
+                                       .destroy = head_destroy,
+                                       .set_saved_dtype = head_set_saved_dtype};
 
 dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits) {
     DSC_CHECK(head && head->ops == &head_ops, DSC_ERR_INVALID, "layer %s is not an lm_head",
@@ -195,6 +208,22 @@ dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits) {
     return NULL;
 }
 
+dsc_status dsc_logits_row(const dsc_tensor *logits, int64_t row, float *out) {
+    const int64_t V = logits->ndim ? logits->shape[logits->ndim - 1] : 0,
+                  rows = V ? dsc_tensor_numel(logits) / V : 0;
+    DSC_CHECK(row >= 0 && row < rows, DSC_ERR_INVALID, "logits row %lld outside [0, %lld)", (long long)row,
+              (long long)rows);
+    const size_t size = dsc_dtype_size(logits->dtype);
+    const void *at = (const char *)logits->data + (size_t)(row * V) * size;
+    if (logits->dtype != DSC_DTYPE_F32) { /* 2-byte: the CPU's */
+        dsc_precision_unpack(out, at, V, logits->dtype);
+        return NULL;
+    }
+    dsc_tensor src = dsc_tensor_view((void *)at, DSC_DTYPE_F32, 1, &V, logits->device),
+               dst = dsc_tensor_view(out, DSC_DTYPE_F32, 1, &V, DSC_CPU);
+    return dsc_tensor_copy(&dst, &src);
+}
+
 dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, dsc_layer **out) {
     (void)spec;
     *out = NULL;
@@ -207,6 +236,7 @@ dsc_status nn_head_create(const dsc_layer_spec *spec, const dsc_build_ctx *ctx, 
     h->V = mc->vocab_size;
     h->device = ctx->device;
     h->logits_slot = -1;
+    h->saved = DSC_DTYPE_F32;
     nn_param_list list = {.n = 0};
     const int64_t shape[2] = {h->V, h->C};
     dsc_status s = nn_norm_init(&h->norm, &list, ctx->params, "head.norm", mc);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "dsc/kernels.h"
+#include "dsc/precision.h"
 #include "kernels/cpu/cpu_round.h"
 #include "kernels/cpu/cpu_simd.h"
 #include "runtime/nn/nn_internal.h"
@@ -89,6 +90,16 @@ void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value) {
     convert(saved, value);
 }
 
+void nn_keep(dsc_tensor kept, const dsc_tensor *value) {
+    if (kept.dtype != DSC_DTYPE_F32) convert(&kept, value);
+}
+
+dsc_tensor nn_widened(const dsc_tensor *kept, dsc_tensor into) {
+    if (kept->dtype == DSC_DTYPE_F32) return *kept;
+    convert(&into, kept);
+    return into;
+}
+
 void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved) {
     convert(value, saved);
 }
@@ -163,6 +174,12 @@ dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const d
     const int64_t OC = w->value.shape[0], C = w->value.shape[1];
     dsc_tensor act2 = nn_matrix(act, OC), y2 = nn_matrix(y, OC), x2 = nn_matrix(x, C);
     return dsc_kernel_linear_gelu_forward(&act2, &y2, &x2, &w->value, bias ? &bias->value : NULL);
+}
+
+void dsc_round_to_product_type(dsc_tensor *t) {
+    const dsc_dtype products = dsc_kernels_get_matmul_dtype();
+    if (products != DSC_DTYPE_F32 && t->dtype == DSC_DTYPE_F32 && t->device.type == DSC_DEVICE_CPU)
+        dsc_round_to_dtype(t->data, dsc_tensor_numel(t), products);
 }
 
 dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,

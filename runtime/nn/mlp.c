@@ -9,12 +9,16 @@
  * gradient, like its backward's temporaries, live in the layers' workspace
  * (nn_work_at), one for the model.
  *
- * Under mixed precision (dsc_layer_set_saved_dtype: bf16 / fp16) a slot keeps
- * the activation that feeds the second product (gelu(fc) or silu(gate) * up)
- * in 2 bytes: its backward reads it only as that product's operand, which the
- * product rounds to the same type, so nothing changes but the memory. The
- * forward computes it in the dact buffer and stores it rounded; the backward
- * widens it into the dpre buffer, whose own values come after. */
+ * Under bf16 / fp16 products (mixed precision) the first products' outputs
+ * (fc; gate and up) are rounded to the type before the activation reads them,
+ * as a bf16 / fp16 model's linears store them (dsc_round_to_product_type; fc's
+ * by its fused kernel). So everything a slot keeps for its backward holds
+ * values of the type, and under dsc_layer_set_saved_dtype (bf16 / fp16) it is
+ * kept in 2 bytes, changing nothing but the memory: the forward computes in
+ * the workspace (act in the dact buffer, fc or gate in dpre, up in dup) and
+ * stores rounded; the backward widens act into dpre for the second product's
+ * backward, then fc or gate into dpre and up into dup, which the activation's
+ * backward overwrites in place with their gradients. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +36,7 @@ typedef struct mlp_layer {
     dsc_param *b_out; /* (C): proj bias, NULL for SwiGLU */
     int64_t C, F;
     dsc_device device;
-    dsc_dtype saved; /* the type act is kept in (f32, or bf16 / fp16 under mixed precision) */
+    dsc_dtype saved; /* the type pre, up and act are kept in (f32, or bf16 / fp16 under mixed precision) */
     int nslots;      /* slots currently allocated */
     dsc_tensor *in;  /* [slots] views of the input the block keeps */
     dsc_tensor *pre; /* [slots] (B, T, F): fc output, or gate for SwiGLU */
@@ -67,13 +71,20 @@ static dsc_status mlp_reserve(dsc_layer *self, int slots, int64_t B, int64_t T) 
     nn_work_hold();
     m->holds_work = true;
     dsc_status s = m->in ? NULL : dsc_error(DSC_ERR_NOMEM, "input views for %d slots", slots);
-    if (!s) s = dsc_buffers_alloc(&m->pre, slots, 3, f_shape, m->device);
-    if (!s && m->gated) s = dsc_buffers_alloc(&m->up, slots, 3, f_shape, m->device);
+    if (!s) s = nn_buffers_alloc_as(&m->pre, slots, 3, f_shape, m->device, m->saved);
+    if (!s && m->gated) s = nn_buffers_alloc_as(&m->up, slots, 3, f_shape, m->device, m->saved);
     if (!s) s = nn_buffers_alloc_as(&m->act, slots, 3, f_shape, m->device, m->saved);
     if (!s) s = nn_work_grow(NN_WORK_MLP, scratch_count(m), B * T * m->F, m->device);
     if (!s) s = nn_work_grow(NN_WORK_MLP_IO, 2, B * T * m->C, m->device);
     if (s) release(m);
     return s;
+}
+
+/* Slot buffer `kept` viewed as `shape`, and where the forward computes it in f32: itself, or
+ * workspace buffer `work` where the slot keeps it in 2 bytes. */
+static dsc_tensor computed_at(const dsc_tensor *kept, int work, const int64_t *shape, dsc_tensor *kept_view) {
+    *kept_view = nn_view(kept, 3, shape);
+    return kept->dtype == DSC_DTYPE_F32 ? *kept_view : nn_work_at(work, 3, shape);
 }
 
 static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, dsc_tensor *out,
@@ -83,19 +94,23 @@ static dsc_status mlp_forward(dsc_layer *self, int slot, const dsc_tensor *in, d
     DSC_TRY(nn_check_input(self, in, m->C));
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
     m->in[slot] = *in;
-    dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
-    dsc_tensor saved = act;
-    if (m->saved != DSC_DTYPE_F32) act = nn_work_at(NN_WORK_MLP, 3, f_shape);
+    dsc_tensor pre_kept, act_kept, up_kept;
+    dsc_tensor pre = computed_at(&m->pre[slot], NN_WORK_MLP + 1, f_shape, &pre_kept),
+               act = computed_at(&m->act[slot], NN_WORK_MLP, f_shape, &act_kept);
     *out = nn_work_at(NN_WORK_MLP_IO, 3, in->shape);
     if (m->gated) {
-        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape);
+        dsc_tensor up = computed_at(&m->up[slot], NN_WORK_MLP + 2, f_shape, &up_kept);
         DSC_TRY(dsc_param_linear_forward(&pre, in, m->w_in, NULL));
         DSC_TRY(dsc_param_linear_forward(&up, in, m->w_up, NULL));
+        dsc_round_to_product_type(&pre);
+        dsc_round_to_product_type(&up);
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
+        nn_keep(up_kept, &up);
     } else {
         DSC_TRY(dsc_param_linear_gelu_forward(&act, &pre, in, m->w_in, m->b_in));
     }
-    if (m->saved != DSC_DTYPE_F32) nn_saved_store(&saved, &act);
+    nn_keep(pre_kept, &pre);
+    nn_keep(act_kept, &act);
     return dsc_param_linear_forward(out, &act, m->w_out, m->b_out);
 }
 
@@ -107,16 +122,15 @@ static dsc_status mlp_backward(dsc_layer *self, int slot, const dsc_tensor *dout
     DSC_CHECK(in->data, DSC_ERR_INVALID, "backward without a forward");
     DSC_TRY(dsc_tensor_expect(dout, "output gradient", DSC_DTYPE_F32, 3, in->shape));
     const int64_t f_shape[3] = {in->shape[0], in->shape[1], m->F};
-    dsc_tensor pre = nn_view(&m->pre[slot], 3, f_shape), act = nn_view(&m->act[slot], 3, f_shape);
+    dsc_tensor pre_kept = nn_view(&m->pre[slot], 3, f_shape), act_kept = nn_view(&m->act[slot], 3, f_shape);
     dsc_tensor dact = nn_work_at(NN_WORK_MLP, 3, f_shape), dpre = nn_work_at(NN_WORK_MLP + 1, 3, f_shape);
     *din = nn_work_at(NN_WORK_MLP_IO + 1, 3, in->shape);
-    if (m->saved != DSC_DTYPE_F32) {
-        nn_saved_load(&dpre, &act);
-        act = dpre;
-    }
+    const dsc_tensor act = nn_widened(&act_kept, dpre);
     DSC_TRY(dsc_param_linear_backward(&dact, false, m->w_out, m->b_out, dout, &act));
+    const dsc_tensor pre = nn_widened(&pre_kept, dpre); /* act is read: dpre is free again */
     if (m->gated) {
-        dsc_tensor up = nn_view(&m->up[slot], 3, f_shape), dup = nn_work_at(NN_WORK_MLP + 2, 3, f_shape);
+        dsc_tensor dup = nn_work_at(NN_WORK_MLP + 2, 3, f_shape), up_kept = nn_view(&m->up[slot], 3, f_shape);
+        const dsc_tensor up = nn_widened(&up_kept, dup);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
         DSC_TRY(dsc_param_linear_backward(din, false, m->w_in, NULL, &dpre, in));
         DSC_TRY(dsc_param_linear_backward(din, true, m->w_up, NULL, &dup, in));
@@ -138,8 +152,8 @@ static void mlp_release(dsc_layer *self) {
 }
 
 static void activation_bytes(mlp_layer *m) {
-    const int64_t act = m->saved == DSC_DTYPE_F32 ? 4 : 2;
-    m->base.activation_bytes_per_token = ((int64_t)sizeof(float) * (m->gated ? 2 : 1) + act) * m->F;
+    const int64_t kept = m->saved == DSC_DTYPE_F32 ? 4 : 2; /* pre, act and SwiGLU's up */
+    m->base.activation_bytes_per_token = kept * (m->gated ? 3 : 2) * m->F;
 }
 
 static void mlp_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {

@@ -69,6 +69,11 @@ dsc_status nn_buffers_alloc_as(dsc_tensor **bufs, int count, int ndim, const int
 void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value);
 /* value (f32) = saved widened, over the kernels' threads; the inverse of nn_saved_store. */
 void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved);
+/* The f32 `value` a slot keeps in `kept` (a view of the same element count): stored rounded where
+ * kept is 2-byte; nothing where it is f32, as value is then kept itself. */
+void nn_keep(dsc_tensor kept, const dsc_tensor *value);
+/* What `kept` holds, in f32: itself, or widened into `into` (f32, the same element count). */
+dsc_tensor nn_widened(const dsc_tensor *kept, dsc_tensor into);
 
 /* ---- the layers' workspace: per-call temporaries one process shares -------------------- */
 

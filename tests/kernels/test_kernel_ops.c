@@ -23,7 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/backend.h" /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
+#include "core/backend.h"  /* struct dsc_kernel_ops: the entries to cover; the backends' tables */
+#include "dsc/precision.h" /* 2-byte copies of a case's tensors */
 #include "kernel_test_util.h"
 #include "kernels/cpu/cpu_bf16_gemm.h" /* dsc_cpu_bf16_gemm_available: whether x is rounded to bf16 */
 #include "kernels/cpu/cpu_gemm.h"      /* dsc_cpu_gemm_rounded_set_whole_max: panels of small products */
@@ -276,6 +277,20 @@ static void case_gemm_rounded(tc *c, const int64_t *a) {
     free(yr);
 }
 
+/* Each output a kernel rounds to `products` (bf16 / fp16) must be a value of the type within half an
+ * ulp (and f32's noise) of the reference's unrounded value, which then takes the kernel's: under
+ * bf16 / fp16 products linear_gelu rounds y before its GELU, so act is checked to be the GELU of
+ * the rounded y (the unrounded one's is 1e-3 away); the 2-byte outputs below are rounded once. */
+static void expect_rounded(const dsc_tensor *y, double *want, dsc_dtype products) {
+    const double half_ulp = products == DSC_DTYPE_BF16 ? 0x1p-9 : 0x1p-12;
+    for (int64_t i = 0; i < dsc_tensor_numel(y); i++) {
+        const double got = kt_f(y)[i];
+        assert_true(got == rounded_to(got, products));
+        assert_true(fabs(got - want[i]) <= half_ulp * 2.0 * fabs(want[i]) * 1.01 + 1e-5);
+        want[i] = got;
+    }
+}
+
 /* a: rows, out channels, in channels, bias, product type, the most values rounded whole (0: the
  * default; as case_gemm_rounded). y and act = gelu(y) against the GEMM and GELU apart. */
 static void case_linear_gelu(tc *c, const int64_t *a) {
@@ -292,9 +307,77 @@ static void case_linear_gelu(tc *c, const int64_t *a) {
     if (!c->ref) return;
     double *xr = operand(c, x, products_of(a[4])), *wr = operand(c, w, products_of(a[4]));
     ref_gemm(want_y, xr, wr, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    if (a[4]) expect_rounded(y, want_y, products_of(a[4]));
     ref_gelu(want_act, want_y, n * oc);
     free(xr);
     free(wr);
+}
+
+/* A host copy of f32 t (a CPU case's) stored in 2 bytes of `type`: free its data with free(). */
+static dsc_tensor narrow_copy(const dsc_tensor *t, dsc_dtype type) {
+    const int64_t n = dsc_tensor_numel(t);
+    dsc_tensor r = dsc_tensor_view(malloc((size_t)(n > 0 ? n : 1) * 2), type, t->ndim, t->shape, DSC_CPU);
+    dsc_precision_pack_to(r.data, t->data, n, type);
+    return r;
+}
+
+/* f32 tensor `out` (the case's output) = the values of 2-byte `narrow`. */
+static void widen_to(dsc_tensor *out, const dsc_tensor *narrow) {
+    dsc_precision_unpack(out->data, narrow->data, dsc_tensor_numel(out), narrow->dtype);
+}
+
+/* a: rows, out channels, in channels, bias, product type (1 bf16, 2 fp16: also y's), the most values
+ * rounded whole (0: the default). y stored in 2 bytes (mixed precision's logits): each sum rounded
+ * once, checked in `y_seen`, its widened values. */
+static void case_linear_narrow_y(tc *c, const int64_t *a) {
+    int64_t n = a[0], oc = a[1], ch = a[2];
+    const dsc_dtype type = products_of(a[4]);
+    dsc_tensor *x = RANDN(c, 1.0f, n, ch), *w = RANDN(c, 0.5f, oc, ch), *bias = a[3] ? RANDN(c, 1.0f, oc) : NULL;
+    dsc_tensor *y_seen = FULL(c, 0.0f, n, oc), y = narrow_copy(y_seen, type);
+    const dsc_dtype was = dsc_kernels_set_matmul_dtype(type);
+    dsc_cpu_gemm_rounded_set_whole_max(a[5]);
+    dsc_status s = dsc_kernel_linear_forward(&y, x, w, bias);
+    dsc_cpu_gemm_rounded_set_whole_max(0);
+    dsc_kernels_set_matmul_dtype(was);
+    assert_ok(s);
+    widen_to(y_seen, &y);
+    free(y.data);
+    double *want = tc_out(c, y_seen);
+    if (!c->ref) return;
+    double *xr = operand(c, x, type), *wr = operand(c, w, type);
+    ref_gemm(want, xr, wr, tc_in(c, bias), 1, n, oc, ch, false, true, 1.0, 0.0);
+    expect_rounded(y_seen, want, type);
+    free(xr);
+    free(wr);
+}
+
+/* a: rows, out channels, in channels, product type (also dy's and the gradients'), the most values
+ * rounded whole. dy stored in 2 bytes (the logits' gradient): dx, and dw rounded from zeros, called
+ * twice (expect_twice_rounded). */
+static void case_linear_backward_narrow_dy(tc *c, const int64_t *a) {
+    int64_t rows = a[0], oc = a[1], ch = a[2];
+    const dsc_dtype type = products_of(a[3]);
+    dsc_tensor *dy32 = RANDN(c, 1.0f, rows, oc), *x = RANDN(c, 1.0f, rows, ch), *w = RANDN(c, 1.0f, oc, ch);
+    dsc_tensor *dx = FULL(c, 0.0f, rows, ch), *dw = FULL(c, 0.0f, oc, ch), dy = narrow_copy(dy32, type);
+    const dsc_dtype was_grads = dsc_kernels_set_grad_dtype(type), was = dsc_kernels_set_matmul_dtype(type);
+    dsc_cpu_gemm_rounded_set_whole_max(a[4]);
+    dsc_status s = dsc_kernel_linear_backward(dx, dw, NULL, &dy, x, w);
+    if (!s) s = dsc_kernel_linear_backward(dx, dw, NULL, &dy, x, w);
+    dsc_cpu_gemm_rounded_set_whole_max(0);
+    dsc_kernels_set_matmul_dtype(was);
+    dsc_kernels_set_grad_dtype(was_grads);
+    free(dy.data);
+    assert_ok(s);
+    double *want_dx = tc_out(c, dx), *want_dw = tc_out(c, dw);
+    if (c->ref) {
+        double *dyr = operand(c, dy32, type), *xr = operand(c, x, type), *wr = operand(c, w, type);
+        ref_gemm(want_dx, dyr, wr, NULL, 1, rows, ch, oc, false, false, 1.0, 0.0);
+        ref_gemm(want_dw, dyr, xr, NULL, 1, oc, ch, rows, true, false, 1.0, 0.0);
+        free(dyr);
+        free(xr);
+        free(wr);
+    }
+    expect_twice_rounded(c, dw, want_dw, type);
 }
 
 /* a: rows, out channels. Only dbias is asked for, so only the bias entry runs. */
@@ -571,6 +654,43 @@ static void case_cross_entropy_backward(tc *c, const int64_t *a) {
     assert_ok(dsc_kernel_cross_entropy_backward(dlogits, logits, tgt, 0.125f));
     double *want = tc_out(c, dlogits);
     if (c->ref) ref_cross_entropy_backward(want, tc_in(c, logits), tc_ids(c, tgt), n, v, 0.125);
+}
+
+/* a: rows, vocabulary, type (1 bf16, 2 fp16). Logits stored in 2 bytes: the losses of their values. */
+static void case_cross_entropy_narrow(tc *c, const int64_t *a) {
+    int64_t n = a[0], v = a[1];
+    const dsc_dtype type = products_of(a[2]);
+    dsc_tensor *logits = RANDN(c, 3.0f, n, v), *tgt = targets(c, n, v), *losses = FULL(c, 0.0f, n);
+    dsc_tensor narrow = narrow_copy(logits, type);
+    dsc_status s = dsc_kernel_cross_entropy_forward(losses, &narrow, tgt);
+    free(narrow.data);
+    assert_ok(s);
+    double *want = tc_out(c, losses);
+    if (!c->ref) return;
+    double *lr = operand(c, logits, type);
+    ref_cross_entropy(want, lr, tc_ids(c, tgt), n, v);
+    free(lr);
+}
+
+/* a: rows, vocabulary, in place, type. The gradient of 2-byte logits, written rounded (seen widened
+ * in `seen`). */
+static void case_cross_entropy_backward_narrow(tc *c, const int64_t *a) {
+    int64_t n = a[0], v = a[1];
+    const dsc_dtype type = products_of(a[3]);
+    dsc_tensor *logits = RANDN(c, 3.0f, n, v), *tgt = targets(c, n, v), *seen = FULL(c, 0.0f, n, v);
+    dsc_tensor narrow = narrow_copy(logits, type), apart = narrow_copy(seen, type);
+    dsc_tensor *d = a[2] ? &narrow : &apart;
+    dsc_status s = dsc_kernel_cross_entropy_backward(d, &narrow, tgt, 0.125f);
+    if (!s) widen_to(seen, d);
+    free(narrow.data);
+    free(apart.data);
+    assert_ok(s);
+    double *want = tc_out(c, seen);
+    if (!c->ref) return;
+    double *lr = operand(c, logits, type);
+    ref_cross_entropy_backward(want, lr, tc_ids(c, tgt), n, v, 0.125);
+    expect_rounded(seen, want, type);
+    free(lr);
 }
 
 /* a: n, steps. */
@@ -868,6 +988,15 @@ static const op_case cases[] = {
     /* dy^T (300 x 64), then x (16 x 4100), rounded by the tiles that read them */
     CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 1e-2, 64, 300, 90, 1, 1, 1, 5000),
     CPU_CASE(linear_grads_rounded, case_linear_grads_rounded, 2e-3, 16, 16, 4100, 0, 2, 2, 5000),
+    /* 2-byte tensors (mixed precision's head): y rounded once, in one panel, in the narrow product's
+     * column panels (300 x 5000) and through the rounded panels and depth blocks (whole_max 4000);
+     * dy widened, through the depth blocks and the tiles */
+    CPU_CASE(linear_narrow_y, case_linear_narrow_y, 1e-5, 33, 70, 40, 1, 1, 0),
+    CPU_CASE(linear_narrow_y, case_linear_narrow_y, 1e-5, 300, 5000, 64, 1, 1, 0),
+    CPU_CASE(linear_narrow_y, case_linear_narrow_y, 1e-5, 37, 700, 300, 0, 2, 4000),
+    CPU_CASE(linear_backward_narrow_dy, case_linear_backward_narrow_dy, 1e-2, 40, 90, 48, 1, 0),
+    CPU_CASE(linear_backward_narrow_dy, case_linear_backward_narrow_dy, 1e-2, 40, 900, 48, 1, 4000),
+    CPU_CASE(linear_backward_narrow_dy, case_linear_backward_narrow_dy, 2e-3, 16, 300, 20, 2, 4000),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 1, 33),
     CASE(linear_backward_bias, case_linear_bias, 1e-4, 600, 3),
     /* norms: rows, channels, rms */
@@ -931,6 +1060,11 @@ static const op_case cases[] = {
     CASE(cross_entropy_forward, case_cross_entropy, 1e-4, 1, 1),
     CASE(cross_entropy_backward, case_cross_entropy_backward, 1e-4, 8, 5003, 0),
     CASE(cross_entropy_backward, case_cross_entropy_backward, 1e-4, 11, 7, 1),
+    /* 2-byte logits: rows, vocabulary (past one 1024-value staging chunk), (in place,) type */
+    CPU_CASE(cross_entropy_forward_narrow, case_cross_entropy_narrow, 1e-5, 8, 5003, 1),
+    CPU_CASE(cross_entropy_forward_narrow, case_cross_entropy_narrow, 1e-5, 8, 5003, 2),
+    CPU_CASE(cross_entropy_backward_narrow, case_cross_entropy_backward_narrow, 1e-5, 8, 5003, 0, 1),
+    CPU_CASE(cross_entropy_backward_narrow, case_cross_entropy_backward_narrow, 1e-5, 11, 7, 1, 2),
     /* optimizers: n, steps (, momentum x10) */
     CASE(adamw, case_adamw, 1e-5, 100003, 3),
     CASE(adamw, case_adamw, 1e-5, 1, 1),
@@ -996,7 +1130,9 @@ static int unsupported; /* cases the device skips: its table lacks their entry, 
  * entry, the optimizers' included, must run on the device. */
 static bool may_lack(size_t entry) {
     return entry == ENTRY(linear_packed) || entry == ENTRY(linear_grads_rounded) ||
-           entry == ENTRY(embedding_backward_rounded);
+           entry == ENTRY(embedding_backward_rounded) || entry == ENTRY(linear_narrow_y) ||
+           entry == ENTRY(linear_backward_narrow_dy) || entry == ENTRY(cross_entropy_forward_narrow) ||
+           entry == ENTRY(cross_entropy_backward_narrow);
 }
 
 /* CPU against the reference, or `dev` against the CPU: true when every output agrees. */

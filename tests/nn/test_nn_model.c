@@ -104,10 +104,11 @@ static void run_two(test_model *m, dsc_dtype products, double loss[2]) {
     dsc_kernels_set_matmul_dtype(was);
 }
 
-/* Keeping the MLP's second operand, the attention's q, k, v and output and the block's norm1 and
- * norm2 outputs in 2 bytes (dsc_layer_set_saved_dtype) changes no bit under products of that type,
- * and takes 2 bytes a value fewer per slot; under f32 products the same storage rounds them and the
- * gradients move. */
+/* Keeping the MLP's activation and its inputs (fc's output; SwiGLU's gate and up), the attention's
+ * q, k, v and output, the block's input, residual sum and norm1 and norm2 outputs and the head's
+ * logits in 2 bytes
+ * (dsc_layer_set_saved_dtype) changes no bit under products of that type, and takes 2 bytes a value fewer per
+ * slot; under f32 products the same storage rounds them and the gradients move. */
 static void saved_case(dsc_model_arch arch, dsc_dtype saved) {
     dsc_model_config mc;
     test_tiny_config(&mc, arch);
@@ -120,11 +121,13 @@ static void saved_case(dsc_model_arch arch, dsc_dtype saved) {
         assert_ok(dsc_layer_reserve(narrow.layers[l], 2, B, T));
     }
     const int64_t kv = mc.n_kv_head * (mc.d_model / mc.n_head);
-    const int64_t per_block = (4 * mc.d_model + 2 * kv + mc.d_ff) * 2 * B * T * 2; /* 2 slots, 2 bytes less */
+    const int64_t mlp = (arch == DSC_ARCH_LLAMA ? 3 : 2) * mc.d_ff;
+    const int64_t per_block = (6 * mc.d_model + 2 * kv + mlp) * 2 * B * T * 2; /* 2 slots, 2 bytes less */
     /* ... and the workspace grows once, for the model, by the attention's four widened tensors and
      * the block's one */
     const int64_t widened = 5 * B * T * mc.d_model * (int64_t)sizeof(float);
-    assert_true(activation_bytes_now() - before == -mc.n_layer * per_block + widened);
+    const int64_t logits = B * T * mc.vocab_size * 2; /* the head's one buffer, 2 bytes less a value */
+    assert_true(activation_bytes_now() - before == -mc.n_layer * per_block - logits + widened);
     const dsc_layer *block = narrow.layers[1];
     assert_int_equal(wide.layers[1]->activation_bytes_per_token - block->activation_bytes_per_token,
                      per_block / (2 * B * T));

@@ -13,7 +13,11 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
               rounded to bf16 and whose products are summed in f32, forward
               and backward (autocast's bf16 matmuls; dsc's
               dsc_kernels_set_matmul_dtype), the attention computed as a
-              bf16 flash attention (LowAttention), the activations between layers
+              bf16 flash attention (LowAttention), the feed-forward's first
+              products' outputs (fc; gate and up) rounded to bf16 before the
+              activation reads them (a bf16 linear's output) and each block's
+              residual sum x + attn(norm1(x)) and the logits rounded to bf16
+              (a bf16 model's), the activations between layers
               (embedding and block outputs) and their gradients are rounded
               to bf16, every gradient is rounded to bf16, then clip + AdamW
               update the master;
@@ -132,19 +136,48 @@ class LowAttention(torch.autograd.Function):
         return ds @ kr * scale, ds.transpose(-2, -1) @ qr * scale, round_to(p, bf).transpose(-2, -1) @ gr, None
 
 
+def mlp_rounded(mlp, x, dtype):
+    """mm.Mlp with what its activation reads rounded to `dtype` (the gradient passes through)."""
+    if mlp.llama:
+        return mlp.down(F.silu(RoundOutput.apply(mlp.gate(x), dtype)) * RoundOutput.apply(mlp.up(x), dtype))
+    return mlp.proj(F.gelu(RoundOutput.apply(mlp.fc(x), dtype), approximate="tanh"))
+
+
+class RoundOutput(torch.autograd.Function):
+    """A product's output stored in `dtype`; the gradient as it is (the next product rounds it)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        return x.to(dtype).float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def block_rounded(block, x, dtype):
+    """mm.Block with its residual sum stored in `dtype` (its input is, between layers)."""
+    r = RoundOutput.apply(x + block.attn(block.norm1(x)), dtype)
+    return r + block.mlp(block.norm2(r))
+
+
 def forward_rounded(model, tokens, targets, dtype):
-    plain, plain_attend = torch.nn.Linear.forward, mm.Attention.attend
+    plain, plain_attend, plain_mlp = torch.nn.Linear.forward, mm.Attention.attend, mm.Mlp.forward
+    plain_block = mm.Block.forward
+    mm.Block.forward = lambda self, x: block_rounded(self, x, dtype)
     torch.nn.Linear.forward = lambda self, x: LowLinear.apply(x, self.weight, self.bias, dtype)
     mm.Attention.attend = lambda self, q, k, v: LowAttention.apply(q, k, v, dtype)
+    mm.Mlp.forward = lambda self, x: mlp_rounded(self, x, dtype)
     try:
         x = RoundBetween.apply(model.embed(tokens), dtype)
         for block in model.layers:
             x = RoundBetween.apply(block(x), dtype)
         head = model.head
         w = head.tied.weight if head.tied is not None else head.weight
-        logits = LowLinear.apply(head.norm(x), w, None, dtype)
+        logits = RoundOutput.apply(LowLinear.apply(head.norm(x), w, None, dtype), dtype)
     finally:
-        torch.nn.Linear.forward, mm.Attention.attend = plain, plain_attend
+        torch.nn.Linear.forward, mm.Attention.attend, mm.Mlp.forward = plain, plain_attend, plain_mlp
+        mm.Block.forward = plain_block
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
 

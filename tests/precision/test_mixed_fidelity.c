@@ -29,12 +29,16 @@
 #include "test_mpi.h"
 
 #define FIXTURE "../../precision/fixtures/mixed_gpt" /* fixture_load reads tests/nn/fixtures/<name> */
-/* Measured (see docs/training.md): scheme vs dsc max |loss diff| fp32 7.6e-7, bf16 8.6e-4, fp16 8.9e-5
+/* Measured (see docs/training.md): scheme vs dsc max |loss diff| fp32 7.6e-7, bf16 1.2e-3, fp16 1.3e-3
  * (fp16 with f32 products: 6.8e-4): the first step's gradients agree element by element (but one-ulp
- * roundings decided by f32 noise), and over 8 steps those flips grow (bf16 has 8 bits); bf16-computing
- * PyTorch vs dsc's bf16 2.5e-2 (every activation in bf16 there, only those between layers in dsc). */
+ * roundings decided by f32 noise), and over 8 steps those flips grow (bf16 has 8 bits). fp16's one
+ * difference is its first update (steps 0-3 overflow), AdamW's first step, lr times each gradient's
+ * sign, so a gradient whose sum cancels to near 0 and takes the other sign in dsc's f32 summation
+ * order moves its parameter by 2 lr: as the rounding of the MLP's fc output, the residual sums and
+ * the logits came in, it went 8.9e-5, 1.4e-3 (3 such signs), 1.6e-4, 1.3e-3. bf16-computing PyTorch
+ * vs dsc's bf16 2.5e-2 (every activation in bf16 there). */
 #define TOL_SCHEME 2e-3
-#define TOL_SCHEME_FP16 2e-4
+#define TOL_SCHEME_FP16 2e-3
 #define TOL_LOWP 5e-2
 
 typedef struct fixed_source {
