@@ -211,6 +211,8 @@ dsc_status dsc_head_logits(dsc_layer *head, int slot, dsc_tensor *logits) {
 dsc_status dsc_logits_row(const dsc_tensor *logits, int64_t row, float *out) {
     const int64_t V = logits->ndim ? logits->shape[logits->ndim - 1] : 0,
                   rows = V ? dsc_tensor_numel(logits) / V : 0;
+    DSC_CHECK(logits->dtype == DSC_DTYPE_F32 || logits->dtype == DSC_DTYPE_BF16 || logits->dtype == DSC_DTYPE_F16,
+              DSC_ERR_INVALID, "logits of dtype %s (f32, bf16 or f16 expected)", dsc_dtype_name(logits->dtype));
     DSC_CHECK(row >= 0 && row < rows, DSC_ERR_INVALID, "logits row %lld outside [0, %lld)", (long long)row,
               (long long)rows);
     const size_t size = dsc_dtype_size(logits->dtype);

@@ -284,6 +284,49 @@ static void test_logits_only_forward(void **state) {
     test_model_free(&m);
 }
 
+/* Under mixed precision the head stores the logits in 2 bytes: a forward without targets (generation)
+ * gives them in that type, and dsc_logits_row reads a row widened: the f32-storage model's logits under
+ * the same products (rounded in place), bit for bit. */
+static void test_logits_in_two_bytes(void **state) {
+    (void)state;
+    dsc_model_config mc;
+    test_tiny_config(&mc, DSC_ARCH_LLAMA);
+    test_model wide, narrow;
+    assert_ok(test_model_build(&wide, &mc, DSC_CPU, 4, 1, B, T));
+    assert_ok(test_model_build(&narrow, &mc, DSC_CPU, 4, 1, B, T));
+    for (int l = 0; l < narrow.n; l++) {
+        dsc_layer_set_saved_dtype(narrow.layers[l], DSC_DTYPE_BF16);
+        assert_ok(dsc_layer_reserve(narrow.layers[l], 1, B, T));
+    }
+    batch b;
+    make_batch(&b, mc.vocab_size, 8);
+    dsc_tensor out[2];
+    test_model *models[2] = {&wide, &narrow};
+    const dsc_dtype was = dsc_kernels_set_matmul_dtype(DSC_DTYPE_BF16);
+    for (int k = 0; k < 2; k++) {
+        dsc_micro_ctx ctx = {.tokens = &b.tok};
+        dsc_tensor cur = {0};
+        for (int i = 0; i < models[k]->n; i++) {
+            assert_ok(dsc_layer_forward(models[k]->layers[i], 0, &cur, &out[k], &ctx));
+            cur = out[k];
+        }
+    }
+    dsc_kernels_set_matmul_dtype(was);
+    assert_int_equal(out[0].dtype, DSC_DTYPE_F32);
+    assert_int_equal(out[1].dtype, DSC_DTYPE_BF16);
+    float *got = malloc((size_t)mc.vocab_size * sizeof *got), *want = malloc((size_t)mc.vocab_size * sizeof *want);
+    for (int64_t r = 0; r < B * T; r++) {
+        assert_ok(dsc_logits_row(&out[1], r, got));
+        assert_ok(dsc_logits_row(&out[0], r, want));
+        assert_memory_equal(got, want, (size_t)mc.vocab_size * sizeof *got);
+    }
+    assert_err(dsc_logits_row(&out[1], B * T, got), DSC_ERR_INVALID, "outside");
+    free(got);
+    free(want);
+    test_model_free(&wide);
+    test_model_free(&narrow);
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     dsc_model_config mc;
@@ -353,6 +396,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpointing_is_bitwise),
         cmocka_unit_test(test_saved_in_two_bytes_is_bitwise),
+        cmocka_unit_test(test_logits_in_two_bytes),
         cmocka_unit_test(test_workspace_shared_by_layers),
         cmocka_unit_test(test_two_slots_in_flight_equal_sequential),
         cmocka_unit_test(test_logits_only_forward),
