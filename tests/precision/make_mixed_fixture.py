@@ -31,7 +31,12 @@ AdamW + clipping in the schemes DeepSpeed's optimizers implement:
   bf16_lowp   DeepSpeed as it runs on a GPU: model.to(torch.bfloat16),
               forward and backward computed in bf16 (activations bf16 too),
               gradients cast to f32 for the fp32 master's AdamW;
-  fp16_lowp   the same in fp16 with the dynamic loss scale.
+  fp16_lowp   the same in fp16 with the dynamic loss scale;
+  bf16_autocast  torch.autocast("cpu", dtype=torch.bfloat16) over the f32
+              model (autocast's own choice of what runs in bf16: the
+              linears and matmuls, with bf16 outputs; the residual stream
+              stays f32), f32 parameter gradients, the fp32 AdamW;
+  fp16_autocast  the same in fp16, with the dynamic loss scale.
 
 Written: tests/precision/fixtures/mixed_gpt.{idx,bin} (the nn fixture
 format: meta lines, params, tokens, and loss/<mode> (STEPS,), skipped/<mode>,
@@ -190,8 +195,10 @@ def train(model0, tokens, targets, mode, ds, steps=STEPS, scale_power=FP16["init
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=mm.WEIGHT_DECAY),
                              dict(params=no_decay, weight_decay=0.0)], lr=mm.LR, betas=mm.BETAS, eps=mm.EPS)
     low = {"bf16": torch.bfloat16, "fp16": torch.float16, "bf16_lowp": torch.bfloat16,
-           "fp16_lowp": torch.float16}.get(mode)
+           "fp16_lowp": torch.float16, "bf16_autocast": torch.bfloat16, "fp16_autocast": torch.float16}.get(mode)
     lowp = mode.endswith("_lowp")
+    autocast = mode.endswith("_autocast")
+    grad_low = None if autocast else low  # autocast's parameter gradients are f32
     scaler = None
     if low is torch.float16:
         scaler = ds.DynamicLossScaler(init_scale=2.0 ** scale_power,
@@ -202,12 +209,15 @@ def train(model0, tokens, targets, mode, ds, steps=STEPS, scale_power=FP16["init
         work = copy.deepcopy(master)
         if lowp:
             work = work.to(low)
-        else:
+        elif not autocast:
             with torch.no_grad():
                 for p in work.parameters():
                     p.copy_(round_to(p, low))
         scale = scaler.cur_scale if scaler else 1.0
-        if low is None or lowp:
+        if autocast:
+            with torch.autocast("cpu", dtype=low):
+                _, loss = work(tokens, targets)
+        elif low is None or lowp:
             _, loss = work(tokens, targets)
         else:
             loss = forward_rounded(work, tokens, targets, low)
@@ -215,7 +225,7 @@ def train(model0, tokens, targets, mode, ds, steps=STEPS, scale_power=FP16["init
         overflow = False
         wp = dict(work.named_parameters())
         for n in names:
-            g = round_to(wp[n].grad.float(), low)
+            g = round_to(wp[n].grad.float(), grad_low)
             overflow |= not torch.isfinite(g).all().item()
             mp[n].grad = g
         if step == 0:
@@ -255,7 +265,7 @@ def main():
     w.array("targets", targets)
     for n, p in model.named_parameters():
         w.array("param/" + n, p.float())
-    for mode in ["fp32", "bf16", "fp16", "bf16_lowp", "fp16_lowp"]:
+    for mode in ["fp32", "bf16", "fp16", "bf16_lowp", "fp16_lowp", "bf16_autocast", "fp16_autocast"]:
         losses, skipped, scales, grads0 = train(model, tokens, targets, mode, ds)
         if mode == "bf16":  # the first step's gradients, rounded to bf16 (scale 1)
             for n, g in grads0.items():
