@@ -44,12 +44,16 @@ struct dsc_moe_experts {
     int n_params;
     int nslots;
     int64_t max_rows;
-    dsc_tensor *in;        /* [slots] views of the input the caller keeps */
-    dsc_tensor *pre;       /* [slots] (count, R, F): fc output, or SwiGLU gate */
-    dsc_tensor *up;        /* [slots] (count, R, F): SwiGLU only */
-    dsc_tensor *act;       /* [slots] (count, R, F): gelu(pre) or silu(gate) * up */
-    dsc_tensor scratch[3]; /* (count, R, F): dact, dpre, dup */
-    dsc_tensor ones;       /* (count * R) of 1.0: bias GEMMs (GELU only) */
+    dsc_tensor *in;  /* [slots] views of the input the caller keeps */
+    dsc_dtype saved; /* the type pre, up and act are kept in (f32; bf16 / f16 under mixed precision) */
+    dsc_tensor *pre; /* [slots] (count, R, F): fc output, or SwiGLU gate */
+    dsc_tensor *up;  /* [slots] (count, R, F): SwiGLU only */
+    dsc_tensor *act; /* [slots] (count, R, F): gelu(pre) or silu(gate) * up */
+    /* (count, R, F): dact, dpre, dup; where the slots keep 2 bytes, also where a forward computes act,
+     * pre and up and a backward widens act (into dpre), then pre and up (into dpre and dup, which
+     * the activation's backward overwrites in place) */
+    dsc_tensor scratch[3];
+    dsc_tensor ones; /* (count * R) of 1.0: bias GEMMs (GELU only) */
 };
 
 static bool gated(const dsc_moe_experts *x) {
@@ -191,12 +195,18 @@ static dsc_status reserve_bank(dsc_moe_experts *x, proj_bank *b) {
     return dsc_tensor_alloc(&b->grad, DSC_DTYPE_F32, 3, shape, x->device, DSC_MEM_GRADS);
 }
 
-static dsc_status alloc_slots(dsc_tensor **bufs, int slots, const int64_t *shape, dsc_device device) {
+static dsc_status alloc_slots(dsc_tensor **bufs, int slots, const int64_t *shape, dsc_device device,
+                              dsc_dtype dtype) {
     *bufs = calloc((size_t)slots, sizeof **bufs);
     DSC_CHECK(*bufs, DSC_ERR_NOMEM, "expert activations for %d slots", slots);
     for (int s = 0; s < slots; s++)
-        DSC_TRY(dsc_tensor_alloc(&(*bufs)[s], DSC_DTYPE_F32, 3, shape, device, DSC_MEM_ACTIVATIONS));
+        DSC_TRY(dsc_tensor_alloc(&(*bufs)[s], dtype, 3, shape, device, DSC_MEM_ACTIVATIONS));
     return NULL;
+}
+
+dsc_dtype dsc_moe_experts_set_saved_dtype(dsc_moe_experts *x, dsc_dtype dtype) {
+    const bool narrow = dtype == DSC_DTYPE_BF16 || dtype == DSC_DTYPE_F16;
+    return x->saved = narrow && x->device.type == DSC_DEVICE_CPU ? dtype : DSC_DTYPE_F32;
 }
 
 static dsc_status reserve(dsc_moe_experts *x, int slots, int64_t rows) {
@@ -207,9 +217,9 @@ static dsc_status reserve(dsc_moe_experts *x, int slots, int64_t rows) {
     x->max_rows = rows;
     x->in = calloc((size_t)slots, sizeof *x->in);
     DSC_CHECK(x->in, DSC_ERR_NOMEM, "expert input views for %d slots", slots);
-    DSC_TRY(alloc_slots(&x->pre, slots, f_shape, x->device));
-    if (gated(x)) DSC_TRY(alloc_slots(&x->up, slots, f_shape, x->device));
-    DSC_TRY(alloc_slots(&x->act, slots, f_shape, x->device));
+    DSC_TRY(alloc_slots(&x->pre, slots, f_shape, x->device, x->saved));
+    if (gated(x)) DSC_TRY(alloc_slots(&x->up, slots, f_shape, x->device, x->saved));
+    DSC_TRY(alloc_slots(&x->act, slots, f_shape, x->device, x->saved));
     for (int i = 0; i < (gated(x) ? 3 : 2); i++)
         DSC_TRY(dsc_tensor_alloc(&x->scratch[i], DSC_DTYPE_F32, 3, f_shape, x->device, DSC_MEM_ACTIVATIONS));
     if (gated(x)) return NULL;
@@ -240,7 +250,7 @@ typedef struct ffn_range {
 
 static dsc_tensor part_of(const dsc_tensor *t, ffn_range r) {
     const int64_t per = t->shape[1] * t->shape[2];
-    return dsc_tensor_view((float *)t->data + r.first * per, DSC_DTYPE_F32, 3,
+    return dsc_tensor_view((char *)t->data + (size_t)(r.first * per) * dsc_dtype_size(t->dtype), t->dtype, 3,
                            (int64_t[]){r.n, t->shape[1], t->shape[2]}, t->device);
 }
 
@@ -335,9 +345,27 @@ static dsc_status check_call(const dsc_moe_experts *x, int slot, int first, int 
 
 /* FFNs r of a slot's (count, R, F) activation buffer. */
 static dsc_tensor f_part(const dsc_moe_experts *x, const dsc_tensor *buf, int64_t R, ffn_range r) {
-    dsc_tensor whole =
-        dsc_tensor_view(buf->data, DSC_DTYPE_F32, 3, (int64_t[]){x->o.count, R, x->o.d_ff}, x->device);
+    dsc_tensor whole = dsc_tensor_view(buf->data, buf->dtype, 3, (int64_t[]){x->o.count, R, x->o.d_ff}, x->device);
     return part_of(&whole, r);
+}
+
+/* Where a forward computes a slot buffer's part `kept` in f32: itself, or scratch buffer `i`'s part
+ * where the slot keeps 2 bytes. */
+static dsc_tensor computed_at(const dsc_moe_experts *x, const dsc_tensor *kept, int i, int64_t R, ffn_range r) {
+    return kept->dtype == DSC_DTYPE_F32 ? *kept : f_part(x, &x->scratch[i], R, r);
+}
+
+/* f32 `value` into the slot's part `kept` where that is 2-byte (rounded); where it is f32 it is value. */
+static void keep(dsc_tensor *kept, const dsc_tensor *value) {
+    if (kept->dtype != DSC_DTYPE_F32) dsc_activations_convert(kept, value);
+}
+
+/* What the slot's part `kept` holds, in f32: itself, or widened into scratch buffer `i`'s part. */
+static dsc_tensor widened(const dsc_moe_experts *x, const dsc_tensor *kept, int i, int64_t R, ffn_range r) {
+    if (kept->dtype == DSC_DTYPE_F32) return *kept;
+    dsc_tensor into = f_part(x, &x->scratch[i], R, r);
+    dsc_activations_convert(&into, kept);
+    return into;
 }
 
 dsc_status dsc_moe_experts_forward_part(dsc_moe_experts *x, int slot, int first, int n, const dsc_tensor *in,
@@ -349,17 +377,21 @@ dsc_status dsc_moe_experts_forward_part(dsc_moe_experts *x, int slot, int first,
     x->in[slot] = *in;
     if (R == 0 || n == 0) return NULL;
     dsc_tensor xin = part_of(in, r), y = part_of(out, r);
-    dsc_tensor pre = f_part(x, &x->pre[slot], R, r), act = f_part(x, &x->act[slot], R, r);
+    dsc_tensor pre_kept = f_part(x, &x->pre[slot], R, r), act_kept = f_part(x, &x->act[slot], R, r);
+    dsc_tensor pre = computed_at(x, &pre_kept, 1, R, r), act = computed_at(x, &act_kept, 0, R, r);
     DSC_TRY(project(x, &pre, &xin, &x->w_in, x->b_in.p ? &x->b_in : NULL, r));
     dsc_round_to_product_type(&pre); /* what the activation reads, as the dense MLP's */
     if (gated(x)) {
-        dsc_tensor up = f_part(x, &x->up[slot], R, r);
+        dsc_tensor up_kept = f_part(x, &x->up[slot], R, r), up = computed_at(x, &up_kept, 2, R, r);
         DSC_TRY(project(x, &up, &xin, &x->w_up, NULL, r));
         dsc_round_to_product_type(&up);
         DSC_TRY(dsc_kernel_swiglu_forward(&act, &pre, &up));
+        keep(&up_kept, &up);
     } else {
         DSC_TRY(dsc_kernel_gelu_forward(&act, &pre));
     }
+    keep(&pre_kept, &pre);
+    keep(&act_kept, &act);
     /* Under expert tensor parallelism the group's sum adds the bias once, from rank 0. */
     const bool out_bias = x->b_out.p && (x->o.ff_global == 0 || x->o.tp_rank == 0);
     return project(x, &y, &act, &x->w_out, out_bias ? &x->b_out : NULL, r);
@@ -380,11 +412,14 @@ dsc_status dsc_moe_experts_backward_part(dsc_moe_experts *x, int slot, int first
     const ffn_range r = {first, n};
     if (R == 0 || n == 0) return NULL;
     dsc_tensor xin = part_of(in, r), dy = part_of(dout, r), dx = part_of(din, r);
-    dsc_tensor pre = f_part(x, &x->pre[slot], R, r), act = f_part(x, &x->act[slot], R, r);
+    const dsc_tensor pre_kept = f_part(x, &x->pre[slot], R, r), act_kept = f_part(x, &x->act[slot], R, r);
     dsc_tensor dact = f_part(x, &x->scratch[0], R, r), dpre = f_part(x, &x->scratch[1], R, r);
+    const dsc_tensor act = widened(x, &act_kept, 1, R, r);
     DSC_TRY(project_backward(x, &dact, false, &dy, &act, &x->w_out, x->b_out.p ? &x->b_out : NULL, r, grad_scale));
+    const dsc_tensor pre = widened(x, &pre_kept, 1, R, r); /* act is read: dpre is free again */
     if (gated(x)) {
-        dsc_tensor up = f_part(x, &x->up[slot], R, r), dup = f_part(x, &x->scratch[2], R, r);
+        const dsc_tensor up_kept = f_part(x, &x->up[slot], R, r), up = widened(x, &up_kept, 2, R, r);
+        dsc_tensor dup = f_part(x, &x->scratch[2], R, r);
         DSC_TRY(dsc_kernel_swiglu_backward(&dpre, &dup, &dact, &pre, &up));
         DSC_TRY(project_backward(x, &dx, false, &dpre, &xin, &x->w_in, NULL, r, grad_scale));
         return project_backward(x, &dx, true, &dup, &xin, &x->w_up, NULL, r, grad_scale);

@@ -62,6 +62,7 @@ typedef struct moe_layer {
     dsc_layer base;
     dsc_moe_options o;
     int64_t M, E, E_loc, ep_size, ep_rank;
+    int64_t F; /* d_ff */
     dsc_comm *ep;
     dsc_device device;
     dsc_param *wg; /* (E, M) router */
@@ -571,11 +572,30 @@ static void moe_destroy(dsc_layer *self) {
     free(m);
 }
 
+/* Per token: the routes' rows in and out of the experts (K*cf of them, each M in, M out, F hidden
+ * twice or, SwiGLU, 3 times, in the experts' kept type), logits, and the residual's share. */
+static void activation_bytes(moe_layer *m, dsc_dtype kept) {
+    const double rows = m->o.gate.k * m->o.gate.capacity_factor, f32 = sizeof(float),
+                 hidden = (double)((m->o.expert_kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 2) * m->F) *
+                          (double)dsc_dtype_size(kept);
+    m->base.activation_bytes_per_token =
+        (int64_t)(rows * (f32 * 2.0 * (double)m->M + hidden) + f32 * (double)m->E +
+                  (m->o.use_residual ? f32 * (3.0 * (double)m->M + 2.0) + hidden : 0.0));
+}
+
+/* Mixed precision: the experts' (and the residual MLP's) hidden activations in 2 bytes. */
+static void moe_set_saved_dtype(dsc_layer *self, dsc_dtype dtype) {
+    moe_layer *m = self_of(self);
+    if (m->mlp) dsc_moe_experts_set_saved_dtype(m->mlp, dtype);
+    activation_bytes(m, dsc_moe_experts_set_saved_dtype(m->experts, dtype));
+}
+
 static const dsc_layer_ops moe_ops = {.type = "moe",
                                       .reserve = moe_reserve,
                                       .forward = moe_forward,
                                       .backward = moe_backward,
-                                      .destroy = moe_destroy};
+                                      .destroy = moe_destroy,
+                                      .set_saved_dtype = moe_set_saved_dtype};
 
 dsc_status dsc_moe_check_parallel(int num_experts, int ep_size, int ranks) {
     DSC_CHECK(ep_size >= 1, DSC_ERR_INVALID, "moe.ep_size must be >= 1 (got %d)", ep_size);
@@ -683,13 +703,8 @@ dsc_status dsc_moe_layer_create(const dsc_moe_options *o, const dsc_model_config
         moe_destroy(&m->base);
         return s;
     }
-    /* Per token: the routes' rows in and out of the experts (K*cf of them,
-     * each M in, M out, F hidden twice), logits, and the residual's share. */
-    const double rows = o->gate.k * o->gate.capacity_factor;
-    const int64_t hidden = (o->expert_kind == DSC_MOE_EXPERT_KIND_SWIGLU ? 3 : 2) * (int64_t)mc->d_ff;
-    m->base.activation_bytes_per_token =
-        (int64_t)(sizeof(float) * (rows * (2.0 * (double)m->M + (double)hidden) + (double)m->E +
-                                   (o->use_residual ? 3.0 * (double)m->M + (double)hidden + 2.0 : 0.0)));
+    m->F = mc->d_ff;
+    activation_bytes(m, DSC_DTYPE_F32);
     *out = &m->base;
     return NULL;
 }

@@ -84,6 +84,12 @@ typedef struct dsc_moe_experts dsc_moe_experts;
 DSC_API dsc_status dsc_moe_experts_create(const dsc_moe_experts_options *o, const char *prefix,
                                           dsc_param_store *store, dsc_device device, dsc_moe_experts **out);
 DSC_API void dsc_moe_experts_destroy(dsc_moe_experts *x);
+/* The type the bank keeps each FFN's pre-activation (fc, or gate and up) and
+ * activation in between a forward and its backward: bf16 / f16 on the CPU
+ * under mixed precision (values of that type: the products round the
+ * activation, dsc_round_to_product_type the others), else f32. Call before
+ * dsc_moe_experts_reserve. */
+DSC_API dsc_dtype dsc_moe_experts_set_saved_dtype(dsc_moe_experts *x, dsc_dtype dtype); /* returns that type */
 /* Activation storage for `slots` pending calls of at most `rows` rows per FFN.
  * Call after dsc_params_finalize. */
 DSC_API dsc_status dsc_moe_experts_reserve(dsc_moe_experts *x, int slots, int64_t rows);

@@ -249,6 +249,10 @@ DSC_API dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y,
  * block its input and residual sum. Unchanged under f32 products, on other devices, whose products
  * keep f32, and for a tensor stored in 2 bytes, whose values are of the type already. */
 DSC_API void dsc_round_to_product_type(dsc_tensor *t);
+/* to = from element for element, one of them f32 and the other bf16 / f16 (CPU tensors of one
+ * element count): rounded to nearest even, or widened, over the kernels' threads. How layers keep
+ * activations in 2 bytes (dsc_layer_set_saved_dtype) and read them back. */
+DSC_API void dsc_activations_convert(dsc_tensor *to, const dsc_tensor *from);
 /* Parameter gradients of a linear, and dx = dy @ w: overwritten, or added to dx
  * when `accumulate` (how one input feeding several linears sums its gradient). */
 DSC_API dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,

@@ -86,6 +86,10 @@ static void convert(dsc_tensor *to, const dsc_tensor *from) {
     }
 }
 
+void dsc_activations_convert(dsc_tensor *to, const dsc_tensor *from) {
+    convert(to, from);
+}
+
 void nn_saved_store(dsc_tensor *saved, const dsc_tensor *value) {
     convert(saved, value);
 }

@@ -462,6 +462,66 @@ static void test_checkpointing_replays_noise(void **state) {
     }
 }
 
+/* ---- mixed precision's 2-byte storage ------------------------------------------------------------ */
+
+/* Under bf16 products the experts' (and the residual MLP's) hidden activations hold values of the type,
+ * so keeping them in 2 bytes (dsc_layer_set_saved_dtype) changes no loss and no gradient bit, and the
+ * MoE block's bytes per token fall by 2 a value of them; under f32 products the same storage rounds
+ * them and the gradients move, so the check can fail. */
+static void storage_case(dsc_model_arch arch, dsc_moe_expert_kind kind, bool residual) {
+    double loss[3], aux[3];
+    int64_t block_bytes[3];
+    float *grads[3];
+    int64_t numel = 0;
+    const dsc_dtype saved[3] = {DSC_DTYPE_F32, DSC_DTYPE_BF16, DSC_DTYPE_BF16},
+                    products[3] = {DSC_DTYPE_BF16, DSC_DTYPE_BF16, DSC_DTYPE_F32};
+    for (int k = 0; k < 3; k++) {
+        dsc_model_config mc;
+        moe_test_model_config(&mc, arch, 2, 4, 1);
+        dsc_moe_build_extra extra = {.ep = NULL};
+        moe_test_options(&extra.options, 4, 2, true, residual, kind);
+        moe_test_model m;
+        assert_ok(moe_test_model_build(&m, &mc, &extra, 1, 2, 8));
+        for (int l = 0; l < m.n; l++) {
+            dsc_layer_set_saved_dtype(m.layers[l], saved[k]);
+            assert_ok(dsc_layer_reserve(m.layers[l], 1, 2, 8));
+        }
+        int32_t tok[16], tgt[16];
+        for (int i = 0; i < 16; i++)
+            tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
+        const int64_t shape[2] = {2, 8};
+        dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+        dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+        dsc_rng rng;
+        dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
+        const dsc_dtype was = dsc_kernels_set_matmul_dtype(products[k]);
+        assert_ok(moe_test_model_step(&m, &tokens, &targets, &rng, &loss[k], &aux[k]));
+        dsc_kernels_set_matmul_dtype(was);
+        block_bytes[k] = m.layers[1]->activation_bytes_per_token;
+        dsc_tensor values, flat;
+        dsc_params_flat(m.store, DSC_PARAM_GROUP_EXPERT, &values, &flat);
+        numel = dsc_tensor_numel(&flat);
+        grads[k] = malloc((size_t)(numel + 1) * sizeof(float));
+        memcpy(grads[k], flat.data, (size_t)numel * sizeof(float));
+        moe_test_model_free(&m);
+    }
+    printf("  loss %.9f vs %.9f (f32 products %.9f); block bytes/token %lld vs %lld\n", loss[0], loss[1], loss[2],
+           (long long)block_bytes[0], (long long)block_bytes[1]);
+    assert_true(loss[0] == loss[1] && aux[0] == aux[1]);
+    assert_true(numel > 0);
+    assert_memory_equal(grads[0], grads[1], (size_t)numel * sizeof(float));
+    assert_true(memcmp(grads[1], grads[2], (size_t)numel * sizeof(float)) != 0);
+    assert_true(block_bytes[1] < block_bytes[0]);
+    for (int k = 0; k < 3; k++)
+        free(grads[k]);
+}
+
+static void test_two_byte_storage_is_bitwise(void **state) {
+    (void)state;
+    storage_case(DSC_ARCH_MIXTRAL, DSC_MOE_EXPERT_KIND_SWIGLU, false);
+    storage_case(DSC_ARCH_GPT_MOE, DSC_MOE_EXPERT_KIND_GELU, true);
+}
+
 /* ---- bad input ------------------------------------------------------------------------------ */
 
 static void test_bad_input(void **state) {
@@ -529,6 +589,7 @@ int main(void) {
         cmocka_unit_test(test_expert_banks),
         cmocka_unit_test(test_block_stats),
         cmocka_unit_test(test_checkpointing_replays_noise),
+        cmocka_unit_test(test_two_byte_storage_is_bitwise),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
