@@ -402,6 +402,19 @@ static void test_block_stats(void **state) {
 
 /* ---- activation checkpointing ----------------------------------------------------------------- */
 
+/* One training step of a (2, 8) micro-batch of fixed tokens, the gate's stream seeded 5. */
+static void fixed_step(moe_test_model *m, double *loss, double *aux) {
+    int32_t tok[16], tgt[16];
+    for (int i = 0; i < 16; i++)
+        tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
+    const int64_t shape[2] = {2, 8};
+    dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+    dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+    dsc_rng rng;
+    dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
+    assert_ok(moe_test_model_step(m, &tokens, &targets, &rng, loss, aux));
+}
+
 /* A Mixtral-style model with jitter and random second-expert sampling: with
  * activation checkpointing the block's recompute replays the same draws, so
  * loss, gate loss and every gradient equal the plain run's bitwise. The two
@@ -424,15 +437,7 @@ static void test_checkpointing_replays_noise(void **state) {
         extra.options.gate.top2_2nd_expert_sampling = true;
         moe_test_model m;
         assert_ok(moe_test_model_build(&m, &mc, &extra, 1, 2, 8));
-        int32_t tok[16], tgt[16];
-        for (int i = 0; i < 16; i++)
-            tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
-        const int64_t shape[2] = {2, 8};
-        dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-        dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-        dsc_rng rng;
-        dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
-        assert_ok(moe_test_model_step(&m, &tokens, &targets, &rng, &loss[ckpt], &aux[ckpt]));
+        fixed_step(&m, &loss[ckpt], &aux[ckpt]);
         block_bytes[ckpt] = m.layers[1]->activation_bytes_per_token;
         dsc_moe_stats st;
         assert_ok(dsc_moe_stats_get(m.layers[1], &st));
@@ -486,16 +491,8 @@ static void storage_case(dsc_model_arch arch, dsc_moe_expert_kind kind, bool res
             dsc_layer_set_saved_dtype(m.layers[l], saved[k]);
             assert_ok(dsc_layer_reserve(m.layers[l], 1, 2, 8));
         }
-        int32_t tok[16], tgt[16];
-        for (int i = 0; i < 16; i++)
-            tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
-        const int64_t shape[2] = {2, 8};
-        dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-        dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-        dsc_rng rng;
-        dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
         const dsc_dtype was = dsc_kernels_set_matmul_dtype(products[k]);
-        assert_ok(moe_test_model_step(&m, &tokens, &targets, &rng, &loss[k], &aux[k]));
+        fixed_step(&m, &loss[k], &aux[k]);
         dsc_kernels_set_matmul_dtype(was);
         block_bytes[k] = m.layers[1]->activation_bytes_per_token;
         dsc_tensor values, flat;
