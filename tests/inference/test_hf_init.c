@@ -5,7 +5,13 @@
  * parameters are set from them by the checkpoint restore path
  * (dsc_checkpoint_load_params) with 0 training steps, and the training
  * layers' logits over each fixture prompt must equal transformers' logits
- * (ref.safetensors) within 1e-5 relative. Also: a checkpoint dsc training
+ * (ref.safetensors) within 1e-5 relative. Then the other direction without
+ * transformers at test time: those parameters saved as a dsc checkpoint and
+ * exported with dsc_hf_export (dsc-ckpt export --format hf) must give back
+ * transformers' own file, every tensor by name, shape and value, and a
+ * config.json from which the import builds the same model section (where
+ * transformers is installed, hf_export_transformers loads exports in it).
+ * Also: a checkpoint dsc training
  * cannot build exactly (Llama-3 RoPE scaling), a config whose model section
  * disagrees with the checkpoint, and a seq_len beyond its context are
  * refused, naming the key. */
@@ -40,6 +46,56 @@ static void write_job(const char *dir, const char *model_and_moe, char *path, si
             " \"data\": {\"path\": \"%s\"}, \"train\": {\"steps\": 1}}\n",
             model_and_moe, tokens);
     fclose(fp);
+}
+
+/* Every tensor of transformers' file `want` is in `got` under its name, with its shape and values (as
+ * f32) bit for bit, and `got` has no other. */
+static void expect_same_tensors(const char *want_path, const char *got_path) {
+    dsc_safetensors *want, *got;
+    assert_ok(dsc_safetensors_open(&want, want_path));
+    assert_ok(dsc_safetensors_open(&got, got_path));
+    assert_int_equal(dsc_safetensors_count(got), dsc_safetensors_count(want));
+    for (int64_t i = 0; i < dsc_safetensors_count(want); i++) {
+        dsc_safetensors_tensor w, g;
+        dsc_safetensors_at(want, i, &w);
+        if (!dsc_safetensors_find(got, w.name, &g)) fail_msg("the export has no tensor %s", w.name);
+        assert_int_equal(g.ndim, w.ndim);
+        for (int d = 0; d < w.ndim; d++)
+            assert_int_equal(g.shape[d], w.shape[d]);
+        float *a = malloc((size_t)w.numel * sizeof *a), *b = malloc((size_t)w.numel * sizeof *b);
+        assert_ok(dsc_safetensors_read_f32(want, w.name, a, w.numel));
+        assert_ok(dsc_safetensors_read_f32(got, w.name, b, w.numel));
+        if (memcmp(a, b, (size_t)w.numel * sizeof *a) != 0) fail_msg("tensor %s: the values differ", w.name);
+        free(a);
+        free(b);
+    }
+    printf("  export: the %lld tensors of transformers' %s, bit for bit\n", (long long)dsc_safetensors_count(want),
+           want_path);
+    dsc_safetensors_close(want);
+    dsc_safetensors_close(got);
+}
+
+/* The checkpoint of t exported to dir/hf: transformers' tensors, and a config whose import gives cfg's
+ * model section. */
+static void check_export(dsc_trainer *t, const dsc_config *cfg, const char *dir, const char *hf_dir,
+                         const char *job) {
+    char save_dir[400], file[600], out[400], st_want[600], st_got[600];
+    snprintf(save_dir, sizeof save_dir, "%s/ckpt", dir);
+    snprintf(out, sizeof out, "%s/hf", dir);
+    train_ckpt_save(t, cfg, save_dir);
+    assert_ok(dsc_checkpoint_path(save_dir, "latest", file, sizeof file));
+    assert_ok(dsc_hf_export(file, out, NULL));
+    snprintf(st_want, sizeof st_want, "%s/model.safetensors", hf_dir);
+    snprintf(st_got, sizeof st_got, "%s/model.safetensors", out);
+    expect_same_tensors(st_want, st_got);
+    dsc_hf_import *again;
+    assert_ok(dsc_hf_import_open(out, &again));
+    dsc_config back;
+    assert_ok(dsc_hf_import_config(again, job, NULL, 0, &back));
+    assert_memory_equal(&back.model, &cfg->model, sizeof back.model);
+    assert_memory_equal(&back.moe, &cfg->moe, sizeof back.moe);
+    dsc_config_free(&back);
+    dsc_hf_import_close(again);
 }
 
 static void check_fixture(const char *name, const char *model_and_moe) {
@@ -85,6 +141,7 @@ static void check_fixture(const char *name, const char *model_and_moe) {
         free(tokf);
     }
     dsc_safetensors_close(ref);
+    check_export(t, &cfg, dir, hf_dir, job);
     dsc_trainer_destroy(t);
     dsc_config_free(&cfg);
     dsc_hf_import_close(imp);
