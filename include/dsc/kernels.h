@@ -91,7 +91,9 @@ DSC_API dsc_status dsc_kernel_gemm(dsc_tensor *out, const dsc_tensor *a, const d
                                    const dsc_tensor *bias, bool trans_a, bool trans_b, float alpha, float beta);
 
 /* Linear layer, y = x @ w^T + bias: x (N, C), w (OC, C), bias (OC) or NULL, y (N, OC).
- * x and y may also be (..., C) and (..., OC) with equal leading dimensions. */
+ * x and y may also be (..., C) and (..., OC) with equal leading dimensions. On the CPU y may be
+ * bf16 / f16 (mixed precision's logits): the operands multiply in the thread's product type and each
+ * sum is rounded once into y, which never exists in f32 (an f32 panel of 4 MB at a time). */
 DSC_API dsc_status dsc_kernel_linear_forward(dsc_tensor *y, const dsc_tensor *x, const dsc_tensor *w,
                                              const dsc_tensor *bias);
 /* ---- narrow weights --------------------------------------------------------
@@ -141,7 +143,8 @@ DSC_API dsc_status dsc_kernel_linear_forward_packed(dsc_tensor *y, const dsc_ten
 DSC_API dsc_status dsc_kernel_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const dsc_tensor *x,
                                                   const dsc_tensor *w, const dsc_tensor *bias);
 /* dx (N, C) = dy @ w (overwritten; NULL to skip), dw (OC, C) += dy^T @ x (NULL to skip, e.g. frozen),
- * dbias (OC) += sum_rows dy (NULL to skip); the two sums rounded under dsc_kernels_set_grad_dtype. */
+ * dbias (OC) += sum_rows dy (NULL to skip); the two sums rounded under dsc_kernels_set_grad_dtype.
+ * On the CPU dy may be bf16 / f16 (the logits' gradient), read widened; dbias then is refused. */
 DSC_API dsc_status dsc_kernel_linear_backward(dsc_tensor *dx, dsc_tensor *dw, dsc_tensor *dbias,
                                               const dsc_tensor *dy, const dsc_tensor *x, const dsc_tensor *w);
 
@@ -214,7 +217,8 @@ DSC_API dsc_status dsc_kernel_embedding_backward(dsc_tensor *dwte, dsc_tensor *d
  * logits (N, V); targets (N) i32, a target < 0 is ignored (loss 0, no gradient);
  * losses (N) per-row loss.
  * Backward: dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss; dlogits
- * may alias logits (saves a (N, V) buffer). */
+ * may alias logits (saves a (N, V) buffer). On the CPU logits (and dlogits, of the
+ * same type) may be bf16 / f16: read widened, the gradient written rounded. */
 DSC_API dsc_status dsc_kernel_cross_entropy_forward(dsc_tensor *losses, const dsc_tensor *logits,
                                                     const dsc_tensor *targets);
 DSC_API dsc_status dsc_kernel_cross_entropy_backward(dsc_tensor *dlogits, const dsc_tensor *logits,
