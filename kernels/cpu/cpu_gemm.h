@@ -49,7 +49,8 @@ static inline int64_t dsc_cpu_gemm_ldo(const gemm_args *g) {
 void dsc_cpu_gemm_epilogue_row(const gemm_args *g, float *row, float *act_row, int64_t c0, int64_t n);
 /* In f32: sgemm over blocks of the threads, or streaming b for a few rows. */
 void dsc_cpu_gemm_f32(const gemm_args *g);
-/* In bf16 or fp16 products (`dtype`; m, n, k > 0); fails only without memory for rounded copies. */
+/* In bf16 or fp16 products (`dtype`; m, n, k > 0), or in f32 ones for a 2-byte a or o (a_type,
+ * o_type); fails only without memory for rounded copies. */
 dsc_status dsc_cpu_gemm_rounded(const gemm_args *g, dsc_dtype dtype);
 /* o += round(alpha op(a) op(b)) with beta 1 and no bias or GELU: the products in `products` (f32, or
  * operands rounded to bf16 / fp16), summed in f32, each tile's sums rounded to `sum` before they

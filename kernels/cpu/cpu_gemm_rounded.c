@@ -168,14 +168,14 @@ static bool bf16_dot_gemm(const gemm_args *g) {
 }
 #endif
 
-/* An operand as stored: f32 values, or 2-byte values of the products' type (gemm_args.a_type). */
+/* An operand as stored: f32 values, or 2-byte ones (bf16 / f16, gemm_args.a_type) read widened. */
 typedef struct operand {
     const void *p;
     dsc_dtype type;
 } operand;
 
-/* dst[0, n) = the values of src from element `at` rounded to `dtype`: f32 rounded, 2-byte ones
- * (of that type already) widened. */
+/* dst[0, n) = the values of src from element `at` as the products read them: f32 ones rounded to
+ * `dtype`, 2-byte ones (of a type no wider than the products') widened. */
 static void rounded_span(float *dst, operand src, int64_t at, int64_t n, dsc_dtype dtype) {
     if (src.type == DSC_DTYPE_F32)
         dsc_cpu_round_span(dst, (const float *)src.p + at, n, dtype);
@@ -339,7 +339,7 @@ static dsc_status rounded_copies(const gemm_args *g, dsc_dtype dtype) {
 /* A product in bf16 / fp16: both operands rounded to the type, the products (exact in f32) summed
  * in f32. On AVX-512 BF16 vdpbf16ps does both at once for bf16; elsewhere, and for small products,
  * sgemm multiplies rounded copies. The same values either way but for the order of the sums. */
-/* Values of f32 panel a product stored in 2 bytes is computed in (1M: 4 MB, 2048 of the head's
+/* The f32 values of one column panel of a product stored in 2 bytes (1M: 4 MB, 2048 of the head's
  * 50257 columns of 512 rows at a time). */
 enum { NARROW_PANEL_FLOATS = 1 << 20 };
 
