@@ -50,38 +50,50 @@ static void assert_same_grads(test_model *a, test_model *b) {
     assert_memory_equal(ga.data, gb.data, dsc_tensor_nbytes(&ga));
 }
 
-static void checkpointing_case(dsc_model_arch arch) {
+/* Checkpointed blocks against plain ones: bitwise, in f32 and (`mixed`) under bf16 products with the
+ * activations kept in 2 bytes, where the recompute widens the kept input first. */
+static void checkpointing_case(dsc_model_arch arch, bool mixed) {
     dsc_model_config mc;
     test_tiny_config(&mc, arch);
     test_model plain, ckpt;
     assert_ok(test_model_build(&plain, &mc, DSC_CPU, 3, 2, B, T));
     mc.activation_checkpointing = true;
     assert_ok(test_model_build(&ckpt, &mc, DSC_CPU, 3, 2, B, T));
+    test_model *models[2] = {&plain, &ckpt};
+    for (int k = 0; k < 2 && mixed; k++)
+        for (int l = 0; l < models[k]->n; l++) {
+            dsc_layer_set_saved_dtype(models[k]->layers[l], DSC_DTYPE_BF16);
+            assert_ok(dsc_layer_reserve(models[k]->layers[l], 2, B, T));
+        }
     batch b0, b1;
     make_batch(&b0, mc.vocab_size, 1);
     make_batch(&b1, mc.vocab_size, 2);
     double l_plain[2], l_ckpt[2];
-    test_model *models[2] = {&plain, &ckpt};
     double *losses[2] = {l_plain, l_ckpt};
+    const dsc_dtype was = dsc_kernels_set_matmul_dtype(mixed ? DSC_DTYPE_BF16 : DSC_DTYPE_F32);
     for (int k = 0; k < 2; k++) {
         assert_ok(test_model_forward(models[k], 0, &b0.tok, &b0.tgt, &losses[k][0]));
         assert_ok(test_model_forward(models[k], 1, &b1.tok, &b1.tgt, &losses[k][1]));
         assert_ok(test_model_backward(models[k], 0, 0.5f));
         assert_ok(test_model_backward(models[k], 1, 0.5f));
     }
+    dsc_kernels_set_matmul_dtype(was);
     assert_true(l_plain[0] == l_ckpt[0] && l_plain[1] == l_ckpt[1]);
     assert_same_grads(&plain, &ckpt);
-    /* Checkpointing keeps 3 (B, T, C) buffers per slot in a block instead of all intermediates. */
+    /* Checkpointing keeps 3 (B, T, C) buffers per slot in a block instead of all intermediates (the
+     * input in 2 bytes under mixed precision). */
     assert_true(ckpt.layers[1]->activation_bytes_per_token < plain.layers[1]->activation_bytes_per_token);
-    assert_int_equal(ckpt.layers[1]->activation_bytes_per_token, 3 * mc.d_model * 4);
+    assert_int_equal(ckpt.layers[1]->activation_bytes_per_token, (mixed ? 2 + 4 + 4 : 3 * 4) * mc.d_model);
     test_model_free(&plain);
     test_model_free(&ckpt);
 }
 
 static void test_checkpointing_is_bitwise(void **state) {
     (void)state;
-    checkpointing_case(DSC_ARCH_GPT);
-    checkpointing_case(DSC_ARCH_LLAMA);
+    checkpointing_case(DSC_ARCH_GPT, false);
+    checkpointing_case(DSC_ARCH_LLAMA, false);
+    checkpointing_case(DSC_ARCH_GPT, true);
+    checkpointing_case(DSC_ARCH_LLAMA, true);
 }
 
 /* The model's activation bytes now (every layer reserved once). */
