@@ -196,8 +196,7 @@ static dsc_status block_forward(dsc_layer *self, int slot, const dsc_tensor *in,
      * slot's copy or, where that is 2-byte, in the workspace's NN_WORK_BLOCK + 1 for the forward. */
     dsc_tensor x_kept = nn_view(&k->x[slot], 3, in->shape), o = nn_view(&k->out[slot], 3, in->shape);
     dsc_tensor x = x_kept.dtype == DSC_DTYPE_F32 ? x_kept : nn_work_at(NN_WORK_BLOCK + 1, 3, in->shape);
-    DSC_TRY(dsc_tensor_copy(&x, in));
-    dsc_round_to_product_type(&x);
+    DSC_TRY(nn_copy_rounded(&x, in));
     nn_keep(x_kept, &x);
     if (ctx->rng) k->rng_at[slot] = *ctx->rng;
     if (k->checkpoint) {

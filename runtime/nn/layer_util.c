@@ -180,10 +180,27 @@ dsc_status dsc_param_linear_gelu_forward(dsc_tensor *act, dsc_tensor *y, const d
     return dsc_kernel_linear_gelu_forward(&act2, &y2, &x2, &w->value, bias ? &bias->value : NULL);
 }
 
-void dsc_round_to_product_type(dsc_tensor *t) {
+/* The type dsc_round_to_product_type rounds t to, or f32 where it leaves t as it is. */
+static dsc_dtype product_rounding(const dsc_tensor *t) {
     const dsc_dtype products = dsc_kernels_get_matmul_dtype();
-    if (products != DSC_DTYPE_F32 && t->dtype == DSC_DTYPE_F32 && t->device.type == DSC_DEVICE_CPU)
-        dsc_round_to_dtype(t->data, dsc_tensor_numel(t), products);
+    return t->dtype == DSC_DTYPE_F32 && t->device.type == DSC_DEVICE_CPU ? products : DSC_DTYPE_F32;
+}
+
+void dsc_round_to_product_type(dsc_tensor *t) {
+    const dsc_dtype to = product_rounding(t);
+    if (to != DSC_DTYPE_F32) dsc_round_to_dtype(t->data, dsc_tensor_numel(t), to);
+}
+
+dsc_status nn_copy_rounded(dsc_tensor *dst, const dsc_tensor *src) {
+    const dsc_dtype to = product_rounding(dst);
+    if (to == DSC_DTYPE_F32 || src->dtype != DSC_DTYPE_F32 || src->device.type != DSC_DEVICE_CPU ||
+        dsc_tensor_numel(dst) != dsc_tensor_numel(src)) {
+        DSC_TRY(dsc_tensor_copy(dst, src)); /* names a count mismatch */
+        dsc_round_to_product_type(dst);
+        return NULL;
+    }
+    dsc_round_to_dtype_from(dst->data, src->data, dsc_tensor_numel(src), to); /* copied and rounded in one pass */
+    return NULL;
 }
 
 dsc_status dsc_param_linear_backward(dsc_tensor *dx, bool accumulate, dsc_param *w, dsc_param *bias,

@@ -72,6 +72,9 @@ void nn_saved_load(dsc_tensor *value, const dsc_tensor *saved);
 /* The f32 `value` a slot keeps in `kept` (a view of the same element count): stored rounded where
  * kept is 2-byte; nothing where it is f32, as value is then kept itself. */
 void nn_keep(dsc_tensor kept, const dsc_tensor *value);
+/* dst = src rounded to the product type as dsc_round_to_product_type rounds dst (a copy where it
+ * does not round), in one pass. */
+dsc_status nn_copy_rounded(dsc_tensor *dst, const dsc_tensor *src);
 /* What `kept` holds, in f32: itself, or widened into `into` (f32, the same element count). */
 dsc_tensor nn_widened(const dsc_tensor *kept, dsc_tensor into);
 
