@@ -353,6 +353,16 @@ static void test_expert_banks(void **state) {
     bank_case(DSC_MOE_EXPERT_KIND_SWIGLU, 6, 10); /* 60 floats: every tensor packed */
 }
 
+/* A (2, 8) micro-batch of fixed tokens and targets (ids < 32) in tok and tgt, viewed as tokens and
+ * targets. */
+static void fixed_batch(int32_t tok[16], int32_t tgt[16], dsc_tensor *tokens, dsc_tensor *targets) {
+    for (int i = 0; i < 16; i++)
+        tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
+    const int64_t shape[2] = {2, 8};
+    *tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+    *targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+}
+
 /* ---- statistics inside a model ---------------------------------------------------------------- */
 
 static void test_block_stats(void **state) {
@@ -365,11 +375,8 @@ static void test_block_stats(void **state) {
     moe_test_model m;
     assert_ok(moe_test_model_build(&m, &mc, &extra, 1, 2, 8));
     int32_t tok[16], tgt[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
-    const int64_t shape[2] = {2, 8};
-    dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-    dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+    dsc_tensor tokens, targets;
+    fixed_batch(tok, tgt, &tokens, &targets);
     double loss, aux;
     for (int step = 0; step < 2; step++)
         assert_ok(moe_test_model_step(&m, &tokens, &targets, NULL, &loss, &aux));
@@ -402,14 +409,11 @@ static void test_block_stats(void **state) {
 
 /* ---- activation checkpointing ----------------------------------------------------------------- */
 
-/* One training step of a (2, 8) micro-batch of fixed tokens, the gate's stream seeded 5. */
+/* One training step of fixed_batch's micro-batch, the gate's stream seeded 5. */
 static void fixed_step(moe_test_model *m, double *loss, double *aux) {
     int32_t tok[16], tgt[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = (i * 5) % 32, tgt[i] = (i * 3 + 1) % 32;
-    const int64_t shape[2] = {2, 8};
-    dsc_tensor tokens = dsc_tensor_view(tok, DSC_DTYPE_I32, 2, shape, DSC_CPU);
-    dsc_tensor targets = dsc_tensor_view(tgt, DSC_DTYPE_I32, 2, shape, DSC_CPU);
+    dsc_tensor tokens, targets;
+    fixed_batch(tok, tgt, &tokens, &targets);
     dsc_rng rng;
     dsc_rng_init(&rng, 5, 0, DSC_RNG_GATE);
     assert_ok(moe_test_model_step(m, &tokens, &targets, &rng, loss, aux));
